@@ -1,0 +1,64 @@
+"""`kiln.compile`: the one readable pipeline, frontend → (passes → lower → codegen) → runtime."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kiln.errors import KilnError
+from kiln.graph.ir import Graph, Value
+from kiln.graph.types import OptionalType, SequenceType, TensorType
+from kiln.runtime.model import CompiledModel, TensorSpec
+
+TARGETS = ("interpreter", "cpu")
+
+
+def to_graph(model: Any) -> Graph:
+    """Accept a path, bytes, an onnx.ModelProto or a Graph; return a typed Graph."""
+    if isinstance(model, Graph):
+        return model
+    from kiln.frontends.onnx import load_onnx
+    if isinstance(model, (str, os.PathLike, bytes)) or type(model).__name__ == "ModelProto":
+        return load_onnx(model)
+    raise KilnError(f"cannot compile a {type(model).__name__}: pass a path to an .onnx file, "
+                    "an onnx.ModelProto or a kiln Graph")
+
+
+def compile(model: Any, target: str = "cpu", **options) -> CompiledModel:  # noqa: A001
+    """Compile a model for `target` and return a runnable CompiledModel."""
+    if target not in TARGETS:
+        raise KilnError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+    if options:
+        raise KilnError(f"unknown compile option(s) {sorted(options)}")
+    graph = to_graph(model)
+    if target == "interpreter":
+        return InterpretedModel(graph)
+    raise KilnError("target 'cpu' (native code generation) is not implemented yet; "
+                    "use target='interpreter' for now")
+
+
+def spec_of(v: Value) -> TensorSpec:
+    t, kind = v.type, "tensor"
+    if isinstance(t, SequenceType):
+        t, kind = t.elem, "sequence"
+    elif isinstance(t, OptionalType):
+        t, kind = t.elem, "optional"
+    if isinstance(t, (SequenceType, OptionalType)):  # nested containers: describe the outer kind only
+        return TensorSpec(v.name, "unknown", None, kind)
+    if not isinstance(t, TensorType):
+        return TensorSpec(v.name, "unknown", None, kind)
+    return TensorSpec(v.name, t.dtype.name, t.shape, kind)
+
+
+class InterpretedModel(CompiledModel):
+    """target="interpreter": the NumPy reference run node by node."""
+
+    def __init__(self, graph: Graph):
+        from kiln.interpreter import Interpreter
+        super().__init__([spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs],
+                         "interpreter")
+        self.graph = graph
+        self._interp = Interpreter(graph)
+
+    def _run(self, inputs: list) -> list:
+        return self._interp.run(inputs)

@@ -1,0 +1,1 @@
+"""Frontends: framework models in, kiln `Graph` out."""

@@ -1,0 +1,120 @@
+"""The graph-level IR: a typed SSA DAG of operator nodes.
+
+- A `Value` is produced once: by a node, as a graph input, or as a constant
+  (a value with `const` data attached; weights are constants, not inputs).
+- `Graph.nodes` is kept in topological order.
+- Subgraphs (If/Loop/Scan bodies) are `Graph`s stored in node attributes; they
+  may read values of enclosing graphs directly (captures).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from kiln.graph.types import TensorType, Type
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Value:
+    name: str
+    type: Type
+    const: np.ndarray | None = None
+    id: int = field(default_factory=lambda: next(_ids), repr=False)
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type}"
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    inputs: list[Value | None]
+    outputs: list[Value]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    domain: str = ""
+
+    @property
+    def qualified_op(self) -> str:
+        return f"{self.domain}::{self.op}" if self.domain else self.op
+
+    def subgraphs(self) -> Iterator["Graph"]:
+        for v in self.attrs.values():
+            if isinstance(v, Graph):
+                yield v
+            elif isinstance(v, list):
+                yield from (g for g in v if isinstance(g, Graph))
+
+    def __repr__(self) -> str:
+        ins = ", ".join("_" if v is None else f"%{v.name}" for v in self.inputs)
+        outs = ", ".join(f"%{v.name}" for v in self.outputs)
+        return f"{outs} = {self.qualified_op}({ins})  # {self.name}"
+
+
+@dataclass(eq=False)
+class Graph:
+    name: str
+    inputs: list[Value]
+    outputs: list[Value]
+    nodes: list[Node] = field(default_factory=list)
+    opsets: dict[str, int] = field(default_factory=dict)
+
+    def opset(self, domain: str = "") -> int:
+        return self.opsets.get(domain, 0)
+
+    def walk(self) -> Iterator[tuple["Graph", Node]]:
+        """Every (graph, node) pair, subgraphs included, outer nodes first."""
+        for n in self.nodes:
+            yield self, n
+            for g in n.subgraphs():
+                yield from g.walk()
+
+    def constants(self) -> list[Value]:
+        """Constants read anywhere in this graph or its subgraphs, in first-use order."""
+        seen: dict[int, Value] = {}
+
+        def visit(g: Graph):
+            for n in g.nodes:
+                for v in n.inputs:
+                    if v is not None and v.is_const:
+                        seen.setdefault(v.id, v)
+                for sg in n.subgraphs():
+                    visit(sg)
+            for v in g.outputs:
+                if v.is_const:
+                    seen.setdefault(v.id, v)
+
+        visit(self)
+        return list(seen.values())
+
+    def producers(self) -> dict[int, Node]:
+        return {v.id: n for n in self.nodes for v in n.outputs}
+
+    def consumers(self) -> dict[int, list[Node]]:
+        out: dict[int, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v is not None:
+                    out.setdefault(v.id, []).append(n)
+        return out
+
+    def __str__(self) -> str:
+        from kiln.graph.text import print_graph
+        return print_graph(self)
+
+
+def const_value(name: str, data: np.ndarray) -> Value:
+    """A constant Value whose type is read off its data."""
+    from kiln.dtypes import DType
+    data = np.asarray(data)
+    return Value(name, TensorType(DType.from_numpy(data.dtype), tuple(data.shape)), data)

@@ -1,0 +1,28 @@
+"""Operator semantics: one definition per operator, grouped by family.
+
+Importing this package registers every family. See `registry.py` for the
+shape of an op definition.
+"""
+
+from kiln.ops import (  # noqa: F401
+    elementwise,
+    tensor,
+    indexing,
+    nn,
+    image,
+    reduce,
+    linalg,
+    attention,
+    quant,
+    loss,
+    control,
+    sequence,
+    rnn,
+    strings,
+    signal,
+    random,
+    detection,
+    ml,
+    training,
+)
+from kiln.ops.registry import REGISTRY, OpDef, lookup  # noqa: F401

@@ -1,0 +1,199 @@
+"""Operator definitions: one `OpDef` per (domain, op type).
+
+An op definition holds kiln's own semantics for an operator:
+
+- `infer(ctx) -> list[Type]`: type and shape inference from input types,
+  attributes and (where known at compile time) input values;
+- `run(ctx, *inputs) -> array | tuple`: the NumPy reference — the golden model
+  that the interpreter target executes and every lowering is checked against;
+- `value(ctx) -> list[ndarray | None]` (optional): output data derivable at
+  compile time from types alone (e.g. `Shape` of a static tensor), used for
+  shape propagation.
+
+Later stages attach a lowering next to these (`lower`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+from kiln.graph.ir import Node
+from kiln.graph.types import SequenceType, OptionalType, TensorType, Type
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    domain: str
+    infer: Callable[["InferCtx"], list[Type]]
+    run: Callable[..., Any]
+    value: Callable[["InferCtx"], list] | None = None
+    lower: Callable[..., Any] | None = None
+
+
+REGISTRY: dict[tuple[str, str], OpDef] = {}
+
+
+def normalize_domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+def register(name: str, *, infer, run, domain: str = "", value=None) -> OpDef:
+    key = (normalize_domain(domain), name)
+    if key in REGISTRY:
+        raise RuntimeError(f"op {name!r} (domain {domain!r}) registered twice")
+    d = OpDef(name, key[0], infer, run, value)
+    REGISTRY[key] = d
+    return d
+
+
+def op(name: str, *, infer, domain: str = "", value=None, aliases: tuple[str, ...] = ()):
+    """Decorator form: `@op("Relu", infer=same_as(0))` over the reference function."""
+    def deco(fn):
+        for n in (name, *aliases):
+            register(n, infer=infer, run=fn, domain=domain, value=value)
+        return fn
+    return deco
+
+
+def lookup(domain: str, name: str) -> OpDef | None:
+    _load_all()
+    return REGISTRY.get((normalize_domain(domain), name))
+
+
+_loaded = False
+
+
+def _load_all() -> None:
+    """Import every op family module once, so their registrations run."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        import kiln.ops  # noqa: F401  (its __init__ imports every family)
+
+
+class _Ctx:
+    """What both inference and the reference can see of a node."""
+
+    def __init__(self, node: Node, opset: int):
+        self.node = node
+        self.opset = opset
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.node.outputs)
+
+    def output_used(self, i: int) -> bool:
+        return i < len(self.node.outputs) and self.node.outputs[i] is not None
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.node.inputs)
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.inputs) and self.node.inputs[i] is not None
+
+    def attr(self, name: str, default: Any = _REQUIRED) -> Any:
+        if name in self.node.attrs:
+            return self.node.attrs[name]
+        if default is _REQUIRED:
+            self.fail(f"missing required attribute {name!r}")
+        return default
+
+    def has_attr(self, name: str) -> bool:
+        return name in self.node.attrs
+
+    def fail(self, message: str, stage: str | None = None):
+        raise KilnError(message, node=self.node.name, op=self.node.op, stage=stage)
+
+
+class InferCtx(_Ctx):
+    """Inference view of a node: input types, known input values, fresh symbols."""
+
+    _sym = itertools.count()
+
+    def __init__(self, node: Node, opset: int, types: list[Type | None],
+                 values: list[np.ndarray | None], subgraph_infer=None):
+        super().__init__(node, opset)
+        self.types = types
+        self.values = values
+        self._subgraph_infer = subgraph_infer
+
+    def type(self, i: int) -> Type:
+        if not self.has_input(i):
+            self.fail(f"input {i} is required but missing")
+        return self.types[i]
+
+    def tensor(self, i: int) -> TensorType:
+        t = self.type(i)
+        if not isinstance(t, TensorType):
+            self.fail(f"input {i} must be a tensor, got {t}")
+        return t
+
+    def dtype(self, i: int) -> DType:
+        return self.tensor(i).dtype
+
+    def shape(self, i: int) -> tuple | None:
+        return self.tensor(i).shape
+
+    def value(self, i: int) -> np.ndarray | None:
+        """The input's data when known at compile time, else None."""
+        if not self.has_input(i):
+            return None
+        return self.values[i]
+
+    def new_dim(self) -> str:
+        """A fresh symbol for a size known only at run time."""
+        return f"_u{next(InferCtx._sym)}"
+
+    def unknown_shape(self, rank: int | None) -> tuple | None:
+        return None if rank is None else tuple(self.new_dim() for _ in range(rank))
+
+    def infer_subgraph(self, graph, input_types: list[Type]) -> list[Type]:
+        """Infer a body graph (If/Loop/Scan) with the given input types; returns output types."""
+        return self._subgraph_infer(graph, input_types)
+
+
+class RunCtx(_Ctx):
+    """Reference-execution view of a node."""
+
+    def __init__(self, node: Node, opset: int, run_subgraph=None):
+        super().__init__(node, opset)
+        self._run_subgraph = run_subgraph
+
+    @property
+    def output_types(self) -> list[Type | None]:
+        return [None if v is None else v.type for v in self.node.outputs]
+
+    def run_subgraph(self, graph, inputs: list) -> list:
+        """Run a body graph on runtime values (arrays, lists for sequences, None for empty optionals)."""
+        return self._run_subgraph(graph, inputs)
+
+    def rng(self) -> np.random.Generator:
+        seed = self.attr("seed", None)
+        return np.random.default_rng(None if seed is None else int(np.float32(seed).view(np.int32)))
+
+
+# ---- common inference helpers used by many families ----
+
+def same_as(i: int = 0):
+    """Inference: every output has the type of input `i`."""
+    def infer(ctx: InferCtx):
+        return [ctx.type(i)] * ctx.num_outputs
+    return infer
+
+
+def seq_of(t: Type) -> SequenceType:
+    return SequenceType(t)
+
+
+def opt_of(t: Type) -> OptionalType:
+    return OptionalType(t)

@@ -1,0 +1,124 @@
+"""`CompiledModel`: the object every target returns.
+
+It validates inputs by name, dtype and shape (binding symbolic dims
+consistently) before anything runs, so a mismatch is a KilnError naming the
+input, the expected and the given — never a crash inside a kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from kiln.errors import KilnError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, dtype name and shape (ints and symbol names) of a model input or output.
+
+    `kind` is "tensor", "sequence" or "optional" (sequence/optional of tensors
+    with this dtype/shape per element).
+    """
+    name: str
+    dtype: str
+    shape: tuple | None
+    kind: str = "tensor"
+
+    def __str__(self) -> str:
+        shape = "*" if self.shape is None else ",".join(map(str, self.shape))
+        s = f"{self.name}: {self.dtype}[{shape}]"
+        return s if self.kind == "tensor" else f"{self.name}: {self.kind}<{s.split(': ', 1)[1]}>"
+
+
+class CompiledModel:
+    """A runnable model. Subclasses implement `_run(list_of_inputs) -> list_of_outputs`."""
+
+    def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec], target: str):
+        self.inputs = inputs
+        self.outputs = outputs
+        self.target = target
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(str, self.inputs))
+        outs = ", ".join(map(str, self.outputs))
+        return f"<CompiledModel target={self.target} ({ins}) -> ({outs})>"
+
+    def run(self, feeds: Mapping[str, Any] | None = None, **kw) -> dict[str, Any]:
+        """Run on named inputs; returns {output name: array}."""
+        feeds = dict(feeds or {}, **kw)
+        names = [s.name for s in self.inputs]
+        unknown = sorted(set(feeds) - set(names))
+        if unknown:
+            raise KilnError(f"unknown input name(s) {unknown}; the model's inputs are {names}")
+        missing = [n for n in names if n not in feeds]
+        if missing:
+            raise KilnError(f"missing input(s) {missing}; the model's inputs are {names}")
+        outs = self._run(self.validate([feeds[n] for n in names]))
+        return {s.name: o for s, o in zip(self.outputs, outs)}
+
+    def __call__(self, *args, **kw):
+        """Positional call: `model(x, y)` returns outputs as a tuple (one output: the array)."""
+        if len(args) != len(self.inputs):
+            raise KilnError(f"model takes {len(self.inputs)} inputs "
+                            f"({[s.name for s in self.inputs]}), given {len(args)}")
+        feeds = {s.name: a for s, a in zip(self.inputs, args)}
+        outs = list(self.run(feeds, **kw).values())
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def validate(self, values: list) -> list:
+        """Check dtype and shape of each input against its spec; bind symbols consistently."""
+        bound: dict[str, tuple[int, str]] = {}
+        out = []
+        for spec, x in zip(self.inputs, values):
+            if spec.kind == "tensor":
+                x = _check_tensor(spec, x, bound)
+            elif spec.kind == "sequence":
+                if not isinstance(x, (list, tuple)):
+                    raise KilnError(f"input {spec.name!r}: expected a sequence (list of arrays), "
+                                    f"given {type(x).__name__}")
+                x = [_check_tensor(spec, e, {}) for e in x]
+            elif x is not None:
+                x = _check_tensor(spec, x, bound)
+            out.append(x)
+        return out
+
+    def _run(self, inputs: list) -> list:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def _check_tensor(spec: TensorSpec, x, bound: dict) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        if spec.dtype == "string":
+            x = np.asarray(x, dtype=object)
+        elif isinstance(x, (list, tuple, int, float, bool, np.generic)):
+            x = np.asarray(x)
+        else:
+            raise KilnError(f"input {spec.name!r}: expected a numpy array, given {type(x).__name__}")
+    want = spec.dtype
+    got = "string" if x.dtype.kind in "OUS" else str(x.dtype)
+    if got != want and not (want == "bool" and got == "bool"):
+        raise KilnError(f"input {spec.name!r}: expected dtype {want}, given {got}")
+    if spec.dtype == "string" and x.dtype != object:
+        x = x.astype(object)
+    if spec.shape is not None:
+        if x.ndim != len(spec.shape):
+            raise KilnError(f"input {spec.name!r}: expected shape {_fmt(spec.shape)} "
+                            f"(rank {len(spec.shape)}), given {tuple(x.shape)}")
+        for k, (d, s) in enumerate(zip(spec.shape, x.shape)):
+            if isinstance(d, int):
+                if d != s:
+                    raise KilnError(f"input {spec.name!r}: expected shape {_fmt(spec.shape)}, "
+                                    f"given {tuple(x.shape)} (dim {k} is {s}, expected {d})")
+            elif d in bound and bound[d][0] != s:
+                raise KilnError(f"input {spec.name!r}: dim {k} is symbol {d!r} = {s}, but input "
+                                f"{bound[d][1]!r} bound {d!r} = {bound[d][0]}")
+            else:
+                bound.setdefault(d, (s, spec.name))
+    return x
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
