@@ -1,0 +1,6 @@
+"""The graph-level IR: types, values, nodes, graphs, their text form and verifier."""
+
+from kiln.graph.ir import Graph, Node, Value, const_value  # noqa: F401
+from kiln.graph.types import Dim, OptionalType, SequenceType, TensorType, Type, tensor  # noqa: F401
+from kiln.graph.text import parse_graph, print_graph  # noqa: F401
+from kiln.graph.verify import verify  # noqa: F401
