@@ -1,0 +1,574 @@
+"""Elementwise operators: unary math and activations, broadcasting binary
+arithmetic/comparison/logic, variadic Max/Min/Sum/Mean, Where, Clip, casts,
+Dropout and Identity.
+
+Most ops are registered from tables. Float16/bfloat16 math is computed in
+float32 and rounded back; every result is cast to the exact dtype `infer` gave.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import ml_dtypes
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.graph.types import TensorType
+from kiln.ops.registry import RunCtx, register, same_as
+from kiln.ops.shapes import broadcast_shapes
+
+# ---------------------------------------------------------------- helpers
+
+_FOLD_LIMIT = 4096  # largest output folded at compile time (shape arithmetic)
+
+
+def _is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f" or dt in _ML_FLOATS
+
+
+_ML_FLOATS = {d.np for d in DType if d.is_float and d.np.kind != "f"}
+
+
+def _up(x: np.ndarray) -> np.ndarray:
+    """Low-precision floats widen to float32 for math (numpy lacks bfloat16/float8 loops)."""
+    return x.astype(np.float32) if _is_float(x.dtype) and x.dtype.itemsize < 4 else x
+
+
+def _as(y, dt: np.dtype) -> np.ndarray:
+    """A result as an array (never a numpy scalar) of exactly dtype `dt`."""
+    return np.asarray(y).astype(dt, copy=False)
+
+
+def _str_attr(ctx, name: str, default: str) -> str:
+    v = ctx.attr(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _check_float(ctx, i: int = 0):
+    dt = ctx.dtype(i)
+    if not dt.is_float:
+        ctx.fail(f"input {i} must be a floating-point tensor, got {dt}")
+    return dt
+
+
+def _check_same_dtype(ctx, idx):
+    dts = [ctx.dtype(i) for i in idx if ctx.has_input(i)]
+    if len(set(dts)) > 1:
+        ctx.fail(f"inputs must share one element type, got {', '.join(map(str, dts))}")
+    return dts[0]
+
+
+def _fold(run):
+    """`value` hook: when every input is known and small, run the reference at compile time."""
+    def value(ctx):
+        present = [i for i in range(ctx.num_inputs) if ctx.has_input(i)]
+        vals = [ctx.value(i) for i in present]
+        if not present or any(v is None or v.size > _FOLD_LIMIT for v in vals):
+            return [None] * ctx.num_outputs
+        args = [ctx.value(i) for i in range(ctx.num_inputs)]
+        out = run(RunCtx(ctx.node, ctx.opset), *args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+    return value
+
+
+def _reg(name, infer, run, fold=True):
+    register(name, infer=infer, run=run, value=_fold(run) if fold else None)
+
+
+# ---------------------------------------------------------------- erf
+
+_ERF_W, _ERF_N, _ERF_DEG = 0.25, 24, 10  # pieces of width W on [0, W*N); erf = 1 beyond (erf(6) = 1 - 2e-17)
+
+
+def _erf_table() -> np.ndarray:
+    """Per-piece Chebyshev fits of erf(x)/x (smooth and even, so x*fit keeps relative accuracy near 0)."""
+    t = np.cos(np.pi * (np.arange(_ERF_DEG + 1) + 0.5) / (_ERF_DEG + 1))
+    return np.array([np.polynomial.chebyshev.chebfit(
+        t, [math.erf(v) / v for v in (i + (t + 1) / 2) * _ERF_W], _ERF_DEG) for i in range(_ERF_N)])
+
+
+_ERF_C = _erf_table()
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """float64 erf to ~2e-15 relative: piecewise Chebyshev (Clenshaw) evaluation, vectorized."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.minimum(np.nan_to_num(np.abs(x), nan=0.0), _ERF_W * _ERF_N)
+    i = np.minimum((a / _ERF_W).astype(np.intp), _ERF_N - 1)
+    t = a * (2 / _ERF_W) - (2 * i + 1)
+    b1 = b2 = np.zeros_like(t)
+    for k in range(_ERF_DEG, 0, -1):
+        b1, b2 = _ERF_C[:, k].take(i) + 2 * t * b1 - b2, b1
+    y = np.where(a >= _ERF_W * _ERF_N, 1.0, a * (_ERF_C[:, 0].take(i) + t * b1 - b2))
+    return np.where(np.isnan(x), np.nan, np.copysign(y, x))
+
+
+# ---------------------------------------------------------------- unary
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _gelu(x, approximate):
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _shrink(x, bias, lambd):
+    return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
+
+
+# name -> (fn(x, **attrs), {attr: default}, accepts integer inputs)
+_UNARY = {
+    "Abs": (np.abs, {}, True),
+    "Neg": (np.negative, {}, True),
+    "Sign": (np.sign, {}, True),
+    "Relu": (lambda x: np.maximum(x, 0), {}, True),
+    "Ceil": (np.ceil, {}, False),
+    "Floor": (np.floor, {}, False),
+    "Round": (np.round, {}, False),  # half to even, as ONNX specifies
+    "Exp": (np.exp, {}, False),
+    "Log": (np.log, {}, False),
+    "Sqrt": (np.sqrt, {}, False),
+    "Reciprocal": (np.reciprocal, {}, False),
+    "Sin": (np.sin, {}, False),
+    "Cos": (np.cos, {}, False),
+    "Tan": (np.tan, {}, False),
+    "Asin": (np.arcsin, {}, False),
+    "Acos": (np.arccos, {}, False),
+    "Atan": (np.arctan, {}, False),
+    "Sinh": (np.sinh, {}, False),
+    "Cosh": (np.cosh, {}, False),
+    "Asinh": (np.arcsinh, {}, False),
+    "Acosh": (np.arccosh, {}, False),
+    "Atanh": (np.arctanh, {}, False),
+    "Tanh": (np.tanh, {}, False),
+    "Erf": (_erf, {}, False),
+    "Sigmoid": (_sigmoid, {}, False),
+    "Softsign": (lambda x: x / (1 + np.abs(x)), {}, False),
+    "Softplus": (lambda x: np.logaddexp(0, x), {}, False),
+    "Mish": (lambda x: x * np.tanh(np.logaddexp(0, x)), {}, False),
+    "HardSwish": (lambda x: x * np.clip(x / 6 + 0.5, 0, 1), {}, False),
+    "Elu": (lambda x, alpha: np.where(x > 0, x, alpha * np.expm1(x)), {"alpha": 1.0}, False),
+    "Celu": (lambda x, alpha: np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha)),
+             {"alpha": 1.0}, False),
+    "Selu": (lambda x, alpha, gamma: gamma * np.where(x > 0, x, alpha * np.expm1(x)),
+             {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}, False),
+    "LeakyRelu": (lambda x, alpha: np.where(x >= 0, x, alpha * x), {"alpha": 0.01}, False),
+    "ThresholdedRelu": (lambda x, alpha: np.where(x > alpha, x, 0), {"alpha": 1.0}, False),
+    "HardSigmoid": (lambda x, alpha, beta: np.clip(alpha * x + beta, 0, 1),
+                    {"alpha": 0.2, "beta": 0.5}, False),
+    "Swish": (lambda x, alpha: x * _sigmoid(alpha * x), {"alpha": 1.0}, False),
+    "Gelu": (_gelu, {"approximate": "none"}, False),
+    "Shrink": (_shrink, {"bias": 0.0, "lambd": 0.5}, True),
+}
+
+
+def _attrs(ctx, defaults: dict) -> dict:
+    return {k: _str_attr(ctx, k, d) if isinstance(d, str) else type(d)(ctx.attr(k, d))
+            for k, d in defaults.items()}
+
+
+def _register_unary(name, fn, defaults, ints):
+    def infer(ctx):
+        if not ints:
+            _check_float(ctx)
+        return [ctx.tensor(0)]
+
+    def run(ctx, x):
+        kw = _attrs(ctx, defaults)
+        if kw.get("approximate", "none") not in ("none", "tanh"):
+            ctx.fail(f"attribute approximate must be 'none' or 'tanh', got {kw['approximate']!r}")
+        with np.errstate(all="ignore"):
+            return _as(fn(_up(x), **kw), x.dtype)
+
+    _reg(name, infer, run)
+
+
+for _name, _spec in _UNARY.items():
+    _register_unary(_name, *_spec)
+
+
+def _predicate_infer(ctx):
+    return [TensorType(DType.bool, ctx.shape(0))]
+
+
+def _is_inf(ctx, x):
+    pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
+    x = _up(x)
+    return _as((np.isposinf(x) & bool(pos)) | (np.isneginf(x) & bool(neg)), np.bool_)
+
+
+_reg("IsNaN", _predicate_infer, lambda ctx, x: _as(np.isnan(_up(x)), np.bool_))
+_reg("IsInf", _predicate_infer, _is_inf)
+_reg("Not", same_as(0), lambda ctx, x: _as(np.logical_not(x), np.bool_))
+_reg("BitwiseNot", same_as(0), lambda ctx, x: _as(np.invert(x), x.dtype))
+_reg("Identity", same_as(0), lambda ctx, x: x, fold=False)
+
+
+# ---------------------------------------------------------------- binary
+
+
+def _legacy_axis(ctx, rank_a: int, rank_b: int):
+    """Opset<7 `broadcast=1` aligns B with A starting at `axis` (default: trailing dims)."""
+    if ctx.opset >= 7 or not ctx.attr("broadcast", 0) or not ctx.has_attr("axis"):
+        return None
+    axis = int(ctx.attr("axis"))
+    axis = axis + rank_a if axis < 0 else axis
+    if not 0 <= axis <= rank_a - rank_b:
+        ctx.fail(f"legacy broadcast axis {axis} does not fit B of rank {rank_b} into A of rank {rank_a}")
+    return axis
+
+
+def _legacy_b(ctx, a_rank, b):
+    axis = _legacy_axis(ctx, a_rank, np.ndim(b))
+    return b if axis is None else b.reshape(b.shape + (1,) * (a_rank - axis - b.ndim))
+
+
+def _binary_shape(ctx):
+    sa, sb = ctx.shape(0), ctx.shape(1)
+    if sa is not None and sb is not None and _legacy_axis(ctx, len(sa), len(sb)) is not None:
+        sb = tuple(sb) + (1,) * (len(sa) - _legacy_axis(ctx, len(sa), len(sb)) - len(sb))
+    return broadcast_shapes(ctx, sa, sb)
+
+
+def _div(a, b):
+    """Integer division truncates toward zero (C semantics), unlike numpy's floor."""
+    if a.dtype.kind == "i":
+        q = np.floor_divide(a, b)
+        return q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0))).astype(q.dtype)
+    if a.dtype.kind == "u":
+        return np.floor_divide(a, b)
+    return np.true_divide(a, b)
+
+
+def _pow(a, b):
+    """Output keeps the base dtype; integer bases with negative or float exponents go through float64."""
+    if a.dtype.kind in "iu" and (b.dtype.kind not in "iu" or np.any(b < 0)):
+        return np.trunc(np.power(a.astype(np.float64), b.astype(np.float64)))
+    if a.dtype.kind in "iu":
+        return np.power(a.astype(np.int64 if a.dtype.kind == "i" else np.uint64), b.astype(np.int64))
+    return np.power(a, b.astype(a.dtype) if b.dtype.kind in "iu" else b)
+
+
+def _mod(a, b, fmod):
+    if fmod not in (0, 1):
+        raise ValueError(f"attribute fmod must be 0 or 1, got {fmod}")
+    return (np.fmod if fmod else np.mod)(a, b)
+
+
+def _bitshift(a, b, direction):
+    """Shifts by a negative amount or by >= the bit width give the sign fill (0, or -1 right-shifting negatives)."""
+    if direction not in ("LEFT", "RIGHT"):
+        raise ValueError(f"attribute direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+    bits = a.dtype.itemsize * 8
+    ok = (b >= 0) & (b < bits)
+    amount = np.where(ok, b, 0).astype(a.dtype)
+    if direction == "LEFT":
+        return np.where(ok, np.left_shift(a, amount), 0)
+    fill = np.where(a < 0, -1, 0) if a.dtype.kind == "i" else 0
+    return np.where(ok, np.right_shift(a, amount), fill)
+
+
+def _prelu(ctx, x, slope):
+    """Opset<7 PRelu takes a per-channel 1-D slope (axis 1); later forms broadcast numpy-style."""
+    if ctx.opset < 7 and np.ndim(slope) == 1 and slope.size > 1 and np.ndim(x) >= 2:
+        slope = slope.reshape((-1,) + (1,) * (np.ndim(x) - 2))
+    return np.where(x < 0, x * slope, x)
+
+
+def _prelu_shape(ctx):
+    sx, ss = ctx.shape(0), ctx.shape(1)
+    if ctx.opset < 7 and sx is not None and ss is not None and len(ss) == 1 and len(sx) >= 2:
+        ss = tuple(ss) + (1,) * (len(sx) - 2)
+    return broadcast_shapes(ctx, sx, ss)
+
+
+# name -> (fn(ctx, a, b), output is bool, operand dtypes must match)
+_BINARY = {
+    "Add": (lambda c, a, b: np.add(a, b), False, True),
+    "Sub": (lambda c, a, b: np.subtract(a, b), False, True),
+    "Mul": (lambda c, a, b: np.multiply(a, b), False, True),
+    "Div": (lambda c, a, b: _div(a, b), False, True),
+    "Pow": (lambda c, a, b: _pow(a, b), False, False),
+    "Mod": (lambda c, a, b: _mod(a, b, int(c.attr("fmod", 0))), False, True),
+    "BitShift": (lambda c, a, b: _bitshift(a, b, _str_attr(c, "direction", "")), False, True),
+    "BitwiseAnd": (lambda c, a, b: np.bitwise_and(a, b), False, True),
+    "BitwiseOr": (lambda c, a, b: np.bitwise_or(a, b), False, True),
+    "BitwiseXor": (lambda c, a, b: np.bitwise_xor(a, b), False, True),
+    "PRelu": (_prelu, False, True),
+    "And": (lambda c, a, b: np.logical_and(a, b), True, True),
+    "Or": (lambda c, a, b: np.logical_or(a, b), True, True),
+    "Xor": (lambda c, a, b: np.logical_xor(a, b), True, True),
+    "Equal": (lambda c, a, b: np.equal(a, b), True, True),
+    "Less": (lambda c, a, b: np.less(a, b), True, True),
+    "LessOrEqual": (lambda c, a, b: np.less_equal(a, b), True, True),
+    "Greater": (lambda c, a, b: np.greater(a, b), True, True),
+    "GreaterOrEqual": (lambda c, a, b: np.greater_equal(a, b), True, True),
+}
+
+
+def _register_binary(name, fn, to_bool, same):
+    def infer(ctx):
+        dt = _check_same_dtype(ctx, (0, 1)) if same else ctx.dtype(0)
+        ctx.dtype(1)
+        shape = _prelu_shape(ctx) if name == "PRelu" else _binary_shape(ctx)
+        return [TensorType(DType.bool if to_bool else dt, shape)]
+
+    def run(ctx, a, b):
+        if name != "PRelu":
+            b = _legacy_b(ctx, np.ndim(a), b)
+        with np.errstate(all="ignore"):
+            try:
+                y = fn(ctx, _up(a), _up(b))
+            except ValueError as e:
+                ctx.fail(str(e))
+        return _as(y, np.bool_ if to_bool else a.dtype)
+
+    _reg(name, infer, run)
+
+
+for _name, _spec in _BINARY.items():
+    _register_binary(_name, *_spec)
+
+
+def _swiglu_infer(ctx):
+    _check_float(ctx)
+    _check_same_dtype(ctx, (0, 1))
+    sa, sb = ctx.shape(0), ctx.shape(1)
+    if sa is not None and sb is not None and (
+            len(sa) != len(sb) or any(isinstance(p, int) and isinstance(q, int) and p != q
+                                      for p, q in zip(sa, sb))):
+        ctx.fail(f"inputs A and B must have identical shapes (no broadcasting), got {sa} and {sb}")
+    return [ctx.tensor(0) if sa is not None else ctx.tensor(1)]
+
+
+def _swiglu(ctx, a, b):
+    alpha = float(ctx.attr("alpha", 1.0))
+    x, y = _up(a), _up(b)
+    with np.errstate(all="ignore"):
+        return _as(x * _sigmoid(alpha * x) * y, a.dtype)
+
+
+_reg("SwiGLU", _swiglu_infer, _swiglu)
+
+
+# ---------------------------------------------------------------- variadic and ternary
+
+
+def _variadic_infer(ctx):
+    idx = [i for i in range(ctx.num_inputs) if ctx.has_input(i)]
+    if not idx:
+        ctx.fail("needs at least one input")
+    dt = _check_same_dtype(ctx, idx)
+    return [TensorType(dt, broadcast_shapes(ctx, *(ctx.shape(i) for i in idx)))]
+
+
+def _variadic(fn, mean=False):
+    def run(ctx, *xs):
+        present = [x for x in xs if x is not None]
+        with np.errstate(all="ignore"):
+            y = functools.reduce(fn, [_up(x) for x in present])
+            if mean:
+                y = y / np.asarray(len(present), dtype=y.dtype)
+        return _as(y, present[0].dtype)
+    return run
+
+
+_reg("Max", _variadic_infer, _variadic(np.maximum))
+_reg("Min", _variadic_infer, _variadic(np.minimum))
+_reg("Sum", _variadic_infer, _variadic(np.add))
+_reg("Mean", _variadic_infer, _variadic(np.add, mean=True))
+
+
+def _where_infer(ctx):
+    if ctx.dtype(0) is not DType.bool:
+        ctx.fail(f"condition must be bool, got {ctx.dtype(0)}")
+    dt = _check_same_dtype(ctx, (1, 2))
+    return [TensorType(dt, broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1), ctx.shape(2)))]
+
+
+_reg("Where", _where_infer, lambda ctx, c, x, y: _as(np.where(c, x, y), x.dtype))
+
+
+def _clip_bounds(ctx, lo, hi):
+    """Clip-6 takes min/max attributes; Clip-11+ optional scalar inputs."""
+    if ctx.opset < 11:
+        return ctx.attr("min", -np.inf), ctx.attr("max", np.inf)
+    for name, v in (("min", lo), ("max", hi)):
+        if v is not None and v.size != 1:
+            ctx.fail(f"input {name} must be a scalar, got shape {v.shape}")
+    return (None if lo is None else lo.reshape(())), (None if hi is None else hi.reshape(()))
+
+
+def _clip_infer(ctx):
+    _check_same_dtype(ctx, (0, 1, 2) if ctx.opset >= 11 else (0,))
+    return [ctx.tensor(0)]
+
+
+def _clip(ctx, x, lo=None, hi=None):
+    lo, hi = _clip_bounds(ctx, lo, hi)
+    y = _up(x)
+    if lo is not None:
+        y = np.maximum(y, np.asarray(lo).astype(y.dtype) if x.dtype.kind in "iu" else lo)
+    if hi is not None:
+        y = np.minimum(y, np.asarray(hi).astype(y.dtype) if x.dtype.kind in "iu" else hi)
+    return _as(y, x.dtype)
+
+
+_reg("Clip", _clip_infer, _clip)
+
+
+# ---------------------------------------------------------------- casts
+
+_F8 = {DType.float8e4m3fn, DType.float8e4m3fnuz, DType.float8e5m2, DType.float8e5m2fnuz}
+_BITS = {DType.int4: 4, DType.uint4: 4, DType.float4e2m1: 4, DType.int2: 2, DType.uint2: 2,
+         DType.bool: 8}
+
+
+def _parse_number(s) -> float | int:
+    s = (s.decode() if isinstance(s, bytes) else str(s)).strip()
+    try:
+        return int(s)
+    except ValueError:
+        return float(s)  # accepts 1e-5, INF, +INF, -inf, NaN in any case
+
+
+def _from_string(x: np.ndarray, to: DType) -> np.ndarray:
+    vals = [_parse_number(s) for s in x.ravel()]
+    if to.is_int:
+        ints = [v if isinstance(v, int) else int(v) for v in vals]
+        wide = np.uint64 if any(v > np.iinfo(np.int64).max for v in ints) else np.int64
+        arr = np.array(ints, dtype=wide)
+    else:
+        arr = np.array(vals, dtype=np.float64)
+    return arr.reshape(x.shape).astype(to.np)
+
+
+def _to_string(x: np.ndarray) -> np.ndarray:
+    if _is_float(x.dtype) and x.dtype.kind != "f":
+        x = x.astype(np.float32)
+    out = np.empty(x.shape, dtype=object)
+    out.ravel()[:] = list(x.astype(np.str_).ravel()) if x.size else []
+    return out
+
+
+def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
+    """float -> E8M0 (a bare power-of-two exponent) from float32 bits: keep the exponent, round by mantissa."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    exp = ((bits >> 23) & 0xFF).astype(np.int32)
+    mant = bits & 0x7FFFFF
+    special = exp == 0xFF
+    if round_mode == "up":
+        exp = exp + (mant > 0)
+    elif round_mode == "nearest":
+        guard, rest = (mant >> 22) & 1, mant & 0x3FFFFF
+        exp = exp + ((guard == 1) & ((rest > 0) | (exp > 0)))
+    elif round_mode != "down":
+        raise ValueError(f"attribute round_mode must be 'up', 'down' or 'nearest', got {round_mode!r}")
+    exp = np.minimum(exp, 0xFE) if saturate else exp
+    exp = np.where(special | (exp > 0xFE), 0xFF, exp)
+    return exp.astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
+
+
+def _cast(ctx, x: np.ndarray, to: DType) -> np.ndarray:
+    """ONNX Cast: saturating float8 by default, E8M0 rounding modes, string parsing/printing."""
+    saturate = bool(ctx.attr("saturate", 1))
+    src = DType.from_numpy(x.dtype)
+    if src is to:
+        return x
+    if to is DType.string:
+        return _to_string(x)
+    if src is DType.string:
+        return _from_string(x, to)
+    with np.errstate(all="ignore"):
+        if to is DType.float8e8m0:
+            try:
+                return _to_e8m0(_up(x), saturate, _str_attr(ctx, "round_mode", "up"))
+            except ValueError as e:
+                ctx.fail(str(e))
+        if to in _F8 and saturate and src.is_float:
+            info = ml_dtypes.finfo(to.np)
+            x = np.clip(x.astype(np.float64 if src is DType.float64 else np.float32),
+                        float(info.min), float(info.max))
+        if src.np in _ML_FLOATS and to.np in _ML_FLOATS:
+            x = x.astype(np.float32)  # ml_dtypes does not convert between its own float types everywhere
+        return x.astype(to.np)
+
+
+def _to_attr(ctx) -> DType:
+    to = ctx.attr("to")
+    if isinstance(to, DType):
+        return to
+    return DType.from_name(to.lower()) if isinstance(to, str) else DType.from_onnx(int(to))
+
+
+def _cast_like_shape(ctx, to: DType):
+    t = ctx.tensor(0)
+    return [TensorType(to, t.shape)]
+
+
+_reg("Cast", lambda ctx: _cast_like_shape(ctx, _to_attr(ctx)),
+     lambda ctx, x: _cast(ctx, x, _to_attr(ctx)))
+_reg("CastLike", lambda ctx: _cast_like_shape(ctx, ctx.dtype(1)),
+     lambda ctx, x, like: _cast(ctx, x, DType.from_numpy(like.dtype)))
+
+
+def _bit_width(dt: DType) -> int:
+    return _BITS.get(dt, dt.itemsize * 8)
+
+
+def _bitcast_infer(ctx):
+    src, to = ctx.dtype(0), _to_attr(ctx)
+    if DType.string in (src, to) or _bit_width(src) != _bit_width(to):
+        ctx.fail(f"BitCast needs non-string types of equal bit width, got {src} "
+                 f"({_bit_width(src)} bits) to {to} ({_bit_width(to)} bits)")
+    return [TensorType(to, ctx.shape(0))]
+
+
+def _bitcast(ctx, x):
+    to = _to_attr(ctx)
+    if _bit_width(to) < 8:  # sub-byte values sit in the low bits of one byte each
+        return (np.ascontiguousarray(x).view(np.uint8) & ((1 << _bit_width(to)) - 1)).view(to.np)
+    return np.ascontiguousarray(x).view(to.np).reshape(x.shape)
+
+
+_reg("BitCast", _bitcast_infer, _bitcast)
+
+
+# ---------------------------------------------------------------- dropout
+
+
+def _dropout_infer(ctx):
+    x = ctx.tensor(0)
+    if ctx.opset >= 12 and ctx.has_input(1) and not ctx.dtype(1).is_float:
+        ctx.fail(f"ratio must be a float scalar, got {ctx.dtype(1)}")
+    mask_dt = DType.bool if ctx.opset >= 10 else x.dtype
+    return [x, TensorType(mask_dt, x.shape)][:max(1, ctx.num_outputs)]
+
+
+def _dropout(ctx, x, ratio=None, training=None):
+    """Identity at inference; Dropout-12 in training mode drops with a (seedable) uniform mask.
+
+    Older forms (is_test / ratio attributes) are always run as inference, as runtimes do.
+    """
+    mask_dt = np.bool_ if ctx.opset >= 10 else x.dtype
+    r = 0.5 if ratio is None else float(np.asarray(ratio))
+    train = ctx.opset >= 12 and training is not None and bool(np.asarray(training))
+    if not train or r == 0:
+        return x, np.ones(x.shape, dtype=mask_dt)
+    if not 0 <= r < 1:
+        ctx.fail(f"ratio must be in [0, 1), got {r}")
+    seed = ctx.attr("seed", None)
+    rng = np.random.RandomState(None if seed is None else int(seed) % 2 ** 32)
+    mask = rng.uniform(0.0, 1.0, x.shape) >= r
+    y = _up(x) * mask * np.asarray(1.0 / (1.0 - r), dtype=_up(x).dtype)
+    return _as(y, x.dtype), mask.astype(mask_dt)
+
+
+_reg("Dropout", _dropout_infer, _dropout, fold=False)
