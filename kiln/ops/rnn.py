@@ -3,7 +3,8 @@
 The three share everything but the cell: layout (0: time-major, 1:
 batch-major), directions, per-batch `sequence_lens` (steps past a sequence's
 end leave the state alone and write zeros to Y; reverse runs each sequence
-from its own last step), activations with alpha/beta, clip, and initial states.
+from its own last step; an empty sequence's final state is zero, as in ONNX
+Runtime), activations with alpha/beta, clip, and initial states.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from kiln.ops.registry import op
 
 _DIRS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 # name -> (function of (x, alpha, beta), default alpha, default beta); alpha/beta
-# lists are consumed only by the activations that take them.
+# lists are consumed only by the activations that take them (as ONNX Runtime
+# does). Defaults are the ONNX ops' (ORT uses 0 for Affine/ScaledTanh/ThresholdedRelu).
 _ACTS = {
     "relu": (lambda x, a, b: np.maximum(x, 0), None, None),
     "tanh": (lambda x, a, b: np.tanh(x), None, None),
@@ -140,7 +142,7 @@ def _run(kind: str):
                 h = np.where(live[:, None], h2, h)
                 c = c if c2 is None else np.where(live[:, None], c2, c)
                 y[ti[live], d, cols[live]] = h[live]
-            hn[d], cn[d] = h, c
+            hn[d], cn[d] = (np.where(lens[:, None] > 0, s, 0) for s in (h, c))  # as ORT
         outs = [y, hn, cn][:3 if kind == "LSTM" else 2]
         if layout:
             outs = [y.transpose(2, 0, 1, 3)] + [s.swapaxes(0, 1) for s in outs[1:]]
