@@ -1,0 +1,304 @@
+"""LoopModule -> C11 (GNU dialect) source with OpenMP pragmas.
+
+Every identifier in the output is generated here (prefix + sanitized name + number),
+and no user string reaches a comment or literal, so a model cannot inject code.
+Each PrimFunc `f` becomes `int32_t kiln_f(T* restrict ...)` returning 0, or -1 when
+a heap allocation failed. Loads/stores index flat row-major arrays; floor
+division/modulo become plain `/` `%` when the simplifier proves operands non-negative.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+from kiln.loops import stmt as S
+from kiln.loops.expr import Expr
+from kiln.loops.simplify import Ctx
+
+STACK_LIMIT = 16 * 1024  # bytes; larger "auto" allocations go to the heap
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "truncdiv": "/", "truncmod": "%",
+          "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||",
+          "bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
+_MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin",
+         "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh",
+         "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "pow": "pow",
+         "fabs": "fabs", "floor": "floor", "ceil": "ceil", "round": "rint", "fmod": "fmod",
+         "log2": "log2", "exp2": "exp2", "trunc": "trunc", "atan2": "atan2"}
+
+PRELUDE = """#include <stdint.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#define KILN_FLOORDIV(T, a, b) ({ T q_ = (a), d_ = (b), r_ = q_ % d_; q_ = q_ / d_; \\
+  (r_ != 0 && ((r_ < 0) != (d_ < 0))) ? q_ - 1 : q_; })
+#define KILN_FLOORMOD(T, a, b) ({ T m_ = (a), e_ = (b), s_ = m_ % e_; \\
+  (s_ != 0 && ((s_ < 0) != (e_ < 0))) ? s_ + e_ : s_; })
+static inline void* kiln_alloc(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+"""
+
+
+def ctype(dt: DType) -> str:
+    if dt.c is None:
+        raise KilnError(f"the C backend cannot handle dtype {dt}", stage="codegen")
+    return dt.c
+
+
+def _tag(dt: DType) -> str:
+    return {"float": "f32", "double": "f64", "_Float16": "f16", "bool": "b"}.get(ctype(dt), dt.name)
+
+
+class _Names:
+    """Generated C identifiers: kind prefix + sanitized name + counter (always unique)."""
+
+    def __init__(self):
+        self.map: dict = {}
+
+    def __call__(self, obj, base: str, prefix: str) -> str:
+        if obj not in self.map:
+            clean = re.sub(r"[^A-Za-z0-9]", "_", base)[:24]
+            self.map[obj] = f"{prefix}{len(self.map)}_{clean}"
+        return self.map[obj]
+
+
+def func_symbol(name: str) -> str:
+    """The exported C symbol of PrimFunc `name` (sanitized; kiln_ prefix)."""
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return f"kiln_{clean}"
+
+
+class _Emitter:
+    def __init__(self, module: S.LoopModule):
+        self.module = module
+        self.helpers: dict = {}
+        self.lines: list = []
+
+    # -- helpers emitted on demand ------------------------------------------------
+    def helper(self, kind: str, dt: DType) -> str:
+        t, tag = ctype(dt), _tag(dt)
+        name = f"kiln_{kind}_{tag}"
+        if name in self.helpers:
+            return name
+        if kind in ("max", "min"):
+            cmp = ">" if kind == "max" else "<"
+            nan = " || a != a" if dt.is_float else ""
+            body = f"return (a {cmp} b{nan}) ? a : b;"
+            sig = f"{t} a, {t} b"
+        elif kind == "sigmoid":
+            f, w = ("exp", "double") if t == "double" else ("expf", "float")
+            body, sig = f"return ({t})(({w})1 / (({w})1 + {f}(-({w})a)));", f"{t} a"
+        elif kind == "sign":
+            body, sig = f"return a > 0 ? ({t})1 : a < 0 ? ({t})-1 : a;", f"{t} a"
+        elif kind == "abs":
+            body, sig = f"return a < 0 ? ({t})-a : a;", f"{t} a"
+        else:
+            raise AssertionError(kind)
+        self.helpers[name] = f"static inline {t} {name}({sig}) {{ {body} }}"
+        return name
+
+    # -- expressions ------------------------------------------------------------------
+    def const(self, e: Expr) -> str:
+        dt, v = e.dtype, e.arg
+        if dt is DType.bool:
+            return "true" if v else "false"
+        if dt.is_float:
+            if math.isnan(v):
+                lit = "NAN"
+            elif math.isinf(v):
+                lit = "INFINITY" if v > 0 else "(-INFINITY)"
+            else:
+                lit = float(v).hex() + ("f" if dt is not DType.float64 else "")
+            return lit if dt in (DType.float32, DType.float64) and not lit.startswith("(") else f"(({ctype(dt)}){lit})"
+        if dt is DType.int64 and v == -2**63:
+            return "INT64_MIN"
+        if dt in (DType.int64, DType.int32) and -2**31 < v < 2**31:
+            return str(v) if v >= 0 else f"({v})"
+        suffix = "ULL" if not dt.is_signed else "LL"
+        return f"(({ctype(dt)}){v}{suffix})" if v >= 0 else f"(({ctype(dt)})({v}LL))"
+
+    def expr(self, e: Expr, ctx: Ctx, n: _Names) -> str:
+        go = lambda x: self.expr(x, ctx, n)  # noqa: E731
+        op, dt = e.op, e.dtype
+        if op == "var":
+            return n(e, e.arg.name, "v")
+        if op == "const":
+            return self.const(e)
+        if op == "load":
+            return f"{n(e.arg, e.arg.name, 'b')}[{self.flat(e.arg, e.args, ctx, n)}]"
+        if op in _INFIX:
+            return f"({go(e.args[0])} {_INFIX[op]} {go(e.args[1])})"
+        if op in ("floordiv", "floormod"):
+            a, b = e.args
+            if ctx.bounds(a)[0] is not None and ctx.bounds(a)[0] >= 0 and b.op == "const" and b.arg > 0:
+                return f"({go(a)} {'/' if op == 'floordiv' else '%'} {go(b)})"
+            return f"KILN_{op.upper()}({ctype(dt)}, {go(a)}, {go(b)})"
+        if op in ("min", "max"):
+            return f"{self.helper(op, dt)}({go(e.args[0])}, {go(e.args[1])})"
+        if op == "not":
+            return f"(!{go(e.args[0])})"
+        if op == "select":
+            c, a, b = map(go, e.args)
+            return f"({c} ? {a} : {b})"
+        if op == "cast":
+            return f"(({ctype(dt)}){go(e.args[0])})"
+        if op == "call":
+            return self.call(e, ctx, n)
+        if op == "reduce":
+            raise KilnError("a reduce expression reached codegen unlowered", stage="codegen")
+        raise KilnError(f"cannot emit expression op {op!r}", stage="codegen")
+
+    def call(self, e: Expr, ctx: Ctx, n: _Names) -> str:
+        name, src = e.arg, e.args[0].dtype
+        args = [self.expr(a, ctx, n) for a in e.args]
+        if name in ("isnan", "isinf"):
+            return f"({name}({args[0]}) != 0)"
+        if name in ("sigmoid", "sign") or (name == "abs" and not src.is_float):
+            return f"{self.helper(name, src)}({args[0]})"
+        if name == "rsqrt":
+            return f"(({ctype(src)})1 / {self._math('sqrt', src, args)})"
+        return self._math("fabs" if name == "abs" else name, src, args)
+
+    def _math(self, name, dt, args):
+        fn = _MATH[name] + ("" if dt is DType.float64 else "f")
+        if dt is DType.float16:
+            return f"((_Float16){fn}({', '.join(f'(float){a}' for a in args)}))"
+        return f"{fn}({', '.join(args)})"
+
+    def flat(self, buf: S.Buffer, idx, ctx: Ctx, n: _Names) -> str:
+        if not idx:
+            return "0"
+        total = None
+        for i, st in zip(idx, buf.strides):
+            term = i if st == 1 else i * st
+            total = term if total is None else total + term
+        return self.expr(ctx.simplify(total), ctx, n)
+
+    # -- statements --------------------------------------------------------------------
+    def stmt(self, s: S.Stmt, ctx: Ctx, n: _Names, d: int, in_par: bool):
+        pad = "  " * d
+        out = self.lines.append
+        if isinstance(s, S.For):
+            v = n(s.var, s.var.arg.name, "v")
+            lo, ext = ctx.simplify(s.min), ctx.simplify(s.extent)
+            ranges = dict(ctx.ranges)
+            if lo.op == "const" and ext.op == "const":
+                ranges[s.var] = (lo.arg, lo.arg + ext.arg - 1)
+            inner = Ctx(ranges)
+            if s.kind == "parallel" and not in_par:
+                out(f"{pad}#pragma omp parallel for schedule(static)")
+            elif s.kind == "vectorized" and not _has_loops(s.body):
+                out(f"{pad}#pragma omp simd")
+            elif s.kind == "unrolled" and ext.op == "const":
+                out(f"{pad}#pragma GCC unroll {min(ext.arg, 64)}")
+            end = self.expr(ctx.simplify(lo + ext), ctx, n)
+            out(f"{pad}for (int64_t {v} = {self.expr(lo, ctx, n)}; {v} < {end}; ++{v}) {{")
+            self.stmt(s.body, inner, n, d + 1, in_par or s.kind == "parallel")
+            out(pad + "}")
+        elif isinstance(s, S.Store):
+            out(f"{pad}{n(s.buffer, s.buffer.name, 'b')}[{self.flat(s.buffer, s.indices, ctx, n)}] = "
+                f"{self.expr(s.value, ctx, n)};")
+        elif isinstance(s, S.Seq):
+            for t in s.stmts:
+                self.stmt(t, ctx, n, d, in_par)
+        elif isinstance(s, S.IfThenElse):
+            out(f"{pad}if ({self.expr(s.cond, ctx, n)}) {{")
+            self.stmt(s.then, ctx, n, d + 1, in_par)
+            if s.else_ is not None:
+                out(pad + "} else {")
+                self.stmt(s.else_, ctx, n, d + 1, in_par)
+            out(pad + "}")
+        elif isinstance(s, S.Allocate):
+            b = s.buffer
+            name, t = n(b, b.name, "b"), ctype(b.dtype)
+            if s.scope == "stack" or (s.scope == "auto" and b.nbytes <= STACK_LIMIT):
+                out(f"{pad}{{ {t} {name}[{max(b.size, 1)}] __attribute__((aligned(64)));")
+                self.stmt(s.body, ctx, n, d + 1, in_par)
+                out(pad + "}")
+            else:
+                out(f"{pad}{{ {t}* restrict {name} = ({t}*)kiln_alloc({b.nbytes}ULL);")
+                out(f"{pad}if ({name}) {{")
+                self.stmt(s.body, ctx, n, d + 1, in_par)
+                out(f"{pad}}} else {{")
+                out(f"{pad}  #pragma omp atomic write")
+                out(f"{pad}  kiln_failed = 1;")
+                out(f"{pad}}}")
+                out(f"{pad}free({name}); }}")
+        elif isinstance(s, S.Let):
+            out(f"{pad}{{ const {ctype(s.var.dtype)} {n(s.var, s.var.arg.name, 'v')} = {self.expr(s.value, ctx, n)};")
+            self.stmt(s.body, ctx, n, d + 1, in_par)
+            out(pad + "}")
+        elif isinstance(s, S.Evaluate):
+            out(f"{pad}(void){self.expr(s.expr, ctx, n)};")
+        elif isinstance(s, S.Call):
+            out(f"{pad}if ({func_symbol(s.func)}({self.call_args(s, n)}) != 0) kiln_failed = 1;")
+        else:
+            raise KilnError(f"cannot emit statement {type(s).__name__}", stage="codegen")
+
+    def call_args(self, s: S.Call, n: _Names) -> str:
+        callee = self.module[s.func]
+        if len(callee.params) != len(s.args):
+            raise KilnError(f"call {s.func}: {len(s.args)} args for {len(callee.params)} params", stage="codegen")
+        out = []
+        for p, a in zip(callee.params, s.args):
+            if isinstance(a, S.View):
+                out.append(f"({ctype(p.dtype)}*)((char*){n(a.buffer, a.buffer.name, 'b')} + {int(a.byte_offset)})")
+            else:
+                out.append(n(a, a.name, "b"))
+        return ", ".join(out)
+
+    # -- functions ------------------------------------------------------------------------
+    def signature(self, f: S.PrimFunc, n: _Names) -> str:
+        written = _written(f.body)
+        restrict = " restrict" if f.noalias else ""
+        params = ", ".join(f"{'' if p in written else 'const '}{ctype(p.dtype)}*{restrict} {n(p, p.name, 'b')}"
+                           for p in f.params)
+        return f"int32_t {func_symbol(f.name)}({params or 'void'})"
+
+    def func(self, f: S.PrimFunc) -> list:
+        n = _Names()
+        self.lines = []
+        self.lines.append(self.signature(f, n) + " {")
+        self.lines.append("  int32_t kiln_failed = 0;")
+        self.stmt(f.body, Ctx(), n, 1, False)
+        self.lines.append("  return kiln_failed ? -1 : 0;")
+        self.lines.append("}")
+        return self.lines
+
+
+def _has_loops(s: S.Stmt) -> bool:
+    if isinstance(s, (S.For, S.Allocate, S.Call)):
+        return True
+    kids = list(getattr(s, "stmts", ())) + [getattr(s, k, None) for k in ("body", "then", "else_")]
+    return any(k is not None and isinstance(k, S.Stmt) and _has_loops(k) for k in kids)
+
+
+def _written(s: S.Stmt) -> set:
+    out: set = set()
+
+    def go(s):
+        if isinstance(s, S.Store):
+            out.add(s.buffer)
+        elif isinstance(s, S.Call):
+            out.update(a.buffer if isinstance(a, S.View) else a for a in s.args)
+        for k in list(getattr(s, "stmts", ())) + [getattr(s, k, None) for k in ("body", "then", "else_")]:
+            if isinstance(k, S.Stmt):
+                go(k)
+
+    go(s)
+    return out
+
+
+def emit_c(module: S.LoopModule) -> str:
+    """The C source of a whole module: prelude, helpers, prototypes, kernels."""
+    em = _Emitter(module)
+    bodies = [em.func(f) for f in module.funcs]
+    protos = [em.signature(f, _Names()) + ";" for f in module.funcs]
+    parts = [PRELUDE, *em.helpers.values(), "", *protos, ""]
+    for b in bodies:
+        parts += b + [""]
+    return "\n".join(parts)
+

@@ -1,0 +1,304 @@
+"""Lowering a Schedule to a loop nest: bound inference, guards, init/update nests.
+
+Pipeline (each step a small function):
+  1. inline: substitute inlined stages' bodies into their readers;
+  2. for each stage computed at the root (producers first) build its nest; a stage
+     computed at loop L of a consumer is built inside L over just the region the
+     consumer reads (symbolic interval analysis over the loops inside L), into a
+     local buffer indexed relative to the region's start;
+  3. non-divisible splits are guarded (`if (root < extent)`) unless provably safe;
+  4. intermediates computed at the root get a heap allocation;
+  5. the loop simplifier cleans indices and drops extent-1 loops.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+from kiln.loops import stmt as S
+from kiln.loops.expr import Expr, const, map_loads, max_, min_, rebuild, substitute, walk
+from kiln.loops.schedule import Fuse, Schedule, Split, Stage
+from kiln.loops.simplify import Ctx, prove, simplify_stmt
+
+ZERO = const(0, DType.int64)
+
+
+def reduce_identity(comb: str, dtype: DType) -> Expr:
+    if comb in ("sum", "prod"):
+        return const(0 if comb == "sum" else 1, dtype)
+    if dtype.is_float:
+        return const(-math.inf if comb == "max" else math.inf, dtype)
+    info = __import__("numpy").iinfo(dtype.np)
+    return const(info.min if comb == "max" else info.max, dtype)
+
+
+def combine(comb: str, acc: Expr, v: Expr) -> Expr:
+    return {"sum": lambda: acc + v, "prod": lambda: acc * v,
+            "max": lambda: max_(acc, v), "min": lambda: min_(acc, v)}[comb]()
+
+
+def _conj(conds):
+    out = None
+    for c in conds:
+        out = c if out is None else Expr("and", DType.bool, (out, c))
+    return out
+
+
+class _Lowering:
+    def __init__(self, sch: Schedule, params):
+        self.sch = sch
+        self.params = list(params)
+        self.ranges: dict = {}                       # every loop var -> (0, extent-1)
+        live = [s for s in sch.stages if s.attach != "inline"]
+        self.bodies = self._inline(sch)
+        self.attached: dict = {}                     # (stage, leaf) -> [stages], producers first
+        for s in live:
+            if s.attach is not None:
+                parent, leaf = s.attach
+                if parent.attach == "inline" or leaf not in parent.leaves:
+                    raise KilnError(f"stage {s.name!r} is computed at {parent.name}.{leaf.arg.name}, "
+                                    f"which is no longer a loop", stage="lower")
+                self.attached.setdefault((parent, leaf), []).append(s)
+        self.roots = [s for s in live if s.attach is None]
+        self.local: dict = {}                        # attached stage -> its local Buffer
+        self.domains: dict = {}                      # attached stage -> its region domain
+
+    @staticmethod
+    def _inline(sch):
+        bodies, inl = {}, {}
+
+        def fn(buf, idx, e):
+            if buf in inl:
+                axis, body = inl[buf]
+                return substitute(body, dict(zip(axis, idx)))
+            return rebuild(e, idx)
+
+        for s in sch.stages:
+            b = s.body
+            if b.op == "reduce":
+                b = Expr("reduce", b.dtype, (map_loads(b.args[0], fn),), b.arg)
+            else:
+                b = map_loads(b, fn)
+            bodies[s] = b
+            if s.attach == "inline":
+                inl[s.tensor] = (s.axis, b)
+        return bodies
+
+    # -- iteration structure -------------------------------------------------------
+    def structure(self, stage: Stage, root_ext: dict):
+        """Leaf extents (from root extents) and each root var as an expr of the leaves."""
+        ext = dict(root_ext)
+        for r in stage.relations:
+            if isinstance(r, Split):
+                n = ext[r.parent]
+                if r.factor is not None:
+                    f = min(r.factor, n)
+                    ext[r.outer], ext[r.inner] = -(-n // f), f
+                else:
+                    p = min(r.nparts, n)
+                    ext[r.outer], ext[r.inner] = p, -(-n // p)
+            else:
+                ext[r.fused] = ext[r.outer] * ext[r.inner]
+        val = {v: v for v in stage.leaves}
+        for r in reversed(stage.relations):
+            if isinstance(r, Split):
+                val[r.parent] = val[r.outer] * ext[r.inner] + val[r.inner]
+            elif isinstance(r, Fuse):
+                val[r.outer] = val[r.fused] // ext[r.inner]
+                val[r.inner] = val[r.fused] % ext[r.inner]
+        for v in stage.leaves:
+            self.ranges[v] = (0, ext[v] - 1)
+        return ext, val
+
+    # -- region (bound) inference ------------------------------------------------------
+    def region(self, prod: Stage, body: Expr, free: dict):
+        """Per dim of prod: (lo, extent bound E, hi) read by `body` with `free` loops varying."""
+        shape = prod.tensor.shape
+        los = [None] * len(shape)
+        his = [None] * len(shape)
+        for e in walk(body):
+            if e.op != "load" or e.arg is not prod.tensor:
+                continue
+            for d, idx in enumerate(e.args):
+                iv = sym_interval(idx, free)
+                if iv is None:
+                    los[d], his[d] = ZERO, const(shape[d] - 1, DType.int64)
+                    iv = (los[d], his[d])
+                los[d] = iv[0] if los[d] is None else min_(los[d], iv[0])
+                his[d] = iv[1] if his[d] is None else max_(his[d], iv[1])
+        out = []
+        ctx = Ctx(self.ranges)
+        for d, n in enumerate(shape):
+            lo = ctx.simplify(max_(los[d], 0)) if los[d] is not None else ZERO
+            hi = ctx.simplify(min_(his[d], n - 1)) if his[d] is not None else const(n - 1, DType.int64)
+            e_hi = ctx.bounds(ctx.simplify(hi - lo + 1))[1]
+            if e_hi is None or e_hi >= n:
+                out.append((lo, n, hi) if e_hi is not None else (ZERO, n, const(n - 1, DType.int64)))
+            else:
+                out.append((lo, max(e_hi, 1), hi))
+        return out
+
+    # -- nests ---------------------------------------------------------------------------
+    def build(self, stage: Stage, domain: dict) -> S.Stmt:
+        """domain: root var -> (base Expr, extent int, limit Expr); store index = root - base."""
+        ext, val = self.structure(stage, {r: d[1] for r, d in domain.items()})
+        absval = {r: domain[r][0] + val[r] for r in domain}
+        body = self.bodies[stage]
+        value = body.args[0] if body.op == "reduce" else body
+        value = substitute(value, absval)
+        out = self.local.get(stage, stage.tensor)
+        idx = tuple(val[r] for r in stage.axis)
+        ctx = Ctx(self.ranges)
+
+        def guard(roots):
+            conds = [val[r] < domain[r][2] for r in roots]
+            return _conj([c for c in conds if not prove(c, self.ranges)])
+
+        # stages computed inside this one's loops: infer their regions, read them locally
+        for (st, leaf), prods in self.attached.items():
+            if st is not stage:
+                continue
+            pos = stage.leaves.index(leaf)
+            free = {v: self.ranges[v] for v in stage.leaves[pos + 1:]}
+            for p in prods:
+                reg = self.region(p, value, free)
+                self.local[p] = S.Buffer(p.name, p.tensor.dtype, tuple(r[1] for r in reg), "local")
+                self.domains[p] = {ax: (lo, n, ctx.simplify(hi - lo + 1)) for ax, (lo, n, hi) in zip(p.axis, reg)}
+                for rv in p.reduce_axis:
+                    self.domains[p][rv] = (const(rv.arg.dom[0], DType.int64), rv.arg.dom[1],
+                                           const(rv.arg.dom[1], DType.int64))
+                buf, los = self.local[p], [r[0] for r in reg]
+                value = map_loads(value, lambda b, ix, e, p=p, buf=buf, los=los:
+                                  buf[tuple(i - lo for i, lo in zip(ix, los))] if b is p.tensor
+                                  else rebuild(e, ix))
+
+        def nest(positions, inner, attach=True):
+            for pos in reversed(positions):
+                leaf = stage.leaves[pos]
+                if attach:
+                    for p in reversed(self.attached.get((stage, leaf), [])):
+                        inner = S.Allocate(self.local[p], S.seq(self.build(p, self.domains[p]), inner), "auto")
+                inner = S.For(leaf, ZERO, const(ext[leaf], DType.int64), stage.kinds.get(leaf, "serial"), inner)
+            return inner
+
+        sp_guard = guard(stage.axis)
+        if body.op != "reduce":
+            st = S.Store(out, idx, value)
+            return nest(range(len(stage.leaves)), st if sp_guard is None else S.IfThenElse(sp_guard, st))
+        comb = body.arg[0]
+        p0 = next(i for i, v in enumerate(stage.leaves) if stage.is_reduce(v))
+        init = S.Store(out, idx, reduce_identity(comb, body.dtype))
+        init = init if sp_guard is None else S.IfThenElse(sp_guard, init)
+        init_nest = nest([i for i in range(p0 + 1, len(stage.leaves)) if not stage.is_reduce(stage.leaves[i])],
+                         init, attach=False)
+        upd = S.Store(out, idx, combine(comb, out[idx], value))
+        g = _conj([c for c in (sp_guard, guard(stage.reduce_axis)) if c is not None])
+        upd_nest = nest(range(p0, len(stage.leaves)), upd if g is None else S.IfThenElse(g, upd))
+        return nest(range(p0), S.seq(init_nest, upd_nest))
+
+    def root_domain(self, stage: Stage) -> dict:
+        dom = {ax: (ZERO, n, const(n, DType.int64)) for ax, n in zip(stage.axis, stage.tensor.shape)}
+        for rv in stage.reduce_axis:
+            lo, n = rv.arg.dom
+            dom[rv] = (const(lo, DType.int64), n, const(n, DType.int64))
+        return dom
+
+    def run(self) -> S.Stmt:
+        parts = [self.build(s, self.root_domain(s)) for s in self.roots]
+        body = S.seq(*parts)
+        for s in reversed(self.roots):
+            if s.tensor not in self.params:
+                body = S.Allocate(s.tensor, body, "heap")
+        return body
+
+
+def lower(sch: Schedule, params, name: str = "kernel") -> S.PrimFunc:
+    """Lower a schedule to a PrimFunc taking `params` (inputs and outputs) by pointer."""
+    if not isinstance(sch, Schedule):
+        sch = Schedule(sch)
+    params = list(params)
+    for t in sch.outputs:
+        if t not in params:
+            raise KilnError(f"output {t.name!r} must be one of the params", stage="lower")
+    low = _Lowering(sch, params)
+    body = low.run()
+    body = simplify_stmt(body, low.ranges) or S.Seq(())
+    _check_buffers(body, params, name)
+    return S.PrimFunc(name, tuple(params), body)
+
+
+def _check_buffers(body: S.Stmt, params, name):
+    known = set(params)
+
+    def expr_bufs(e):
+        return [x.arg for x in walk(e) if x.op == "load"]
+
+    def go(s):
+        if isinstance(s, S.Allocate):
+            known.add(s.buffer)
+            go(s.body)
+            return
+        if isinstance(s, S.Store):
+            bufs = [s.buffer] + [b for i in s.indices for b in expr_bufs(i)] + expr_bufs(s.value)
+        elif isinstance(s, (S.For, S.IfThenElse, S.Seq, S.Let, S.Evaluate)):
+            bufs = []
+            for f in ("min", "extent", "cond", "value", "expr"):
+                if hasattr(s, f) and isinstance(getattr(s, f), Expr):
+                    bufs += expr_bufs(getattr(s, f))
+            for c in (getattr(s, "body", None), getattr(s, "then", None), getattr(s, "else_", None)):
+                if c is not None:
+                    go(c)
+            for c in getattr(s, "stmts", ()):
+                go(c)
+        else:
+            bufs = []
+        for b in bufs:
+            if b not in known:
+                raise KilnError(f"function {name!r} reads tensor {b.name!r}, which is not in its params",
+                                stage="lower")
+
+    go(body)
+
+
+def sym_interval(e: Expr, free: dict):
+    """Symbolic (lo, hi) of integer `e` when the vars in `free` range over inclusive
+    const intervals and every other var is fixed; None when not analysable."""
+    if not any(v in free for v in walk(e) if v.op == "var"):
+        return (e, e)
+    op = e.op
+    if op == "var":
+        lo, hi = free[e]
+        return const(lo, e.dtype), const(hi, e.dtype)
+    if op == "cast" and not e.args[0].dtype.is_float:
+        iv = sym_interval(e.args[0], free)
+        return None if iv is None else (Expr("cast", e.dtype, (iv[0],)), Expr("cast", e.dtype, (iv[1],)))
+    if op == "select":
+        a, b = sym_interval(e.args[1], free), sym_interval(e.args[2], free)
+        return None if a is None or b is None else (min_(a[0], b[0]), max_(a[1], b[1]))
+    if op not in ("add", "sub", "mul", "floordiv", "floormod", "min", "max"):
+        return None
+    x, y = e.args
+    a = sym_interval(x, free)
+    b = sym_interval(y, free)
+    if a is None or b is None:
+        return None
+    if op == "add":
+        return a[0] + b[0], a[1] + b[1]
+    if op == "sub":
+        return a[0] - b[1], a[1] - b[0]
+    if op in ("min", "max"):
+        f = min_ if op == "min" else max_
+        return f(a[0], b[0]), f(a[1], b[1])
+    c = y if y.op == "const" else x if (x.op == "const" and op == "mul") else None
+    if c is None:
+        return None
+    other = a if c is y else b
+    if op == "mul":
+        return (other[0] * c, other[1] * c) if c.arg >= 0 else (other[1] * c, other[0] * c)
+    if c.arg <= 0:
+        return None
+    if op == "floordiv":
+        return other[0] // c, other[1] // c
+    return const(0, e.dtype), const(c.arg - 1, e.dtype)

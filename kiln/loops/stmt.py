@@ -1,0 +1,174 @@
+"""Loop-nest statements, buffers, functions and modules of the loop IR.
+
+Statements are frozen dataclasses (structural equality via dataclass eq; the Exprs
+inside are hash-consed so comparing them is identity). Buffers are identified by
+object, not by name: two buffers named "A" are different buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+from kiln.loops.expr import Expr, load
+
+LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+
+
+@dataclass(frozen=True, eq=False)
+class Buffer:
+    """A dense row-major array. `scope`: "global" (a parameter or heap temp) or "local"."""
+    name: str
+    dtype: DType
+    shape: tuple
+    scope: str = "global"
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(s) if not isinstance(s, Expr) else s for s in self.shape))
+
+    def __getitem__(self, idx) -> Expr:
+        return load(self, idx if isinstance(idx, tuple) else (idx,))
+
+    def __repr__(self):
+        return f"Buffer({self.name}, {self.dtype}, {list(self.shape)})"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Row-major element strides."""
+        out, acc = [], 1
+        for s in reversed(self.shape):
+            out.append(acc)
+            acc *= s
+        return tuple(reversed(out))
+
+
+class Stmt:
+    """Base class of statements (for isinstance checks and printing)."""
+
+    def __str__(self):
+        from kiln.loops.printer import stmt_str
+        return stmt_str(self)
+
+
+@dataclass(frozen=True, repr=False)
+class For(Stmt):
+    var: Expr
+    min: Expr
+    extent: Expr
+    kind: str
+    body: Stmt
+
+    def __post_init__(self):
+        if self.kind not in LOOP_KINDS:
+            raise KilnError(f"unknown loop kind {self.kind!r}")
+
+
+@dataclass(frozen=True, repr=False)
+class Store(Stmt):
+    buffer: Buffer
+    indices: tuple
+    value: Expr
+
+
+@dataclass(frozen=True, repr=False)
+class Allocate(Stmt):
+    """`buffer` exists inside `body`. scope "stack" | "heap" | "auto" (stack when small)."""
+    buffer: Buffer
+    body: Stmt
+    scope: str = "auto"
+
+
+@dataclass(frozen=True, repr=False)
+class Seq(Stmt):
+    stmts: tuple
+
+
+@dataclass(frozen=True, repr=False)
+class IfThenElse(Stmt):
+    cond: Expr
+    then: Stmt
+    else_: Stmt | None = None
+
+
+@dataclass(frozen=True, repr=False)
+class Let(Stmt):
+    var: Expr
+    value: Expr
+    body: Stmt
+
+
+@dataclass(frozen=True, repr=False)
+class Evaluate(Stmt):
+    expr: Expr
+
+
+@dataclass(frozen=True)
+class View:
+    """A typed window into `buffer` (usually an arena) starting `byte_offset` bytes in."""
+    buffer: Buffer
+    byte_offset: int
+
+
+@dataclass(frozen=True, repr=False)
+class Call(Stmt):
+    """Call kernel `func` (a PrimFunc name in the same module) with buffers or Views."""
+    func: str
+    args: tuple
+
+
+def seq(*stmts) -> Stmt:
+    """Flatten nested Seqs and drop Nones; a single statement is returned as is."""
+    flat = []
+    for s in stmts:
+        if s is None:
+            continue
+        flat.extend(s.stmts if isinstance(s, Seq) else [s])
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+@dataclass(frozen=True, repr=False)
+class PrimFunc:
+    """A kernel: params are buffers passed by pointer; `noalias` lets codegen use restrict."""
+    name: str
+    params: tuple
+    body: Stmt
+    noalias: bool = True
+
+    def __str__(self):
+        from kiln.loops.printer import func_str
+        return func_str(self)
+
+
+@dataclass
+class LoopModule:
+    """The unit of code generation: kernels plus (optionally) the name of an entry function."""
+    funcs: list = field(default_factory=list)
+    entry: str | None = None
+
+    def __post_init__(self):
+        names = [f.name for f in self.funcs]
+        if len(set(names)) != len(names):
+            raise KilnError(f"duplicate function names in LoopModule: {names}")
+
+    def __getitem__(self, name: str) -> PrimFunc:
+        for f in self.funcs:
+            if f.name == name:
+                return f
+        raise KilnError(f"no function {name!r} in module")
+
+    def __str__(self):
+        return "\n\n".join(str(f) for f in self.funcs)
