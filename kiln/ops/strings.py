@@ -28,7 +28,7 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _objects(values, shape) -> np.ndarray:
+def string_array(values, shape) -> np.ndarray:
     """An object array of `str` with the given shape (np.array would make a unicode array)."""
     out = np.empty(len(values), dtype=object)
     out[:] = values
@@ -72,7 +72,7 @@ def string_normalizer(ctx, x):
         keep = [change(s) for s in keep]
     if not keep:  # the spec's "empty" result is one empty string, not a zero-size tensor
         keep = [""]
-    return _objects(keep, x.shape[:-1] + (len(keep),))
+    return string_array(keep, x.shape[:-1] + (len(keep),))
 
 
 # ---- StringSplit ----
@@ -92,7 +92,7 @@ def string_split(ctx, x):
     width = max((len(p) for p in parts), default=0)
     flat = [s for p in parts for s in p + [""] * (width - len(p))]
     lengths = np.array([len(p) for p in parts], dtype=np.int64).reshape(x.shape)
-    return _objects(flat, x.shape + (width,)), lengths
+    return string_array(flat, x.shape + (width,)), lengths
 
 
 # ---- RegexFullMatch ----

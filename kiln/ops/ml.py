@@ -1,0 +1,329 @@
+"""Classical-ML operators of the `ai.onnx.ml` domain (what sklearn/xgboost exporters emit).
+
+LabelEncoder, TreeEnsemble, ArrayFeatureExtractor, Binarizer, plus the small
+preprocessing ops that commonly surround them (Scaler, Normalizer, Imputer,
+LinearRegressor, FeatureVectorizer, CategoryMapper).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.graph.types import TensorType
+from kiln.ops.registry import op, same_as
+from kiln.ops.strings import string_array
+
+ML = "ai.onnx.ml"
+
+
+def _float_input(ctx, i: int = 0) -> TensorType:
+    t = ctx.tensor(i)
+    if not (t.dtype.is_float or t.dtype.is_int):
+        ctx.fail(f"input {i} must be numeric, got {t.dtype}")
+    return t
+
+
+def _rows(ctx, t: TensorType, width) -> TensorType:
+    """[N, width] float32: the output shape of the row-wise ML ops (1-D input is one row)."""
+    n = 1 if t.rank == 1 else (t.shape[0] if t.shape else ctx.new_dim())
+    return TensorType(DType.float32, (n, width))
+
+
+# ---- LabelEncoder ----
+
+def _encoder_table(ctx):
+    """(keys, values, default): keys/values as arrays, default as a 0-d array of the value type."""
+    def pick(prefix, kinds):
+        given = [(k, ctx.attr(prefix + k)) for k in kinds if ctx.has_attr(prefix + k)]
+        if len(given) != 1:
+            ctx.fail(f"exactly one of {', '.join(prefix + k for k in kinds)} must be set, "
+                     f"got {[k for k, _ in given] or 'none'}")
+        kind, v = given[0]
+        dtype = {"strings": object, "int64s": np.int64, "floats": np.float32}.get(kind)
+        return np.asarray(v, dtype=dtype).ravel()
+
+    kinds = ("strings", "int64s", "floats", "tensor")
+    keys, values = pick("keys_", kinds), pick("values_", kinds)
+    if len(keys) != len(values):
+        ctx.fail(f"{len(keys)} keys but {len(values)} values")
+    vtype = DType.from_numpy(values.dtype)
+    fallback = "_Unused" if vtype == DType.string else -0.0 if vtype.is_float else -1
+    if ctx.has_attr("default_tensor"):
+        default = np.asarray(ctx.attr("default_tensor")).ravel()[:1]
+    else:
+        name = {DType.string: "default_string", DType.int64: "default_int64",
+                DType.float32: "default_float"}.get(vtype)
+        default = [ctx.attr(name, fallback) if name else fallback]
+    return keys, values, np.asarray(default, dtype=values.dtype).reshape(())
+
+
+def _infer_label_encoder(ctx):
+    t = ctx.tensor(0)
+    if ctx.opset < 2:  # v1: classes_strings maps strings to their index and back
+        return [TensorType(DType.int64 if t.dtype == DType.string else DType.string, t.shape)]
+    keys, values, _ = _encoder_table(ctx)
+    if DType.from_numpy(keys.dtype) != t.dtype:
+        ctx.fail(f"input type {t.dtype} does not match the keys' type {DType.from_numpy(keys.dtype)}")
+    return [TensorType(DType.from_numpy(values.dtype), t.shape)]
+
+
+def _key(v):
+    """A dict key under which every NaN is the same key (NaN keys match any NaN)."""
+    return "nan" if isinstance(v, float) and math.isnan(v) else v
+
+
+@op("LabelEncoder", infer=_infer_label_encoder, domain=ML)
+def label_encoder(ctx, x):
+    if ctx.opset < 2:
+        classes = list(ctx.attr("classes_strings", []))
+        if x.dtype == object:
+            index = {s: i for i, s in enumerate(classes)}
+            return np.array([index.get(s, ctx.attr("default_int64", -1)) for s in x.ravel()],
+                            dtype=np.int64).reshape(x.shape)
+        default = ctx.attr("default_string", "_Unused")
+        return string_array([classes[i] if 0 <= i < len(classes) else default
+                             for i in x.ravel().tolist()], x.shape)
+    keys, values, default = _encoder_table(ctx)
+    table = {_key(k): v for k, v in zip(keys.tolist(), values)}  # a repeated key: the last wins
+    out = np.empty(x.size, dtype=values.dtype)
+    out[:] = [table.get(_key(k), default) for k in x.ravel().tolist()]
+    return out.reshape(x.shape)
+
+
+# ---- TreeEnsemble ----
+
+_MODES = ("LEQ", "LT", "GTE", "GT", "EQ", "NEQ", "MEMBER")
+
+
+def _infer_tree_ensemble(ctx):
+    t = ctx.tensor(0)
+    if not t.dtype.is_float or t.rank not in (None, 2):
+        ctx.fail(f"X must be a 2-D float tensor [N, F], got {t}")
+    n_nodes = len(ctx.attr("nodes_featureids"))
+    for name in ("nodes_modes", "nodes_splits", "nodes_truenodeids", "nodes_falsenodeids",
+                 "nodes_trueleafs", "nodes_falseleafs"):
+        if len(np.ravel(ctx.attr(name))) != n_nodes:
+            ctx.fail(f"{name} has {len(np.ravel(ctx.attr(name)))} entries, expected {n_nodes}")
+    if len(ctx.attr("leaf_targetids")) != len(np.ravel(ctx.attr("leaf_weights"))):
+        ctx.fail("leaf_targetids and leaf_weights differ in length")
+    if not 0 <= int(ctx.attr("aggregate_function", 1)) <= 3:
+        ctx.fail(f"aggregate_function must be in 0..3, got {ctx.attr('aggregate_function')}")
+    return [TensorType(t.dtype, (t.shape[0] if t.shape else ctx.new_dim(), int(ctx.attr("n_targets"))))]
+
+
+def _member_sets(ctx, modes: np.ndarray) -> dict[int, set]:
+    """The NaN-delimited membership_values, one set per BRANCH_MEMBER node in node order."""
+    members = np.ravel(ctx.attr("membership_values", np.zeros(0)))
+    groups, cur = [], set()
+    for v in members.tolist():
+        if math.isnan(v):
+            groups.append(cur)
+            cur = set()
+        else:
+            cur.add(v)
+    nodes = np.flatnonzero(modes == 6).tolist()
+    if len(groups) != len(nodes):
+        ctx.fail(f"membership_values holds {len(groups)} sets for {len(nodes)} BRANCH_MEMBER nodes")
+    return dict(zip(nodes, groups))
+
+
+def _descend(ctx, x: np.ndarray, root: int, arrays: dict) -> np.ndarray:
+    """The leaf index each row of `x` reaches from `root`, all rows stepping together."""
+    feat, mode, split = arrays["feat"], arrays["mode"], arrays["split"]
+    idx = np.full(len(x), root, np.int64)
+    leaf = np.zeros(len(x), bool)
+    for _ in range(len(feat) + 1):
+        live = np.flatnonzero(~leaf)
+        if not len(live):
+            return idx
+        n = idx[live]
+        v, s = x[live, feat[n]], split[n]
+        member = np.array([val in arrays["sets"].get(k, ()) for val, k in zip(v.tolist(), n.tolist())], bool)
+        go = np.choose(mode[n], [v <= s, v < s, v >= s, v > s, v == s, v != s, member])
+        go |= arrays["nan_true"][n] & np.isnan(v)
+        idx[live] = np.where(go, arrays["true_id"][n], arrays["false_id"][n])
+        leaf[live] = np.where(go, arrays["true_leaf"][n], arrays["false_leaf"][n])
+    ctx.fail(f"tree rooted at node {root} has a cycle")
+
+
+@op("TreeEnsemble", infer=_infer_tree_ensemble, domain=ML)
+def tree_ensemble(ctx, x):
+    modes = np.ravel(ctx.attr("nodes_modes")).astype(np.int64)
+    if ((modes < 0) | (modes > 6)).any():
+        ctx.fail(f"nodes_modes must be in 0..6 ({', '.join(_MODES)}), got {sorted(set(modes.tolist()))}")
+    feat = np.asarray(ctx.attr("nodes_featureids"), np.int64)
+    if len(feat) and feat.max() >= x.shape[1]:
+        ctx.fail(f"a node reads feature {feat.max()} but X has {x.shape[1]} features")
+    ints = lambda name, dtype=np.int64: np.asarray(ctx.attr(name), dtype)  # noqa: E731
+    arrays = dict(feat=feat, mode=modes, split=np.ravel(ctx.attr("nodes_splits")).astype(x.dtype),
+                  sets=_member_sets(ctx, modes),
+                  nan_true=np.asarray(ctx.attr("nodes_missing_value_tracks_true", None) or [0] * len(feat), bool),
+                  true_id=ints("nodes_truenodeids"), false_id=ints("nodes_falsenodeids"),
+                  true_leaf=ints("nodes_trueleafs", bool), false_leaf=ints("nodes_falseleafs", bool))
+    targets = np.asarray(ctx.attr("leaf_targetids"), np.int64)
+    weights = np.ravel(ctx.attr("leaf_weights")).astype(np.float64)
+    n_targets, agg = int(ctx.attr("n_targets")), int(ctx.attr("aggregate_function", 1))
+    roots = [int(r) for r in ctx.attr("tree_roots")]
+    acc = np.zeros((len(x), n_targets))
+    if agg in (2, 3):  # MIN / MAX: targets no leaf reaches stay 0
+        acc = np.full((len(x), n_targets), np.inf if agg == 2 else -np.inf)
+    reduce = {0: np.add, 1: np.add, 2: np.minimum, 3: np.maximum}[agg]
+    rows = np.arange(len(x))
+    for root in roots:
+        leaves = _descend(ctx, x, root, arrays)
+        reduce.at(acc, (rows, targets[leaves]), weights[leaves])
+    acc[np.isinf(acc)] = 0
+    if agg == 0 and roots:
+        acc /= len(roots)
+    return post_transform(ctx, acc, int(ctx.attr("post_transform", 0))).astype(x.dtype)
+
+
+def post_transform(ctx, scores: np.ndarray, kind) -> np.ndarray:
+    """The ML ops' score transforms, by enum code (0..4) or name (NONE, SOFTMAX, ...)."""
+    names = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
+    kind = names[kind] if isinstance(kind, int) and 0 <= kind < len(names) else kind
+    if kind == "NONE":
+        return scores
+    if kind == "LOGISTIC":
+        return 1 / (1 + np.exp(-scores))
+    if kind in ("SOFTMAX", "SOFTMAX_ZERO"):
+        keep = scores != 0 if kind == "SOFTMAX_ZERO" else np.ones_like(scores, bool)
+        e = np.where(keep, np.exp(scores - np.max(np.where(keep, scores, -np.inf), -1, keepdims=True)), 0)
+        return e / np.maximum(e.sum(-1, keepdims=True), np.finfo(np.float64).tiny)
+    if kind == "PROBIT":
+        return np.sqrt(2) * _erfinv(2 * scores - 1)
+    ctx.fail(f"post_transform must be one of {', '.join(names)}, got {kind!r}")
+
+
+def _erfinv(y: np.ndarray) -> np.ndarray:
+    """Inverse error function: Winitzki's closed form refined by Newton steps (no scipy)."""
+    y = np.clip(y, -1, 1)
+    a = 0.147
+    ln = np.log1p(-y * y)
+    t = 2 / (np.pi * a) + ln / 2
+    x = np.sign(y) * np.sqrt(np.sqrt(t * t - ln / a) - t)
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(3):
+            x = np.where(np.abs(y) < 1, x - (erf(x) - y) / (2 / np.sqrt(np.pi) * np.exp(-x * x)), x)
+    return x
+
+
+# ---- small per-element / per-row ops ----
+
+def _infer_feature_extractor(ctx):
+    t = ctx.tensor(0)
+    idx = ctx.tensor(1)
+    if idx.dtype != DType.int64:
+        ctx.fail(f"indices must be int64, got {idx.dtype}")
+    k = int(np.prod(idx.shape)) if idx.is_static else ctx.new_dim()
+    if t.shape is None:
+        return [TensorType(t.dtype, None)]
+    return [TensorType(t.dtype, (1, k) if len(t.shape) == 1 else t.shape[:-1] + (k,))]
+
+
+@op("ArrayFeatureExtractor", infer=_infer_feature_extractor, domain=ML)
+def array_feature_extractor(ctx, x, indices):
+    """Gathers along the last axis; a 1-D input gives one row (as ONNX Runtime does)."""
+    idx = indices.ravel()
+    if len(idx) and (idx.min() < 0 or idx.max() >= x.shape[-1]):
+        ctx.fail(f"indices {idx.tolist()} out of range for last dim {x.shape[-1]}")
+    out = x[..., idx]
+    return out.reshape(1, -1) if x.ndim == 1 else out
+
+
+@op("Binarizer", infer=same_as(0), domain=ML)
+def binarizer(ctx, x):
+    return (x > ctx.attr("threshold", 0.0)).astype(x.dtype)
+
+
+def _infer_float_like(ctx):
+    t = _float_input(ctx)
+    return [TensorType(DType.float32, t.shape)]
+
+
+def _per_feature(ctx, name: str, default: float, width: int) -> np.ndarray:
+    v = np.asarray(ctx.attr(name, [default]), np.float32)
+    if len(v) not in (1, width):
+        ctx.fail(f"{name} has {len(v)} entries; expected 1 or the feature count {width}")
+    return v
+
+
+@op("Scaler", infer=_infer_float_like, domain=ML)
+def scaler(ctx, x):
+    w = x.shape[-1] if x.ndim else 1
+    return ((x.astype(np.float32) - _per_feature(ctx, "offset", 0.0, w)) * _per_feature(ctx, "scale", 1.0, w))
+
+
+@op("Normalizer", infer=_infer_float_like, domain=ML)
+def normalizer(ctx, x):
+    x = x.astype(np.float32)
+    norm = ctx.attr("norm", "MAX")
+    fn = {"MAX": lambda r: np.abs(r).max(-1, keepdims=True), "L1": lambda r: np.abs(r).sum(-1, keepdims=True),
+          "L2": lambda r: np.sqrt((r * r).sum(-1, keepdims=True))}.get(norm)
+    if fn is None:
+        ctx.fail(f"norm must be MAX, L1 or L2, got {norm!r}")
+    d = fn(x)
+    return np.where(d == 0, x, x / np.where(d == 0, 1, d)).astype(np.float32)
+
+
+@op("Imputer", infer=same_as(0), domain=ML)
+def imputer(ctx, x):
+    floats = x.dtype.kind == "f"
+    fill = np.asarray(ctx.attr("imputed_value_floats" if floats else "imputed_value_int64s"), x.dtype)
+    bad = ctx.attr("replaced_value_float" if floats else "replaced_value_int64", np.nan if floats else 0)
+    hit = np.isnan(x) if floats and math.isnan(bad) else x == bad
+    return np.where(hit, np.broadcast_to(fill, x.shape[-1:]) if fill.size > 1 else fill, x).astype(x.dtype)
+
+
+def _infer_linear_regressor(ctx):
+    t = _float_input(ctx)
+    return [_rows(ctx, t, int(ctx.attr("targets", 1)))]
+
+
+@op("LinearRegressor", infer=_infer_linear_regressor, domain=ML)
+def linear_regressor(ctx, x):
+    x = np.atleast_2d(x).astype(np.float32)
+    n = int(ctx.attr("targets", 1))
+    coef = np.asarray(ctx.attr("coefficients"), np.float32)
+    if coef.size != n * x.shape[1]:
+        ctx.fail(f"{coef.size} coefficients for {n} targets x {x.shape[1]} features")
+    y = x @ coef.reshape(n, -1).T + np.asarray(ctx.attr("intercepts", [0.0] * n), np.float32)
+    return post_transform(ctx, y, ctx.attr("post_transform", "NONE")).astype(np.float32)
+
+
+def _infer_feature_vectorizer(ctx):
+    dims = ctx.attr("inputdimensions")
+    if len(dims) != ctx.num_inputs:
+        ctx.fail(f"inputdimensions has {len(dims)} entries for {ctx.num_inputs} inputs")
+    return [_rows(ctx, ctx.tensor(0), int(sum(dims)))]
+
+
+@op("FeatureVectorizer", infer=_infer_feature_vectorizer, domain=ML)
+def feature_vectorizer(ctx, *xs):
+    """Concatenates the inputs' features, each cut or zero-padded to its inputdimensions entry."""
+    parts = []
+    for x, d in zip(xs, ctx.attr("inputdimensions")):
+        x = np.atleast_2d(x).astype(np.float32).reshape(len(np.atleast_2d(x)), -1)[:, :d]
+        parts.append(np.pad(x, ((0, 0), (0, d - x.shape[1]))))
+    return np.concatenate(parts, axis=1)
+
+
+def _infer_category_mapper(ctx):
+    t = ctx.tensor(0)
+    if t.dtype not in (DType.string, DType.int64):
+        ctx.fail(f"input must be string or int64, got {t.dtype}")
+    return [TensorType(DType.int64 if t.dtype == DType.string else DType.string, t.shape)]
+
+
+@op("CategoryMapper", infer=_infer_category_mapper, domain=ML)
+def category_mapper(ctx, x):
+    strings, ints = list(ctx.attr("cats_strings")), list(ctx.attr("cats_int64s"))
+    if x.dtype == object:
+        table = dict(zip(strings, ints))
+        return np.array([table.get(s, ctx.attr("default_int64", -1)) for s in x.ravel()], np.int64).reshape(x.shape)
+    table = dict(zip(ints, strings))
+    return string_array([table.get(int(v), ctx.attr("default_string", "_Unused")) for v in x.ravel()], x.shape)
