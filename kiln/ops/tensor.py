@@ -66,6 +66,19 @@ def vec_len(ctx, i: int):
     return s[0] if s is not None and len(s) == 1 and isinstance(s[0], int) else None
 
 
+def _per_axis_infer(ctx, params, dim):
+    """Inference for ops mapping each input dim through a per-axis parameter (pads, slices, repeats).
+
+    `params(ctx, rank)` gives the per-axis parameters, or None when unknown at
+    compile time (then the rank is kept and the dims are fresh symbols).
+    """
+    s = ctx.shape(0)
+    ps = None if s is None else params(ctx, len(s))
+    if ps is None:
+        return out(ctx, ctx.dtype(0), None if s is None else ctx.unknown_shape(len(s)))
+    return out(ctx, ctx.dtype(0), [dim(d, p) for d, p in zip(s, ps)])
+
+
 def sum_dims(ctx, dims):
     return sum(dims) if all(isinstance(d, int) for d in dims) else ctx.new_dim()
 
@@ -420,16 +433,14 @@ def expand(ctx, x, shape):
     return np.broadcast_to(x, target).copy()
 
 
-def _tile_infer(ctx):
-    reps, s = ints(ctx.value(1)), ctx.shape(0)
-    if reps is None or s is None:
-        return out(ctx, ctx.dtype(0), None if s is None else ctx.unknown_shape(len(s)))
-    if len(reps) != len(s):
-        ctx.fail(f"repeats {reps} must have one entry per input dim {tuple(s)}")
-    return out(ctx, ctx.dtype(0), [dim_mul(d, r, ctx) for d, r in zip(s, reps)])
+def _tile_reps(ctx, rank):
+    reps = ints(ctx.value(1))
+    if reps is not None and len(reps) != rank:
+        ctx.fail(f"repeats {reps} must have one entry per input dim ({rank})")
+    return reps
 
 
-@op("Tile", infer=_tile_infer)
+@op("Tile", infer=lambda ctx: _per_axis_infer(ctx, _tile_reps, lambda d, r: dim_mul(d, r, ctx)))
 def tile(ctx, x, repeats):
     reps = ints(repeats)
     if len(reps) != x.ndim or min(reps, default=0) < 0:
@@ -456,19 +467,16 @@ def _pads(ctx, rank, pads=None, axes=None):
     return both
 
 
-def _pad_infer(ctx):
-    s = ctx.shape(0)
-    pads = None if s is None else _pads(ctx, len(s))
-    if pads is None:
-        return out(ctx, ctx.dtype(0), None if s is None else ctx.unknown_shape(len(s)))
-    dims = [d + b + e if isinstance(d, int) else (d if b == e == 0 else ctx.new_dim())
-            for d, (b, e) in zip(s, pads)]
-    if any(isinstance(d, int) and d < 0 for d in dims):
-        ctx.fail(f"pads {pads} crop more than the input {tuple(s)}")
-    return out(ctx, ctx.dtype(0), dims)
+def _padded_dim(ctx, d, pads):
+    b, e = pads
+    if isinstance(d, str):
+        return d if b == e == 0 else ctx.new_dim()
+    if d + b + e < 0:
+        ctx.fail(f"pads ({b}, {e}) crop more than the input dim {d}")
+    return d + b + e
 
 
-@op("Pad", infer=_pad_infer)
+@op("Pad", infer=lambda ctx: _per_axis_infer(ctx, _pads, lambda d, p: _padded_dim(ctx, d, p)))
 def pad(ctx, x, pads=None, value=None, axes=None):
     both = _pads(ctx, x.ndim, pads if ctx.opset >= 11 else None, axes)
     value = ctx.attr("value", 0.0) if ctx.opset < 11 else (0 if value is None or value.size == 0 else scalar(value))
@@ -541,17 +549,13 @@ def _slice_args(ctx, rank, starts=None, ends=None, axes=None, steps=None):
     return out_
 
 
-def _slice_infer(ctx):
-    s = ctx.shape(0)
-    sl = None if s is None else _slice_args(ctx, len(s))
-    if sl is None:
-        return out(ctx, ctx.dtype(0), None if s is None else ctx.unknown_shape(len(s)))
-    dims = [len(range(*k.indices(d))) if isinstance(d, int) else d if k == slice(None) else ctx.new_dim()
-            for d, k in zip(s, sl)]
-    return out(ctx, ctx.dtype(0), dims)
+def _sliced_dim(ctx, d, k: slice):
+    if isinstance(d, int):
+        return len(range(*k.indices(d)))
+    return d if k == slice(None) else ctx.new_dim()
 
 
-@op("Slice", infer=_slice_infer)
+@op("Slice", infer=lambda ctx: _per_axis_infer(ctx, _slice_args, lambda d, k: _sliced_dim(ctx, d, k)))
 def slice_op(ctx, x, starts=None, ends=None, axes=None, steps=None):
     return x[tuple(_slice_args(ctx, x.ndim, starts, ends, axes, steps))].copy()
 
