@@ -38,13 +38,16 @@ def text(v) -> str:
 
 
 def softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
+    """Max-shifted softmax; an all -inf slice gives NaN as in ONNX (callers that want 0 guard it)."""
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+        return e / np.sum(e, axis=axis, keepdims=True)
 
 
 def log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    s = x - np.max(x, axis=axis, keepdims=True)
-    return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s = x - np.max(x, axis=axis, keepdims=True)
+        return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
 
 
 # ---- Reduce* ----
