@@ -53,6 +53,7 @@ def _infer(ctx):
     if hidden is None:
         hidden = r.shape[-1] if r.shape is not None else ctx.new_dim()
     nd = _num_dirs(ctx)
+    _activations(ctx, ctx.node.op, nd)  # bad names fail at compile time
     y, h = (seq, nd, batch, hidden), (nd, batch, hidden)
     if ctx.attr("layout", 0):
         y, h = (batch, seq, nd, hidden), (batch, nd, hidden)
