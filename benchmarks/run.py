@@ -1,0 +1,170 @@
+"""Benchmark kiln against ONNX Runtime on the models in benchmarks/models.py.
+
+    python benchmarks/run.py [--models mlp,resnet18] [--target interpreter|cpu]
+                             [--threads N] [--runs N] [--ort-runs N] [--opt-levels 0,3]
+                             [--json results.json]
+
+Per model (and opt level): compile time cold and warm (a second compile of the same
+model), kiln's outputs checked against ORT on fresh seeded inputs, then kiln and ORT
+timed interleaved in this one process — alternating rounds, so drift in clocks or
+load hits both alike — reporting median, p10, p90 and the ratio kiln/ORT. A model
+kiln cannot compile still gets its ORT timings, with the error in its row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kiln  # noqa: E402
+from benchmarks.models import MODELS, inputs_for  # noqa: E402
+
+RTOL, ATOL = 1e-3, 1e-4
+DEFAULT_RUNS = {"interpreter": 3, "cpu": 50}
+
+
+def ort_session(model, threads: int):
+    """An ORT CPU session with `threads` intra-op threads and full graph optimisation."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def compare(got: dict, want: dict) -> dict:
+    """Max abs error, max rel error (|d| / (|want| + atol)) and allclose over all outputs."""
+    abs_err = rel_err = 0.0
+    ok = set(got) == set(want)
+    for name, w in want.items():
+        g = np.asarray(got.get(name, np.full_like(w, np.nan)))
+        if g.shape != w.shape:
+            return {"max_abs": math.inf, "max_rel": math.inf, "ok": False,
+                    "why": f"{name}: shape {g.shape} != {w.shape}"}
+        d = np.abs(g.astype(np.float64) - w)
+        abs_err = max(abs_err, float(d.max(initial=0)))
+        rel_err = max(rel_err, float((d / (np.abs(w) + ATOL)).max(initial=0)))
+        ok &= bool(np.allclose(g, w, rtol=RTOL, atol=ATOL))
+    return {"max_abs": abs_err, "max_rel": rel_err, "ok": ok}
+
+
+def stats(ms: list[float]) -> dict:
+    p10, med, p90 = np.percentile(ms, [10, 50, 90])
+    return {"median_ms": float(med), "p10_ms": float(p10), "p90_ms": float(p90), "n": len(ms)}
+
+
+def time_interleaved(fns: dict, runs: dict, rounds: int) -> dict:
+    """Alternate rounds of a few runs of each fn; returns {name: [ms per run]}."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(math.ceil(runs[name] / rounds)):
+                t = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def bench(name: str, model, args, opt_level) -> dict:
+    """One row: compile, check against ORT, time both interleaved."""
+    row = {"model": name, "target": args.target, "opt_level": opt_level, "error": None}
+    feeds = inputs_for(name, model, seed=args.seed)
+    t = time.perf_counter()
+    sess = ort_session(model, args.threads)
+    row["ort_load_s"] = time.perf_counter() - t
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    fns, runs = {"ort": lambda: sess.run(None, feeds)}, {"ort": args.ort_runs}
+    options = {} if opt_level is None else {"opt_level": opt_level}
+    try:
+        for key in ("compile_cold_s", "compile_warm_s"):
+            t = time.perf_counter()
+            compiled = kiln.compile(model, target=args.target, **options)
+            row[key] = time.perf_counter() - t
+        row.update(compare(compiled.run(feeds), want))  # also kiln's warm-up run
+        fns["kiln"], runs["kiln"] = (lambda: compiled.run(feeds)), args.runs
+    except Exception as e:  # KilnError expected; anything else is a kiln bug, reported alike
+        row["error"] = f"{type(e).__name__}: {e}"
+    times = time_interleaved(fns, runs, rounds=max(1, min(10, args.runs)))
+    for k, ms in times.items():
+        row[k] = stats(ms)
+    if "kiln" in row:
+        row["ratio"] = row["kiln"]["median_ms"] / row["ort"]["median_ms"]
+    return row
+
+
+def fmt_time(s: dict | None) -> str:
+    return "-" if s is None else f"{s['median_ms']:.2f} ({s['p10_ms']:.2f}-{s['p90_ms']:.2f})"
+
+
+def table(rows: list[dict]) -> str:
+    """Plain-text table, one line per row, errors listed underneath."""
+    head = ["model", "opt", "compile cold/warm s", "ort load s", "max abs", "max rel", "ok",
+            "kiln ms med (p10-p90)", "ort ms med (p10-p90)", "kiln/ort"]
+    lines = []
+    for r in rows:
+        compiled = "compile_cold_s" in r
+        lines.append([
+            r["model"], "-" if r["opt_level"] is None else str(r["opt_level"]),
+            f"{r['compile_cold_s']:.2f}/{r['compile_warm_s']:.2f}" if compiled else "-",
+            f"{r['ort_load_s']:.2f}",
+            f"{r['max_abs']:.2e}" if "max_abs" in r else "-",
+            f"{r['max_rel']:.2e}" if "max_rel" in r else "-",
+            ("yes" if r["ok"] else "NO") if "ok" in r else "ERR",
+            fmt_time(r.get("kiln")), fmt_time(r.get("ort")),
+            f"{r['ratio']:.2f}" if "ratio" in r else "-"])
+    widths = [max(len(c) for c in col) for col in zip(head, *lines)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in [head, *lines]]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    out += [f"{r['model']} opt={r['opt_level']}: {r['error']}" for r in rows if r["error"]]
+    return "\n".join(out)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma-separated subset of {', '.join(MODELS)}")
+    p.add_argument("--target", default="interpreter", choices=["interpreter", "cpu"])
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="ORT intra-op threads")
+    p.add_argument("--runs", type=int, help="timed kiln runs (default: 3 interpreter, 50 cpu)")
+    p.add_argument("--ort-runs", type=int, default=50, help="timed ORT runs")
+    p.add_argument("--opt-levels", default=None,
+                   help="comma-separated kiln opt levels, one row each (default: kiln's default)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the random inputs")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    args = p.parse_args(argv)
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown:
+        p.error(f"unknown model(s) {sorted(unknown)}; choose from {list(MODELS)}")
+    args.runs = args.runs or DEFAULT_RUNS[args.target]
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    levels = [None] if args.opt_levels is None else [int(v) for v in args.opt_levels.split(",")]
+    rows = []
+    for name in args.models.split(","):
+        model = MODELS[name]()
+        for level in levels:
+            rows.append(bench(name, model, args, level))
+            print(f"done {name} opt={level}", file=sys.stderr, flush=True)
+    print(f"target={args.target}  ort threads={args.threads}  kiln runs={args.runs}  "
+          f"ort runs={args.ort_runs}  rtol={RTOL} atol={ATOL}")
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
