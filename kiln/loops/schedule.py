@@ -15,6 +15,7 @@ decisions (split factors, ...) inside the instructions before replaying.
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass, replace
 
 from kiln.errors import KilnError
@@ -87,8 +88,13 @@ class Trace:
 
 def _recorded(fn):
     """Record a primitive in the schedule's trace (only the outermost call)."""
+    sig = inspect.signature(fn)
+
     @functools.wraps(fn)
-    def wrapper(self, *args):
+    def wrapper(self, *args, **kwargs):
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        args = bound.args[1:]
         sch = self if isinstance(self, Schedule) else self.sch
         depth = sch._depth
         sch._depth += 1

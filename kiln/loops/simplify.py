@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kiln.dtypes import DType
-from kiln.loops.expr import BINARY, Expr, const, rebuild, substitute
+from kiln.loops.expr import BINARY, Expr, const, max_, min_, rebuild, substitute
 from kiln.loops import stmt as S
 
 COMMUTATIVE = {"add", "mul", "min", "max", "eq", "ne", "and", "or", "bitand", "bitor", "bitxor"}
@@ -285,6 +285,8 @@ INT_RULES: list[tuple[Pat, Any]] = [
     (x < y, _cmp_by_bounds("lt")), (x <= y, _cmp_by_bounds("le")),
     (P("gt", x, y), lambda ctx, x, y: y < x), (P("ge", x, y), lambda ctx, x, y: y <= x),
     (P("min", x, x), x), (P("max", x, x), x),
+    (P("min", x, y) - z, lambda ctx, x, y, z: min_(x - z, y - z)),
+    (P("max", x, y) - z, lambda ctx, x, y, z: max_(x - z, y - z)),
     (P("min", x, y), _minmax_by_bounds("min")), (P("max", x, y), _minmax_by_bounds("max")),
     (P("min", x + c1, x + c2), lambda ctx, x, c1, c2: x + min(c1.arg, c2.arg)),
     (P("max", x + c1, x + c2), lambda ctx, x, c1, c2: x + max(c1.arg, c2.arg)),

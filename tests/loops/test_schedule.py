@@ -1,0 +1,163 @@
+"""Each schedule primitive: the compiled result equals numpy; illegal requests name stage and axis."""
+
+import numpy as np
+import pytest
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+from kiln.loops import Schedule, compute, exp, lower, placeholder, reduce_axis, rmax, sum_
+
+F32 = DType.float32
+rng = np.random.default_rng(0)
+
+
+def matmul(M, N, K):
+    A = placeholder((M, K), F32, "A")
+    B = placeholder((K, N), F32, "B")
+    k = reduce_axis(K, "k")
+    C = compute((M, N), lambda i, j: sum_(A[i, k] * B[k, j], axis=k), "C")
+    a, b = rng.random((M, K), np.float32), rng.random((K, N), np.float32)
+    return A, B, C, k, a, b
+
+
+def chain(M=10, N=7):
+    A = placeholder((M, N), F32, "A")
+    B = compute((M, N), lambda i, j: exp(A[i, j]) * 2.0, "B")
+    C = compute((M, N), lambda i, j: B[i, j] + B[i, (j + 1) % N], "C")
+    a = rng.random((M, N), np.float32)
+    b = np.exp(a) * 2
+    return A, B, C, a, b + np.roll(b, -1, axis=1)
+
+
+def test_printer_shows_a_readable_nest():
+    A, B, C, k, _, _ = matmul(8, 8, 8)
+    s = Schedule(C)
+    io, ii = s[C].split(C.axis[0], 4)
+    s[C].parallel(io)
+    text = str(lower(s, [A, B, C], "mm"))
+    assert text == """func mm(float32 A[8, 8], float32 B[8, 8], float32 C[8, 8]) {
+  parallel for (i.o = 0; i.o < 2; ++i.o) {
+    for (i.i = 0; i.i < 4; ++i.i) {
+      for (j = 0; j < 8; ++j) {
+        C[(i.o * 4) + i.i, j] = 0.0f;
+        for (k = 0; k < 8; ++k) {
+          C[(i.o * 4) + i.i, j] = C[(i.o * 4) + i.i, j] + (A[(i.o * 4) + i.i, k] * B[k, j]);
+        }
+      }
+    }
+  }
+}"""
+
+
+def test_split_tile_reorder_vectorize_parallel_unroll(run):
+    A, B, C, k, a, b = matmul(19, 21, 11)   # nothing divides: guards everywhere
+    s = Schedule(C)
+    io, jo, ii, ji = s[C].tile(C.axis[0], C.axis[1], 4, 8)
+    ko, ki = s[C].split(k, nparts=3)
+    s[C].reorder(io, jo, ko, ii, ki, ji)
+    s[C].vectorize(ji)
+    s[C].parallel(io)
+    s[C].unroll(ki)
+    (c,) = run(s, [A, B], [C], [a, b])
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+
+
+def test_fuse_and_reduction_outermost(run):
+    A, B, C, k, a, b = matmul(6, 5, 4)
+    s = Schedule(C)
+    s[C].reorder(k, C.axis[0], C.axis[1])
+    s[C].fuse(C.axis[0], C.axis[1])
+    (c,) = run(s, [A, B], [C], [a, b])
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+
+
+def test_compute_at_and_inline(run):
+    A, B, C, a, ref = chain()
+    s = Schedule(C)
+    io, ii = s[C].split(C.axis[0], 3)
+    s[B].compute_at(s[C], io)
+    text = str(lower(s, [A, C]))
+    assert "allocate float32 B[3, 7]" in text      # only the region one tile needs
+    np.testing.assert_allclose(run(s, [A], [C], [a])[0], ref, rtol=1e-6)
+    s = Schedule(C)
+    s[B].compute_inline()
+    s[C].parallel(s[C].fuse(*C.axis))
+    assert "B[" not in str(lower(s, [A, C]))
+    np.testing.assert_allclose(run(s, [A], [C], [a])[0], ref, rtol=1e-6)
+
+
+def test_cache_write_cache_read_packing(run):
+    A, B, C, k, a, b = matmul(20, 24, 9)
+    s = Schedule(C)
+    CL = s.cache_write(C)
+    io, jo, ii, ji = s[C].tile(C.axis[0], C.axis[1], 4, 8)
+    s[CL].compute_at(s[C], jo)
+    i, j = s[CL].axis
+    ko, ki = s[CL].split(k, 4)
+    s[CL].reorder(ko, i, ki, j)
+    s[CL].vectorize(j)
+    AL = s.cache_read(A, [CL])
+    s[AL].compute_at(s[CL], ko)
+    text = str(lower(s, [A, B, C]))
+    assert "allocate float32 C.local[4, 8]" in text and "allocate float32 A.local[4, 4]" in text
+    np.testing.assert_allclose(run(s, [A, B], [C], [a, b])[0], a @ b, rtol=1e-5)
+
+
+def test_max_reduction_with_offset_range(run):
+    X = placeholder((5, 12), F32, "X")
+    k = reduce_axis((2, 11), "k")
+    R = compute((5,), lambda i: rmax(X[i, k], axis=k), "R")
+    s = Schedule(R)
+    s[R].split(k, 4)
+    x = rng.standard_normal((5, 12)).astype(np.float32)
+    np.testing.assert_array_equal(run(s, [X], [R], [x])[0], x[:, 2:11].max(axis=1))
+
+
+def test_trace_replays_on_a_fresh_compute():
+    A, B, C, k, _, _ = matmul(16, 16, 16)
+    s = Schedule(C)
+    io, jo, ii, ji = s[C].tile(C.axis[0], C.axis[1], 4, 8)
+    s[C].vectorize(ji)
+    A2, B2, C2, _, _, _ = matmul(16, 16, 16)
+    s2 = s.trace.replay(C2)
+    assert str(s2.trace) == str(s.trace)
+    assert str(lower(s2, [A2, B2, C2], "f")) == str(lower(s, [A, B, C], "f"))
+    # a tuner edits a decision inside the trace
+    t = s.trace.with_args(0, (s.trace.insts[0].args[0], s.trace.insts[0].args[1], 2, 2))
+    assert "i.i < 2" in str(lower(t.replay(C2), [A2, B2, C2]))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda s, C, k: s[C].parallel(k), "stage 'C', axis 'k'.*reduction"),
+    (lambda s, C, k: s[C].vectorize(k), "stage 'C', axis 'k'.*reduction"),
+    (lambda s, C, k: s[C].split(C.axis[0], 0), "stage 'C', axis 'i'.*positive"),
+    (lambda s, C, k: s[C].split(C.axis[0], -3), "stage 'C', axis 'i'.*positive"),
+    (lambda s, C, k: s[C].fuse(C.axis[0], k), "stage 'C', axis 'i'.*fuse"),
+    (lambda s, C, k: s[C].fuse(C.axis[1], C.axis[0]), "stage 'C', axis 'j'.*consecutive"),
+])
+def test_illegal_primitives(bad, message):
+    A, B, C, k, _, _ = matmul(8, 8, 8)
+    with pytest.raises(KilnError, match=message):
+        bad(Schedule(C), C, k)
+
+
+def test_axis_of_another_stage_is_rejected():
+    A, B, C, a, _ = chain()
+    s = Schedule(C)
+    with pytest.raises(KilnError, match="stage 'C'.*'i' is not a loop of this stage"):
+        s[C].split(B.axis[0], 2)
+    io, ii = s[C].split(C.axis[0], 2)
+    with pytest.raises(KilnError, match="stage 'C'.*'i' is not a loop"):
+        s[C].split(C.axis[0], 2)           # already split: no longer a loop
+
+
+def test_compute_at_must_enclose_every_use():
+    A = placeholder((8,), F32, "A")
+    B = compute((8,), lambda i: A[i] + 1.0, "B")
+    C = compute((8,), lambda i: B[i] * 2.0, "C")
+    D = compute((8,), lambda i: B[i] + C[i], "D")
+    s = Schedule(D)
+    with pytest.raises(KilnError, match="stage 'B', axis 'i'.*does not enclose every use"):
+        s[B].compute_at(s[C], C.axis[0])
+    with pytest.raises(KilnError, match="stage 'D'.*output"):
+        s[D].compute_inline()

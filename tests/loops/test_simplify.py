@@ -1,0 +1,82 @@
+"""The expression IR (hash-consing, typing) and the rule-based index simplifier."""
+
+import pytest
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+from kiln.loops import const, exp, max_, min_, select, simplify, var
+from kiln.loops.simplify import INT_RULES, Pat, match, prove
+
+i = var("i", dom=(0, 8))
+j = var("j", dom=(0, 4))
+n = var("n")  # unbounded
+f = var("x", DType.float32)
+
+
+def test_hash_consing_makes_structure_identity():
+    assert (i * 4 + j) is (i * 4 + j)
+    assert const(1.5, DType.float32) is const(1.5, DType.float32)
+    assert const(0.0, DType.float32) is not const(-0.0, DType.float32)
+    assert var("i") is not var("i")  # vars are unique even with equal names
+
+
+def test_dtype_rules():
+    with pytest.raises(KilnError, match="dtype mismatch"):
+        i + f
+    with pytest.raises(KilnError, match="true division"):
+        i / 2
+    assert (i < 3).dtype is DType.bool
+    assert exp(f).dtype is DType.float32
+    with pytest.raises(KilnError, match="truth value"):
+        bool(i < 3)
+
+
+@pytest.mark.parametrize("expr, expected", [
+    (lambda: n + 0, lambda: n),
+    (lambda: n * 1, lambda: n),
+    (lambda: n * 0, lambda: const(0, DType.int64)),
+    (lambda: 3 + n, lambda: n + 3),
+    (lambda: (n + 2) + 5, lambda: n + 7),
+    (lambda: (n * 4) // 4, lambda: n),
+    (lambda: (n * 4) % 4, lambda: const(0, DType.int64)),
+    (lambda: (i * 4 + j) // 4, lambda: i),          # 0 <= j < 4
+    (lambda: (i * 4 + j) % 4, lambda: j),
+    (lambda: (n * 8 + j) // 4, lambda: n * 2),
+    (lambda: (n // 4) * 4 + n % 4, lambda: n),
+    (lambda: (n // 2) // 3, lambda: n // 6),
+    (lambda: j // 4, lambda: const(0, DType.int64)),
+    (lambda: j % 4, lambda: j),
+    (lambda: (j + 4) % 4, lambda: j),
+    (lambda: min_(i, 100), lambda: i),
+    (lambda: max_(i, 7), lambda: const(7, DType.int64)),
+    (lambda: min_(n + 3, n + 5), lambda: n + 3),
+    (lambda: select(i < 8, n, j), lambda: n),
+    (lambda: (n + 1) * 3, lambda: n * 3 + 3),
+    (lambda: const(7, DType.int64) // 2, lambda: const(3, DType.int64)),
+    (lambda: const(-7, DType.int64) // 2, lambda: const(-4, DType.int64)),
+    (lambda: const(-7, DType.int64) % 2, lambda: const(1, DType.int64)),
+])
+def test_rules(expr, expected):
+    assert simplify(expr()) is expected()
+
+
+def test_float_identities_are_left_alone():
+    # x + 0.0 is not x for x = -0.0, x * 0 is not 0 for NaN: float nodes only fold constants
+    assert simplify(f + 0.0) is f + 0.0
+    assert simplify(f * 0.0) is f * 0.0
+    assert simplify(const(1.5, DType.float32) * 2.0) is const(3.0, DType.float32)
+
+
+def test_ranges_drive_bound_rules():
+    assert prove(i < 8)
+    assert not prove(i < 7)
+    assert prove(n < 10, {n: (0, 9)})
+    assert simplify(n // 16, {n: (0, 15)}) is const(0, DType.int64)
+
+
+def test_rules_are_data():
+    pat, _ = INT_RULES[2]
+    assert isinstance(pat, Pat)
+    env = match(Pat(name="x") + 0, n + 0, {})
+    assert env == {"x": n}
+    assert match(Pat(name="x") - Pat(name="x"), n - i, {}) is None
