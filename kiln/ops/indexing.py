@@ -276,8 +276,7 @@ def onehot(ctx, indices, depth, values):
     depth, a = int(scalar(depth)), _onehot_axis(ctx, indices.ndim)
     if depth < 1 or values.size != 2:
         ctx.fail(f"depth must be positive and values hold [off, on], got depth {depth}, values {values.shape}")
-    idx = indices.astype(np.int64)
-    idx = np.expand_dims(np.where(idx < 0, idx + depth, idx), a)
+    idx = np.expand_dims(np.where(indices < 0, indices + depth, indices), a)  # fractional: no class
     classes = np.arange(depth).reshape([-1 if k == a else 1 for k in range(indices.ndim + 1)])
     off, on = values.reshape(-1)
     return np.where(idx == classes, on, off).astype(values.dtype)
