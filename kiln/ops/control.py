@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.graph.types import SequenceType, TensorType, Type
+from kiln.graph.types import TensorType, Type
 from kiln.ops.registry import op
 from kiln.ops.sequence import BOOL, I64, join_types
 from kiln.ops.shapes import normalize_axis
@@ -108,14 +108,19 @@ def _infer_loop(ctx):
             ctx.fail(f"{what} must be a scalar, got shape {ctx.shape(i)}")
     outs = _fixpoint(ctx, body, [I64, BOOL], [ctx.type(i) for i in range(2, 2 + n)], [], 1)
     m = ctx.value(0)
-    trips = int(m.reshape(-1)[0]) if m is not None and not ctx.has_input(1) else ctx.new_dim()
-    return [*outs[1:1 + n], *(_stacked(ctx, t, max(trips, 0) if isinstance(trips, int) else trips)
-                               for t in outs[1 + n:])]
+    known = m is not None and not ctx.has_input(1)  # a for loop of constant length
+    trips = max(int(m.reshape(-1)[0]), 0) if known else ctx.new_dim()
+    return [*outs[1:1 + n], *(_stacked(ctx, t, trips) for t in outs[1 + n:])]
 
 
 @op("Loop", infer=_infer_loop)
 def loop(ctx, m=None, cond=None, *carried):
-    """A for/while loop; a missing cond input means the body's cond is ignored (a for loop)."""
+    """A for/while loop.
+
+    As the spec's table says, with M given and no cond input the body's cond is
+    ignored (a for loop; ONNX Runtime stops on it anyway). With neither, the
+    body's cond ends the loop, rather than the spec's loop that never ends.
+    """
     body = ctx.attr("body")
     n, k = _loop_counts(ctx, body)
     trips = None if m is None else int(np.asarray(m).reshape(-1)[0])
@@ -230,5 +235,6 @@ def _scan_one(ctx, body, states, xs, n, m, k, pad=None):
         if pad is not None and arr.shape[0] < pad:
             arr = np.concatenate([arr, np.zeros((pad - arr.shape[0], *arr.shape[1:]), arr.dtype)])
         arr = arr[::-1] if out_rev[j] else arr
-        res.append(np.moveaxis(arr, 0, normalize_axis(ctx, out_axes[j], arr.ndim, "scan output axis")))
+        axis = normalize_axis(ctx, out_axes[j], arr.ndim, "scan output axis")
+        res.append(np.moveaxis(arr, 0, axis))
     return [*states, *res]

@@ -66,7 +66,8 @@ def _activations(ctx, kind: str, nd: int):
     names = ctx.attr("activations", None) or _DEFAULT_ACTS[kind] * nd
     per = len(_DEFAULT_ACTS[kind])
     if len(names) != per * nd:
-        ctx.fail(f"activations: expected {per * nd} names for {nd} direction(s), given {len(names)}")
+        ctx.fail(f"activations: expected {per * nd} names for {nd} direction(s), "
+                 f"given {len(names)}")
     alphas, betas = list(ctx.attr("activation_alpha", [])), list(ctx.attr("activation_beta", []))
     fns = []
     for name in names:

@@ -132,7 +132,8 @@ def _split_sizes(ctx, dim: int, split) -> list[int]:
             ctx.fail(f"split size must be positive, got {s}")
         return [s] * (dim // s) + ([dim % s] if dim % s else [])
     if split.ndim != 1 or (split < 0).any() or int(split.sum()) != dim:
-        ctx.fail(f"split {split.tolist()} must be non-negative sizes summing to the axis length {dim}")
+        ctx.fail(f"split {split.tolist()} must be non-negative sizes summing to the axis "
+                 f"length {dim}")
     return split.tolist()
 
 

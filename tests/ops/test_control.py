@@ -32,7 +32,8 @@ def _branch(name, values):
 # ---- If ----
 
 def test_if_branches_of_different_shapes_join_to_a_symbolic_type():
-    node = helper.make_node("If", ["c"], ["y"], name="if0", then_branch=_branch("t", [[1, 2], [3, 4]]),
+    node = helper.make_node("If", ["c"], ["y"], name="if0",
+                            then_branch=_branch("t", [[1, 2], [3, 4]]),
                             else_branch=_branch("e", [[5, 6, 7], [8, 9, 0]]))
     model = _model([node], [_vi("c", BOOL, [])], [_vi("y")])
     g = kiln.load_onnx(model)
@@ -112,7 +113,8 @@ def test_loop_body_input_count_is_checked():
 def test_scan9_axes_and_directions():
     body = helper.make_graph([helper.make_node("Add", ["s", "x"], ["s2"]),
                               helper.make_node("Identity", ["s2"], ["y"])], "body",
-                             [_vi("s", F, [2]), _vi("x", F, [2])], [_vi("s2", F, [2]), _vi("y", F, [2])])
+                             [_vi("s", F, [2]), _vi("x", F, [2])],
+                             [_vi("s2", F, [2]), _vi("y", F, [2])])
     node = helper.make_node("Scan", ["s0", "X"], ["S", "Y"], body=body, num_scan_inputs=1,
                             scan_input_axes=[1], scan_input_directions=[1],
                             scan_output_axes=[-1], scan_output_directions=[1])
