@@ -15,19 +15,14 @@ from kiln.ops.registry import op
 from kiln.ops.shapes import normalize_axis
 
 
-def _scalar(ctx, i: int, what: str, default=None):
+def _scalar(ctx, i: int, what: str) -> int | None:
     """The compile-time int value of scalar input `i` (None when unknown or absent)."""
-    v = ctx.value(i)
-    if v is None:
-        return default if not ctx.has_input(i) else None
-    if np.size(v) != 1:
-        ctx.fail(f"{what} must be a scalar, got shape {np.shape(v)}")
-    return int(np.ravel(v)[0])
+    return _run_scalar(ctx, ctx.value(i), what)
 
 
-def _run_scalar(ctx, x, what: str, default=None) -> int | None:
+def _run_scalar(ctx, x, what: str) -> int | None:
     if x is None:
-        return default
+        return None
     if np.size(x) != 1:
         ctx.fail(f"{what} must be a scalar, got shape {np.shape(x)}")
     return int(np.ravel(x)[0])
@@ -37,7 +32,8 @@ def _signal_type(ctx, i: int) -> TensorType:
     t = ctx.tensor(i)
     if not t.dtype.is_float:
         ctx.fail(f"input {i} must be a float tensor, got {t.dtype}")
-    if t.shape is not None and (not t.shape or t.shape[-1] not in (1, 2) and isinstance(t.shape[-1], int)):
+    last = t.shape[-1] if t.shape else None
+    if t.shape is not None and (not t.shape or isinstance(last, int) and last not in (1, 2)):
         ctx.fail(f"input {i}'s last dim must be 1 (real) or 2 (complex), got shape {t.shape}")
     return t
 
@@ -45,9 +41,11 @@ def _signal_type(ctx, i: int) -> TensorType:
 def _to_complex(ctx, x: np.ndarray) -> np.ndarray:
     if x.ndim == 0 or x.shape[-1] not in (1, 2):
         ctx.fail(f"signal's last dim must be 1 (real) or 2 (complex), got shape {x.shape}")
-    wide = x.dtype == np.float64
-    z = x[..., 0].astype(np.complex128 if wide else np.complex64)
-    return z + 1j * x[..., 1].astype(z.real.dtype) if x.shape[-1] == 2 else z
+    real = x.astype(np.float64 if x.dtype == np.float64 else np.float32)  # float16/bfloat16 via float32
+    z = real[..., 0].astype(np.complex128 if real.dtype == np.float64 else np.complex64)
+    if x.shape[-1] == 2:
+        z.imag = real[..., 1]
+    return z
 
 
 def _from_complex(z: np.ndarray, dtype: np.dtype, real: bool = False) -> np.ndarray:
