@@ -36,7 +36,7 @@ def param(ctx, attr: str, i: int, since: int, data=None, default=None):
     passes the runtime input. Returns `default` when absent and the string
     "?" when the input exists but is unknown at compile time.
     """
-    if ctx.opset < since:
+    if ctx.opset < since and (ctx.has_attr(attr) or not ctx.has_input(i)):  # Split-1 took either
         v = ctx.attr(attr, None)
         return default if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
     if not ctx.has_input(i):
@@ -337,6 +337,10 @@ def transpose(ctx, x):
 
 # ---- joining and splitting ----
 
+def _concat_axis(ctx):
+    return ctx.attr("axis", 1) if ctx.opset < 4 else ctx.attr("axis")  # Concat-1 defaulted to 1
+
+
 def _concat_infer(ctx):
     types = [ctx.tensor(i) for i in range(ctx.num_inputs) if ctx.has_input(i)]
     dtype = types[0].dtype
@@ -348,7 +352,7 @@ def _concat_infer(ctx):
     rank = len(shapes[0])
     if any(len(s) != rank for s in shapes):
         ctx.fail(f"inputs have different ranks: {[tuple(s) for s in shapes]}")
-    axis = normalize_axis(ctx, ctx.attr("axis"), rank)
+    axis = normalize_axis(ctx, _concat_axis(ctx), rank)
     if len(shapes) < len(types):
         return out(ctx, dtype, ctx.unknown_shape(rank))
     dims = []
@@ -370,7 +374,7 @@ def concat(ctx, *xs):
     xs = [x for x in xs if x is not None]
     if len({x.ndim for x in xs}) > 1:
         ctx.fail(f"inputs have different ranks: {[x.shape for x in xs]}")
-    axis = normalize_axis(ctx, ctx.attr("axis"), xs[0].ndim)
+    axis = normalize_axis(ctx, _concat_axis(ctx), xs[0].ndim)
     if any(x.shape[:axis] + x.shape[axis + 1:] != xs[0].shape[:axis] + xs[0].shape[axis + 1:] for x in xs):
         ctx.fail(f"shapes {[x.shape for x in xs]} differ outside axis {axis}")
     return np.concatenate(xs, axis=axis)
@@ -433,19 +437,23 @@ def expand(ctx, x, shape):
     return np.broadcast_to(x, target).copy()
 
 
-def _tile_reps(ctx, rank):
-    reps = ints(ctx.value(1))
-    if reps is not None and len(reps) != rank:
-        ctx.fail(f"repeats {reps} must have one entry per input dim ({rank})")
+def _tile_reps(ctx, rank, repeats=None, axis=None):
+    """Tile's per-dim repeats; Tile-1 gave one count (`tiles`) and an `axis` input instead."""
+    if repeats is None:
+        repeats, axis = ctx.value(1), ctx.value(2)
+        if repeats is None or (ctx.opset < 6 and axis is None):
+            return None
+    reps = ints(repeats)
+    if ctx.opset < 6:
+        reps = [reps[0] if k == normalize_axis(ctx, int(scalar(axis)), rank) else 1 for k in range(rank)]
+    if len(reps) != rank or min(reps, default=0) < 0:
+        ctx.fail(f"repeats {reps} must be {rank} non-negative entries")
     return reps
 
 
 @op("Tile", infer=lambda ctx: _per_axis_infer(ctx, _tile_reps, lambda d, r: dim_mul(d, r, ctx)))
-def tile(ctx, x, repeats):
-    reps = ints(repeats)
-    if len(reps) != x.ndim or min(reps, default=0) < 0:
-        ctx.fail(f"repeats {reps} must be {x.ndim} non-negative entries")
-    return np.tile(x, reps)
+def tile(ctx, x, repeats, axis=None):
+    return np.tile(x, _tile_reps(ctx, x.ndim, repeats, axis))
 
 
 def _pads(ctx, rank, pads=None, axes=None):
@@ -552,7 +560,10 @@ def _slice_args(ctx, rank, starts=None, ends=None, axes=None, steps=None):
 def _sliced_dim(ctx, d, k: slice):
     if isinstance(d, int):
         return len(range(*k.indices(d)))
-    return d if k == slice(None) else ctx.new_dim()
+    big = 2 ** 31 - 1  # exporters write INT_MAX / INT64_MAX for "to the end"
+    whole = k == slice(None) or (k.step == 1 and k.start == 0 and k.stop >= big) or \
+        (k.step == -1 and (k.start == -1 or k.start >= big) and k.stop <= -big)
+    return d if whole else ctx.new_dim()
 
 
 @op("Slice", infer=lambda ctx: _per_axis_infer(ctx, _slice_args, lambda d, k: _sliced_dim(ctx, d, k)))
