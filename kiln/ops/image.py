@@ -3,8 +3,8 @@
 Resize is separable: each resized axis is resampled on its own by gathering
 a few neighbours per output index and weighting them (nearest, linear, cubic,
 antialiased filters), computed in float64 and cast back, as the ONNX
-reference does. Coordinate transformation follows the ONNX reference
-(including its use of `scale * input_length` as the resized length).
+reference does. Source coordinates follow the ONNX spec formulas in
+ONNX Runtime's float32 arithmetic, so nearest picks agree with it.
 """
 
 from __future__ import annotations
@@ -31,34 +31,40 @@ def _cast_back(y: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 
 def _source_coords(ctm, out_len, in_len, scale, roi):
-    """Input coordinate of each output index along one axis, and an out-of-roi mask."""
-    y = np.arange(out_len, dtype=np.float64)
-    out_f = scale * in_len            # the ONNX reference uses the unrounded length
+    """Input coordinate of each output index along one axis, and an out-of-roi mask.
+
+    Float32 arithmetic in ONNX Runtime's operation order: nearest-neighbour
+    picks at exact .5 / integer boundaries depend on it (e.g. 3 / 0.6f).
+    """
+    f = np.float32
+    y = np.arange(out_len, dtype=f)
+    scale, n_in, n_out = f(scale), f(in_len), f(out_len)
+    if ctm in ("align_corners", "tf_crop_and_resize"):
+        n_out = scale * n_in      # the ONNX test data use the unrounded length here (ORT does not)
     outside = None
     if ctm == "align_corners":
-        x = np.zeros(out_len) if out_f == 1 else y * (in_len - 1) / (out_f - 1)
+        x = np.zeros(out_len, f) if n_out == 1 else y * (n_in - 1) / (n_out - 1)
     elif ctm == "asymmetric":
         x = y / scale
     elif ctm == "tf_crop_and_resize":
-        start, end = roi
-        if out_f == 1:
-            x = np.full(out_len, (end - start) * (in_len - 1) / 2)
+        start, end = f(roi[0]), f(roi[1])
+        if n_out == 1:
+            x = np.full(out_len, f(0.5) * (start + end) * (n_in - 1), f)
         else:
-            x = y * (end - start) * (in_len - 1) / (out_f - 1)
-        x = x + start * (in_len - 1)
-        outside = (x < 0) | (x > in_len - 1)
+            x = start * (n_in - 1) + (y * (end - start) * (n_in - 1)) / (n_out - 1)
+        outside = (x < 0) | (x > n_in - 1)
     elif ctm == "pytorch_half_pixel":
-        x = np.full(out_len, -0.5) if out_f == 1 else (y + 0.5) / scale - 0.5
+        x = np.zeros(out_len, f) if out_len == 1 else (y + f(0.5)) / scale - f(0.5)
     elif ctm == "half_pixel":
-        x = (y + 0.5) / scale - 0.5
+        x = (y + f(0.5)) / scale - f(0.5)
     elif ctm == "half_pixel_symmetric":
-        offset = in_len / 2 * (1 - out_len / out_f)
-        x = offset + (y + 0.5) / scale - 0.5
+        offset = n_in / 2 * (1 - n_out / (scale * n_in))
+        x = offset + (y + f(0.5)) / scale - f(0.5)
     elif ctm == "tf_half_pixel_for_nn":
-        x = (y + 0.5) / scale
+        x = (y + f(0.5)) / scale
     else:
         raise ValueError(ctm)
-    return x, outside
+    return x.astype(np.float64), outside
 
 
 def _cubic(t, a):
@@ -262,7 +268,7 @@ def grid_sample(ctx, x, grid):
         lo, hi = (0.0, L - 1.0) if align else (-0.5, L - 0.5)
         if mode == "nearest":
             v = np.rint(v)
-        if pad == "border":
+        if pad == "border" and mode != "cubic":   # cubic clamps each tap instead (PyTorch, ORT)
             v = np.where((v < lo) | (v > hi), np.clip(v, 0, L - 1), v)
         elif pad == "reflection":
             v = _reflect(v, lo, hi)

@@ -291,10 +291,8 @@ def _transpose_geometry(ctx, ins, kernel):
             ctx.fail(f"output size {out} is not positive (pads {pads} too large)")
         return pads[:n], pads[n:], out
     total = [f - t for f, t in zip(full, target)]
-    if auto == "SAME_UPPER":
-        begin = [t // 2 for t in total]
-    else:
-        begin = [t - t // 2 for t in total]
+    # a negative total grows the output at the end, zero-filled (as ONNX Runtime does)
+    begin = [0 if t < 0 else t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
     return begin, [t - b for t, b in zip(total, begin)], target
 
 
