@@ -17,13 +17,10 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.types import TensorType
-from kiln.ops.registry import RunCtx, register, same_as
+from kiln.ops.registry import register, same_as
 from kiln.ops.shapes import broadcast_shapes
 
 # ---------------------------------------------------------------- helpers
-
-_FOLD_LIMIT = 4096  # largest output folded at compile time (shape arithmetic)
-
 
 def _is_float(dt: np.dtype) -> bool:
     return dt.kind == "f" or dt in _ML_FLOATS
@@ -82,24 +79,13 @@ def _check_same_dtype(ctx, idx):
     return dts[0]
 
 
-def _fold(run):
-    """`value` hook: when every input is known and small, run the reference at compile time."""
-    def value(ctx):
-        present = [i for i in range(ctx.num_inputs) if ctx.has_input(i)]
-        vals = [ctx.value(i) for i in present]
-        if not present or any(not isinstance(v, np.ndarray) or v.size > _FOLD_LIMIT for v in vals):
-            return [None] * ctx.num_outputs
-        args = [ctx.value(i) for i in range(ctx.num_inputs)]
-        out = run(RunCtx(ctx.node, ctx.opset), *args)
-        return list(out) if isinstance(out, (tuple, list)) else [out]
-    return value
-
-
-def _reg(name, infer, run, fold=True):
+def _reg(name, infer, run):
+    """Register with the family's attribute checks run before `infer` (compile-time values are
+    propagated by the generic inference, which runs `run` on small known inputs)."""
     def checked_infer(ctx):
         _check_choices(ctx)
         return infer(ctx)
-    register(name, infer=checked_infer, run=run, value=_fold(run) if fold else None)
+    register(name, infer=checked_infer, run=run)
 
 
 # ---------------------------------------------------------------- erf
@@ -498,8 +484,10 @@ def _to_attr(ctx) -> DType:
     to = ctx.attr("to")
     if isinstance(to, DType):
         return to
-    try:
-        return DType.from_name(to.lower()) if isinstance(to, str) else DType.from_onnx(int(to))
+    try:  # Cast-1 spelled `to` as a string ("FLOAT", "DOUBLE", "INT64")
+        if isinstance(to, str):
+            return DType.from_name({"float": "float32", "double": "float64"}.get(to.lower(), to.lower()))
+        return DType.from_onnx(int(to))
     except KilnError:
         ctx.fail(f"attribute to={to!r} is not a supported element type")
 
@@ -567,4 +555,4 @@ def _dropout(ctx, x, ratio=None, training=None):
     return _as(y, x.dtype), mask.astype(mask_dt)
 
 
-_reg("Dropout", _dropout_infer, _dropout, fold=False)
+_reg("Dropout", _dropout_infer, _dropout)

@@ -144,3 +144,17 @@ def test_bad_nodes_fail_naming_the_node(op, inputs, attrs, match):
     with pytest.raises(kiln.KilnError, match=match) as e:
         _run(op, inputs, opset=opset, **attrs)
     assert "n0" in str(e.value) and op in str(e.value)
+
+
+def test_old_forms_cast1_string_to_and_dropout7_mask():
+    x = np.array([1.5, -2.0], np.float32)
+    y = _run("Cast", {"x": x}, opset=1, to="DOUBLE", out_type=TensorProto.DOUBLE)
+    assert y.dtype == np.float64 and list(y) == [1.5, -2.0]
+    node = helper.make_node("Dropout", ["x"], ["y", "m"], ratio=0.3)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("m", TensorProto.FLOAT, None)])
+    y, m = kiln.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 7)]),
+                        target="interpreter")(x)
+    np.testing.assert_array_equal(y, x)
+    assert m.dtype == np.float32 and (m == 1).all()
