@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
-from kiln.loops.expr import (Expr, as_expr, cast, prod_, rmax, rmin, select, sum_, var,  # noqa: F401
-                             walk)
+from kiln.loops.expr import Expr, as_expr, cast, var, walk
 from kiln.loops.stmt import Buffer
 
 
