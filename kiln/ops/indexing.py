@@ -13,7 +13,7 @@ from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.registry import op
 from kiln.ops.shapes import normalize_axis
-from kiln.ops.tensor import ints, known_rank, out, scalar
+from kiln.ops.tensor import ints, out, scalar
 
 
 def _indices(ctx, idx, dim: int, what: str = "index"):
@@ -189,7 +189,12 @@ def compress(ctx, x, condition):
     return np.compress(cond, x, axis=axis)
 
 
-@op("NonZero", infer=lambda ctx: out(ctx, DType.int64, (max(known_rank(ctx, 0), 1), ctx.new_dim())))
+def _nonzero_infer(ctx):
+    s = ctx.shape(0)
+    return out(ctx, DType.int64, (ctx.new_dim() if s is None else max(len(s), 1), ctx.new_dim()))
+
+
+@op("NonZero", infer=_nonzero_infer)
 def nonzero(ctx, x):
     return np.array(np.nonzero(x.reshape(-1) if x.ndim == 0 else x), np.int64).reshape(max(x.ndim, 1), -1)
 
@@ -200,8 +205,10 @@ def _unique_infer(ctx):
     if axis is None:
         total = ctx.new_dim() if s is None or not ctx.tensor(0).is_static else int(np.prod(s, dtype=np.int64))
         y = (n,)
+    elif s is None:
+        total, y = ctx.new_dim(), None
     else:
-        a = _axis(ctx, known_rank(ctx, 0))
+        a = _axis(ctx, len(s))
         total, y = s[a], s[:a] + (n,) + s[a + 1:]
     return [TensorType(ctx.dtype(0), y), vec, TensorType(DType.int64, (total,)), vec]
 

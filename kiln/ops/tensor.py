@@ -52,14 +52,6 @@ def out(ctx, dtype: DType, shape) -> list:
     return [TensorType(dtype, None if shape is None else tuple(shape))] * ctx.num_outputs
 
 
-def known_rank(ctx, i: int) -> int:
-    """Rank of input `i`; ops that need it fail when it is unknown."""
-    s = ctx.shape(i)
-    if s is None:
-        ctx.fail(f"input {i} needs a known rank")
-    return len(s)
-
-
 def vec_len(ctx, i: int):
     """Static length of 1-D input `i` (a shape vector), else None."""
     s = ctx.shape(i) if ctx.has_input(i) else None
