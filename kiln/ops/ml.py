@@ -130,11 +130,11 @@ def _member_sets(ctx, modes: np.ndarray) -> dict[int, set]:
     return dict(zip(nodes, groups))
 
 
-def _descend(ctx, x: np.ndarray, root: int, arrays: dict) -> np.ndarray:
+def _descend(ctx, x: np.ndarray, root: int, root_is_leaf: bool, arrays: dict) -> np.ndarray:
     """The leaf index each row of `x` reaches from `root`, all rows stepping together."""
     feat, mode, split = arrays["feat"], arrays["mode"], arrays["split"]
     idx = np.full(len(x), root, np.int64)
-    leaf = np.zeros(len(x), bool)
+    leaf = np.full(len(x), root_is_leaf)
     for _ in range(len(feat) + 1):
         live = np.flatnonzero(~leaf)
         if not len(live):
@@ -155,30 +155,100 @@ def tree_ensemble(ctx, x):
     if ((modes < 0) | (modes > 6)).any():
         ctx.fail(f"nodes_modes must be in 0..6 ({', '.join(_MODES)}), got {sorted(set(modes.tolist()))}")
     feat = np.asarray(ctx.attr("nodes_featureids"), np.int64)
-    if len(feat) and feat.max() >= x.shape[1]:
-        ctx.fail(f"a node reads feature {feat.max()} but X has {x.shape[1]} features")
     ints = lambda name, dtype=np.int64: np.asarray(ctx.attr(name), dtype)  # noqa: E731
     arrays = dict(feat=feat, mode=modes, split=np.ravel(ctx.attr("nodes_splits")).astype(x.dtype),
                   sets=_member_sets(ctx, modes),
                   nan_true=np.asarray(ctx.attr("nodes_missing_value_tracks_true", None) or [0] * len(feat), bool),
                   true_id=ints("nodes_truenodeids"), false_id=ints("nodes_falsenodeids"),
                   true_leaf=ints("nodes_trueleafs", bool), false_leaf=ints("nodes_falseleafs", bool))
-    targets = np.asarray(ctx.attr("leaf_targetids"), np.int64)
-    weights = np.ravel(ctx.attr("leaf_weights")).astype(np.float64)
-    n_targets, agg = int(ctx.attr("n_targets")), int(ctx.attr("aggregate_function", 1))
-    roots = [int(r) for r in ctx.attr("tree_roots")]
-    acc = np.zeros((len(x), n_targets))
-    if agg in (2, 3):  # MIN / MAX: targets no leaf reaches stay 0
-        acc = np.full((len(x), n_targets), np.inf if agg == 2 else -np.inf)
-    reduce = {0: np.add, 1: np.add, 2: np.minimum, 3: np.maximum}[agg]
-    rows = np.arange(len(x))
-    for root in roots:
-        leaves = _descend(ctx, x, root, arrays)
-        reduce.at(acc, (rows, targets[leaves]), weights[leaves])
-    acc[np.isinf(acc)] = 0
-    if agg == 0 and roots:
-        acc /= len(roots)
+    targets = ints("leaf_targetids")
+    acc = _aggregate(ctx, x, [(int(r), False) for r in ctx.attr("tree_roots")], arrays,
+                     (np.arange(len(targets)), targets, np.ravel(ctx.attr("leaf_weights"))),
+                     int(ctx.attr("n_targets")), int(ctx.attr("aggregate_function", 1)))
     return post_transform(ctx, acc, int(ctx.attr("post_transform", 0))).astype(x.dtype)
+
+
+def _aggregate(ctx, x, roots, arrays, leaves, n_targets: int, agg: int) -> np.ndarray:
+    """[N, n_targets] float64 scores: each tree's reached leaf contributions, combined by
+    AVERAGE (0), SUM (1), MIN (2) or MAX (3); targets no leaf reaches score 0.
+
+    `leaves` is (leaf index, target, weight) per contribution; a leaf may feed several targets.
+    """
+    feat = arrays["feat"]
+    if len(feat) and feat.max() >= x.shape[1]:
+        ctx.fail(f"a node reads feature {feat.max()} but X has {x.shape[1]} features")
+    leaf_of, target_of, weight_of = (np.asarray(v) for v in leaves)
+    if len(target_of) and not 0 <= target_of.min() <= target_of.max() < n_targets:
+        ctx.fail(f"leaf target ids must be in [0, {n_targets}), got {sorted(set(target_of.tolist()))}")
+    reduce = {0: np.add, 1: np.add, 2: np.minimum, 3: np.maximum}[agg]
+    neutral = {2: np.inf, 3: -np.inf}.get(agg, 0.0)
+    table = np.full((max(len(feat), int(leaf_of.max(initial=0)) + 1), n_targets), neutral)
+    reduce.at(table, (leaf_of, target_of), weight_of.astype(np.float64))
+    acc = np.full((len(x), n_targets), neutral)
+    for root, is_leaf in roots:
+        acc = reduce(acc, table[_descend(ctx, x, root, is_leaf, arrays)])
+    acc[np.isinf(acc)] = 0
+    return acc / len(roots) if agg == 0 and roots else acc
+
+
+_LEGACY_MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4,
+                 "BRANCH_NEQ": 5, "LEAF": -1}
+
+
+def _legacy_trees(ctx, x):
+    """TreeEnsembleRegressor's (tree id, node id) encoding as `_descend` arrays, roots and a node lookup."""
+    trees, ids = ctx.attr("nodes_treeids"), ctx.attr("nodes_nodeids")
+    pos = {(t, n): i for i, (t, n) in enumerate(zip(trees, ids))}
+    modes = [_LEGACY_MODES.get(m) for m in ctx.attr("nodes_modes")]
+    if None in modes:
+        ctx.fail(f"nodes_modes must be among {', '.join(_LEGACY_MODES)}, got {ctx.attr('nodes_modes')}")
+    leaf = np.array(modes) < 0
+
+    def children(name):
+        try:
+            return np.array([i if leaf[i] else pos[t, c] for i, (t, c) in enumerate(zip(trees, ctx.attr(name)))],
+                            np.int64)
+        except KeyError as e:
+            ctx.fail(f"{name} refers to a node (tree, id) = {e} that does not exist")
+
+    true_id, false_id = children("nodes_truenodeids"), children("nodes_falsenodeids")
+    splits = ctx.attr("nodes_values_as_tensor", None)
+    splits = ctx.attr("nodes_values", [0.0] * len(ids)) if splits is None else splits
+    nan_true = ctx.attr("nodes_missing_value_tracks_true", None) or [0] * len(ids)
+    arrays = dict(feat=np.asarray(ctx.attr("nodes_featureids"), np.int64), mode=np.maximum(modes, 0),
+                  split=np.ravel(splits).astype(x.dtype), sets={}, nan_true=np.asarray(nan_true, bool),
+                  true_id=true_id, false_id=false_id, true_leaf=leaf[true_id], false_leaf=leaf[false_id])
+    children_of = set(true_id[~leaf].tolist()) | set(false_id[~leaf].tolist())
+    roots: dict = {}
+    for i, t in enumerate(trees):
+        if i not in children_of:
+            roots.setdefault(t, i)
+    return arrays, [(r, bool(leaf[r])) for r in roots.values()], pos
+
+
+def _infer_tree_regressor(ctx):
+    t = _float_input(ctx)
+    return [_rows(ctx, t, int(ctx.attr("n_targets", 1)))]
+
+
+@op("TreeEnsembleRegressor", infer=_infer_tree_regressor, domain=ML)
+def tree_ensemble_regressor(ctx, x):
+    x = np.atleast_2d(x)
+    arrays, roots, pos = _legacy_trees(ctx, x)
+    try:
+        leaf_of = [pos[k] for k in zip(ctx.attr("target_treeids"), ctx.attr("target_nodeids"))]
+    except KeyError as e:
+        ctx.fail(f"a target refers to a node (tree, id) = {e} that does not exist")
+    weights = ctx.attr("target_weights_as_tensor", None)
+    weights = ctx.attr("target_weights") if weights is None else weights
+    agg = ctx.attr("aggregate_function", "SUM")
+    if agg not in ("AVERAGE", "SUM", "MIN", "MAX"):
+        ctx.fail(f"aggregate_function must be AVERAGE, SUM, MIN or MAX, got {agg!r}")
+    acc = _aggregate(ctx, x, roots, arrays, (leaf_of, ctx.attr("target_ids"), np.ravel(weights)),
+                     int(ctx.attr("n_targets", 1)), ("AVERAGE", "SUM", "MIN", "MAX").index(agg))
+    base = ctx.attr("base_values_as_tensor", None)
+    acc = acc + np.ravel(ctx.attr("base_values", [0.0]) if base is None else base)
+    return post_transform(ctx, acc, ctx.attr("post_transform", "NONE")).astype(np.float32)
 
 
 def post_transform(ctx, scores: np.ndarray, kind) -> np.ndarray:

@@ -243,6 +243,22 @@ def test_tree_ensemble_average_nan_tracking_and_probit_against_reference():
     np.testing.assert_allclose(y, _reference("TreeEnsemble", {"x": x}, domain=ML, **attrs)[0])
 
 
+@pytest.mark.parametrize("agg", ["SUM", "AVERAGE"])
+def test_tree_ensemble_regressor_legacy_encoding_against_reference(agg):
+    # tree 0: x0 <= 0.5 ? (x1 < 2 ? leaf 3 : leaf 4) : leaf 2; tree 1: x1 >= 0 ? leaf 1 : leaf 2
+    attrs = dict(n_targets=2, aggregate_function=agg, base_values=[0.5, -1.0],
+                 nodes_treeids=[0, 0, 0, 0, 0, 1, 1, 1], nodes_nodeids=[0, 1, 2, 3, 4, 0, 1, 2],
+                 nodes_featureids=[0, 1, 0, 0, 0, 1, 0, 0],
+                 nodes_modes=["BRANCH_LEQ", "BRANCH_LT", "LEAF", "LEAF", "LEAF", "BRANCH_GTE", "LEAF", "LEAF"],
+                 nodes_values=[0.5, 2.0, 0, 0, 0, 0.0, 0, 0],
+                 nodes_truenodeids=[1, 3, 0, 0, 0, 1, 0, 0], nodes_falsenodeids=[2, 4, 0, 0, 0, 2, 0, 0],
+                 target_treeids=[0, 0, 0, 0, 1, 1], target_nodeids=[2, 3, 3, 4, 1, 2],
+                 target_ids=[0, 0, 1, 1, 0, 1], target_weights=[1.0, 2.0, 3.0, 4.0, 10.0, 20.0])
+    x = np.array([[0.0, 1.0], [0.0, 5.0], [1.0, -1.0], [0.5, 2.0]], np.float32)
+    (y,) = _run("TreeEnsembleRegressor", {"x": x}, domain=ML, **attrs)
+    np.testing.assert_allclose(y, _reference("TreeEnsembleRegressor", {"x": x}, domain=ML, **attrs)[0])
+
+
 def test_label_encoder_nan_keys_and_key_type_check():
     x = np.array([np.nan, 1.0, 2.0], np.float32)
     (y,) = _run("LabelEncoder", {"x": x}, domain=ML, keys_floats=[np.nan, 1.0], values_strings=["nan", "one"])
