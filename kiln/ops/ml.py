@@ -1,6 +1,7 @@
 """Classical-ML operators of the `ai.onnx.ml` domain (what sklearn/xgboost exporters emit).
 
-LabelEncoder, TreeEnsemble, ArrayFeatureExtractor, Binarizer, plus the small
+LabelEncoder, TreeEnsemble (and the older TreeEnsembleRegressor encoding),
+ArrayFeatureExtractor, Binarizer, plus the small
 preprocessing ops that commonly surround them (Scaler, Normalizer, Imputer,
 LinearRegressor, FeatureVectorizer, CategoryMapper).
 """
