@@ -22,11 +22,11 @@ from kiln.ops.shapes import broadcast_shapes
 
 # ---------------------------------------------------------------- helpers
 
+_ML_FLOATS = {d.np for d in DType if d.is_float and d.np.kind != "f"}  # bfloat16, float8, float4
+
+
 def _is_float(dt: np.dtype) -> bool:
     return dt.kind == "f" or dt in _ML_FLOATS
-
-
-_ML_FLOATS = {d.np for d in DType if d.is_float and d.np.kind != "f"}
 
 
 def _up(x: np.ndarray) -> np.ndarray:
@@ -400,9 +400,9 @@ def _clip(ctx, x, lo=None, hi=None):
     lo, hi = _clip_bounds(ctx, lo, hi)
     y = _up(x)
     if lo is not None:
-        y = np.maximum(y, np.asarray(lo).astype(y.dtype) if x.dtype.kind in "iu" else lo)
+        y = np.maximum(y, np.asarray(lo).astype(y.dtype))
     if hi is not None:
-        y = np.minimum(y, np.asarray(hi).astype(y.dtype) if x.dtype.kind in "iu" else hi)
+        y = np.minimum(y, np.asarray(hi).astype(y.dtype))
     return _as(y, x.dtype)
 
 
@@ -438,9 +438,7 @@ def _from_string(x: np.ndarray, to: DType) -> np.ndarray:
 def _to_string(x: np.ndarray) -> np.ndarray:
     if _is_float(x.dtype) and x.dtype.kind != "f":
         x = x.astype(np.float32)
-    out = np.empty(x.shape, dtype=object)
-    out.ravel()[:] = list(x.astype(np.str_).ravel()) if x.size else []
-    return out
+    return x.astype(np.str_).astype(object)
 
 
 def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
@@ -474,7 +472,7 @@ def _cast(ctx, x: np.ndarray, to: DType) -> np.ndarray:
             x = x.astype(np.float32)  # exact; ml_dtypes lacks some direct conversions (e.g. to bool)
         if to is DType.float8e8m0:
             return _to_e8m0(x, saturate, _str_attr(ctx, "round_mode", "up"))
-        if to in _F8 and saturate and src.is_float:
+        if to in _F8 and saturate and src is not DType.bool:
             info = ml_dtypes.finfo(to.np)
             x = np.clip(x, float(info.min), float(info.max))
         return x.astype(to.np)
@@ -492,14 +490,14 @@ def _to_attr(ctx) -> DType:
         ctx.fail(f"attribute to={to!r} is not a supported element type")
 
 
-def _cast_like_shape(ctx, to: DType):
+def _cast_infer(ctx, to: DType):
     t = ctx.tensor(0)
     return [TensorType(to, t.shape)]
 
 
-_reg("Cast", lambda ctx: _cast_like_shape(ctx, _to_attr(ctx)),
+_reg("Cast", lambda ctx: _cast_infer(ctx, _to_attr(ctx)),
      lambda ctx, x: _cast(ctx, x, _to_attr(ctx)))
-_reg("CastLike", lambda ctx: _cast_like_shape(ctx, ctx.dtype(1)),
+_reg("CastLike", lambda ctx: _cast_infer(ctx, ctx.dtype(1)),
      lambda ctx, x, like: _cast(ctx, x, DType.from_numpy(like.dtype)))
 
 
