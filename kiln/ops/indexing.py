@@ -62,7 +62,7 @@ def gather_elements(ctx, data, indices):
 
 def _gather_nd_infer(ctx):
     s, i, b = ctx.shape(0), ctx.shape(1), ctx.attr("batch_dims", 0)
-    if s is None or i is None or not isinstance(i[-1], int):
+    if s is None or not i or not isinstance(i[-1], int):
         return out(ctx, ctx.dtype(0), None)
     if i[-1] > len(s) - b:
         ctx.fail(f"indices {tuple(i)} index {i[-1]} dims but data {tuple(s)} has {len(s) - b} after batch_dims={b}")
@@ -75,7 +75,7 @@ def _nd_index(ctx, data_shape, indices, b: int):
     if indices.ndim < 1 or b >= indices.ndim or k > len(data_shape) - b or data_shape[:b] != indices.shape[:b]:
         ctx.fail(f"indices {indices.shape} do not fit data {data_shape} with batch_dims={b}")
     dims = np.array(data_shape[b:b + k], np.int64)
-    idx = indices.astype(np.int64).reshape(-1, int(np.prod(indices.shape[b:-1], dtype=np.int64)), k)
+    idx = indices.astype(np.int64).reshape(int(np.prod(indices.shape[:b])), int(np.prod(indices.shape[b:-1])), k)
     bad = (idx < -dims) | (idx >= dims)
     if bad.any():
         ctx.fail(f"an index in {indices.shape} is out of range for data {data_shape}")
@@ -86,7 +86,7 @@ def _nd_index(ctx, data_shape, indices, b: int):
 def gather_nd(ctx, data, indices):
     b = ctx.attr("batch_dims", 0)
     idx = _nd_index(ctx, data.shape, indices, b)
-    d = data.reshape((-1,) + data.shape[b:])
+    d = data.reshape((int(np.prod(data.shape[:b])),) + data.shape[b:])
     batch = np.broadcast_to(np.arange(d.shape[0])[:, None], idx.shape[:2])
     res = d[(batch, *np.moveaxis(idx, -1, 0))]
     return res.reshape(indices.shape[:-1] + data.shape[b + indices.shape[-1]:])

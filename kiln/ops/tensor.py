@@ -584,7 +584,7 @@ def _range_infer(ctx):
 def range_op(ctx, start, limit, delta):
     s, lim, d = (scalar(v) for v in (start, limit, delta))
     n = _range_count(ctx, s, lim, d)
-    if start.dtype.kind == "f" or DType.from_numpy(start.dtype).is_float:
+    if DType.from_numpy(start.dtype).is_float:  # start + i*delta, rounded once
         return (np.float64(s) + np.arange(n) * np.float64(d)).astype(start.dtype)
     return (s + np.arange(n, dtype=np.int64) * d).astype(start.dtype)
 
