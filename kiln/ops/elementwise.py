@@ -424,8 +424,11 @@ def _parse_number(s) -> float | int:
         return float(s)  # accepts 1e-5, INF, +INF, -inf, NaN in any case
 
 
-def _from_string(x: np.ndarray, to: DType) -> np.ndarray:
-    vals = [_parse_number(s) for s in x.ravel()]
+def _from_string(ctx, x: np.ndarray, to: DType) -> np.ndarray:
+    try:
+        vals = [_parse_number(s) for s in x.ravel()]
+    except ValueError as e:
+        ctx.fail(f"cannot cast string to {to}: {e}")
     if to.is_int:
         ints = [v if isinstance(v, int) else int(v) for v in vals]
         wide = np.uint64 if any(v > np.iinfo(np.int64).max for v in ints) else np.int64
@@ -436,9 +439,14 @@ def _from_string(x: np.ndarray, to: DType) -> np.ndarray:
 
 
 def _to_string(x: np.ndarray) -> np.ndarray:
-    if _is_float(x.dtype) and x.dtype.kind != "f":
-        x = x.astype(np.float32)
-    return x.astype(np.str_).astype(object)
+    """Print numbers as ONNX Runtime does: integers in full, bools as 1/0, floats with 8
+    significant digits and NaN / INF / -INF."""
+    if not _is_float(x.dtype):
+        return x.astype(np.uint8 if x.dtype == np.bool_ else x.dtype).astype(np.str_).astype(object)
+    f = x.astype(np.float64)
+    s = np.char.mod("%.8g", f)
+    s = np.where(np.isnan(f), "NaN", np.where(np.isinf(f), np.where(f > 0, "INF", "-INF"), s))
+    return s.astype(object)
 
 
 def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
@@ -466,7 +474,7 @@ def _cast(ctx, x: np.ndarray, to: DType) -> np.ndarray:
     if to is DType.string:
         return _to_string(x)
     if src is DType.string:
-        return _from_string(x, to)
+        return _from_string(ctx, x, to)
     with np.errstate(all="ignore"):
         if src.np in _ML_FLOATS:
             x = x.astype(np.float32)  # exact; ml_dtypes lacks some direct conversions (e.g. to bool)

@@ -101,7 +101,7 @@ def test_cast_saturates_float8_and_parses_strings():
     np.testing.assert_array_equal(f, np.array([1.5, -np.inf, np.nan, 1e-5], np.float32))
     back = _run("Cast", {"x": np.array([1.5, -2.0], np.float32)}, to=TensorProto.STRING,
                 out_type=TensorProto.STRING)
-    assert back.dtype == object and list(back) == ["1.5", "-2.0"]
+    assert back.dtype == object and list(back) == ["1.5", "-2"]  # as ONNX Runtime prints them
 
 
 def test_cast_bfloat16_rounds_to_nearest_even():
