@@ -38,13 +38,12 @@ def compile(model: Any, target: str = "cpu", **options) -> CompiledModel:  # noq
 
 
 def spec_of(v: Value) -> TensorSpec:
-    t, kind = v.type, "tensor"
-    if isinstance(t, SequenceType):
-        t, kind = t.elem, "sequence"
-    elif isinstance(t, OptionalType):
-        t, kind = t.elem, "optional"
-    if isinstance(t, (SequenceType, OptionalType)):  # nested containers: describe the outer kind only
-        return TensorSpec(v.name, "unknown", None, kind)
+    """Describe a graph input/output: containers (outermost first) around a tensor type."""
+    t, kinds = v.type, []
+    while isinstance(t, (SequenceType, OptionalType)):
+        kinds.append("sequence" if isinstance(t, SequenceType) else "optional")
+        t = t.elem
+    kind = "<".join(kinds) + ">" * (len(kinds) - 1) if kinds else "tensor"
     if not isinstance(t, TensorType):
         return TensorSpec(v.name, "unknown", None, kind)
     return TensorSpec(v.name, t.dtype.name, t.shape, kind)

@@ -19,8 +19,8 @@ from kiln.errors import KilnError
 class TensorSpec:
     """Name, dtype name and shape (ints and symbol names) of a model input or output.
 
-    `kind` is "tensor", "sequence" or "optional" (sequence/optional of tensors
-    with this dtype/shape per element).
+    `kind` is "tensor", or the containers around the tensors, outermost first:
+    "sequence", "optional", "optional<sequence>" (dtype/shape are the elements').
     """
     name: str
     dtype: str
@@ -30,7 +30,10 @@ class TensorSpec:
     def __str__(self) -> str:
         shape = "*" if self.shape is None else ",".join(map(str, self.shape))
         s = f"{self.name}: {self.dtype}[{shape}]"
-        return s if self.kind == "tensor" else f"{self.name}: {self.kind}<{s.split(': ', 1)[1]}>"
+        if self.kind == "tensor":
+            return s
+        depth = self.kind.count("<") + 1
+        return f"{self.name}: {self.kind}<{s.split(': ', 1)[1]}" + ">" * depth
 
 
 class CompiledModel:
@@ -73,20 +76,24 @@ class CompiledModel:
         bound: dict[str, tuple[int, str]] = {}
         out = []
         for spec, x in zip(self.inputs, values):
-            if spec.kind == "tensor":
-                x = _check_tensor(spec, x, bound)
-            elif spec.kind == "sequence":
-                if not isinstance(x, (list, tuple)):
-                    raise KilnError(f"input {spec.name!r}: expected a sequence (list of arrays), "
-                                    f"given {type(x).__name__}")
-                x = [_check_tensor(spec, e, {}) for e in x]
-            elif x is not None:
-                x = _check_tensor(spec, x, bound)
-            out.append(x)
+            kinds = [] if spec.kind == "tensor" else spec.kind.replace(">", "").split("<")
+            out.append(_check_value(spec, x, kinds, bound))
         return out
 
     def _run(self, inputs: list) -> list:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def _check_value(spec: TensorSpec, x, kinds: list[str], bound: dict):
+    """Check a possibly nested sequence/optional value, then its tensors."""
+    if not kinds:
+        return _check_tensor(spec, x, bound)
+    if kinds[0] == "optional":
+        return None if x is None else _check_value(spec, x, kinds[1:], bound)
+    if not isinstance(x, (list, tuple)):
+        raise KilnError(f"input {spec.name!r}: expected a sequence (list of arrays), "
+                        f"given {type(x).__name__}")
+    return [_check_value(spec, e, kinds[1:], {}) for e in x]
 
 
 def _check_tensor(spec: TensorSpec, x, bound: dict) -> np.ndarray:
@@ -99,7 +106,7 @@ def _check_tensor(spec: TensorSpec, x, bound: dict) -> np.ndarray:
             raise KilnError(f"input {spec.name!r}: expected a numpy array, given {type(x).__name__}")
     want = spec.dtype
     got = "string" if x.dtype.kind in "OUS" else str(x.dtype)
-    if got != want and not (want == "bool" and got == "bool"):
+    if want != "unknown" and got != want:
         raise KilnError(f"input {spec.name!r}: expected dtype {want}, given {got}")
     if spec.dtype == "string" and x.dtype != object:
         x = x.astype(object)
