@@ -5,7 +5,9 @@ An op definition holds kiln's own semantics for an operator:
 - `infer(ctx) -> list[Type]`: type and shape inference from input types,
   attributes and (where known at compile time) input values;
 - `run(ctx, *inputs) -> array | tuple`: the NumPy reference — the golden model
-  that the interpreter target executes and every lowering is checked against;
+  that the interpreter target executes and every lowering is checked against.
+  Several outputs come back as a tuple; a single sequence/optional output is
+  returned as the list (or None) itself, never wrapped;
 - `value(ctx) -> list[ndarray | None]` (optional): output data derivable at
   compile time from types alone (e.g. `Shape` of a static tensor), used for
   shape propagation.
