@@ -96,8 +96,8 @@ def _attention_infer(ctx: InferCtx):
     t = ctx.dtype(0)
     dims = _attention_dims(ctx)
     if dims is None:
-        return [TensorType(t, None), TensorType(t, ctx.unknown_shape(4)), TensorType(ctx.dtype(2), ctx.unknown_shape(4)),
-                TensorType(t, ctx.unknown_shape(4))][:max(ctx.num_outputs, 1)]
+        four = [TensorType(dt, ctx.unknown_shape(4)) for dt in (t, ctx.dtype(2), t)]
+        return [TensorType(t, None), *four][:max(ctx.num_outputs, 1)]
     b, hq, hkv, sq, skv, d, dv = dims
     past = ctx.shape(4) if ctx.has_input(4) else None
     total = skv if not ctx.has_input(4) else (_add(ctx, past[2], skv) if past is not None else ctx.new_dim())

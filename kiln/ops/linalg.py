@@ -37,7 +37,8 @@ def matmul_shape(ctx, a, b):
 
 
 def _matmul_infer(ctx: InferCtx, dtype=None):
-    return [TensorType(dtype or ctx.dtype(0), matmul_shape(ctx, ctx.shape(0), ctx.shape(3 if ctx.node.op == "QLinearMatMul" else 1)))]
+    b = 3 if ctx.node.op == "QLinearMatMul" else 1  # QLinearMatMul: (a, a_scale, a_zp, b, ...)
+    return [TensorType(dtype or ctx.dtype(0), matmul_shape(ctx, ctx.shape(0), ctx.shape(b)))]
 
 
 @op("MatMul", infer=_matmul_infer)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.reduce import as_dtype, log_softmax, text, wide
 from kiln.ops.registry import InferCtx, RunCtx, register

@@ -108,7 +108,8 @@ def test_attention_3d_gqa_with_fully_masked_row_matches_numpy():
     kk, vv = np.repeat(heads(k, hkv), hq // hkv, 1), np.repeat(heads(v, hkv), hq // hkv, 1)
     sc = heads(q, hq) @ kk.transpose(0, 1, 3, 2) / np.sqrt(d) + np.where(mask, 0, -np.inf)
     with np.errstate(invalid="ignore"):
-        p = np.nan_to_num(np.exp(sc - sc.max(-1, keepdims=True)) / np.exp(sc - sc.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        p = np.nan_to_num(e / e.sum(-1, keepdims=True))
     ref = (p @ vv).transpose(0, 2, 1, 3).reshape(b, s, hq * d)
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-6)
     assert not y[:, 1].any()
