@@ -77,37 +77,19 @@ def sum_dims(ctx, dims):
 
 # ---- constants and shape queries ----
 
-def _sparse_dense(sp):
-    """A sparse_value attribute (already dense, or (values, indices, dims)) as a dense array."""
-    if isinstance(sp, np.ndarray):
-        return sp
-    from onnx import numpy_helper  # frontend left a SparseTensorProto
-    values, idx = numpy_helper.to_array(sp.values), numpy_helper.to_array(sp.indices)
-    dense = np.zeros(tuple(sp.dims), values.dtype)
-    flat = idx if idx.ndim == 1 else np.ravel_multi_index(tuple(idx.T), dense.shape)
-    dense.reshape(-1)[flat] = values
-    return dense
-
-
 _CONST_ATTRS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
                 "value_ints": np.int64, "value_string": object, "value_strings": object}
 
 
 def _constant_data(ctx) -> np.ndarray:
-    if "value" in ctx.node.attrs:
-        v = np.asarray(ctx.attr("value"))
-    elif "sparse_value" in ctx.node.attrs:
-        v = _sparse_dense(ctx.attr("sparse_value"))
+    dense = [k for k in ("value", "sparse_value") if k in ctx.node.attrs]  # frontend densified sparse
+    if dense:
+        v = np.asarray(ctx.attr(dense[0]))
     else:
         names = [k for k in _CONST_ATTRS if k in ctx.node.attrs]
         if len(names) != 1:
             ctx.fail(f"needs exactly one value attribute, got {sorted(ctx.node.attrs)}")
-        raw = ctx.attr(names[0])
-        if names[0].endswith("strings"):
-            raw = [s.decode() if isinstance(s, bytes) else s for s in raw]
-        elif isinstance(raw, bytes):
-            raw = raw.decode()
-        v = np.array(raw, dtype=_CONST_ATTRS[names[0]])
+        v = np.array(ctx.attr(names[0]), dtype=_CONST_ATTRS[names[0]])
     if v.dtype.kind in "US":
         v = v.astype(object)
     return v

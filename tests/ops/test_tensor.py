@@ -80,6 +80,19 @@ def test_data_dependent_outputs_get_fresh_symbols():
     assert r == 2 and isinstance(n, str) and isinstance(u, str) and inv == 12
 
 
+@pytest.mark.parametrize("attr, value, want", [
+    ("value_float", 1.5, np.array(1.5, np.float32)),
+    ("value_ints", [1, 2], np.array([1, 2], np.int64)),
+    ("value_strings", ["a", "bc"], np.array(["a", "bc"], object)),
+    ("sparse_value", helper.make_sparse_tensor(numpy_helper.from_array(np.array([5.0], np.float32)),
+                                               numpy_helper.from_array(np.array([3], np.int64)), [2, 2]),
+     np.array([[0, 0], [0, 5]], np.float32)),
+])
+def test_constant_attribute_forms(attr, value, want):
+    y = _run(_model([("Constant", [], ["y"], {attr: value})], {}))
+    assert y.dtype == want.dtype and y.shape == want.shape and (y == want).all()
+
+
 # ---- old opset forms ----
 
 def test_attribute_forms_of_old_opsets():
