@@ -10,9 +10,12 @@ floor division/modulo (Python semantics), `truncdiv`/`truncmod` are C's.
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
@@ -242,6 +245,16 @@ def reduce(combiner: str, value, axis) -> Expr:
             raise KilnError(f"reduction axis {a} is not a reduce_axis()")
     value = as_expr(value)
     return Expr("reduce", value.dtype, (value,), (combiner, axes))
+
+
+def reduce_identity(combiner: str, dtype: DType) -> Expr:
+    """The value a reduction starts from (and that masked-out elements contribute)."""
+    if combiner in ("sum", "prod"):
+        return const(0 if combiner == "sum" else 1, dtype)
+    if dtype.is_float:
+        return const(-math.inf if combiner == "max" else math.inf, dtype)
+    info = np.iinfo(dtype.np)
+    return const(info.min if combiner == "max" else info.max, dtype)
 
 
 def sum_(value, axis) -> Expr: return reduce("sum", value, axis)

@@ -13,25 +13,14 @@ Pipeline (each step a small function):
 
 from __future__ import annotations
 
-import math
-
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
-from kiln.loops.expr import Expr, const, map_loads, max_, min_, rebuild, substitute, walk
-from kiln.loops.schedule import Fuse, Schedule, Split, Stage
+from kiln.loops.expr import Expr, const, map_loads, max_, min_, rebuild, reduce_identity, substitute, walk
+from kiln.loops.schedule import Schedule, Stage, iteration_structure
 from kiln.loops.simplify import Ctx, prove, simplify_stmt
 
 ZERO = const(0, DType.int64)
-
-
-def reduce_identity(comb: str, dtype: DType) -> Expr:
-    if comb in ("sum", "prod"):
-        return const(0 if comb == "sum" else 1, dtype)
-    if dtype.is_float:
-        return const(-math.inf if comb == "max" else math.inf, dtype)
-    info = __import__("numpy").iinfo(dtype.np)
-    return const(info.min if comb == "max" else info.max, dtype)
 
 
 def combine(comb: str, acc: Expr, v: Expr) -> Expr:
@@ -88,26 +77,7 @@ class _Lowering:
 
     # -- iteration structure -------------------------------------------------------
     def structure(self, stage: Stage, root_ext: dict):
-        """Leaf extents (from root extents) and each root var as an expr of the leaves."""
-        ext = dict(root_ext)
-        for r in stage.relations:
-            if isinstance(r, Split):
-                n = ext[r.parent]
-                if r.factor is not None:
-                    f = min(r.factor, n)
-                    ext[r.outer], ext[r.inner] = -(-n // f), f
-                else:
-                    p = min(r.nparts, n)
-                    ext[r.outer], ext[r.inner] = p, -(-n // p)
-            else:
-                ext[r.fused] = ext[r.outer] * ext[r.inner]
-        val = {v: v for v in stage.leaves}
-        for r in reversed(stage.relations):
-            if isinstance(r, Split):
-                val[r.parent] = val[r.outer] * ext[r.inner] + val[r.inner]
-            elif isinstance(r, Fuse):
-                val[r.outer] = val[r.fused] // ext[r.inner]
-                val[r.inner] = val[r.fused] % ext[r.inner]
+        ext, val = iteration_structure(stage, root_ext)
         for v in stage.leaves:
             self.ranges[v] = (0, ext[v] - 1)
         return ext, val

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from kiln.errors import KilnError
 from kiln.loops.compute import Tensor
-from kiln.loops.expr import Expr, map_loads, substitute, var, walk
+from kiln.loops.expr import Expr, map_loads, reduce, reduce_identity, select, substitute, var, walk
 
 
 @dataclass(frozen=True)
@@ -419,6 +419,72 @@ class Schedule:
         st.reduce_axis = []
         st.leaves = list(st.axis)
         return new
+
+    @_recorded
+    def rfactor(self, tensor, axis, factor_axis: int = 0):
+        """Turn reduction loop `axis` of `tensor`'s stage into a spatial dim of a new tensor
+        of partial results (at position factor_axis), which the stage then reduces.
+        The partials' dim can then be parallelized or vectorized."""
+        st = self.stage(tensor)
+        axis = st._leaf(axis, "rfactor")
+        if not st.is_reduce(axis):
+            raise st._err("rfactor needs a reduction loop", axis)
+        if st.kinds or any(not st.is_reduce(getattr(r, "parent", getattr(r, "outer", None))) for r in st.relations):
+            raise st._err("rfactor must come before transforming the stage's spatial loops", axis)
+        comb = st.body.arg[0]
+        root_ext = {v: v.arg.dom[1] for v in st.axis + st.reduce_axis}
+        ext, val = iteration_structure(st, root_ext)
+        red_leaves = [v for v in st.leaves if st.is_reduce(v)]
+        f = var("rf", dom=(0, ext[axis]))
+        sp = [var(v.arg.name, dom=v.arg.dom) for v in st.axis]
+        rs = {v: var(v.arg.name, dom=(0, ext[v]), kind="reduce") for v in red_leaves if v is not axis}
+        leaf_map = {axis: f, **rs}
+        env = dict(zip(st.axis, sp))
+        conds = []
+        for rv in st.reduce_axis:
+            e = substitute(val[rv], leaf_map)
+            env[rv] = e + rv.arg.dom[0]
+            if ext[rv] != rv.arg.dom[1] or any(isinstance(r, Split) for r in st.relations):
+                conds.append(e < rv.arg.dom[1])
+        value = substitute(st.body.args[0], env)
+        for c in conds:
+            value = select(c, value, reduce_identity(comb, value.dtype))
+        rf_axes = sp[:factor_axis] + [f] + sp[factor_axis:]
+        body = reduce(comb, value, list(rs.values())) if rs else value
+        name = self._unique(f"{st.name}.rf")
+        shape = tuple(v.arg.dom[1] for v in rf_axes)
+        rf = Tensor(name, st.tensor.dtype, shape)
+        self._insert(Stage(self, rf, name, rf_axes, body), self.stages.index(st))
+        k = st._new_var(f"{axis.arg.name}.rf", (0, ext[axis]), "reduce")
+        st.body = reduce(comb, rf[tuple(st.axis[:factor_axis] + [k] + st.axis[factor_axis:])], k)
+        st.reduce_axis, st.relations, st.leaves = [k], [], list(st.axis) + [k]
+        st.alias = {o: v for o, v in st.alias.items() if not st.is_reduce(v)}
+        return rf
+
+
+def iteration_structure(stage: Stage, root_ext: dict):
+    """Leaf extents given root extents, and each root/inner var as an expr of the leaves.
+    Factors larger than the extent are clamped; non-divisible splits round up (lowering guards)."""
+    ext = dict(root_ext)
+    for r in stage.relations:
+        if isinstance(r, Split):
+            n = ext[r.parent]
+            if r.factor is not None:
+                f = min(r.factor, n)
+                ext[r.outer], ext[r.inner] = -(-n // f), f
+            else:
+                p = min(r.nparts, n)
+                ext[r.outer], ext[r.inner] = p, -(-n // p)
+        else:
+            ext[r.fused] = ext[r.outer] * ext[r.inner]
+    val = {v: v for v in stage.leaves}
+    for r in reversed(stage.relations):
+        if isinstance(r, Split):
+            val[r.parent] = val[r.outer] * ext[r.inner] + val[r.inner]
+        else:
+            val[r.outer] = val[r.fused] // ext[r.inner]
+            val[r.inner] = val[r.fused] % ext[r.inner]
+    return ext, val
 
 
 def _map_body(body: Expr, fn) -> Expr:

@@ -95,7 +95,13 @@ def random_loops(draw, stage):
 
 def random_schedule(draw, out):
     s = Schedule(out)
-    for stage in reversed(s.stages):           # consumers first
+    for stage in list(s.stages):               # optional caching stages first
+        if stage.reduce_axis and draw(st.booleans()):
+            s.cache_write(stage.tensor)
+        if draw(st.integers(0, 3)) == 0:
+            src = draw(st.sampled_from(stage.reads()))
+            s.cache_read(src, [stage])
+    for stage in list(reversed(s.stages)):     # consumers first
         random_loops(draw, stage)
         if stage.tensor is out:
             continue

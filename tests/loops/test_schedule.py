@@ -161,3 +161,19 @@ def test_compute_at_must_enclose_every_use():
         s[B].compute_at(s[C], C.axis[0])
     with pytest.raises(KilnError, match="stage 'D'.*output"):
         s[D].compute_inline()
+
+
+def test_rfactor_parallelizes_a_reduction(run):
+    X = placeholder((3, 1001), F32, "X")
+    k = reduce_axis(1001, "k")
+    R = compute((3,), lambda i: sum_(X[i, k], axis=k), "R")
+    s = Schedule(R)
+    with pytest.raises(KilnError, match="stage 'R', axis 'i'.*reduction loop"):
+        s.rfactor(R, R.axis[0])
+    ko, ki = s[R].split(k, nparts=8)          # 1001 = 8 * 126 - 7: the partials are masked
+    RF = s.rfactor(R, ko)
+    s[RF].parallel(s[RF].axis[0])
+    assert RF.shape == (8, 3)
+    x = rng.random((3, 1001), np.float32)
+    np.testing.assert_allclose(run(s, [X], [R], [x])[0], x.sum(1), rtol=1e-5)
+    assert str(lower(s.trace.replay(R), [X, R])) == str(lower(s, [X, R]))
