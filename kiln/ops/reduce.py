@@ -107,10 +107,14 @@ def _reduce_infer(ctx: InferCtx):
     uses_input = ctx.opset >= _REDUCE[ctx.node.op][1] and ctx.has_input(1)
     if t.shape is None:
         return [TensorType(t.dtype, None)]
-    axes = _reduce_axes(ctx, len(t.shape), ctx.value(1) if uses_input else None,
-                        not uses_input or ctx.value(1) is not None)
-    if axes is None:
-        return [TensorType(t.dtype, ctx.unknown_shape(len(t.shape)) if keep else None)]
+    value = ctx.value(1) if uses_input else None
+    if uses_input and ctx.shape(1) == (0,):  # an empty axes tensor needs no data to be known
+        value = np.zeros(0, np.int64)
+    axes = _reduce_axes(ctx, len(t.shape), value, not uses_input or value is not None)
+    if axes is None:  # axes only known at run time: the rank still is, given keepdims or the axes count
+        count = ctx.shape(1)[0] if ctx.shape(1) and isinstance(ctx.shape(1)[0], int) else 0
+        rank = len(t.shape) if keep else (len(t.shape) - count if count else None)
+        return [TensorType(t.dtype, ctx.unknown_shape(rank))]
     shape = [1 if i in axes else d for i, d in enumerate(t.shape)] if keep else \
         [d for i, d in enumerate(t.shape) if i not in axes]
     return [TensorType(t.dtype, tuple(shape))]

@@ -52,6 +52,8 @@ def test_static_shapes_from_constant_axes_batch_broadcast_and_einsum():
     assert _shapes(_model("ReduceMean", {"x": (F, [2, 3, 4])}, {"keepdims": 0},
                           inits=[("axes", np.array([-1, 0]))])) == [(3,)]
     assert _shapes(_model("ReduceMax", {"x": (F, [2, 3])}, {"axes": [1]}, opset=13)) == [(2, 1)]
+    runtime_axes = _model("ReduceSum", {"x": (F, ["n", 3, 4]), "a": (I64, [1])}, {"keepdims": 0})
+    assert len(_shapes(runtime_axes)[0]) == 2  # axes unknown, but one of them
     assert _shapes(_model("MatMul", {"a": (F, ["n", 1, 2, 3]), "b": (F, [5, 3, 4])})) == [("n", 5, 2, 4)]
     assert _shapes(_model("MatMul", {"a": (F, [3]), "b": (F, [2, 3, 4])})) == [(2, 4)]
     assert _shapes(_model("Einsum", {"a": (F, [2, 5, 3, 3]), "b": (F, [3, 4])},
