@@ -3,6 +3,8 @@
 The target comes from `KILN_TARGET` (default here: interpreter). Expected
 failures live in `expected_failures/<target>/*.txt` (`case_name  # reason`);
 they are strict: one that starts passing fails the run, so the list stays true.
+The one exception is a reason starting with "nondeterministic:" (an unseeded
+random op compared with another RNG's draws, which can match by chance).
 """
 
 from __future__ import annotations
@@ -38,9 +40,12 @@ XFAIL = expected_failures(TARGET)
 
 
 def _params(cases):
-    return [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=XFAIL[c.name])]
-                         if c.name in XFAIL else [])
-            for c in cases]
+    def marks(name):
+        if name not in XFAIL:
+            return []
+        reason = XFAIL[name]
+        return [pytest.mark.xfail(strict=not reason.startswith("nondeterministic:"), reason=reason)]
+    return [pytest.param(c, id=c.name, marks=marks(c.name)) for c in cases]
 
 
 def _run_case(case):
