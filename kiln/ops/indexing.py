@@ -7,6 +7,8 @@ depends on data (NonZero, Unique, Compress) get fresh symbols at compile time.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kiln.dtypes import DType
@@ -65,17 +67,18 @@ def _gather_nd_infer(ctx):
     if s is None or not i or not isinstance(i[-1], int):
         return out(ctx, ctx.dtype(0), None)
     if i[-1] > len(s) - b:
-        ctx.fail(f"indices {tuple(i)} index {i[-1]} dims but data {tuple(s)} has {len(s) - b} after batch_dims={b}")
+        ctx.fail(f"indices {tuple(i)} index {i[-1]} dims but data {tuple(s)} has "
+                 f"{len(s) - b} after batch_dims={b}")
     return out(ctx, ctx.dtype(0), i[:-1] + s[b + i[-1]:])
 
 
 def _nd_index(ctx, data_shape, indices, b: int):
     """Flatten GatherND/ScatterND's indices to (batch, M, k) with negatives wrapped."""
-    k = indices.shape[-1]
-    if indices.ndim < 1 or b >= indices.ndim or k > len(data_shape) - b or data_shape[:b] != indices.shape[:b]:
+    k = indices.shape[-1] if indices.ndim else len(data_shape) + 1
+    if b >= indices.ndim or k > len(data_shape) - b or data_shape[:b] != indices.shape[:b]:
         ctx.fail(f"indices {indices.shape} do not fit data {data_shape} with batch_dims={b}")
     dims = np.array(data_shape[b:b + k], np.int64)
-    idx = indices.astype(np.int64).reshape(int(np.prod(indices.shape[:b])), int(np.prod(indices.shape[b:-1])), k)
+    idx = indices.astype(np.int64).reshape(math.prod(indices.shape[:b]), math.prod(indices.shape[b:-1]), k)
     bad = (idx < -dims) | (idx >= dims)
     if bad.any():
         ctx.fail(f"an index in {indices.shape} is out of range for data {data_shape}")
@@ -86,7 +89,7 @@ def _nd_index(ctx, data_shape, indices, b: int):
 def gather_nd(ctx, data, indices):
     b = ctx.attr("batch_dims", 0)
     idx = _nd_index(ctx, data.shape, indices, b)
-    d = data.reshape((int(np.prod(data.shape[:b])),) + data.shape[b:])
+    d = data.reshape((math.prod(data.shape[:b]),) + data.shape[b:])
     batch = np.broadcast_to(np.arange(d.shape[0])[:, None], idx.shape[:2])
     res = d[(batch, *np.moveaxis(idx, -1, 0))]
     return res.reshape(indices.shape[:-1] + data.shape[b + indices.shape[-1]:])
@@ -176,7 +179,8 @@ def _compress_infer(ctx):
     n = ctx.new_dim() if cond is None else int(np.count_nonzero(cond))
     if ctx.attr("axis", None) is None:
         return out(ctx, ctx.dtype(0), (n,))
-    return out(ctx, ctx.dtype(0), None if s is None else s[:_axis(ctx, len(s))] + (n,) + s[_axis(ctx, len(s)) + 1:])
+    a = None if s is None else _axis(ctx, len(s))
+    return out(ctx, ctx.dtype(0), None if s is None else s[:a] + (n,) + s[a + 1:])
 
 
 @op("Compress", infer=_compress_infer)
@@ -224,7 +228,8 @@ def unique(ctx, x):
         order = np.argsort(first, kind="stable")
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size)
-        y, first, counts, inverse = np.take(y, order, axis=axis or 0), first[order], counts[order], rank[inverse]
+        y, first, counts = np.take(y, order, axis=axis or 0), first[order], counts[order]
+        inverse = rank[inverse]
     return y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)
 
 
@@ -282,7 +287,8 @@ def _onehot_infer(ctx):
 def onehot(ctx, indices, depth, values):
     depth, a = int(scalar(depth)), _onehot_axis(ctx, indices.ndim)
     if depth < 1 or values.size != 2:
-        ctx.fail(f"depth must be positive and values hold [off, on], got depth {depth}, values {values.shape}")
+        ctx.fail(f"depth must be positive and values hold [off, on], "
+                 f"got depth {depth}, values of shape {values.shape}")
     idx = np.expand_dims(np.where(indices < 0, indices + depth, indices), a)  # fractional: no class
     classes = np.arange(depth).reshape([-1 if k == a else 1 for k in range(indices.ndim + 1)])
     off, on = values.reshape(-1)

@@ -2,8 +2,9 @@
 
 These ops move data without computing on it. Their inference works hard to
 keep shapes static: shape-giving inputs known at compile time (`ctx.value`)
-give exact output dims, and `Shape`/`Size`/`Constant` publish their data (`value=`) so chains like
-`Reshape(x, Concat(Shape(x)[:1], [-1]))` stay static (the inferencer folds the rest).
+give exact output dims, and `Shape`/`Size`/`Constant` publish their data
+(`value=`) so chains like `Reshape(x, Concat(Shape(x)[:1], [-1]))` stay static
+(the inferencer folds the small ops in between).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import RunCtx, op
+from kiln.ops.registry import op
 from kiln.ops.shapes import broadcast_shapes, dim_mul, normalize_axes, normalize_axis
 
 # ---- helpers shared with indexing.py ----
@@ -38,10 +39,8 @@ def param(ctx, attr: str, i: int, since: int, data=None, default=None):
     """
     if ctx.opset < since and (ctx.has_attr(attr) or not ctx.has_input(i)):  # Split-1 took either
         v = ctx.attr(attr, None)
-        return default if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
+        return default if v is None else ints(v)
     if not ctx.has_input(i):
-        return default
-    if data is None and isinstance(ctx, RunCtx):
         return default
     v = ctx.value(i) if data is None else data
     return "?" if v is None else ints(v)
@@ -71,7 +70,7 @@ def _per_axis_infer(ctx, params, dim):
     return out(ctx, ctx.dtype(0), [dim(d, p) for d, p in zip(s, ps)])
 
 
-def sum_dims(ctx, dims):
+def _sum_dims(ctx, dims):
     return sum(dims) if all(isinstance(d, int) for d in dims) else ctx.new_dim()
 
 
@@ -184,14 +183,15 @@ def _reshape_target(ctx, in_shape, target):
         if d in ins:
             ins.remove(d)
             outs.remove(d)
-    n_in, n_out = math.prod(d for d in ins if isinstance(d, int)), math.prod(d for d in outs if isinstance(d, int))
+    n_in, n_out = (math.prod(d for d in ds if isinstance(d, int)) for ds in (ins, outs))
     static = all(isinstance(d, int) for d in ins + outs)
     if -1 in dims:
         k = dims.index(-1)
         if not static:
             dims[k] = ctx.new_dim()
         elif n_out == 0 or n_in % n_out:
-            ctx.fail(f"cannot reshape {tuple(in_shape)} to {target}: {n_in} elements do not divide by {n_out}")
+            ctx.fail(f"cannot reshape {tuple(in_shape)} to {target}: "
+                     f"{n_in} elements do not divide by {n_out}")
         else:
             dims[k] = n_in // n_out
     elif static and n_in != n_out:
@@ -333,7 +333,7 @@ def _concat_infer(ctx):
     for k in range(rank):
         col = [s[k] for s in shapes]
         if k == axis:
-            dims.append(sum_dims(ctx, col))
+            dims.append(_sum_dims(ctx, col))
             continue
         static = {d for d in col if isinstance(d, int)}
         if len(static) > 1:
@@ -381,8 +381,8 @@ def _split_infer(ctx):
         return out(ctx, ctx.dtype(0), None)
     axis = normalize_axis(ctx, ctx.attr("axis", 0), len(s))
     sizes = None if split == "?" else _split_sizes(ctx, s[axis], split)
-    return [TensorType(ctx.dtype(0), s[:axis] + (ctx.new_dim() if sizes is None else sizes[k],) + s[axis + 1:])
-            for k in range(ctx.num_outputs)]
+    dims = [ctx.new_dim() for _ in range(ctx.num_outputs)] if sizes is None else sizes
+    return [TensorType(ctx.dtype(0), s[:axis] + (d,) + s[axis + 1:]) for d in dims]
 
 
 @op("Split", infer=_split_infer)
@@ -461,7 +461,9 @@ def _padded_dim(ctx, d, pads):
 @op("Pad", infer=lambda ctx: _per_axis_infer(ctx, _pads, lambda d, p: _padded_dim(ctx, d, p)))
 def pad(ctx, x, pads=None, value=None, axes=None):
     both = _pads(ctx, x.ndim, pads if ctx.opset >= 11 else None, axes)
-    value = ctx.attr("value", 0.0) if ctx.opset < 11 else (0 if value is None or value.size == 0 else scalar(value))
+    if ctx.opset < 11:
+        value = ctx.attr("value", 0.0)
+    value = 0 if value is None or np.size(value) == 0 else scalar(value)
     if any(d + b + e < 0 for d, (b, e) in zip(x.shape, both)):
         ctx.fail(f"pads {both} crop more than the input {x.shape}")
     x = x[tuple(slice(-b if b < 0 else 0, d + e if e < 0 else d) for d, (b, e) in zip(x.shape, both))]
