@@ -612,7 +612,9 @@ def batch_norm(ctx, x, scale, bias, mean, var):
     bmean, bvar = bmean.reshape(mean.shape), bvar.reshape(var.shape)
     rmean = (compute_dtype(mean) * mom + bmean * (1 - mom)).astype(mean.dtype)
     rvar = (compute_dtype(var) * mom + bvar * (1 - mom)).astype(var.dtype)
-    return (y.astype(x.dtype), rmean, rvar, bmean.astype(mean.dtype), bvar.astype(var.dtype))[:max(ctx.num_outputs, 1)]
+    # opset < 14 "saved_var" is the inverse std, as cuDNN and ONNX Runtime return it
+    saved = (bmean.astype(mean.dtype), (1 / np.sqrt(bvar + eps)).astype(var.dtype))
+    return (y.astype(x.dtype), rmean, rvar, *saved)[:max(ctx.num_outputs, 1)]
 
 
 @op("InstanceNormalization", infer=same_as(0))
