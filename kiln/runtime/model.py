@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from kiln.dtypes import DType
 from kiln.errors import KilnError
 
 
@@ -105,7 +106,10 @@ def _check_tensor(spec: TensorSpec, x, bound: dict) -> np.ndarray:
         else:
             raise KilnError(f"input {spec.name!r}: expected a numpy array, given {type(x).__name__}")
     want = spec.dtype
-    got = "string" if x.dtype.kind in "OUS" else str(x.dtype)
+    try:
+        got = DType.from_numpy(x.dtype).name
+    except KilnError:
+        got = str(x.dtype)
     if want != "unknown" and got != want:
         raise KilnError(f"input {spec.name!r}: expected dtype {want}, given {got}")
     if spec.dtype == "string" and x.dtype != object:
