@@ -533,9 +533,21 @@ def _slice_args(ctx, rank, starts=None, ends=None, axes=None, steps=None):
     return out_
 
 
+def _clamped(d: int, k: slice) -> slice:
+    """ONNX's clamping, which differs from Python's for negative steps: start goes to
+    [0, d-1] (so a start before the beginning still takes element 0) and end to [-1, d-1]."""
+    if k == slice(None):
+        return k
+    b, e = (v + d if v < 0 else v for v in (k.start, k.stop))
+    if k.step > 0:
+        return slice(min(max(b, 0), d), min(max(e, 0), d), k.step)
+    e = min(max(e, -1), d - 1)
+    return slice(min(max(b, 0), d - 1), None if e < 0 else e, k.step)
+
+
 def _sliced_dim(ctx, d, k: slice):
     if isinstance(d, int):
-        return len(range(*k.indices(d)))
+        return len(range(*_clamped(d, k).indices(d)))
     big = 2 ** 31 - 1  # exporters write INT_MAX / INT64_MAX for "to the end"
     whole = k == slice(None) or (k.step == 1 and k.start == 0 and k.stop >= big) or \
         (k.step == -1 and (k.start == -1 or k.start >= big) and k.stop <= -big)
@@ -544,7 +556,8 @@ def _sliced_dim(ctx, d, k: slice):
 
 @op("Slice", infer=lambda ctx: _per_axis_infer(ctx, _slice_args, lambda d, k: _sliced_dim(ctx, d, k)))
 def slice_op(ctx, x, starts=None, ends=None, axes=None, steps=None):
-    return x[tuple(_slice_args(ctx, x.ndim, starts, ends, axes, steps))].copy()
+    sl = _slice_args(ctx, x.ndim, starts, ends, axes, steps)
+    return x[tuple(_clamped(d, k) for d, k in zip(x.shape, sl))].copy()
 
 
 # ---- generators ----
