@@ -130,7 +130,7 @@ def _resize_inputs(ctx, get):
 
 
 def _plan(ctx, shape, scales, sizes, roi):
-    """Output shape and per-axis (scale, roi) for a static input shape.
+    """Output shape and per-axis (scale, roi); symbolic input dims give symbolic outputs.
 
     Returns None when scales/sizes are unknown (inference without values).
     """
@@ -148,20 +148,23 @@ def _plan(ctx, shape, scales, sizes, roi):
     if roi is not None and len(roi) != 2 * n:
         ctx.fail(f"roi has {len(roi)} entries, expected {2 * n}")
     out, per = list(shape), {}
+    known = [isinstance(shape[a], int) for a in axes]       # symbols only at inference time
     if sizes is not None:
-        fs = [sz / shape[a] for sz, a in zip(sizes, axes)]
         policy = attr_str(ctx, "keep_aspect_ratio_policy", "stretch")
-        if policy != "stretch":
-            k = min(fs) if policy == "not_larger" else max(fs)
-            if policy not in ("not_larger", "not_smaller"):
-                ctx.fail(f"keep_aspect_ratio_policy {policy!r} is not stretch, not_larger or not_smaller")
-            fs = [k] * n
-            sizes = [int(k * shape[a] + 0.5) for a in axes]
+        if policy not in ("stretch", "not_larger", "not_smaller"):
+            ctx.fail(f"keep_aspect_ratio_policy {policy!r} is not stretch, not_larger or not_smaller")
+        fs = [sz / shape[a] if k else None for sz, a, k in zip(sizes, axes, known)]
+        if policy != "stretch" and all(known):
+            fs = [min(fs) if policy == "not_larger" else max(fs)] * n
+            sizes = [int(fs[0] * shape[a] + 0.5) for a in axes]
+        elif policy != "stretch":
+            sizes = [ctx.new_dim() for _ in axes]
     else:
         fs = scales
         if any(s <= 0 for s in fs):
             ctx.fail(f"scales must be positive, got {fs}")
-        sizes = [int(s * shape[a]) for s, a in zip(fs, axes)]
+        sizes = [int(s * shape[a]) if k else shape[a] if s == 1 else ctx.new_dim()
+                 for s, a, k in zip(fs, axes, known)]
     for i, a in enumerate(axes):
         out[a] = sizes[i]
         per[a] = (fs[i], None if roi is None else (roi[i], roi[n + i]))
@@ -190,8 +193,7 @@ def _resize_infer(ctx):
     if t.shape is None:
         return [t]
     scales, sizes, roi = _resize_inputs(ctx, ctx.value)
-    static = all(isinstance(d, int) for d in t.shape)
-    plan = _plan(ctx, t.shape, scales, sizes, roi) if static else None
+    plan = _plan(ctx, t.shape, scales, sizes, roi)
     return [TensorType(t.dtype, tuple(plan[0]) if plan else ctx.unknown_shape(len(t.shape)))]
 
 

@@ -156,7 +156,10 @@ def kernel_of(ctx, wshape, n):
     """kernel_shape attribute, else the weight's trailing dims (symbols if unknown)."""
     ks = ctx.attr("kernel_shape", None)
     if ks is not None:
-        return [int(k) for k in ks]
+        ks = [int(k) for k in ks]
+        if wshape is not None and any(isinstance(w, int) and w != k for w, k in zip(wshape[2:], ks)):
+            ctx.fail(f"kernel_shape {ks} does not match weight spatial dims {tuple(wshape[2:])}")
+        return ks
     if wshape is None:
         return [ctx.new_dim() for _ in range(n)]
     return list(wshape[2:])
