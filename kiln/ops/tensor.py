@@ -475,6 +475,8 @@ def pad(ctx, x, pads=None, value=None, axes=None):
         ctx.fail(f"mode must be constant, reflect, edge or wrap, got {mode!r}")
     if x.size == 0 and any(width):
         ctx.fail(f"cannot {mode}-pad an empty tensor of shape {x.shape}")
+    if mode == "reflect" and any(max(w) >= d for d, w in zip(x.shape, width) if max(w)):
+        ctx.fail(f"reflect pads {width} must be smaller than the dims {x.shape} they mirror")
     return np.pad(x, width, mode=mode)
 
 

@@ -126,6 +126,15 @@ def test_topk_ties_keep_index_order():
         np.testing.assert_array_equal(_run(m, x), [want])
 
 
+def test_slice_negative_step_clamps_start_like_onnx_not_python():
+    x = np.arange(4, dtype=np.float32)
+    m = _model([("Slice", ["x", "s", "e", "a", "p"], ["y"], {})], {"x": (F, [4])},
+               inits=[("s", np.array([-6], np.int64)), ("e", np.array([-9], np.int64)),
+                      ("a", np.array([0], np.int64)), ("p", np.array([-1], np.int64))])
+    assert _out_shapes(m) == [(1,)]  # start clamps to 0, end to "before 0": Python would give []
+    np.testing.assert_array_equal(_run(m, x), [0.0])
+
+
 # ---- errors name the node and what went wrong ----
 
 @pytest.mark.parametrize("nodes, inputs, inits, message", [
