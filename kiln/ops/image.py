@@ -13,7 +13,6 @@ import math
 
 import numpy as np
 
-from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.nn import attr_str, crop, scatter_windows, window
 from kiln.ops.registry import op
@@ -143,7 +142,8 @@ def _plan(ctx, shape, scales, sizes, roi):
         return None
     n = len(axes)
     if len(scales or sizes) != n:
-        ctx.fail(f"{'scales' if scales else 'sizes'} has {len(scales or sizes)} entries, expected {n} (one per resized axis)")
+        what = "scales" if scales else "sizes"
+        ctx.fail(f"{what} has {len(scales or sizes)} entries, expected {n} (one per resized axis)")
     roi = None if roi is None or np.size(roi) == 0 else [float(v) for v in np.asarray(roi).ravel()]
     if roi is not None and len(roi) != 2 * n:
         ctx.fail(f"roi has {len(roi)} entries, expected {2 * n}")

@@ -353,11 +353,7 @@ def _bilinear_zero(img, yy, xx):
     return out
 
 
-def _deform_infer(ctx):
-    return _conv_infer()(ctx)
-
-
-@op("DeformConv", infer=_deform_infer)
+@op("DeformConv", infer=_conv_infer())
 def deform_conv(ctx, x, w, offset, b=None, mask=None):
     """2-D deformable convolution: bilinear samples at offset kernel taps, then a grouped matmul."""
     if x.ndim != 4:
@@ -375,8 +371,9 @@ def deform_conv(ctx, x, w, offset, b=None, mask=None):
     if c % og or c != w.shape[1] * group:
         ctx.fail(f"channels {c} do not fit weight {w.shape}, group {group}, offset_group {og}")
     ki, kj = np.meshgrid(np.arange(kh), np.arange(kw), indexing="ij")
-    base_y = (np.arange(oh) * win.strides[0] - win.begin[0])[None, :, None] + (ki.ravel() * win.dilations[0])[:, None, None]
-    base_x = (np.arange(ow) * win.strides[1] - win.begin[1])[None, None, :] + (kj.ravel() * win.dilations[1])[:, None, None]
+    ki, kj = ki.ravel()[:, None, None], kj.ravel()[:, None, None]
+    base_y = (np.arange(oh) * win.strides[0] - win.begin[0])[None, :, None] + ki * win.dilations[0]
+    base_x = (np.arange(ow) * win.strides[1] - win.begin[1])[None, None, :] + kj * win.dilations[1]
     off = offset.astype(np.float64).reshape(n, og, kk, 2, oh, ow)
     yy = (base_y + off[:, :, :, 0]).reshape(n, og, kk * p)
     xx = (base_x + off[:, :, :, 1]).reshape(n, og, kk * p)
