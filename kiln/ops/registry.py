@@ -12,11 +12,15 @@ An op definition holds kiln's own semantics for an operator:
   compile time from types alone (e.g. `Shape` of a static tensor), used for
   shape propagation.
 
-Later stages attach a lowering next to these (`lower`).
+- `lower(ctx: LowerCtx, *inputs: loops.Tensor) -> Tensor | list[Tensor]`
+  (optional, attached with `@lowering(name)` next to the reference): the
+  compute definitions (kiln.loops) that say what the op computes for concrete
+  shapes; the cpu target compiles these, never the NumPy reference.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -62,6 +66,19 @@ def op(name: str, *, infer, domain: str = "", value=None, aliases: tuple[str, ..
     def deco(fn):
         for n in (name, *aliases):
             register(n, infer=infer, run=fn, domain=domain, value=value)
+        return fn
+    return deco
+
+
+def lowering(name: str, domain: str = ""):
+    """Decorator attaching a lowering to an already registered op: `@lowering("Relu")`."""
+    def deco(fn):
+        key = (normalize_domain(domain), name)
+        if key not in REGISTRY:
+            raise RuntimeError(f"lowering for unregistered op {name!r}")
+        if REGISTRY[key].lower is not None:
+            raise RuntimeError(f"op {name!r} has two lowerings")
+        REGISTRY[key] = dataclasses.replace(REGISTRY[key], lower=fn)
         return fn
     return deco
 
@@ -182,6 +199,27 @@ class RunCtx(_Ctx):
     def rng(self) -> np.random.Generator:
         seed = self.attr("seed", None)
         return np.random.default_rng(None if seed is None else int(np.float32(seed).view(np.int32)))
+
+
+class LowerCtx(_Ctx):
+    """Lowering view of a node: concrete input/output types and compile-time input data."""
+
+    def __init__(self, node: Node, opset: int, input_types: list[Type | None],
+                 output_types: list[Type | None], values: list[np.ndarray | None]):
+        super().__init__(node, opset)
+        self.input_types = input_types
+        self.output_types = output_types
+        self.values = values
+
+    def value(self, i: int) -> np.ndarray | None:
+        """The input's data when known at compile time (weights, shape tensors), else None."""
+        return self.values[i] if self.has_input(i) else None
+
+    def out_shape(self, i: int = 0) -> tuple[int, ...]:
+        return tuple(self.output_types[i].shape)
+
+    def out_dtype(self, i: int = 0) -> DType:
+        return self.output_types[i].dtype
 
 
 # ---- common inference helpers used by many families ----
