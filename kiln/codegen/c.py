@@ -292,11 +292,24 @@ def _written(s: S.Stmt) -> set:
     return out
 
 
+def _extern_signature(f: S.ExternFunc) -> str:
+    """Hand-written kernels name their params in0.., out0.. (kiln-made names, checked)."""
+    for p in f.params:
+        if not re.fullmatch(r"(in|out)[0-9]+", p.name):
+            raise KilnError(f"extern kernel {f.name!r}: param name {p.name!r} is not kiln-made",
+                            stage="codegen")
+    params = ", ".join(f"{'const ' if p.name.startswith('in') else ''}{ctype(p.dtype)}* restrict {p.name}"
+                       for p in f.params)
+    return f"int32_t {func_symbol(f.name)}({params or 'void'})"
+
+
 def emit_c(module: S.LoopModule) -> str:
     """The C source of a whole module: prelude, helpers, prototypes, kernels."""
     em = _Emitter(module)
-    bodies = [em.func(f) for f in module.funcs]
-    protos = [em.signature(f, _Names()) + ";" for f in module.funcs]
+    bodies = [[_extern_signature(f) + " {", f.c_body, "}"] if isinstance(f, S.ExternFunc) else em.func(f)
+              for f in module.funcs]
+    protos = [(_extern_signature(f) if isinstance(f, S.ExternFunc) else em.signature(f, _Names())) + ";"
+              for f in module.funcs]
     parts = [PRELUDE, *em.helpers.values(), "", *protos, ""]
     for b in bodies:
         parts += b + [""]

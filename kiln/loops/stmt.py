@@ -153,6 +153,19 @@ class PrimFunc:
         return func_str(self)
 
 
+@dataclass(frozen=True, repr=False)
+class ExternFunc:
+    """A kernel written by hand in C (for ops unnatural as computes): `c_body` is the
+    function body; its params are named in0.., out0.. as the lowering that wrote it used."""
+    name: str
+    params: tuple
+    c_body: str
+
+    def __str__(self):
+        ps = ", ".join(f"{p.dtype} {p.name}{list(p.shape)}" for p in self.params)
+        return f"extern func {self.name}({ps}) {{\n{self.c_body}\n}}"
+
+
 @dataclass
 class LoopModule:
     """The unit of code generation: kernels plus (optionally) the name of an entry function."""

@@ -210,6 +210,23 @@ class LowerCtx(_Ctx):
         self.input_types = input_types
         self.output_types = output_types
         self.values = values
+        self.schedule_fn = None
+
+    def schedule(self, fn) -> None:
+        """Use `fn(sch: loops.Schedule, outputs: list[Tensor])` instead of the default schedule."""
+        self.schedule_fn = fn
+
+    def extern(self, c_body: str, inputs: list, outputs: list[tuple[tuple, DType]]):
+        """A hand-written C kernel for ops that are unnatural as computes (TopK, NMS, ...).
+
+        `c_body` is the body of `int32_t f(const T* in0, ..., T* out0, ...)`: it reads
+        the present inputs as `in0, in1, ...` (in node input order, absent ones skipped),
+        writes `out0, out1, ...` (flat row-major arrays of the given shapes/dtypes), and
+        ends with `return 0;`. Shapes are known: bake them in as constants. Return the
+        result of this call from the lowering.
+        """
+        from kiln.lower.kernel import ExternKernel
+        return ExternKernel(c_body, [p for p in inputs if p is not None], list(outputs))
 
     def value(self, i: int) -> np.ndarray | None:
         """The input's data when known at compile time (weights, shape tensors), else None."""

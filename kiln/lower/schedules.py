@@ -1,0 +1,43 @@
+"""Default schedules: what a kernel gets when its op's lowering does not choose one.
+
+Heuristics, hardware-aware through the vector width only; tuned schedules
+(kiln.tune) replace them later. Small kernels stay serial: an OpenMP fork
+costs more than a few thousand multiply-adds.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kiln.codegen.cpu import vector_lanes
+from kiln.loops import Schedule
+
+PARALLEL_MIN_WORK = 1 << 15  # points x reduction size below which a kernel runs serially
+
+
+def default_schedule(sch: Schedule, outputs) -> None:
+    """Injective stages: fuse, vectorize the inner lanes, parallelize the outer part.
+    Reduction stages: parallelize the outermost spatial loop when there is work."""
+    for stage in sch.stages:
+        if stage.attach is not None:
+            continue
+        axes = list(stage.axis)
+        if not axes:
+            continue
+        extents = [v.arg.dom[1] - v.arg.dom[0] for v in axes]
+        points = math.prod(extents)
+        red = math.prod(v.arg.dom[1] - v.arg.dom[0] for v in stage.reduce_axis) if stage.reduce_axis else 1
+        parallel = points * red >= PARALLEL_MIN_WORK
+        if stage.reduce_axis:
+            if parallel and extents[0] > 1:
+                stage.parallel(axes[0])
+            continue
+        fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
+        lanes = vector_lanes(stage.tensor.dtype.itemsize)
+        if points >= 4 * lanes and lanes > 1:
+            outer, inner = stage.split(fused, lanes)
+            stage.vectorize(inner)
+            if parallel:
+                stage.parallel(outer)
+        elif parallel:
+            stage.parallel(fused)
