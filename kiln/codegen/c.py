@@ -2,8 +2,8 @@
 
 Every identifier in the output is generated here (prefix + sanitized name + number),
 and no user string reaches a comment or literal, so a model cannot inject code.
-Each PrimFunc `f` becomes `int32_t kiln_f(T* restrict ...)` returning 0, or -1 when
-a heap allocation failed. Loads/stores index flat row-major arrays; floor
+Each PrimFunc `f` becomes `int32_t kiln_f(T* restrict ...)` returning 0, -1 when
+a heap allocation failed, or -(k+2) when its k-th `Call` (0-based) failed first. Loads/stores index flat row-major arrays; floor
 division/modulo become plain `/` `%` when the simplifier proves operands non-negative.
 """
 
@@ -234,7 +234,10 @@ class _Emitter:
         elif isinstance(s, S.Evaluate):
             out(f"{pad}(void){self.expr(s.expr, ctx, n)};")
         elif isinstance(s, S.Call):
-            out(f"{pad}if ({func_symbol(s.func)}({self.call_args(s, n)}) != 0) kiln_failed = 1;")
+            # remember the first failing call: the runtime names its node (status -(k+2))
+            self.calls += 1
+            out(f"{pad}if ({func_symbol(s.func)}({self.call_args(s, n)}) != 0 && !kiln_failed) "
+                f"kiln_failed = {self.calls + 1};")
         else:
             raise KilnError(f"cannot emit statement {type(s).__name__}", stage="codegen")
 
@@ -261,10 +264,11 @@ class _Emitter:
     def func(self, f: S.PrimFunc) -> list:
         n = _Names()
         self.lines = []
+        self.calls = 0
         self.lines.append(self.signature(f, n) + " {")
         self.lines.append("  int32_t kiln_failed = 0;")
         self.stmt(f.body, Ctx(), n, 1, False)
-        self.lines.append("  return kiln_failed ? -1 : 0;")
+        self.lines.append("  return -kiln_failed;")
         self.lines.append("}")
         return self.lines
 

@@ -108,9 +108,35 @@ class Graph:
                     out.setdefault(v.id, []).append(n)
         return out
 
+    def clone(self) -> "Graph":
+        """A copy with fresh Values and Nodes (constant data shared), so inference or a
+        pass may rewrite the copy's types and nodes without touching this graph."""
+        return _clone(self, {})
+
     def __str__(self) -> str:
         from kiln.graph.text import print_graph
         return print_graph(self)
+
+
+def _clone(g: Graph, vmap: dict[int, Value]) -> Graph:
+    def val(v: Value | None) -> Value | None:
+        if v is None:
+            return None
+        if v.id not in vmap:
+            vmap[v.id] = Value(v.name, v.type, v.const)
+        return vmap[v.id]
+
+    def attr(a):
+        if isinstance(a, Graph):
+            return _clone(a, vmap)
+        if isinstance(a, list):
+            return [attr(x) for x in a]
+        return a
+
+    inputs = [val(v) for v in g.inputs]
+    nodes = [Node(n.op, [val(v) for v in n.inputs], [val(v) for v in n.outputs],
+                  {k: attr(a) for k, a in n.attrs.items()}, n.name, n.domain) for n in g.nodes]
+    return Graph(g.name, inputs, [val(v) for v in g.outputs], nodes, dict(g.opsets))
 
 
 def const_value(name: str, data: np.ndarray) -> Value:

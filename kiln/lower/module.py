@@ -1,0 +1,169 @@
+"""A whole (specialised, statically shaped) graph → one loop-level module.
+
+Every node becomes one kernel; one entry function `main` runs them in order:
+
+    int32_t kiln_main(in_0.., out_0.., uint8 weights[], uint8 workspace[])
+
+Constants live in one weights blob (bound once by the runtime), intermediates in
+one workspace arena planned by liveness (`memory.plan_arena`), graph outputs are
+written in place. A non-zero status from `main` names the failing call, which the
+runtime maps back to its node through `LoweredModule.call_nodes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+from kiln.graph.ir import Graph, Node, Value
+from kiln.graph.types import TensorType
+from kiln.loops import Buffer, Call, LoopModule, PrimFunc, compute, lower, placeholder, seq
+from kiln.loops import Schedule, View
+from kiln.lower.kernel import lower_node, lowerable
+from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
+from kiln.lower.schedules import default_schedule
+
+ALIGN = 64
+ENTRY = "main"
+
+
+@dataclass
+class LoweredModule:
+    module: LoopModule
+    inputs: list[Value]
+    outputs: list[Value]
+    weights: np.ndarray                    # uint8 blob, every constant at its offset
+    workspace_bytes: int
+    arena: ArenaPlan
+    call_nodes: list[str] = field(default_factory=list)  # call k -> "op node 'name'"
+
+
+def missing_lowerings(graph: Graph) -> list[tuple[str, str, str]]:
+    """(domain, op, node name) for every node the cpu target cannot compile natively."""
+    return [(n.domain, n.op, n.name) for _, n in graph.walk()
+            if not lowerable(n) or list(n.subgraphs())]
+
+
+def check_lowerable(graph: Graph) -> None:
+    missing = missing_lowerings(graph)
+    if missing:
+        lines = "\n".join(f"  {(d + '::') if d else ''}{op} at node {name!r}" for d, op, name in missing)
+        ops = sorted({op for _, op, _ in missing})
+        raise KilnError(f"{len(missing)} node(s) have no native lowering yet (ops: {', '.join(ops)}); "
+                        f"target 'cpu' compiles every node natively and does not fall back:\n{lines}",
+                        stage="lower")
+
+
+def _nbytes(t: TensorType) -> int:
+    return int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> LoweredModule:
+    """Lower a graph whose values all have static tensor types (see kiln.compiler)."""
+    check_lowerable(graph)
+    known = known or {}
+    for v in graph.inputs + graph.outputs:
+        if not isinstance(v.type, TensorType) or not v.type.is_static:
+            raise KilnError(f"graph value %{v.name} has type {v.type}; native code needs static tensor "
+                            "shapes (bind symbolic dims first)", stage="lower")
+    funcs: list[PrimFunc] = []
+    steps: list[tuple[str, list[Value | Buffer], str]] = []  # (func, per-param value or scratch, node)
+    for k, node in enumerate(graph.nodes):
+        values = [None if v is None else (v.const if v.const is not None else known.get(v.id))
+                  for v in node.inputs]
+        name = f"k{k}_{node.op}"
+        f = lower_node(node, graph.opset(node.domain), values, name)
+        funcs.append(f)
+        present = [v for v in node.inputs if v is not None]
+        outs = [v if v is not None else Buffer(f"scratch{k}_{j}", p.dtype, tuple(p.shape))
+                for j, (v, p) in enumerate(zip(node.outputs, f.params[len(present):]))]
+        steps.append((name, present + outs, f"{node.op} node {node.name!r}"))
+    # graph outputs not written by a kernel (inputs, constants, repeats) get a copy kernel
+    written: set[int] = set()
+    out_params = []
+    for i, v in enumerate(graph.outputs):
+        p = Buffer(f"out_{i}", v.type.dtype, tuple(v.type.shape))
+        out_params.append(p)
+        producer_writes = any(v is o for n in graph.nodes for o in n.outputs)
+        if not producer_writes or v.id in written:
+            name = f"copy_out{i}"
+            funcs.append(_copy_kernel(name, v.type))
+            steps.append((name, [v, p], f"copy to output {v.name!r}"))
+        written.add(v.id)
+
+    in_params = {v.id: Buffer(f"in_{i}", v.type.dtype, tuple(v.type.shape)) for i, v in enumerate(graph.inputs)}
+    out_of = {}
+    for i, v in enumerate(graph.outputs):
+        out_of.setdefault(v.id, out_params[i])
+
+    # weights blob
+    offsets, blob = {}, bytearray()
+    for _, args, _ in steps:
+        for a in args:
+            if isinstance(a, Value) and a.const is not None and a.id not in offsets:
+                if a.type.dtype.c is None:
+                    raise KilnError(f"constant %{a.name} has dtype {a.type.dtype}, which the C backend "
+                                    "cannot handle", stage="lower")
+                offsets[a.id] = len(blob)
+                blob += np.ascontiguousarray(a.const).tobytes()
+                blob += b"\0" * (_align(len(blob)) - len(blob))
+    weights = np.frombuffer(bytes(blob) or b"\0" * ALIGN, dtype=np.uint8).copy()
+
+    # arena: every intermediate value and scratch output, by liveness over steps;
+    # inputs, constants and values written straight into output params need none
+    outs = set(out_params)
+    first: dict = {}
+    last: dict = {}
+    size: dict = {}
+    for k, (_, args, _) in enumerate(steps):
+        for a in args:
+            if isinstance(a, Value):
+                if a.const is not None or a.id in in_params or a.id in out_of:
+                    continue
+                key, nbytes = a.id, _nbytes(a.type)
+            elif a in outs:
+                continue
+            else:
+                key, nbytes = id(a), a.nbytes
+            first.setdefault(key, k)
+            last[key] = k
+            size[key] = nbytes
+    arena_keys = list(first)
+    plan = plan_arena([Lifetime(k, size[k], first[k], last[k]) for k in arena_keys], ALIGN)
+    wbuf = Buffer("weights", DType.uint8, (max(len(weights), 1),))
+    abuf = Buffer("workspace", DType.uint8, (max(plan.total, ALIGN),))
+
+    def arg(a):
+        if not isinstance(a, Value) and a in outs:
+            return a
+        if isinstance(a, Value):
+            if a.id in in_params:
+                return in_params[a.id]
+            if a.const is not None:
+                return View(wbuf, offsets[a.id])
+            if a.id in out_of:
+                return out_of[a.id]
+            return View(abuf, plan.offsets[a.id])
+        return View(abuf, plan.offsets[id(a)])
+
+    calls = [Call(name, tuple(arg(a) for a in args)) for name, args, _ in steps]
+    params = tuple(in_params[v.id] for v in graph.inputs) + tuple(out_params) + (wbuf, abuf)
+    entry = PrimFunc(ENTRY, params, seq(*calls), noalias=False)
+    module = LoopModule(funcs + [entry], entry=ENTRY)
+    return LoweredModule(module, list(graph.inputs), list(graph.outputs), weights,
+                         int(abuf.shape[0]), plan, [d for _, _, d in steps])
+
+
+def _copy_kernel(name: str, t: TensorType) -> PrimFunc:
+    src = placeholder(t.shape, t.dtype, "src")
+    dst = compute(t.shape, lambda *i: src[i], "dst") if t.shape else compute((), lambda: src[()], "dst")
+    sch = Schedule(dst)
+    default_schedule(sch, [dst])
+    return lower(sch, [src, dst], name)

@@ -1,0 +1,58 @@
+"""Specialise a graph to concrete input shapes (and, where shapes need them, input values).
+
+kiln compiles kernels for concrete shapes. A graph with symbolic dims is cloned
+and re-inferred with the shapes of the first call (specialise-and-cache, like
+torch.compile). When some shape still depends on an input's *data* (a Reshape
+whose target shape is a graph input, a Slice with runtime starts), small integer
+inputs are specialised to their values too; the cache key then includes them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.graph.ir import Graph, Value
+from kiln.graph.types import TensorType
+from kiln.ops.infer import Inferencer
+
+VALUE_INPUT_MAX_ELEMENTS = 64
+
+
+def specialize(graph: Graph, shapes: list[tuple[int, ...]],
+               values: dict[int, np.ndarray]) -> tuple[Graph, dict[int, np.ndarray]]:
+    """A clone of `graph` with input i of shape `shapes[i]` (value `values[i]` if given),
+    every type re-inferred; returns it with the compile-time known values."""
+    g = graph.clone()
+    for v, shape in zip(g.inputs, shapes):
+        if isinstance(v.type, TensorType):
+            v.type = TensorType(v.type.dtype, tuple(int(d) for d in shape))
+    inf = Inferencer(g.opsets)
+    for i, x in values.items():
+        inf.known[g.inputs[i].id] = x
+    inf.infer_graph(g)
+    return g, inf.known
+
+
+def dynamic_values(graph: Graph) -> list[Value]:
+    """Values (node outputs and graph outputs) whose type is not a static tensor."""
+    out = [v for _, n in graph.walk() for v in n.outputs
+           if v is not None and not (isinstance(v.type, TensorType) and v.type.is_static)]
+    return out + [v for v in graph.outputs if v not in out and not (
+        isinstance(v.type, TensorType) and v.type.is_static)]
+
+
+def value_inputs(inputs: list) -> tuple[int, ...]:
+    """Indices of inputs small and integral enough to specialise on their values."""
+    return tuple(i for i, x in enumerate(inputs)
+                 if isinstance(x, np.ndarray) and x.dtype.kind in "iub"
+                 and x.size <= VALUE_INPUT_MAX_ELEMENTS)
+
+
+def require_static(graph: Graph) -> None:
+    dyn = dynamic_values(graph)
+    if dyn:
+        names = ", ".join(f"%{v.name}: {v.type}" for v in dyn[:8])
+        raise KilnError(f"{len(dyn)} value(s) have shapes that depend on data at run time "
+                        f"({names}{', ...' if len(dyn) > 8 else ''}); native code needs them "
+                        "known when the model is specialised", stage="specialize")

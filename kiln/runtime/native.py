@@ -1,0 +1,54 @@
+"""Running a native module: one foreign call per inference over a preplanned arena.
+
+Needs numpy and ctypes only (no compiler module): a saved artifact runs with this.
+The weights blob is bound once at load; the workspace arena is allocated once and
+reused by every call (calls on one model are therefore serialised by a lock).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+
+
+class NativeModule:
+    """A loaded shared library whose entry takes (inputs.., outputs.., weights, workspace)."""
+
+    def __init__(self, library_path: str, entry_symbol: str, output_types: list[tuple[tuple, str]],
+                 weights: np.ndarray, workspace_bytes: int, call_nodes: list[str]):
+        self.library_path = library_path
+        self.lib = ctypes.CDLL(str(library_path))
+        self.entry = getattr(self.lib, entry_symbol)
+        self.entry.restype = ctypes.c_int32
+        self.output_types = [(tuple(s), DType.from_name(d).np) for s, d in output_types]
+        self.weights = np.ascontiguousarray(weights, dtype=np.uint8)
+        self.workspace = np.zeros(max(int(workspace_bytes), 64) + 64, dtype=np.uint8)
+        # 64-byte aligned view of the arena, so kernels may use aligned vector loads
+        off = (-self.workspace.ctypes.data) % 64
+        self._ws_ptr = self.workspace.ctypes.data + off
+        self.call_nodes = call_nodes
+        self._lock = threading.Lock()
+
+    def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        ins = [np.ascontiguousarray(x) for x in inputs]
+        outs = [np.empty(shape, dtype=dt) for shape, dt in self.output_types]
+        ptrs = [ctypes.c_void_p(a.ctypes.data) for a in ins + outs]
+        ptrs += [ctypes.c_void_p(self.weights.ctypes.data), ctypes.c_void_p(self._ws_ptr)]
+        with self._lock:
+            rc = self.entry(*ptrs)
+        if rc != 0:
+            raise KilnError(self._failure(rc), stage="run")
+        return outs
+
+    def _failure(self, rc: int) -> str:
+        if rc == -1:
+            return "native code could not allocate memory"
+        k = -rc - 2
+        what = self.call_nodes[k] if 0 <= k < len(self.call_nodes) else f"call {k}"
+        return (f"native kernel for {what} failed (status {rc}): an index or size read from the "
+                "inputs is out of range")
