@@ -22,7 +22,7 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.codegen.c import emit_c, func_symbol
 from kiln.codegen.cpu import cpu_features
-from kiln.loops.stmt import LoopModule, PrimFunc
+from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
 _REQUIRED = ["-shared", "-fPIC", "-std=gnu11"]
@@ -106,8 +106,10 @@ class Kernel:
                 raise KilnError(f"kernel {self.func.name!r} argument {p.name!r}: expected a C-contiguous "
                                 f"{p.dtype}{list(p.shape)} array, got {got}")
             ptrs.append(a.ctypes.data)
-        if self.cfunc(*ptrs) != 0:
-            raise KilnError(f"kernel {self.func.name!r} failed (out of memory)")
+        rc = self.cfunc(*ptrs)
+        if rc != 0:
+            why = "out of memory" if rc == -1 else "bad input data, e.g. an index out of range"
+            raise KilnError(f"kernel {self.func.name!r} failed (status {rc}: {why})")
 
 
 class CModule:
@@ -134,7 +136,7 @@ class CModule:
 
 def build_c(module: LoopModule | PrimFunc, cc: str | None = None, cflags=None) -> CModule:
     """Emit, compile (cached) and load a module; flags default to $KILN_CFLAGS or -O3 -march=native -fopenmp."""
-    if isinstance(module, PrimFunc):
+    if isinstance(module, (PrimFunc, ExternFunc)):
         module = LoopModule([module])
     source = emit_c(module)
     return CModule(module, source, compile_c(source, cc, cflags))

@@ -160,6 +160,7 @@ class ExternFunc:
     name: str
     params: tuple
     c_body: str
+    dynamic: bool = False  # last param receives the outputs' actual dims (see LowerCtx.extern)
 
     def __str__(self):
         ps = ", ".join(f"{p.dtype} {p.name}{list(p.shape)}" for p in self.params)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Node
 from kiln.graph.types import TensorType, Type
@@ -22,10 +23,10 @@ def lowerable(node: Node) -> bool:
     return d is not None and d.lower is not None
 
 
-def _tensor_type(t: Type | None, what: str, node: Node) -> TensorType:
-    if not isinstance(t, TensorType) or not t.is_static:
-        raise KilnError(f"{what} must be a tensor of static shape for native code, got {t}",
-                        node=node.name, op=node.op, stage="lower")
+def _tensor_type(t: Type | None, what: str, node: Node, static: bool = True) -> TensorType:
+    if not isinstance(t, TensorType) or (static and not t.is_static) or t.shape is None:
+        raise KilnError(f"{what} must be a tensor of {'static shape' if static else 'known rank'} "
+                        f"for native code, got {t}", node=node.name, op=node.op, stage="lower")
     return t
 
 
@@ -36,7 +37,7 @@ def lower_node(node: Node, opset: int, values: list, name: str) -> PrimFunc:
         raise KilnError("no native lowering for this op", node=node.name, op=node.op, stage="lower")
     in_types = [None if v is None else _tensor_type(v.type, f"input %{v.name}", node)
                 for v in node.inputs]
-    out_types = [None if v is None else _tensor_type(v.type, f"output %{v.name}", node)
+    out_types = [None if v is None else _tensor_type(v.type, f"output %{v.name}", node, static=False)
                  for v in node.outputs]
     params = [None if t is None else placeholder(t.shape, t.dtype, f"in{i}")
               for i, t in enumerate(in_types)]
@@ -50,6 +51,9 @@ def lower_node(node: Node, opset: int, values: list, name: str) -> PrimFunc:
                         stage="lower") from e
     if isinstance(res, ExternKernel):
         return res.func(name, node, out_types)
+    if ctx.dynamic():
+        ctx.fail("outputs have data-dependent sizes; the lowering must return "
+                 "ctx.extern(..., dynamic=True)", stage="lower")
     outs = list(res) if isinstance(res, (list, tuple)) else [res]
     if len(outs) < len(node.outputs):
         ctx.fail(f"lowering returned {len(outs)} tensors for {len(node.outputs)} outputs", stage="lower")
@@ -70,15 +74,23 @@ class ExternKernel:
     c_body: str
     inputs: list
     outputs: list
+    dynamic: bool = False
 
     def func(self, name: str, node: Node, out_types) -> ExternFunc:
         outs = [Buffer(f"out{k}", dt, tuple(shape)) for k, (shape, dt) in enumerate(self.outputs)]
         for k, (b, want) in enumerate(zip(outs, out_types)):
-            if want is not None and (b.dtype != want.dtype or b.shape != tuple(want.shape)):
+            if want is None:
+                continue
+            ok = b.dtype == want.dtype and (
+                len(b.shape) == len(want.shape) if self.dynamic else b.shape == tuple(want.shape))
+            if not ok:
                 raise KilnError(f"extern kernel output {k} is {b.dtype}{list(b.shape)}, inference says "
                                 f"{want}", node=node.name, op=node.op, stage="lower")
+        if self.dynamic:
+            rank = sum(len(b.shape) for b in outs)
+            outs.append(Buffer(f"out{len(outs)}", DType.int64, (max(rank, 1),)))
         ins = [Buffer(f"in{k}", p.dtype, tuple(p.shape)) for k, p in enumerate(self.inputs)]
-        return ExternFunc(name, tuple(ins + outs), self.c_body)
+        return ExternFunc(name, tuple(ins + outs), self.c_body, self.dynamic)
 
 
 def _own(t: Tensor, name: str, params: list) -> Tensor:

@@ -24,5 +24,6 @@ from kiln.ops import (  # noqa: F401
     detection,
     ml,
     training,
+    data_dependent,
 )
 from kiln.ops.registry import REGISTRY, OpDef, lookup  # noqa: F401

@@ -216,27 +216,29 @@ class LowerCtx(_Ctx):
         """Use `fn(sch: loops.Schedule, outputs: list[Tensor])` instead of the default schedule."""
         self.schedule_fn = fn
 
-    def extern(self, c_body: str, inputs: list, outputs: list[tuple[tuple, DType]]):
+    def extern(self, c_body: str, inputs: list, outputs: list[tuple[tuple, DType]],
+               dynamic: bool = False):
         """A hand-written C kernel for ops that are unnatural as computes (TopK, NMS, ...).
 
         `c_body` is the body of `int32_t f(const T* in0, ..., T* out0, ...)`: it reads
         the present inputs as `in0, in1, ...` (in node input order, absent ones skipped),
         writes `out0, out1, ...` (flat row-major arrays of the given shapes/dtypes), and
-        ends with `return 0;`. Shapes are known: bake them in as constants. Return the
-        result of this call from the lowering.
+        ends with `return 0;` (non-zero: bad input data, e.g. an index out of range).
+        Shapes are known: bake them in as constants. Return the result of this call
+        from the lowering.
+
+        `dynamic=True` is for outputs whose size depends on data (NonZero, Unique):
+        `outputs` then give capacities (upper-bound shapes); the kernel gets one more
+        parameter `out<n>` (int64, n = number of outputs) where it writes each output's
+        actual dims, concatenated, and writes each output compactly (row-major in its
+        actual shape) at the start of its buffer. The runtime sizes the outputs from that.
         """
         from kiln.lower.kernel import ExternKernel
-        return ExternKernel(c_body, [p for p in inputs if p is not None], list(outputs))
+        return ExternKernel(c_body, [p for p in inputs if p is not None], list(outputs), dynamic)
 
-    def value(self, i: int) -> np.ndarray | None:
-        """The input's data when known at compile time (weights, shape tensors), else None."""
-        return self.values[i] if self.has_input(i) else None
-
-    def out_shape(self, i: int = 0) -> tuple[int, ...]:
-        return tuple(self.output_types[i].shape)
-
-    def out_dtype(self, i: int = 0) -> DType:
-        return self.output_types[i].dtype
+    def dynamic(self) -> bool:
+        """Whether some output's shape is only known at run time (see `extern(dynamic=True)`)."""
+        return any(t is not None and not t.is_static for t in self.output_types)
 
 
 # ---- common inference helpers used by many families ----

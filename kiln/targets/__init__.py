@@ -1,0 +1,1 @@
+"""Targets: what `kiln.compile(..., target=...)` returns a model for."""
