@@ -27,6 +27,7 @@ class NativeModule:
         self.entry.restype = ctypes.c_int32
         self.output_types = [(tuple(s), DType.from_name(d).np) for s, d in output_types]
         self.weights = np.ascontiguousarray(weights, dtype=np.uint8)
+        self.workspace_bytes = int(workspace_bytes)  # what the entry needs (an artifact's header says it)
         self.workspace = np.zeros(max(int(workspace_bytes), 64) + 64, dtype=np.uint8)
         # 64-byte aligned view of the arena, so kernels may use aligned vector loads
         off = (-self.workspace.ctypes.data) % 64
