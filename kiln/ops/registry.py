@@ -236,6 +236,16 @@ class LowerCtx(_Ctx):
         from kiln.lower.kernel import ExternKernel
         return ExternKernel(c_body, [p for p in inputs if p is not None], list(outputs), dynamic)
 
+    def value(self, i: int) -> np.ndarray | None:
+        """The input's data when known at compile time (weights, shape tensors), else None."""
+        return self.values[i] if self.has_input(i) else None
+
+    def out_shape(self, i: int = 0) -> tuple[int, ...]:
+        return tuple(self.output_types[i].shape)
+
+    def out_dtype(self, i: int = 0) -> DType:
+        return self.output_types[i].dtype
+
     def dynamic(self) -> bool:
         """Whether some output's shape is only known at run time (see `extern(dynamic=True)`)."""
         return any(t is not None and not t.is_static for t in self.output_types)
