@@ -1,16 +1,20 @@
-"""One graph node → one native kernel (a PrimFunc), through its op's lowering.
+"""Graph nodes → one native kernel (a PrimFunc, or a hand-written ExternFunc).
 
-The kernel's parameters are the node's present inputs, then its outputs, in
-order; absent optional inputs are passed to the lowering as None.
+A kernel is a fused group of nodes (one node, or an elementwise/injective chain
+chosen by kiln.passes.fusion): each node's lowering is called in order, reading
+the group's inputs as placeholders `in0, in1, ...` and earlier members' outputs
+as the compute Tensors those returned. Intermediate injective stages are inlined,
+so the chain becomes one loop nest. Parameters: the group's inputs (first-use
+order), then its outputs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
-from kiln.graph.ir import Node
+from kiln.graph.ir import Node, Value
 from kiln.graph.types import TensorType, Type
 from kiln.loops import Buffer, PrimFunc, Schedule, Tensor, compute, lower, placeholder
 from kiln.loops.stmt import ExternFunc
@@ -23,6 +27,18 @@ def lowerable(node: Node) -> bool:
     return d is not None and d.lower is not None
 
 
+class Unfusable(KilnError):
+    """A group member that can only be a kernel of its own (an extern C kernel)."""
+
+
+@dataclass
+class Kernel:
+    func: PrimFunc | ExternFunc
+    inputs: list[Value]            # one per leading param
+    outputs: list[Value | None]    # one per remaining param (None: an unused output, scratch)
+    nodes: list[Node] = field(default_factory=list)
+
+
 def _tensor_type(t: Type | None, what: str, node: Node, static: bool = True) -> TensorType:
     if not isinstance(t, TensorType) or (static and not t.is_static) or t.shape is None:
         raise KilnError(f"{what} must be a tensor of {'static shape' if static else 'known rank'} "
@@ -30,42 +46,87 @@ def _tensor_type(t: Type | None, what: str, node: Node, static: bool = True) -> 
     return t
 
 
-def lower_node(node: Node, opset: int, values: list, name: str) -> PrimFunc:
-    """Lower `node` (whose value types are concrete) to a scheduled PrimFunc named `name`."""
-    d = lookup(node.domain, node.op)
-    if d is None or d.lower is None:
-        raise KilnError("no native lowering for this op", node=node.name, op=node.op, stage="lower")
-    in_types = [None if v is None else _tensor_type(v.type, f"input %{v.name}", node)
-                for v in node.inputs]
-    out_types = [None if v is None else _tensor_type(v.type, f"output %{v.name}", node, static=False)
-                 for v in node.outputs]
-    params = [None if t is None else placeholder(t.shape, t.dtype, f"in{i}")
-              for i, t in enumerate(in_types)]
-    ctx = LowerCtx(node, opset, in_types, out_types, values)
-    try:
-        res = d.lower(ctx, *params)
-    except KilnError:
-        raise
-    except Exception as e:
-        raise KilnError(f"lowering failed: {type(e).__name__}: {e}", node=node.name, op=node.op,
-                        stage="lower") from e
-    if isinstance(res, ExternKernel):
-        return res.func(name, node, out_types)
-    if ctx.dynamic():
-        ctx.fail("outputs have data-dependent sizes; the lowering must return "
-                 "ctx.extern(..., dynamic=True)", stage="lower")
-    outs = list(res) if isinstance(res, (list, tuple)) else [res]
-    if len(outs) < len(node.outputs):
-        ctx.fail(f"lowering returned {len(outs)} tensors for {len(node.outputs)} outputs", stage="lower")
-    outs = outs[:len(node.outputs)]
-    for k, (t, want) in enumerate(zip(outs, out_types)):
-        if want is not None and (t.dtype != want.dtype or tuple(t.shape) != tuple(want.shape)):
-            ctx.fail(f"lowering of output {k} gives {t.dtype}{list(t.shape)}, inference says {want}",
-                     stage="lower")
-    outs = [_own(t, f"out{k}", params) for k, t in enumerate(outs)]
-    sch = Schedule(outs)
-    (ctx.schedule_fn or default_schedule)(sch, outs)
-    return lower(sch, [p for p in params if p is not None] + outs, name)
+def lower_node(node: Node, opset: int, values: list, name: str) -> PrimFunc | ExternFunc:
+    """One node as one kernel; params are its present inputs, then all its outputs."""
+    k = lower_group([node], {id(node): opset}, {id(node): values}, lambda v: True, name)
+    return k.func
+
+
+def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, list],
+                needed_outside, name: str) -> Kernel:
+    """Lower `nodes` (types concrete) into one kernel named `name`.
+
+    `opsets`/`values` are keyed by id(node) (values: per input, compile-time data or None);
+    `needed_outside(value)` says whether a value produced here is read after the kernel.
+    """
+    tensors: dict[int, Tensor] = {}
+    group_inputs: list[Value] = []
+    produced: list[tuple[Value | None, Tensor]] = []
+    schedule_fn = None
+    for node in nodes:
+        d = lookup(node.domain, node.op)
+        if d is None or d.lower is None:
+            raise KilnError("no native lowering for this op", node=node.name, op=node.op, stage="lower")
+        in_types = [None if v is None else _tensor_type(v.type, f"input %{v.name}", node)
+                    for v in node.inputs]
+        out_types = [None if v is None else _tensor_type(v.type, f"output %{v.name}", node, static=False)
+                     for v in node.outputs]
+        args = []
+        for v, t in zip(node.inputs, in_types):
+            if v is None:
+                args.append(None)
+            elif v.id in tensors:
+                args.append(tensors[v.id])
+            else:
+                if all(x.id != v.id for x in group_inputs):
+                    group_inputs.append(v)
+                    tensors[v.id] = placeholder(t.shape, t.dtype, f"in{len(group_inputs) - 1}")
+                args.append(tensors[v.id])
+        ctx = LowerCtx(node, opsets[id(node)], in_types, out_types, values[id(node)])
+        try:
+            res = d.lower(ctx, *args)
+        except KilnError:
+            raise
+        except Exception as e:
+            raise KilnError(f"lowering failed: {type(e).__name__}: {e}", node=node.name, op=node.op,
+                            stage="lower") from e
+        if isinstance(res, ExternKernel):
+            if len(nodes) > 1:
+                raise Unfusable("lowers to a hand-written kernel", node=node.name, op=node.op)
+            return Kernel(res.func(name, node, out_types, [a for a in args if a is not None]),
+                          [v for v in node.inputs if v is not None], list(node.outputs), [node])
+        if ctx.dynamic():
+            ctx.fail("outputs have data-dependent sizes; the lowering must return "
+                     "ctx.extern(..., dynamic=True)", stage="lower")
+        outs = list(res) if isinstance(res, (list, tuple)) else [res]
+        if len(outs) < len(node.outputs):
+            ctx.fail(f"lowering returned {len(outs)} tensors for {len(node.outputs)} outputs", stage="lower")
+        for j, (v, t, want) in enumerate(zip(node.outputs, outs, out_types)):
+            if want is not None and (t.dtype != want.dtype or tuple(t.shape) != tuple(want.shape)):
+                ctx.fail(f"lowering of output {j} gives {t.dtype}{list(t.shape)}, inference says {want}",
+                         stage="lower")
+            if v is not None:
+                tensors[v.id] = t
+            produced.append((v, t))
+        if node is nodes[-1]:
+            schedule_fn = ctx.schedule_fn
+    last = nodes[-1]
+    outputs = produced if len(nodes) == 1 else [
+        (v, t) for v, t in produced
+        if v is not None and (any(v is o for o in last.outputs) or needed_outside(v))]
+    out_tensors = []
+    for k, (v, t) in enumerate(outputs):
+        if t.op is None or t in out_tensors:   # an input passed through, or a repeated output
+            t = compute(t.shape, lambda *i, t=t: t[i], f"out{k}")
+        out_tensors.append(t)
+    sch = Schedule(out_tensors)
+    for st in sch.stages:
+        if len(nodes) > 1 and st.tensor not in out_tensors and not st.reduce_axis \
+                and any(st.tensor is t for _, t in produced):
+            st.compute_inline()  # a member's result read by the next member: one loop nest
+    (schedule_fn if schedule_fn is not None and len(nodes) == 1 else default_schedule)(sch, out_tensors)
+    params = [tensors[v.id] for v in group_inputs] + out_tensors
+    return Kernel(lower(sch, params, name), group_inputs, [v for v, _ in outputs], list(nodes))
 
 
 @dataclass
@@ -76,8 +137,11 @@ class ExternKernel:
     outputs: list
     dynamic: bool = False
 
-    def func(self, name: str, node: Node, out_types) -> ExternFunc:
+    def func(self, name: str, node: Node, out_types, params: list) -> ExternFunc:
         outs = [Buffer(f"out{k}", dt, tuple(shape)) for k, (shape, dt) in enumerate(self.outputs)]
+        if len(outs) != len(node.outputs):
+            raise KilnError(f"extern kernel has {len(outs)} outputs, the node {len(node.outputs)}",
+                            node=node.name, op=node.op, stage="lower")
         for k, (b, want) in enumerate(zip(outs, out_types)):
             if want is None:
                 continue
@@ -89,12 +153,6 @@ class ExternKernel:
         if self.dynamic:
             rank = sum(len(b.shape) for b in outs)
             outs.append(Buffer(f"out{len(outs)}", DType.int64, (max(rank, 1),)))
-        ins = [Buffer(f"in{k}", p.dtype, tuple(p.shape)) for k, p in enumerate(self.inputs)]
+        # params: every present node input in node order, whatever subset the C body reads
+        ins = [Buffer(f"in{k}", p.dtype, tuple(p.shape)) for k, p in enumerate(params)]
         return ExternFunc(name, tuple(ins + outs), self.c_body, self.dynamic)
-
-
-def _own(t: Tensor, name: str, params: list) -> Tensor:
-    """An output that is an input (Identity-like) or shared with another output gets its own copy."""
-    if t.op is None:
-        return compute(t.shape, lambda *i: t[i], name)
-    return t

@@ -22,7 +22,8 @@ from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
 from kiln.loops import Buffer, Call, LoopModule, PrimFunc, compute, lower, placeholder, seq
 from kiln.loops import Schedule, View
-from kiln.lower.kernel import lower_node, lowerable
+from kiln.lower.kernel import Unfusable, lower_group, lowerable
+from kiln.passes.fusion import FusionPlan, partition
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
 
@@ -39,6 +40,7 @@ class LoweredModule:
     workspace_bytes: int
     arena: ArenaPlan
     call_nodes: list[str] = field(default_factory=list)  # call k -> "op node 'name'"
+    fusion: FusionPlan | None = None
 
 
 def missing_lowerings(graph: Graph) -> list[tuple[str, str, str]]:
@@ -73,18 +75,24 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
         if not isinstance(v.type, TensorType) or not v.type.is_static:
             raise KilnError(f"graph value %{v.name} has type {v.type}; native code needs static tensor "
                             "shapes (bind symbolic dims first)", stage="lower")
-    funcs: list[PrimFunc] = []
-    steps: list[tuple[str, list[Value | Buffer], str]] = []  # (func, per-param value or scratch, node)
-    for k, node in enumerate(graph.nodes):
-        values = [None if v is None else (v.const if v.const is not None else known.get(v.id))
-                  for v in node.inputs]
-        name = f"k{k}_{node.op}"
-        f = lower_node(node, graph.opset(node.domain), values, name)
-        funcs.append(f)
-        present = [v for v in node.inputs if v is not None]
-        outs = [v if v is not None else Buffer(f"scratch{k}_{j}", p.dtype, tuple(p.shape))
-                for j, (v, p) in enumerate(zip(node.outputs, f.params[len(present):]))]
-        steps.append((name, present + outs, f"{node.op} node {node.name!r}"))
+    funcs: list = []
+    steps: list[tuple[str, list[Value | Buffer], str]] = []  # (func, per-param value or scratch, what)
+    fusion = partition(graph, fuse_anchors=False)
+    consumers = graph.consumers()
+    outputs_ids = {v.id for v in graph.outputs}
+    for group in fusion.groups:
+        inside = {id(n) for n in group.nodes}
+
+        def needed_outside(v, inside=inside):
+            return v.id in outputs_ids or any(id(c) not in inside for c in consumers.get(v.id, []))
+
+        for kernel in _lower_group_or_split(graph, group.nodes, known, needed_outside, len(funcs)):
+            funcs.append(kernel.func)
+            n_in = len(kernel.inputs)
+            outs = [v if v is not None else Buffer(f"scratch{len(funcs)}_{j}", p.dtype, tuple(p.shape))
+                    for j, (v, p) in enumerate(zip(kernel.outputs, kernel.func.params[n_in:]))]
+            what = " + ".join(f"{n.op} node {n.name!r}" for n in kernel.nodes)
+            steps.append((kernel.func.name, list(kernel.inputs) + outs, what))
     # graph outputs not written by a kernel (inputs, constants, repeats) get a copy kernel
     written: set[int] = set()
     out_params = []
@@ -158,7 +166,20 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     entry = PrimFunc(ENTRY, params, seq(*calls), noalias=False)
     module = LoopModule(funcs + [entry], entry=ENTRY)
     return LoweredModule(module, list(graph.inputs), list(graph.outputs), weights,
-                         int(abuf.shape[0]), plan, [d for _, _, d in steps])
+                         int(abuf.shape[0]), plan, [d for _, _, d in steps], fusion)
+
+
+def _lower_group_or_split(graph: Graph, nodes: list[Node], known, needed_outside, start: int):
+    """Lower a fusion group as one kernel; if a member can only stand alone, one kernel per node."""
+    def one(ns, k):
+        values = {id(n): [None if v is None else (v.const if v.const is not None else known.get(v.id))
+                          for v in n.inputs] for n in ns}
+        opsets = {id(n): graph.opset(n.domain) for n in ns}
+        return lower_group(ns, opsets, values, needed_outside, f"k{k}_{ns[-1].op}")
+    try:
+        return [one(nodes, start)]
+    except Unfusable:
+        return [one([n], start + i) for i, n in enumerate(nodes)]
 
 
 def _copy_kernel(name: str, t: TensorType) -> PrimFunc:

@@ -1,0 +1,216 @@
+"""A reusable GEMM builder: out[..., M, N] = epilogue(sum_k A[..., M, K] * B[..., K, N]).
+
+MatMul, Gemm, MatMulInteger, and later Conv (im2col) and attention are all this
+one computation with different operand views and epilogues, so they share one
+compute definition and one schedule that is fast on CPUs. `gemm(a, b)` returns a
+`Gemm`: the output compute (`.out`) and `.schedule(sch)`, which schedules the
+stages it made (and inlines injective computes feeding A and B).
+
+The micro-kernel computes an mr x nr tile of the product: each k step loads nr / lanes
+vectors from the "vector" operand V, broadcasts mr scalars of the "scalar" operand S
+and does mr * nr / lanes FMAs into accumulators that the C compiler keeps in
+registers. Normally S = A (rows i) and V = B (columns j); when B is given transposed
+(B^T[N, K], how nn.Linear weights arrive) and M is the smaller side, the roles swap
+(S = B^T, V = A^T, the tile is written out transposed) so the big weight is read in
+place, row by row, and only the small activation is repacked.
+
+The schedule, in kiln's schedule language:
+
+- V is packed into panels `Vp[.., c_outer, k, c_inner]` of nr columns, so the
+  micro-kernel reads it contiguously: with V's own row stride every k step would
+  touch a new page (TLB misses, 4K cache-set aliasing);
+- the accumulator `acc` is computed at the output's tile loop into an mr x nr local
+  array, loops k, r (unrolled), c (vectorized);
+- `acc` is padded to multiples of mr and nr and reads clamped indices, so the hot
+  loop has no guards; only the copy-out (which applies the epilogue) checks edges;
+- all tile loops (batch, panels, blocks) are fused into one parallel loop, the loop
+  over the bigger operand's tiles outermost so that it streams from memory once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from kiln.codegen.cpu import cpu_features, vector_lanes
+from kiln.dtypes import DType
+from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
+from kiln.lower.schedules import PARALLEL_MIN_WORK
+
+
+def vector_registers(features: frozenset | None = None) -> int:
+    """Architectural vector registers: 32 with AVX-512 (or on AArch64), else 16."""
+    f = cpu_features() if features is None else features
+    return 32 if "avx512f" in f or "asimd" in f or "neon" in f else 16
+
+
+def accumulator_dtype(dt: DType) -> DType:
+    """Half floats accumulate in float32 (as the reference's wide sum rounds once)."""
+    return DType.float32 if dt in (DType.float16, DType.bfloat16) else dt
+
+
+def choose_tile(rows: int, cols: int, dtype: DType) -> tuple[int, int]:
+    """(mr, nr) for a rows x cols product: nr = two vectors (one when cols is narrow),
+    mr = as many rows as the registers hold, lowered where that pads fewer rows."""
+    lanes = vector_lanes(dtype.itemsize)
+    nvec = 1 if cols <= lanes else 2
+    nr = min(lanes * nvec, cols)
+    budget = max(1, (vector_registers() - 4) // nvec)   # B vectors, a broadcast and slack
+    if rows <= budget:
+        return rows, nr
+    cost = {mr: -(-rows // mr) * (mr + 1) for mr in range(max(1, budget // 2), budget + 1)}
+    return min(cost, key=lambda mr: (cost[mr], -mr)), nr
+
+
+@dataclass
+class Gemm:
+    """The output compute of a GEMM, the stages its schedule manages, and its knobs."""
+    out: Tensor
+    acc: Tensor                 # padded accumulator [*batch, Rp, Cp] (rows = S side)
+    packed: Tensor | None       # packed V panels
+    operands: tuple
+    mr: int
+    nr: int
+    swapped: bool               # S = B^T, V = A^T
+    squeeze: tuple
+    work: int                   # multiply-adds, for the serial/parallel decision
+    s_outer: bool               # loop over S blocks outside V panels
+
+    def schedule(self, sch: Schedule) -> None:
+        """Schedule out, acc and the packed panels (see the module docstring); inline
+        the injective computes that produce A and B."""
+        _inline_producers(sch, self.operands)
+        so = sch[self.out]
+        axes = list(so.axis)
+        j = None if "n" in self.squeeze else axes.pop()
+        i = None if "m" in self.squeeze else axes.pop()
+        mi, nj = (self.nr, self.mr) if self.swapped else (self.mr, self.nr)
+        io, ii = so.split(i, mi) if i is not None else (None, None)
+        jo, ji = so.split(j, nj) if j is not None else (None, None)
+        s_o, v_o = (jo, io) if self.swapped else (io, jo)
+        tiles = [v for v in (*axes, *((s_o, v_o) if self.s_outer else (v_o, s_o))) if v is not None]
+        so.reorder(*tiles, *[v for v in (ii, ji) if v is not None])
+        fused = so.fuse(*tiles) if tiles else None
+        if ji is not None and nj > 1:
+            so.vectorize(ji)
+        if fused is not None and self.work >= PARALLEL_MIN_WORK:
+            so.parallel(fused)
+        sa = sch[self.acc]
+        if fused is not None:
+            sa.compute_at(so, fused)
+        *_, r, c = sa.axis
+        sa.reorder(sa.reduce_axis[0], r, c)
+        sa.unroll(r)
+        if self.nr > 1:
+            sa.vectorize(c)
+        if self.packed is not None:
+            sp = sch[self.packed]
+            *pb, pco, pk, pci = sp.axis
+            outer = sp.fuse(*pb, pco)
+            if self.nr > 1:
+                sp.vectorize(pci)
+            if math.prod(self.packed.shape) >= PARALLEL_MIN_WORK:
+                sp.parallel(outer)
+
+
+def _inline_producers(sch: Schedule, tensors) -> None:
+    """Inline non-reduction computes feeding the operands (views, casts, zero points)."""
+    todo = [t for t in tensors if t.op is not None]
+    seen = set()
+    while todo:
+        t = todo.pop()
+        if t in seen or t.op is None or t.reduce_axis or t in sch.outputs:
+            continue
+        seen.add(t)
+        sch[t].compute_inline()
+        todo.extend(t.inputs)
+
+
+def _bcast(idx, shape):
+    """Index a (right-aligned, numpy-broadcast) batch shape with the output's batch index."""
+    idx = idx[len(idx) - len(shape):] if shape else ()
+    return tuple(0 if n == 1 else v for v, n in zip(idx, shape))
+
+
+def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
+         epilogue: Callable | None = None, out_dtype: DType | None = None,
+         acc_dtype: DType | None = None, squeeze: tuple = (), name: str = "gemm",
+         tile: tuple[int, int] | None = None, swap: bool | None = None, pack: bool | None = None) -> Gemm:
+    """GEMM of a [*ba, M, K] and b [*bb, K, N], batch dims broadcast as numpy.matmul.
+
+    trans_a / trans_b: a is stored [*ba, K, M] / b is stored [*bb, N, K] (read in place,
+    never copied; the layout picks the loop structure). epilogue(value, idx) -> Expr
+    maps the accumulated value (acc_dtype) at output index idx = (*batch, i, j) to the
+    stored value (bias, alpha/beta, activations); the result is cast to out_dtype
+    (default: a's dtype). squeeze: "m" and/or "n", size-1 output dims to drop
+    (numpy.matmul's 1-D operands). tile = (mr, nr), swap and pack override the
+    heuristics (a tuner's knobs).
+    """
+    *ba, M, K = a.shape if not trans_a else (*a.shape[:-2], a.shape[-1], a.shape[-2])
+    *bb, K2, N = b.shape if not trans_b else (*b.shape[:-2], b.shape[-1], b.shape[-2])
+    if K != K2:
+        raise ValueError(f"gemm: inner dims differ: {tuple(a.shape)} x {tuple(b.shape)} "
+                         f"(trans_a={trans_a}, trans_b={trans_b})")
+    nb = max(len(ba), len(bb))
+    batch = [max(x, y) for x, y in zip([1] * (nb - len(ba)) + ba, [1] * (nb - len(bb)) + bb)]
+    acc_dtype = acc_dtype or accumulator_dtype(a.dtype)
+    out_dtype = out_dtype or a.dtype
+
+    def a_at(bi, i, k):
+        return a[(*_bcast(bi, ba), *((k, i) if trans_a else (i, k)))]
+
+    def b_at(bi, k, j):
+        return b[(*_bcast(bi, bb), *((j, k) if trans_b else (k, j)))]
+
+    if swap is None:  # S = B^T read in place pays when it is stored k-contiguous and M is the small side
+        swap = trans_b and not trans_a and M < N
+    if swap:
+        (R, C), s_at, v_at, vb = (N, M), (lambda bi, r, k: b_at(bi, k, r)), a_at, ba
+    else:
+        (R, C), s_at, v_at, vb = (M, N), a_at, (lambda bi, c, k: b_at(bi, k, c)), bb
+    mr, nr = tile or choose_tile(R, C, acc_dtype)
+    mr, nr = max(1, min(mr, R)), max(1, min(nr, C))
+    Rp, Cp = -(-R // mr) * mr, -(-C // nr) * nr
+    v_contiguous = (trans_a if swap else not trans_b)
+    if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
+        pack = nr > 1 and (-(-R // mr) > 1 or C % nr != 0 or not v_contiguous)
+    k = reduce_axis(K, "k")
+
+    if pack:
+        packed = compute((*vb, Cp // nr, K, nr),
+                         lambda *ix: v_at(ix[:-3], min_(ix[-3] * nr + ix[-1], C - 1), ix[-2]),
+                         f"{name}.packed")
+
+        def v_load(bi, c):
+            return packed[(*bi, c // nr, k, c % nr)]
+    else:
+        packed = None
+
+        def v_load(bi, c):
+            return v_at(bi, min_(c, C - 1), k)
+
+    def acc_body(*ix):
+        *bi, r, c = ix
+        sv = s_at(tuple(bi), min_(r, R - 1), k)
+        vv = v_load(_bcast(tuple(bi), vb), c)
+        return sum_(cast(acc_dtype, sv) * cast(acc_dtype, vv), axis=k)
+
+    acc = compute((*batch, Rp, Cp), acc_body, f"{name}.acc")
+    epi = epilogue or (lambda v, idx: v)
+
+    def out_body(*ix):
+        ix = list(ix)
+        if "n" in squeeze:
+            ix.append(0)
+        if "m" in squeeze:
+            ix.insert(len(ix) - 1, 0)
+        *bi, i, j = ix
+        v = acc[(*bi, j, i) if swap else (*bi, i, j)]
+        return cast(out_dtype, epi(v, tuple(ix)))
+
+    shape = [*batch, *(() if "m" in squeeze else (M,)), *(() if "n" in squeeze else (N,))]
+    out = compute(shape, out_body, name)
+    s_size, v_size = R * K * math.prod(ba if not swap else bb), C * K * math.prod(vb)
+    return Gemm(out, acc, packed, (a, b), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
+                s_outer=s_size > v_size)

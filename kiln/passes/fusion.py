@@ -1,0 +1,142 @@
+"""Operator fusion: partition a graph into groups, each compiled as one kernel.
+
+Decisions follow op pattern kinds, as in TVM (elementwise < broadcast <
+injective < reduction < out-elementwise-fusable < opaque): a node joins the
+group of the producer of one of its inputs when that edge is the producer's
+only use, and the kinds allow it — elementwise/broadcast/injective chains fuse
+into one loop nest; elementwise epilogues fuse into a Conv/MatMul/Gemm anchor
+when the anchor's lowering can take them. Every edge that is not fused is
+logged with its reason (`FusionPlan.why_not`), like Inductor's WhyNoFuse.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from kiln.graph.ir import Graph, Node, Value
+from kiln.graph.types import TensorType
+
+
+class Kind(enum.IntEnum):
+    ELEMWISE = 0
+    BROADCAST = 1
+    INJECTIVE = 2
+    REDUCTION = 3
+    OUT_FUSABLE = 4
+    OPAQUE = 5
+
+
+_ELEMWISE = """Abs Acos Acosh Asin Asinh Atan Atanh Cast Ceil Celu Cos Cosh Elu Erf Exp Floor Gelu
+HardSigmoid HardSwish IsInf IsNaN LeakyRelu Log Mish Neg Not Reciprocal Relu Round Selu Shrink Sigmoid
+Sign Sin Sinh Softplus Softsign Sqrt Swish Tan Tanh ThresholdedRelu BitwiseNot""".split()
+_BROADCAST = """Add Sub Mul Div Pow Mod PRelu And Or Xor Equal Less LessOrEqual Greater GreaterOrEqual
+Where Max Min Sum Mean BitShift BitwiseAnd BitwiseOr BitwiseXor Clip CastLike""".split()
+_INJECTIVE = """Reshape Flatten Squeeze Unsqueeze Transpose Identity Expand Slice Tile Pad Concat
+DepthToSpace SpaceToDepth Gather""".split()
+_REDUCTION = """ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum
+ReduceLogSumExp ReduceSumSquare ArgMax ArgMin Softmax LogSoftmax LayerNormalization
+RMSNormalization GlobalAveragePool GlobalMaxPool""".split()
+_OUT_FUSABLE = "Conv ConvTranspose MatMul Gemm".split()
+
+KINDS = {**{o: Kind.ELEMWISE for o in _ELEMWISE}, **{o: Kind.BROADCAST for o in _BROADCAST},
+         **{o: Kind.INJECTIVE for o in _INJECTIVE}, **{o: Kind.REDUCTION for o in _REDUCTION},
+         **{o: Kind.OUT_FUSABLE for o in _OUT_FUSABLE}}
+
+MAX_GROUP = 16  # nodes per group: long chains compile slowly and gain little more
+
+
+def kind_of(node: Node) -> Kind:
+    if node.domain or list(node.subgraphs()):
+        return Kind.OPAQUE
+    return KINDS.get(node.op, Kind.OPAQUE)
+
+
+@dataclass
+class Group:
+    nodes: list[Node]
+    kind: Kind
+
+    @property
+    def anchor(self) -> Node:
+        """The node that decides the kernel's schedule (its most complex member)."""
+        return max(self.nodes, key=kind_of)
+
+    @property
+    def name(self) -> str:
+        return "_".join(n.op for n in self.nodes[:4]) + ("_etc" if len(self.nodes) > 4 else "")
+
+
+@dataclass
+class FusionPlan:
+    groups: list[Group]
+    why_not: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.groups)} kernels"]
+        lines += [f"  [{g.kind.name.lower()}] " + " -> ".join(f"{n.op}({n.name})" for n in g.nodes)
+                  for g in self.groups]
+        return "\n".join(lines)
+
+
+def _same_shape(a: Value, b: Value) -> bool:
+    return isinstance(a.type, TensorType) and isinstance(b.type, TensorType) and \
+        a.type.shape is not None and a.type.shape == b.type.shape
+
+
+def partition(graph: Graph, fuse_anchors: bool = False) -> FusionPlan:
+    """Group the graph's nodes (in order) for kernel generation.
+
+    `fuse_anchors`: also take elementwise epilogues into Conv/MatMul/Gemm groups
+    (only when the lowering layer can schedule anchor + epilogue together).
+    """
+    consumers = graph.consumers()
+    outputs = {v.id for v in graph.outputs}
+    group_of: dict[int, Group] = {}   # node id -> group
+    producer: dict[int, Node] = {v.id: n for n in graph.nodes for v in n.outputs if v is not None}
+    groups: list[Group] = []
+    why: list[str] = []
+    for n in graph.nodes:
+        k = kind_of(n)
+        target = None
+        for v in n.inputs:
+            if v is None or v.const is not None or v.id not in producer:
+                continue
+            p = producer[v.id]
+            g = group_of[id(p)]
+            reason = _refuse(n, k, v, p, g, consumers, outputs, fuse_anchors)
+            if reason is None and g is groups[-1]:
+                target = g
+                break
+            why.append(f"{p.op}({p.name}) -> {n.op}({n.name}): "
+                       f"{reason or 'producer group is not the latest kernel (would reorder)'}")
+        if target is None:
+            target = Group([], k)
+            groups.append(target)
+        target.nodes.append(n)
+        target.kind = max(target.kind, k)
+        group_of[id(n)] = target
+    return FusionPlan(groups, why)
+
+
+def _refuse(n: Node, k: Kind, v: Value, p: Node, g: Group, consumers, outputs, fuse_anchors) -> str | None:
+    """Why `n` may not join `p`'s group through edge `v` (None: it may)."""
+    if k > Kind.INJECTIVE:
+        return f"{n.op} is {kind_of(n).name.lower()}; only elementwise/broadcast/injective ops join a producer"
+    uses = consumers.get(v.id, [])
+    if len(uses) != 1 or v.id in outputs:
+        return f"%{v.name} has {len(uses)} consumers{' and is a graph output' if v.id in outputs else ''}"
+    if len(g.nodes) >= MAX_GROUP:
+        return f"group already has {MAX_GROUP} nodes"
+    if g.kind == Kind.REDUCTION:
+        return "producer group is a reduction (its epilogue is not fused yet)"
+    if g.kind == Kind.OUT_FUSABLE:
+        if not fuse_anchors:
+            return f"anchor {g.anchor.op} epilogue fusion is off"
+        if k > Kind.BROADCAST or not _same_shape(v, n.outputs[0]):
+            return "only same-shape elementwise epilogues fuse into an anchor"
+    if g.kind == Kind.OPAQUE:
+        return f"producer {p.op} is opaque"
+    if len(n.outputs) != 1:
+        return f"{n.op} has several outputs"
+    return None
