@@ -32,8 +32,16 @@ def default_schedule(sch: Schedule, outputs) -> None:
             if parallel and extents[0] > 1:
                 stage.parallel(axes[0])
             continue
-        fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
         lanes = vector_lanes(stage.tensor.dtype.itemsize)
+        if len(axes) > 1 and extents[-1] >= 2 * lanes:
+            # rows × vectorized last axis: index math on the outer dims happens once per row
+            outer = stage.fuse(*axes[:-1]) if len(axes) > 2 else axes[0]
+            lo, li = stage.split(axes[-1], lanes)
+            stage.vectorize(li)
+            if parallel:
+                stage.parallel(outer)
+            continue
+        fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
         if points >= 4 * lanes and lanes > 1:
             outer, inner = stage.split(fused, lanes)
             stage.vectorize(inner)
