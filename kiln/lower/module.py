@@ -80,8 +80,13 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     fusion = partition(graph, fuse_anchors=False)
     consumers = graph.consumers()
     outputs_ids = {v.id for v in graph.outputs}
+    alias: dict[int, Value] = {}   # a view op's output -> the value whose bytes it reuses
     for group in fusion.groups:
         inside = {id(n) for n in group.nodes}
+        if len(group.nodes) == 1 and _is_view(group.nodes[0]):
+            n = group.nodes[0]
+            alias[n.outputs[0].id] = alias.get(n.inputs[0].id, n.inputs[0])
+            continue
 
         def needed_outside(v, inside=inside):
             return v.id in outputs_ids or any(id(c) not in inside for c in consumers.get(v.id, []))
@@ -93,17 +98,22 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
                     for j, (v, p) in enumerate(zip(kernel.outputs, kernel.func.params[n_in:]))]
             what = " + ".join(f"{n.op} node {n.name!r}" for n in kernel.nodes)
             steps.append((kernel.func.name, list(kernel.inputs) + outs, what))
-    # graph outputs not written by a kernel (inputs, constants, repeats) get a copy kernel
+    # steps read a view's root value instead of the view (same bytes, no copy)
+    steps = [(name, [alias.get(a.id, a) if isinstance(a, Value) else a for a in args], what)
+             for name, args, what in steps]
+    # graph outputs not written by a kernel (inputs, constants, views, repeats) get a copy kernel
+    kernel_written = {a.id for _, args, _ in steps for a in args if isinstance(a, Value)}
     written: set[int] = set()
     out_params = []
     for i, v in enumerate(graph.outputs):
         p = Buffer(f"out_{i}", v.type.dtype, tuple(v.type.shape))
         out_params.append(p)
-        producer_writes = any(v is o for n in graph.nodes for o in n.outputs)
+        producer_writes = any(v is o for n in graph.nodes for o in n.outputs) and \
+            v.id not in alias and v.id in kernel_written
         if not producer_writes or v.id in written:
             name = f"copy_out{i}"
             funcs.append(_copy_kernel(name, v.type))
-            steps.append((name, [v, p], f"copy to output {v.name!r}"))
+            steps.append((name, [alias.get(v.id, v), p], f"copy to output {v.name!r}"))
         written.add(v.id)
 
     in_params = {v.id: Buffer(f"in_{i}", v.type.dtype, tuple(v.type.shape)) for i, v in enumerate(graph.inputs)}
@@ -167,6 +177,18 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     module = LoopModule(funcs + [entry], entry=ENTRY)
     return LoweredModule(module, list(graph.inputs), list(graph.outputs), weights,
                          int(abuf.shape[0]), plan, [d for _, _, d in steps], fusion)
+
+
+_VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+
+
+def _is_view(node: Node) -> bool:
+    """Ops that only reinterpret a contiguous buffer's shape: they need no kernel."""
+    if node.op not in _VIEW_OPS or node.domain or not node.inputs or node.inputs[0] is None:
+        return False
+    a, b = node.inputs[0].type, node.outputs[0].type
+    return isinstance(a, TensorType) and isinstance(b, TensorType) and a.dtype == b.dtype and \
+        len(node.outputs) == 1
 
 
 def _lower_group_or_split(graph: Graph, nodes: list[Node], known, needed_outside, start: int):
