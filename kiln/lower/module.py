@@ -41,6 +41,7 @@ class LoweredModule:
     arena: ArenaPlan
     call_nodes: list[str] = field(default_factory=list)  # call k -> "op node 'name'"
     fusion: FusionPlan | None = None
+    weight_offsets: dict[int, int] = field(default_factory=dict)  # constant value id -> blob offset
 
 
 def missing_lowerings(graph: Graph) -> list[tuple[str, str, str]]:
@@ -176,7 +177,7 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     entry = PrimFunc(ENTRY, params, seq(*calls), noalias=False)
     module = LoopModule(funcs + [entry], entry=ENTRY)
     return LoweredModule(module, list(graph.inputs), list(graph.outputs), weights,
-                         int(abuf.shape[0]), plan, [d for _, _, d in steps], fusion)
+                         int(abuf.shape[0]), plan, [d for _, _, d in steps], fusion, offsets)
 
 
 _VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}

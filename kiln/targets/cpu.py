@@ -81,15 +81,36 @@ class Program:
 
 
 def build_static(graph: Graph, known):
-    """One native module for a graph whose sizes are all known."""
+    """One native module for a graph whose sizes are all known (cached across processes)."""
+    from kiln.runtime.native import NativeModule
+    from kiln.targets import cache
+    key = cache.graph_key(graph, known)
+    manifest = cache.load(key)
+    if manifest is None:
+        manifest = _lower_and_build(graph, known)
+        cache.store(key, manifest)
+    consts = graph.constants()
+    blob = np.zeros(manifest["weights_bytes"], dtype=np.uint8)
+    for index, offset in manifest["weights"]:
+        raw = np.ascontiguousarray(consts[index].const).view(np.uint8).reshape(-1)
+        blob[offset:offset + raw.size] = raw
+    return NativeModule(manifest["library"], manifest["entry"],
+                        [(tuple(s), d) for s, d in manifest["outputs"]], blob,
+                        manifest["workspace_bytes"], manifest["calls"])
+
+
+def _lower_and_build(graph: Graph, known) -> dict:
     from kiln.codegen import build_c, func_symbol
     from kiln.lower.module import ENTRY, lower_graph
-    from kiln.runtime.native import NativeModule
     lm = lower_graph(graph, known)
     lib = build_c(lm.module)
-    out_types = [(tuple(v.type.shape), v.type.dtype.name) for v in lm.outputs]
-    return NativeModule(str(lib.path), func_symbol(ENTRY), out_types, lm.weights,
-                        lm.workspace_bytes, lm.call_nodes)
+    index = {v.id: i for i, v in enumerate(graph.constants())}
+    return {"library": str(lib.path), "entry": func_symbol(ENTRY),
+            "outputs": [[list(v.type.shape), v.type.dtype.name] for v in lm.outputs],
+            "weights_bytes": int(lm.weights.size),
+            "weights": [[index[vid], off] for vid, off in lm.weight_offsets.items()],
+            "workspace_bytes": lm.workspace_bytes, "calls": lm.call_nodes,
+            "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena)}
 
 
 def _first_dynamic(graph: Graph) -> int:
