@@ -67,7 +67,7 @@ def choose_tile(rows: int, cols: int, dtype: DType) -> tuple[int, int]:
 class Gemm:
     """The output compute of a GEMM, the stages its schedule manages, and its knobs."""
     out: Tensor
-    acc: Tensor                 # padded accumulator [*batch, Rp, Cp] (rows = S side)
+    acc: Tensor | None          # padded accumulator [*batch, Rp, Cp] (rows = S side); None when empty
     packed: Tensor | None       # packed V panels
     operands: tuple
     mr: int
@@ -81,6 +81,8 @@ class Gemm:
         """Schedule out, acc and the packed panels (see the module docstring); inline
         the injective computes that produce A and B."""
         _inline_producers(sch, self.operands)
+        if self.acc is None:
+            return
         so = sch[self.out]
         axes = list(so.axis)
         j = None if "n" in self.squeeze else axes.pop()
@@ -116,15 +118,26 @@ class Gemm:
 
 def _inline_producers(sch: Schedule, tensors) -> None:
     """Inline non-reduction computes feeding the operands (views, casts, zero points)."""
+    staged = {s.tensor for s in sch.stages}
     todo = [t for t in tensors if t.op is not None]
     seen = set()
     while todo:
         t = todo.pop()
-        if t in seen or t.op is None or t.reduce_axis or t in sch.outputs:
+        if t in seen or t not in staged or t.reduce_axis or t in sch.outputs:
             continue
         seen.add(t)
         sch[t].compute_inline()
         todo.extend(t.inputs)
+
+
+def _unsqueeze(ix, squeeze) -> tuple:
+    """An output index with the squeezed M / N dims put back (as 0)."""
+    ix = list(ix)
+    if "n" in squeeze:
+        ix.append(0)
+    if "m" in squeeze:
+        ix.insert(len(ix) - 1, 0)
+    return tuple(ix)
 
 
 def _bcast(idx, shape):
@@ -163,6 +176,11 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     def b_at(bi, k, j):
         return b[(*_bcast(bi, bb), *((j, k) if trans_b else (k, j)))]
 
+    shape = [*batch, *(() if "m" in squeeze else (M,)), *(() if "n" in squeeze else (N,))]
+    epi = epilogue or (lambda v, idx: v)
+    if 0 in (M, N, K):  # nothing to multiply: an empty output or epilogue(0)
+        out = compute(shape, lambda *ix: cast(out_dtype, epi(cast(acc_dtype, 0), _unsqueeze(ix, squeeze))), name)
+        return Gemm(out, None, None, (a, b), 1, 1, False, tuple(squeeze), 0, False)
     if swap is None:  # S = B^T read in place pays when it is stored k-contiguous and M is the small side
         swap = trans_b and not trans_a and M < N
     if swap:
@@ -197,19 +215,11 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
         return sum_(cast(acc_dtype, sv) * cast(acc_dtype, vv), axis=k)
 
     acc = compute((*batch, Rp, Cp), acc_body, f"{name}.acc")
-    epi = epilogue or (lambda v, idx: v)
 
     def out_body(*ix):
-        ix = list(ix)
-        if "n" in squeeze:
-            ix.append(0)
-        if "m" in squeeze:
-            ix.insert(len(ix) - 1, 0)
-        *bi, i, j = ix
-        v = acc[(*bi, j, i) if swap else (*bi, i, j)]
-        return cast(out_dtype, epi(v, tuple(ix)))
+        *bi, i, j = ix = _unsqueeze(ix, squeeze)
+        return cast(out_dtype, epi(acc[(*bi, j, i) if swap else (*bi, i, j)], ix))
 
-    shape = [*batch, *(() if "m" in squeeze else (M,)), *(() if "n" in squeeze else (N,))]
     out = compute(shape, out_body, name)
     s_size, v_size = R * K * math.prod(ba if not swap else bb), C * K * math.prod(vb)
     return Gemm(out, acc, packed, (a, b), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,

@@ -7,12 +7,16 @@ exact integer semantics.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+import kiln.loops as L
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
+from kiln.lower.gemm import Gemm, accumulator_dtype, gemm as build_gemm
 from kiln.ops.reduce import as_dtype, text, wide
-from kiln.ops.registry import InferCtx, RunCtx, op
+from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, op
 from kiln.ops.shapes import broadcast_shapes
 
 
@@ -179,3 +183,179 @@ def _det_infer(ctx: InferCtx):
 @op("Det", infer=_det_infer)
 def det(ctx: RunCtx, x):
     return as_dtype(np.linalg.det(wide(x)), x.dtype)
+
+
+# ---- native lowerings (cpu target) ----
+#
+# MatMul, Gemm and MatMulInteger are one GEMM (kiln.lower.gemm) with different
+# operand views and epilogues; transposes stay views (the GEMM reads them in place
+# or while packing), so no operand is copied just to change its layout.
+
+def _scheduled(ctx: LowerCtx, g: Gemm):
+    ctx.schedule(lambda sch, outs: g.schedule(sch))
+    return g.out
+
+
+def _as_matrices(a, b):
+    """numpy.matmul's 1-D rule: a (K,) is a row [1, K], b (K,) a column [K, 1]; those dims are squeezed."""
+    squeeze = []
+    if len(a.shape) == 1:
+        a = L.compute((1, a.shape[0]), lambda i, k, a=a: a[k], "row")
+        squeeze.append("m")
+    if len(b.shape) == 1:
+        b = L.compute((b.shape[0], 1), lambda k, j, b=b: b[k], "col")
+        squeeze.append("n")
+    return a, b, tuple(squeeze)
+
+
+@lowering("MatMul")
+def _lower_matmul(ctx: LowerCtx, a, b):
+    a, b, squeeze = _as_matrices(a, b)
+    return _scheduled(ctx, build_gemm(a, b, squeeze=squeeze, name="matmul"))
+
+
+def _index_bcast(t, idx):
+    """t[idx] with numpy broadcasting of t's (right-aligned) shape against idx."""
+    idx = tuple(idx[len(idx) - len(t.shape):]) if t.shape else ()
+    return t[tuple(0 if n == 1 else i for i, n in zip(idx, t.shape))]
+
+
+@lowering("Gemm")
+def _lower_gemm(ctx: LowerCtx, a, b, c=None):
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    acc = accumulator_dtype(a.dtype)
+    # integer Gemm scales in float64 and truncates, as the reference does
+    ep = acc if acc.is_float or (alpha == 1.0 and (c is None or beta == 1.0)) else DType.float64
+
+    def epilogue(v, idx):
+        v = L.cast(ep, v)
+        if alpha != 1.0:
+            v = v * L.const(alpha, ep)
+        if c is not None:
+            cv = L.cast(ep, _index_bcast(c, idx))
+            v = v + (cv if beta == 1.0 else cv * L.const(beta, ep))
+        return v
+
+    g = build_gemm(a, b, trans_a=bool(ctx.attr("transA", 0)), trans_b=bool(ctx.attr("transB", 0)),
+             epilogue=epilogue, name="gemm")
+    return _scheduled(ctx, g)
+
+
+@lowering("MatMulInteger")
+def _lower_matmul_integer(ctx: LowerCtx, a, b, a_zero_point=None, b_zero_point=None):
+    def shifted(x, zp, per_row, name):
+        """int32 view of x - zero_point; a 1-D zero point of `a` holds one value per row."""
+        if zp is None:
+            return L.compute(x.shape, lambda *i: L.cast(DType.int32, x[i]), name)
+        if per_row and len(zp.shape) == 1 and len(x.shape) >= 2 and zp.shape[0] != 1:
+            def at(i):
+                return zp[(i[-2],)]
+        else:
+            def at(i):
+                return _index_bcast(zp, i)
+        return L.compute(x.shape, lambda *i: L.cast(DType.int32, x[i]) - L.cast(DType.int32, at(i)), name)
+
+    a, b, squeeze = _as_matrices(shifted(a, a_zero_point, True, "a_shifted"),
+                                 shifted(b, b_zero_point, False, "b_shifted"))
+    return _scheduled(ctx, build_gemm(a, b, squeeze=squeeze, out_dtype=DType.int32, name="matmul_integer"))
+
+
+@lowering("Einsum")
+def _lower_einsum(ctx: LowerCtx, *xs):
+    """Two-operand contractions shaped like a (batched) matmul go to the GEMM; any other
+    equation is one reduction compute over the labels missing from the output."""
+    ins, out = _einsum_terms(ctx, text(ctx.attr("equation")), [len(x.shape) for x in xs])
+    sizes: dict = {}
+    for labels, x in zip(ins, xs):
+        for lab, d in zip(labels, x.shape):
+            sizes[lab] = d if sizes.get(lab, 1) == 1 else sizes[lab]
+    shape, dt = ctx.out_shape(), ctx.out_dtype()
+    g = _einsum_as_gemm(ins, out, xs, sizes)
+    if g is not None:
+        return _scheduled(ctx, g)
+    red = [lab for labels in ins for lab in labels if lab not in out]
+    red = list(dict.fromkeys(red))
+    if any(sizes[lab] == 0 for lab in red):
+        return L.compute(shape, lambda *i: L.const(0, dt), "einsum")
+    acc = accumulator_dtype(dt)
+    raxes = {lab: L.reduce_axis(sizes[lab], lab if isinstance(lab, str) else f"e{lab[1]}") for lab in red}
+
+    def body(*ix):
+        env = {**dict(zip(out, ix)), **raxes}
+        prod = None
+        for labels, x in zip(ins, xs):
+            v = L.cast(acc, x[tuple(0 if d == 1 else env[lab] for lab, d in zip(labels, x.shape))])
+            prod = v if prod is None else prod * v
+        return L.sum_(prod, list(raxes.values())) if raxes else prod
+
+    y = L.compute(shape, body, "einsum")
+    return y if y.dtype == dt else L.compute(shape, lambda *i: L.cast(dt, y[i]), "einsum_cast")
+
+
+def _einsum_as_gemm(ins, out, xs, sizes) -> Gemm | None:
+    """The GEMM for `batch.. m, k` x `batch.. k, n` -> `batch.. m n` (any operand axis order;
+    m, n may be absent), else None."""
+    if len(ins) != 2 or any(len(set(t)) != len(t) for t in ins):
+        return None
+    (la, lb), (xa, xb) = ins, xs
+    if any(d != sizes[lab] for t, x in zip(ins, xs) for lab, d in zip(t, x.shape)):
+        return None                                      # a broadcast label: the general path
+    ks = [lab for lab in la if lab in lb and lab not in out]
+    ms = [lab for lab in la if lab not in lb]
+    ns = [lab for lab in lb if lab not in la]
+    batch = [lab for lab in out if lab in la and lab in lb]
+    if len(ks) != 1 or len(ms) > 1 or len(ns) > 1 or out != [*batch, *ms, *ns] \
+            or len(batch) + len(ks) + len(ms) != len(la) or len(batch) + len(ks) + len(ns) != len(lb):
+        return None
+    k = ks[0]
+
+    def view(x, labels, other, is_a):
+        """x as the GEMM operand [*batch, M, K] / [*batch, K, N], or transposed where x stores
+        its two matrix labels the other way round (the GEMM reads either in place)."""
+        o = other[0] if other else None
+        k_first = o is not None and labels.index(k) < labels.index(o)
+        trans = k_first if is_a else (o is not None and not k_first)
+        dims = [*batch, *((k, o) if k_first or (not is_a and o is None) else (o, k))]
+        shape = [1 if lab is None else sizes[lab] for lab in dims]
+        return L.compute(shape, lambda *ix: x[tuple(dict(zip(dims, ix))[lab] for lab in labels)],
+                         "einsum_view"), trans
+
+    a, ta = view(xa, la, ms, True)
+    b, tb = view(xb, lb, ns, False)
+    squeeze = ("m",) * (not ms) + ("n",) * (not ns)
+    return build_gemm(a, b, trans_a=ta, trans_b=tb, squeeze=squeeze, name="einsum")
+
+
+@lowering("Det")
+def _lower_det(ctx: LowerCtx, x):
+    """LU factorization with partial pivoting per matrix, in double (as numpy's LAPACK getrf)."""
+    *batch, n, _ = x.shape
+    t = x.dtype.c
+    body = f"""
+  const int64_t nb = {math.prod(batch)}, n = {n};
+  double* w = (double*)malloc(sizeof(double) * (n * n + 1));
+  if (!w) return -1;
+  for (int64_t b = 0; b < nb; ++b) {{
+    for (int64_t i = 0; i < n * n; ++i) w[i] = (double)in0[b * n * n + i];
+    double det = 1.0;
+    for (int64_t c = 0; c < n; ++c) {{
+      int64_t p = c;
+      for (int64_t r = c + 1; r < n; ++r)
+        if (fabs(w[r * n + c]) > fabs(w[p * n + c])) p = r;
+      if (w[p * n + c] == 0.0) {{ det = 0.0; break; }}
+      if (p != c) {{
+        for (int64_t j = 0; j < n; ++j) {{ double s = w[c * n + j]; w[c * n + j] = w[p * n + j]; w[p * n + j] = s; }}
+        det = -det;
+      }}
+      const double piv = w[c * n + c];
+      det *= piv;
+      for (int64_t r = c + 1; r < n; ++r) {{
+        const double f = w[r * n + c] / piv;
+        for (int64_t j = c + 1; j < n; ++j) w[r * n + j] -= f * w[c * n + j];
+      }}
+    }}
+    out0[b] = ({t})det;
+  }}
+  free(w);
+  return 0;"""
+    return ctx.extern(body, [x], [(tuple(batch), x.dtype)])
