@@ -8,11 +8,14 @@ attention and loss families.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import InferCtx, RunCtx, register, same_as
+from kiln.loops import call, cast, compute, const, reduce, reduce_axis, select
+from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, register, same_as
 from kiln.ops.shapes import normalize_axes, normalize_axis
 
 
@@ -215,3 +218,357 @@ def _cumulative_run(ctx: RunCtx, x, axis):
 
 for _name in ("CumSum", "CumProd"):
     register(_name, infer=same_as(0), run=_cumulative_run)
+
+
+# ==== native lowerings (target "cpu") ====
+#
+# A reduction is a compute whose whole body is one reducer over `reduce_axis` vars;
+# work before it (abs, square, exp) sits inside the body, work after it (mean's
+# divide, sqrt, log, the cast back) in a following injective stage. Float sums and
+# products accumulate in float64 and integer ones in wrapping uint64, as the NumPy
+# reference does (it widens floats; NumPy sums small ints in int64).
+
+PARALLEL_MIN_WORK = 1 << 15  # elements x reduction length below which a kernel stays serial
+BLOCK = 64                   # inner (vectorized) block of an injective loop
+
+
+def full_index(ndim: int, ks: dict, keep: bool, out_idx) -> tuple:
+    """The input index of a reduction over `ks` (axis -> reduce var) given output index vars."""
+    it, full = iter(out_idx), []
+    for a in range(ndim):
+        if a in ks and keep:
+            next(it)
+        full.append(ks[a] if a in ks else next(it))
+    return tuple(full)
+
+
+def reduction(shape, axes, keep: bool, body, comb: str, name: str):
+    """Reduce `body(input index)` with `comb` over `axes` of `shape`, reduced dims kept
+    as 1 (keep) or dropped. No axes: the body itself."""
+    ks = {a: reduce_axis(shape[a], f"k{a}") for a in sorted(axes)}
+
+    def fn(*o):
+        v = body(full_index(len(shape), ks, keep, o))
+        return reduce(comb, v, list(ks.values())) if ks else v
+    out = [1 if a in ks else n for a, n in enumerate(shape)] if keep else \
+        [n for a, n in enumerate(shape) if a not in ks]
+    return compute(out, fn, name)
+
+
+def bcast(t, axes, idx):
+    """Read keepdims-shaped `t` at input index `idx` (reduced axes at 0)."""
+    return t[tuple(0 if a in axes else i for a, i in enumerate(idx))]
+
+
+def accumulator(dt: DType, comb: str) -> DType:
+    """Where a reduction of `dt` accumulates: max/min exactly in dt (bool as uint8)."""
+    if comb in ("max", "min"):
+        return DType.uint8 if dt is DType.bool else dt
+    return DType.float64 if dt.is_float else DType.uint64
+
+
+def as_f64(acc, dt: DType):
+    """An accumulated value as float64, integers read back as signed when dt is."""
+    if dt.is_float:
+        return cast(DType.float64, acc)
+    return cast(DType.float64, cast(DType.int64, acc) if dt.is_signed else acc)
+
+
+def wrap_square(x):
+    """x*x in x's own type, wrapping for integers as np.square does."""
+    if x.dtype.is_float:
+        return x * x
+    u = DType.uint64 if x.dtype.itemsize == 8 else DType.uint32
+    return cast(x.dtype, cast(u, x) * cast(u, x))
+
+
+def const_output(ctx: LowerCtx, value: np.ndarray, k: int = 0):
+    """An output whose every element is known at compile time (e.g. an empty reduction)."""
+    dt = ctx.out_dtype(k)
+    v = np.asarray(value).reshape(-1)[:1]
+    return compute(ctx.out_shape(k), lambda *i: const(v[0].item() if v.size else 0, dt), f"const{k}")
+
+
+# ---- schedules shared by the reduction-like families ----
+
+def _ext(v) -> int:
+    return v.arg.dom[1]
+
+
+def schedule_injective(stage, inner: int | None = None) -> None:
+    """Fuse the loops, vectorize an inner block, parallelize the outer part when there is work.
+    `inner`: only the trailing `inner` loops form the vector block (the rest stay outer)."""
+    loops = list(stage.leaves)
+    if not loops:
+        return
+    inner = len(loops) if inner is None else inner
+    points = math.prod(_ext(v) for v in loops)
+    par = points >= PARALLEL_MIN_WORK
+    outer, tail = loops[:len(loops) - inner], loops[len(loops) - inner:]
+    t = stage.fuse(*tail) if len(tail) > 1 else tail[0] if tail else None
+    o = stage.fuse(*outer) if len(outer) > 1 else outer[0] if outer else None
+    if t is not None and _ext(t) > BLOCK and (o is None or _ext(o) == 1 or _ext(t) >= 4 * BLOCK):
+        to, t = stage.split(t, BLOCK)
+        o = stage.fuse(o, to) if o is not None else to
+    if t is not None and _ext(t) > 1:
+        stage.vectorize(t)
+    if par and o is not None and _ext(o) > 1:
+        stage.parallel(o)
+
+
+def schedule_reduction(sch, tensor, inner: int = 0) -> None:
+    """Reduction stage: outer spatial loops, the reduction, then the `inner` trailing spatial
+    loops (contiguous in the input, vectorized). Parallel over the outer loops; a large
+    reduction to few outputs is split into parallel partial reductions (rfactor)."""
+    stage = sch[tensor]
+    sp, red = list(stage.axis), list(stage.reduce_axis)
+    points = math.prod(_ext(v) for v in sp)
+    size = math.prod(_ext(k) for k in red)
+    par = points * size >= PARALLEL_MIN_WORK
+    outer, tail = sp[:len(sp) - inner], sp[len(sp) - inner:]
+    n_outer = math.prod(_ext(v) for v in outer)
+    if red and par and n_outer * math.prod(_ext(v) for v in tail) < 8 and size >= PARALLEL_MIN_WORK:
+        k = stage.fuse(*red) if len(red) > 1 else red[0]
+        ko, _ = stage.split(k, nparts=min(64, size // 4096))
+        rf = sch.rfactor(tensor, ko)
+        sch[rf].parallel(sch[rf].axis[0])
+        return
+    if tail and red:
+        stage.reorder(*outer, *red, *tail)
+    t = stage.fuse(*tail) if len(tail) > 1 else tail[0] if tail else None
+    o = stage.fuse(*outer) if len(outer) > 1 else outer[0] if outer else None
+    if t is not None and _ext(t) > 1:
+        stage.vectorize(t)
+    if par and o is not None and _ext(o) > 1:
+        stage.parallel(o)
+
+
+def schedule_stages(sch, plans: dict) -> None:
+    """Apply `plans` (tensor -> trailing contiguous loop count, for reductions the
+    spatial ones after the reduction) to every root stage; injective stages not named
+    in `plans` get the plain injective schedule."""
+    for stage in list(sch.stages):
+        if stage.attach is not None or stage.relations or stage.kinds:
+            continue
+        inner = plans.get(stage.tensor)
+        if stage.reduce_axis:
+            schedule_reduction(sch, stage.tensor, inner or 0)
+        else:
+            schedule_injective(stage, inner)
+
+
+# ---- Reduce* ----
+
+_F64 = DType.float64
+
+# name -> (reducer, per-element map, finishing map of (float64 value, element count))
+_REDUCE_LOWER = {
+    "ReduceSum": ("sum", None, None),
+    "ReduceMean": ("sum", None, lambda v, n: v / const(n, _F64)),
+    "ReduceMax": ("max", None, None),
+    "ReduceMin": ("min", None, None),
+    "ReduceProd": ("prod", None, None),
+    "ReduceL1": ("sum", lambda x: call("abs", x), None),
+    "ReduceL2": ("sum", wrap_square, lambda v, n: call("sqrt", v)),
+    "ReduceLogSum": ("sum", None, lambda v, n: call("log", v)),
+    "ReduceSumSquare": ("sum", wrap_square, None),
+}
+
+
+def _reduce_lower(ctx: LowerCtx, x, axes_in=None):
+    shape, dt = tuple(x.shape), x.dtype
+    uses_input = ctx.opset >= _REDUCE[ctx.node.op][1] and ctx.has_input(1)
+    axes_value = ctx.value(1) if uses_input else None
+    if uses_input and tuple(ctx.input_types[1].shape) == (0,):  # empty: no data needed
+        axes_value = np.zeros(0, np.int64)
+    if uses_input and axes_value is None:
+        ctx.fail("axes must be known at compile time for native code (a constant or initializer)")
+    axes = _reduce_axes(ctx, len(shape), axes_value, True)
+    if axes == ():
+        return x
+    if 0 in shape:
+        return const_output(ctx, _reduce_run(ctx, np.zeros(shape, dt.np), axes_value))
+    keep = bool(ctx.attr("keepdims", 1))
+    inner = len(shape) - 1 - max(axes)  # kept dims after the last reduced one: contiguous
+    if ctx.node.op == "ReduceLogSumExp":
+        m = reduction(shape, axes, True, lambda i: cast(_F64, x[i]), "max", "max")
+        shift = compute(m.shape, lambda *i: select(call("isinf", m[i]) | call("isnan", m[i]), const(0, _F64),
+                                                   m[i]), "shift")
+        r = reduction(shape, axes, keep, lambda i: call("exp", cast(_F64, x[i]) - bcast(shift, axes, i)),
+                      "sum", "sum")
+        kept = (lambda o: o) if keep else (lambda o: full_index(len(shape), dict.fromkeys(axes, 0), False, o))
+        y = compute(r.shape, lambda *o: cast(dt, call("log", r[o]) + shift[kept(o)]), "y")
+        plans = {m: inner, r: inner}
+    else:
+        comb, pre, post = _REDUCE_LOWER[ctx.node.op]
+        acc = accumulator(dt, comb)
+
+        def widen(v):  # floats map after widening (as the reference), integers before (wrapping)
+            if pre is None:
+                return cast(acc, v)
+            return pre(cast(acc, v)) if dt.is_float else cast(acc, pre(v))
+        r = reduction(shape, axes, keep, lambda i: widen(x[i]), comb, "acc")
+        n = math.prod(shape[a] for a in axes)
+        y = compute(r.shape, lambda *o: cast(dt, post(as_f64(r[o], dt), n) if post else r[o]), "y") \
+            if post or r.dtype is not dt else r
+        plans = {r: inner}
+    ctx.schedule(lambda sch, outs: schedule_stages(sch, plans))
+    return y
+
+
+for _name in _REDUCE:
+    lowering(_name)(_reduce_lower)
+
+
+# ---- ArgMax / ArgMin ----
+
+def _arg_lower(ctx: LowerCtx, x):
+    shape, dt = tuple(x.shape), x.dtype
+    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(shape))
+    if shape[axis] == 0:
+        ctx.fail(f"cannot take {ctx.node.op} over an empty axis (shape {shape}, axis {axis})")
+    if 0 in shape:
+        return const_output(ctx, np.zeros(0, np.int64))
+    comb = "max" if ctx.node.op == "ArgMax" else "min"
+    val = (lambda i: cast(DType.uint8, x[i])) if dt is DType.bool else (lambda i: x[i])
+    best = reduction(shape, [axis], True, val, comb, "best")
+
+    def hit(i):  # NumPy's arg-reductions pick a NaN when there is one
+        v, b = val(i), bcast(best, [axis], i)
+        return v.eq(b) | v.ne(v) if dt.is_float else v.eq(b)
+    last = bool(ctx.attr("select_last_index", 0))
+    miss = const(-1 if last else shape[axis], DType.int64)
+    idx = reduction(shape, [axis], bool(ctx.attr("keepdims", 1)), lambda i: select(hit(i), i[axis], miss),
+                    "max" if last else "min", "idx")
+    inner = len(shape) - 1 - axis
+    ctx.schedule(lambda sch, outs: schedule_stages(sch, {best: inner, idx: inner}))
+    return idx
+
+
+for _name in ("ArgMax", "ArgMin"):
+    lowering(_name)(_arg_lower)
+
+
+# ---- Softmax / LogSoftmax / Hardmax ----
+
+def _normalize_lower(ctx: LowerCtx, x):
+    """max, exp-sum, divide over the normalized axes (one, or all from `axis` before opset 13),
+    in float32 (float64 for float64 inputs)."""
+    shape, dt, nd = tuple(x.shape), x.dtype, len(x.shape)
+    if ctx.opset >= 13:
+        axes = [normalize_axis(ctx, ctx.attr("axis", -1), max(nd, 1))] if nd else []
+    else:
+        axis = ctx.attr("axis", 1)
+        axis = axis + nd if axis < 0 else axis
+        if not 0 <= axis <= nd:
+            ctx.fail(f"axis {ctx.attr('axis')} is out of range for rank {nd}")
+        axes = list(range(axis, nd))
+    if 0 in shape:
+        return const_output(ctx, np.zeros(1, dt.np))
+    cd = DType.float64 if dt is DType.float64 else DType.float32
+    op = ctx.node.op
+
+    def xv(i):
+        return cast(cd, x[i]) if op != "Hardmax" else x[i]
+    m = reduction(shape, axes, True, xv, "max", "max")
+    if op == "Hardmax":
+        strides = {a: math.prod(shape[b] for b in axes if b > a) for a in axes}
+
+        def flat(i):
+            return sum((i[a] * strides[a] for a in axes), const(0, DType.int64))
+
+        def hit(i):
+            v, b = x[i], bcast(m, axes, i)
+            return v.eq(b) | v.ne(v)
+        first = reduction(shape, axes, True, lambda i: select(hit(i), flat(i), const(1 << 62, DType.int64)),
+                          "min", "first")
+        y = compute(shape, lambda *i: select(flat(i).eq(bcast(first, axes, i)), const(1, dt), const(0, dt)), "y")
+        s = first
+    else:
+        s = reduction(shape, axes, True, lambda i: call("exp", xv(i) - bcast(m, axes, i)), "sum", "sum")
+        if op == "Softmax":
+            y = compute(shape, lambda *i: cast(dt, call("exp", xv(i) - bcast(m, axes, i)) / bcast(s, axes, i)), "y")
+        else:
+            y = compute(shape, lambda *i: cast(dt, xv(i) - bcast(m, axes, i) - call("log", bcast(s, axes, i))), "y")
+    ctx.schedule(lambda sch, outs: schedule_rows(sch, [m], s, y, axes))
+    return y
+
+
+def schedule_rows(sch, roots, last, y, axes) -> None:
+    """Row-wise normalizations (softmax-like): when the reduced axes are the trailing ones,
+    parallel over rows, the last reduction computed per row inside the output's row loop
+    (`roots` are computed first, in their own parallel pass) and the row vectorized."""
+    nd = len(y.shape)
+    if not axes or sorted(axes) != list(range(nd - len(axes), nd)) or len(axes) == nd:
+        return schedule_stages(sch, {})
+    for r in roots:
+        schedule_reduction(sch, r)
+    st = sch[y]
+    outer, tail = st.axis[:nd - len(axes)], st.axis[nd - len(axes):]
+    row = st.fuse(*outer) if len(outer) > 1 else outer[0]
+    t = st.fuse(*tail) if len(tail) > 1 else tail[0]
+    if math.prod(y.shape) >= PARALLEL_MIN_WORK and _ext(row) > 1:
+        st.parallel(row)
+    st.vectorize(t)
+    sch[last].compute_at(st, row)
+
+
+for _name in _NORMALIZE:
+    lowering(_name)(_normalize_lower)
+
+
+# ---- CumSum / CumProd ----
+
+_SCAN_C = """
+  static const int64_t dims[{rank}] = {{{dims}}};
+  int64_t axis = (int64_t)in1[0];
+  if (axis < 0) axis += {rank};
+  if (axis < 0 || axis >= {rank}) return 1;
+  int64_t O = 1, N = dims[axis], I = 1;
+  for (int64_t d = 0; d < axis; ++d) O *= dims[d];
+  for (int64_t d = axis + 1; d < {rank}; ++d) I *= dims[d];
+  int32_t failed = 0;
+  #pragma omp parallel if (O * N * I >= {par})
+  {{
+    {acc}* acc = ({acc}*)malloc((size_t)I * sizeof({acc}) + 1);
+    #pragma omp for schedule(static)
+    for (int64_t o = 0; o < O; ++o) {{
+      if (!acc) {{
+        #pragma omp atomic write
+        failed = 1;
+        continue;
+      }}
+      for (int64_t i = 0; i < I; ++i) acc[i] = ({acc}){unit};
+      for (int64_t s = 0; s < N; ++s) {{
+        const int64_t base = (o * N + ({rev} ? N - 1 - s : s)) * I;
+        for (int64_t i = 0; i < I; ++i) {{
+          {acc} v = ({acc})in0[base + i];
+          if ({excl}) {{ out0[base + i] = ({t})acc[i]; acc[i] = acc[i] {op} v; }}
+          else {{ acc[i] = acc[i] {op} v; out0[base + i] = ({t})acc[i]; }}
+        }}
+      }}
+    }}
+    free(acc);
+  }}
+  return failed ? -1 : 0;
+"""
+
+
+def _cumulative_lower(ctx: LowerCtx, x, axis_in):
+    """A scan along one axis as a C kernel (the axis is read at run time; a bad one
+    fails the call): floats accumulate in double, integers in wrapping uint64_t, as
+    the reference's widened cumsum/cumprod."""
+    shape, dt = tuple(x.shape), x.dtype
+    if not shape:
+        ctx.fail("input must have at least one dimension")
+    if dt.c is None:
+        ctx.fail(f"no native code for dtype {dt}")
+    body = _SCAN_C.format(rank=len(shape), dims=", ".join(map(str, shape)), par=PARALLEL_MIN_WORK,
+                          acc="double" if dt.is_float else "uint64_t", t=dt.c,
+                          unit=0 if ctx.node.op == "CumSum" else 1, op="+" if ctx.node.op == "CumSum" else "*",
+                          rev=int(bool(ctx.attr("reverse", 0))), excl=int(bool(ctx.attr("exclusive", 0))))
+    return ctx.extern(body, [x, axis_in], [(shape, dt)])
+
+
+for _name in ("CumSum", "CumProd"):
+    lowering(_name)(_cumulative_lower)

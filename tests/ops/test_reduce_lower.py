@@ -1,0 +1,169 @@
+"""Native (C) lowerings of the reduction-like families (reduce, softmax, quant, loss,
+attention) against their NumPy references.
+
+Every case is a one-node model; all cases of a family are lowered and built as one
+C module (cached by source hash), then each kernel runs on random inputs and is
+compared with the interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+import kiln
+from kiln.codegen import build_c
+from kiln.errors import KilnError
+from kiln.interpreter import Interpreter
+from kiln.loops import LoopModule
+from kiln.lower.kernel import lower_node
+
+F16, F32, F64 = np.float16, np.float32, np.float64
+RNG = np.random.default_rng(0)
+
+
+def rand(shape, dtype=F32, lo=-3.0, hi=3.0):
+    """Random non-zero data of `dtype` (integers drawn in [lo, hi])."""
+    if np.dtype(dtype).kind in "iu":
+        return RNG.integers(max(lo, np.iinfo(dtype).min), hi + 1, shape).astype(dtype)
+    if np.dtype(dtype) == np.bool_:
+        return RNG.random(shape) < 0.5
+    x = RNG.uniform(lo, hi, shape)
+    return np.where(np.abs(x) < 1e-3, 0.5, x).astype(dtype)
+
+
+class Case:
+    """One node: inputs (None: absent), which of them are initializers (compile-time
+    values), attributes, opset, number of outputs and tolerance."""
+
+    def __init__(self, op, *inputs, consts=(), opset=18, outputs=1, rtol=1e-5, atol=1e-6, **attrs):
+        self.op, self.inputs, self.consts, self.opset = op, list(inputs), set(consts), opset
+        self.outputs, self.rtol, self.atol, self.attrs = outputs, rtol, atol, attrs
+
+    def __repr__(self):
+        shapes = ",".join("-" if x is None else f"{x.dtype}{list(x.shape)}" for x in self.inputs)
+        attrs = ",".join(f"{k}={v}" for k, v in self.attrs.items())
+        return f"{self.op}@{self.opset}({shapes}){attrs}"
+
+    @functools.cached_property
+    def graph(self):
+        names = ["" if x is None else f"x{k}" for k, x in enumerate(self.inputs)]
+        vi = [helper.make_tensor_value_info(f"x{k}", helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
+              for k, x in enumerate(self.inputs) if x is not None and k not in self.consts]
+        inits = [numpy_helper.from_array(np.asarray(self.inputs[k]), f"x{k}") for k in sorted(self.consts)]
+        outs = self.outputs if isinstance(self.outputs, list) else [f"y{k}" for k in range(self.outputs)]
+        node = helper.make_node(self.op, names, outs, name="n0", **self.attrs)
+        ovi = [helper.make_empty_tensor_value_info(o) for o in outs if o]
+        model = helper.make_model(helper.make_graph([node], "g", vi, ovi, initializer=inits),
+                                  opset_imports=[helper.make_opsetid("", self.opset)])
+        return kiln.load_onnx(model)
+
+    def lower(self, name):
+        node = self.graph.nodes[0]
+        values = [np.asarray(self.inputs[k]) if k in self.consts else None for k in range(len(node.inputs))]
+        return lower_node(node, self.opset, values, name)
+
+    def run(self, kernel):
+        node = self.graph.nodes[0]
+        runtime = [x for k, x in enumerate(self.inputs) if x is not None and k not in self.consts]
+        want = Interpreter(self.graph).run(runtime)
+        args = [np.asarray(x) for x in self.inputs if x is not None]
+        got = [np.empty(v.type.shape, v.type.dtype.np) for v in node.outputs if v is not None]
+        kernel(*args, *got)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape, (k, g.dtype, g.shape, w.dtype, w.shape)
+            if g.dtype.kind == "f":
+                np.testing.assert_allclose(g.astype(F64), w.astype(F64), rtol=self.rtol, atol=self.atol,
+                                           equal_nan=True, err_msg=f"output {k} of {self}")
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=f"output {k} of {self}")
+
+
+def family(cases):
+    """Lower all cases into one module (a failing lowering is kept to be raised by its test)."""
+    @functools.lru_cache(maxsize=None)
+    def built():
+        funcs, errors = [], {}
+        for k, c in enumerate(cases):
+            try:
+                funcs.append(c.lower(f"k{k}"))
+            except KilnError as e:
+                errors[k] = e
+        return build_c(LoopModule(funcs)), errors
+
+    def check(k):
+        lib, errors = built()
+        if k in errors:
+            raise errors[k]
+        cases[k].run(lib[f"k{k}"])
+    return check
+
+
+def axes(*a):
+    return np.array(a, np.int64)
+
+
+# ---- Reduce*, ArgMax/ArgMin, Softmax/LogSoftmax/Hardmax, CumSum/CumProd ----
+
+X = rand((3, 4, 5))
+REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"]
+REDUCE = [Case(op, np.abs(X) if op == "ReduceLogSum" else X, axes(*a), consts=[1], keepdims=k)
+          for op in REDUCE_OPS for a, k in [((1,), 1), ((0, 2), 0), ((), 1), ((-1,), 0)]]
+REDUCE += [
+    Case("ReduceSum", X, opset=11, axes=[1], keepdims=0),                 # axes attribute
+    Case("ReduceMax", X, opset=13, keepdims=1),                           # all axes
+    Case("ReduceSum", X, axes(), consts=[1], noop_with_empty_axes=1),     # identity
+    Case("ReduceSum", X, np.zeros(0, np.int64), noop_with_empty_axes=1),  # empty axes at run time
+    Case("ReduceSum", rand((256, 1024)), axes(0, 1), consts=[1], keepdims=0),  # parallel partial sums
+    Case("ReduceMean", rand((256, 1024)), axes(0), consts=[1]),           # inner spatial loop kept
+    Case("ReduceMax", rand((2, 20, 300)), axes(2), consts=[1]),
+    Case("ReduceSum", rand((2, 0, 3)), axes(1), consts=[1], keepdims=0),  # empty reductions
+    Case("ReduceMean", rand((2, 0, 3)), axes(1), consts=[1]),
+    Case("ReduceProd", rand((2, 0, 3)), axes(2), consts=[1]),
+    Case("ReduceLogSumExp", rand((2, 0, 3)), axes(1), consts=[1]),
+    Case("ReduceMax", rand((3, 4), np.bool_), axes(1), consts=[1], opset=20),
+    Case("ReduceSum", rand((4, 6), F16), axes(1), consts=[1], rtol=1e-3),
+    Case("ReduceL2", rand((4, 6), F64), axes(0), consts=[1], rtol=1e-12),
+]
+REDUCE += [Case(op, rand((3, 4, 5), dt, -9, 9), axes(1), consts=[1])
+           for op in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare"]
+           for dt in (np.int8, np.int32, np.uint8, np.int64)]
+REDUCE += [Case(op, rand((3, 4, 5), dt, 0, 3), opset=13, axis=a, keepdims=k, select_last_index=s)
+           for op in ("ArgMax", "ArgMin") for dt in (F32, np.int32, F16)
+           for a, k, s in [(0, 1, 0), (1, 0, 1), (-1, 1, 1), (2, 0, 0)]]
+_nan = rand((3, 5))
+_nan[1, [1, 3]] = np.nan
+REDUCE += [Case("ArgMax", _nan, opset=13, axis=1), Case("ArgMin", _nan, opset=13, axis=1, select_last_index=1)]
+REDUCE += [Case(op, X.astype(dt) if op != "Hardmax" else rand((3, 4, 5), dt, 0, 2), opset=o, axis=a,
+                rtol=1e-3 if dt == F16 else 1e-5)
+           for op in ("Softmax", "LogSoftmax", "Hardmax") for dt in (F32, F64, F16)
+           for o, a in [(13, -1), (13, 1), (13, 0), (11, 1), (11, 0), (11, 3), (11, -1)]]
+REDUCE += [Case("Softmax", rand((2, 4, 128, 128)), opset=13, axis=-1),
+           Case("LogSoftmax", rand((2, 4, 8, 64)), opset=13, axis=1)]
+REDUCE += [Case(op, rand((3, 4, 5), dt, 1, 3) if dt != F32 else rand((3, 4, 5), dt, 0.5, 1.5),
+                np.array(a, np.int32), opset=14 if op == "CumSum" else 26, exclusive=e, reverse=r)
+           for op in ("CumSum", "CumProd") for dt in (F32, np.int32, np.int8)
+           for a, e, r in [(0, 0, 0), (1, 1, 0), (-1, 0, 1), (2, 1, 1)]]
+REDUCE += [Case("CumSum", rand((3, 0, 2)), np.array(1), opset=14),
+           Case("CumSum", rand((7,), F16), np.array(0), opset=14, rtol=1e-3)]
+
+
+@pytest.mark.parametrize("k", range(len(REDUCE)), ids=[repr(c) for c in REDUCE])
+def test_reduce_family(k, _check=family(REDUCE)):
+    _check(k)
+
+
+def test_runtime_axes_need_values():
+    with pytest.raises(KilnError, match="axes must be known at compile time"):
+        Case("ReduceSum", X, axes(1)).lower("k")
+
+
+def test_cumsum_bad_axis_fails_the_call():
+    c = Case("CumSum", rand((2, 3)), np.array(5), opset=14)
+    lib = build_c(LoopModule([c.lower("k")]))
+    with pytest.raises(KilnError, match="bad input data"):
+        lib["k"](c.inputs[0], np.array(5), np.empty((2, 3), F32))
