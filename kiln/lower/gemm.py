@@ -77,13 +77,22 @@ class Gemm:
     work: int                   # multiply-adds, for the serial/parallel decision
     s_outer: bool               # loop over S blocks outside V panels
 
-    def schedule(self, sch: Schedule) -> None:
+    def schedule(self, sch: Schedule, out: Tensor | None = None) -> None:
         """Schedule out, acc and the packed panels (see the module docstring); inline
-        the injective computes that produce A and B."""
+        the injective computes that produce A and B.
+
+        `out`: a fused epilogue's result, an elementwise function of `self.out` of the
+        same shape; `self.out` is then inlined into it and its loops carry the tiles.
+        """
         _inline_producers(sch, self.operands)
+        if out is not None and out is not self.out and tuple(out.shape) == tuple(self.out.shape):
+            if sch[self.out].attach != "inline":
+                sch[self.out].compute_inline()
+        else:
+            out = self.out
         if self.acc is None:
             return
-        so = sch[self.out]
+        so = sch[out]
         axes = list(so.axis)
         j = None if "n" in self.squeeze else axes.pop()
         i = None if "m" in self.squeeze else axes.pop()

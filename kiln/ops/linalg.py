@@ -192,7 +192,9 @@ def det(ctx: RunCtx, x):
 # or while packing), so no operand is copied just to change its layout.
 
 def _scheduled(ctx: LowerCtx, g: Gemm):
-    ctx.schedule(lambda sch, outs: g.schedule(sch))
+    """The GEMM's output, with its schedule (tiling the kernel's output: with a fused
+    elementwise epilogue, that is the epilogue's result)."""
+    ctx.schedule(lambda sch, outs: g.schedule(sch, outs[0] if len(outs) == 1 else None))
     return g.out
 
 
@@ -241,23 +243,56 @@ def _lower_gemm(ctx: LowerCtx, a, b, c=None):
     return _scheduled(ctx, g)
 
 
+def _param(p, idx, per_row: bool):
+    """A zero point or scale at output index idx = (*batch, i, j): a 1-D one of `a` holds
+    one value per row (as the reference reshapes it to a column), others broadcast."""
+    if per_row and len(p.shape) == 1 and p.shape[0] != 1:
+        return p[(idx[-2],)]
+    return _index_bcast(p, idx)
+
+
+def _shifted(x, zp, per_row: bool, name: str):
+    """int32 view of x - zero_point, for the GEMM to read (inlined, never stored)."""
+    if zp is None:
+        return L.compute(x.shape, lambda *i: L.cast(DType.int32, x[i]), name)
+    per_row = per_row and len(x.shape) >= 2
+    return L.compute(x.shape, lambda *i: L.cast(DType.int32, x[i]) - L.cast(DType.int32, _param(zp, i, per_row)),
+                     name)
+
+
 @lowering("MatMulInteger")
 def _lower_matmul_integer(ctx: LowerCtx, a, b, a_zero_point=None, b_zero_point=None):
-    def shifted(x, zp, per_row, name):
-        """int32 view of x - zero_point; a 1-D zero point of `a` holds one value per row."""
-        if zp is None:
-            return L.compute(x.shape, lambda *i: L.cast(DType.int32, x[i]), name)
-        if per_row and len(zp.shape) == 1 and len(x.shape) >= 2 and zp.shape[0] != 1:
-            def at(i):
-                return zp[(i[-2],)]
-        else:
-            def at(i):
-                return _index_bcast(zp, i)
-        return L.compute(x.shape, lambda *i: L.cast(DType.int32, x[i]) - L.cast(DType.int32, at(i)), name)
-
-    a, b, squeeze = _as_matrices(shifted(a, a_zero_point, True, "a_shifted"),
-                                 shifted(b, b_zero_point, False, "b_shifted"))
+    a, b, squeeze = _as_matrices(_shifted(a, a_zero_point, True, "a_shifted"),
+                                 _shifted(b, b_zero_point, False, "b_shifted"))
     return _scheduled(ctx, build_gemm(a, b, squeeze=squeeze, out_dtype=DType.int32, name="matmul_integer"))
+
+
+@lowering("QLinearMatMul")
+def _lower_qlinear_matmul(ctx: LowerCtx, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
+                          y_zero_point=None):
+    """int32 GEMM of the shifted operands; the epilogue requantizes as the reference:
+    acc * (a_scale * b_scale / y_scale) (the factor in the scales' type, the product in
+    float64), rounded half to even, plus y's zero point, saturated."""
+    out = ctx.out_dtype()
+    if not out.is_int:
+        ctx.fail(f"QLinearMatMul to {out} has no native code (integer outputs only)")
+    info = np.iinfo(out.np)
+    sdt = DType.from_numpy(np.result_type(a_scale.dtype.np, b_scale.dtype.np, y_scale.dtype.np))
+    f64 = DType.float64
+    a_rows = len(a.shape) >= 2
+
+    def epilogue(v, idx):
+        s = L.cast(sdt, _param(a_scale, idx, a_rows)) * L.cast(sdt, _index_bcast(b_scale, idx)) \
+            / L.cast(sdt, _index_bcast(y_scale, idx))
+        y = L.round_(L.cast(f64, v) * L.cast(f64, s))
+        if y_zero_point is not None:
+            y = y + L.cast(f64, _index_bcast(y_zero_point, idx))
+        return L.min_(L.max_(y, L.const(info.min, f64)), L.const(info.max, f64))
+
+    a, b, squeeze = _as_matrices(_shifted(a, a_zero_point, True, "a_shifted"),
+                                 _shifted(b, b_zero_point, False, "b_shifted"))
+    return _scheduled(ctx, build_gemm(a, b, squeeze=squeeze, epilogue=epilogue, acc_dtype=DType.int32,
+                                      out_dtype=out, name="qlinear_matmul"))
 
 
 @lowering("Einsum")

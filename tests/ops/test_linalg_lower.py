@@ -127,6 +127,16 @@ def test_matmul_integer_zero_points():
            ("MatMulInteger", [rand((21,), np.uint8), b], None, {})])
 
 
+
+def test_qlinear_matmul_requantizes_like_the_reference():
+    a, b = rand((9, 21), np.uint8), rand((21, 35), np.int8)
+    f32 = lambda *v: np.array(v if len(v) > 1 else v[0], np.float32)  # noqa: E731
+    check([("QLinearMatMul", [a, f32(0.02), np.array(3, np.uint8), b, f32(0.01), np.array(-2, np.int8),
+                              f32(0.05), np.array(7, np.uint8)], None, {}),
+           ("QLinearMatMul", [a, rand((9,), np.float32) ** 2 / 50, rand((9,), np.uint8), b,
+                              rand((35,), np.float32) ** 2 / 50, rand((35,), np.int8),
+                              np.array(0.1, np.float16), np.array(-1, np.int8)], None, {})])
+
 def ein(eq, *shapes, dtype=np.float32):
     return ("Einsum", [rand(s, dtype) for s in shapes], None, dict(equation=eq))
 
@@ -163,3 +173,23 @@ def test_det_lu_with_pivoting():
            ("Det", [needs_pivot], None, {}),
            ("Det", [rand((1, 1), np.float64)], None, {}),
            ("Det", [rand((3, 0, 0))], None, {})])
+
+
+def test_gemm_builder_tiles_a_fused_epilogue():
+    """Gemm.schedule(sch, out) with an elementwise consumer: the GEMM's output is inlined
+    into it and the accumulator tile is computed at its loops (one loop nest, no temp)."""
+    from kiln.dtypes import DType
+    from kiln.loops import Schedule, compute, lower, max_, placeholder
+    from kiln.lower.gemm import gemm
+
+    a, b = placeholder((37, 19), DType.float32, "a"), placeholder((45, 19), DType.float32, "b")
+    g = gemm(a, b, trans_b=True)
+    y = compute(g.out.shape, lambda i, j: max_(g.out[i, j], 0.0), "relu")
+    sch = Schedule(y)
+    g.schedule(sch, y)
+    func = lower(sch, [a, b, y], "k")
+    text = str(func)
+    assert "allocate float32 gemm.acc[" in text and "allocate float32 gemm[" not in text
+    x, w, out = rand((37, 19)), rand((45, 19)), np.empty((37, 45), np.float32)
+    build_c(LoopModule([func]))["k"](x, w, out)
+    np.testing.assert_allclose(out, np.maximum(x @ w.T, 0), rtol=1e-4, atol=1e-4)
