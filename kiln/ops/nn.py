@@ -715,3 +715,792 @@ def mean_variance_normalization(ctx, x):
     mean = xc.mean(axis=axes, keepdims=True)
     var = (xc * xc).mean(axis=axes, keepdims=True) - mean * mean
     return ((xc - mean) / (np.sqrt(var) + 1e-9)).astype(x.dtype)
+
+
+# ================================================================ native lowerings (cpu target)
+#
+# Compute definitions say what each op computes for concrete shapes; schedules say
+# how. Convolutions share one formulation (`conv_native`):
+#
+#   Xs[n, c, phase..., f]  the zero-padded input split into stride phases and laid
+#                          out flat, so every kernel tap reads a contiguous run of it;
+#   Yq[n, g, j, q]         the reduction over (input channel, kernel taps) at flat
+#                          output positions q = sum(o_i * Pstr_i) of a "plane" whose
+#                          rows are a few columns wider than the output (the extra
+#                          columns are computed and thrown away), so the vectorized
+#                          q loop reads Xs contiguously whatever the stride/dilation;
+#   Out[n, oc, o...]       Yq cropped to the output, plus bias / requantization.
+#
+# Pointwise-like convolutions (no extra columns) skip the crop: the reduction is
+# computed in register blocks inside the output's loops. The schedule blocks
+# (output channels x vectors of q) into registers, vectorizes q, and runs the
+# (q tile, channel tile) pairs in parallel.
+
+from kiln.codegen.cpu import vector_lanes  # noqa: E402
+from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,  # noqa: E402
+                        sum_)
+from kiln.ops.registry import lowering  # noqa: E402
+
+_PAR_MIN = 1 << 15       # work (points x reduction) below which a kernel stays serial
+
+
+def _rup(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def _strides_of(shape) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
+
+
+def _horner(idx, dims):
+    """Row-major flat index of `idx` in `dims`, written so that fused loops simplify back."""
+    e = idx[0]
+    for i, n in zip(idx[1:], dims[1:]):
+        e = e * n + i
+    return e
+
+
+def _acc_dtype(dt: DType) -> DType:
+    return DType.float32 if dt in (DType.float16, DType.bfloat16) else dt
+
+
+def _conv_knobs(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict) -> tuple[int, int]:
+    """Register block: (output channels, vectors along q) sized to the register file."""
+    big = lanes * acc_bytes >= 64           # AVX-512: 32 vector registers, else 16
+    if g.ocg < 4:                           # depthwise-like: one channel, a long run of q
+        oct_, qv = 1, (4 if big else 2)
+    else:
+        oct_ = next(t for t in (4, 2, 1) if g.ocg % t == 0)
+        qv = 4 if big else 2
+    oct_, qv = int(knobs.get("oct", oct_)), int(knobs.get("qv", qv))
+    return oct_, qv
+
+
+@dataclass
+class ConvGeom:
+    """Concrete geometry of an N-d convolution for the native formulation."""
+    n: int
+    c: int
+    spatial: list
+    oc: int
+    kernel: list
+    group: int
+    strides: list
+    dil: list
+    begin: list
+    out: list
+
+    def __post_init__(self):
+        nd = len(self.kernel)
+        self.nd = nd
+        self.cg = self.c // self.group
+        self.ocg = self.oc // self.group
+        self.tap_off = [(k - 1) * d // s for k, d, s in zip(self.kernel, self.dil, self.strides)]
+        self.plane = [o + t for o, t in zip(self.out, self.tap_off)]
+        self.pstr = _strides_of(self.plane)
+        res = [{(k * d) % s for k in range(kk)} for kk, d, s in zip(self.kernel, self.dil, self.strides)]
+        self.nphase = [s if len(r) > 1 else 1 for r, s in zip(res, self.strides)]
+        self.phase0 = [0 if len(r) > 1 else next(iter(r)) for r in res]
+        # pointwise-like: the plane's inner dims equal the output's (no thrown-away columns)
+        self.dense = all(t == 0 for t in self.tap_off[1:])
+        # the input itself is the padded, phase-split plane: read it directly
+        self.direct = all(s == 1 and b == 0 and k == 1 and o == i for s, b, k, o, i in
+                          zip(self.strides, self.begin, self.kernel, self.out, self.spatial))
+
+    @property
+    def q_len(self) -> int:
+        return self.out[0] * self.pstr[0]
+
+    def flat_len(self, q_alloc: int) -> int:
+        maxoff = sum(t * p for t, p in zip(self.tap_off, self.pstr))
+        return _rup(q_alloc + maxoff, self.pstr[0])
+
+    def macs(self) -> int:
+        return self.n * self.oc * math.prod(self.out) * self.cg * math.prod(self.kernel)
+
+
+def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt: DType,
+                pad_value=None, knobs: dict | None = None):
+    """Lower a convolution given element readers; returns the output Tensor (and sets the schedule).
+
+    xval(n, c, *sp) -> Expr in acc_dt for in-bounds input positions; pad_value (acc_dt Expr)
+    is what padded positions read. wval(oc, icg, *k) -> Expr in acc_dt.
+    epilogue(acc, oc) -> Expr in out_dt (bias, requantization, cast).
+    """
+    g = geom
+    nd = g.nd
+    lanes = vector_lanes(acc_dt.itemsize)
+    oct_, qv = _conv_knobs(g, lanes, acc_dt.itemsize, knobs or {})
+    if g.ocg % oct_:
+        ctx.fail(f"conv knob oct={oct_} does not divide the {g.ocg} output channels per group")
+    qt = qv * lanes
+    zero = const(0, acc_dt) if pad_value is None else pad_value
+    # read the input in place only when no tile runs past its end
+    direct = g.direct and g.q_len % qt == 0
+    q_alloc = g.q_len if direct else _rup(g.q_len, qt)
+
+    if direct:
+        xs = None
+
+        def tap_read(n, c, ks, q):
+            return xval(n, c, *([0] * (nd - 1) + [q]))     # a flat view of the spatial dims
+    else:
+        flen = g.flat_len(q_alloc)
+
+        def xs_body(n, c, *rest):
+            ph, f = rest[:nd], rest[nd]
+            rows = [f // g.pstr[0]] + [(f % g.pstr[i - 1]) // g.pstr[i] for i in range(1, nd)]
+            pos, ok = [], None
+            for i in range(nd):
+                p = rows[i] * g.strides[i] + (ph[i] if g.nphase[i] > 1 else g.phase0[i]) - g.begin[i]
+                inside = (p >= 0) & (p < g.spatial[i])
+                ok = inside if ok is None else ok & inside
+                pos.append(min_(max_(p, 0), g.spatial[i] - 1))
+            return select(ok, xval(n, c, *pos), zero)
+        xs = compute((g.n, g.c, *g.nphase, flen), xs_body, "xpad")
+
+        def tap_read(n, c, ks, q):
+            ph = [(k * d) % s if npk > 1 else 0 for k, d, s, npk in zip(ks, g.dil, g.strides, g.nphase)]
+            off = sum(((k * d) // s) * p for k, d, s, p in zip(ks, g.dil, g.strides, g.pstr))
+            return xs[(n, c, *ph, q + off)]
+
+    ic = reduce_axis(g.cg, "ic")
+    ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(g.kernel)]
+    red = [ic] + ks
+
+    def taps(n, gi, j, q):
+        return tap_read(n, gi * g.cg + ic, ks, q) * wval(gi * g.ocg + j, ic, *ks)
+
+    # register blocks computed straight inside the output's tiles when the tile's flat
+    # range maps back to a flat acc range the simplifier can see (else: root acc + crop)
+    inner = math.prod(g.out[1:])
+    fused_ok = g.dense and g.group == 1 and q_alloc == g.q_len and (nd == 1 or qt % inner == 0)
+    if fused_ok:
+        acc = compute((g.n, g.oc, q_alloc), lambda n, o, q: sum_(taps(n, 0, o, q), axis=red), "acc")
+        out = compute((g.n, g.oc, *g.out),
+                      lambda n, o, *sp: epilogue(acc[n, o, _horner(sp, g.out)], o), "conv", out_dt)
+    else:
+        acc = compute((g.n, g.group, g.ocg, q_alloc),
+                      lambda n, gi, j, q: sum_(taps(n, gi, j, q), axis=red), "acc")
+        out = compute((g.n, g.oc, *g.out),
+                      lambda n, o, *sp: epilogue(acc[n, o // g.ocg, o % g.ocg,
+                                                     sum(i * p for i, p in zip(sp, g.pstr))], o),
+                      "conv", out_dt)
+    if out.dtype is not out_dt:
+        ctx.fail(f"conv epilogue gives {out.dtype}, expected {out_dt}")
+
+    work = g.macs()
+
+    def schedule(sch, outputs):
+        par_ok = work >= _PAR_MIN
+        if xs is not None:
+            s = sch[xs]
+            ax = list(s.axis)
+            f = ax[-1]
+            for i in range(nd - 1):
+                _, f = s.split(f, g.pstr[i])
+            lead = s.fuse(*ax[:2])
+            if par_ok:
+                s.parallel(lead)
+            s.vectorize(f)
+        so = sch[out]
+        if fused_ok:
+            oax = list(so.axis)
+            fsp = so.fuse(*oax[2:]) if nd > 1 else oax[2]
+            oo, oi = so.split(oax[1], oct_)
+            fo, fi = so.split(fsp, qt)
+            so.reorder(oax[0], fo, oo, oi, fi)
+            top = so.fuse(oax[0], fo, oo)
+            if par_ok:
+                so.parallel(top)
+            so.vectorize(fi)
+            sa = sch[acc]
+            sa.compute_at(so, top)
+            an, ao, aq = sa.axis
+            sa.reorder(an, *sa.reduce_axis, ao, aq)
+            _unroll_taps(sa, g)
+            sa.unroll(ao)
+            sa.vectorize(aq)
+            return
+        # general: register-blocked reduction into a flat buffer, then crop
+        al = sch.cache_write(acc)
+        sa = sch[acc]
+        an, ag, aj, aq = sa.axis
+        jo, ji = sa.split(aj, oct_)
+        qo, qi = sa.split(aq, qt)
+        sa.reorder(an, ag, qo, jo, ji, qi)
+        top = sa.fuse(an, ag, qo, jo)
+        if par_ok:
+            sa.parallel(top)
+        sa.vectorize(qi)
+        sl = sch[al]
+        sl.compute_at(sa, top)
+        ln, lg, lj, lq = sl.axis
+        sl.reorder(ln, lg, *sl.reduce_axis, lj, lq)
+        _unroll_taps(sl, g)
+        sl.unroll(lj)
+        sl.vectorize(lq)
+        oax = list(so.axis)
+        top = so.fuse(*oax[:2 + nd - 1])
+        if par_ok:
+            so.parallel(top)
+        so.vectorize(oax[-1])
+
+    ctx.schedule(schedule)
+    return out
+
+
+def _unroll_taps(stage, g: ConvGeom):
+    """Unroll the innermost kernel-tap loop when it is short."""
+    ks = stage.reduce_axis[1:]
+    if ks and g.kernel[-1] <= 7:
+        stage.unroll(ks[-1])
+
+
+def _conv_geom(ctx, xshape, wshape, group: int) -> ConvGeom:
+    nd = len(xshape) - 2
+    kern = kernel_of(ctx, wshape, nd)
+    if xshape[1] != wshape[1] * group or wshape[0] % group:
+        ctx.fail(f"weight shape {tuple(wshape)} does not fit input channels {xshape[1]} with group {group}")
+    win = window(ctx, list(xshape[2:]), list(kern))
+    return ConvGeom(xshape[0], xshape[1], list(xshape[2:]), wshape[0], list(kern), group,
+                    win.strides, win.dilations, [int(b) for b in win.begin], [int(o) for o in win.out])
+
+
+@lowering("Conv")
+def _conv_lower(ctx, x, w, b=None):
+    group = int(ctx.attr("group", 1))
+    geom = _conv_geom(ctx, x.shape, w.shape, group)
+    acc_dt = _acc_dtype(x.dtype)
+
+    def xval(n, c, *sp):
+        return cast(acc_dt, x[(n, c, *sp)])
+
+    def wval(o, i, *k):
+        return cast(acc_dt, w[(o, i, *k)])
+
+    def epilogue(a, o):
+        if b is not None:
+            a = a + cast(acc_dt, b[o])
+        return cast(x.dtype, a)
+    return conv_native(ctx, geom, xval, wval, acc_dt, epilogue, x.dtype)
+
+
+# ---------------------------------------------------------------- native: shared helpers
+
+def _lanes(dt: DType) -> int:
+    return vector_lanes(dt.itemsize)
+
+
+def _conj(conds):
+    out = None
+    for c in conds:
+        out = c if out is None else out & c
+    return const(1, DType.bool) if out is None else out
+
+
+def bcast_load(t, idx):
+    """Numpy-broadcast read of tensor t at the (right-aligned) output index idx."""
+    lead = len(idx) - len(t.shape)
+    return t[tuple(0 if n == 1 else idx[lead + k] for k, n in enumerate(t.shape))]
+
+
+def schedule_rows(stage, lead: int, work: int | None = None, vector: bool = True):
+    """Fuse the first `lead` axes into one (parallel when there is work) and the rest into one
+    vectorized loop: the shape of per-row/per-channel elementwise and pooling stages."""
+    axes = list(stage.axis)
+    if not axes:
+        return
+    lead = max(0, min(lead, len(axes) - 1))
+    outer = stage.fuse(*axes[:lead]) if lead > 1 else axes[0] if lead == 1 else None
+    inner_axes = axes[lead:]
+    if stage.reduce_axis:
+        if outer is not None and (work or 0) >= _PAR_MIN and outer.arg.dom[1] > 1:
+            stage.parallel(outer)
+        return
+    inner = stage.fuse(*inner_axes) if len(inner_axes) > 1 else inner_axes[0]
+    lanes = _lanes(stage.tensor.dtype)
+    if vector and inner.arg.dom[1] >= lanes:
+        stage.vectorize(inner)
+    if outer is not None and (work or 0) >= _PAR_MIN and outer.arg.dom[1] > 1:
+        stage.parallel(outer)
+
+
+def _default_then(extra):
+    """A schedule: the default one for every stage, then `extra(sch)` adjustments."""
+    from kiln.lower.schedules import default_schedule
+
+    def fn(sch, outputs):
+        extra(sch)
+        done = {s for s in sch.stages if s.relations or s.kinds or s.attach is not None}
+        rest = [s for s in sch.stages if s not in done]
+        saved = sch.stages
+        sch.stages = rest
+        try:
+            default_schedule(sch, outputs)
+        finally:
+            sch.stages = saved
+    return fn
+
+
+# ---------------------------------------------------------------- native: pooling
+
+def _pool_taps(win, o, ks, spatial, lo=None, hi=None):
+    """Input positions of taps ks at output o, whether each is inside [lo, hi), clamped positions."""
+    pos, ok, clamped = [], [], []
+    for i, (oi, k) in enumerate(zip(o, ks)):
+        p = oi * win.strides[i] + k * win.dilations[i] - win.begin[i]
+        lo_i = 0 if lo is None else lo[i]
+        hi_i = spatial[i] if hi is None else hi[i]
+        pos.append(p)
+        ok.append((p >= lo_i) & (p < hi_i))
+        clamped.append(min_(max_(p, 0), spatial[i] - 1))
+    return pos, _conj(ok), clamped
+
+
+def _window_count(win, o, spatial, lo, hi):
+    """Number of taps of the window at output o falling inside [lo, hi) per dim, multiplied (int64)."""
+    total = None
+    for i, oi in enumerate(o):
+        s, d, b, kk = win.strides[i], win.dilations[i], win.begin[i], win.kernel[i]
+        start = oi * s - b
+        k_lo = max_(-((start - lo[i]) // d), 0)                      # ceil((lo - start) / d)
+        k_hi = min_(-((start - hi[i]) // d), kk)                     # ceil((hi - start) / d)
+        c = max_(k_hi - k_lo, 0)
+        total = c if total is None else total * c
+    return total
+
+
+def _pool_schedule(red_stages, out_stages, nd, work):
+    """Pool stages: (n, c) parallel, rows, the window's taps, then the vectorized last output dim."""
+    def fn(sch, outputs):
+        for t in red_stages:
+            s = sch[t]
+            ax = list(s.axis)
+            nc = s.fuse(ax[0], ax[1])
+            s.reorder(nc, *ax[2:-1], *s.reduce_axis, ax[-1])
+            if work >= _PAR_MIN:
+                s.parallel(nc)
+            if ax[-1].arg.dom[1] >= 4:
+                s.vectorize(ax[-1])
+        for t in out_stages:
+            schedule_rows(sch[t], 2, work)
+    return fn
+
+
+def _lowest_expr(dt: DType):
+    return const(-math.inf, dt) if dt.is_float else const(np.iinfo(dt.np).min, dt)
+
+
+@lowering("MaxPool")
+def _max_pool_lower(ctx, x):
+    win = _pool_window(ctx, x)
+    nd = len(x.shape) - 2
+    out_shape = ctx.out_shape(0)
+    ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(win.kernel)]
+    spatial = list(x.shape[2:])
+    low = _lowest_expr(x.dtype)
+
+    def body(n, c, *o):
+        _, ok, cl = _pool_taps(win, o, ks, spatial)
+        return select(ok, x[(n, c, *cl)], low)
+    y = compute(out_shape, lambda n, c, *o: _rmax(body(n, c, *o), ks), "maxpool")
+    work = math.prod(out_shape) * math.prod(win.kernel)
+    reds = [y]
+    if ctx.output_used(1):
+        ks2 = [reduce_axis(k, f"t{i}") for i, k in enumerate(win.kernel)]
+        kstr = _strides_of(win.kernel)
+        big = const(math.prod(win.kernel), DType.int64)
+
+        def first(n, c, *o):
+            _, ok, cl = _pool_taps(win, o, ks2, spatial)
+            v = x[(n, c, *cl)]
+            hit = v.eq(y[(n, c, *o)])
+            if x.dtype.is_float:
+                from kiln.loops import isnan
+                hit = hit | isnan(v)
+            lin = sum(k * st for k, st in zip(ks2, kstr))
+            return _rmin(select(ok & hit, lin, big), ks2)
+        kidx = compute(out_shape, first, "argmax")
+        dims = spatial[::-1] if int(ctx.attr("storage_order", 0)) else spatial
+
+        def index(n, c, *o):
+            kk = kidx[(n, c, *o)]
+            pos = [o[i] * win.strides[i] - win.begin[i] + ((kk // kstr[i]) % win.kernel[i]) * win.dilations[i]
+                   for i in range(nd)]
+            if int(ctx.attr("storage_order", 0)):
+                pos = pos[::-1]
+            flat = (n * x.shape[1] + c) * math.prod(spatial)
+            for p, dim, st in zip(pos, dims, _strides_of(dims)):
+                flat = flat + p * st
+            return flat
+        ind = compute(out_shape, index, "indices", DType.int64)
+        reds.append(kidx)
+        ctx.schedule(_pool_schedule(reds, [ind], nd, work))
+        return [y, ind]
+    ctx.schedule(_pool_schedule(reds, [], nd, work))
+    if ctx.num_outputs > 1:
+        return [y, compute(ctx.out_shape(1), lambda *i: const(0, DType.int64), "indices")]
+    return y
+
+
+def _rmax(v, ks):
+    from kiln.loops import rmax
+    return rmax(v, ks)
+
+
+def _rmin(v, ks):
+    from kiln.loops import rmin
+    return rmin(v, ks)
+
+
+@lowering("AveragePool")
+def _average_pool_lower(ctx, x):
+    win = _pool_window(ctx, x)
+    nd = len(x.shape) - 2
+    out_shape = ctx.out_shape(0)
+    acc = _acc_dtype(x.dtype)
+    ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(win.kernel)]
+    spatial = list(x.shape[2:])
+    zero = const(0, acc)
+
+    def body(n, c, *o):
+        _, ok, cl = _pool_taps(win, o, ks, spatial)
+        return sum_(select(ok, cast(acc, x[(n, c, *cl)]), zero), ks)
+    total = compute(out_shape, body, "winsum")
+    if ctx.attr("count_include_pad", 0):
+        lo, hi = [-b for b in win.begin], [s + e for s, e in zip(spatial, win.end)]
+    else:
+        lo, hi = [0] * nd, spatial
+    y = compute(out_shape, lambda n, c, *o: cast(x.dtype, total[(n, c, *o)] /
+                                                 cast(acc, _window_count(win, o, spatial, lo, hi))),
+                "avgpool")
+    ctx.schedule(_pool_schedule([total], [y], nd, math.prod(out_shape) * math.prod(win.kernel)))
+    return y
+
+
+@lowering("LpPool")
+def _lp_pool_lower(ctx, x):
+    win = _pool_window(ctx, x)
+    nd = len(x.shape) - 2
+    out_shape = ctx.out_shape(0)
+    acc = _acc_dtype(x.dtype)
+    p = _lp_p(ctx)
+    ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(win.kernel)]
+    spatial = list(x.shape[2:])
+
+    def body(n, c, *o):
+        _, ok, cl = _pool_taps(win, o, ks, spatial)
+        return sum_(select(ok, _abs_pow(cast(acc, x[(n, c, *cl)]), p), const(0, acc)), ks)
+    total = compute(out_shape, body, "winsum")
+    y = compute(out_shape, lambda *i: cast(x.dtype, _root(total[i], p)), "lppool")
+    ctx.schedule(_pool_schedule([total], [y], nd, math.prod(out_shape) * math.prod(win.kernel)))
+    return y
+
+
+def _abs_pow(v, p: float):
+    from kiln.loops import fabs, pow_
+    if p == 2.0:
+        return v * v
+    if p == 1.0:
+        return fabs(v)
+    return pow_(fabs(v), const(p, v.dtype))
+
+
+def _root(v, p: float):
+    from kiln.loops import pow_, sqrt
+    if p == 2.0:
+        return sqrt(v)
+    if p == 1.0:
+        return v
+    return pow_(v, const(1.0 / p, v.dtype))
+
+
+def _global_lower(kind):
+    def lower_fn(ctx, x):
+        acc = _acc_dtype(x.dtype)
+        spatial = list(x.shape[2:])
+        ks = [reduce_axis(s, f"r{i}") for i, s in enumerate(spatial)]
+        if kind == "max":
+            r = compute((x.shape[0], x.shape[1]), lambda n, c: _rmax(cast(acc, x[(n, c, *ks)]), ks), "gmax")
+            fin = lambda v: v  # noqa: E731
+        elif kind == "avg":
+            r = compute((x.shape[0], x.shape[1]), lambda n, c: sum_(cast(acc, x[(n, c, *ks)]), ks), "gsum")
+            cnt = const(math.prod(spatial), acc)
+            fin = lambda v: v / cnt  # noqa: E731
+        else:
+            p = _lp_p(ctx)
+            r = compute((x.shape[0], x.shape[1]),
+                        lambda n, c: sum_(_abs_pow(cast(acc, x[(n, c, *ks)]), p), ks), "gsum")
+            fin = lambda v: _root(v, p)  # noqa: E731
+        y = compute(ctx.out_shape(0), lambda n, c, *z: cast(x.dtype, fin(r[n, c])), "gpool")
+        work = math.prod(x.shape)
+
+        def sched(sch):
+            s = sch[r]
+            nc = s.fuse(*s.axis)
+            if work >= _PAR_MIN:
+                s.parallel(nc)
+        ctx.schedule(_default_then(sched))
+        return y
+    return lower_fn
+
+
+lowering("GlobalAveragePool")(_global_lower("avg"))
+lowering("GlobalMaxPool")(_global_lower("max"))
+lowering("GlobalLpPool")(_global_lower("lp"))
+
+
+# ---------------------------------------------------------------- native: normalization
+
+def _keep_shape(shape, axes):
+    return tuple(1 if a in axes else n for a, n in enumerate(shape))
+
+
+def moments(xval, shape, axes, acc: DType, name: str, centered: bool = True):
+    """Keepdims mean and variance (two-pass, as the references) of xval(idx) over `axes`.
+
+    Returns (mean, var) tensors of the keepdims shape. With centered=False the
+    variance is E[x^2] - E[x]^2 (MeanVarianceNormalization's definition).
+    """
+    rank = len(shape)
+    keep = _keep_shape(shape, axes)
+    cnt = const(math.prod(shape[a] for a in axes), acc)
+
+    def over(i, red):
+        return [red[a] if a in red else i[a] for a in range(rank)]
+
+    r1 = {a: reduce_axis(shape[a], f"r{a}") for a in axes}
+    s1 = compute(keep, lambda *i: sum_(xval(over(i, r1)), list(r1.values())), f"{name}_sum")
+    mean = compute(keep, lambda *i: s1[i] / cnt, f"{name}_mean")
+    r2 = {a: reduce_axis(shape[a], f"s{a}") for a in axes}
+    if centered:
+        def sq(*i):
+            d = xval(over(i, r2)) - mean[i]
+            return sum_(d * d, list(r2.values()))
+        s2 = compute(keep, sq, f"{name}_sqsum")
+        var = compute(keep, lambda *i: s2[i] / cnt, f"{name}_var")
+    else:
+        def sq2(*i):
+            v = xval(over(i, r2))
+            return sum_(v * v, list(r2.values()))
+        s2 = compute(keep, sq2, f"{name}_sqsum")
+        var = compute(keep, lambda *i: s2[i] / cnt - mean[i] * mean[i], f"{name}_var")
+    return mean, var
+
+
+def _rsqrt_eps(var, eps, acc, name):
+    from kiln.loops import sqrt
+    one = const(1, acc)
+    return compute(var.shape, lambda *i: one / sqrt(var[i] + const(eps, acc)), name)
+
+
+def _norm_schedule(out_tensors, lead: int, work: int):
+    """Statistics stages by default; the normalized outputs as rows (lead axes parallel)."""
+    def extra(sch):
+        for t in out_tensors:
+            schedule_rows(sch[t], lead, work)
+    return _default_then(extra)
+
+
+@lowering("BatchNormalization")
+def _batch_norm_lower(ctx, x, scale, bias, mean, var):
+    eps = float(ctx.attr("epsilon", 1e-5))
+    acc = _acc_dtype(x.dtype)
+    rank = len(x.shape)
+    C = x.shape[1]
+    f = lambda t, c: cast(acc, t[c])  # noqa: E731
+    if _bn_training(ctx):
+        axes = [0] + list(range(2, rank))
+        bmean, bvar = moments(lambda i: cast(acc, x[tuple(i)]), x.shape, axes, acc, "bn")
+        inv = _rsqrt_eps(bvar, eps, acc, "bn_inv")
+        mom = const(float(ctx.attr("momentum", 0.9)), acc)
+        one = const(1, acc)
+        zi = (0,) * (rank - 2)
+        y = compute(x.shape, lambda n, c, *sp: cast(x.dtype, (cast(acc, x[(n, c, *sp)]) - bmean[(0, c, *zi)])
+                                                       * inv[(0, c, *zi)] * f(scale, c) + f(bias, c)), "bn")
+        run_mean = compute((C,), lambda c: cast(mean.dtype, f(mean, c) * mom + bmean[(0, c, *zi)] * (one - mom)),
+                           "running_mean")
+        run_var = compute((C,), lambda c: cast(var.dtype, f(var, c) * mom + bvar[(0, c, *zi)] * (one - mom)),
+                          "running_var")
+        saved_mean = compute((C,), lambda c: cast(mean.dtype, bmean[(0, c, *zi)]), "saved_mean")
+        saved_var = compute((C,), lambda c: cast(var.dtype, inv[(0, c, *zi)]), "saved_var")
+        ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape)))
+        return [y, run_mean, run_var, saved_mean, saved_var][:max(ctx.num_outputs, 1)]
+    from kiln.loops import sqrt
+    a = compute((C,), lambda c: f(scale, c) / sqrt(f(var, c) + const(eps, acc)), "bn_scale")
+    y = compute(x.shape, lambda n, c, *sp: cast(x.dtype, (cast(acc, x[(n, c, *sp)]) - f(mean, c)) * a[c]
+                                                 + f(bias, c)), "bn")
+    ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape)))
+    extra = [compute(t.shape, lambda c, t=t: t[c], f"stat{k}")
+             for k, t in enumerate([mean, var, mean, var][:ctx.num_outputs - 1])]
+    return [y, *extra]
+
+
+@lowering("InstanceNormalization")
+def _instance_norm_lower(ctx, x, scale, bias):
+    acc = _acc_dtype(x.dtype)
+    rank = len(x.shape)
+    axes = list(range(2, rank))
+    mean, var = moments(lambda i: cast(acc, x[tuple(i)]), x.shape, axes, acc, "in")
+    inv = _rsqrt_eps(var, float(ctx.attr("epsilon", 1e-5)), acc, "in_inv")
+    zi = (0,) * (rank - 2)
+    y = compute(x.shape, lambda n, c, *sp: cast(x.dtype, (cast(acc, x[(n, c, *sp)]) - mean[(n, c, *zi)])
+                                                 * inv[(n, c, *zi)] * cast(acc, scale[c]) + cast(acc, bias[c])),
+                "instnorm")
+    ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape)))
+    return y
+
+
+@lowering("LayerNormalization")
+def _layer_norm_lower(ctx, x, scale, bias=None):
+    rank = len(x.shape)
+    axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), rank)
+    acc = _stash(ctx)
+    if acc.c is None:
+        ctx.fail(f"stash_type {acc} has no native type")
+    axes = list(range(axis, rank))
+    mean, var = moments(lambda i: cast(acc, x[tuple(i)]), x.shape, axes, acc, "ln")
+    inv = _rsqrt_eps(var, float(ctx.attr("epsilon", 1e-5)), acc, "ln_inv")
+    zi = (0,) * (rank - axis)
+
+    def body(*i):
+        k = tuple(i[:axis]) + zi
+        v = (cast(acc, x[i]) - mean[k]) * inv[k] * cast(acc, bcast_load(scale, i))
+        if bias is not None:
+            v = v + cast(acc, bcast_load(bias, i))
+        return cast(x.dtype, v)
+    y = compute(x.shape, body, "layernorm")
+    mean_out = compute(mean.shape, lambda *i: mean[i], "mean")
+    inv_out = compute(inv.shape, lambda *i: inv[i], "invstd")
+    ctx.schedule(_norm_schedule([y], axis, math.prod(x.shape)))
+    return [y, mean_out, inv_out][:max(ctx.num_outputs, 1)]
+
+
+@lowering("RMSNormalization")
+def _rms_norm_lower(ctx, x, scale):
+    from kiln.loops import sqrt
+    rank = len(x.shape)
+    axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), rank)
+    acc = _stash(ctx)
+    if acc.c is None:
+        ctx.fail(f"stash_type {acc} has no native type")
+    axes = list(range(axis, rank))
+    keep = _keep_shape(x.shape, axes)
+    red = {a: reduce_axis(x.shape[a], f"r{a}") for a in axes}
+
+    def sq(*i):
+        v = cast(acc, x[tuple(red[a] if a in red else i[a] for a in range(rank))])
+        return sum_(v * v, list(red.values()))
+    ss = compute(keep, sq, "rms_sqsum")
+    cnt = const(math.prod(x.shape[a] for a in axes), acc)
+    eps = const(float(ctx.attr("epsilon", 1e-5)), acc)
+    den = compute(keep, lambda *i: sqrt(ss[i] / cnt + eps), "rms_den")
+    zi = (0,) * (rank - axis)
+    y = compute(x.shape, lambda *i: cast(scale.dtype, cast(acc, x[i]) / den[tuple(i[:axis]) + zi]
+                                         * cast(acc, bcast_load(scale, i))), "rmsnorm")
+    ctx.schedule(_norm_schedule([y], axis, math.prod(x.shape)))
+    return y
+
+
+@lowering("GroupNormalization")
+def _group_norm_lower(ctx, x, scale, bias):
+    g = int(ctx.attr("num_groups"))
+    n, c = x.shape[:2]
+    if c % g:
+        ctx.fail(f"channels {c} not divisible by num_groups {g}")
+    cg = c // g
+    acc = _stash(ctx) if ctx.opset >= 21 else _acc_dtype(x.dtype)
+    if acc.c is None:
+        ctx.fail(f"stash_type {acc} has no native type")
+    sp = list(x.shape[2:])
+    view = (n, g, cg, *sp)
+    mean, var = moments(lambda i: cast(acc, x[(i[0], i[1] * cg + i[2], *i[3:])]), view,
+                        list(range(2, len(view))), acc, "gn")
+    inv = _rsqrt_eps(var, float(ctx.attr("epsilon", 1e-5)), acc, "gn_inv")
+    zi = (0,) * (len(view) - 2)
+
+    def per_channel(p, ch):
+        if p.shape[0] == c:
+            return cast(acc, p[ch])
+        if p.shape[0] == g:
+            return cast(acc, p[ch // cg])
+        ctx.fail(f"scale/bias of size {p.shape[0]} given, expected {c} (channels) or {g} (groups)")
+
+    def body(b, ch, *s):
+        k = (b, ch // cg, *zi)
+        return cast(x.dtype, (cast(acc, x[(b, ch, *s)]) - mean[k]) * inv[k] * per_channel(scale, ch)
+                    + per_channel(bias, ch))
+    y = compute(x.shape, body, "groupnorm")
+    ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape)))
+    return y
+
+
+@lowering("LpNormalization")
+def _lp_normalization_lower(ctx, x):
+    p = int(ctx.attr("p", 2))
+    if p not in (1, 2):
+        ctx.fail(f"p must be 1 or 2, got {p}")
+    acc = _acc_dtype(x.dtype)
+    rank = len(x.shape)
+    axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), rank)
+    keep = _keep_shape(x.shape, [axis])
+    r = reduce_axis(x.shape[axis], "r")
+
+    def s(*i):
+        v = cast(acc, x[tuple(r if a == axis else i[a] for a in range(rank))])
+        return sum_(_abs_pow(v, float(p)), r)
+    tot = compute(keep, s, "lp_sum")
+    norm = compute(keep, lambda *i: _root(tot[i], float(p)), "lp_norm")
+    zero = const(0, acc)
+
+    def body(*i):
+        k = tuple(0 if a == axis else i[a] for a in range(rank))
+        nv = norm[k]
+        safe = select(nv.eq(zero), const(1, acc), nv)
+        return cast(x.dtype, select(nv.eq(zero), zero, cast(acc, x[i]) / safe))
+    y = compute(x.shape, body, "lpnorm")
+    ctx.schedule(_norm_schedule([y], rank - 1 if axis == rank - 1 else 1, math.prod(x.shape)))
+    return y
+
+
+@lowering("MeanVarianceNormalization")
+def _mvn_lower(ctx, x):
+    from kiln.loops import sqrt
+    acc = _acc_dtype(x.dtype)
+    rank = len(x.shape)
+    axes = sorted(normalize_axis(ctx, int(a), rank) for a in ctx.attr("axes", [0, 2, 3]))
+    mean, var = moments(lambda i: cast(acc, x[tuple(i)]), x.shape, axes, acc, "mvn", centered=False)
+    den = compute(var.shape, lambda *i: sqrt(var[i]) + const(1e-9, acc), "mvn_den")
+
+    def body(*i):
+        k = tuple(0 if a in axes else i[a] for a in range(rank))
+        return cast(x.dtype, (cast(acc, x[i]) - mean[k]) / den[k])
+    y = compute(x.shape, body, "mvn")
+    ctx.schedule(_norm_schedule([y], 1, math.prod(x.shape)))
+    return y
+
+
+@lowering("LRN")
+def _lrn_lower(ctx, x):
+    from kiln.loops import pow_
+    size = int(ctx.attr("size"))
+    alpha, beta, bias = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75)), float(ctx.attr("bias", 1.0))
+    acc = _acc_dtype(x.dtype)
+    C = x.shape[1]
+    k = reduce_axis(size, "k")
+    lo = (size - 1) // 2
+
+    def ss(n, c, *sp):
+        cc = c - lo + k
+        v = cast(acc, x[(n, min_(max_(cc, 0), C - 1), *sp)])
+        return sum_(select((cc >= 0) & (cc < C), v * v, const(0, acc)), k)
+    tot = compute(x.shape, ss, "lrn_sqsum")
+    y = compute(x.shape, lambda *i: cast(x.dtype, cast(acc, x[i]) / pow_(
+        const(bias, acc) + const(alpha / size, acc) * tot[i], const(beta, acc))), "lrn")
+    ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape) * size))
+    return y
