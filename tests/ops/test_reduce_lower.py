@@ -167,3 +167,62 @@ def test_cumsum_bad_axis_fails_the_call():
     lib = build_c(LoopModule([c.lower("k")]))
     with pytest.raises(KilnError, match="bad input data"):
         lib["k"](c.inputs[0], np.array(5), np.empty((2, 3), F32))
+
+
+# ---- QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear ----
+
+XQ = rand((3, 4, 6), F32, -300, 300)
+QUANT = []
+for _dt in (np.int8, np.uint8, np.int16, np.uint16, np.int32):
+    QUANT += [
+        Case("QuantizeLinear", XQ, np.array(0.7, F32), np.array(3, _dt), opset=21),
+        Case("QuantizeLinear", XQ, rand((4,), F32, 0.5, 2), rand((4,), _dt, 0, 5), opset=21, axis=1),
+        Case("QuantizeLinear", XQ, rand((3, 4, 2), F32, 0.5, 2), rand((3, 4, 2), _dt, 0, 5), opset=21,
+             axis=-1, block_size=3),
+        Case("DequantizeLinear", rand((3, 4, 6), _dt, 0, 100), np.array(0.7, F32), np.array(3, _dt), opset=21),
+        Case("DequantizeLinear", rand((3, 4, 6), _dt, 0, 100), rand((6,), F32, 0.5, 2), rand((6,), _dt, 0, 5),
+             opset=21, axis=2),
+    ]
+QUANT += [
+    Case("QuantizeLinear", XQ, np.array(0.7, F32), opset=21),                       # uint8, no zero point
+    Case("QuantizeLinear", XQ, np.array(0.7, F32), np.array(3, np.uint8), opset=10),
+    Case("QuantizeLinear", XQ.astype(F16), np.array(0.7, F16), np.array(-2, np.int8), opset=21),
+    Case("QuantizeLinear", np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 1e4, -1e4], F32), np.array(1, F32),
+         np.array(0, np.int8), opset=21),                                           # half to even, saturation
+    Case("DequantizeLinear", rand((3, 4), np.int8, -100, 100), np.array(0.7, F16), opset=21, rtol=1e-3),
+    Case("DequantizeLinear", rand((3, 4), np.int32, -10**6, 10**6), np.array(0.7, F32), opset=13),
+]
+QUANT += [Case("DynamicQuantizeLinear", x, opset=11, outputs=3)
+          for x in (XQ, np.abs(XQ), -np.abs(XQ), np.zeros((0, 3), F32), np.array(2.5, F32), rand((64, 1024)))]
+
+
+@pytest.mark.parametrize("k", range(len(QUANT)), ids=[repr(c) for c in QUANT])
+def test_quant_family(k, _check=family(QUANT)):
+    _check(k)
+
+
+def test_quantize_to_narrow_types_is_a_clear_error():
+    with pytest.raises(KilnError, match="quantization to int4 has no native code"):
+        Case("QuantizeLinear", XQ, np.array(0.7, F32), opset=21, output_dtype=22).lower("k")
+
+
+# ---- NegativeLogLikelihoodLoss / SoftmaxCrossEntropyLoss ----
+
+LOSS = []
+for _op in ("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"):
+    for _shape in ((3, 5), (2, 5, 3, 2)):
+        _x, _t = rand(_shape), rand((_shape[0], *_shape[2:]), np.int64, 0, 4)
+        _w = rand((5,), F32, 0.5, 2)
+        _out = 2 if _op == "SoftmaxCrossEntropyLoss" else 1
+        LOSS += [Case(_op, _x, _t, *w, opset=13, outputs=_out, reduction=r, **ig)
+                 for r in ("none", "sum", "mean") for w in ((), (_w,))
+                 for ig in ({}, {"ignore_index": 2})]
+    LOSS += [Case(_op, rand((3, 5), F64), rand((3,), np.int32, 0, 4), opset=13, rtol=1e-12),
+             Case(_op, rand((3, 5), F16), rand((3,), np.int64, 0, 4), opset=13, rtol=1e-3)]
+LOSS += [Case("SoftmaxCrossEntropyLoss", rand((4, 7, 5)), rand((4, 5), np.int64, 0, 6), opset=13,
+              reduction="none")]
+
+
+@pytest.mark.parametrize("k", range(len(LOSS)), ids=[repr(c) for c in LOSS])
+def test_loss_family(k, _check=family(LOSS)):
+    _check(k)
