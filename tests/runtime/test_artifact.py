@@ -1,0 +1,164 @@
+"""Artifacts: save → load round trip, the manifest, and loading with numpy and ctypes alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import KilnError
+from kiln.runtime import artifact as art
+from tests.runtime.models import inputs, reference
+
+ROOT = __file__.rsplit("/tests/", 1)[0]
+
+
+def rewrite_manifest(src, dst, edit) -> None:
+    """Copy artifact `src` to `dst` with `edit(manifest)` applied."""
+    with zipfile.ZipFile(src) as z:
+        files = {n: z.read(n) for n in z.namelist() if n != art.MANIFEST}
+        manifest = json.loads(z.read(art.MANIFEST))
+    edit(manifest)
+    art.write_artifact(dst, manifest, files)
+
+
+def test_round_trip_matches_numpy(artifact):
+    path, _ = artifact
+    model = kiln.load(path)
+    feeds = inputs(batch=2)
+    got = model.run(feeds)
+    for name, want in reference(**feeds).items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6)
+    assert model.target == "cpu"
+    assert [str(s) for s in model.inputs] == ["x: float32[2,4]", "s: float32[2,4]"]
+
+
+def test_manifest_says_what_is_inside(artifact, onnx_path):
+    path, manifest = artifact
+    assert art.read_manifest(path) == manifest
+    assert manifest["format"] == "kiln-artifact" and manifest["kiln_version"] == kiln.__version__
+    assert manifest["source"] == {"file": "elementwise.onnx",
+                                  "sha256": hashlib.sha256(onnx_path.read_bytes()).hexdigest()}
+    assert manifest["inputs"] == [{"name": "x", "dtype": "float32", "shape": [2, 4]},
+                                  {"name": "s", "dtype": "float32", "shape": [2, 4]}]
+    assert [o["name"] for o in manifest["outputs"]] == ["y", "z"]
+    assert manifest["dims"] == {"batch": 2}
+    assert manifest["target"]["arch"] and isinstance(manifest["target"]["features"], list)
+    assert manifest["kernels"] and manifest["workspace_bytes"] > 0
+    with zipfile.ZipFile(path) as z:
+        assert sorted(z.namelist()) == sorted([art.MANIFEST, "model.so", "model.h", "model.c", "weights.bin"])
+        weights = z.read("weights.bin")
+    assert len(weights) == manifest["weights_bytes"]
+    assert hashlib.sha256(weights).hexdigest() == manifest["weights_sha256"]
+
+
+def test_loads_without_any_compiler_module(artifact, tmp_path):
+    """The deployment promise: numpy + ctypes, with every compiler folder unimportable."""
+    path, _ = artifact
+    feeds = inputs(batch=2, seed=3)
+    for k, v in feeds.items():
+        np.save(tmp_path / f"{k}.npy", v)
+    for k, v in reference(**feeds).items():
+        np.save(tmp_path / f"want_{k}.npy", v)
+    script = textwrap.dedent(f"""
+        import sys
+        BLOCKED = ("kiln.compiler", "kiln.frontends", "kiln.lower", "kiln.codegen", "kiln.loops",
+                   "kiln.ops", "kiln.passes", "kiln.graph", "kiln.interpreter", "kiln.targets",
+                   "kiln.tune", "kiln.export", "onnx")
+
+        class Blocker:
+            def find_spec(self, name, path=None, target=None):
+                if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+                    raise ImportError("blocked for this test: " + name)
+
+        sys.meta_path.insert(0, Blocker())
+        import numpy as np
+        import kiln
+        m = kiln.load({str(path)!r})
+        d = {str(tmp_path)!r}
+        out = m.run(x=np.load(d + "/x.npy"), s=np.load(d + "/s.npy"))
+        for k, v in out.items():
+            np.testing.assert_allclose(v, np.load(d + "/want_" + k + ".npy"), rtol=1e-5, atol=1e-6)
+        loaded = sorted(n for n in sys.modules if n.startswith("kiln"))
+        print(" ".join(loaded))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert set(r.stdout.split()) <= {"kiln", "kiln.errors", "kiln.dtypes", "kiln.runtime", "kiln.runtime.model",
+                                     "kiln.runtime.native", "kiln.runtime.cpu", "kiln.runtime.artifact"}
+
+
+def test_import_kiln_is_cheap():
+    r = subprocess.run([sys.executable, "-c", "import sys, kiln; print(sorted(sys.modules))"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    mods = eval(r.stdout)
+    assert "kiln.compiler" not in mods and "onnx" not in mods and "numpy" not in mods
+
+
+def test_cpu_lacking_a_feature_is_a_clear_error(artifact, tmp_path):
+    path, _ = artifact
+    bad = tmp_path / "fancy.kiln"
+    rewrite_manifest(path, bad, lambda m: m["target"]["features"].append("avx9000_quantum"))
+    with pytest.raises(KilnError, match="avx9000_quantum, which this CPU lacks"):
+        kiln.load(bad)
+
+
+def test_other_architecture_is_a_clear_error(artifact, tmp_path):
+    path, _ = artifact
+    bad = tmp_path / "other.kiln"
+    rewrite_manifest(path, bad, lambda m: m["target"].update(arch="pdp11"))
+    with pytest.raises(KilnError, match="built for pdp11"):
+        kiln.load(bad)
+
+
+def test_newer_format_version_is_refused(artifact, tmp_path):
+    path, _ = artifact
+    bad = tmp_path / "future.kiln"
+    rewrite_manifest(path, bad, lambda m: m.update(format_version=99))
+    with pytest.raises(KilnError, match="format version 99"):
+        kiln.load(bad)
+
+
+def test_not_an_artifact(tmp_path, onnx_path):
+    with pytest.raises(KilnError, match="artifact not found"):
+        kiln.load(tmp_path / "missing.kiln")
+    with pytest.raises(KilnError, match="not a zip"):
+        kiln.load(onnx_path)
+    plain = tmp_path / "plain.zip"
+    with zipfile.ZipFile(plain, "w") as z:
+        z.writestr("hello.txt", "hi")
+    with pytest.raises(KilnError, match="no manifest.json"):
+        kiln.load(plain)
+    assert not art.is_artifact(plain) and not art.is_artifact(onnx_path)
+
+
+def test_input_validation_still_applies(artifact):
+    model = kiln.load(artifact[0])
+    with pytest.raises(KilnError, match=r"input 'x': expected shape \(2, 4\)"):
+        model.run(x=np.zeros((3, 4), np.float32), s=np.zeros((2, 4), np.float32))
+
+
+def test_saving_needs_bound_dims_and_the_cpu_target(onnx_path, tmp_path):
+    with pytest.raises(KilnError, match=r"symbolic dim\(s\) \['batch'\].*--dim batch=N"):
+        kiln.save(kiln.compile(onnx_path), tmp_path / "a.kiln")
+    with pytest.raises(KilnError, match=r"unknown dim\(s\) \['seq'\]"):
+        kiln.save(kiln.compile(onnx_path), tmp_path / "a.kiln", dims={"batch": 1, "seq": 2})
+    with pytest.raises(KilnError, match="only target 'cpu'"):
+        kiln.save(kiln.compile(onnx_path, target="interpreter"), tmp_path / "a.kiln", dims={"batch": 1})
+    assert not (tmp_path / "a.kiln").exists()
+
+
+def test_artifacts_are_reproducible(onnx_path, tmp_path):
+    model = kiln.compile(onnx_path)
+    a, b = tmp_path / "a.kiln", tmp_path / "b.kiln"
+    kiln.save(model, a, dims={"batch": 1}, source=onnx_path)
+    kiln.save(model, b, dims={"batch": 1}, source=onnx_path)
+    assert a.read_bytes() == b.read_bytes()
