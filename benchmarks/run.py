@@ -15,63 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kiln  # noqa: E402
 from benchmarks.models import MODELS, inputs_for  # noqa: E402
+from kiln.bench import compare, ort_session, stats, time_interleaved  # noqa: E402
 
 RTOL, ATOL = 1e-3, 1e-4
 DEFAULT_RUNS = {"interpreter": 3, "cpu": 50}
-
-
-def ort_session(model, threads: int):
-    """An ORT CPU session with `threads` intra-op threads and full graph optimisation."""
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def compare(got: dict, want: dict) -> dict:
-    """Max abs error, max rel error (|d| / (|want| + atol)) and allclose over all outputs."""
-    abs_err = rel_err = 0.0
-    ok = set(got) == set(want)
-    for name, w in want.items():
-        g = np.asarray(got.get(name, np.full_like(w, np.nan)))
-        if g.shape != w.shape:
-            return {"max_abs": math.inf, "max_rel": math.inf, "ok": False,
-                    "why": f"{name}: shape {g.shape} != {w.shape}"}
-        d = np.abs(g.astype(np.float64) - w)
-        abs_err = max(abs_err, float(d.max(initial=0)))
-        rel_err = max(rel_err, float((d / (np.abs(w) + ATOL)).max(initial=0)))
-        ok &= bool(np.allclose(g, w, rtol=RTOL, atol=ATOL))
-    return {"max_abs": abs_err, "max_rel": rel_err, "ok": ok}
-
-
-def stats(ms: list[float]) -> dict:
-    p10, med, p90 = np.percentile(ms, [10, 50, 90])
-    return {"median_ms": float(med), "p10_ms": float(p10), "p90_ms": float(p90), "n": len(ms)}
-
-
-def time_interleaved(fns: dict, runs: dict, rounds: int) -> dict:
-    """Alternate rounds of a few runs of each fn; returns {name: [ms per run]}."""
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            for _ in range(math.ceil(runs[name] / rounds)):
-                t = time.perf_counter()
-                fn()
-                times[name].append((time.perf_counter() - t) * 1e3)
-    return times
 
 
 def bench(name: str, model, args, opt_level) -> dict:
@@ -89,7 +44,7 @@ def bench(name: str, model, args, opt_level) -> dict:
             t = time.perf_counter()
             compiled = kiln.compile(model, target=args.target, **options)
             row[key] = time.perf_counter() - t
-        row.update(compare(compiled.run(feeds), want))  # also kiln's warm-up run
+        row.update(compare(compiled.run(feeds), want, RTOL, ATOL))  # also kiln's warm-up run
         fns["kiln"], runs["kiln"] = (lambda: compiled.run(feeds)), args.runs
     except Exception as e:  # KilnError expected; anything else is a kiln bug, reported alike
         row["error"] = f"{type(e).__name__}: {e}"

@@ -1,0 +1,189 @@
+"""Measuring kiln against its peers (ONNX Runtime, PyTorch) in one process.
+
+Runs are interleaved — alternating rounds of each engine — so drift in clocks
+or machine load hits all alike; results are median, p10 and p90. Used by
+`kiln bench` and by `benchmarks/run.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.errors import KilnError
+
+PEERS = ("ort", "torch")
+
+
+def stats(ms: list[float]) -> dict:
+    p10, med, p90 = np.percentile(ms, [10, 50, 90])
+    return {"median_ms": float(med), "p10_ms": float(p10), "p90_ms": float(p90), "n": len(ms)}
+
+
+def time_interleaved(fns: dict, runs: dict, rounds: int) -> dict:
+    """Alternate rounds of a few runs of each fn; returns {name: [ms per run]}."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(math.ceil(runs[name] / rounds)):
+                t = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def compare(got: dict, want: dict, rtol: float = 1e-3, atol: float = 1e-4) -> dict:
+    """Max abs error, max rel error (|d| / (|want| + atol)) and allclose over all outputs."""
+    abs_err = rel_err = 0.0
+    ok = set(got) == set(want)
+    for name, w in want.items():
+        g = np.asarray(got.get(name, np.full_like(w, np.nan)))
+        if g.shape != w.shape:
+            return {"max_abs": math.inf, "max_rel": math.inf, "ok": False,
+                    "why": f"{name}: shape {g.shape} != {w.shape}"}
+        d = np.abs(g.astype(np.float64) - w)
+        abs_err = max(abs_err, float(d.max(initial=0)))
+        rel_err = max(rel_err, float((d / (np.abs(w) + atol)).max(initial=0)))
+        ok &= bool(np.allclose(g, w, rtol=rtol, atol=atol))
+    return {"max_abs": abs_err, "max_rel": rel_err, "ok": ok}
+
+
+def ort_session(model, threads: int):
+    """An ORT CPU session (model: path or ModelProto), `threads` intra-op threads, full optimisation."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise KilnError("comparing with ONNX Runtime needs it installed (pip install onnxruntime)") from None
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    src = os.fspath(model) if isinstance(model, (str, os.PathLike)) else model.SerializeToString()
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+def peer(name: str, model_path: str, threads: int):
+    """A function feeds -> {output name: array} running the ONNX model on peer `name`."""
+    if name == "ort":
+        try:
+            sess = ort_session(model_path, threads)
+        except KilnError:
+            raise
+        except Exception as e:  # ORT's own errors (unsupported IR version, op, ...)
+            raise KilnError(f"onnxruntime cannot load {model_path}: {str(e).splitlines()[0]}") from None
+        names = [o.name for o in sess.get_outputs()]
+        return lambda feeds: dict(zip(names, sess.run(None, feeds)))
+    if name == "torch":
+        return _torch_peer(model_path, threads)
+    raise KilnError(f"unknown peer {name!r}; choose from {list(PEERS)}")
+
+
+def _torch_peer(model_path: str, threads: int):
+    """PyTorch eager on the ONNX model converted by onnx2torch."""
+    try:
+        import onnx
+        import torch
+        from onnx2torch import convert
+    except ImportError:
+        raise KilnError("--against torch needs torch and onnx2torch (pip install torch onnx2torch)") from None
+    torch.set_num_threads(threads)
+    proto = onnx.load(model_path)
+    inits = {i.name for i in proto.graph.initializer}
+    ins = [i.name for i in proto.graph.input if i.name not in inits]
+    outs = [o.name for o in proto.graph.output]
+    module = convert(proto).eval()
+
+    def run(feeds):
+        with torch.inference_mode():
+            res = module(*[torch.from_numpy(feeds[n]) for n in ins])
+        res = res if isinstance(res, (list, tuple)) else [res]
+        return {n: r.numpy() for n, r in zip(outs, res)}
+    return run
+
+
+@contextmanager
+def fresh_cache():
+    """Point kiln's build cache at an empty folder for the block: a truly cold compile."""
+    old = os.environ.get("KILN_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="kiln-cold-") as d:
+        os.environ["KILN_CACHE_DIR"] = d
+        try:
+            yield d
+        finally:
+            if old is None:
+                os.environ.pop("KILN_CACHE_DIR", None)
+            else:
+                os.environ["KILN_CACHE_DIR"] = old
+
+
+def compile_cold_warm(compile_fn):
+    """Call `compile_fn()` on an empty kiln cache, then again on the cache it filled.
+
+    Returns (what the warm call returned, cold seconds, warm seconds).
+    """
+    with fresh_cache():
+        t = time.perf_counter()
+        compile_fn()
+        cold = time.perf_counter() - t
+        t = time.perf_counter()
+        model = compile_fn()
+        warm = time.perf_counter() - t
+    return model, cold, warm
+
+
+@dataclass
+class BenchResult:
+    target: str
+    threads: int
+    runs: int
+    cold_s: float                 # compile + first run on an empty cache
+    warm_s: float                 # the same again, the cache filled
+    times: dict = field(default_factory=dict)    # engine -> stats()
+    check: tuple | None = None    # (peer, compare(kiln, peer)) against the first peer that ran
+    skipped: dict = field(default_factory=dict)  # peer -> why it did not run
+
+
+def bench_model(path: str, *, peers=("ort",), threads: int | None = None, runs: int = 50, seed: int = 0,
+                target: str = "cpu", dims: dict | None = None, options: dict | None = None,
+                step=lambda what: nullcontext()) -> BenchResult:
+    """Compile the ONNX model at `path` cold and warm, check it against the peers, time all
+    interleaved. `step(what)` is a context manager around each long step (progress display)."""
+    import kiln
+    from kiln.compiler import spec_of
+    from kiln.runtime.inputs import random_inputs
+    bad = [p for p in peers if p not in PEERS]
+    if bad:
+        raise KilnError(f"unknown peer(s) {bad}; choose from {list(PEERS)}")
+    threads = threads or os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read when kiln's first library loads libgomp
+    with step(f"importing {path}"):
+        graph = kiln.load_onnx(path)
+    feeds = random_inputs([spec_of(v) for v in graph.inputs], dims, seed)
+
+    def build():  # compile, and run once: a model with symbolic dims builds its kernels then
+        m = kiln.compile(kiln.load_onnx(path), target=target, **(options or {}))
+        return m, m.run(feeds)
+    with step(f"compiling {len(graph.nodes)} nodes for {target}, cold then warm"):
+        (model, got), cold, warm = compile_cold_warm(build)
+    res = BenchResult(target, threads, runs, cold, warm)
+    fns = {"kiln": lambda: model.run(feeds)}
+    for name in peers:
+        try:
+            with step(f"loading {name}"):
+                run_peer = peer(name, path, threads)
+                want = run_peer(feeds)
+        except KilnError as e:
+            res.skipped[name] = str(e)
+            continue
+        res.check = res.check or (name, compare(got, want))
+        fns[name] = (lambda f: lambda: f(feeds))(run_peer)
+    with step(f"timing {runs} runs of {', '.join(fns)}, interleaved"):
+        times = time_interleaved(fns, {k: runs for k in fns}, rounds=max(1, min(10, runs)))
+    res.times = {k: stats(v) for k, v in times.items()}
+    return res

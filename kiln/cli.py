@@ -1,0 +1,457 @@
+"""The `kiln` command: compile, run, bench and inspect models from the shell.
+
+Built on click (arguments, help) and rich (tables; progress on stderr). Results
+go to stdout, progress and errors to stderr. A KilnError prints one message
+(`error: ...`) and exits 1 without a traceback; `kiln --debug ...` (or
+KILN_DEBUG=1) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+import kiln
+from kiln.errors import KilnError
+
+TARGETS = ("cpu", "interpreter")
+STAGES = ("graph", "optimized", "loops", "c")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class _Debug:
+    on = False
+
+
+# ---------------------------------------------------------------- shared options
+
+def _pairs(ctx, param, values) -> dict[str, str]:
+    """NAME=VALUE options (repeatable) → {NAME: VALUE}."""
+    pairs = {}
+    for v in values:
+        name, eq, value = v.partition("=")
+        if not eq or not name or not value:
+            raise click.BadParameter(f"expected NAME=VALUE, got {v!r}")
+        pairs[name] = value
+    return pairs
+
+
+def _dims(ctx, param, values) -> dict[str, int]:
+    dims = {}
+    for name, value in _pairs(ctx, param, values).items():
+        if not value.isdigit() or int(value) < 1:
+            raise click.BadParameter(f"size of {name!r} must be a positive integer, got {value!r}")
+        dims[name] = int(value)
+    return dims
+
+
+def dim_option(f):
+    return click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", callback=_dims,
+                        help="Size of a symbolic dim, e.g. --dim batch=1 (repeatable).")(f)
+
+
+def target_option(f):
+    return click.option("--target", "-t", type=click.Choice(TARGETS), default=None,
+                        help="Where the code runs (default: cpu).")(f)
+
+
+def opt_option(f):
+    return click.option("-O", "opt_level", type=click.IntRange(0, 3), default=None, metavar="0..3",
+                        help="Graph optimization level, -O0 to -O3 (default: kiln's).")(f)
+
+
+# ---------------------------------------------------------------- helpers
+
+@contextmanager
+def progress(what: str):
+    """A spinner on stderr while `what` runs, then one line saying how long it took."""
+    t = time.perf_counter()
+    with err.status(what + " ..."):
+        yield
+    err.print(Text(f"{what}: {time.perf_counter() - t:.2f} s", style="dim"))
+
+
+def load_graph(path: str):
+    if not Path(path).is_file():  # before importing the frontend: a typo fails at once
+        raise KilnError(f"model file not found: {path}")
+    with progress(f"importing {path}"):
+        return kiln.load_onnx(path)
+
+
+def compile_graph(graph, target: str | None, opt_level: int | None):
+    options = {} if opt_level is None else {"opt_level": opt_level}
+    target = target or "cpu"
+    with progress(f"compiling {len(graph.nodes)} nodes for {target}"):
+        return kiln.compile(graph, target=target, **options)
+
+
+def load_model(path: str, target: str | None, opt_level: int | None):
+    """A runnable model from an .onnx file (compiled here) or a .kiln artifact (loaded)."""
+    from kiln.runtime.artifact import is_artifact
+    if is_artifact(path):
+        if target is not None or opt_level is not None:
+            raise KilnError(f"{path} is a compiled artifact; --target and -O apply to ONNX models")
+        return kiln.load(path)
+    return compile_graph(load_graph(path), target, opt_level)
+
+
+def cells(*values) -> list[Text]:
+    """Table cells as plain text (a tensor name like 'x[0]' is not rich markup)."""
+    return [Text(str(v)) for v in values]
+
+
+def table(title: str, columns: list[str], rows: list[list]) -> Table:
+    t = Table(title=Text(title), title_justify="left", show_edge=False, pad_edge=False)
+    for c in columns:
+        t.add_column(c, overflow="fold")  # hashes and node names wrap, never get cut
+    for r in rows:
+        t.add_row(*cells(*r))
+    return t
+
+
+def kv_table(title: str, rows: list[list]) -> Table:
+    """A two-column key/value table without a header row."""
+    t = table(title, ["", ""], rows)
+    t.show_header = False
+    return t
+
+
+def fmt_shape(shape) -> str:
+    return "*" if shape is None else "[" + ", ".join(map(str, shape)) + "]"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def io_table(title: str, specs) -> Table:
+    return table(title, ["name", "dtype", "shape"],
+                 [[s.name, s.dtype if s.kind == "tensor" else f"{s.kind}<{s.dtype}>", fmt_shape(s.shape)]
+                  for s in specs])
+
+
+# ---------------------------------------------------------------- the command group
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, envvar="KILN_DEBUG", help="On an error, show the full traceback.")
+@click.version_option(kiln.__version__, prog_name="kiln")
+def cli(debug: bool):
+    """kiln: compile ONNX models to native code, run, benchmark and inspect them."""
+    _Debug.on = debug
+
+
+@cli.command("compile")
+@click.argument("model")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Artifact to write (default: MODEL's name with .kiln, unless --emit is given).")
+@target_option
+@opt_option
+@dim_option
+@click.option("--emit", type=click.Choice(STAGES),
+              help="Print a stage: the imported graph, the optimized graph, the loop IR or the C source.")
+@click.option("--emit-to", type=click.Path(dir_okay=False),
+              help="Write the --emit text to this file (full text; printed text elides weights).")
+def compile_cmd(model, output, target, opt_level, dims, emit, emit_to):
+    """Compile MODEL (.onnx) into a deployable .kiln artifact, or show one of its stages.
+
+    The artifact is a zip holding the native library, its C header and source,
+    the weights and a JSON manifest; `kiln run` and `kiln.load` run it.
+    """
+    from kiln.stages import stage_text
+    if emit_to and not emit:
+        raise click.UsageError("--emit-to needs --emit STAGE")
+    if output is None and emit is None:
+        output = Path(model).stem + ".kiln"
+    graph = load_graph(model)
+    if emit == "graph":
+        show(stage_text(graph, None, "graph", dims), emit_to)
+        if output is None:
+            return
+    compiled = compile_graph(graph, target, opt_level)
+    if emit not in (None, "graph"):
+        with progress(f"making the {emit} stage"):
+            text = stage_text(graph, compiled, emit, dims)
+        show(text, emit_to)
+    if output is not None:
+        from kiln.export import save
+        with progress(f"writing {output}"):
+            manifest = save(compiled, output, dims=dims, source=model)
+        size = Path(output).stat().st_size
+        n = len(manifest["kernels"])
+        out.print(Text(f"wrote {output} ({fmt_bytes(size)}): {n} kernel{'s' * (n != 1)}, "
+                       f"weights {fmt_bytes(manifest['weights_bytes'])}, "
+                       f"workspace {fmt_bytes(manifest['workspace_bytes'])}"))
+
+
+def show(text: str, path: str | None) -> None:
+    """Write `text` to `path`, or print it with weight data elided."""
+    if path:
+        Path(path).write_text(text)
+        err.print(Text(f"wrote {path}", style="dim"))
+    else:
+        click.echo(elide_weights(text), nl=not text.endswith("\n"))
+
+
+def elide_weights(text: str) -> str:
+    """Graph text with each long base64 tensor payload replaced by its size."""
+    def size(m):
+        b64 = m.group(1)
+        return f'("<{len(b64) * 3 // 4 - b64.count("=")} bytes>")'
+    return re.sub(r'\("([A-Za-z0-9+/=]{65,})"\)', size, text)
+
+
+@cli.command()
+@click.argument("model", metavar="MODEL|ARTIFACT")
+@click.option("--input", "-i", "inputs", multiple=True, metavar="NAME=FILE.npy", callback=_pairs,
+              help="An input from a .npy file (repeatable).")
+@click.option("--random", "random_", is_flag=True, help="Make seeded random values for inputs not given.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random.")
+@dim_option
+@target_option
+@opt_option
+@click.option("--output-dir", "-d", type=click.Path(file_okay=False),
+              help="Save each output there as NAME.npy.")
+def run(model, inputs, random_, seed, dims, target, opt_level, output_dir):
+    """Run MODEL (.onnx, compiled first) or a .kiln artifact once and summarise its outputs."""
+    from kiln.runtime.inputs import random_inputs
+    if dims and not random_:
+        raise click.UsageError("--dim sizes the --random inputs; with --input files the shapes are theirs")
+    m = load_model(model, target, opt_level)
+    feeds = read_inputs(m, inputs)
+    if random_:
+        feeds = random_inputs(m.inputs, dims, seed, given=feeds)
+    missing = [s.name for s in m.inputs if s.name not in feeds]
+    if missing:
+        raise KilnError(f"no value for input(s) {missing}: give --input NAME=FILE.npy or --random")
+    t = time.perf_counter()
+    outs = m.run(feeds)
+    ms = (time.perf_counter() - t) * 1e3
+    out.print(table(f"outputs ({ms:.2f} ms, target {m.target})",
+                    ["name", "dtype", "shape", "min", "max", "mean", "first values"],
+                    [[name, *summary(x)] for name, x in outs.items()]))
+    if output_dir:
+        for path in save_outputs(outs, Path(output_dir)):
+            err.print(Text(f"wrote {path}", style="dim"))
+
+
+def read_inputs(model, inputs: dict[str, str]) -> dict[str, np.ndarray]:
+    names = [s.name for s in model.inputs]
+    unknown = [n for n in inputs if n not in names]
+    if unknown:
+        raise KilnError(f"unknown input name(s) {unknown}; the model's inputs are {names}")
+    feeds = {}
+    for name, path in inputs.items():
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise KilnError(f"--input {name}: file not found: {path}") from None
+        except (OSError, ValueError) as e:
+            raise KilnError(f"--input {name}: {path} is not a .npy array ({e})") from None
+        if not isinstance(feeds[name], np.ndarray):
+            raise KilnError(f"--input {name}: {path} is an .npz archive; give one .npy array")
+    return feeds
+
+
+def summary(x) -> list[str]:
+    """dtype, shape, min, max, mean and the first values of an output."""
+    if isinstance(x, list):
+        return ["sequence", f"{len(x)} tensors", "", "", "", ""]
+    if x is None:
+        return ["none", "", "", "", "", ""]
+    x = np.asarray(x)
+    first = " ".join(f"{v:.4g}" if x.dtype.kind == "f" else str(v) for v in x.reshape(-1)[:4])
+    first += " ..." if x.size > 4 else ""
+    if x.size and x.dtype.kind in "fiub":
+        v = x.astype(np.float64)
+        return [str(x.dtype), fmt_shape(x.shape), f"{v.min():.4g}", f"{v.max():.4g}", f"{v.mean():.4g}", first]
+    return [str(x.dtype), fmt_shape(x.shape), "", "", "", first]
+
+
+def save_outputs(outs: dict, folder: Path) -> list[Path]:
+    """NAME.npy per output (NAME.k.npy per element of a sequence), never pickled."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, x in outs.items():
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        items = [(f"{stem}.{k}", e) for k, e in enumerate(x)] if isinstance(x, list) else [(stem, x)]
+        for s, e in items:
+            if e is None:
+                continue
+            e = np.asarray(e)
+            path = folder / f"{s}.npy"
+            np.save(path, e.astype(str) if e.dtype == object else e, allow_pickle=False)
+            written.append(path)
+    return written
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--against", default="ort", show_default=True, metavar="PEERS",
+              help="Comma-separated peers to time alongside: ort, torch (or 'none').")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="Threads for kiln (OpenMP) and every peer (default: all cores).")
+@click.option("--runs", type=click.IntRange(1), default=50, show_default=True, help="Timed runs per engine.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@target_option
+@opt_option
+@dim_option
+def bench(model, against, threads, runs, seed, target, opt_level, dims):
+    """Time MODEL (.onnx) compiled by kiln against peers, interleaved in one process.
+
+    Reports median, p10 and p90 latency, each peer's ratio to kiln, kiln's cold
+    (empty cache) and warm (cached) compile time, and kiln's error against the
+    first peer.
+    """
+    from kiln.bench import bench_model
+    peers = [] if against == "none" else [p.strip() for p in against.split(",") if p.strip()]
+    res = bench_model(model, peers=peers, threads=threads, runs=runs, seed=seed, target=target or "cpu",
+                      dims=dims, options={} if opt_level is None else {"opt_level": opt_level},
+                      step=progress)
+    for p, why in res.skipped.items():
+        err.print(Text(f"{p} skipped: {why}", style="yellow"))
+    out.print(Text(f"{Path(model).name}: target {res.target}, {res.threads} threads, {runs} runs each"))
+    out.print(table("latency", ["engine", "median ms", "p10 ms", "p90 ms"],
+                    [[k, f"{r['median_ms']:.3f}", f"{r['p10_ms']:.3f}", f"{r['p90_ms']:.3f}"]
+                     for k, r in res.times.items()]))
+    kiln_ms = res.times["kiln"]["median_ms"]
+    for p, r in res.times.items():
+        if p != "kiln":
+            ratio = kiln_ms / r["median_ms"]
+            how = f"{ratio:.2f}x slower than" if ratio > 1 else f"{1 / ratio:.2f}x faster than"
+            out.print(Text(f"kiln is {how} {p} (median, kiln/{p} = {ratio:.3f})"))
+    out.print(Text(f"kiln compile (and first run): cold {res.cold_s:.2f} s (empty cache), "
+                   f"warm {res.warm_s:.2f} s (cached)"))
+    if res.check:
+        p, c = res.check
+        out.print(Text(f"kiln vs {p}: max abs error {c['max_abs']:.2e}, max rel {c['max_rel']:.2e} "
+                       f"-> {'agree' if c['ok'] else 'DISAGREE'}"))
+        if not c["ok"]:
+            raise KilnError(f"kiln's outputs disagree with {p}" + (f" ({c['why']})" if "why" in c else ""))
+
+
+@cli.command()
+@click.argument("model", metavar="MODEL|ARTIFACT")
+@target_option
+@opt_option
+@dim_option
+@click.option("--compile/--no-compile", "do_compile", default=True, show_default=True,
+              help="Also compile for cpu and report the kernels and memory.")
+def inspect(model, target, opt_level, dims, do_compile):
+    """Describe MODEL (.onnx) or a .kiln artifact: opsets, inputs and outputs, ops, what is
+    unsupported (every node at once), parameters, and the compiled kernels and memory."""
+    from kiln import describe
+    from kiln.runtime.artifact import is_artifact, read_manifest
+    from kiln.runtime.inputs import symbols
+    if is_artifact(model):
+        return show_manifest(model, read_manifest(model))
+    facts = describe.model_facts(model)
+    show_facts(facts)
+    if facts.unsupported:
+        return
+    graph, ins, outs = describe.io_specs(model)
+    out.print(io_table("inputs", ins), io_table("outputs", outs))
+    if (target or "cpu") != "cpu" or not do_compile or facts.no_lowering:
+        return
+    free = [d for d in symbols(ins) if d not in dims]
+    if free:
+        out.print(Text(f"symbolic dims {free}: give --dim NAME=SIZE to compile and see the kernels"))
+        return
+    with progress(f"compiling {len(graph.nodes)} nodes for cpu"):
+        show_kernels(describe.kernel_report(graph, opt_level, dims))
+
+
+def show_facts(facts) -> None:
+    """What is known without type inference: the file, ops, parameters, what kiln lacks."""
+    from kiln.describe import declared_specs
+
+    def op_name(d, op):
+        return f"{d}::{op}" if d else op
+    out.print(kv_table(f"{facts.file} ({fmt_bytes(facts.bytes)})", [
+        ["ir version", facts.ir_version], ["producer", facts.producer or "-"],
+        ["opsets", ", ".join(f"{d} {v}" for d, v in facts.opsets.items())],
+        ["nodes", sum(facts.ops.values())],
+        ["parameters", f"{facts.parameters:,} ({fmt_bytes(facts.parameter_bytes)})"]]))
+    unlowered = {op_name(d, op) for d, op, _ in facts.no_lowering}
+    out.print(table("ops", ["op", "nodes", "cpu lowering"],
+                    [[op, n, "no" if op in unlowered else "yes"] for op, n in facts.ops.most_common()]))
+    if facts.unsupported:
+        out.print(table(f"unsupported: {len(facts.unsupported)} node(s) kiln has no definition for",
+                        ["op", "opset", "node"],
+                        [[op_name(d, op), v, name] for d, op, name, v in facts.unsupported]))
+        ins, outs = declared_specs(facts.graph)
+        out.print(io_table("inputs (declared)", ins), io_table("outputs (declared)", outs))
+    elif facts.no_lowering:
+        out.print(table(f"target cpu cannot compile {len(facts.no_lowering)} node(s) yet (no lowering)",
+                        ["op", "node"], [[op_name(d, op), name] for d, op, name in facts.no_lowering]))
+
+
+def show_kernels(rep) -> None:
+    """The native module the model compiled to: kernels, fusion, memory, kiln's compile report."""
+    out.print(kv_table("compiled for cpu", [
+        ["input shapes", ", ".join(map(fmt_shape, rep.shapes))],
+        ["kernels", len(rep.kernels)], ["fused kernels", len(rep.fused)],
+        ["weights", fmt_bytes(rep.weights_bytes)], ["workspace arena", fmt_bytes(rep.workspace_bytes)]]))
+    if rep.fused:
+        out.print(table("fused kernels", ["kernel", "nodes"],
+                        [[k, desc] for k, desc in enumerate(rep.kernels) if desc in rep.fused]))
+    if rep.report is not None:
+        out.print(Text(str(rep.report)))
+
+
+def show_manifest(path: str, m: dict) -> None:
+    """`kiln inspect` of an artifact: its manifest, readably."""
+    t = m["target"]
+    out.print(kv_table(f"{path} (kiln artifact v{m['format_version']})", [
+        ["made by", f"kiln {m['kiln_version']}"],
+        ["source", m["source"].get("file") or "-"], ["source sha256", m["source"].get("sha256") or "-"],
+        ["target", f"{t['name']} {t['arch']} ({t['cflags']})"],
+        ["needs cpu features", " ".join(t["features"]) or "-"],
+        ["entry", m["entry"]], ["kernels", len(m["kernels"])],
+        ["weights", fmt_bytes(m["weights_bytes"])], ["workspace arena", fmt_bytes(m["workspace_bytes"])]]))
+    for title, ports in (("inputs", m["inputs"]), ("outputs", m["outputs"])):
+        out.print(table(title, ["name", "dtype", "shape"],
+                        [[p["name"], p["dtype"], fmt_shape(p["shape"])] for p in ports]))
+
+
+# ---------------------------------------------------------------- entry point
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry: click's errors as usual, KilnError as one message and exit status 1."""
+    try:
+        rc = cli.main(args=argv, prog_name="kiln", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KilnError as e:
+        if _Debug.on:
+            raise
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except Exception as e:  # a bug in kiln: say so, keep the traceback one flag away
+        if _Debug.on:
+            raise
+        click.echo(f"internal error (a bug in kiln): {type(e).__name__}: {e}\n"
+                   "rerun with `kiln --debug ...` for the traceback", err=True)
+        sys.exit(3)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":
+    main()
