@@ -192,9 +192,9 @@ def compile_cmd(model, output, target, opt_level, dims, emit, emit_to):
             manifest = save(compiled, output, dims=dims, source=model)
         size = Path(output).stat().st_size
         n = len(manifest["kernels"])
-        out.print(Text(f"wrote {output} ({fmt_bytes(size)}): {n} kernel{'s' * (n != 1)}, "
+        click.echo(f"wrote {output} ({fmt_bytes(size)}): {n} kernel{'s' * (n != 1)}, "
                        f"weights {fmt_bytes(manifest['weights_bytes'])}, "
-                       f"workspace {fmt_bytes(manifest['workspace_bytes'])}"))
+                       f"workspace {fmt_bytes(manifest['workspace_bytes'])}")
 
 
 def show(text: str, path: str | None) -> None:
@@ -240,7 +240,7 @@ def run(model, inputs, random_, seed, dims, target, opt_level, output_dir):
     t = time.perf_counter()
     outs = m.run(feeds)
     ms = (time.perf_counter() - t) * 1e3
-    out.print(table(f"outputs ({ms:.2f} ms, target {m.target})",
+    out.print(table(f"outputs (target {m.target}, first run {ms:.2f} ms)",
                     ["name", "dtype", "shape", "min", "max", "mean", "first values"],
                     [[name, *summary(x)] for name, x in outs.items()]))
     if output_dir:
@@ -323,7 +323,7 @@ def bench(model, against, threads, runs, seed, target, opt_level, dims):
                       step=progress)
     for p, why in res.skipped.items():
         err.print(Text(f"{p} skipped: {why}", style="yellow"))
-    out.print(Text(f"{Path(model).name}: target {res.target}, {res.threads} threads, {runs} runs each"))
+    click.echo(f"{Path(model).name}: target {res.target}, {res.threads} threads, {runs} runs each")
     out.print(table("latency", ["engine", "median ms", "p10 ms", "p90 ms"],
                     [[k, f"{r['median_ms']:.3f}", f"{r['p10_ms']:.3f}", f"{r['p90_ms']:.3f}"]
                      for k, r in res.times.items()]))
@@ -332,13 +332,13 @@ def bench(model, against, threads, runs, seed, target, opt_level, dims):
         if p != "kiln":
             ratio = kiln_ms / r["median_ms"]
             how = f"{ratio:.2f}x slower than" if ratio > 1 else f"{1 / ratio:.2f}x faster than"
-            out.print(Text(f"kiln is {how} {p} (median, kiln/{p} = {ratio:.3f})"))
-    out.print(Text(f"kiln compile (and first run): cold {res.cold_s:.2f} s (empty cache), "
-                   f"warm {res.warm_s:.2f} s (cached)"))
+            click.echo(f"kiln is {how} {p} (median, kiln/{p} = {ratio:.3f})")
+    click.echo(f"kiln compile (and first run): cold {res.cold_s:.2f} s (empty cache), "
+                   f"warm {res.warm_s:.2f} s (cached)")
     if res.check:
         p, c = res.check
-        out.print(Text(f"kiln vs {p}: max abs error {c['max_abs']:.2e}, max rel {c['max_rel']:.2e} "
-                       f"-> {'agree' if c['ok'] else 'DISAGREE'}"))
+        click.echo(f"kiln vs {p}: max abs error {c['max_abs']:.2e}, max rel {c['max_rel']:.2e} "
+                       f"-> {'agree' if c['ok'] else 'DISAGREE'}")
         if not c["ok"]:
             raise KilnError(f"kiln's outputs disagree with {p}" + (f" ({c['why']})" if "why" in c else ""))
 
@@ -368,7 +368,7 @@ def inspect(model, target, opt_level, dims, do_compile):
         return
     free = [d for d in symbols(ins) if d not in dims]
     if free:
-        out.print(Text(f"symbolic dims {free}: give --dim NAME=SIZE to compile and see the kernels"))
+        click.echo(f"symbolic dims {free}: give --dim NAME=SIZE to compile and see the kernels")
         return
     with progress(f"compiling {len(graph.nodes)} nodes for cpu"):
         show_kernels(describe.kernel_report(graph, opt_level, dims))
@@ -409,7 +409,7 @@ def show_kernels(rep) -> None:
         out.print(table("fused kernels", ["kernel", "nodes"],
                         [[k, desc] for k, desc in enumerate(rep.kernels) if desc in rep.fused]))
     if rep.report is not None:
-        out.print(Text(str(rep.report)))
+        click.echo(str(rep.report))
 
 
 def show_manifest(path: str, m: dict) -> None:
