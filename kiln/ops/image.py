@@ -91,9 +91,11 @@ def _filter_weights(mode, ratio, scale, a, antialias):
     return offs, w
 
 
-def _resample_axis(data, axis, out_len, scale, roi, p):
-    """Resample one axis of float64 `data` to `out_len` samples."""
-    in_len = data.shape[axis]
+def _axis_taps(in_len, out_len, scale, roi, p):
+    """How one axis is resampled: per output index, input indices (out, taps) already
+    clipped into range, their weights (None for nearest: one tap, weight 1) and the
+    out-of-roi mask (tf_crop_and_resize; else None). Shared by the reference and the
+    native kernel, which bakes these tables into its C source."""
     x, outside = _source_coords(p["ctm"], out_len, in_len, scale, roi)
     if p["mode"] == "nearest":
         nm = p["nearest_mode"]
@@ -101,16 +103,24 @@ def _resample_axis(data, axis, out_len, scale, roi, p):
             nm = "ceil" if scale < 1 else "floor"
         r = {"round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil": lambda v: np.floor(v + 0.5),
              "floor": np.floor, "ceil": np.ceil}[nm](x)
-        out = np.take(data, np.clip(r, 0, in_len - 1).astype(np.intp), axis=axis)
+        return np.clip(r, 0, in_len - 1).astype(np.intp)[:, None], None, outside
+    base = np.ceil(x) - 1
+    offs, w = _filter_weights(p["mode"], x - base, scale, p["a"], p["antialias"])
+    idx = base[:, None].astype(np.int64) + offs[None, :]
+    if p["exclude_outside"]:
+        w = np.where((idx < 0) | (idx >= in_len), 0.0, w)
+        tot = w.sum(axis=1, keepdims=True)
+        w = w / np.where(tot == 0, 1.0, tot)
+    return np.clip(idx, 0, in_len - 1).astype(np.intp), w, outside
+
+
+def _resample_axis(data, axis, out_len, scale, roi, p):
+    """Resample one axis of float64 `data` to `out_len` samples."""
+    idx, w, outside = _axis_taps(data.shape[axis], out_len, scale, roi, p)
+    if w is None:
+        out = np.take(data, idx[:, 0], axis=axis)
     else:
-        base = np.ceil(x) - 1
-        offs, w = _filter_weights(p["mode"], x - base, scale, p["a"], p["antialias"])
-        idx = base[:, None].astype(np.int64) + offs[None, :]
-        if p["exclude_outside"]:
-            w = np.where((idx < 0) | (idx >= in_len), 0.0, w)
-            tot = w.sum(axis=1, keepdims=True)
-            w = w / np.where(tot == 0, 1.0, tot)
-        g = np.take(data, np.clip(idx, 0, in_len - 1).astype(np.intp), axis=axis)
+        g = np.take(data, idx, axis=axis)
         out = (g * w.reshape((1,) * axis + w.shape + (1,) * (data.ndim - axis - 1))).sum(axis=axis + 1)
     if outside is not None and outside.any():
         mshape = (1,) * axis + (out_len,) + (1,) * (data.ndim - axis - 1)
@@ -203,20 +213,27 @@ def resize(ctx, x, *rest):
     plan = _plan(ctx, x.shape, scales, sizes, roi)
     if plan is None:
         ctx.fail("neither scales nor sizes given")
-    _, per = plan
     p = _params(ctx)
+    y = x.astype(np.float64)
+    for a, out_len, s, axis_roi in _passes(ctx, plan, x.shape, p):
+        y = _resample_axis(y, a, out_len, s, axis_roi, p)
+    return _cast_back(y, x.dtype)
+
+
+def _passes(ctx, plan, shape, p):
+    """The separable passes, in order: (axis, output length, scale, roi) per resampled axis."""
     if p["ctm"] not in ("align_corners", "asymmetric", "tf_crop_and_resize", "pytorch_half_pixel",
                         "half_pixel", "half_pixel_symmetric", "tf_half_pixel_for_nn"):
         ctx.fail(f"unknown coordinate_transformation_mode {p['ctm']!r}")
-    y = x.astype(np.float64)
-    for a, (s, axis_roi) in per.items():
+    out = []
+    for a, (s, axis_roi) in plan[1].items():
         out_len = plan[0][a]
         if p["ctm"] == "tf_crop_and_resize":
             axis_roi = axis_roi or (0.0, 1.0)
-        elif math.isclose(s, 1.0) and out_len == x.shape[a]:
+        elif math.isclose(s, 1.0) and out_len == shape[a]:
             continue
-        y = _resample_axis(y, a, out_len, s, axis_roi, p)
-    return _cast_back(y, x.dtype)
+        out.append((a, out_len, s, axis_roi))
+    return out
 
 
 op("Resize", infer=_resize_infer, aliases=("Upsample",))(resize)
@@ -429,3 +446,115 @@ def col2im(ctx, x, image_shape, block_shape):
     cols = x.reshape((n, x.shape[1] // k, *blk, *win.out))
     full = [i + b + e for i, b, e in zip(img, win.begin, win.end)]
     return crop(scatter_windows(cols, full, win.strides, win.dilations), win.begin, img).astype(x.dtype)
+
+
+# ================================================================ native lowerings (cpu target)
+
+from kiln.dtypes import DType  # noqa: E402
+from kiln.ops.registry import lowering  # noqa: E402
+
+
+def c_double(v: float) -> str:
+    """A C literal for a double (hex, exact)."""
+    v = float(v)
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    return v.hex()
+
+
+def c_table(name: str, ctype: str, values) -> str:
+    vals = list(values)
+    lits = [c_double(v) if ctype == "double" else str(int(v)) for v in vals] or ["0"]
+    rows = [", ".join(lits[i:i + 16]) for i in range(0, len(lits), 16)]
+    return f"  static const {ctype} {name}[{max(len(vals), 1)}] = {{\n    " + ",\n    ".join(rows) + "};\n"
+
+
+def c_store_cast(dt: DType, expr: str) -> str:
+    """C expression converting double `expr` to dtype `dt` as `_cast_back` does."""
+    if dt.is_float:
+        return f"({dt.c})({expr})"
+    info = np.iinfo(dt.np)
+    lo, hi = c_double(float(info.min)), c_double(float(info.max))
+    return f"({dt.c})fmin(fmax(rint({expr}), {lo}), {hi})"
+
+
+def _resize_value_getter(ctx, p):
+    def get(i):
+        if not ctx.has_input(i):
+            return None
+        v = ctx.value(i)
+        if v is not None:
+            return v
+        t = ctx.input_types[i]
+        if t is not None and t.shape is not None and math.prod(t.shape) == 0:
+            return np.zeros(0, np.float32)
+        is_roi = ctx.node.op == "Resize" and ctx.opset >= 11 and i == 1
+        if is_roi and p["ctm"] != "tf_crop_and_resize":
+            return None
+        what = {1: "roi" if is_roi else "scales", 2: "scales", 3: "sizes"}.get(i, f"input {i}")
+        ctx.fail(f"{ctx.node.op} needs its {what} known at compile time for native code "
+                 f"(input {i} is computed at run time)")
+    return get
+
+
+def _resize_lower(ctx, x, *rest):
+    p = _params(ctx)
+    scales, sizes, roi = _resize_inputs(ctx, _resize_value_getter(ctx, p))
+    plan = _plan(ctx, list(x.shape), scales, sizes, roi)
+    if plan is None:
+        ctx.fail("neither scales nor sizes given")
+    shape = list(x.shape)
+    if [int(v) for v in plan[0]] != list(ctx.out_shape(0)):
+        ctx.fail(f"resize plan gives shape {plan[0]}, inference says {ctx.out_shape(0)}")
+    n_in = math.prod(shape)
+    body = [f"  const int64_t n0 = {n_in};\n",
+            f"  double* cur = (double*)malloc((size_t)(n0 > 0 ? n0 : 1) * sizeof(double));\n",
+            "  if (!cur) return -1;\n",
+            "  for (int64_t i = 0; i < n0; ++i) cur[i] = (double)in0[i];\n"]
+    for k, (a, out_len, s, axis_roi) in enumerate(_passes(ctx, plan, shape, p)):
+        in_len = shape[a]
+        idx, w, outside = _axis_taps(in_len, out_len, s, axis_roi, p)
+        taps = idx.shape[1]
+        outer, inner = math.prod(shape[:a]), math.prod(shape[a + 1:])
+        shape[a] = out_len
+        n_out = math.prod(shape)
+        body.append(c_table(f"I{k}", "int64_t", idx.ravel()))
+        if w is not None:
+            body.append(c_table(f"W{k}", "double", w.ravel()))
+        has_out = outside is not None and bool(outside.any())
+        if has_out:
+            body.append(c_table(f"O{k}", "uint8_t", outside.astype(np.uint8)))
+        if w is None:
+            val = f"cur[(o * {in_len} + I{k}[j]) * {inner} + i]"
+        else:
+            terms = [f"W{k}[j * {taps} + {t}] * cur[(o * {in_len} + I{k}[j * {taps} + {t}]) * {inner} + i]"
+                     for t in range(taps)]
+            val = " + ".join(terms) if taps <= 8 else None
+        if has_out:
+            ext = c_double(p["extrapolation"])
+        body.append(f"  {{ double* nxt = (double*)malloc((size_t){max(n_out, 1)} * sizeof(double));\n"
+                    f"  if (!nxt) {{ free(cur); return -1; }}\n"
+                    + ("  #pragma omp parallel for schedule(static)\n" if n_out * taps >= 1 << 15 else "")
+                    + f"  for (int64_t oj = 0; oj < {outer * out_len}; ++oj) {{\n"
+                    f"    const int64_t o = oj / {out_len}, j = oj % {out_len};\n"
+                    f"    double* dst = nxt + oj * {inner};\n"
+                    f"    for (int64_t i = 0; i < {inner}; ++i) {{\n")
+        if val is None:
+            body.append(f"      double acc = 0.0;\n"
+                        f"      for (int64_t t = 0; t < {taps}; ++t)\n"
+                        f"        acc += W{k}[j * {taps} + t] * cur[(o * {in_len} + I{k}[j * {taps} + t]) * {inner} + i];\n")
+            val = "acc"
+        if has_out:
+            val = f"(O{k}[j] ? {ext} : ({val}))"
+        body.append(f"      dst[i] = {val};\n    }}\n  }}\n  free(cur); cur = nxt; }}\n")
+    body.append(f"  for (int64_t i = 0; i < {math.prod(shape)}; ++i) out0[i] = {c_store_cast(x.dtype, 'cur[i]')};\n"
+                "  free(cur);\n  return 0;\n")
+    if x.dtype.c is None:
+        ctx.fail(f"dtype {x.dtype} has no native type")
+    return ctx.extern("".join(body), [x, *rest], [(ctx.out_shape(0), ctx.out_dtype(0))])
+
+
+lowering("Resize")(_resize_lower)
+lowering("Upsample")(_resize_lower)

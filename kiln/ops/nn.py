@@ -1504,3 +1504,100 @@ def _lrn_lower(ctx, x):
         const(bias, acc) + const(alpha / size, acc) * tot[i], const(beta, acc))), "lrn")
     ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape) * size))
     return y
+
+
+# ---------------------------------------------------------------- native: integer and transposed convolutions
+
+def _first(t):
+    """The single value of a scalar-like tensor (0-d, or one element)."""
+    return t[(0,) * len(t.shape)]
+
+
+def _per_channel(t, oc, n_oc):
+    """A zero point / scale that is a scalar or one value per output channel."""
+    if t is None:
+        return None
+    if len(t.shape) == 1 and t.shape[0] == n_oc and n_oc > 1:
+        return t[oc]
+    return _first(t)
+
+
+@lowering("ConvInteger")
+def _conv_integer_lower(ctx, x, w, xzp=None, wzp=None):
+    group = int(ctx.attr("group", 1))
+    geom = _conv_geom(ctx, x.shape, w.shape, group)
+    i32 = DType.int32
+
+    def xval(n, c, *sp):
+        v = cast(i32, x[(n, c, *sp)])
+        return v - cast(i32, _first(xzp)) if xzp is not None else v
+
+    def wval(o, i, *k):
+        v = cast(i32, w[(o, i, *k)])
+        return v - cast(i32, _per_channel(wzp, o, w.shape[0])) if wzp is not None else v
+    return conv_native(ctx, geom, xval, wval, i32, lambda a, o: a, i32)
+
+
+@lowering("QLinearConv")
+def _qlinear_conv_lower(ctx, x, xs, xzp, w, ws, wzp, ys, yzp=None, b=None):
+    from kiln.loops import round_
+    group = int(ctx.attr("group", 1))
+    geom = _conv_geom(ctx, x.shape, w.shape, group)
+    i32, f64 = DType.int32, DType.float64
+    out_dt = ctx.out_dtype(0)
+    m = w.shape[0]
+    info = np.iinfo(out_dt.np)
+
+    def xval(n, c, *sp):
+        return cast(i32, x[(n, c, *sp)]) - cast(i32, _first(xzp))
+
+    def wval(o, i, *k):
+        return cast(i32, w[(o, i, *k)]) - cast(i32, _per_channel(wzp, o, m))
+
+    def epilogue(a, o):
+        v = cast(f64, a)
+        if b is not None:
+            v = v + cast(f64, b[o])
+        scale = cast(f64, _first(xs)) * cast(f64, _per_channel(ws, o, m)) / cast(f64, _first(ys))
+        v = round_(v * scale)
+        if yzp is not None:
+            v = v + cast(f64, _first(yzp))
+        v = min_(max_(v, const(float(info.min), f64)), const(float(info.max), f64))
+        return cast(out_dt, v)
+    return conv_native(ctx, geom, xval, wval, i32, epilogue, out_dt)
+
+
+@lowering("ConvTranspose")
+def _conv_transpose_lower(ctx, x, w, b=None):
+    group = int(ctx.attr("group", 1))
+    n, c = x.shape[:2]
+    nd = len(x.shape) - 2
+    if w.shape[0] != c or c % group:
+        ctx.fail(f"weight shape {tuple(w.shape)} expects {w.shape[0]} input channels, input has {c} (group {group})")
+    kern = [int(k) for k in ctx.attr("kernel_shape", w.shape[2:])]
+    ins = list(x.shape[2:])
+    s = _int_list(ctx, "strides", nd, 1)
+    d = _int_list(ctx, "dilations", nd, 1)
+    begin = _transpose_geometry(ctx, ins, kern)[0]
+    acc = _acc_dtype(x.dtype)
+    cg, mg = c // group, w.shape[1]
+    out_shape = ctx.out_shape(0)
+    ic = reduce_axis(cg, "ic")
+    ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(kern)]
+
+    def body(b_, m, *o):
+        gi = m // mg
+        conds, pos = [], []
+        for i in range(nd):
+            t = o[i] + begin[i] - ks[i] * d[i]
+            conds += [t >= 0, t < ins[i] * s[i]] + ([(t % s[i]).eq(0)] if s[i] > 1 else [])
+            pos.append(min_(max_(t // s[i], 0), ins[i] - 1))
+        cin = gi * cg + ic
+        v = cast(acc, x[(b_, cin, *pos)]) * cast(acc, w[(cin, m % mg, *ks)])
+        return sum_(select(_conj(conds), v, const(0, acc)), [ic, *ks])
+    tot = compute(out_shape, body, "convT")
+    y = compute(out_shape, lambda b_, m, *o: cast(x.dtype, tot[(b_, m, *o)] + cast(acc, b[m]) if b is not None
+                                                  else tot[(b_, m, *o)]), "convtranspose")
+    work = math.prod(out_shape) * cg * math.prod(kern)
+    ctx.schedule(_pool_schedule([tot], [y], nd, work))
+    return y

@@ -142,7 +142,57 @@ NORM = [
     Case("LRN", dict(x=R(2, 7, 4, 5)), size=4),
 ]
 
-CASES = CONV + POOL + NORM
+
+def _q(*shape, dt=np.uint8):
+    info = np.iinfo(dt)
+    return I(info.min, info.max, *shape, dt=dt)
+
+
+QCONV = [
+    Case("ConvInteger", dict(x=_q(1, 3, 7, 7), w=_q(4, 3, 3, 3), xz=np.array(12, np.uint8),
+                             wz=np.array(100, np.uint8)), ("w", "wz"), opset=10, pads=P1),
+    Case("ConvInteger", dict(x=_q(1, 4, 7, 7, dt=np.int8), w=_q(4, 2, 3, 3, dt=np.int8), xz=np.array([3], np.int8),
+                             wz=I(-5, 5, 4)), opset=10, group=2, strides=[2, 2]),
+    Case("QLinearConv", dict(x=_q(1, 4, 8, 8), xs=np.array(0.02, np.float32), xz=np.array(120, np.uint8),
+                             w=_q(8, 4, 3, 3), ws=U(8) / 200, wz=np.array(128, np.uint8),
+                             ys=np.array(0.3, np.float32), yz=np.array(5, np.uint8), b=I(-999, 999, 8, dt=np.int32)),
+         ("w", "ws", "wz", "b"), opset=10, pads=P1),
+    Case("QLinearConv", dict(x=_q(1, 4, 8, 8, dt=np.int8), xs=np.array(0.02, np.float32), xz=np.array(-3, np.int8),
+                             w=_q(4, 1, 3, 3, dt=np.int8), ws=np.array(0.005, np.float32), wz=np.array(0, np.int8),
+                             ys=np.array(0.1, np.float32), yz=np.array(-5, np.int8)),
+         opset=10, group=4, pads=P1, strides=[2, 2]),
+    Case("ConvTranspose", dict(x=R(1, 3, 5, 5), w=R(3, 4, 3, 3), b=R(4)), ("w", "b")),
+    Case("ConvTranspose", dict(x=R(1, 4, 5, 6), w=R(4, 3, 3, 2)), strides=[2, 3], pads=[1, 0, 1, 1], group=2),
+    Case("ConvTranspose", dict(x=R(1, 3, 5, 5), w=R(3, 2, 3, 3)), strides=[2, 2], output_padding=[1, 1]),
+    Case("ConvTranspose", dict(x=R(1, 3, 5, 5), w=R(3, 2, 3, 3)), strides=[2, 2], output_shape=[10, 8]),
+    Case("ConvTranspose", dict(x=R(1, 3, 5, 5), w=R(3, 2, 3, 3)), strides=[2, 2], auto_pad="SAME_UPPER",
+         dilations=[2, 1]),
+    Case("ConvTranspose", dict(x=R(1, 3, 7), w=R(3, 2, 4)), strides=[3], auto_pad="SAME_LOWER"),
+    Case("ConvTranspose", dict(x=R(1, 2, 3, 4, 5), w=R(2, 2, 2, 2, 2), b=R(2)), strides=[2, 2, 2]),
+]
+
+E0 = np.zeros(0, np.float32)
+SC = np.array([1, 1, 2, 1.5], np.float32)
+RESIZE = [Case("Resize", dict(x=R(1, 2, 5, 6), roi=E0, s=SC), ("roi", "s"), opset=19, mode=m,
+               coordinate_transformation_mode=c)
+          for m, c in [("nearest", "half_pixel"), ("nearest", "asymmetric"), ("nearest", "tf_half_pixel_for_nn"),
+                       ("linear", "half_pixel"), ("linear", "align_corners"), ("linear", "pytorch_half_pixel"),
+                       ("cubic", "half_pixel_symmetric"), ("cubic", "asymmetric")]]
+RESIZE += [
+    Case("Resize", dict(x=R(1, 2, 8, 9), roi=E0, s=np.array([1, 1, .5, .6], np.float32)), ("roi", "s"), opset=19,
+         mode="cubic", antialias=1, exclude_outside=1),
+    Case("Resize", dict(x=R(1, 2, 8, 9), roi=E0, s=E0, sz=np.array([5, 20], np.int64)), ("roi", "s", "sz"),
+         opset=19, axes=[2, 3], keep_aspect_ratio_policy="not_larger", mode="linear"),
+    Case("Resize", dict(x=R(1, 2, 8, 9), roi=np.array([0, 0, .1, .2, 1, 1, .9, 1.2], np.float32), s=E0,
+                        sz=np.array([1, 2, 5, 7], np.int64)), ("roi", "s", "sz"), opset=19, mode="linear",
+         coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-3.0),
+    Case("Resize", dict(x=_q(1, 2, 5, 6), roi=E0, s=SC), ("roi", "s"), opset=19, mode="cubic"),
+    Case("Resize", dict(x=R(1, 2, 5, 6), s=SC), ("s",), opset=10, mode="linear"),
+    Case("Upsample", dict(x=R(1, 2, 5, 6), s=np.array([1, 1, 2, 3], np.float32)), ("s",), opset=9),
+    Case("Upsample", dict(x=R(1, 2, 5, 6)), opset=7, scales=[1.0, 1.0, 2.0, 2.0], mode="linear"),
+]
+
+CASES = CONV + POOL + NORM + QCONV + RESIZE
 
 
 def _lower(case, name):
@@ -191,6 +241,12 @@ def test_conv_schedule_blocks_registers_and_vectorizes():
     _, _, func = _lower(Case("Conv", dict(x=R(1, 16, 14, 14), w=R(32, 16, 3, 3)), ("w",), pads=P1), "c")
     text = str(func)
     assert "acc.local" in text and "vectorized for" in text and "parallel for" in text
+
+
+def test_resize_needs_compile_time_scales():
+    case = Case("Resize", dict(x=R(1, 2, 5, 6), roi=E0, s=SC), ("roi",), opset=19)
+    with pytest.raises(KilnError, match="scales known at compile time"):
+        _lower(case, "r")
 
 
 def test_lowering_rejects_bad_knob():
