@@ -33,10 +33,14 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from kiln.codegen.c import STACK_LIMIT
 from kiln.codegen.cpu import cpu_features, vector_lanes
 from kiln.dtypes import DType
 from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
 from kiln.lower.schedules import PARALLEL_MIN_WORK
+
+
+PANEL_MAX_BLOCKS = 16  # S blocks per panel (each an unrolled copy of the micro-kernel)
 
 
 def vector_registers(features: frozenset | None = None) -> int:
@@ -50,24 +54,25 @@ def accumulator_dtype(dt: DType) -> DType:
     return DType.float32 if dt in (DType.float16, DType.bfloat16) else dt
 
 
-def choose_tile(rows: int, cols: int, dtype: DType) -> tuple[int, int]:
+def choose_tile(rows: int, cols: int, dtype: DType, max_padded_rows: int | None = None) -> tuple[int, int] | None:
     """(mr, nr) for a rows x cols product: nr = two vectors (one when cols is narrow),
-    mr = as many rows as the registers hold, lowered where that pads fewer rows."""
+    mr = as many rows as the registers hold, lowered where that pads fewer rows.
+    max_padded_rows: only tiles whose padded row count fits (None when none does)."""
     lanes = vector_lanes(dtype.itemsize)
     nvec = 1 if cols <= lanes else 2
     nr = min(lanes * nvec, cols)
     budget = max(1, (vector_registers() - 4) // nvec)   # B vectors, a broadcast and slack
-    if rows <= budget:
-        return rows, nr
-    cost = {mr: -(-rows // mr) * (mr + 1) for mr in range(max(1, budget // 2), budget + 1)}
-    return min(cost, key=lambda mr: (cost[mr], -mr)), nr
+    cands = [rows] if rows <= budget else range(max(1, budget // 2), budget + 1)
+    cost = {mr: -(-rows // mr) * (mr + 1) for mr in cands
+            if max_padded_rows is None or -(-rows // mr) * mr <= max_padded_rows}
+    return (min(cost, key=lambda mr: (cost[mr], -mr)), nr) if cost else None
 
 
 @dataclass
 class Gemm:
     """The output compute of a GEMM, the stages its schedule manages, and its knobs."""
     out: Tensor
-    acc: Tensor | None          # padded accumulator [*batch, Rp, Cp] (rows = S side); None when empty
+    acc: Tensor | None          # accumulator [*batch, panels, Rp, nr] (rows: S side); None when empty
     packed: Tensor | None       # packed V panels
     operands: tuple
     mr: int
@@ -76,6 +81,7 @@ class Gemm:
     squeeze: tuple
     work: int                   # multiply-adds, for the serial/parallel decision
     s_outer: bool               # loop over S blocks outside V panels
+    panel: bool = False         # pack V one panel at a time, inside the parallel panel loop
 
     def schedule(self, sch: Schedule, out: Tensor | None = None) -> None:
         """Schedule out, acc and the packed panels (see the module docstring); inline
@@ -100,8 +106,11 @@ class Gemm:
         io, ii = so.split(i, mi) if i is not None else (None, None)
         jo, ji = so.split(j, nj) if j is not None else (None, None)
         s_o, v_o = (jo, io) if self.swapped else (io, jo)
-        tiles = [v for v in (*axes, *((s_o, v_o) if self.s_outer else (v_o, s_o))) if v is not None]
-        so.reorder(*tiles, *[v for v in (ii, ji) if v is not None])
+        if self.panel:   # acc covers a whole V panel; the S blocks loop inside it
+            tiles, inner = [v for v in (*axes, v_o) if v is not None], [s_o]
+        else:
+            tiles, inner = [v for v in (*axes, *((s_o, v_o) if self.s_outer else (v_o, s_o))) if v is not None], []
+        so.reorder(*tiles, *[v for v in (*inner, ii, ji) if v is not None])
         fused = so.fuse(*tiles) if tiles else None
         if ji is not None and nj > 1:
             so.vectorize(ji)
@@ -110,19 +119,31 @@ class Gemm:
         sa = sch[self.acc]
         if fused is not None:
             sa.compute_at(so, fused)
-        *_, r, c = sa.axis
-        sa.reorder(sa.reduce_axis[0], r, c)
-        sa.unroll(r)
+        *_, co, r, c = sa.axis
+        k = sa.reduce_axis[0]
+        if self.panel:
+            # the S-block loop is unrolled, so every accumulator index is a constant
+            # and the C compiler keeps each block's tile in registers over its k loop
+            ro, ri = sa.split(r, self.mr)
+            sa.reorder(co, ro, k, ri, c)
+            sa.unroll(ro)
+            sa.unroll(ri)
+        else:
+            sa.reorder(k, r, c)
+            sa.unroll(r)
         if self.nr > 1:
             sa.vectorize(c)
         if self.packed is not None:
             sp = sch[self.packed]
             *pb, pco, pk, pci = sp.axis
-            outer = sp.fuse(*pb, pco)
             if self.nr > 1:
                 sp.vectorize(pci)
-            if math.prod(self.packed.shape) >= PARALLEL_MIN_WORK:
-                sp.parallel(outer)
+            if self.panel:
+                sp.compute_at(sa, co)
+            else:
+                outer = sp.fuse(*pb, pco)
+                if math.prod(self.packed.shape) >= PARALLEL_MIN_WORK:
+                    sp.parallel(outer)
 
 
 def _inline_producers(sch: Schedule, tensors) -> None:
@@ -158,7 +179,8 @@ def _bcast(idx, shape):
 def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
          epilogue: Callable | None = None, out_dtype: DType | None = None,
          acc_dtype: DType | None = None, squeeze: tuple = (), name: str = "gemm",
-         tile: tuple[int, int] | None = None, swap: bool | None = None, pack: bool | None = None) -> Gemm:
+         tile: tuple[int, int] | None = None, swap: bool | None = None, pack: bool | None = None,
+         panel: bool | None = None) -> Gemm:
     """GEMM of a [*ba, M, K] and b [*bb, K, N], batch dims broadcast as numpy.matmul.
 
     trans_a / trans_b: a is stored [*ba, K, M] / b is stored [*bb, N, K] (read in place,
@@ -166,7 +188,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     maps the accumulated value (acc_dtype) at output index idx = (*batch, i, j) to the
     stored value (bias, alpha/beta, activations); the result is cast to out_dtype
     (default: a's dtype). squeeze: "m" and/or "n", size-1 output dims to drop
-    (numpy.matmul's 1-D operands). tile = (mr, nr), swap and pack override the
+    (numpy.matmul's 1-D operands). tile = (mr, nr), swap, pack and panel override the
     heuristics (a tuner's knobs).
     """
     *ba, M, K = a.shape if not trans_a else (*a.shape[:-2], a.shape[-1], a.shape[-2])
@@ -198,10 +220,18 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
         (R, C), s_at, v_at, vb = (M, N), a_at, (lambda bi, c, k: b_at(bi, k, c)), bb
     mr, nr = tile or choose_tile(R, C, acc_dtype)
     mr, nr = max(1, min(mr, R)), max(1, min(nr, C))
-    Rp, Cp = -(-R // mr) * mr, -(-C // nr) * nr
     v_contiguous = (trans_a if swap else not trans_b)
     if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
         pack = nr > 1 and (-(-R // mr) > 1 or C % nr != 0 or not v_contiguous)
+    if panel is None:
+        # few S blocks: pack V panel by panel (read once, no packed copy in memory) and
+        # keep the whole panel's accumulators on the stack
+        rows = STACK_LIMIT // (nr * acc_dtype.itemsize)
+        fit = tile or choose_tile(R, C, acc_dtype, max_padded_rows=rows)
+        panel = pack and fit is not None and fit[1] == nr and -(-R // fit[0]) <= PANEL_MAX_BLOCKS
+        if panel:
+            mr = min(fit[0], R)
+    Rp, Cp = -(-R // mr) * mr, -(-C // nr) * nr
     k = reduce_axis(K, "k")
 
     if pack:
@@ -209,27 +239,30 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
                          lambda *ix: v_at(ix[:-3], min_(ix[-3] * nr + ix[-1], C - 1), ix[-2]),
                          f"{name}.packed")
 
-        def v_load(bi, c):
-            return packed[(*bi, c // nr, k, c % nr)]
+        def v_load(bi, co, ci):
+            return packed[(*bi, co, k, ci)]
     else:
         packed = None
 
-        def v_load(bi, c):
-            return v_at(bi, min_(c, C - 1), k)
+        def v_load(bi, co, ci):
+            return v_at(bi, min_(co * nr + ci, C - 1), k)
 
     def acc_body(*ix):
-        *bi, r, c = ix
+        *bi, co, r, ci = ix
         sv = s_at(tuple(bi), min_(r, R - 1), k)
-        vv = v_load(_bcast(tuple(bi), vb), c)
+        vv = v_load(_bcast(tuple(bi), vb), co, ci)
         return sum_(cast(acc_dtype, sv) * cast(acc_dtype, vv), axis=k)
 
-    acc = compute((*batch, Rp, Cp), acc_body, f"{name}.acc")
+    # the panel index is a dim of its own: no div/mod between the tile loops and the
+    # accumulator, so bound inference sees exact one-panel regions
+    acc = compute((*batch, Cp // nr, Rp, nr), acc_body, f"{name}.acc")
 
     def out_body(*ix):
         *bi, i, j = ix = _unsqueeze(ix, squeeze)
-        return cast(out_dtype, epi(acc[(*bi, j, i) if swap else (*bi, i, j)], ix))
+        r, c = (j, i) if swap else (i, j)
+        return cast(out_dtype, epi(acc[(*bi, c // nr, r, c % nr)], ix))
 
     out = compute(shape, out_body, name)
     s_size, v_size = R * K * math.prod(ba if not swap else bb), C * K * math.prod(vb)
     return Gemm(out, acc, packed, (a, b), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
-                s_outer=s_size > v_size)
+                s_outer=s_size > v_size, panel=panel)
