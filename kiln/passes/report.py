@@ -1,0 +1,36 @@
+"""`kiln.compile(..., report=True)` attaches a CompileReport to the model: what the
+compiler did to it. The passes fill `passes` and `findings`; fusion, memory
+planning and the runtime fill the other fields as they come."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.passes.stats import PassStats
+
+
+@dataclass
+class CompileReport:
+    opt_level: int
+    passes: list[PassStats] = field(default_factory=list)
+    fused_groups: list[Any] = field(default_factory=list)     # kernels and the ops in each
+    why_not_fused: list[Any] = field(default_factory=list)    # decisions not to fuse, with reasons
+    arena_bytes: int | None = None                            # planned intermediate memory
+    intermediate_bytes: int | None = None                     # sum of all intermediate tensors
+    kernels: int | None = None                                # kernels launched per inference
+
+    @property
+    def findings(self) -> list[Any]:
+        return [f for p in self.passes for f in p.findings]
+
+    def __str__(self) -> str:
+        lines = [f"kiln compile report (-O{self.opt_level})"]
+        lines += [f"  {p}" for p in self.passes]
+        if self.kernels is not None:
+            lines.append(f"  kernels per inference: {self.kernels}")
+        if self.arena_bytes is not None:
+            lines.append(f"  arena: {self.arena_bytes} bytes"
+                         + (f" (all intermediates: {self.intermediate_bytes})"
+                            if self.intermediate_bytes is not None else ""))
+        return "\n".join(lines)
