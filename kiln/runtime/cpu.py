@@ -16,8 +16,10 @@ import re
 import shutil
 import subprocess
 
+# vector ISAs, plus the scalar extensions -march=native lets GCC emit (shlx, lzcnt, movbe, popcnt)
 _INTERESTING = {"sse2", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
                 "avx512vl", "avx512dq", "avx512_fp16", "avx512_bf16", "avx512_vnni", "amx_tile",
+                "bmi1", "bmi2", "abm", "movbe", "popcnt",
                 "neon", "asimd", "sve", "fp16", "asimdhp"}
 
 
