@@ -544,22 +544,23 @@ def topk(ctx, x, k=None):
 @lowering("TopK")
 @sized_by("K")
 def _topk_lower(ctx, x, k=None):
-    """Per line along the axis: merge sort of the positions by (value, position), NaN the
-    largest, then the first k. Lines run in parallel when there is work."""
+    """Per line along the axis, the positions ordered by (value, position), NaN the largest:
+    for small k an insertion into the k best so far (most elements are rejected by one
+    comparison with the k-th), else a merge sort. Lines run in parallel when there is work."""
     shape, a = x.shape, _axis(ctx, len(x.shape), -1)
     n, kk = shape[a], ctx.out_shape()[a]
     inner = math.prod(shape[a + 1:])
     lines = math.prod(shape[:a]) * inner
     t = _c_type(ctx, x.dtype)
-    if ctx.attr("largest", 1):
-        before = "(A != A) ? (B != B ? p < q : 1) : (B != B) ? 0 : (A > B || (A == B && p < q))"
-    else:
-        before = "(A != A) ? (B != B ? p < q : 0) : (B != B) ? 1 : (A < B || (A == B && p < q))"
     y = shape[:a] + (kk,) + shape[a + 1:]
     if lines == 0 or kk == 0:
         return ctx.extern("  return 0;", [x, k], [(y, x.dtype), (y, DType.int64)])
-    body = f"""  int32_t failed = 0;
-  #pragma omp parallel if ({lines} * {n} > {1 << 15})
+    nan, cmp = ("1", ">") if ctx.attr("largest", 1) else ("0", "<")
+    body = f"""#define KILN_BEFORE(p, q) kiln_before_(src[(p) * {inner}], src[(q) * {inner}], (p), (q))
+#define kiln_before_(A, B, p, q) \\
+  ((A != A) ? ((B != B) ? p < q : {nan}) : (B != B) ? {1 - int(nan)} : (A {cmp} B || (A == B && p < q)))
+  int32_t failed = 0;
+  #pragma omp parallel if ({lines * n} > {1 << 15})
   {{
     int64_t* idx = (int64_t*)malloc(2 * {n} * sizeof(int64_t));
     #pragma omp for schedule(static)
@@ -570,22 +571,8 @@ def _topk_lower(ctx, x, k=None):
         continue;
       }}
       const {t}* src = in0 + line / {inner} * {n * inner} + line % {inner};
-      int64_t *cur = idx, *nxt = idx + {n};
-      for (int64_t m = 0; m < {n}; ++m) cur[m] = m;
-      for (int64_t w = 1; w < {n}; w *= 2) {{
-        for (int64_t lo = 0; lo < {n}; lo += 2 * w) {{
-          int64_t mid = lo + w < {n} ? lo + w : {n}, hi = lo + 2 * w < {n} ? lo + 2 * w : {n};
-          int64_t i = lo, j = mid, o = lo;
-          while (i < mid && j < hi) {{
-            const int64_t p = cur[j], q = cur[i];
-            const {t} A = src[p * {inner}], B = src[q * {inner}];
-            nxt[o++] = ({before}) ? cur[j++] : cur[i++];
-          }}
-          while (i < mid) nxt[o++] = cur[i++];
-          while (j < hi) nxt[o++] = cur[j++];
-        }}
-        int64_t* tmp = cur; cur = nxt; nxt = tmp;
-      }}
+      int64_t* cur = idx;
+      {_TOPK_INSERT if kk <= 64 else _TOPK_MERGE}
       const int64_t base = line / {inner} * {kk * inner} + line % {inner};
       for (int64_t m = 0; m < {kk}; ++m) {{
         out0[base + m * {inner}] = src[cur[m] * {inner}];
@@ -594,8 +581,32 @@ def _topk_lower(ctx, x, k=None):
     }}
     free(idx);
   }}
-  return failed ? -1 : 0;"""
-    return ctx.extern(body, [x, k], [(y, x.dtype), (y, DType.int64)])
+  return failed ? -1 : 0;
+#undef kiln_before_
+#undef KILN_BEFORE"""
+    return ctx.extern(body.replace("N_", str(n)).replace("K_", str(kk)), [x, k], [(y, x.dtype), (y, DType.int64)])
+
+
+_TOPK_INSERT = """int64_t cnt = 0;
+      for (int64_t m = 0; m < N_; ++m) {
+        if (cnt == K_ && !KILN_BEFORE(m, cur[K_ - 1])) continue;
+        int64_t pos = cnt < K_ ? cnt++ : K_ - 1;
+        for (; pos > 0 && KILN_BEFORE(m, cur[pos - 1]); --pos) cur[pos] = cur[pos - 1];
+        cur[pos] = m;
+      }"""
+
+_TOPK_MERGE = """int64_t* nxt = idx + N_;
+      for (int64_t m = 0; m < N_; ++m) cur[m] = m;
+      for (int64_t w = 1; w < N_; w *= 2) {
+        for (int64_t lo = 0; lo < N_; lo += 2 * w) {
+          int64_t mid = lo + w < N_ ? lo + w : N_, hi = lo + 2 * w < N_ ? lo + 2 * w : N_;
+          int64_t i = lo, j = mid, o = lo;
+          while (i < mid && j < hi) nxt[o++] = KILN_BEFORE(cur[j], cur[i]) ? cur[j++] : cur[i++];
+          while (i < mid) nxt[o++] = cur[i++];
+          while (j < hi) nxt[o++] = cur[j++];
+        }
+        int64_t* tmp = cur; cur = nxt; nxt = tmp;
+      }"""
 
 
 def _onehot_axis(ctx, rank: int) -> int:

@@ -190,7 +190,7 @@ def sized_by(what: str):
     return deco
 
 
-def rows_schedule(max_inner: int | None = None, min_inner: int = 64):
+def rows_schedule(max_inner: int | None = None, min_inner: int = 16):
     """Schedule for copy-like kernels: the fewest trailing output axes (at most `max_inner`,
     at least one) spanning `min_inner` elements fused into one vectorized loop of contiguous
     stores, the other axes fused into one loop, parallel when the kernel is big enough.

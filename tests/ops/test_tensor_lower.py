@@ -235,6 +235,8 @@ EXTERN_CASES = [
     case("TopK", [TIES, C([5])], {"largest": 0}, outputs=2, id="TopK-smallest"),
     case("TopK", [rand((5, 4, 3), np.int32), C([2])], {"axis": 1}, outputs=2, id="TopK-axis-int"),
     case("TopK", [rand((2, 9))], {"k": 9}, opset=9, outputs=2, id="TopK-9-all"),
+    case("TopK", [np.where(RNG.random((3, 150)) < 0.1, np.nan, RNG.integers(0, 20, (3, 150))).astype(np.float32),
+                  C([100])], {"largest": 0}, outputs=2, id="TopK-merge-sort"),
 ]
 
 
