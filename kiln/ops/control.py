@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.errors import KilnError
+
 from kiln.graph.types import TensorType, Type
 from kiln.ops.registry import op
 from kiln.ops.sequence import BOOL, I64, join_types
@@ -67,15 +69,27 @@ def _infer_if(ctx):
     if cond.is_static and int(np.prod(cond.shape)) != 1:
         ctx.fail(f"condition must hold a single element, got shape {cond.shape}")
     branches = [ctx.attr("then_branch"), ctx.attr("else_branch")]
-    types = []
+    types, errors = [], []
     for name, g in zip(("then_branch", "else_branch"), branches):
         _check_count(ctx, f"{name} inputs", len(g.inputs), 0)
-        t = ctx.infer_subgraph(g, [])
+        try:  # a branch may be invalid for shapes under which it is never taken
+            t = ctx.infer_subgraph(g, [])
+        except KilnError as e:
+            types.append(None)
+            errors.append(e)
+            continue
         _check_count(ctx, f"{name} outputs (one per node output)", len(t), ctx.num_outputs)
         types.append(t)
     known = ctx.value(0)
     if known is not None and known.size == 1:
-        return types[0 if known.reshape(-1)[0] else 1]
+        taken = 0 if known.reshape(-1)[0] else 1
+        if types[taken] is None:
+            raise errors[0]
+        return types[taken]
+    if types[0] is None or types[1] is None:
+        if errors and len(errors) == 2:
+            raise errors[0]
+        return types[0] or types[1]
     return [join_types(ctx, a, b, f"output {i} of the two branches")
             for i, (a, b) in enumerate(zip(*types))]
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node, Value
+from kiln.graph.types import TensorType
 from kiln.runtime.model import CompiledModel, TensorSpec
 
 
@@ -47,37 +48,47 @@ class Program:
         self.runners: dict[tuple, object] = {}
 
     def count(self) -> int:
-        return sum(r.count() if isinstance(r, Staged) else 1 for r in self.runners.values())
+        return sum(r.count() if isinstance(r, (Staged, Passthrough)) else 1 for r in self.runners.values())
 
     def prepare(self, shapes: list[tuple]) -> None:
         """Build ahead of the first run when shapes alone determine everything."""
         from kiln.lower.specialize import dynamic_values, specialize
         key = tuple(shapes)
         g, known = specialize(self.graph, list(shapes), {})
-        if not dynamic_values(g):
+        if not needs_stages(g):
             self.value_inputs[key] = ()
             self.runners[(key, ())] = build_static(g, known)
 
     def run(self, inputs: list) -> list:
+        inputs = [np.asarray(x) if isinstance(x, (np.generic, int, float, bool)) else x for x in inputs]
         return self.runner_for(inputs)(inputs)
 
     def runner_for(self, inputs: list):
         from kiln.lower.specialize import dynamic_values, specialize, value_inputs
-        shapes = tuple(tuple(x.shape) for x in inputs)
+        shapes = tuple(_shape_key(x) for x in inputs)
         vidx = self.value_inputs.get(shapes)
         if vidx is None:
             g, known = specialize(self.graph, list(shapes), {})
-            if not dynamic_values(g):
-                self.value_inputs[shapes] = ()
-                r = self.runners[(shapes, ())] = build_static(g, known)
+            vidx = value_inputs(inputs) if dynamic_values(g) else ()
+            self.value_inputs[shapes] = vidx
+            if not vidx:
+                r = self.runners[(shapes, ())] = build_runner(g, known)
                 return r
-            vidx = self.value_inputs[shapes] = value_inputs(inputs)
         key = (shapes, tuple((inputs[i].dtype.str, inputs[i].tobytes()) for i in vidx))
         r = self.runners.get(key)
         if r is None:
             g, known = specialize(self.graph, list(shapes), {i: inputs[i] for i in vidx})
-            r = self.runners[key] = build_static(g, known) if not dynamic_values(g) else Staged(g, known)
+            r = self.runners[key] = build_runner(g, known)
         return r
+
+
+def _shape_key(x) -> tuple:
+    """What a specialisation depends on: an array's shape; a sequence's element shapes."""
+    if isinstance(x, np.ndarray):
+        return tuple(x.shape)
+    if isinstance(x, list):
+        return ("seq",) + tuple(_shape_key(e) for e in x)
+    return ("none",) if x is None else ("?",)
 
 
 def build_static(graph: Graph, known):
@@ -113,71 +124,167 @@ def _lower_and_build(graph: Graph, known) -> dict:
             "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena)}
 
 
-def _first_dynamic(graph: Graph) -> int:
+def _first_break(graph: Graph) -> int:
+    """Index of the first node that cannot join a static native module: a runtime op
+    (control flow, containers) or a node whose output sizes depend on data."""
+    from kiln.lower.module import is_runtime_op
     from kiln.lower.specialize import dynamic_values
     dyn = {v.id for v in dynamic_values(graph)}
     for k, n in enumerate(graph.nodes):
-        if any(v is not None and v.id in dyn for v in n.outputs):
+        if is_runtime_op(n) or any(v is not None and v.id in dyn for v in n.outputs):
             return k
-    raise KilnError("no node with data-dependent output sizes found", stage="specialize")
+    raise KilnError("no node with data-dependent output sizes or control flow found", stage="specialize")
+
+
+def needs_stages(graph: Graph) -> bool:
+    """Whether some node breaks the graph into stages (see `_first_break`)."""
+    from kiln.lower.module import is_runtime_op
+    from kiln.lower.specialize import dynamic_values
+    dyn = {v.id for v in dynamic_values(graph)}
+    return any(is_runtime_op(n) or any(v is not None and v.id in dyn for v in n.outputs)
+               for n in graph.nodes)
+
+
+def build_runner(graph: Graph, known):
+    """A static module, or stages when some node breaks the graph."""
+    if needs_stages(graph):
+        return Staged(graph, known)
+    passthrough = [v for v in graph.outputs if not (isinstance(v.type, TensorType) and v.type.is_static)]
+    if not passthrough:
+        return build_static(graph, known)
+    return Passthrough(graph, known)
+
+
+class Passthrough:
+    """A graph whose non-tensor outputs are its own inputs (sequences handed on unchanged)."""
+
+    def __init__(self, g: Graph, known):
+        self.inputs = g.inputs
+        self.outputs = g.outputs
+        self.tensor_outs = [v for v in g.outputs if isinstance(v.type, TensorType) and v.type.is_static]
+        ins = [v for v in g.inputs if isinstance(v.type, TensorType)]
+        self.tensor_ins = ins
+        self.module = build_static(Graph("tensors", ins, self.tensor_outs, g.nodes, g.opsets), known) \
+            if self.tensor_outs else None
+
+    def count(self) -> int:
+        return 1 if self.module else 0
+
+    def __call__(self, inputs: list) -> list:
+        env = {v.id: x for v, x in zip(self.inputs, inputs)}
+        if self.module is not None:
+            outs = self.module([env[v.id] for v in self.tensor_ins])
+            env.update((v.id, x) for v, x in zip(self.tensor_outs, outs))
+        return [v.const if v.const is not None else env[v.id] for v in self.outputs]
 
 
 def _reads(nodes: list[Node]) -> list[Value]:
-    """Non-constant values read by `nodes` (subgraph captures included), first-use order."""
+    """Non-constant values `nodes` read from outside themselves (their subgraphs'
+    captures included), in first-use order."""
     out = []
     for n in nodes:
-        for m in [n] + [x for sg in n.subgraphs() for _, x in sg.walk()]:
-            out += [v for v in m.inputs if v is not None and v.const is None]
+        out += [v for v in n.inputs if v is not None and v.const is None]
+        for sg in n.subgraphs():
+            out += _captures(sg)
     return _unique(out)
 
 
+def _captures(body: Graph) -> list[Value]:
+    """Values a body graph reads from enclosing graphs."""
+    defined = {v.id for v in body.inputs} | {v.id for n in body.nodes for v in n.outputs if v is not None}
+    reads = _reads(body.nodes) + [v for v in body.outputs if v.const is None]
+    return [v for v in _unique(reads) if v.id not in defined]
+
+
 class Staged:
-    """prefix module → data-dependent node's kernel → Program for the rest."""
+    """A graph run in stages: a native module for the nodes before the first "break",
+    the break node itself, then a `Program` for the rest (specialised to what the
+    break produced). A break is either a node whose output sizes depend on data (its
+    native kernel reports them), or a runtime op: control flow (If/Loop/Scan/
+    SequenceMap, whose bodies run as native Programs) or a sequence/optional
+    container op (which only moves references to arrays)."""
 
     def __init__(self, g: Graph, known):
-        from kiln.codegen import build_c
-        from kiln.lower.kernel import lower_node
-        k = _first_dynamic(g)
+        from kiln.lower.module import is_runtime_op
+        k = _first_break(g)
         self.node = node = g.nodes[k]
+        self.opset = g.opset(node.domain)
         prefix, suffix = g.nodes[:k], g.nodes[k + 1:]
         made_before = {v.id for n in prefix for v in n.outputs if v is not None}
         later = _reads([node] + suffix) + [v for v in g.outputs if v.const is None]
         self.carry = _unique([v for v in later if v.id in made_before])
         self.inputs = g.inputs
-        self.prefix = build_static(Graph("prefix", list(g.inputs), self.carry, prefix, g.opsets),
+        self.prefix_inputs = [v for v in g.inputs if any(v is x for x in _reads(prefix))]
+        self.prefix = build_static(Graph("prefix", self.prefix_inputs, self.carry, prefix, g.opsets),
                                    known) if self.carry else None
-        values = [None if v is None else (v.const if v.const is not None else known.get(v.id))
-                  for v in node.inputs]
-        func = lower_node(node, g.opset(node.domain), values, f"dyn_{node.op}")
-        if not getattr(func, "dynamic", False):
-            raise KilnError("output sizes depend on data, but the lowering made a static kernel",
-                            node=node.name, op=node.op, stage="lower")
-        self.kernel = build_c(func)[func.name]
-        self.func = func
+        self.runtime = is_runtime_op(node)
+        self.bodies: dict[int, tuple[Program, list[Value]]] = {}
+        if not self.runtime:
+            self._build_sizing_kernel(g, known)
         made_after = {x.id for n in suffix for x in n.outputs if x is not None}
         self.rest_inputs = [v for v in _unique(_reads(suffix) + [v for v in g.outputs if v.const is None])
                             if v.id not in made_after]
         self.rest = Program(Graph("rest", self.rest_inputs, list(g.outputs), suffix, g.opsets))
 
+    def _build_sizing_kernel(self, g: Graph, known) -> None:
+        from kiln.codegen import build_c
+        from kiln.lower.kernel import lower_node
+        node = self.node
+        values = [None if v is None else (v.const if v.const is not None else known.get(v.id))
+                  for v in node.inputs]
+        func = lower_node(node, self.opset, values, f"dyn_{node.op}")
+        if not getattr(func, "dynamic", False):
+            raise KilnError("output sizes depend on data, but the lowering made a static kernel",
+                            node=node.name, op=node.op, stage="lower")
+        self.kernel = build_c(func)[func.name]
+        self.func = func
+
     def count(self) -> int:
-        return (1 if self.prefix else 0) + 1 + self.rest.count()
+        return (1 if self.prefix else 0) + (0 if self.runtime else 1) + self.rest.count() + \
+            sum(p.count() for p, _ in self.bodies.values())
 
     def __call__(self, inputs: list) -> list:
         env = {v.id: x for v, x in zip(self.inputs, inputs)}
         if self.prefix is not None:
-            env.update((v.id, x) for v, x in zip(self.carry, self.prefix(inputs)))
-        args = [v.const if v.const is not None else env[v.id] for v in self.node.inputs if v is not None]
-        params = self.func.params
-        outs = [np.empty(p.shape, p.dtype.np) for p in params[len(args):]]
-        self.kernel(*[np.ascontiguousarray(a) for a in args], *outs)
-        dims, pos = outs[-1], 0
-        for v, buf in zip(self.node.outputs, outs[:-1]):
-            rank = buf.ndim
-            shape = tuple(int(d) for d in dims[pos:pos + rank])
-            pos += rank
+            ins = [env[v.id] for v in self.prefix_inputs]
+            env.update((v.id, x) for v, x in zip(self.carry, self.prefix(ins)))
+        args = [None if v is None else (v.const if v.const is not None else env[v.id])
+                for v in self.node.inputs]
+        outs = self._run_runtime_op(args, env) if self.runtime else self._run_sizing_kernel(args)
+        for v, x in zip(self.node.outputs, outs):
             if v is not None:
-                env[v.id] = buf.reshape(-1)[:int(np.prod(shape))].reshape(shape).copy()
+                env[v.id] = x
         return self.rest.run([env[v.id] for v in self.rest_inputs])
+
+    def _run_sizing_kernel(self, args: list) -> list:
+        args = [np.ascontiguousarray(a) for a in args if a is not None]
+        outs = [np.empty(p.shape, p.dtype.np) for p in self.func.params[len(args):]]
+        self.kernel(*args, *outs)
+        dims, pos, sized = outs[-1], 0, []
+        for buf in outs[:-1]:
+            shape = tuple(int(d) for d in dims[pos:pos + buf.ndim])
+            pos += buf.ndim
+            sized.append(buf.reshape(-1)[:int(np.prod(shape))].reshape(shape).copy())
+        return sized
+
+    def _run_runtime_op(self, args: list, env: dict) -> list:
+        """The op's own definition orchestrates; every body it runs is a native Program."""
+        from kiln.ops.registry import RunCtx, lookup
+        from kiln.graph.types import OptionalType, SequenceType
+        node = self.node
+
+        def run_body(body: Graph, xs: list) -> list:
+            if id(body) not in self.bodies:
+                caps = _captures(body)
+                wrapped = Graph(body.name, list(body.inputs) + caps, list(body.outputs), body.nodes,
+                                {**body.opsets, **{"": self.opset}} if not body.opsets else body.opsets)
+                self.bodies[id(body)] = (Program(wrapped), caps)
+            prog, caps = self.bodies[id(body)]
+            return prog.run(list(xs) + [env[v.id] for v in caps])
+
+        res = lookup(node.domain, node.op).run(RunCtx(node, self.opset, run_body), *args)
+        single = len(node.outputs) == 1 and isinstance(node.outputs[0].type, (SequenceType, OptionalType))
+        return list(res) if isinstance(res, (tuple, list)) and not single else [res]
 
 
 def _unique(vals: list[Value]) -> list[Value]:

@@ -63,3 +63,30 @@ def test_interpreter_and_cpu_agree_on_the_example_cnn():
     native = kiln.compile(small_cnn_model(), target="cpu").run({"x": x})["probs"]
     ref = kiln.compile(small_cnn_model(), target="interpreter").run({"x": x})["probs"]
     np.testing.assert_allclose(native, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_loop_body_runs_as_native_program():
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [_vi("i", I64, []), _vi("cond_in", onnx.TensorProto.BOOL, []), _vi("acc_in", F, [3])],
+        [_vi("cond_out", onnx.TensorProto.BOOL, []), _vi("acc_out", F, [3])])
+    m = _model([helper.make_node("Loop", ["M", "", "a0"], ["acc"], body=body)],
+               [_vi("M", I64, []), _vi("a0", F, [3]), _vi("x", F, [3])], [_vi("acc", F, [3])])
+    cm = kiln.compile(m, target="cpu")
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    out = cm.run({"M": np.array(4, np.int64), "a0": np.ones(3, np.float32), "x": x})["acc"]
+    np.testing.assert_allclose(out, 1 + 4 * x)
+    assert cm.specializations >= 1  # the body was compiled, not interpreted
+
+
+def test_if_takes_the_branch_chosen_at_run_time():
+    def branch(op, name):
+        return helper.make_graph([helper.make_node(op, ["x"], [name])], name, [], [_vi(name, F, [2])])
+    m = _model([helper.make_node("If", ["c"], ["y"], then_branch=branch("Neg", "t"),
+                                 else_branch=branch("Abs", "e"))],
+               [_vi("c", onnx.TensorProto.BOOL, []), _vi("x", F, [2])], [_vi("y", F, [2])])
+    cm = kiln.compile(m, target="cpu")
+    x = np.array([1.5, -2.5], np.float32)
+    np.testing.assert_array_equal(cm.run({"c": np.array(True), "x": x})["y"], -x)
+    np.testing.assert_array_equal(cm.run({"c": np.array(False), "x": x})["y"], np.abs(x))
