@@ -24,7 +24,7 @@ from kiln.codegen.c import emit_c, func_symbol
 from kiln.codegen.cpu import cpu_features
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
 
-DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
+DEFAULT_CFLAGS = "-O3 -march=native -fopenmp -fwrapv -fno-math-errno"
 _REQUIRED = ["-shared", "-fPIC", "-std=gnu11"]
 
 
