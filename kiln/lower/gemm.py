@@ -25,6 +25,13 @@ The schedule, in kiln's schedule language:
   loop has no guards; only the copy-out (which applies the epilogue) checks edges;
 - all tile loops (batch, panels, blocks) are fused into one parallel loop, the loop
   over the bigger operand's tiles outermost so that it streams from memory once.
+
+Two ways to pack V. "Root": all of V once, before the tile loop (right when V is
+small or reused by many row blocks). "Panel" (few row blocks, e.g. M = 64 against
+a big weight): `acc` covers a whole column panel (all rows, on the stack), V's panel
+is packed inside the parallel panel loop, and the row-block loop is unrolled so
+that each block's accumulators still have constant addresses (registers); V is read
+from memory once instead of read, written and read again.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
 from kiln.lower.schedules import PARALLEL_MIN_WORK
 
 
-PANEL_MAX_BLOCKS = 16  # S blocks per panel (each an unrolled copy of the micro-kernel)
+PANEL_MAX_BLOCKS = 8  # S blocks per panel: each an unrolled copy of the micro-kernel (compile time)
+PANEL_MIN_BYTES = 1 << 20  # V smaller than this packs at the root: it stays in L2 anyway
 
 
 def vector_registers(features: frozenset | None = None) -> int:
@@ -54,18 +62,31 @@ def accumulator_dtype(dt: DType) -> DType:
     return DType.float32 if dt in (DType.float16, DType.bfloat16) else dt
 
 
-def choose_tile(rows: int, cols: int, dtype: DType, max_padded_rows: int | None = None) -> tuple[int, int] | None:
-    """(mr, nr) for a rows x cols product: nr = two vectors (one when cols is narrow),
-    mr = as many rows as the registers hold, lowered where that pads fewer rows.
-    max_padded_rows: only tiles whose padded row count fits (None when none does)."""
+def choose_tile(rows: int, cols: int, dtype: DType, max_padded_rows: int | None = None,
+                nvec: int | None = None) -> tuple[int, int] | None:
+    """(mr, nr) for a rows x cols product: nr = nvec vectors (default two, one when cols
+    is narrow), mr = as many rows as the registers hold, lowered where that pads fewer
+    rows. max_padded_rows: only tiles whose padded row count fits (None when none does)."""
     lanes = vector_lanes(dtype.itemsize)
-    nvec = 1 if cols <= lanes else 2
+    nvec = nvec or (1 if cols <= lanes else 2)
     nr = min(lanes * nvec, cols)
     budget = max(1, (vector_registers() - 4) // nvec)   # B vectors, a broadcast and slack
     cands = [rows] if rows <= budget else range(max(1, budget // 2), budget + 1)
     cost = {mr: -(-rows // mr) * (mr + 1) for mr in cands
             if max_padded_rows is None or -(-rows // mr) * mr <= max_padded_rows}
     return (min(cost, key=lambda mr: (cost[mr], -mr)), nr) if cost else None
+
+
+def _panel_tile(rows: int, cols: int, dtype: DType, tile) -> tuple[int, int] | None:
+    """A tile for panel-at-a-time packing: the panel's accumulators fit the stack and
+    it has at most PANEL_MAX_BLOCKS row blocks (two-vector tiles first, then one)."""
+    for nvec in (2, 1):
+        fit = tile or choose_tile(rows, cols, dtype, nvec=nvec,
+                                  max_padded_rows=STACK_LIMIT // (vector_lanes(dtype.itemsize) * nvec * dtype.itemsize))
+        if fit is not None and -(-rows // fit[0]) <= PANEL_MAX_BLOCKS \
+                and -(-rows // fit[0]) * fit[0] * fit[1] * dtype.itemsize <= STACK_LIMIT:
+            return fit
+    return None
 
 
 @dataclass
@@ -224,13 +245,14 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
         pack = nr > 1 and (-(-R // mr) > 1 or C % nr != 0 or not v_contiguous)
     if panel is None:
-        # few S blocks: pack V panel by panel (read once, no packed copy in memory) and
-        # keep the whole panel's accumulators on the stack
-        rows = STACK_LIMIT // (nr * acc_dtype.itemsize)
-        fit = tile or choose_tile(R, C, acc_dtype, max_padded_rows=rows)
-        panel = pack and fit is not None and fit[1] == nr and -(-R // fit[0]) <= PANEL_MAX_BLOCKS
-        if panel:
-            mr = min(fit[0], R)
+        # a V that stays in cache packs cheaply at the root (and compiles faster)
+        panel = K * C * math.prod(vb) * b.dtype.itemsize >= PANEL_MIN_BYTES
+    fit = _panel_tile(R, C, acc_dtype, tile) if pack and panel else None
+    panel = fit is not None
+    if panel:
+        # few row blocks: pack V panel by panel (read once, no packed copy in memory)
+        # with the whole panel's accumulators on the stack
+        mr, nr = max(1, min(fit[0], R)), max(1, min(fit[1], C))
     Rp, Cp = -(-R // mr) * mr, -(-C // nr) * nr
     k = reduce_axis(K, "k")
 

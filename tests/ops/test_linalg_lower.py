@@ -193,3 +193,31 @@ def test_gemm_builder_tiles_a_fused_epilogue():
     x, w, out = rand((37, 19)), rand((45, 19)), np.empty((37, 45), np.float32)
     build_c(LoopModule([func]))["k"](x, w, out)
     np.testing.assert_allclose(out, np.maximum(x @ w.T, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_builder_knobs_agree():
+    """Every schedule variant (orientation, root or panel packing, unpacked, forced
+    tiles) computes the same product, on odd sizes with a broadcast batch."""
+    from kiln.dtypes import DType
+    from kiln.loops import Schedule, lower, placeholder
+    from kiln.lower.gemm import gemm
+
+    knobs = [{}, dict(swap=True), dict(swap=False), dict(panel=True), dict(panel=True, swap=True),
+             dict(pack=False), dict(pack=False, swap=True), dict(tile=(5, 16)), dict(tile=(3, 7), panel=True)]
+    cases = []
+    shapes = [((), (), 45, 83, 29, True), ((2, 1), (3,), 19, 37, 50, False)]
+    for s, kw in enumerate(knobs):
+        for ba, bb, m, n, k, tb in [shapes[s % 2]]:
+            a = placeholder((*ba, m, k), DType.float32, "a")
+            b = placeholder((*bb, *((n, k) if tb else (k, n))), DType.float32, "b")
+            g = gemm(a, b, trans_b=tb, **kw)
+            sch = Schedule(g.out)
+            g.schedule(sch)
+            cases.append((lower(sch, [a, b, g.out], f"k{len(cases)}"), tb))
+    mod = build_c(LoopModule([f for f, _ in cases]))
+    for f, tb in cases:
+        a, b, out = (np.empty(p.shape, np.float32) for p in f.params)
+        a[...], b[...] = rand(a.shape), rand(b.shape)
+        mod[f.name](a, b, out)
+        np.testing.assert_allclose(out, a @ (np.swapaxes(b, -1, -2) if tb else b), rtol=1e-4, atol=1e-4,
+                                   err_msg=f.name)
