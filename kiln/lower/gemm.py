@@ -69,7 +69,9 @@ def choose_tile(rows: int, cols: int, dtype: DType, max_padded_rows: int | None 
     rows. max_padded_rows: only tiles whose padded row count fits (None when none does)."""
     lanes = vector_lanes(dtype.itemsize)
     nvec = nvec or (1 if cols <= lanes else 2)
-    nr = min(lanes * nvec, cols)
+    # narrow products still use whole vectors (padded columns beat a scalar remainder),
+    # unless nearly all lanes would be padding
+    nr = lanes * nvec if 2 * cols > lanes else cols
     budget = max(1, (vector_registers() - 4) // nvec)   # B vectors, a broadcast and slack
     cands = [rows] if rows <= budget else range(max(1, budget // 2), budget + 1)
     cost = {mr: -(-rows // mr) * (mr + 1) for mr in cands
@@ -240,7 +242,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     else:
         (R, C), s_at, v_at, vb = (M, N), a_at, (lambda bi, c, k: b_at(bi, k, c)), bb
     mr, nr = tile or choose_tile(R, C, acc_dtype)
-    mr, nr = max(1, min(mr, R)), max(1, min(nr, C))
+    mr, nr = max(1, min(mr, R)), max(1, nr)
     v_contiguous = (trans_a if swap else not trans_b)
     if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
         pack = nr > 1 and (-(-R // mr) > 1 or C % nr != 0 or not v_contiguous)
@@ -252,7 +254,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     if panel:
         # few row blocks: pack V panel by panel (read once, no packed copy in memory)
         # with the whole panel's accumulators on the stack
-        mr, nr = max(1, min(fit[0], R)), max(1, min(fit[1], C))
+        mr, nr = max(1, min(fit[0], R)), max(1, fit[1])
     Rp, Cp = -(-R // mr) * mr, -(-C // nr) * nr
     k = reduce_axis(K, "k")
 
