@@ -3,6 +3,11 @@
 Indices may be negative (counted from the end); any index out of range is a
 KilnError naming the node, never a wrapped or clipped read. Outputs whose size
 depends on data (NonZero, Unique, Compress) get fresh symbols at compile time.
+
+Native lowerings: gathers are computes whose indices are wrapped then clamped
+(a bad index reads some element, never out of bounds); scatters, TopK and
+run-time sized Compress/Unique are C kernels, and the scatters fail (status 1)
+on an index out of range instead of writing out of bounds.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ keep shapes static: shape-giving inputs known at compile time (`ctx.value`)
 give exact output dims, and `Shape`/`Size`/`Constant` publish their data
 (`value=`) so chains like `Reshape(x, Concat(Shape(x)[:1], [-1]))` stay static
 (the inferencer folds the small ops in between).
+
+Their native lowerings are index remappings: each output element reads the
+input element it comes from (`reshape_index`, per-axis affine maps, clamped
+selects for padding), with `rows_schedule` giving copy kernels contiguous,
+vectorized inner loops. Shape-giving inputs are read from the output types.
 """
 
 from __future__ import annotations
@@ -512,18 +517,18 @@ def transpose(ctx, x):
 def _transpose_lower(ctx, x):
     perm = _perm(ctx, len(x.shape))
     inv = [perm.index(k) for k in range(len(perm))]
-    ctx.schedule(_transpose_schedule(perm))
-    return compute(ctx.out_shape(), lambda *i: x[tuple(i[inv[k]] for k in range(len(inv)))], "transpose")
+    ctx.schedule(_transpose_schedule(perm, ctx.out_shape()))
+    return compute(ctx.out_shape(), lambda *i: x[tuple(i[j] for j in inv)], "transpose")
 
 
-def _transpose_schedule(perm, tile: int = 16):
+def _transpose_schedule(perm, shape, tile: int = 16):
     """Trailing axes that keep their order are copied as contiguous rows; otherwise the
     output's last axis and the one walking the input's last axis are tiled, so both the
     loads and the stores of a tile touch few cache lines."""
     r = len(perm)
     same = next(k for k in range(r + 1) if perm[k:] == list(range(k, r)))
     a = perm.index(r - 1) if r else 0
-    if same < r or r < 2:
+    if same < r or r < 2 or 0 in shape:
         return rows_schedule(r - same)
 
     def fn(sch, outs):

@@ -110,6 +110,13 @@ SHAPE_CASES = [
     case("Constant", [], {"value": numpy_helper.from_array(np.array([np.nan, -np.inf, 0.5], np.float16))},
          id="Constant-f16-special"),
     case("Constant", [], {"value_ints": [3, -2**63, 2**40]}, id="Constant-ints"),
+    case("Constant", [], {"value": numpy_helper.from_array(
+        np.concatenate([[-2**63, 2**63 - 1], RNG.integers(-9, 9, 98)]).astype(np.int64))}, id="Constant-table-i64"),
+    case("Constant", [], {"value": numpy_helper.from_array(RNG.integers(0, 2**64, 70, np.uint64))},
+         id="Constant-table-u64"),
+    case("Constant", [], {"value": numpy_helper.from_array(rand((7, 11)) > 0)}, id="Constant-table-bool"),
+    case("Constant", [], {"value": numpy_helper.from_array(
+        np.concatenate([[np.nan, np.inf, -np.inf, -0.0], rand(80)]).astype(np.float16))}, id="Constant-table-f16"),
     case("Constant", [], {"value_float": 2.5}, id="Constant-float"),
 ]
 
@@ -302,3 +309,24 @@ def test_outputs_sized_by_data_report_their_dims():
             at += want.ndim
             assert shape == want.shape, graph.nodes[0]
             np.testing.assert_array_equal(buf.reshape(-1)[:want.size].reshape(shape), want)
+
+
+EMPTY_CASES = [
+    case("Transpose", [rand((0, 3, 4))], {"perm": [2, 1, 0]}),
+    case("Reshape", [rand((0, 3)), C([3, 0])], {"allowzero": 1}),
+    case("Concat", [rand((2, 0)), rand((2, 0))], {"axis": 1}),
+    case("Split", [rand((4, 3))], {"axis": 0, "split": [4, 0]}, opset=11, outputs=2),
+    case("Gather", [rand((3, 4)), np.zeros((0, 2), np.int64)], {"axis": 1}),
+    case("GatherND", [rand((3, 4)), np.zeros((0, 1), np.int64)]),
+    case("Expand", [rand((1, 3)), C([0, 3])]),
+    case("Pad", [rand((0, 3)), C([1, 1, 0, 1])]),
+    case("OneHot", [np.zeros((0,), np.int64), C(3), rand((2,))]),
+    case("TopK", [rand((3, 4)), C([0])], outputs=2),
+    case("ScatterND", [rand((3, 4)), np.zeros((0, 1), np.int64), rand((0, 4))]),
+    case("ScatterElements", [rand((0, 4)), np.zeros((0, 4), np.int64), rand((0, 4))]),
+    case("Range", [C(3), C(1), C(1)]),
+]
+
+
+def test_empty_tensors():
+    check_all(values(EMPTY_CASES))
