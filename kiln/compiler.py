@@ -24,17 +24,27 @@ def to_graph(model: Any) -> Graph:
                     "an onnx.ModelProto or a kiln Graph")
 
 
-def compile(model: Any, target: str = "cpu", **options) -> CompiledModel:  # noqa: A001
-    """Compile a model for `target` and return a runnable CompiledModel."""
+def compile(model: Any, target: str = "cpu", *, opt_level: int = 2, report: bool = False,  # noqa: A001
+            **options) -> CompiledModel:
+    """Compile a model for `target` and return a runnable CompiledModel.
+
+    `opt_level` picks the graph passes (kiln.passes.pipeline: 0 none ... 3 all);
+    `report=True` attaches `model.report`, a CompileReport of what was done.
+    """
     if target not in TARGETS:
         raise KilnError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
     if options:
         raise KilnError(f"unknown compile option(s) {sorted(options)}")
-    graph = to_graph(model)
+    from kiln.passes import CompileReport, run_passes  # noqa: PLC0415
+    graph, stats = run_passes(to_graph(model), opt_level)
     if target == "interpreter":
-        return InterpretedModel(graph)
-    from kiln.targets.cpu import CpuModel
-    return CpuModel(graph, [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs])
+        compiled = InterpretedModel(graph)
+    else:
+        from kiln.targets.cpu import CpuModel
+        compiled = CpuModel(graph, [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs])
+    if report:
+        compiled.report = CompileReport(opt_level, stats)
+    return compiled
 
 
 def spec_of(v: Value) -> TensorSpec:

@@ -1,7 +1,9 @@
 """kiln as an `onnx.backend.base.Backend`, so ONNX's backend test suite can drive it.
 
 The target defaults to "cpu"; the environment variable `KILN_TARGET` overrides
-the default, and `prepare(model, target=...)` overrides both.
+the default, and `prepare(model, target=...)` overrides both. Likewise
+`KILN_OPT_LEVEL` (0-3) sets the graph optimization level unless `prepare` is
+given `opt_level=` (default: kiln.compile's).
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ import kiln
 
 def default_target() -> str:
     return os.environ.get("KILN_TARGET", "cpu")
+
+
+def opt_level_options() -> dict:
+    """{"opt_level": n} when KILN_OPT_LEVEL is set, else nothing (kiln.compile's default)."""
+    level = os.environ.get("KILN_OPT_LEVEL", "").strip()
+    return {"opt_level": int(level)} if level else {}
 
 
 class KilnRep(BackendRep):
@@ -43,7 +51,8 @@ class KilnBackend(Backend):
                 **kwargs) -> KilnRep:
         if not cls.supports_device(device):
             raise kiln.KilnError(f"kiln does not support device {device!r}")
-        return KilnRep(kiln.compile(model, target=target or default_target(), **kwargs))
+        return KilnRep(kiln.compile(model, target=target or default_target(),
+                                    **{**opt_level_options(), **kwargs}))
 
     @classmethod
     def run_model(cls, model, inputs, device: str = "CPU", **kwargs):
