@@ -155,6 +155,7 @@ def _dlopen(lib: bytes, weights: np.ndarray, manifest: dict, path) -> NativeModu
         return NativeModule(so, manifest["entry"], outs, weights, manifest["workspace_bytes"],
                             manifest["kernels"])
     except (OSError, AttributeError) as e:
-        raise KilnError(f"{path}: cannot load its native library ({e})") from None
+        raise KilnError(f"{path}: cannot load its native library ({e}); if {tempfile.gettempdir()} "
+                        "does not allow executables (noexec), set TMPDIR to a folder that does") from None
     finally:
         os.unlink(so)

@@ -20,12 +20,13 @@ from tests.runtime.models import inputs, reference
 ROOT = __file__.rsplit("/tests/", 1)[0]
 
 
-def rewrite_manifest(src, dst, edit) -> None:
-    """Copy artifact `src` to `dst` with `edit(manifest)` applied."""
+def rewrite_manifest(src, dst, edit=lambda m: None, **replace: bytes) -> None:
+    """Copy artifact `src` to `dst` with `edit(manifest)` applied and files replaced."""
     with zipfile.ZipFile(src) as z:
         files = {n: z.read(n) for n in z.namelist() if n != art.MANIFEST}
         manifest = json.loads(z.read(art.MANIFEST))
     edit(manifest)
+    files.update({name.replace("_", "."): data for name, data in replace.items()})
     art.write_artifact(dst, manifest, files)
 
 
@@ -124,6 +125,13 @@ def test_newer_format_version_is_refused(artifact, tmp_path):
     bad = tmp_path / "future.kiln"
     rewrite_manifest(path, bad, lambda m: m.update(format_version=99))
     with pytest.raises(KilnError, match="format version 99"):
+        kiln.load(bad)
+
+
+def test_damaged_library_is_a_clear_error(artifact, tmp_path):
+    bad = tmp_path / "damaged.kiln"
+    rewrite_manifest(artifact[0], bad, model_so=b"not an ELF file")
+    with pytest.raises(KilnError, match="cannot load its native library"):
         kiln.load(bad)
 
 
