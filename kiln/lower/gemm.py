@@ -32,6 +32,10 @@ a big weight): `acc` covers a whole column panel (all rows, on the stack), V's p
 is packed inside the parallel panel loop, and the row-block loop is unrolled so
 that each block's accumulators still have constant addresses (registers); V is read
 from memory once instead of read, written and read again.
+
+A single column (matrix-vector: a Linear at batch 1) has nothing to vectorize over
+along C; there the k loop is split by the vector width and rfactor'ed, so each row
+accumulates a vector of partial sums, added up once at the end.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class Gemm:
     work: int                   # multiply-adds, for the serial/parallel decision
     s_outer: bool               # loop over S blocks outside V panels
     panel: bool = False         # pack V one panel at a time, inside the parallel panel loop
+    dot: int = 0                # single-column V: vectorize k in `dot` partial sums per row (rfactor)
 
     def schedule(self, sch: Schedule, out: Tensor | None = None) -> None:
         """Schedule out, acc and the packed panels (see the module docstring); inline
@@ -121,6 +126,11 @@ class Gemm:
             out = self.out
         if self.acc is None:
             return
+        rf = None
+        if self.dot:  # partial sums over k mod lanes: one vector accumulator per row
+            sa = sch[self.acc]
+            ko, ki = sa.split(sa.reduce_axis[0], self.dot)
+            rf = sch.rfactor(self.acc, ki, len(self.acc.shape))
         so = sch[out]
         axes = list(so.axis)
         j = None if "n" in self.squeeze else axes.pop()
@@ -156,6 +166,13 @@ class Gemm:
             sa.unroll(r)
         if self.nr > 1:
             sa.vectorize(c)
+        if rf is not None:
+            sr = sch[rf]
+            *_, rr, rc, lane = sr.axis
+            sr.compute_at(sa, co)
+            sr.reorder(sr.reduce_axis[0], rr, rc, lane)
+            sr.unroll(rr)
+            sr.vectorize(lane)
         if self.packed is not None:
             sp = sch[self.packed]
             *pb, pco, pk, pci = sp.axis
@@ -241,7 +258,11 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
         (R, C), s_at, v_at, vb = (N, M), (lambda bi, r, k: b_at(bi, k, r)), a_at, ba
     else:
         (R, C), s_at, v_at, vb = (M, N), a_at, (lambda bi, c, k: b_at(bi, k, c)), bb
-    mr, nr = tile or choose_tile(R, C, acc_dtype)
+    lanes = vector_lanes(acc_dtype.itemsize)
+    s_contiguous = trans_b if swap else not trans_a
+    # matrix-vector: a single column to vectorize over is no use; vectorize k instead
+    dot = lanes if tile is None and C == 1 and s_contiguous and K % lanes == 0 and K >= 2 * lanes else 0
+    mr, nr = tile or ((choose_tile(R, lanes, acc_dtype, nvec=1)[0], 1) if dot else choose_tile(R, C, acc_dtype))
     mr, nr = max(1, min(mr, R)), max(1, nr)
     v_contiguous = (trans_a if swap else not trans_b)
     if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
@@ -289,4 +310,4 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     out = compute(shape, out_body, name)
     s_size, v_size = R * K * math.prod(ba if not swap else bb), C * K * math.prod(vb)
     return Gemm(out, acc, packed, (a, b), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
-                s_outer=s_size > v_size, panel=panel)
+                s_outer=s_size > v_size, panel=panel, dot=dot)

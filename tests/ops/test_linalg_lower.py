@@ -84,7 +84,8 @@ def test_matmul_batched_broadcast_and_1d():
            mm((6,), (6,)),                        # dot product: 0-d result
            mm((5, 6), (6,)),                      # matrix-vector
            mm((2, 5, 6), (6,)),
-           mm((6,), (6, 40))])
+           mm((6,), (6, 40)),
+           mm((37, 64), (64,)), mm((3, 1, 64), (64, 1))])   # matrix-vector: k vectorized (rfactor)
 
 
 def test_matmul_dtypes():
@@ -102,7 +103,8 @@ def _gemm(m, n, k, trans_a, trans_b, c_shape=None, consts=None, **attrs):
 
 def test_gemm_transposes():
     check([_gemm(m, n, k, ta, tb) for ta in (0, 1) for tb in (0, 1)
-           for m, n, k in [(1, 1, 1), (7, 13, 5), (64, 40, 100)]])
+           for m, n, k in [(1, 1, 1), (7, 13, 5), (64, 40, 100)]]
+          + [_gemm(1, 45, 64, 0, 1, c_shape=(45,))])        # a Linear at batch 1: dot products
 
 
 def test_gemm_alpha_beta_and_c_broadcast():
