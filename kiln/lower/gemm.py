@@ -67,12 +67,14 @@ def accumulator_dtype(dt: DType) -> DType:
 
 
 def choose_tile(rows: int, cols: int, dtype: DType, max_padded_rows: int | None = None,
-                nvec: int | None = None) -> tuple[int, int] | None:
+                nvec: int | None = None, few_rows: bool = False) -> tuple[int, int] | None:
     """(mr, nr) for a rows x cols product: nr = nvec vectors (default two, one when cols
-    is narrow), mr = as many rows as the registers hold, lowered where that pads fewer
-    rows. max_padded_rows: only tiles whose padded row count fits (None when none does)."""
+    is narrow, four with `few_rows`), mr = as many rows as the registers hold, lowered
+    where that pads fewer rows. max_padded_rows: only tiles whose padded row count fits
+    (None when none does). few_rows: the S rows alias in the L1 cache (their stride is a
+    multiple of 4 KiB), so a dozen of them would evict each other: take fewer rows."""
     lanes = vector_lanes(dtype.itemsize)
-    nvec = nvec or (1 if cols <= lanes else 2)
+    nvec = nvec or (1 if cols <= lanes else 4 if few_rows and cols >= 4 * lanes else 2)
     # narrow products still use whole vectors (padded columns beat a scalar remainder),
     # unless nearly all lanes would be padding
     nr = lanes * nvec if 2 * cols > lanes else cols
@@ -262,7 +264,9 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     s_contiguous = trans_b if swap else not trans_a
     # matrix-vector: a single column to vectorize over is no use; vectorize k instead
     dot = lanes if tile is None and C == 1 and s_contiguous and K % lanes == 0 and K >= 2 * lanes else 0
-    mr, nr = tile or ((choose_tile(R, lanes, acc_dtype, nvec=1)[0], 1) if dot else choose_tile(R, C, acc_dtype))
+    aliasing = s_contiguous and (K * a.dtype.itemsize) % 4096 == 0
+    mr, nr = tile or ((choose_tile(R, lanes, acc_dtype, nvec=1)[0], 1) if dot
+                      else choose_tile(R, C, acc_dtype, few_rows=aliasing))
     mr, nr = max(1, min(mr, R)), max(1, nr)
     v_contiguous = (trans_a if swap else not trans_b)
     if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
