@@ -11,12 +11,15 @@ row with no visible key gives zeros, never NaN. Scores are computed in float32
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.reduce import as_dtype, text, wide
-from kiln.ops.registry import InferCtx, RunCtx, op
+from kiln.loops import call, cast, compute, const, max_, min_, reduce_axis, rmax, select, sum_
+from kiln.ops.reduce import PARALLEL_MIN_WORK, as_dtype, schedule_injective, text, wide
+from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, op
 from kiln.ops.shapes import dim_mul
 
 
@@ -292,3 +295,231 @@ def flex_attention(ctx: RunCtx, q, k, v):
 
     probs = modify("prob_mod", safe_softmax(modify("score_mod", scores)).astype(dt))
     return as_dtype(np.matmul(wide(probs), wide(repeat_kv(v, hq))), v.dtype)
+
+
+# ==== native lowerings (target "cpu") ====
+
+_I64 = DType.int64
+
+
+def _heads_view(x, heads: int):
+    """(b, head, pos, d) -> element of a 4-D (B, H, S, D) or 3-D (B, S, H*D) tensor."""
+    if len(x.shape) == 4:
+        return lambda b, h, t, d: x[b, h, t, d]
+    size = x.shape[2] // heads
+    return lambda b, h, t, d: x[b, t, h * size + d]
+
+
+def _concat_past(past, new, p: int):
+    """Present keys/values: `past` positions [0, p) then the new ones (indices clamped so
+    the unused branch of the select never reads out of bounds)."""
+    if past is None:
+        return new
+    last = const(p - 1, _I64)
+    return lambda b, h, t, d: select(t < p, past[b, h, min_(t, last), d], new(b, h, max_(t - p, const(0, _I64)), d))
+
+
+@lowering("Attention")
+def _attention_lower(ctx: LowerCtx, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
+    """softmax(mask(cap(Q·Kᵀ·scale))) · V as computes: scaled Q and transposed scaled K,
+    the raw scores (reduction over the head dim), row max, then per row the exp-sum,
+    probabilities and their product with V (reduction over keys)."""
+    if (past_key is None) != (past_value is None):
+        ctx.fail("past_key and past_value must be given together")
+    four = len(q.shape) == 4
+    if four:
+        (nb, hq, sq, d), hkv, dv = q.shape, k.shape[1], v.shape[3]
+    else:
+        hq, hkv = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
+        nb, sq, d, dv = q.shape[0], q.shape[1], q.shape[2] // hq, v.shape[2] // hkv
+    p = past_key.shape[2] if past_key is not None else 0
+    total = p + k.shape[-2 if four else 1]
+    if total == 0 or d == 0:
+        ctx.fail("attention over an empty key sequence or head size has no native lowering")
+    group = hq // hkv
+    qdt = q.dtype
+    dt = DType.float64 if qdt is DType.float64 else DType.float32
+    qv = _heads_view(q, hq)
+    kp = _concat_past(past_key, _heads_view(k, hkv), p)
+    vp = _concat_past(past_value, _heads_view(v, hkv), p)
+    scale = ctx.attr("scale", None)
+    root = const(float(np.sqrt(1.0 / np.sqrt(d) if scale is None else scale).astype(qdt.np)), qdt)
+
+    qs = compute((nb, hq, sq, d), lambda b, h, s, e: cast(dt, qv(b, h, s, e) * root), "qs")
+    ks = compute((nb, hkv, d, total), lambda b, g, e, t: cast(dt, kp(b, g, t, e) * root), "ks")
+    r = reduce_axis(d, "e")
+    raw = compute((nb, hq, sq, total), lambda b, h, s, t: sum_(qs[b, h, s, r] * ks[b, h // group, r, t], r), "raw")
+    cap = float(ctx.attr("softcap", 0.0))
+
+    def capped(i):
+        return const(cap, dt) * call("tanh", raw[i] / const(cap, dt)) if cap > 0 else raw[i]
+    visible, add = _attention_mask(ctx, attn_mask, nonpad_kv_seqlen, sq, total, p, dt)
+    ninf = const(-math.inf, dt)
+
+    def scores(i):
+        c = capped(i)
+        c = c + add(i) if add else c
+        return select(visible(i), c, ninf) if visible else c
+    precision = ctx.attr("softmax_precision", 0)
+    pdt = DType.from_onnx(precision) if precision else dt
+
+    def logits(i):
+        return cast(dt, cast(pdt, scores(i))) if pdt is not dt else scores(i)
+    t_ = reduce_axis(total, "t")
+    m = compute((nb, hq, sq, 1), lambda b, h, s, z: rmax(logits((b, h, s, t_)), t_), "max")
+    zero, one = const(0, dt), const(1, dt)
+
+    def shift(b, h, s):  # an all -inf row: shift by 0, so every exp is 0 and the row gives zeros
+        mx = m[b, h, s, 0]
+        return select(mx.eq(ninf), zero, mx)
+    t2 = reduce_axis(total, "t")
+    ssum = compute((nb, hq, sq, 1), lambda b, h, s, z: sum_(call("exp", logits((b, h, s, t2)) - shift(b, h, s)), t2),
+                   "sum")
+
+    def prob(b, h, s, t):
+        den = ssum[b, h, s, 0]
+        return call("exp", logits((b, h, s, t)) - shift(b, h, s)) / select(den.eq(zero), one, den)
+    probs = compute((nb, hq, sq, total), prob, "probs")
+    t3 = reduce_axis(total, "t")
+    y4 = compute((nb, hq, sq, dv), lambda b, h, s, e: sum_(probs[b, h, s, t3] * cast(dt, vp(b, h // group, t3, e)), t3),
+                 "y4")
+    if four:
+        y = y4 if qdt is dt else compute(y4.shape, lambda *i: cast(qdt, y4[i]), "y")
+    else:
+        y = compute((nb, sq, hq * dv), lambda b, s, n: cast(qdt, y4[b, n // dv, s, n % dv]), "y")
+    mode = ctx.attr("qk_matmul_output_mode", 0)
+    extra = [("present_key", (nb, hkv, total, d), kp), ("present_value", (nb, hkv, total, dv), vp),
+             ("qk", probs.shape, [lambda *i: raw[i], lambda *i: capped(i), lambda *i: scores(i),
+                                  lambda *i: probs[i]][mode])]
+    outs = [y] + [compute(shape, lambda *i, f=f, k=k: cast(ctx.out_dtype(k), f(*i)), name)
+                  if ctx.output_used(k) else compute((), lambda: const(0, qdt), f"unused{k}")
+                  for k, (name, shape, f) in enumerate(extra, 1) if k < ctx.num_outputs]
+    ctx.schedule(lambda sch, _: _attention_schedule(sch, qs, ks, raw, m, ssum, probs, y4))
+    return outs
+
+
+def _attention_mask(ctx: LowerCtx, mask, nonpad, sq: int, total: int, p: int, dt: DType):
+    """(visible(i) or None, additive(i) or None) over score index i = (b, h, s, t): causal
+    and window bounds (offset by the past length, or by nonpad_kv_seqlen - Sq), padding,
+    a boolean mask (visible where True) and a float mask (added), both right-aligned and
+    -inf beyond the mask's last dim, as the reference's bias."""
+    conds = []
+
+    def pos(b, s):  # the query's absolute position
+        if p or nonpad is None:
+            return s + p
+        return s + cast(_I64, nonpad[(b,)]) - sq
+    if ctx.attr("is_causal", 0):
+        conds.append(lambda b, s, t: t <= pos(b, s))
+    left, right = ctx.attr("left_window_size", -1), ctx.attr("right_window_size", -1)
+    if left >= 0:
+        conds.append(lambda b, s, t: pos(b, s) - t <= left)
+    if right >= 0:
+        conds.append(lambda b, s, t: t - pos(b, s) <= right)
+    if nonpad is not None:
+        conds.append(lambda b, s, t: t < cast(_I64, nonpad[(b,)]))
+    bool_mask = add = None
+    if mask is not None:
+        ms, width = tuple(mask.shape), mask.shape[-1]
+        if width > total:
+            ctx.fail(f"attn_mask last dim {width} exceeds total sequence length {total}")
+
+        def at(i):  # right-aligned broadcast; the last dim clamped (beyond it: masked out)
+            idx = [const(0, _I64) if n == 1 else j for n, j in zip(ms, i[len(i) - len(ms):])]
+            idx[-1] = min_(i[3], const(width - 1, _I64))
+            return mask[tuple(idx)]
+        if mask.dtype is DType.bool:
+            bool_mask = at
+        else:
+            add = (lambda i: cast(dt, at(i)))
+        if width < total:
+            conds.append(lambda b, s, t: t < width)
+    if not conds and bool_mask is None:
+        return None, add
+
+    def visible(i):
+        b, _, s, t = i
+        out = bool_mask(i) if bool_mask else None
+        for c in conds:
+            out = c(b, s, t) if out is None else out & c(b, s, t)
+        return out
+    return visible, add
+
+
+def _attention_schedule(sch, qs, ks, raw, m, ssum, probs, y4) -> None:
+    """Parallel over (batch, head, query) rows. Q·Kᵀ: per row, the head dim outside the
+    keys, which are contiguous in the transposed K and vectorized; probabilities computed
+    per row (their sum inside) right before P·V, which runs keys outside the value dim."""
+    for t in (qs, ks):
+        schedule_injective(sch[t])
+    work = math.prod(raw.shape) * qs.shape[3] >= PARALLEL_MIN_WORK
+
+    def rows(t, inner_reduce: bool):
+        st = sch[t]
+        b, h, s, j = st.axis
+        row = st.fuse(b, h, s)
+        if inner_reduce:
+            (kk,) = st.reduce_axis
+            st.reorder(kk, j)
+        if work:
+            st.parallel(row)
+        return st, row, j
+    st, _, j = rows(raw, True)
+    st.vectorize(j)
+    st, _, _ = rows(m, False)
+    st, row, j = rows(y4, True)
+    st.vectorize(j)
+    if sch.consumers(sch[probs]) == [st]:
+        sch[probs].compute_at(st, row)
+        sch[ssum].compute_at(sch[probs], sch[probs].axis[2])
+    else:  # the probabilities are also an output: a pass of their own
+        st, row, j = rows(probs, False)
+        st.vectorize(j)
+        sch[ssum].compute_at(st, row)
+    for stage in sch.stages:
+        if stage.attach is None and not stage.relations and not stage.kinds and not stage.reduce_axis:
+            schedule_injective(stage)
+
+
+@lowering("RotaryEmbedding")
+def _rotary_lower(ctx: LowerCtx, x, cos_cache, sin_cache, position_ids=None):
+    """Each feature d < rotary_dim pairs with a partner (the other half, or its even/odd
+    neighbour when interleaved): first of a pair cos*x - sin*partner, second
+    sin*partner + cos*x; later features pass through. In float64, as the reference."""
+    f64, shape = DType.float64, tuple(x.shape)
+    if len(shape) == 4:
+        nb, _, seq, d = shape
+        parts = lambda i: (i[0], i[2], i[3])  # noqa: E731  (b, s, d) of an element
+        at = lambda i, e: x[i[0], i[1], i[2], e]  # noqa: E731
+    else:
+        heads = ctx.attr("num_heads")
+        nb, seq, d = shape[0], shape[1], shape[2] // heads
+        parts = lambda i: (i[0], i[1], i[2] % d)  # noqa: E731
+        at = lambda i, e: x[i[0], i[1], i[2] - i[2] % d + e]  # noqa: E731
+    rd = ctx.attr("rotary_embedding_dim", 0) or d
+    half = rd // 2
+    if cos_cache.shape[-1] != half or sin_cache.shape[-1] != half:
+        ctx.fail(f"cos/sin cache last dim must be rotary_embedding_dim/2 = {half}, "
+                 f"got {cos_cache.shape[-1]} and {sin_cache.shape[-1]}")
+    interleaved = bool(ctx.attr("interleaved", 0))
+
+    def cache(c, b, s, j):
+        if position_ids is None:
+            return cast(f64, c[b, s, j])
+        pos = max_(min_(cast(_I64, position_ids[b, s]), const(c.shape[0] - 1, _I64)), const(0, _I64))
+        return cast(f64, c[pos, j])
+
+    def body(*i):
+        b, s, e = parts(i)
+        rot = e < rd
+        if interleaved:
+            first, j, partner = (e % 2).eq(0), e // 2, e + 1 - 2 * (e % 2)
+        else:
+            first, j, partner = e < half, e % half, (e + half) % rd
+        j, partner = select(rot, j, const(0, _I64)), select(rot, partner, e)
+        xe, xp = cast(f64, at(i, e)), cast(f64, at(i, partner))
+        c, sn = cache(cos_cache, b, s, j), cache(sin_cache, b, s, j)
+        return cast(x.dtype, select(rot, select(first, c * xe - sn * xp, sn * xp + c * xe), xe))
+    y = compute(shape, body, "y")
+    ctx.schedule(lambda sch, _: schedule_injective(sch[y]))
+    return y

@@ -71,8 +71,9 @@ class Case:
         runtime = [x for k, x in enumerate(self.inputs) if x is not None and k not in self.consts]
         want = Interpreter(self.graph).run(runtime)
         args = [np.asarray(x) for x in self.inputs if x is not None]
-        got = [np.empty(v.type.shape, v.type.dtype.np) for v in node.outputs if v is not None]
-        kernel(*args, *got)
+        bufs = [np.empty(p.shape, p.dtype.np) for p in kernel.func.params[len(args):]]  # absent: scratch
+        kernel(*args, *bufs)
+        got = [b for b, v in zip(bufs, node.outputs) if v is not None]
         for k, (g, w) in enumerate(zip(got, want)):
             assert g.dtype == w.dtype and g.shape == w.shape, (k, g.dtype, g.shape, w.dtype, w.shape)
             if g.dtype.kind == "f":
@@ -226,3 +227,58 @@ LOSS += [Case("SoftmaxCrossEntropyLoss", rand((4, 7, 5)), rand((4, 5), np.int64,
 @pytest.mark.parametrize("k", range(len(LOSS)), ids=[repr(c) for c in LOSS])
 def test_loss_family(k, _check=family(LOSS)):
     _check(k)
+
+
+# ---- Attention / RotaryEmbedding ----
+
+def _qkv(b=2, hq=3, hkv=3, s=4, t=6, d=8, dv=8, dt=F32, three=False):
+    if three:
+        return rand((b, s, hq * d), dt), rand((b, t, hkv * d), dt), rand((b, t, hkv * dv), dt)
+    return rand((b, hq, s, d), dt), rand((b, hkv, t, d), dt), rand((b, hkv, t, dv), dt)
+
+
+_masked_row = np.ones((4, 6), bool)
+_masked_row[1] = False
+ATTN = [
+    Case("Attention", *_qkv(), opset=23),
+    Case("Attention", *_qkv(dv=5), opset=23, is_causal=1, scale=0.3),
+    Case("Attention", *_qkv(dv=5, three=True), opset=23, q_num_heads=3, kv_num_heads=3),
+    Case("Attention", *_qkv(hq=6, hkv=2), opset=23, is_causal=1),                     # GQA
+    Case("Attention", *_qkv(hq=4, hkv=1, three=True), opset=23, q_num_heads=4, kv_num_heads=1),
+    Case("Attention", *_qkv(), rand((4, 6)), opset=23),                               # float mask
+    Case("Attention", *_qkv(), rand((2, 1, 4, 6)) < 0.7, opset=23),                   # bool mask
+    Case("Attention", *_qkv(), rand((4, 4)), opset=23),                               # short mask: -inf pad
+    Case("Attention", *_qkv(), _masked_row, opset=23),                                # a fully masked row
+    Case("Attention", *_qkv(), rand((4, 9)), rand((2, 3, 3, 8)), rand((2, 3, 3, 8)), opset=23, outputs=4,
+         is_causal=1),                                                                 # past -> present
+    Case("Attention", *_qkv(), None, rand((2, 3, 3, 8)), rand((2, 3, 3, 8)), opset=23,
+         outputs=["y", "", "present_value"]),
+    Case("Attention", *_qkv(), None, None, None, np.array([3, 6]), opset=24, is_causal=1),  # padded kv
+    Case("Attention", *_qkv(), opset=25, left_window_size=1, right_window_size=0),
+    Case("Attention", *_qkv(dt=F16), opset=23, rtol=2e-3, atol=1e-3),
+    Case("Attention", *_qkv(dt=F64), opset=23, is_causal=1, rtol=1e-10),
+    Case("Attention", *_qkv(), opset=23, softmax_precision=10, rtol=1e-3),
+    Case("Attention", *_qkv(b=1, hq=2, hkv=2, s=64, t=64, d=32, dv=32), opset=23, is_causal=1, rtol=1e-4),
+]
+ATTN += [Case("Attention", *_qkv(), rand((4, 6)), opset=23, outputs=4, qk_matmul_output_mode=m, softcap=2.0)
+         for m in range(4)]
+for _inter in (0, 1):
+    for _rd in (0, 4):
+        _h = (_rd or 8) // 2
+        _attrs = dict(interleaved=_inter, rotary_embedding_dim=_rd)
+        ATTN += [Case("RotaryEmbedding", rand((2, 3, 5, 8)), rand((2, 5, _h)), rand((2, 5, _h)), opset=23, **_attrs),
+                 Case("RotaryEmbedding", rand((2, 5, 24)), rand((2, 5, _h)), rand((2, 5, _h)), opset=23, num_heads=3,
+                      **_attrs),
+                 Case("RotaryEmbedding", rand((2, 3, 5, 8)), rand((10, _h)), rand((10, _h)),
+                      rand((2, 5), np.int64, 0, 9), opset=23, **_attrs)]
+ATTN += [Case("RotaryEmbedding", rand((2, 3, 5, 8), F16), rand((2, 5, 4), F16), rand((2, 5, 4), F16), opset=23)]
+
+
+@pytest.mark.parametrize("k", range(len(ATTN)), ids=[repr(c) for c in ATTN])
+def test_attention_family(k, _check=family(ATTN)):
+    _check(k)
+
+
+def test_attention_mask_wider_than_keys_is_an_error():
+    with pytest.raises(KilnError, match="exceeds total sequence length"):
+        Case("Attention", *_qkv(), rand((4, 7)), opset=23).lower("k")
