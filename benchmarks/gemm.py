@@ -1,13 +1,16 @@
 """Microbenchmark: kiln's GEMM (kiln/lower/gemm.py) vs numpy (OpenBLAS) sgemm.
 
     python benchmarks/gemm.py [--runs 30] [--shapes 1024x1024x1024,64x784x2048] [--layout nn,nt]
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/gemm.py --clock thread
 
 Shapes are MxKxN; layout "nn" multiplies A[M,K] by B[K,N] (MatMul), "nt" by B
 given as [N,K] (Gemm transB=1, how nn.Linear weights arrive). Each round runs
 kiln then numpy on the same arrays (interleaved, so load drift hits both alike);
 reported: median and best GFLOP/s over the rounds, and the ratio of medians.
 Both use every core (OpenMP / OpenBLAS threads). The machine may be shared: look
-at the medians of several invocations before believing a number.
+at the medians of several invocations before believing a number. On a busy
+machine, `--clock thread` with one thread each (line above) times the calling
+thread's CPU time, which time-slicing by other processes does not inflate.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def kernel(M: int, K: int, N: int, trans_b: bool):
     return lib["gemm"], g, time.perf_counter() - t
 
 
-def bench(M: int, K: int, N: int, trans_b: bool, runs: int) -> str:
+def bench(M: int, K: int, N: int, trans_b: bool, runs: int, clock=time.perf_counter) -> str:
     run, g, build_s = kernel(M, K, N, trans_b)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((M, K), dtype=np.float32)
@@ -55,15 +58,17 @@ def bench(M: int, K: int, N: int, trans_b: bool, runs: int) -> str:
         run(a, b, c)
         np.matmul(a, bt, out=ref)
     for _ in range(runs):
-        t = time.perf_counter()
+        t = clock()
         run(a, b, c)
-        tk.append(time.perf_counter() - t)
-        t = time.perf_counter()
+        tk.append(clock() - t)
+        t = clock()
         np.matmul(a, bt, out=ref)
-        tn.append(time.perf_counter() - t)
+        tn.append(clock() - t)
     gf = 2 * M * N * K / 1e9
     mk, mn = float(np.median(tk)), float(np.median(tn))
-    knobs = f"mr={g.mr} nr={g.nr}{' swapped' if g.swapped else ''}{' packed' if g.packed is not None else ''}"
+    knobs = " ".join([f"mr={g.mr} nr={g.nr}"] + [w for w, on in [("swapped", g.swapped), ("panel", g.panel),
+                                                                   ("root-packed", g.packed is not None and not g.panel),
+                                                                   ("dot", g.dot)] if on])
     return (f"{M}x{K}x{N} {'nt' if trans_b else 'nn'}  kiln {gf / mk:6.1f} (best {gf / min(tk):6.1f})  "
             f"numpy {gf / mn:6.1f} (best {gf / min(tn):6.1f}) GFLOP/s  kiln/numpy time {mk / mn:4.2f}  "
             f"[{mk * 1e3:.3f} ms; {knobs}; build {build_s:.2f} s; err {err:.1e}]")
@@ -74,11 +79,14 @@ def main(argv=None) -> None:
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--shapes", default=SHAPES, help="comma-separated MxKxN")
     p.add_argument("--layout", default="nn,nt", help="nn (B is [K,N]) and/or nt (B is [N,K])")
+    p.add_argument("--clock", choices=["wall", "thread"], default="wall",
+                   help="thread: CPU time of the calling thread (run single-threaded)")
     args = p.parse_args(argv)
+    clock = time.perf_counter if args.clock == "wall" else time.thread_time
     for shape in args.shapes.split(","):
         M, K, N = map(int, shape.lower().split("x"))
         for layout in args.layout.split(","):
-            print(bench(M, K, N, layout == "nt", args.runs), flush=True)
+            print(bench(M, K, N, layout == "nt", args.runs, clock), flush=True)
 
 
 if __name__ == "__main__":
