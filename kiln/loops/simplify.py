@@ -197,6 +197,7 @@ def fold(e: Expr) -> Expr | None:
 
 x, y, z = Pat(name="x"), Pat(name="y"), Pat(name="z")
 c1, c2 = Pat("const", name="c1"), Pat("const", name="c2")
+c3, c4, c5 = Pat("const", name="c3"), Pat("const", name="c4"), Pat("const", name="c5")
 
 
 def _c(v, like: Expr) -> Expr:
@@ -279,6 +280,12 @@ INT_RULES: list[tuple[Pat, Any]] = [
     ((x % c1) % c2, lambda ctx, x, c1, c2: x % c2 if _pos(c1, c2) and c1.arg % c2.arg == 0 else None),
     ((x % c1) // c2, lambda ctx, x, c1, c2: (x // c2) % (c1.arg // c2.arg) if _pos(c1, c2) and c1.arg % c2.arg == 0 else None),
     ((x // c1) * c1 + x % c1, x),
+    # re-joining a fused loop's digits: x//(c3*c4)*(c4*c5) + (x//c3 % c4)*c5 == x//c3*c5
+    ((x // c1) * c2 + ((x // c3) % c4) * c5, lambda ctx, x, c1, c2, c3, c4, c5:
+        (x // c3) * c5.arg if _pos(c1, c3) and c1.arg == c3.arg * c4.arg and c2.arg == c4.arg * c5.arg
+        else None),
+    ((x // c1) * c2 + (x % c4) * c5, lambda ctx, x, c1, c2, c4, c5:
+        x * c5.arg if _pos(c1, c4) and c1.arg == c4.arg and c2.arg == c4.arg * c5.arg else None),
     ((x // c1) * c1 + (x % c1 + y), lambda ctx, x, c1, y: x + y),
     (x // c1, _div_by_bounds), (x % c1, _mod_by_bounds),
     # comparisons and min/max decided by bounds

@@ -80,3 +80,13 @@ def test_rules_are_data():
     env = match(Pat(name="x") + 0, n + 0, {})
     assert env == {"x": n}
     assert match(Pat(name="x") - Pat(name="x"), n - i, {}) is None
+
+
+def test_fused_loop_digits_rejoin_to_the_flat_index():
+    # a 3-D loop nest fused into one var: the row-major flat index is the var itself
+    x = var("x", dom=(0, 4096))
+    assert simplify((x // 512) * 512 + ((x // 32) % 16) * 32 + x % 32) is x
+    assert simplify((x // 8) * 24 + (x % 8) * 3) is simplify(x * 3)
+    # digits that do not line up must stay as they are
+    e = (x // 512) * 500 + ((x // 32) % 16) * 32
+    assert simplify(e) is not simplify((x // 32) * 32)
