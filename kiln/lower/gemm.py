@@ -226,7 +226,9 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     """GEMM of a [*ba, M, K] and b [*bb, K, N], batch dims broadcast as numpy.matmul.
 
     trans_a / trans_b: a is stored [*ba, K, M] / b is stored [*bb, N, K] (read in place,
-    never copied; the layout picks the loop structure). epilogue(value, idx) -> Expr
+    never copied; the layout picks the loop structure). a and b may be computes (views
+    such as im2col, casts, zero-point shifts): they are inlined where read, into the
+    packing of V or into the micro-kernel; pass pack=True when an expensive view is V. epilogue(value, idx) -> Expr
     maps the accumulated value (acc_dtype) at output index idx = (*batch, i, j) to the
     stored value (bias, alpha/beta, activations); the result is cast to out_dtype
     (default: a's dtype). squeeze: "m" and/or "n", size-1 output dims to drop
