@@ -96,6 +96,12 @@ def test_inspect_artifact(capsys, model_path, tmp_path):
     assert "kiln artifact" in out and "kiln_main" in out and "[1, 4]" in out
 
 
+def test_opt_level_reaches_the_compiler_and_its_report(capsys, model_path):
+    rc, out, err = kiln(capsys, "inspect", model_path, "--dim", "batch=2", "-O1")
+    assert rc == 0, err
+    assert "kiln compile report (-O1)" in out and "kernels" in out
+
+
 def test_unbound_dim_names_the_flag(capsys, model_path, tmp_path):
     rc, _, err = kiln(capsys, "compile", model_path, "-o", tmp_path / "x.kiln")
     assert rc == 1 and "--dim batch=N" in err and not (tmp_path / "x.kiln").exists()
