@@ -1,6 +1,9 @@
 """The ONNX backend test suite, run through `kiln.onnx_backend` as pytest cases.
 
-The target comes from `KILN_TARGET` (default here: interpreter). Expected
+By default each case runs on the interpreter at -O0 and at -O3 (the graph passes
+must not change a single result), and on the cpu target at its default -O2 — that
+configuration compiles ~2,000 native modules, so it is marked slow. `KILN_TARGET`
+(and `KILN_OPT_LEVEL`) pick one configuration instead. Expected
 failures live in `expected_failures/<target>/*.txt` (`case_name  # reason`);
 they are strict: one that starts passing fails the run, so the list stays true.
 The one exception is a reason starting with "nondeterministic:" (an unseeded
@@ -17,8 +20,16 @@ import pytest
 from kiln import onnx_backend
 from tests.conformance.cases import assert_similar, model_cases, node_cases, normalize
 
-TARGET = os.environ.get("KILN_TARGET", "interpreter")
 HERE = os.path.dirname(__file__)
+
+
+def configs() -> list[tuple[str, int | None, bool]]:
+    """(target, opt level or None for the default, slow) to run the suite under."""
+    target = os.environ.get("KILN_TARGET")
+    if target:
+        level = os.environ.get("KILN_OPT_LEVEL")
+        return [(target, int(level) if level else None, False)]
+    return [("interpreter", 0, False), ("interpreter", 3, False), ("cpu", None, True)]
 
 
 def expected_failures(target: str) -> dict[str, str]:
@@ -36,37 +47,45 @@ def expected_failures(target: str) -> dict[str, str]:
     return out
 
 
-XFAIL = expected_failures(TARGET)
+XFAIL = {t: expected_failures(t) for t in {c[0] for c in configs()}}
 
 
 def _params(cases):
-    def marks(name):
-        if name not in XFAIL:
-            return []
-        reason = XFAIL[name]
-        return [pytest.mark.xfail(strict=not reason.startswith("nondeterministic:"), reason=reason)]
-    return [pytest.param(c, id=c.name, marks=marks(c.name)) for c in cases]
+    out = []
+    for target, level, slow in configs():
+        xfail = XFAIL[target]
+        for c in cases:
+            marks = [pytest.mark.slow] if slow else []
+            reason = xfail.get(c.name)
+            if reason:
+                marks.append(pytest.mark.xfail(strict=not reason.startswith("nondeterministic:"),
+                                               reason=reason))
+            tag = target if level is None else f"{target}-O{level}"
+            out.append(pytest.param(c, target, level, id=f"{tag}-{c.name}", marks=marks))
+    return out
 
 
-def _run_case(case):
+def _run_case(case, target, level):
     model, data_sets = case.load()
-    rep = onnx_backend.prepare(model, "CPU", target=TARGET)
+    options = {} if level is None else {"opt_level": level}
+    rep = onnx_backend.prepare(model, "CPU", target=target, **options)
     for inputs, ref in data_sets:
         outs = rep.run([normalize(x) for x in inputs])
         assert_similar([normalize(r) for r in ref], list(outs), case.rtol, case.atol)
 
 
-@pytest.mark.parametrize("case", _params(node_cases()))
-def test_onnx_node(case):
-    _run_case(case)
+@pytest.mark.parametrize("case, target, level", _params(node_cases()))
+def test_onnx_node(case, target, level):
+    _run_case(case, target, level)
 
 
-@pytest.mark.parametrize("case", _params(model_cases()))
-def test_onnx_model(case):
-    _run_case(case)
+@pytest.mark.parametrize("case, target, level", _params(model_cases()))
+def test_onnx_model(case, target, level):
+    _run_case(case, target, level)
 
 
 def test_expected_failures_name_real_cases():
     names = {c.name for c in node_cases()} | {c.name for c in model_cases()}
-    stale = sorted(set(XFAIL) - names)
-    assert not stale, f"expected-failure entries that are not ONNX test cases: {stale}"
+    for target, xfail in XFAIL.items():
+        stale = sorted(set(xfail) - names)
+        assert not stale, f"{target}: expected-failure entries that are not ONNX test cases: {stale}"
