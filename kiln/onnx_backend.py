@@ -24,7 +24,11 @@ def default_target() -> str:
 def opt_level_options() -> dict:
     """{"opt_level": n} when KILN_OPT_LEVEL is set, else nothing (kiln.compile's default)."""
     level = os.environ.get("KILN_OPT_LEVEL", "").strip()
-    return {"opt_level": int(level)} if level else {}
+    if not level:
+        return {}
+    if not level.isdigit():
+        raise kiln.KilnError(f"KILN_OPT_LEVEL must be an optimization level 0-3, got {level!r}")
+    return {"opt_level": int(level)}
 
 
 class KilnRep(BackendRep):

@@ -41,3 +41,9 @@ def test_onnx_backend_reads_kiln_opt_level(monkeypatch, env, level):
     else:
         monkeypatch.setenv("KILN_OPT_LEVEL", env)
     assert onnx_backend.opt_level_options() == ({} if level is None else {"opt_level": level})
+
+
+def test_bad_kiln_opt_level_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("KILN_OPT_LEVEL", "fast")
+    with pytest.raises(kiln.KilnError, match="KILN_OPT_LEVEL.*'fast'"):
+        onnx_backend.opt_level_options()
