@@ -171,7 +171,8 @@ class Stage:
             raise self._err(f"split needs exactly one positive integer factor or nparts, got "
                             f"factor={factor!r} nparts={nparts!r}", v)
         ext = v.arg.dom[1]
-        f = min(factor, ext) if factor else -(-ext // min(nparts, ext))
+        ext1 = max(ext, 1)  # a zero-length axis splits into empty loops
+        f = min(factor, ext1) if factor else -(-ext1 // min(nparts, ext1))
         outer = self._new_var(f"{v.arg.name}.o", (0, -(-ext // f)), v.arg.kind)
         inner = self._new_var(f"{v.arg.name}.i", (0, f), v.arg.kind)
         self.relations.append(Split(v, outer, inner, factor, nparts))

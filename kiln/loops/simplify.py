@@ -280,6 +280,10 @@ INT_RULES: list[tuple[Pat, Any]] = [
     ((x % c1) % c2, lambda ctx, x, c1, c2: x % c2 if _pos(c1, c2) and c1.arg % c2.arg == 0 else None),
     ((x % c1) // c2, lambda ctx, x, c1, c2: (x // c2) % (c1.arg // c2.arg) if _pos(c1, c2) and c1.arg % c2.arg == 0 else None),
     ((x // c1) * c1 + x % c1, x),
+    ((y + (x // c1) * c1) + x % c1, lambda ctx, y, x, c1: y + x),
+    (((x // c1) % c2) * c1 + x % c1, lambda ctx, x, c1, c2: x % (c1.arg * c2.arg) if _pos(c1, c2) else None),
+    ((y + ((x // c1) % c2) * c1) + x % c1, lambda ctx, y, x, c1, c2:
+        y + x % (c1.arg * c2.arg) if _pos(c1, c2) else None),
     # re-joining a fused loop's digits: x//(c3*c4)*(c4*c5) + (x//c3 % c4)*c5 == x//c3*c5
     ((x // c1) * c2 + ((x // c3) % c4) * c5, lambda ctx, x, c1, c2, c3, c4, c5:
         (x // c3) * c5.arg if _pos(c1, c3) and c1.arg == c3.arg * c4.arg and c2.arg == c4.arg * c5.arg

@@ -43,9 +43,10 @@ def dynamic_values(graph: Graph) -> list[Value]:
 
 
 def value_inputs(inputs: list) -> tuple[int, ...]:
-    """Indices of inputs small and integral enough to specialise on their values."""
+    """Indices of inputs small enough to specialise on their values (used only when some
+    shape is still unknown: OneHot's depth, Range's bounds, Reshape's target...)."""
     return tuple(i for i, x in enumerate(inputs)
-                 if isinstance(x, np.ndarray) and x.dtype.kind in "iub"
+                 if isinstance(x, np.ndarray) and x.dtype.kind in "iubf"
                  and x.size <= VALUE_INPUT_MAX_ELEMENTS)
 
 

@@ -90,3 +90,9 @@ def test_fused_loop_digits_rejoin_to_the_flat_index():
     # digits that do not line up must stay as they are
     e = (x // 512) * 500 + ((x // 32) % 16) * 32
     assert simplify(e) is not simplify((x // 32) * 32)
+
+
+def test_digit_rejoin_inside_a_longer_sum():
+    x, y = var("x", dom=(0, 120)), var("y", dom=(0, 10))
+    assert simplify((y * 120 + (x // 5) * 5) + x % 5) is simplify(y * 120 + x)
+    assert simplify(((x // 5) % 4) * 5 + x % 5) is simplify(x % 20)
