@@ -9,10 +9,12 @@ Runtime), activations with alpha/beta, clip, and initial states.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op
+from kiln.ops.registry import lowering, op
 
 _DIRS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 # name -> (function of (x, alpha, beta), default alpha, default beta); alpha/beta
@@ -61,23 +63,30 @@ def _infer(ctx):
     return [TensorType(x.dtype, s) for s in [y] + [h] * n_state][:max(ctx.num_outputs, 1)]
 
 
-def _activations(ctx, kind: str, nd: int):
-    """Per direction, the list of activation callables (f, g[, h])."""
+def _activation_specs(ctx, kind: str, nd: int):
+    """Per direction, the list of activations (f, g[, h]) as (lower-case name, alpha, beta)."""
     names = ctx.attr("activations", None) or _DEFAULT_ACTS[kind] * nd
     per = len(_DEFAULT_ACTS[kind])
     if len(names) != per * nd:
         ctx.fail(f"activations: expected {per * nd} names for {nd} direction(s), "
                  f"given {len(names)}")
     alphas, betas = list(ctx.attr("activation_alpha", [])), list(ctx.attr("activation_beta", []))
-    fns = []
+    specs = []
     for name in names:
+        name = name.decode() if isinstance(name, bytes) else name
         if name.lower() not in _ACTS:
             ctx.fail(f"unknown activation {name!r}; expected one of {sorted(_ACTS)}")
-        f, a, b = _ACTS[name.lower()]
+        _, a, b = _ACTS[name.lower()]
         a = alphas.pop(0) if a is not None and alphas else a
         b = betas.pop(0) if b is not None and betas else b
-        fns.append(lambda x, f=f, a=a, b=b: f(x, a, b))
-    return [fns[i * per:(i + 1) * per] for i in range(nd)]
+        specs.append((name.lower(), a, b))
+    return [specs[i * per:(i + 1) * per] for i in range(nd)]
+
+
+def _activations(ctx, kind: str, nd: int):
+    """Per direction, the list of activation callables (f, g[, h])."""
+    return [[lambda x, f=_ACTS[name][0], a=a, b=b: f(x, a, b) for name, a, b in d]
+            for d in _activation_specs(ctx, kind, nd)]
 
 
 def _cell(kind: str, x, h, c, w, r, wb, rb, p, acts, clip, ctx):
@@ -154,3 +163,202 @@ def _run(kind: str):
 
 for _kind in _GATES:
     op(_kind, infer=_infer)(_run(_kind))
+
+
+# ---- native lowering: one C kernel per node, time steps looped inside ----
+
+def _lit(v: float, ct: str) -> str:
+    """An exact C literal of Python float `v` in compute type `ct` (float or double)."""
+    if v != v:
+        return f"(({ct})NAN)"
+    if v in (float("inf"), float("-inf")):
+        return f"(({ct}){'-' if v < 0 else ''}INFINITY)"
+    return f"(({ct}){float(v).hex()})"
+
+
+def _c_act(name: str, a, b, v: str, ct: str) -> str:
+    """C for activation `name` of expression `v` (a variable name), as the reference computes it."""
+    fn = (lambda f: f + "f") if ct == "float" else (lambda f: f)
+    one, zero = f"(({ct})1)", f"(({ct})0)"
+    la = _lit(a, ct) if a is not None else None
+    lb = _lit(b, ct) if b is not None else None
+    return {
+        "relu": f"({v} < {zero} ? {zero} : {v})",
+        "tanh": f"{fn('tanh')}({v})",
+        "sigmoid": f"({one} / ({one} + {fn('exp')}(-{v})))",
+        "affine": f"({la} * {v} + {lb})",
+        "leakyrelu": f"({v} >= {zero} ? {v} : {la} * {v})",
+        "thresholdedrelu": f"({v} > {la} ? {v} : {zero})",
+        "scaledtanh": f"({la} * {fn('tanh')}({lb} * {v}))",
+        "hardsigmoid": f"kiln_rnn_unit({la} * {v} + {lb})",
+        "elu": f"({v} >= {zero} ? {v} : {la} * ({fn('exp')}({v}) - {one}))",
+        "softsign": f"({v} / ({one} + {fn('fabs')}({v})))",
+        "softplus": f"{fn('log1p')}({fn('exp')}({v}))",
+    }[name]
+
+
+def _lower_rnn(kind: str):
+    def lower(ctx, *args):
+        from kiln.dtypes import DType
+        xt, wt, rt = ctx.input_types[:3]
+        dt = xt.dtype
+        if dt.c is None or not dt.is_float:
+            ctx.fail(f"{dt} data has no native (C) kernel for {kind}", stage="lower")
+        t, ct = dt.c, ("double" if dt is DType.float64 else "float")
+        layout = int(ctx.attr("layout", 0))
+        steps, batch, inp = xt.shape if not layout else (xt.shape[1], xt.shape[0], xt.shape[2])
+        nd, g = _num_dirs(ctx), _GATES[kind]
+        hs = int(ctx.attr("hidden_size", rt.shape[-1]))
+        names = ["X", "W", "R", "B", "lens", "h0", "c0", "P"][:len(ctx.node.inputs)]
+        p, k = {}, 0
+        for i, name in enumerate(names):
+            if ctx.has_input(i):
+                p[name], k = f"in{k}", k + 1
+        want = {"W": (nd, g * hs, inp), "R": (nd, g * hs, hs), "B": (nd, 2 * g * hs), "P": (nd, 3 * hs),
+                "lens": (batch,), "h0": (batch, nd, hs) if layout else (nd, batch, hs)}
+        want["c0"] = want["h0"]
+        for i, name in enumerate(names):
+            if ctx.has_input(i) and name in want and tuple(ctx.input_types[i].shape) != want[name]:
+                ctx.fail(f"{name} must have shape {want[name]}, got {tuple(ctx.input_types[i].shape)}")
+        clip = ctx.attr("clip", None)
+        specs = _activation_specs(ctx, kind, nd)
+        direction = ctx.attr("direction", "forward")
+        y_shape = (batch, steps, nd, hs) if layout else (steps, nd, batch, hs)
+        h_shape = (batch, nd, hs) if layout else (nd, batch, hs)
+        n_out = len(ctx.node.outputs)
+        shapes = [y_shape, h_shape, h_shape][:n_out]
+        # element offsets: X[t][b][k], Y[t][d][b][j], H[d][b][j]
+        X = (lambda t_, b_: f"(({t_}) * {batch} + ({b_})) * {inp}") if not layout else \
+            (lambda t_, b_: f"(({b_}) * {steps} + ({t_})) * {inp}")
+        Y = (lambda t_, d_, b_: f"((({t_}) * {nd} + ({d_})) * {batch} + ({b_})) * {hs}") if not layout else \
+            (lambda t_, d_, b_: f"((({b_}) * {steps} + ({t_})) * {nd} + ({d_})) * {hs}")
+        H = (lambda d_, b_: f"(({d_}) * {batch} + ({b_})) * {hs}") if not layout else \
+            (lambda d_, b_: f"(({b_}) * {nd} + ({d_})) * {hs}")
+        pre = (lambda v: v) if clip is None else \
+            (lambda v: f"kiln_rnn_clip({v}, {_lit(float(clip), ct)})")
+
+        def dot(dst, vec, mat_row, n):
+            return (f"{{ double acc = 0; for (int64_t q = 0; q < {n}; ++q) "
+                    f"acc += (double)({vec})[q] * (double)({mat_row})[q]; {dst} = ({ct})acc; }}")
+
+        def bias(which, j):  # wb (which=0) or rb (1) element j of direction d
+            return f"(({ct}){p['B']}[d * {2 * g * hs} + {which * g * hs} + {j}])" if "B" in p else f"(({ct})0)"
+
+        def peep(which, j):
+            return f"(({ct}){p['P']}[d * {3 * hs} + {which * hs} + {j}])" if "P" in p else f"(({ct})0)"
+
+        # per-direction activation C, selected by d at run time
+        def act(slot, v):
+            alts = [_c_act(*specs[d][slot], v, ct) for d in range(nd)]
+            return alts[0] if nd == 1 or alts[0] == alts[1] else f"(d == 0 ? {alts[0]} : {alts[1]})"
+
+        cell = []
+        x_row = f"{p['X']} + {X('ti', 'b')}"
+        if kind == "RNN":
+            cell += [f"for (int64_t j = 0; j < {hs}; ++j) {{",
+                     f"  {ct} xw, hr; {dot('xw', x_row, p['W'] + f' + (d * {hs} + j) * {inp}', inp)}",
+                     f"  {dot('hr', 'h', p['R'] + f' + (d * {hs} + j) * {hs}', hs)}",
+                     f"  {ct} v = xw + hr; v = v + {bias(0, 'j')}; v = v + {bias(1, 'j')};",
+                     f"  v = {pre('v')}; sc[j] = {act(0, 'v')};",
+                     "}",
+                     f"for (int64_t j = 0; j < {hs}; ++j) h[j] = sc[j];"]
+        elif kind == "GRU":
+            lbr = bool(ctx.attr("linear_before_reset", 0))
+            cell += [f"{ct} *xw = sc, *hr = sc + {3 * hs}, *rh = sc + {6 * hs};",
+                     f"for (int64_t j = 0; j < {3 * hs}; ++j) {{",
+                     f"  {dot('xw[j]', x_row, p['W'] + f' + (d * {3 * hs} + j) * {inp}', inp)}",
+                     f"  xw[j] = xw[j] + {bias(0, 'j')};",
+                     "}",
+                     f"for (int64_t j = 0; j < {3 * hs if lbr else 2 * hs}; ++j) "
+                     f"{dot('hr[j]', 'h', p['R'] + f' + (d * {3 * hs} + j) * {hs}', hs)}",
+                     f"for (int64_t j = 0; j < {hs}; ++j) {{",
+                     f"  {ct} v = xw[{hs} + j] + hr[{hs} + j]; v = v + {bias(1, f'{hs} + j')};",
+                     f"  v = {pre('v')}; rh[j] = {act(0, 'v')};",  # rh holds r for now
+                     "}"]
+            if lbr:
+                cell += [f"for (int64_t j = 0; j < {hs}; ++j) {{",
+                         f"  {ct} v = xw[{2 * hs} + j] + rh[j] * (hr[{2 * hs} + j] + {bias(1, f'{2 * hs} + j')});",
+                         f"  v = {pre('v')}; hr[{2 * hs} + j] = {act(1, 'v')};",
+                         "}"]
+            else:
+                cell += [f"for (int64_t j = 0; j < {hs}; ++j) rh[j] = rh[j] * h[j];",
+                         f"for (int64_t j = 0; j < {hs}; ++j) {{",
+                         f"  {ct} m; {dot('m', 'rh', p['R'] + f' + (d * {3 * hs} + {2 * hs} + j) * {hs}', hs)}",
+                         f"  {ct} v = xw[{2 * hs} + j] + m; v = v + {bias(1, f'{2 * hs} + j')};",
+                         f"  v = {pre('v')}; hr[{2 * hs} + j] = {act(1, 'v')};",
+                         "}"]
+            cell += [f"for (int64_t j = 0; j < {hs}; ++j) {{",
+                     f"  {ct} v = xw[j] + hr[j]; v = v + {bias(1, 'j')};",
+                     f"  v = {pre('v')}; {ct} z = {act(0, 'v')};",
+                     f"  h[j] = ((({ct})1) - z) * hr[{2 * hs} + j] + z * h[j];",
+                     "}"]
+        else:  # LSTM: gates i, o, f, c; peepholes i, o, f
+            forget = bool(ctx.attr("input_forget", 0))
+            cell += [f"for (int64_t j = 0; j < {4 * hs}; ++j) {{",
+                     f"  {ct} xw, hr; {dot('xw', x_row, p['W'] + f' + (d * {4 * hs} + j) * {inp}', inp)}",
+                     f"  {dot('hr', 'h', p['R'] + f' + (d * {4 * hs} + j) * {hs}', hs)}",
+                     f"  {ct} v = xw + hr; v = v + {bias(0, 'j')}; sc[j] = v + {bias(1, 'j')};",
+                     "}",
+                     f"for (int64_t j = 0; j < {hs}; ++j) {{",
+                     f"  {ct} v = sc[j] + {peep(0, 'j')} * c[j]; v = {pre('v')}; {ct} gi = {act(0, 'v')};",
+                     f"  {ct} gf;",
+                     (f"  gf = (({ct})1) - gi;" if forget else
+                      f"  v = sc[{2 * hs} + j] + {peep(2, 'j')} * c[j]; v = {pre('v')}; gf = {act(0, 'v')};"),
+                     f"  v = sc[{3 * hs} + j]; v = {pre('v')}; {ct} gc = {act(1, 'v')};",
+                     f"  c[j] = gf * c[j] + gi * gc;",
+                     f"  v = sc[{hs} + j] + {peep(1, 'j')} * c[j]; v = {pre('v')}; {ct} go = {act(0, 'v')};",
+                     f"  {ct} cj = c[j];",
+                     f"  h[j] = go * {act(2, 'cj')};",
+                     "}"]
+        h0 = f"({ct}){p['h0']}[{H('d', 'b')} + j]" if "h0" in p else "0"
+        c0 = f"({ct}){p['c0']}[{H('d', 'b')} + j]" if "c0" in p else "0"
+        scratch = {"RNN": hs, "GRU": 7 * hs, "LSTM": 4 * hs}[kind]
+        lens = (f"(int64_t){p['lens']}[b]" if "lens" in p else str(steps))
+        body = [
+            f"#define kiln_rnn_clip(v, m) ((v) < -(m) ? -(m) : (v) > (m) ? (m) : (v))",
+            f"#define kiln_rnn_unit(v) ((v) < ({ct})0 ? ({ct})0 : (v) > ({ct})1 ? ({ct})1 : (v))",
+            f"  {ct}* state = ({ct}*)malloc(sizeof({ct}) * ({2 * batch * hs + batch * scratch} + 1));",
+            "  if (!state) return -1;",
+            f"  {ct} *hall = state, *call = state + {batch * hs}, *scall = state + {2 * batch * hs};",
+            f"  memset(out0, 0, sizeof({t}) * {math.prod(y_shape)});",
+            "  int rc = 0;",
+            f"  for (int64_t d = 0; d < {nd} && !rc; ++d) {{",
+            f"    const int rev = {'d == 1' if direction == 'bidirectional' else int(direction == 'reverse')};",
+            f"    for (int64_t b = 0; b < {batch}; ++b) {{",
+            f"      if (rev && {lens} > {steps}) rc = 1;",
+            f"      for (int64_t j = 0; j < {hs}; ++j) {{",
+            f"        hall[b * {hs} + j] = {h0};",
+            f"        call[b * {hs} + j] = {c0};",
+            "      }",
+            "    }",
+            "    if (rc) break;",
+            f"    for (int64_t s = 0; s < {steps}; ++s) {{",
+            f"      for (int64_t b = 0; b < {batch}; ++b) {{",
+            f"        const int64_t len = {lens};",
+            "        if (!(s < len)) continue;",
+            "        const int64_t ti = rev ? len - 1 - s : s;",
+            f"        {ct} *h = hall + b * {hs}, *c = call + b * {hs}, *sc = scall + b * {scratch};",
+            "        (void)c;",
+            *("        " + line for line in cell),
+            f"        for (int64_t j = 0; j < {hs}; ++j) out0[{Y('ti', 'd', 'b')} + j] = ({t})h[j];",
+            "      }",
+            "    }",
+            f"    for (int64_t b = 0; b < {batch}; ++b) {{",
+            f"      const int live = {lens} > 0;",
+            f"      for (int64_t j = 0; j < {hs}; ++j) {{",
+            *([f"        out1[{H('d', 'b')} + j] = ({t})(live ? hall[b * {hs} + j] : 0);"] if n_out > 1 else []),
+            *([f"        out2[{H('d', 'b')} + j] = ({t})(live ? call[b * {hs} + j] : 0);"] if n_out > 2 else []),
+            "      }",
+            "    }",
+            "  }",
+            "  free(state);",
+            "  return rc;",
+            "#undef kiln_rnn_clip",
+            "#undef kiln_rnn_unit",
+        ]
+        return ctx.extern("\n".join(body), list(args), [(s, dt) for s in shapes])
+    return lower
+
+
+for _kind in _GATES:
+    lowering(_kind)(_lower_rnn(_kind))

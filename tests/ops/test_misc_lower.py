@@ -1,0 +1,149 @@
+"""Native (cpu) lowerings of the remaining families against the NumPy reference:
+recurrent layers, signal processing, detection, classical ML, optimizers, random.
+
+Each case is a one-node ONNX model: runtime inputs are random graph inputs,
+compile-time inputs are initializers (C(...)). All cases of a test are lowered
+node by node and built as one C module (one compiler run, cached), then each
+kernel is run on the inputs and compared with the interpreter. Kernels whose
+output sizes depend on data report their dims in one extra int64 parameter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper as oh, numpy_helper
+
+import kiln
+from kiln.codegen import build_c
+from kiln.interpreter import Interpreter
+from kiln.loops import LoopModule
+from kiln.lower.kernel import lower_node
+
+RNG = np.random.default_rng(0)
+ML = "ai.onnx.ml"
+TRAINING = "ai.onnx.preview.training"
+
+
+def rand(shape, dtype=np.float32, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(dtype)
+
+
+class C:
+    """A compile-time known input (an initializer)."""
+
+    def __init__(self, data, dtype=None):
+        self.data = np.asarray(data, dtype)
+
+
+def case(op, inputs, attrs=None, opset=None, outputs=1, domain="", id=None, rtol=1e-5, atol=1e-6):
+    """A one-node model: each input is an array (a graph input), a C(...) or None (absent)."""
+    names = ["" if v is None else f"x{k}" for k, v in enumerate(inputs)]
+    outs = [o if isinstance(o, str) else f"y{k}" for k, o in enumerate(
+        range(outputs) if isinstance(outputs, int) else outputs)]
+    node = oh.make_node(op, names, outs, domain=domain or None, **(attrs or {}))
+    vi = [oh.make_tensor_value_info(n, oh.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+          for n, v in zip(names, inputs) if isinstance(v, np.ndarray)]
+    init = [numpy_helper.from_array(v.data, n) for n, v in zip(names, inputs) if isinstance(v, C)]
+    g = oh.make_graph([node], "g", vi, [oh.make_tensor_value_info(o, 0, None) for o in outs if o], init)
+    opsets = [oh.make_opsetid("", opset or 22)]
+    if domain:
+        opsets.append(oh.make_opsetid(domain, opset or (5 if domain == ML else 1)))
+    model = oh.make_model(g, opset_imports=opsets)
+    return pytest.param(model, [v for v in inputs if isinstance(v, np.ndarray)], rtol, atol, id=id or op)
+
+
+def _lower(model, name):
+    graph = kiln.load_onnx(model)
+    (node,) = graph.nodes
+    values = [None if v is None else v.const for v in node.inputs]
+    return graph, lower_node(node, graph.opset(node.domain), values, name)
+
+
+def check_all(cases):
+    """Lower every case, build them as one module, compare each kernel with the interpreter."""
+    built = [_lower(model, f"k{n}") + (inputs, rtol, atol)
+             for n, (model, inputs, rtol, atol) in enumerate(cases)]
+    mod = build_c(LoopModule([b[1] for b in built]))
+    for n, (graph, func, inputs, rtol, atol) in enumerate(built):
+        node = graph.nodes[0]
+        want = Interpreter(graph).run(inputs)
+        fed = dict(zip([v.id for v in graph.inputs], inputs))
+        args = [np.array(v.const if v.const is not None else fed[v.id], order="C")
+                for v in node.inputs if v is not None]
+        bufs = [np.zeros(p.shape, p.dtype.np) for p in func.params[len(args):]]
+        mod[func.name](*args, *bufs)
+        used = [k for k, v in enumerate(node.outputs) if v is not None]
+        if func.dynamic:
+            dims, at, got = bufs[-1].tolist(), 0, []
+            for buf in bufs[:-1]:
+                shape = tuple(dims[at:at + buf.ndim])
+                at += buf.ndim
+                got.append(buf.reshape(-1)[:int(np.prod(shape))].reshape(shape))
+        else:
+            got = bufs
+        got = [got[k] for k in used]
+        assert len(got) == len(want), node
+        for k, (w, g) in enumerate(zip(want, got)):
+            what = f"case {n} ({node.op} {node.attrs}) output {k}"
+            assert g.dtype == w.dtype and g.shape == w.shape, (what, g.dtype, g.shape, w.dtype, w.shape)
+            if w.dtype.kind in "fc":
+                scale = max(1.0, float(np.abs(w.astype(np.float64)).max(initial=0)))
+                np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol,
+                                           atol=atol * scale, err_msg=what)
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=what)
+
+
+def values(cases):
+    return [tuple(c.values) for c in cases]
+
+
+# ---- RNN, GRU, LSTM ----
+
+_RNN_IDS = iter(range(10**6))
+
+
+def rnn_case(kind, seq=4, batch=3, inp=5, hs=4, nd=1, layout=0, bias=True, lens=None, h0=False,
+             c0=False, peep=False, outputs=None, dtype=np.float32, **attrs):
+    g = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+    x = rand((batch, seq, inp) if layout else (seq, batch, inp), dtype)
+    state = (batch, nd, hs) if layout else (nd, batch, hs)
+    ins = [x, rand((nd, g * hs, inp), dtype, 0.5), rand((nd, g * hs, hs), dtype, 0.5),
+           rand((nd, 2 * g * hs), dtype, 0.5) if bias else None,
+           None if lens is None else np.asarray(lens, np.int32),
+           rand(state, dtype) if h0 else None]
+    if kind == "LSTM":
+        ins += [rand(state, dtype) if c0 else None, rand((nd, 3 * hs), dtype, 0.5) if peep else None]
+    while ins[-1] is None:
+        ins.pop()
+    n_out = outputs or (3 if kind == "LSTM" else 2)
+    direction = "bidirectional" if nd == 2 else attrs.pop("direction", "forward")
+    tol = dict(rtol=3e-3, atol=3e-3) if dtype == np.float16 else {}
+    return case(kind, ins, dict(hidden_size=hs, direction=direction, layout=layout, **attrs),
+                outputs=n_out, id=f"{kind}-{next(_RNN_IDS)}", **tol)
+
+
+RNN_CASES = [rnn_case(kind, **kw) for kind in ("RNN", "GRU", "LSTM") for kw in (
+    dict(), dict(bias=False, outputs=1), dict(nd=2, h0=True, c0=True),
+    dict(direction="reverse", lens=[4, 2, 0]), dict(nd=2, lens=[3, 4, 1], layout=1),
+    dict(layout=1, h0=True, c0=True, peep=True, clip=0.7), dict(dtype=np.float64, nd=2, peep=True),
+    dict(dtype=np.float16, seq=2))] + [
+    rnn_case("RNN", nd=2, activations=["LeakyRelu", "Elu"], activation_alpha=[0.3, 0.7]),
+    rnn_case("RNN", activations=["Affine"], activation_alpha=[0.5], activation_beta=[0.25]),
+    rnn_case("RNN", activations=["ThresholdedRelu"], activation_alpha=[0.1]),
+    rnn_case("RNN", activations=["ScaledTanh"], activation_alpha=[1.5], activation_beta=[0.5]),
+    rnn_case("RNN", nd=2, activations=["Softsign", "Softplus"]),
+    rnn_case("GRU", activations=["HardSigmoid", "Relu"], activation_alpha=[0.3], activation_beta=[0.4]),
+    rnn_case("GRU", nd=2, linear_before_reset=1, h0=True, lens=[2, 4, 3]),
+    rnn_case("GRU", linear_before_reset=1, clip=0.5, layout=1),
+    rnn_case("LSTM", input_forget=1, peep=True, h0=True, c0=True),
+    rnn_case("LSTM", nd=2, activations=["Sigmoid", "Tanh", "Relu", "HardSigmoid", "Softsign", "Tanh"],
+             activation_alpha=[0.2], activation_beta=[0.5], lens=[1, 4, 2]),
+    rnn_case("LSTM", outputs=["", "", "yc"], hs=7, inp=3),
+    rnn_case("LSTM", outputs=["", "yh"], seq=1, batch=1, hs=1, inp=1),
+]
+
+
+def test_recurrent():
+    check_all(values(RNN_CASES))
