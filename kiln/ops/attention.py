@@ -18,7 +18,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.loops import call, cast, compute, const, max_, min_, reduce_axis, rmax, select, sum_
-from kiln.ops.reduce import PARALLEL_MIN_WORK, as_dtype, schedule_injective, text, wide
+from kiln.ops.reduce import PARALLEL_MIN_WORK, as_dtype, schedule_injective, schedule_reduction, text, wide
 from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, op
 from kiln.ops.shapes import dim_mul
 
@@ -372,13 +372,13 @@ def _attention_lower(ctx: LowerCtx, q, k, v, attn_mask=None, past_key=None, past
     def shift(b, h, s):  # an all -inf row: shift by 0, so every exp is 0 and the row gives zeros
         mx = m[b, h, s, 0]
         return select(mx.eq(ninf), zero, mx)
+    ex = compute((nb, hq, sq, total), lambda b, h, s, t: call("exp", logits((b, h, s, t)) - shift(b, h, s)), "exp")
     t2 = reduce_axis(total, "t")
-    ssum = compute((nb, hq, sq, 1), lambda b, h, s, z: sum_(call("exp", logits((b, h, s, t2)) - shift(b, h, s)), t2),
-                   "sum")
+    ssum = compute((nb, hq, sq, 1), lambda b, h, s, z: sum_(ex[b, h, s, t2], t2), "sum")
 
     def prob(b, h, s, t):
         den = ssum[b, h, s, 0]
-        return call("exp", logits((b, h, s, t)) - shift(b, h, s)) / select(den.eq(zero), one, den)
+        return ex[b, h, s, t] / select(den.eq(zero), one, den)
     probs = compute((nb, hq, sq, total), prob, "probs")
     t3 = reduce_axis(total, "t")
     y4 = compute((nb, hq, sq, dv), lambda b, h, s, e: sum_(probs[b, h, s, t3] * cast(dt, vp(b, h // group, t3, e)), t3),
@@ -394,7 +394,7 @@ def _attention_lower(ctx: LowerCtx, q, k, v, attn_mask=None, past_key=None, past
     outs = [y] + [compute(shape, lambda *i, f=f, k=k: cast(ctx.out_dtype(k), f(*i)), name)
                   if ctx.output_used(k) else compute((), lambda: const(0, qdt), f"unused{k}")
                   for k, (name, shape, f) in enumerate(extra, 1) if k < ctx.num_outputs]
-    ctx.schedule(lambda sch, _: _attention_schedule(sch, qs, ks, raw, m, ssum, probs, y4))
+    ctx.schedule(lambda sch, _: _attention_schedule(sch, qs, ks, raw, m, ex, ssum, probs, y4))
     return outs
 
 
@@ -446,36 +446,33 @@ def _attention_mask(ctx: LowerCtx, mask, nonpad, sq: int, total: int, p: int, dt
     return visible, add
 
 
-def _attention_schedule(sch, qs, ks, raw, m, ssum, probs, y4) -> None:
-    """Parallel over (batch, head, query) rows. Q·Kᵀ: per row, the head dim outside the
-    keys, which are contiguous in the transposed K and vectorized; probabilities computed
-    per row (their sum inside) right before P·V, which runs keys outside the value dim."""
+def _attention_schedule(sch, qs, ks, raw, m, ex, ssum, probs, y4) -> None:
+    """Every pass parallel over (batch, head, query) rows and vectorized along them. Q·Kᵀ
+    runs the head dim outside the keys (contiguous in the transposed K); the row max and
+    exp-sum reduce across lanes; the probabilities are inlined into P·V, which runs the
+    keys outside the value dim."""
     for t in (qs, ks):
         schedule_injective(sch[t])
     work = math.prod(raw.shape) * qs.shape[3] >= PARALLEL_MIN_WORK
 
-    def rows(t, inner_reduce: bool):
+    def rows(t, reduce_outside: bool = False):
         st = sch[t]
         b, h, s, j = st.axis
         row = st.fuse(b, h, s)
-        if inner_reduce:
-            (kk,) = st.reduce_axis
-            st.reorder(kk, j)
+        if reduce_outside:
+            st.reorder(*st.reduce_axis, j)
         if work:
             st.parallel(row)
-        return st, row, j
-    st, _, j = rows(raw, True)
-    st.vectorize(j)
-    st, _, _ = rows(m, False)
-    st, row, j = rows(y4, True)
-    st.vectorize(j)
-    if sch.consumers(sch[probs]) == [st]:
-        sch[probs].compute_at(st, row)
-        sch[ssum].compute_at(sch[probs], sch[probs].axis[2])
-    else:  # the probabilities are also an output: a pass of their own
-        st, row, j = rows(probs, False)
         st.vectorize(j)
-        sch[ssum].compute_at(st, row)
+    rows(raw, True)
+    rows(ex)
+    rows(y4, True)
+    schedule_reduction(sch, m)
+    schedule_reduction(sch, ssum)
+    if sch.consumers(sch[probs]) == [sch[y4]]:
+        sch[probs].compute_inline()
+    else:  # the probabilities are also an output: a pass of their own
+        rows(probs)
     for stage in sch.stages:
         if stage.attach is None and not stage.relations and not stage.kinds and not stage.reduce_axis:
             schedule_injective(stage)

@@ -230,6 +230,7 @@ for _name in ("CumSum", "CumProd"):
 
 PARALLEL_MIN_WORK = 1 << 15  # elements x reduction length below which a kernel stays serial
 BLOCK = 64                   # inner (vectorized) block of an injective loop
+LANES = 16                   # partial results of a vectorized innermost reduction
 
 
 def full_index(ndim: int, ks: dict, keep: bool, out_idx) -> tuple:
@@ -316,23 +317,42 @@ def schedule_injective(stage, inner: int | None = None) -> None:
         stage.parallel(o)
 
 
+def lane_partials(sch, tensor):
+    """Vectorize an innermost reduction across LANES partial results: the last reduction
+    loop is split by LANES and rfactored, so each lane accumulates every LANES-th element
+    (a spatial, vectorizable loop inside the reduction); the stage then combines the
+    lanes. Returns the partials' tensor (for the caller to place), or None when the
+    reduction is too short."""
+    stage = sch[tensor]
+    k = stage.reduce_axis[-1]
+    if _ext(k) < 2 * LANES:
+        return None
+    ko, ki = stage.split(k, LANES)
+    rf = sch.rfactor(tensor, ki, len(stage.axis))
+    st = sch[rf]
+    lane = st.axis[-1]
+    st.reorder(*st.reduce_axis, lane)
+    st.vectorize(lane)
+    return rf
+
+
 def schedule_reduction(sch, tensor, inner: int = 0) -> None:
     """Reduction stage: outer spatial loops, the reduction, then the `inner` trailing spatial
-    loops (contiguous in the input, vectorized). Parallel over the outer loops; a large
-    reduction to few outputs is split into parallel partial reductions (rfactor)."""
+    loops (contiguous in the input, vectorized). Parallel over the outer loops; an innermost
+    reduction is vectorized across lane partials; a large reduction to few outputs is
+    first split into parallel partial reductions (rfactor)."""
     stage = sch[tensor]
     sp, red = list(stage.axis), list(stage.reduce_axis)
     points = math.prod(_ext(v) for v in sp)
     size = math.prod(_ext(k) for k in red)
     par = points * size >= PARALLEL_MIN_WORK
     outer, tail = sp[:len(sp) - inner], sp[len(sp) - inner:]
-    n_outer = math.prod(_ext(v) for v in outer)
-    if red and par and n_outer * math.prod(_ext(v) for v in tail) < 8 and size >= PARALLEL_MIN_WORK:
-        k = stage.fuse(*red) if len(red) > 1 else red[0]
-        ko, _ = stage.split(k, nparts=min(64, size // 4096))
-        rf = sch.rfactor(tensor, ko)
-        sch[rf].parallel(sch[rf].axis[0])
+    if red and par and points < 8 and size >= PARALLEL_MIN_WORK:
+        k = red[0] if _ext(red[0]) >= 16 else stage.fuse(*red)  # fused indices cost a div/mod
+        ko, _ = stage.split(k, nparts=min(64, _ext(k), size // 4096))
+        schedule_reduction(sch, sch.rfactor(tensor, ko))  # the chunks: parallel, vectorized
         return
+    rf = lane_partials(sch, tensor) if red and not tail else None
     if tail and red:
         stage.reorder(*outer, *red, *tail)
     t = stage.fuse(*tail) if len(tail) > 1 else tail[0] if tail else None
@@ -341,6 +361,8 @@ def schedule_reduction(sch, tensor, inner: int = 0) -> None:
         stage.vectorize(t)
     if par and o is not None and _ext(o) > 1:
         stage.parallel(o)
+    if rf is not None and o is not None:
+        sch[rf].compute_at(stage, o)
 
 
 def schedule_stages(sch, plans: dict) -> None:
@@ -471,6 +493,7 @@ def _normalize_lower(ctx: LowerCtx, x):
     def xv(i):
         return cast(cd, x[i]) if op != "Hardmax" else x[i]
     m = reduction(shape, axes, True, xv, "max", "max")
+    e = None
     if op == "Hardmax":
         strides = {a: math.prod(shape[b] for b in axes if b > a) for a in axes}
 
@@ -480,37 +503,22 @@ def _normalize_lower(ctx: LowerCtx, x):
         def hit(i):
             v, b = x[i], bcast(m, axes, i)
             return v.eq(b) | v.ne(v)
-        first = reduction(shape, axes, True, lambda i: select(hit(i), flat(i), const(1 << 62, DType.int64)),
-                          "min", "first")
-        y = compute(shape, lambda *i: select(flat(i).eq(bcast(first, axes, i)), const(1, dt), const(0, dt)), "y")
-        s = first
+        s = reduction(shape, axes, True, lambda i: select(hit(i), flat(i), const(1 << 62, DType.int64)),
+                      "min", "first")
+        y = compute(shape, lambda *i: select(flat(i).eq(bcast(s, axes, i)), const(1, dt), const(0, dt)), "y")
+    elif op == "Softmax":  # exp once, into a temporary: both the sum and the divide read it
+        e = compute(shape, lambda *i: call("exp", xv(i) - bcast(m, axes, i)), "exp")
+        s = reduction(shape, axes, True, lambda i: e[i], "sum", "sum")
+        y = compute(shape, lambda *i: cast(dt, e[i] / bcast(s, axes, i)), "y")
     else:
         s = reduction(shape, axes, True, lambda i: call("exp", xv(i) - bcast(m, axes, i)), "sum", "sum")
-        if op == "Softmax":
-            y = compute(shape, lambda *i: cast(dt, call("exp", xv(i) - bcast(m, axes, i)) / bcast(s, axes, i)), "y")
-        else:
-            y = compute(shape, lambda *i: cast(dt, xv(i) - bcast(m, axes, i) - call("log", bcast(s, axes, i))), "y")
-    ctx.schedule(lambda sch, outs: schedule_rows(sch, [m], s, y, axes))
+        y = compute(shape, lambda *i: cast(dt, xv(i) - bcast(m, axes, i) - call("log", bcast(s, axes, i))), "y")
+    # trailing axes: rows, parallel over rows and vectorized along them (reductions across lanes)
+    tail = nd - 1 - max(axes) if axes else 0
+    rows = len(axes) if axes and sorted(axes) == list(range(nd - len(axes), nd)) else None
+    plans = {m: tail, s: tail, e: rows, y: rows}
+    ctx.schedule(lambda sch, outs: schedule_stages(sch, plans))
     return y
-
-
-def schedule_rows(sch, roots, last, y, axes) -> None:
-    """Row-wise normalizations (softmax-like): when the reduced axes are the trailing ones,
-    parallel over rows, the last reduction computed per row inside the output's row loop
-    (`roots` are computed first, in their own parallel pass) and the row vectorized."""
-    nd = len(y.shape)
-    if not axes or sorted(axes) != list(range(nd - len(axes), nd)) or len(axes) == nd:
-        return schedule_stages(sch, {})
-    for r in roots:
-        schedule_reduction(sch, r)
-    st = sch[y]
-    outer, tail = st.axis[:nd - len(axes)], st.axis[nd - len(axes):]
-    row = st.fuse(*outer) if len(outer) > 1 else outer[0]
-    t = st.fuse(*tail) if len(tail) > 1 else tail[0]
-    if math.prod(y.shape) >= PARALLEL_MIN_WORK and _ext(row) > 1:
-        st.parallel(row)
-    st.vectorize(t)
-    sch[last].compute_at(st, row)
 
 
 for _name in _NORMALIZE:
