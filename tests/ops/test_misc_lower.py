@@ -74,7 +74,7 @@ def check_all(cases):
         bufs = [np.zeros(p.shape, p.dtype.np) for p in func.params[len(args):]]
         mod[func.name](*args, *bufs)
         used = [k for k, v in enumerate(node.outputs) if v is not None]
-        if func.dynamic:
+        if getattr(func, "dynamic", False):
             dims, at, got = bufs[-1].tolist(), 0, []
             for buf in bufs[:-1]:
                 shape = tuple(dims[at:at + buf.ndim])
@@ -147,3 +147,43 @@ RNN_CASES = [rnn_case(kind, **kw) for kind in ("RNN", "GRU", "LSTM") for kw in (
 
 def test_recurrent():
     check_all(values(RNN_CASES))
+
+
+# ---- signal: DFT, STFT, windows, MelWeightMatrix ----
+
+SIG = dict(rtol=1e-4, atol=1e-5)
+REAL, CPLX = rand((2, 9, 3, 1)), rand((2, 8, 3, 2))
+
+SIGNAL_CASES = [
+    case("DFT", [REAL], opset=17, id="DFT-real-axis1", **SIG),
+    case("DFT", [CPLX], {"axis": 2, "inverse": 1}, opset=17, id="DFT-17-inverse-axis2", **SIG),
+    case("DFT", [CPLX, C(11)], {"axis": 1, "onesided": 1}, opset=17, id="DFT-17-onesided-padded", **SIG),
+    case("DFT", [REAL, C(5), C(1)], opset=20, id="DFT-truncated", **SIG),
+    case("DFT", [REAL, None, C(-2)], {"onesided": 1}, opset=20, id="DFT-rfft-neg-axis", **SIG),
+    case("DFT", [CPLX, None, np.array(2, np.int64)], opset=20, id="DFT-runtime-axis", **SIG),
+    case("DFT", [CPLX, None, np.array(-3, np.int64)], {"inverse": 1}, opset=20, id="DFT-runtime-axis-neg", **SIG),
+    case("DFT", [CPLX[:, :5], None, C(1)], {"inverse": 1, "onesided": 1}, opset=20, id="DFT-irfft-even", **SIG),
+    case("DFT", [CPLX[:, :5], C(9), C(1)], {"inverse": 1, "onesided": 1}, opset=20, id="DFT-irfft-odd", **SIG),
+    case("DFT", [CPLX[:, :5], C(4), C(1)], {"inverse": 1, "onesided": 1}, opset=20, id="DFT-irfft-short", **SIG),
+    case("DFT", [rand((3, 16, 2), np.float64), None, C(0)], {"onesided": 1}, opset=20, id="DFT-f64", **SIG),
+    case("DFT", [rand((4, 6, 1), np.float16)], opset=20, id="DFT-f16", rtol=1e-2, atol=1e-2),
+    case("DFT", [rand((0, 4, 2))], opset=20, id="DFT-empty-batch"),
+    case("STFT", [rand((2, 32, 1)), C(4), rand((8,))], id="STFT-window", **SIG),
+    case("STFT", [rand((1, 30, 2)), C(5), None, C(9)], {"onesided": 0}, id="STFT-complex-two-sided", **SIG),
+    case("STFT", [rand((3, 20, 1), np.float64), C(3), rand((6,), np.float64), C(6)], id="STFT-f64", **SIG),
+    case("STFT", [rand((1, 12, 1)), C(12)], id="STFT-one-frame", **SIG),
+    *[case(w, [C(n)], {"periodic": p, "output_datatype": dt}, id=f"{w}-{n}-{p}-{dt}")
+      for w, n, p, dt in (("HannWindow", 10, 1, 1), ("HannWindow", 7, 0, 11), ("HammingWindow", 16, 1, 11),
+                          ("HammingWindow", 1, 0, 1), ("BlackmanWindow", 9, 0, 1), ("BlackmanWindow", 0, 1, 1),
+                          ("BlackmanWindow", 33, 1, 10))],
+    case("MelWeightMatrix", [C(8), C(64), np.array(8000, np.int32), np.array(0.0, np.float32),
+                             np.array(4000.0, np.float32)], id="Mel"),
+    case("MelWeightMatrix", [C(5), C(33), np.array(16000), np.array(100.0), np.array(7000.0)],
+         {"output_datatype": 11}, id="Mel-f64"),
+    case("MelWeightMatrix", [C(20, np.int32), C(512, np.int32), np.array(22050, np.int32),
+                             np.array(30.0, np.float32), np.array(11025.0, np.float32)], id="Mel-big"),
+]
+
+
+def test_signal():
+    check_all(values(SIGNAL_CASES))
