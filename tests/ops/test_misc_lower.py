@@ -187,3 +187,37 @@ SIGNAL_CASES = [
 
 def test_signal():
     check_all(values(SIGNAL_CASES))
+
+
+# ---- detection: NonMaxSuppression ----
+
+def _boxes(b, n, center=False):
+    lo = RNG.integers(0, 6, (b, n, 2)).astype(np.float32)
+    size = RNG.integers(0, 6, (b, n, 2)).astype(np.float32)
+    if center:
+        return np.concatenate([lo[..., ::-1] + size / 2, size[..., ::-1]], -1)
+    box = np.concatenate([lo, lo + size], -1)
+    flip = RNG.random((b, n)) < 0.3
+    box[flip] = box[flip][:, [2, 3, 0, 1]]  # corners in either order
+    return box
+
+
+_SCORES = RNG.integers(0, 6, (2, 3, 12)).astype(np.float32) / 5  # ties on purpose
+_SCORES[0, 1, 3] = np.nan
+NMS_CASES = [
+    case("NonMaxSuppression", [_boxes(2, 12), _SCORES, C([9]), C([0.3], np.float32), C([0.1], np.float32)],
+         id="NMS-all-inputs"),
+    case("NonMaxSuppression", [_boxes(2, 12), _SCORES, np.array([3]), np.array([0.0], np.float32)],
+         id="NMS-runtime-limit-zero-iou"),
+    case("NonMaxSuppression", [_boxes(2, 12, True), _SCORES, C([100]), np.array([0.2], np.float32)],
+         {"center_point_box": 1}, id="NMS-center"),
+    case("NonMaxSuppression", [_boxes(2, 12), _SCORES], id="NMS-no-limit"),
+    case("NonMaxSuppression", [_boxes(2, 12), _SCORES, C([4]), C([1.0], np.float32), np.array([2.0], np.float32)],
+         id="NMS-nothing-over-threshold"),
+    case("NonMaxSuppression", [np.tile(_boxes(1, 1), (1, 6, 1)), _SCORES[:1, :, :6], C([6]),
+                               C([0.999], np.float32)], id="NMS-identical-boxes"),
+]
+
+
+def test_non_max_suppression():
+    check_all(values(NMS_CASES))
