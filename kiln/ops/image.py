@@ -558,3 +558,238 @@ def _resize_lower(ctx, x, *rest):
 
 lowering("Resize")(_resize_lower)
 lowering("Upsample")(_resize_lower)
+
+
+@lowering("Col2Im")
+def _col2im_lower(ctx, x, image_shape, block_shape):
+    from kiln.loops import compute, const, max_, min_, reduce_axis, select, sum_
+    from kiln.ops.nn import _conj, _pool_schedule
+    img_v, blk_v = ctx.value(1), ctx.value(2)
+    if img_v is None or blk_v is None:
+        ctx.fail("Col2Im needs image_shape and block_shape known at compile time for native code")
+    img = [int(v) for v in img_v]
+    blk = [int(v) for v in blk_v]
+    win = window(ctx, img, blk)
+    n = x.shape[0]
+    k = math.prod(blk)
+    nd = len(img)
+    if x.shape[1] % k or x.shape[2] != math.prod(win.out):
+        ctx.fail(f"input shape {tuple(x.shape)} does not fit blocks {blk} over image {img}: "
+                 f"expected dim 1 a multiple of {k} and {math.prod(win.out)} blocks")
+    c = x.shape[1] // k
+    ks = [reduce_axis(b, f"k{i}") for i, b in enumerate(blk)]
+    kstr = [math.prod(blk[i + 1:]) for i in range(nd)]
+    ostr = [math.prod(win.out[i + 1:]) for i in range(nd)]
+
+    def body(b_, ch, *p):
+        conds, lin = [], None
+        for i in range(nd):
+            t = p[i] + win.begin[i] - ks[i] * win.dilations[i]
+            conds += [t >= 0, t < win.out[i] * win.strides[i]] + ([(t % win.strides[i]).eq(0)]
+                                                                  if win.strides[i] > 1 else [])
+            o = min_(max_(t // win.strides[i], 0), win.out[i] - 1)
+            lin = o * ostr[i] if lin is None else lin + o * ostr[i]
+        kl = sum(kv * st for kv, st in zip(ks, kstr))
+        return sum_(select(_conj(conds), x[b_, ch * k + kl, lin], const(0, x.dtype)), ks)
+    y = compute((n, c, *img), body, "col2im")
+    ctx.schedule(_pool_schedule([y], [], nd, n * c * math.prod(img) * k))
+    return y
+
+
+@lowering("AffineGrid")
+def _affine_grid_lower(ctx, theta, size):
+    from kiln.loops import cast, compute, const, select, sum_, reduce_axis
+    sz_v = ctx.value(1)
+    if sz_v is None:
+        ctx.fail("AffineGrid needs its size known at compile time for native code")
+    sz = [int(v) for v in sz_v]
+    n, sp = sz[0], sz[2:]
+    nd = len(sp)
+    if tuple(theta.shape) != (n, nd, nd + 1):
+        ctx.fail(f"theta shape {tuple(theta.shape)} given, expected {(n, nd, nd + 1)} for size {sz}")
+    align = bool(ctx.attr("align_corners", 0))
+    f64 = DType.float64
+
+    def coord(i, L):
+        fi = cast(f64, i)
+        if align:
+            if L == 1:
+                return const(-1.0, f64)
+            v = fi * const(2.0 / (L - 1), f64) + const(-1.0, f64)
+            return select(i.eq(L - 1), const(1.0, f64), v)
+        return (fi * const(2.0, f64) + const(1.0, f64)) / const(float(L), f64) - const(1.0, f64)
+
+    def body(b, *rest):
+        pos, j = rest[:nd], rest[nd]
+        base = [coord(pos[d], sp[d]) for d in reversed(range(nd))] + [const(1.0, f64)]
+        tot = None
+        for kk, bv in enumerate(base):
+            term = bv * cast(f64, theta[b, j, kk])
+            tot = term if tot is None else tot + term
+        return cast(theta.dtype, tot)
+    del sum_, reduce_axis
+    return compute((n, *sp, nd), body, "affine_grid")
+
+
+def _reflect_expr(v, lo: float, hi: float):
+    """Expr form of `_reflect` (float64)."""
+    from kiln.loops import const, floor, fmod, select
+    dt = v.dtype
+    rng = hi - lo
+    if rng <= 0:
+        return const(lo, dt)
+    below, above = v < const(lo, dt), v > const(hi, dt)
+    d = select(below, const(lo, dt) - v, v - const(hi, dt))
+    k = floor(d / const(rng, dt))
+    r = d - k * const(rng, dt)
+    even = fmod(k, const(2.0, dt)).eq(const(0.0, dt))
+    fb = select(even, const(lo, dt) + r, const(hi, dt) - r)
+    fa = select(even, const(hi, dt) - r, const(lo, dt) + r)
+    return select(below, fb, select(above, fa, v))
+
+
+def _cubic_expr(t, a: float):
+    from kiln.loops import const, fabs, select
+    dt = t.dtype
+    t = fabs(t)
+    A = const(a, dt)
+    near = ((A + const(2.0, dt)) * t - (A + const(3.0, dt))) * t * t + const(1.0, dt)
+    far = ((A * t - const(5.0, dt) * A) * t + const(8.0, dt) * A) * t - const(4.0, dt) * A
+    return select(t <= const(1.0, dt), near, select(t < const(2.0, dt), far, const(0.0, dt)))
+
+
+@lowering("GridSample")
+def _grid_sample_lower(ctx, x, grid):
+    import itertools
+    from kiln.loops import cast, compute, const, floor, max_, min_, round_, select
+    mode = attr_str(ctx, "mode", "linear")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    pad = attr_str(ctx, "padding_mode", "zeros")
+    align = bool(ctx.attr("align_corners", 0))
+    if mode not in ("nearest", "linear", "cubic") or pad not in ("zeros", "border", "reflection"):
+        ctx.fail(f"unsupported mode {mode!r} / padding_mode {pad!r}")
+    n, c = x.shape[:2]
+    dims = list(x.shape[2:])
+    nd = len(dims)
+    out_sp = list(grid.shape[1:-1])
+    f64, i64 = DType.float64, DType.int64
+    one, zero = const(1.0, f64), const(0.0, f64)
+
+    def clip(v, lo, hi):
+        return min_(max_(v, const(lo, v.dtype)), const(hi, v.dtype))
+
+    def coord(b, *rest):
+        """The sampling coordinate along spatial dim i, after unnormalizing, rounding and padding."""
+        o, i = rest[:-1], rest[-1]
+        out = None
+        for d, L in enumerate(dims):          # dim d reads grid component nd - 1 - d
+            v = cast(f64, grid[(b, *o, nd - 1 - d)])
+            v = (v + one) / const(2.0, f64) * const(L - 1.0, f64) if align else \
+                ((v + one) * const(float(L), f64) - one) / const(2.0, f64)
+            lo, hi = (0.0, L - 1.0) if align else (-0.5, L - 0.5)
+            if mode == "nearest":
+                v = round_(v)
+            if pad == "border" and mode != "cubic":
+                v = select((v < const(lo, f64)) | (v > const(hi, f64)), clip(v, 0.0, L - 1.0), v)
+            elif pad == "reflection":
+                v = _reflect_expr(v, lo, hi)
+            out = v if out is None else select(i.eq(d), v, out)
+        return out
+    coords = compute((n, *out_sp, nd), coord, "grid_coord")
+
+    def body(b, ch, *o):
+        taps = []
+        for i, L in enumerate(dims):
+            v = coords[(b, *o, i)]
+            if mode == "nearest":
+                taps.append([(v, None)])
+                continue
+            f = floor(v)
+            t = v - f
+            if mode == "linear":
+                taps.append([(f, one - t), (f + one, t)])
+            else:
+                taps.append([(f + const(float(off), f64), _cubic_expr(t - const(float(off), f64), -0.75))
+                             for off in (-1, 0, 1, 2)])
+        total = None
+        for combo in itertools.product(*[range(len(tp)) for tp in taps]):
+            wt, idx = None, []
+            for i, kk in enumerate(combo):
+                iv, w = taps[i][kk]
+                L = dims[i]
+                if pad == "zeros":
+                    ok = cast(f64, (iv >= zero) & (iv < const(float(L), f64)))
+                    w = ok if w is None else w * ok
+                elif pad == "border":
+                    iv = clip(iv, 0.0, L - 1.0)
+                else:
+                    iv = _reflect_expr(iv, *((0.0, L - 1.0) if align else (-0.5, L - 0.5)))
+                ii = clip(cast(i64, iv), 0, L - 1)
+                idx.append(ii)
+                if w is not None:
+                    wt = w if wt is None else wt * w
+            val = cast(f64, x[(b, ch, *idx)])
+            term = val if wt is None else val * wt
+            total = term if total is None else total + term
+        return cast(x.dtype, total)
+    y = compute((n, c, *out_sp), body, "grid_sample")
+    return y
+
+
+@lowering("RoiAlign")
+def _roi_align_lower(ctx, x, rois, batch_indices):
+    mode = attr_str(ctx, "mode", "avg")
+    if mode not in ("avg", "max"):
+        ctx.fail(f"mode {mode!r} is not avg or max")
+    ph, pw = int(ctx.attr("output_height", 1)), int(ctx.attr("output_width", 1))
+    ratio = int(ctx.attr("sampling_ratio", 0))
+    scale = float(ctx.attr("spatial_scale", 1.0))
+    half = attr_str(ctx, "coordinate_transformation_mode", "half_pixel" if ctx.opset >= 16 else "output_half_pixel")
+    offset = 0.5 if half == "half_pixel" else 0.0
+    nb, c, h, w = x.shape
+    nr = rois.shape[0]
+    avg = mode == "avg"
+    body = f"""  const double scale = {c_double(scale)}, off = {c_double(offset)};
+  for (int64_t r = 0; r < {nr}; ++r) {{
+    const int64_t b = (int64_t)in2[r];
+    if (b < 0 || b >= {nb}) return 1;
+    const double x0 = (double)in1[r * 4 + 0] * scale - off, y0 = (double)in1[r * 4 + 1] * scale - off;
+    const double x1 = (double)in1[r * 4 + 2] * scale - off, y1 = (double)in1[r * 4 + 3] * scale - off;
+    double rw = x1 - x0, rh = y1 - y0;
+    {"" if offset else "if (rw < 1.0) rw = 1.0; if (rh < 1.0) rh = 1.0;"}
+    const int64_t gh = {ratio} > 0 ? {ratio} : (int64_t)ceil(rh / {ph});
+    const int64_t gw = {ratio} > 0 ? {ratio} : (int64_t)ceil(rw / {pw});
+    const double cnt = gh * gw > 1 ? (double)(gh * gw) : 1.0;
+    for (int64_t ch = 0; ch < {c}; ++ch) {{
+      const {x.dtype.c}* img = in0 + (b * {c} + ch) * {h * w};
+      for (int64_t i = 0; i < {ph}; ++i) for (int64_t j = 0; j < {pw}; ++j) {{
+        double acc = {"0.0" if avg else "-INFINITY"};
+        for (int64_t iy = 0; iy < gh; ++iy) {{
+          double py = y0 + (i + (iy + 0.5) / gh) * (rh / {ph});
+          const double vy = (py >= -1.0 && py <= {h}) ? 1.0 : 0.0;
+          if (py < 0) py = 0;
+          int64_t ylo = (int64_t)floor(py), yhi; double fy;
+          if (ylo >= {h - 1}) {{ ylo = yhi = {h - 1}; fy = 0.0; }} else {{ yhi = ylo + 1; fy = py - ylo; }}
+          const double wyl = (1 - fy) * vy, wyh = fy * vy;
+          for (int64_t ix = 0; ix < gw; ++ix) {{
+            double px = x0 + (j + (ix + 0.5) / gw) * (rw / {pw});
+            const double vx = (px >= -1.0 && px <= {w}) ? 1.0 : 0.0;
+            if (px < 0) px = 0;
+            int64_t xlo = (int64_t)floor(px), xhi; double fx;
+            if (xlo >= {w - 1}) {{ xlo = xhi = {w - 1}; fx = 0.0; }} else {{ xhi = xlo + 1; fx = px - xlo; }}
+            const double wxl = (1 - fx) * vx, wxh = fx * vx;
+            const double t00 = (double)img[ylo * {w} + xlo] * (wyl * wxl), t01 = (double)img[ylo * {w} + xhi] * (wyl * wxh);
+            const double t10 = (double)img[yhi * {w} + xlo] * (wyh * wxl), t11 = (double)img[yhi * {w} + xhi] * (wyh * wxh);
+            {"acc += ((t00 + t01) + t10) + t11;" if avg else
+             "double m = fmax(fmax(t00, t01), fmax(t10, t11)); if (m > acc) acc = m;"}
+          }}
+        }}
+        out0[((r * {c} + ch) * {ph} + i) * {pw} + j] = ({x.dtype.c})({"acc / cnt" if avg else "(gh * gw > 0 ? acc : 0.0)"});
+      }}
+    }}
+  }}
+  return 0;
+"""
+    if x.dtype.c is None:
+        ctx.fail(f"dtype {x.dtype} has no native type")
+    return ctx.extern(body, [x, rois, batch_indices], [(ctx.out_shape(0), ctx.out_dtype(0))])

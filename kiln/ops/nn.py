@@ -1601,3 +1601,117 @@ def _conv_transpose_lower(ctx, x, w, b=None):
     work = math.prod(out_shape) * cg * math.prod(kern)
     ctx.schedule(_pool_schedule([tot], [y], nd, work))
     return y
+
+
+# ---------------------------------------------------------------- native: CausalConvWithState, MaxUnpool, DeformConv
+
+@lowering("CausalConvWithState")
+def _causal_conv_lower(ctx, x, w, b=None, past=None):
+    from kiln.loops import exp
+    act = attr_str(ctx, "activation", "none")
+    if act not in ("none", "silu", "swish"):
+        ctx.fail(f"activation {act!r} is not one of 'none', 'silu', 'swish'")
+    bsz, c, length = x.shape
+    k = w.shape[2]
+    if tuple(w.shape[:2]) != (c, 1):
+        ctx.fail(f"weight shape {tuple(w.shape)} given, expected ({c}, 1, k)")
+    if past is not None and tuple(past.shape) != (bsz, c, k - 1):
+        ctx.fail(f"past_state shape {tuple(past.shape)} given, expected {(bsz, c, k - 1)}")
+    acc = _acc_dtype(x.dtype)
+    hist = k - 1
+
+    def padded(n, ch, t):
+        cur = x[n, ch, min_(max_(t - hist, 0), length - 1)]
+        if past is None:
+            old = const(0, x.dtype)
+        else:
+            old = past[n, ch, min_(max_(t, 0), max(hist - 1, 0))] if hist > 0 else const(0, x.dtype)
+        return select(t < hist, old, cur) if hist > 0 else cur
+    r = reduce_axis(k, "k")
+    conv = compute((bsz, c, length), lambda n, ch, t: sum_(cast(acc, padded(n, ch, t + r)) * cast(acc, w[ch, 0, r]), r),
+                   "causal_conv")
+
+    def fin(n, ch, t):
+        v = conv[n, ch, t]
+        if b is not None:
+            v = v + cast(acc, b[ch])
+        if act != "none":
+            v = v / (const(1, acc) + exp(-v))
+        return cast(x.dtype, v)
+    y = compute((bsz, c, length), fin, "causal_out")
+    state = compute((bsz, c, hist), lambda n, ch, t: padded(n, ch, t + length), "present_state")
+    ctx.schedule(_norm_schedule([y], 2, bsz * c * length * k))
+    return [y, state]
+
+
+@lowering("MaxUnpool")
+def _max_unpool_lower(ctx, x, idx, out_shape=None):
+    shape = _unpool_shape(ctx, tuple(x.shape))
+    want = list(ctx.out_shape(0))
+    total = math.prod(shape)
+    n = math.prod(x.shape)
+    dt = x.dtype.c
+    if dt is None:
+        ctx.fail(f"dtype {x.dtype} has no native type")
+    out_n = math.prod(want)
+    # a flat position of the default-shaped result, moved into the (cropped / zero-grown) output
+    move = ["    int64_t rest = p, dst = 0, ok = 1;\n"]
+    for d in reversed(range(len(shape))):
+        move.append(f"    {{ int64_t c = rest % {shape[d]}; rest /= {shape[d]}; if (c >= {want[d]}) ok = 0; "
+                    f"dst += c * {math.prod(want[d + 1:])}; }}\n")
+    body = (f"  memset(out0, 0, {out_n}ULL * sizeof({dt}));\n"
+            f"  for (int64_t i = 0; i < {n}; ++i) {{\n"
+            f"    int64_t p = (int64_t)in1[i];\n"
+            f"    if (p < 0) p += {total};\n"
+            f"    if (p < 0 || p >= {total}) return 1;\n"
+            + "".join(move) +
+            "    if (ok) out0[dst] = in0[i];\n  }\n  return 0;\n")
+    return ctx.extern(body, [x, idx, out_shape], [(tuple(want), x.dtype)])
+
+
+@lowering("DeformConv")
+def _deform_conv_lower(ctx, x, w, offset, b=None, mask=None):
+    from kiln.loops import fabs, floor
+    if len(x.shape) != 4:
+        ctx.fail(f"only 2-D DeformConv is supported, input has rank {len(x.shape)}")
+    n, c, h, wd = x.shape
+    m = w.shape[0]
+    group, og = int(ctx.attr("group", 1)), int(ctx.attr("offset_group", 1))
+    win = window(ctx, [h, wd], list(ctx.attr("kernel_shape", w.shape[2:])))
+    kh, kw = win.kernel
+    oh, ow = win.out
+    kk = kh * kw
+    if tuple(offset.shape) != (n, og * kk * 2, oh, ow):
+        ctx.fail(f"offset shape {tuple(offset.shape)} given, expected {(n, og * kk * 2, oh, ow)}")
+    if c % og or c != w.shape[1] * group:
+        ctx.fail(f"channels {c} do not fit weight {tuple(w.shape)}, group {group}, offset_group {og}")
+    f64 = DType.float64
+    cg, mg, cog = c // group, m // group, c // og
+    ic, r0, r1 = reduce_axis(cg, "ic"), reduce_axis(kh, "kh"), reduce_axis(kw, "kw")
+
+    def body(b_, o, y, xo):
+        cin = (o // mg) * cg + ic
+        gofs = cin // cog
+        tap = r0 * kw + r1
+        ch = (gofs * kk + tap) * 2
+        yy = cast(f64, y * win.strides[0] - win.begin[0] + r0 * win.dilations[0]) + cast(f64, offset[b_, ch, y, xo])
+        xx = cast(f64, xo * win.strides[1] - win.begin[1] + r1 * win.dilations[1]) + cast(f64, offset[b_, ch + 1, y, xo])
+        y0, x0 = floor(yy), floor(xx)
+        val = None
+        for dy in (0, 1):
+            for dx in (0, 1):
+                yi, xi = y0 + const(float(dy), f64), x0 + const(float(dx), f64)
+                wt = (const(1.0, f64) - fabs(yy - yi)) * (const(1.0, f64) - fabs(xx - xi))
+                iy, ix = cast(DType.int64, yi), cast(DType.int64, xi)
+                ok = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < wd)
+                v = cast(f64, x[b_, cin, min_(max_(iy, 0), h - 1), min_(max_(ix, 0), wd - 1)])
+                term = select(ok, v * wt, const(0.0, f64))
+                val = term if val is None else val + term
+        if mask is not None:
+            val = val * cast(f64, mask[b_, gofs * kk + tap, y, xo])
+        return sum_(val * cast(f64, w[o, ic, r0, r1]), [ic, r0, r1])
+    tot = compute((n, m, oh, ow), body, "deform")
+    y = compute((n, m, oh, ow), lambda b_, o, i, j: cast(x.dtype, tot[b_, o, i, j] + cast(f64, b[o]) if b is not None
+                                                         else tot[b_, o, i, j]), "deform_conv")
+    ctx.schedule(_pool_schedule([tot], [y], 2, n * m * oh * ow * cg * kk * 8))
+    return y

@@ -7,6 +7,8 @@ into one module that is compiled once, so the whole file builds a single C libra
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -192,7 +194,38 @@ RESIZE += [
     Case("Upsample", dict(x=R(1, 2, 5, 6)), opset=7, scales=[1.0, 1.0, 2.0, 2.0], mode="linear"),
 ]
 
-CASES = CONV + POOL + NORM + QCONV + RESIZE
+_IDX = np.array([[[[5, 7], [13, 15]], [[21, 22], [25, 31]]]], np.int64)
+_ROIS = np.array([[0, 0, 4, 4], [1, 1, 6, 5], [2.5, 0.5, 3.5, 5.5]], np.float32)
+OTHER = [
+    Case("CausalConvWithState", dict(x=R(2, 4, 8), w=R(4, 1, 4)), opset=27, n_out=2),
+    Case("CausalConvWithState", dict(x=R(2, 4, 8), w=R(4, 1, 4), b=R(4), p=R(2, 4, 3)), opset=27, n_out=2,
+         activation="silu"),
+    Case("CausalConvWithState", dict(x=R(2, 4, 8, dt=F16), w=R(4, 1, 1, dt=F16)), opset=27, n_out=2, tol=1e-2),
+    Case("MaxUnpool", dict(x=R(1, 2, 2, 2), i=_IDX), opset=11, kernel_shape=[2, 2], strides=[2, 2]),
+    Case("MaxUnpool", dict(x=R(1, 2, 2, 2), i=_IDX, s=np.array([1, 2, 3, 5], np.int64)), ("s",), opset=11,
+         kernel_shape=[2, 2], strides=[2, 2]),
+    Case("DeformConv", dict(x=R(1, 4, 6, 7), w=R(6, 2, 3, 3), o=R(1, 36, 6, 7) * 1.5, b=R(6), m=U(1, 18, 6, 7) / 2),
+         opset=19, kernel_shape=[3, 3], pads=P1, group=2, offset_group=2),
+    Case("DeformConv", dict(x=R(2, 4, 6, 7), w=R(4, 4, 2, 2), o=R(2, 8, 2, 3) * 2), opset=19, strides=[2, 2],
+         dilations=[2, 1]),
+    Case("Col2Im", dict(x=R(2, 18, 16), i=np.array([6, 7], np.int64), b=np.array([2, 3], np.int64)), ("i", "b"),
+         opset=18, strides=[2, 1], pads=[1, 0, 1, 1], dilations=[1, 2]),
+    Case("Col2Im", dict(x=R(1, 16, 24), i=np.array([3, 4, 5], np.int64), b=np.array([2, 2, 2], np.int64)),
+         ("i", "b"), opset=18),
+    Case("AffineGrid", dict(t=R(2, 2, 3), s=np.array([2, 3, 5, 6], np.int64)), ("s",), opset=20, align_corners=1),
+    Case("AffineGrid", dict(t=R(2, 3, 4), s=np.array([2, 3, 4, 5, 1], np.int64)), ("s",), opset=20),
+    Case("GridSample", dict(x=R(1, 2, 3, 4, 5), g=R(1, 2, 3, 2, 3)), opset=20, padding_mode="reflection"),
+    Case("RoiAlign", dict(x=R(2, 3, 8, 7), r=_ROIS, b=np.array([0, 1, 1], np.int64)), opset=16, output_height=3,
+         output_width=2, spatial_scale=0.9),
+    Case("RoiAlign", dict(x=R(2, 3, 8, 7), r=_ROIS, b=np.array([0, 1, 1], np.int64)), opset=10, mode="max",
+         sampling_ratio=2, output_height=2, output_width=3),
+]
+OTHER += [Case("GridSample", dict(x=R(1, 2, 5, 6), g=R(1, 4, 3, 2) * 0.9), opset=20, mode=m, padding_mode=p,
+               align_corners=a)
+          for m, p, a in [("nearest", "zeros", 0), ("nearest", "reflection", 1), ("linear", "border", 0),
+                          ("linear", "reflection", 0), ("cubic", "zeros", 1), ("cubic", "border", 0)]]
+
+CASES = CONV + POOL + NORM + QCONV + RESIZE + OTHER
 
 
 def _lower(case, name):
@@ -202,9 +235,17 @@ def _lower(case, name):
     return g, node, func
 
 
+class _Libs:
+    def __init__(self, libs):
+        self.libs = libs
+
+    def __getitem__(self, name):
+        return next(lib for lib in self.libs if name in lib.kernels)[name]
+
+
 @pytest.fixture(scope="module")
 def built():
-    """Lower every case (remembering failures) and compile all kernels as one module."""
+    """Lower every case (remembering failures); compile the kernels as a few modules, concurrently."""
     lowered, funcs = {}, []
     for k, case in enumerate(CASES):
         try:
@@ -214,7 +255,10 @@ def built():
             continue
         lowered[k] = (g, node)
         funcs.append(func)
-    return build_c(LoopModule(funcs)), lowered
+    chunks = [funcs[i::4] for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        libs = list(pool.map(lambda fs: build_c(LoopModule(fs)), [c for c in chunks if c]))
+    return _Libs(libs), lowered
 
 
 @pytest.mark.parametrize("k", range(len(CASES)), ids=[repr(c) for c in CASES])
