@@ -221,3 +221,29 @@ NMS_CASES = [
 
 def test_non_max_suppression():
     check_all(values(NMS_CASES))
+
+
+# ---- training: Adagrad, Adam, Momentum ----
+
+def _optimizer(op, states, n=1, t=3, dtype=np.float32, **attrs):
+    shapes = [(3, 4), (5,), (2, 1, 3)][:n]
+    ins = [np.array(0.1, np.float32), np.array(t, np.int64)]
+    for k in range(2 + states):  # X, G, then states; the squared-gradient state (last) is >= 0
+        squares = k == 1 + states and op in ("Adagrad", "Adam")
+        ins += [np.abs(rand(s, dtype)) if squares else rand(s, dtype) for s in shapes]
+    return case(op, ins, attrs, domain=TRAINING, outputs=n * (1 + states), id=f"{op}-{n}-{t}-{attrs}")
+
+
+TRAINING_CASES = [
+    _optimizer("Adagrad", 1, decay_factor=0.1, epsilon=1e-5, norm_coefficient=0.01),
+    _optimizer("Adagrad", 1, n=3, t=0, dtype=np.float64),
+    _optimizer("Adam", 2, alpha=0.8, beta=0.9, epsilon=1e-4, norm_coefficient=0.02, norm_coefficient_post=0.1),
+    _optimizer("Adam", 2, n=2, t=0),
+    _optimizer("Adam", 2, n=3, t=7, dtype=np.float64),
+    _optimizer("Momentum", 1, mode="standard", alpha=0.9, beta=0.5),
+    _optimizer("Momentum", 1, n=2, t=0, mode="nesterov", alpha=0.7, beta=0.3, norm_coefficient=0.1),
+]
+
+
+def test_optimizers():
+    check_all(values(TRAINING_CASES))
