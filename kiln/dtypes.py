@@ -53,7 +53,20 @@ class DType(enum.Enum):
 
     @property
     def c(self) -> str | None:
+        """The C type that holds (and computes on) this dtype's values; None when C has none."""
         return self.value[2]
+
+    @property
+    def c_storage(self) -> str | None:
+        """The C type of this dtype's bytes in memory: `.c`, or for the storage-only dtypes
+        (bfloat16, float8, float4, int4/int2) the unsigned integer of their NumPy itemsize;
+        the C backend converts those to float32/int32 to compute. None for string/complex."""
+        return self.c or _STORAGE.get(self)
+
+    @property
+    def is_narrow(self) -> bool:
+        """A storage-only dtype: C keeps its bytes but computes on it in float32/int32."""
+        return self in _STORAGE
 
     @property
     def is_float(self) -> bool:
@@ -102,4 +115,6 @@ class DType(enum.Enum):
 
 
 _BY_ONNX = {d.onnx: d for d in DType}
+_STORAGE = {d: ("uint16_t" if d.itemsize == 2 else "uint8_t") for d in DType
+            if d.c is None and d.name not in ("string", "complex64", "complex128")}
 _BY_NP = {d.np: d for d in DType if d is not DType.string}

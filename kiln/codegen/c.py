@@ -5,13 +5,26 @@ and no user string reaches a comment or literal, so a model cannot inject code.
 Each PrimFunc `f` becomes `int32_t kiln_f(T* restrict ...)` returning 0, -1 when
 a heap allocation failed, or -(k+2) when its k-th `Call` (0-based) failed first. Loads/stores index flat row-major arrays; floor
 division/modulo become plain `/` `%` when the simplifier proves operands non-negative.
+
+Dtypes C has no type for (bfloat16, float8*, float4e2m1, int4/uint4/int2/uint2) are
+storage types (`NARROW`): their bytes are what NumPy/ml_dtypes stores, a load converts
+to the compute type (float32, int32), a store converts back, and every operation whose
+result has such a dtype rounds (wraps) its float32/int32 result to a representable value,
+so each op behaves as computing in float32 and casting back (as the reference does).
+A cast to one may carry a conversion mode in `Expr.arg` (the store helper's suffix:
+"sat" for float8's saturate=1, "up"/"down"/"nearest" with an optional "_sat" for
+float8e8m0's round_mode); see kiln.codegen.narrow for the helpers' C.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
+import numpy as np
+
+from kiln.codegen.narrow import CATALOG, helper_source
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
@@ -42,10 +55,45 @@ static inline void* kiln_alloc(size_t n) { return aligned_alloc(64, (n + 63) / 6
 """
 
 
+@dataclass(frozen=True)
+class Narrow:
+    """How the C backend holds a dtype C has no type for."""
+    storage: str     # C type of its bytes in memory (DType.c_storage)
+    compute: DType   # the dtype its values live in between load and store
+    load: str        # helper: storage -> compute (exact)
+    store: str       # helper: compute -> storage (rounds as ml_dtypes' astype)
+    round: str       # helper: compute -> compute, the nearest representable value (store, load)
+
+
+def _narrow(dt: DType, tag: str) -> Narrow:
+    c = "f32" if dt.is_float else "i32"
+    return Narrow(dt.c_storage, DType.float32 if dt.is_float else DType.int32,
+                  f"kiln_{tag}_to_{c}", f"kiln_{c}_to_{tag}", f"kiln_round_{tag}")
+
+
+NARROW = {dt: _narrow(dt, tag) for dt, tag in [
+    (DType.bfloat16, "bf16"), (DType.float8e4m3fn, "f8e4m3fn"), (DType.float8e4m3fnuz, "f8e4m3fnuz"),
+    (DType.float8e5m2, "f8e5m2"), (DType.float8e5m2fnuz, "f8e5m2fnuz"), (DType.float8e8m0, "f8e8m0"),
+    (DType.float4e2m1, "f4e2m1"), (DType.int4, "i4"), (DType.uint4, "u4"), (DType.int2, "i2"),
+    (DType.uint2, "u2")]}
+
+
 def ctype(dt: DType) -> str:
-    if dt.c is None:
+    """The C type of `dt`'s elements in memory (buffers, parameters)."""
+    if dt.c_storage is None:
         raise KilnError(f"the C backend cannot handle dtype {dt}", stage="codegen")
-    return dt.c
+    return dt.c_storage
+
+
+def compute_dtype(dt: DType) -> DType:
+    """The dtype `dt`'s values are computed in: itself, or a storage dtype's compute type."""
+    nt = NARROW.get(dt)
+    return dt if nt is None else nt.compute
+
+
+def vtype(dt: DType) -> str:
+    """The C type of `dt`'s values in expressions and variables."""
+    return ctype(compute_dtype(dt))
 
 
 def _tag(dt: DType) -> str:
@@ -75,10 +123,47 @@ class _Emitter:
     def __init__(self, module: S.LoopModule):
         self.module = module
         self.helpers: dict = {}
+        self.narrow: set = set()   # kiln.codegen.narrow helpers used
+        self.unrounded: dict = {}  # C text of a rounded value -> the text before rounding
         self.lines: list = []
 
     # -- helpers emitted on demand ------------------------------------------------
+    def use(self, name: str) -> str:
+        """A storage-dtype conversion helper (kiln.codegen.narrow), emitted once if used."""
+        if name not in CATALOG:
+            raise KilnError(f"no conversion helper {name!r}", stage="codegen")
+        self.narrow.add(name)
+        return name
+
+    def rounded(self, dt: DType, s: str) -> str:
+        """C value `s` (computed in dt's compute type) rounded to a value of dt."""
+        nt = NARROW.get(dt)
+        if nt is None:
+            return s
+        r = f"{self.use(nt.round)}({s})"
+        self.unrounded[r] = s  # a store rounds anyway
+        return r
+
+    def convert(self, dt: DType, src: DType, s: str, mode: str | None = None) -> str:
+        """Cast C value `s` (of src's compute type) to dt's compute type."""
+        nt = NARROW.get(dt)
+        if nt is None:
+            if mode is not None:
+                raise KilnError(f"a cast to {dt} takes no conversion mode ({mode!r})", stage="codegen")
+            return f"(({ctype(dt)}){s})"
+        if nt.compute is DType.float32:
+            if mode is None:
+                return f"{self.use(nt.round)}((float){s})"
+            return f"{self.use(nt.load)}({self.use(f'{nt.store}_{mode}')}((float){s}))"
+        if mode is not None:
+            raise KilnError(f"a cast to {dt} takes no conversion mode ({mode!r})", stage="codegen")
+        v = f"kiln_ftoi_ml((double){s})" if compute_dtype(src).is_float else f"((int32_t){s})"
+        if compute_dtype(src).is_float:
+            self.use("kiln_ftoi_ml")
+        return f"{self.use(nt.round)}({v})"
+
     def helper(self, kind: str, dt: DType) -> str:
+        dt = compute_dtype(dt)
         t, tag = ctype(dt), _tag(dt)
         name = f"kiln_{kind}_{tag}"
         if name in self.helpers:
@@ -103,6 +188,10 @@ class _Emitter:
     # -- expressions ------------------------------------------------------------------
     def const(self, e: Expr) -> str:
         dt, v = e.dtype, e.arg
+        nt = NARROW.get(dt)
+        if nt is not None:  # the value the dtype holds (ml_dtypes rounding / wrapping), as compute
+            v = np.array(v).astype(dt.np).astype(nt.compute.np).item()
+            dt = nt.compute
         if dt is DType.bool:
             return "true" if v else "false"
         if dt.is_float:
@@ -128,14 +217,16 @@ class _Emitter:
         if op == "const":
             return self.const(e)
         if op == "load":
-            return f"{n(e.arg, e.arg.name, 'b')}[{self.flat(e.arg, e.args, ctx, n)}]"
+            s = f"{n(e.arg, e.arg.name, 'b')}[{self.flat(e.arg, e.args, ctx, n)}]"
+            nt = NARROW.get(dt)
+            return s if nt is None else f"{self.use(nt.load)}({s})"
         if op in _INFIX:
-            return f"({go(e.args[0])} {_INFIX[op]} {go(e.args[1])})"
+            return self.rounded(dt, f"({go(e.args[0])} {_INFIX[op]} {go(e.args[1])})")
         if op in ("floordiv", "floormod"):
             a, b = e.args
             if ctx.bounds(a)[0] is not None and ctx.bounds(a)[0] >= 0 and b.op == "const" and b.arg > 0:
-                return f"({go(a)} {'/' if op == 'floordiv' else '%'} {go(b)})"
-            return f"KILN_{op.upper()}({ctype(dt)}, {go(a)}, {go(b)})"
+                return self.rounded(dt, f"({go(a)} {'/' if op == 'floordiv' else '%'} {go(b)})")
+            return self.rounded(dt, f"KILN_{op.upper()}({vtype(dt)}, {go(a)}, {go(b)})")
         if op in ("min", "max"):
             return f"{self.helper(op, dt)}({go(e.args[0])}, {go(e.args[1])})"
         if op == "not":
@@ -144,7 +235,7 @@ class _Emitter:
             c, a, b = map(go, e.args)
             return f"({c} ? {a} : {b})"
         if op == "cast":
-            return f"(({ctype(dt)}){go(e.args[0])})"
+            return self.convert(dt, e.args[0].dtype, go(e.args[0]), e.arg)
         if op == "call":
             return self.call(e, ctx, n)
         if op == "reduce":
@@ -152,15 +243,15 @@ class _Emitter:
         raise KilnError(f"cannot emit expression op {op!r}", stage="codegen")
 
     def call(self, e: Expr, ctx: Ctx, n: _Names) -> str:
-        name, src = e.arg, e.args[0].dtype
+        name, src = e.arg, compute_dtype(e.args[0].dtype)
         args = [self.expr(a, ctx, n) for a in e.args]
         if name in ("isnan", "isinf"):
             return f"({name}({args[0]}) != 0)"
         if name in ("sigmoid", "sign") or (name == "abs" and not src.is_float):
-            return f"{self.helper(name, src)}({args[0]})"
+            return self.rounded(e.dtype, f"{self.helper(name, src)}({args[0]})")
         if name == "rsqrt":
-            return f"(({ctype(src)})1 / {self._math('sqrt', src, args)})"
-        return self._math("fabs" if name == "abs" else name, src, args)
+            return self.rounded(e.dtype, f"(({ctype(src)})1 / {self._math('sqrt', src, args)})")
+        return self.rounded(e.dtype, self._math("fabs" if name == "abs" else name, src, args))
 
     def _math(self, name, dt, args):
         fn = _MATH[name] + ("" if dt is DType.float64 else "f")
@@ -199,8 +290,15 @@ class _Emitter:
             self.stmt(s.body, inner, n, d + 1, in_par or s.kind == "parallel")
             out(pad + "}")
         elif isinstance(s, S.Store):
-            out(f"{pad}{n(s.buffer, s.buffer.name, 'b')}[{self.flat(s.buffer, s.indices, ctx, n)}] = "
-                f"{self.expr(s.value, ctx, n)};")
+            nt, v = NARROW.get(s.buffer.dtype), s.value
+            if nt is None:
+                val = self.expr(v, ctx, n)
+            elif v.op == "load" and v.dtype is s.buffer.dtype:  # a copy: the bytes as they are
+                val = f"{n(v.arg, v.arg.name, 'b')}[{self.flat(v.arg, v.args, ctx, n)}]"
+            else:
+                val = self.expr(v, ctx, n)
+                val = f"{self.use(nt.store)}({self.unrounded.get(val, val)})"
+            out(f"{pad}{n(s.buffer, s.buffer.name, 'b')}[{self.flat(s.buffer, s.indices, ctx, n)}] = {val};")
         elif isinstance(s, S.Seq):
             for t in s.stmts:
                 self.stmt(t, ctx, n, d, in_par)
@@ -228,7 +326,7 @@ class _Emitter:
                 out(f"{pad}}}")
                 out(f"{pad}free({name}); }}")
         elif isinstance(s, S.Let):
-            out(f"{pad}{{ const {ctype(s.var.dtype)} {n(s.var, s.var.arg.name, 'v')} = {self.expr(s.value, ctx, n)};")
+            out(f"{pad}{{ const {vtype(s.var.dtype)} {n(s.var, s.var.arg.name, 'v')} = {self.expr(s.value, ctx, n)};")
             self.stmt(s.body, ctx, n, d + 1, in_par)
             out(pad + "}")
         elif isinstance(s, S.Evaluate):
@@ -314,7 +412,7 @@ def emit_c(module: S.LoopModule) -> str:
               for f in module.funcs]
     protos = [(_extern_signature(f) if isinstance(f, S.ExternFunc) else em.signature(f, _Names())) + ";"
               for f in module.funcs]
-    parts = [PRELUDE, *em.helpers.values(), "", *protos, ""]
+    parts = [PRELUDE, *helper_source(em.narrow), *em.helpers.values(), "", *protos, ""]
     for b in bodies:
         parts += b + [""]
     return "\n".join(parts)

@@ -145,7 +145,7 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     for _, args, _ in steps:
         for a in args:
             if isinstance(a, Value) and a.const is not None and a.id not in offsets:
-                if a.type.dtype.c is None:
+                if a.type.dtype.c_storage is None:  # bfloat16, float8, int4.. are bytes as numpy's
                     raise KilnError(f"constant %{a.name} has dtype {a.type.dtype}, which the C backend "
                                     "cannot handle", stage="lower")
                 offsets[a.id] = len(blob)
