@@ -336,53 +336,35 @@ def _attention_lower(ctx: LowerCtx, q, k, v, attn_mask=None, past_key=None, past
     total = p + k.shape[-2 if four else 1]
     if total == 0 or d == 0:
         ctx.fail("attention over an empty key sequence or head size has no native lowering")
-    group = hq // hkv
     qdt = q.dtype
     dt = DType.float64 if qdt is DType.float64 else DType.float32
     qv = _heads_view(q, hq)
     kp = _concat_past(past_key, _heads_view(k, hkv), p)
     vp = _concat_past(past_value, _heads_view(v, hkv), p)
     scale = ctx.attr("scale", None)
-    root = const(float(np.sqrt(1.0 / np.sqrt(d) if scale is None else scale).astype(qdt.np)), qdt)
+    root_value = float(np.sqrt(1.0 / np.sqrt(d) if scale is None else scale).astype(qdt.np))
 
-    qs = compute((nb, hq, sq, d), lambda b, h, s, e: cast(dt, qv(b, h, s, e) * root), "qs")
-    ks = compute((nb, hkv, d, total), lambda b, g, e, t: cast(dt, kp(b, g, t, e) * root), "ks")
-    r = reduce_axis(d, "e")
-    raw = compute((nb, hq, sq, total), lambda b, h, s, t: sum_(qs[b, h, s, r] * ks[b, h // group, r, t], r), "raw")
+    def root(like):  # the reference's sqrt(scale) in Q's dtype, multiplied in each input's own
+        return const(root_value, like.dtype)
+
+    dims = (nb, hq, hkv, sq, total, d, dv)
+    qs, ks, raw = _qk(qv, kp, root, dims, dt)
     cap = float(ctx.attr("softcap", 0.0))
 
     def capped(i):
         return const(cap, dt) * call("tanh", raw[i] / const(cap, dt)) if cap > 0 else raw[i]
     visible, add = _attention_mask(ctx, attn_mask, nonpad_kv_seqlen, sq, total, p, dt)
-    ninf = const(-math.inf, dt)
 
     def scores(i):
         c = capped(i)
         c = c + add(i) if add else c
-        return select(visible(i), c, ninf) if visible else c
+        return select(visible(i), c, const(-math.inf, dt)) if visible else c
     precision = ctx.attr("softmax_precision", 0)
     pdt = DType.from_onnx(precision) if precision else dt
 
     def logits(i):
         return cast(dt, cast(pdt, scores(i))) if pdt is not dt else scores(i)
-    t_ = reduce_axis(total, "t")
-    m = compute((nb, hq, sq, 1), lambda b, h, s, z: rmax(logits((b, h, s, t_)), t_), "max")
-    zero, one = const(0, dt), const(1, dt)
-
-    def shift(b, h, s):  # an all -inf row: shift by 0, so every exp is 0 and the row gives zeros
-        mx = m[b, h, s, 0]
-        return select(mx.eq(ninf), zero, mx)
-    ex = compute((nb, hq, sq, total), lambda b, h, s, t: call("exp", logits((b, h, s, t)) - shift(b, h, s)), "exp")
-    t2 = reduce_axis(total, "t")
-    ssum = compute((nb, hq, sq, 1), lambda b, h, s, z: sum_(ex[b, h, s, t2], t2), "sum")
-
-    def prob(b, h, s, t):
-        den = ssum[b, h, s, 0]
-        return ex[b, h, s, t] / select(den.eq(zero), one, den)
-    probs = compute((nb, hq, sq, total), prob, "probs")
-    t3 = reduce_axis(total, "t")
-    y4 = compute((nb, hq, sq, dv), lambda b, h, s, e: sum_(probs[b, h, s, t3] * cast(dt, vp(b, h // group, t3, e)), t3),
-                 "y4")
+    m, ex, ssum, probs, y4 = _softmax_pv(logits, vp, dims, dt, dt)
     if four:
         y = y4 if qdt is dt else compute(y4.shape, lambda *i: cast(qdt, y4[i]), "y")
     else:
@@ -396,6 +378,44 @@ def _attention_lower(ctx: LowerCtx, q, k, v, attn_mask=None, past_key=None, past
                   for k, (name, shape, f) in enumerate(extra, 1) if k < ctx.num_outputs]
     ctx.schedule(lambda sch, _: _attention_schedule(sch, qs, ks, raw, m, ex, ssum, probs, y4))
     return outs
+
+
+def _qk(qv, kp, root, dims, acc: DType):
+    """Scaled Q, transposed scaled K (keys contiguous) and their product over the head dim,
+    in `acc`: the raw scores (batch, q head, query, key)."""
+    nb, hq, hkv, sq, total, d, _ = dims
+    group = hq // hkv
+    qs = compute((nb, hq, sq, d), lambda b, h, s, e: cast(acc, qv(b, h, s, e) * root(qv(b, h, s, e))), "qs")
+    ks = compute((nb, hkv, d, total), lambda b, g, e, t: cast(acc, kp(b, g, t, e) * root(kp(b, g, t, e))), "ks")
+    r = reduce_axis(d, "e")
+    raw = compute((nb, hq, sq, total), lambda b, h, s, t: sum_(qs[b, h, s, r] * ks[b, h // group, r, t], r), "raw")
+    return qs, ks, raw
+
+
+def _softmax_pv(logits, vp, dims, dt: DType, acc: DType):
+    """Softmax over keys in `dt` where an all -inf row gives zeros (shift 0, sum 0 -> 1),
+    then its product with V accumulated in `acc`: (max, exp, sum, probs, output)."""
+    nb, hq, hkv, sq, total, _, dv = dims
+    group = hq // hkv
+    ninf, zero, one = const(-math.inf, dt), const(0, dt), const(1, dt)
+    t_ = reduce_axis(total, "t")
+    m = compute((nb, hq, sq, 1), lambda b, h, s, z: rmax(logits((b, h, s, t_)), t_), "max")
+
+    def shift(b, h, s):
+        mx = m[b, h, s, 0]
+        return select(mx.eq(ninf), zero, mx)
+    ex = compute((nb, hq, sq, total), lambda b, h, s, t: call("exp", logits((b, h, s, t)) - shift(b, h, s)), "exp")
+    t2 = reduce_axis(total, "t")
+    ssum = compute((nb, hq, sq, 1), lambda b, h, s, z: sum_(ex[b, h, s, t2], t2), "sum")
+
+    def prob(b, h, s, t):
+        den = ssum[b, h, s, 0]
+        return ex[b, h, s, t] / select(den.eq(zero), one, den)
+    probs = compute((nb, hq, sq, total), prob, "probs")
+    t3 = reduce_axis(total, "t")
+    y4 = compute((nb, hq, sq, dv), lambda b, h, s, e: sum_(cast(acc, probs[b, h, s, t3]) *
+                                                           cast(acc, vp(b, h // group, t3, e)), t3), "y4")
+    return m, ex, ssum, probs, y4
 
 
 def _attention_mask(ctx: LowerCtx, mask, nonpad, sq: int, total: int, p: int, dt: DType):
@@ -520,3 +540,100 @@ def _rotary_lower(ctx: LowerCtx, x, cos_cache, sin_cache, position_ids=None):
     y = compute(shape, body, "y")
     ctx.schedule(lambda sch, _: schedule_injective(sch[y]))
     return y
+
+
+@lowering("FlexAttention", domain="ai.onnx.preview")
+def _flex_lower(ctx: LowerCtx, q, k, v):
+    """Attention without modifiers: scores accumulated in float64 and cast to the softmax
+    dtype, the safe softmax there, P·V accumulated in float64 (as the reference)."""
+    for name in ("score_mod", "prob_mod"):
+        if ctx.has_attr(name):
+            ctx.fail(f"{name} subgraphs have no native lowering")
+    (nb, hq, sq, d), (_, hkv, total, _), dv = q.shape, k.shape, v.shape[3]
+    if total == 0 or d == 0:
+        ctx.fail("attention over an empty key sequence or head size has no native lowering")
+    dt, f64 = _flex_softmax_dtype(ctx, q.dtype.np), DType.float64
+    scale = ctx.attr("scale", None)
+    root_value = float(np.sqrt(np.float32(1.0 / np.sqrt(d) if scale is None else scale)).astype(q.dtype.np))
+    dims = (nb, hq, hkv, sq, total, d, dv)
+    qs, ks, raw = _qk(_heads_view(q, hq), _heads_view(k, hkv), lambda like: const(root_value, like.dtype), dims, f64)
+    m, ex, ssum, probs, y4 = _softmax_pv(lambda i: cast(dt, raw[i]), _heads_view(v, hkv), dims, dt, f64)
+    y = compute(y4.shape, lambda *i: cast(v.dtype, y4[i]), "y")
+    ctx.schedule(lambda sch, _: _attention_schedule(sch, qs, ks, raw, m, ex, ssum, probs, y4))
+    return y
+
+
+_LINEAR_ATTENTION_C = """
+  const int64_t B = {b}, T = {t}, HQ = {hq}, HKV = {hkv}, DK = {dk}, DV = {dv}, G = {hq} / {hkv};
+  const int64_t DW = {dw}, BH = {bh};
+  const double scale = {scale};
+  int32_t failed = 0;
+  #pragma omp parallel for collapse(2) schedule(static) if (B * HKV > 1 && B * T * HQ * DK * DV >= {par})
+  for (int64_t b = 0; b < B; ++b)
+  for (int64_t g = 0; g < HKV; ++g) {{
+    double* S = (double*)malloc((size_t)(DK * DV + DV) * sizeof(double));
+    if (!S) {{
+      #pragma omp atomic write
+      failed = 1;
+      continue;
+    }}
+    double* u = S + DK * DV;
+    for (int64_t x = 0; x < DK * DV; ++x) S[x] = {init};
+    for (int64_t i = 0; i < T; ++i) {{
+      const int64_t bt = b * T + i;
+      if ({gated}) for (int64_t d = 0; d < DK; ++d) {{
+        const double a = exp((double){decay}[(bt * HKV + g) * DW + (DW == 1 ? 0 : d)]);
+        for (int64_t m = 0; m < DV; ++m) S[d * DV + m] *= a;
+      }}
+      for (int64_t m = 0; m < DV; ++m) u[m] = (double){v}[(bt * HKV + g) * DV + m];
+      if ({delta}) {{
+        const double r = (double){beta}[bt * BH + (BH == 1 ? 0 : g)];
+        for (int64_t m = 0; m < DV; ++m) {{
+          double kv = 0;
+          for (int64_t d = 0; d < DK; ++d) kv += S[d * DV + m] * (double){k}[(bt * HKV + g) * DK + d];
+          u[m] = r * (u[m] - kv);
+        }}
+      }}
+      for (int64_t d = 0; d < DK; ++d) {{
+        const double kd = (double){k}[(bt * HKV + g) * DK + d];
+        for (int64_t m = 0; m < DV; ++m) S[d * DV + m] += kd * u[m];
+      }}
+      for (int64_t h = g * G; h < (g + 1) * G; ++h)
+        for (int64_t m = 0; m < DV; ++m) {{
+          double acc = 0;
+          for (int64_t d = 0; d < DK; ++d) acc += (double){q}[(bt * HQ + h) * DK + d] * S[d * DV + m];
+          out0[(bt * HQ + h) * DV + m] = ({to})(scale * acc);
+        }}
+    }}
+    for (int64_t x = 0; x < DK * DV; ++x) out1[(b * HKV + g) * DK * DV + x] = ({ts})S[x];
+    free(S);
+  }}
+  return failed ? -1 : 0;
+"""
+
+
+@lowering("LinearAttention")
+def _linear_attention_lower(ctx: LowerCtx, query, key, value, past_state=None, decay=None, beta=None):
+    """The token-by-token recurrence as a C kernel: one (d_k, d_v) float64 state per
+    (batch, K/V head), updated in order over the sequence, in parallel over heads."""
+    gated, delta = _linear_attention_rule(ctx)
+    hq, hkv = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
+    nb, t = query.shape[0], query.shape[1]
+    dk, dv = query.shape[2] // hq, value.shape[2] // hkv
+    if past_state is not None and tuple(past_state.shape) != (nb, hkv, dk, dv):
+        ctx.fail(f"past_state must have shape {(nb, hkv, dk, dv)}, got {tuple(past_state.shape)}")
+    present = [x for x in (query, key, value, past_state, decay, beta) if x is not None]
+    name = {id(x): f"in{present.index(x)}" for x in present}
+    for x in present + [ctx.output_types[0], ctx.output_types[1]]:
+        if x.dtype.c is None:
+            ctx.fail(f"no native code for dtype {x.dtype}")
+    scale = ctx.attr("scale", 0.0) or 1.0 / np.sqrt(dk)
+    body = _LINEAR_ATTENTION_C.format(
+        b=nb, t=t, hq=hq, hkv=hkv, dk=dk, dv=dv, par=PARALLEL_MIN_WORK, scale=float(scale).hex(),
+        dw=decay.shape[-1] // hkv if gated else 1, bh=beta.shape[-1] if delta else 1,
+        init=f"(double){name[id(past_state)]}[(b * HKV + g) * DK * DV + x]" if past_state is not None else "0.0",
+        gated=int(gated), delta=int(delta), decay=name[id(decay)] if gated else name[id(query)],
+        beta=name[id(beta)] if delta else name[id(query)], q=name[id(query)], k=name[id(key)], v=name[id(value)],
+        to=ctx.out_dtype(0).c, ts=ctx.out_dtype(1).c)
+    outs = [(ctx.out_shape(0), ctx.out_dtype(0)), ((nb, hkv, dk, dv), ctx.out_dtype(1))]
+    return ctx.extern(body, present, outs)

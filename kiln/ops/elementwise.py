@@ -103,8 +103,9 @@ def _at(t: L.Tensor, idx: tuple, pad: int = 0) -> L.Expr:
 
 
 def _wide(dt: DType) -> DType:
-    """The dtype math runs in: float16 in float32 (as the reference), others as they are."""
-    return DType.float32 if dt is DType.float16 else dt
+    """The dtype math runs in: float16, bfloat16, float8/float4 in float32 (as the reference),
+    others as they are."""
+    return DType.float32 if dt is DType.float16 or (dt.is_narrow and dt.is_float) else dt
 
 
 def _up_e(e: L.Expr) -> L.Expr:
@@ -175,10 +176,12 @@ def _bind(shape, idx, e: L.Expr) -> L.Expr:
 
 
 def _native(ctx) -> None:
-    """Fail clearly on element types the C backend has no type for, and pick the schedule."""
+    """Fail clearly on element types the C backend cannot hold (string, complex; bfloat16,
+    float8 and the sub-byte ints it stores as bytes and computes on in float32/int32), and pick
+    the schedule."""
     for what, types in (("input", ctx.input_types), ("output", ctx.output_types)):
         for k, t in enumerate(types):
-            if t is not None and t.dtype.c is None:
+            if t is not None and t.dtype.c_storage is None:
                 ctx.fail(f"{what} {k} has element type {t.dtype}, which native code (C) cannot hold",
                          stage="lower")
     ctx.schedule(_injective_schedule)
@@ -823,8 +826,24 @@ _reg("Cast", lambda ctx: _cast_infer(ctx, _to_attr(ctx)),
 _reg("CastLike", lambda ctx: _cast_infer(ctx, ctx.dtype(1)),
      lambda ctx, x, like: _cast(ctx, x, DType.from_numpy(like.dtype)))
 # C conversions are numpy's: float -> int truncates, float -> bool is x != 0 (NaN is true);
-# float16 goes through float32 (exact). Saturation only concerns float8, which C lacks.
-_lowers("Cast", "CastLike")(lambda ctx, x, like=None: _map(ctx, lambda v: v, [x]))
+# float16 goes through float32 (exact). Conversions to bfloat16/float8/float4/int4/int2 are
+# ml_dtypes' (kiln.codegen.narrow); a cast Expr's `arg` names the C backend's conversion
+# mode where Cast's attributes differ from that: "sat" (float8, saturate=1: +-max instead of
+# Inf/NaN, as the reference's clip) and float8e8m0's round_mode, "_sat" appended if saturate.
+
+
+def _cast_mode(ctx, src: DType, to: DType) -> str | None:
+    saturate = bool(ctx.attr("saturate", 1))
+    if to is DType.float8e8m0:
+        return _str_attr(ctx, "round_mode", "up") + ("_sat" if saturate else "")
+    return "sat" if to in _F8 and saturate and src is not DType.bool else None
+
+
+@_lowers("Cast", "CastLike")
+def _cast_lower(ctx, x, like=None):
+    to = ctx.out_dtype()
+    mode = None if x.dtype is to else _cast_mode(ctx, x.dtype, to)
+    return _map(ctx, (lambda v: v) if mode is None else (lambda v: L.Expr("cast", to, (v,), mode)), [x])
 
 
 def _bit_width(dt: DType) -> int:

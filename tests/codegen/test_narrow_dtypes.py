@@ -5,8 +5,11 @@ Cast's saturate/round_mode conversions as the reference, arithmetic rounds per o
 
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
+from onnx import helper
 
+import kiln
 from kiln.codegen import build_c, emit_c
 from kiln.codegen.c import NARROW
 from kiln.dtypes import DType
@@ -227,6 +230,28 @@ def test_e8m0_round_modes_as_the_reference(mode, saturate):
     np.testing.assert_array_equal(_bits(got), _bits(_to_e8m0(x, saturate, mode)))
 
 
+def _cast_model(src, to, **attrs):
+    node = helper.make_node("Cast", ["x"], ["y"], to=to.onnx, **attrs)
+    g = helper.make_graph([node], "m", [helper.make_tensor_value_info("x", src.onnx, [64])],
+                          [helper.make_tensor_value_info("y", to.onnx, [64])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 25)])
+
+
+@pytest.mark.parametrize("to, attrs", [(DType.float8e4m3fn, {}), (DType.float8e5m2, {"saturate": 0}),
+                                       (DType.float8e5m2fnuz, {}), (DType.float8e8m0, {"round_mode": "nearest"}),
+                                       (DType.float8e8m0, {"saturate": 0, "round_mode": "down"}),
+                                       (DType.int4, {}), (DType.bfloat16, {})], ids=str)
+@pytest.mark.parametrize("src", [DType.float32, DType.float16], ids=str)
+def test_cast_node_on_cpu_matches_the_interpreter(src, to, attrs):
+    model = _cast_model(src, to, **attrs)
+    x = np.concatenate([rng.standard_normal(48) * 300, [np.inf, -np.inf, np.nan, 1e9, -1e9, 0.5, 1.5, -2.5, 3.5,
+                                                          240, 448, 464, 57344, 61440, 1e-6, 0]]).astype(src.np)
+    got = kiln.compile(model, target="cpu").run({"x": x})["y"]
+    want = kiln.compile(model, target="interpreter").run({"x": x})["y"]
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
 # ---------------------------------------------------------------- arithmetic, constants, copies, modules
 
 
@@ -276,3 +301,26 @@ def test_table_covers_the_storage_dtypes():
     assert set(NARROW) == {d for d in DType if d.is_narrow}
     for d, nt in NARROW.items():
         assert nt.storage == d.c_storage and np.dtype(nt.storage.replace("_t", "")).itemsize == d.itemsize
+
+
+def test_model_with_bfloat16_constants_and_math_matches_the_interpreter():
+    """Weights of a storage dtype go into the blob; a bf16 Mul/Add chain against the interpreter."""
+    w = numpy_helper_from(rng.standard_normal(32).astype(ml_dtypes.bfloat16), "w")
+    nodes = [helper.make_node("Cast", ["x"], ["xb"], to=DType.bfloat16.onnx),
+             helper.make_node("Mul", ["xb", "w"], ["m"]),
+             helper.make_node("Add", ["m", "xb"], ["a"]),
+             helper.make_node("Sigmoid", ["a"], ["y"])]
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 32])],
+                          [helper.make_tensor_value_info("y", DType.bfloat16.onnx, [4, 32])], initializer=[w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    x = rng.standard_normal((4, 32)).astype(np.float32) * 4
+    got = kiln.compile(model, target="cpu").run({"x": x})["y"]
+    want = kiln.compile(model, target="interpreter").run({"x": x})["y"]
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-7)
+    assert (got.view(np.uint16) == want.view(np.uint16)).mean() > 0.95
+
+
+def numpy_helper_from(a, name):
+    from onnx import numpy_helper
+    return numpy_helper.from_array(a, name)

@@ -39,8 +39,8 @@ class Case:
     """One node: inputs (None: absent), which of them are initializers (compile-time
     values), attributes, opset, number of outputs and tolerance."""
 
-    def __init__(self, op, *inputs, consts=(), opset=18, outputs=1, rtol=1e-5, atol=1e-6, **attrs):
-        self.op, self.inputs, self.consts, self.opset = op, list(inputs), set(consts), opset
+    def __init__(self, op, *inputs, consts=(), opset=18, outputs=1, rtol=1e-5, atol=1e-6, domain="", **attrs):
+        self.op, self.inputs, self.consts, self.opset, self.domain = op, list(inputs), set(consts), opset, domain
         self.outputs, self.rtol, self.atol, self.attrs = outputs, rtol, atol, attrs
 
     def __repr__(self):
@@ -55,10 +55,10 @@ class Case:
               for k, x in enumerate(self.inputs) if x is not None and k not in self.consts]
         inits = [numpy_helper.from_array(np.asarray(self.inputs[k]), f"x{k}") for k in sorted(self.consts)]
         outs = self.outputs if isinstance(self.outputs, list) else [f"y{k}" for k in range(self.outputs)]
-        node = helper.make_node(self.op, names, outs, name="n0", **self.attrs)
+        node = helper.make_node(self.op, names, outs, name="n0", domain=self.domain, **self.attrs)
         ovi = [helper.make_empty_tensor_value_info(o) for o in outs if o]
-        model = helper.make_model(helper.make_graph([node], "g", vi, ovi, initializer=inits),
-                                  opset_imports=[helper.make_opsetid("", self.opset)])
+        opsets = [helper.make_opsetid("", self.opset)] + ([helper.make_opsetid(self.domain, 1)] if self.domain else [])
+        model = helper.make_model(helper.make_graph([node], "g", vi, ovi, initializer=inits), opset_imports=opsets)
         return kiln.load_onnx(model)
 
     def lower(self, name):
@@ -272,6 +272,27 @@ for _inter in (0, 1):
                  Case("RotaryEmbedding", rand((2, 3, 5, 8)), rand((10, _h)), rand((10, _h)),
                       rand((2, 5), np.int64, 0, 9), opset=23, **_attrs)]
 ATTN += [Case("RotaryEmbedding", rand((2, 3, 5, 8), F16), rand((2, 5, 4), F16), rand((2, 5, 4), F16), opset=23)]
+_PREVIEW = dict(domain="ai.onnx.preview", opset=26)
+ATTN += [Case("FlexAttention", *_qkv(), **_PREVIEW),
+         Case("FlexAttention", *_qkv(hq=6, hkv=2, dv=5), scale=0.2, **_PREVIEW),
+         Case("FlexAttention", *_qkv(dt=F16), rtol=2e-3, atol=1e-3, **_PREVIEW),
+         Case("FlexAttention", *_qkv(dt=F64), rtol=1e-10, **_PREVIEW)]
+
+
+def _linear(rule, hq=4, hkv=2, t=5, dk=6, dv=3, past=False, per_head=False, dt=F32):
+    b = 2
+    ins = [rand((b, t, hq * dk), dt, -1, 1), rand((b, t, hkv * dk), dt, -1, 1), rand((b, t, hkv * dv), dt, -1, 1),
+           rand((b, hkv, dk, dv), dt, -1, 1) if past else None]
+    if "gated" in rule:
+        ins.append(rand((b, t, hkv if per_head else hkv * dk), dt, -1, -0.1))
+    if "delta" in rule:
+        ins += [None] * (5 - len(ins)) + [rand((b, t, hkv), dt, 0.1, 1)]
+    return Case("LinearAttention", *ins, opset=27, outputs=2, q_num_heads=hq, kv_num_heads=hkv, update_rule=rule,
+                rtol=1e-3 if dt == F16 else 1e-5, atol=1e-3 if dt == F16 else 1e-6)
+
+
+ATTN += [_linear("linear"), _linear("gated", past=True), _linear("gated", per_head=True), _linear("delta"),
+         _linear("gated_delta", hq=2, hkv=2, past=True), _linear("gated_delta", hkv=1, dt=F16)]
 
 
 @pytest.mark.parametrize("k", range(len(ATTN)), ids=[repr(c) for c in ATTN])
