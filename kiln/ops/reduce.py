@@ -357,6 +357,10 @@ def schedule_reduction(sch, tensor, inner: int = 0) -> None:
         stage.reorder(*outer, *red, *tail)
     t = stage.fuse(*tail) if len(tail) > 1 else tail[0] if tail else None
     o = stage.fuse(*outer) if len(outer) > 1 else outer[0] if outer else None
+    if t is not None and red and par and (o is None or _ext(o) < 8) and _ext(t) >= 4 * BLOCK:
+        to, t = stage.split(t, BLOCK)  # too few outer rows: blocks of the tail run in parallel
+        stage.reorder(*([o] if o is not None else []), to, *red, t)
+        o = stage.fuse(o, to) if o is not None else to
     if t is not None and _ext(t) > 1:
         stage.vectorize(t)
     if par and o is not None and _ext(o) > 1:
