@@ -12,9 +12,10 @@ import math
 
 import numpy as np
 
+import kiln.loops as L
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op, same_as
+from kiln.ops.registry import lowering, op, same_as
 from kiln.ops.strings import string_array
 
 ML = "ai.onnx.ml"
@@ -150,22 +151,29 @@ def _descend(ctx, x: np.ndarray, root: int, root_is_leaf: bool, arrays: dict) ->
     ctx.fail(f"tree rooted at node {root} has a cycle")
 
 
-@op("TreeEnsemble", infer=_infer_tree_ensemble, domain=ML)
-def tree_ensemble(ctx, x):
+def _tree_ensemble_parts(ctx, dtype):
+    """TreeEnsemble's attributes as `_descend` arrays (splits in the input's `dtype`), roots,
+    (leaf index, target, weight) contributions, target count and aggregate code."""
     modes = np.ravel(ctx.attr("nodes_modes")).astype(np.int64)
     if ((modes < 0) | (modes > 6)).any():
         ctx.fail(f"nodes_modes must be in 0..6 ({', '.join(_MODES)}), got {sorted(set(modes.tolist()))}")
     feat = np.asarray(ctx.attr("nodes_featureids"), np.int64)
     ints = lambda name, dtype=np.int64: np.asarray(ctx.attr(name), dtype)  # noqa: E731
-    arrays = dict(feat=feat, mode=modes, split=np.ravel(ctx.attr("nodes_splits")).astype(x.dtype),
+    arrays = dict(feat=feat, mode=modes, split=np.ravel(ctx.attr("nodes_splits")).astype(dtype),
                   sets=_member_sets(ctx, modes),
                   nan_true=np.asarray(ctx.attr("nodes_missing_value_tracks_true", None) or [0] * len(feat), bool),
                   true_id=ints("nodes_truenodeids"), false_id=ints("nodes_falsenodeids"),
                   true_leaf=ints("nodes_trueleafs", bool), false_leaf=ints("nodes_falseleafs", bool))
     targets = ints("leaf_targetids")
-    acc = _aggregate(ctx, x, [(int(r), False) for r in ctx.attr("tree_roots")], arrays,
-                     (np.arange(len(targets)), targets, np.ravel(ctx.attr("leaf_weights"))),
-                     int(ctx.attr("n_targets")), int(ctx.attr("aggregate_function", 1)))
+    return (arrays, [(int(r), False) for r in ctx.attr("tree_roots")],
+            (np.arange(len(targets)), targets, np.ravel(ctx.attr("leaf_weights"))),
+            int(ctx.attr("n_targets")), int(ctx.attr("aggregate_function", 1)))
+
+
+@op("TreeEnsemble", infer=_infer_tree_ensemble, domain=ML)
+def tree_ensemble(ctx, x):
+    arrays, roots, leaves, n_targets, agg = _tree_ensemble_parts(ctx, x.dtype)
+    acc = _aggregate(ctx, x, roots, arrays, leaves, n_targets, agg)
     return post_transform(ctx, acc, int(ctx.attr("post_transform", 0))).astype(x.dtype)
 
 
@@ -175,9 +183,19 @@ def _aggregate(ctx, x, roots, arrays, leaves, n_targets: int, agg: int) -> np.nd
 
     `leaves` is (leaf index, target, weight) per contribution; a leaf may feed several targets.
     """
+    table, reduce, neutral = _leaf_table(ctx, x.shape[1], arrays, leaves, n_targets, agg)
+    acc = np.full((len(x), n_targets), neutral)
+    for root, is_leaf in roots:
+        acc = reduce(acc, table[_descend(ctx, x, root, is_leaf, arrays)])
+    acc[np.isinf(acc)] = 0
+    return acc / len(roots) if agg == 0 and roots else acc
+
+
+def _leaf_table(ctx, n_features: int, arrays, leaves, n_targets: int, agg: int):
+    """(table [leaf, target] float64 of the combined contributions, reduce ufunc, neutral)."""
     feat = arrays["feat"]
-    if len(feat) and feat.max() >= x.shape[1]:
-        ctx.fail(f"a node reads feature {feat.max()} but X has {x.shape[1]} features")
+    if len(feat) and feat.max() >= n_features:
+        ctx.fail(f"a node reads feature {feat.max()} but X has {n_features} features")
     leaf_of, target_of, weight_of = (np.asarray(v) for v in leaves)
     if len(target_of) and not 0 <= target_of.min() <= target_of.max() < n_targets:
         ctx.fail(f"leaf target ids must be in [0, {n_targets}), got {sorted(set(target_of.tolist()))}")
@@ -185,11 +203,7 @@ def _aggregate(ctx, x, roots, arrays, leaves, n_targets: int, agg: int) -> np.nd
     neutral = {2: np.inf, 3: -np.inf}.get(agg, 0.0)
     table = np.full((max(len(feat), int(leaf_of.max(initial=0)) + 1), n_targets), neutral)
     reduce.at(table, (leaf_of, target_of), weight_of.astype(np.float64))
-    acc = np.full((len(x), n_targets), neutral)
-    for root, is_leaf in roots:
-        acc = reduce(acc, table[_descend(ctx, x, root, is_leaf, arrays)])
-    acc[np.isinf(acc)] = 0
-    return acc / len(roots) if agg == 0 and roots else acc
+    return table, reduce, neutral
 
 
 _LEGACY_MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4,
@@ -232,10 +246,9 @@ def _infer_tree_regressor(ctx):
     return [_rows(ctx, t, int(ctx.attr("n_targets", 1)))]
 
 
-@op("TreeEnsembleRegressor", infer=_infer_tree_regressor, domain=ML)
-def tree_ensemble_regressor(ctx, x):
-    x = np.atleast_2d(x)
-    arrays, roots, pos = _legacy_trees(ctx, x)
+def _regressor_parts(ctx, dtype):
+    """TreeEnsembleRegressor's attributes in TreeEnsemble's form, plus its base values."""
+    arrays, roots, pos = _legacy_trees(ctx, np.empty((0, 0), dtype))
     try:
         leaf_of = [pos[k] for k in zip(ctx.attr("target_treeids"), ctx.attr("target_nodeids"))]
     except KeyError as e:
@@ -245,10 +258,18 @@ def tree_ensemble_regressor(ctx, x):
     agg = ctx.attr("aggregate_function", "SUM")
     if agg not in ("AVERAGE", "SUM", "MIN", "MAX"):
         ctx.fail(f"aggregate_function must be AVERAGE, SUM, MIN or MAX, got {agg!r}")
-    acc = _aggregate(ctx, x, roots, arrays, (leaf_of, ctx.attr("target_ids"), np.ravel(weights)),
-                     int(ctx.attr("n_targets", 1)), ("AVERAGE", "SUM", "MIN", "MAX").index(agg))
     base = ctx.attr("base_values_as_tensor", None)
-    acc = acc + np.ravel(ctx.attr("base_values", [0.0]) if base is None else base)
+    base = np.ravel(ctx.attr("base_values", [0.0]) if base is None else base)
+    return (arrays, roots, (leaf_of, ctx.attr("target_ids"), np.ravel(weights)),
+            int(ctx.attr("n_targets", 1)), ("AVERAGE", "SUM", "MIN", "MAX").index(agg), base)
+
+
+@op("TreeEnsembleRegressor", infer=_infer_tree_regressor, domain=ML)
+def tree_ensemble_regressor(ctx, x):
+    x = np.atleast_2d(x)
+    arrays, roots, leaves, n_targets, agg, base = _regressor_parts(ctx, x.dtype)
+    acc = _aggregate(ctx, x, roots, arrays, leaves, n_targets, agg)
+    acc = acc + base
     return post_transform(ctx, acc, ctx.attr("post_transform", "NONE")).astype(np.float32)
 
 
@@ -398,3 +419,370 @@ def category_mapper(ctx, x):
         return np.array([table.get(s, ctx.attr("default_int64", -1)) for s in x.ravel()], np.int64).reshape(x.shape)
     table = dict(zip(ints, strings))
     return string_array([table.get(int(v), ctx.attr("default_string", "_Unused")) for v in x.ravel()], x.shape)
+
+
+# ---- native lowerings ----
+#
+# Binarizer is a compute; the table-driven ops are C kernels whose tables (tree nodes,
+# leaf weights, label maps, coefficients) are baked into the source as exact literals.
+# Scores are combined in double as the reference does, then cast to the output type.
+
+def _c_type(ctx, dt: DType, what: str = "input") -> str:
+    if dt.c is None:
+        ctx.fail(f"{what} of type {dt} has no native (C) type", stage="lower")
+    return dt.c
+
+
+def _table(ctx, name: str, ctype: str, data, dt: DType) -> str:
+    """`static const ctype name[] = {...};` with exact literals (one dummy element when empty)."""
+    from kiln.ops.tensor import c_literals
+    data = np.asarray(data, dt.np).reshape(-1)
+    lits = c_literals(data, dt) if data.size else ["0"]
+    return f"  static const {ctype} {name}[{max(data.size, 1)}] = {{{', '.join(lits)}}};\n"
+
+
+@lowering("Binarizer", domain=ML)
+def _binarizer_lower(ctx, x):
+    dt = ctx.input_types[0].dtype
+    _c_type(ctx, dt)
+    thr = float(ctx.attr("threshold", 0.0))
+    if dt.is_float:  # the threshold is rounded to the input's type (NumPy's weak Python scalars)
+        thr_e = L.const(float(np.asarray(thr, dt.np)), DType.float64)
+        val = lambda v: L.cast(DType.float64, v)  # noqa: E731 - exact for every float type
+    else:
+        thr_e, val = L.const(thr, DType.float64), (lambda v: L.cast(DType.float64, v))
+    return L.compute(x.shape, lambda *i: L.select(val(x[i]) > thr_e, L.const(1, dt), L.const(0, dt)),
+                     "binarizer")
+
+
+@lowering("ArrayFeatureExtractor", domain=ML)
+def _feature_extractor_lower(ctx, x, indices):
+    xt = ctx.input_types[0]
+    t = _c_type(ctx, xt.dtype)
+    width = xt.shape[-1] if xt.shape else 1
+    k = math.prod(ctx.input_types[1].shape)
+    rows = math.prod(xt.shape[:-1]) if xt.shape else 1
+    body = f"""  for (int64_t j = 0; j < {k}; ++j) if (in1[j] < 0 || in1[j] >= {width}) return 1;
+  for (int64_t r = 0; r < {rows}; ++r)
+    for (int64_t j = 0; j < {k}; ++j) out0[r * {k} + j] = in0[r * {width} + in1[j]];
+  (void)sizeof({t});
+  return 0;"""
+    return ctx.extern(body, [x, indices], [(ctx.out_shape(), xt.dtype)])
+
+
+@lowering("LabelEncoder", domain=ML)
+def _label_encoder_lower(ctx, x):
+    if ctx.opset < 2:
+        ctx.fail("LabelEncoder-1 maps strings, which native code cannot hold", stage="lower")
+    keys, vals, default = _encoder_table(ctx)
+    kt, vt = DType.from_numpy(keys.dtype), DType.from_numpy(vals.dtype)
+    kc, vc = _c_type(ctx, kt, "keys"), _c_type(ctx, vt, "values")
+    table = {_key(k): v for k, v in zip(keys.tolist(), vals)}  # as the reference: the last key wins
+    nan_val = table.pop("nan", None)
+    ordered = sorted(table)
+    body = (_table(ctx, "keys", kc, ordered, kt) +
+            _table(ctx, "vals", vc, [table[k] for k in ordered], vt) +
+            _table(ctx, "dflt", vc, [default], vt))
+    n = math.prod(ctx.input_types[0].shape)
+    nan_case = (f"    if (v != v) {{ out0[i] = {'vals_nan[0]' if nan_val is not None else 'dflt[0]'}; continue; }}\n"
+                if kt.is_float else "")
+    if nan_val is not None:
+        body += _table(ctx, "vals_nan", vc, [nan_val], vt)
+    body += f"""  for (int64_t i = 0; i < {n}; ++i) {{
+    const {kc} v = in0[i];
+{nan_case}    int64_t lo = 0, hi = {len(ordered)};
+    while (lo < hi) {{
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (keys[mid] < v) lo = mid + 1; else hi = mid;
+    }}
+    out0[i] = (lo < {len(ordered)} && keys[lo] == v) ? vals[lo] : dflt[0];
+  }}
+  return 0;"""
+    return ctx.extern(body, [x], [(ctx.out_shape(), vt)])
+
+
+_POST = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
+
+
+def _c_post_transform(ctx, kind, n: int) -> str:
+    """C over `double* a` (one row of n scores): the reference's `post_transform` in float64."""
+    kind = _POST[kind] if isinstance(kind, int) and 0 <= kind < len(_POST) else kind
+    if kind not in _POST:
+        ctx.fail(f"post_transform must be one of {', '.join(_POST)}, got {kind!r}")
+    if kind == "NONE":
+        return ""
+    if kind == "LOGISTIC":
+        return f"    for (int64_t t = 0; t < {n}; ++t) a[t] = 1.0 / (1.0 + exp(-a[t]));\n"
+    if kind == "PROBIT":
+        return f"""    for (int64_t t = 0; t < {n}; ++t) {{
+      double y = 2.0 * a[t] - 1.0;
+      y = y < -1.0 ? -1.0 : y > 1.0 ? 1.0 : y;
+      const double ln = log1p(-y * y), tt = 2.0 / (3.141592653589793 * 0.147) + ln / 2.0;
+      const double sg = y > 0 ? 1.0 : y < 0 ? -1.0 : y;
+      double x = sg * sqrt(sqrt(tt * tt - ln / 0.147) - tt);
+      for (int k = 0; k < 3; ++k)
+        if (fabs(y) < 1.0) x = x - (erf(x) - y) / (2.0 / sqrt(3.141592653589793) * exp(-x * x));
+      a[t] = 1.4142135623730951 * x;
+    }}
+"""
+    keep = "a[t] != 0" if kind == "SOFTMAX_ZERO" else "1"
+    return f"""    {{
+      double m = -INFINITY, s = 0;
+      for (int64_t t = 0; t < {n}; ++t) if ({keep}) m = (a[t] > m || a[t] != a[t]) ? a[t] : m;
+      for (int64_t t = 0; t < {n}; ++t) {{ a[t] = ({keep}) ? exp(a[t] - m) : 0.0; s += a[t]; }}
+      s = s < 2.2250738585072014e-308 ? 2.2250738585072014e-308 : s;
+      for (int64_t t = 0; t < {n}; ++t) a[t] = a[t] / s;
+    }}
+"""
+
+
+def _tree_kernel(ctx, x, arrays, roots, leaves, n_targets: int, agg: int, base, post, out_dt: DType):
+    xt = ctx.input_types[0]
+    t = _c_type(ctx, xt.dtype)
+    if xt.rank > 2:
+        ctx.fail(f"X must be 1-D or 2-D, got {xt}", stage="lower")
+    rows, width = (1, xt.shape[0]) if xt.rank == 1 else xt.shape if xt.rank == 2 else (1, 1)
+    table, _, _ = _leaf_table(ctx, width, arrays, leaves, n_targets, agg)
+    feat = np.asarray(arrays["feat"], np.int64)
+    nn, nrows = len(feat), len(table)
+    if len(feat) and feat.min() < -width:
+        ctx.fail(f"a node reads feature {feat.min()} but X has {width} features")
+    feat = np.where(feat < 0, feat + width, feat)
+
+    def target(ids, leaf_flags):  # next node / leaf row, negative ids wrapped as NumPy does; -1: invalid
+        ids = np.asarray(ids, np.int64)
+        size = np.where(leaf_flags, nrows, nn)
+        ok = (ids >= -size) & (ids < size)
+        return np.where(ok, np.where(ids < 0, ids + size, ids), -1)
+    nxt_t = target(arrays["true_id"], arrays["true_leaf"])
+    nxt_f = target(arrays["false_id"], arrays["false_leaf"])
+    # membership sets, sorted, CSR by node
+    sets = arrays["sets"]
+    mstart, mvals = [0], []
+    for k in range(nn):
+        mvals += sorted(sets.get(k, ()))
+        mstart.append(len(mvals))
+    # the leaf table as CSR rows of (target, value) where some leaf contributes
+    has = np.zeros(table.shape, bool)
+    leaf_of, target_of, _ = (np.asarray(v, np.int64) for v in leaves)
+    if len(leaf_of):
+        has[leaf_of, target_of] = True
+    lstart, ltgt, lval = [0], [], []
+    for r in range(nrows):
+        cols = np.flatnonzero(has[r])
+        ltgt += cols.tolist()
+        lval += table[r, cols].tolist()
+        lstart.append(len(ltgt))
+    root_ids = []
+    for r, is_leaf in roots:
+        size = nrows if is_leaf else nn
+        root_ids.append((r + size if -size <= r < 0 else r if 0 <= r < size else -1, int(is_leaf)))
+    i64, u8, f64 = DType.int64, DType.uint8, DType.float64
+    split = np.asarray(arrays["split"]).astype(np.float64)
+    body = "".join([
+        _table(ctx, "feat", "int64_t", feat, i64), _table(ctx, "mode", "uint8_t", arrays["mode"], u8),
+        _table(ctx, "split", "double", split, f64), _table(ctx, "nan_true", "uint8_t", arrays["nan_true"], u8),
+        _table(ctx, "nxt_t", "int64_t", nxt_t, i64), _table(ctx, "nxt_f", "int64_t", nxt_f, i64),
+        _table(ctx, "leaf_t", "uint8_t", arrays["true_leaf"], u8),
+        _table(ctx, "leaf_f", "uint8_t", arrays["false_leaf"], u8),
+        _table(ctx, "mstart", "int64_t", mstart, i64), _table(ctx, "mvals", "double", mvals, f64),
+        _table(ctx, "lstart", "int64_t", lstart, i64), _table(ctx, "ltgt", "int64_t", ltgt, i64),
+        _table(ctx, "lval", "double", lval, f64),
+        _table(ctx, "roots", "int64_t", [r for r, _ in root_ids], i64),
+        _table(ctx, "root_leaf", "uint8_t", [lf for _, lf in root_ids], u8),
+        _table(ctx, "base", "double", base if base is not None else [0.0], f64),
+    ])
+    neutral = {2: "INFINITY", 3: "-INFINITY"}.get(agg, "0.0")
+    combine = {0: "a[tg] + w", 1: "a[tg] + w",
+               2: "(a[tg] != a[tg] || w != w) ? NAN : (w < a[tg] ? w : a[tg])",
+               3: "(a[tg] != a[tg] || w != w) ? NAN : (w > a[tg] ? w : a[tg])"}[agg]
+    nb = 0 if base is None else len(base)
+    if base is not None and nb not in (1, n_targets):
+        ctx.fail(f"{nb} base values for {n_targets} targets")
+    body += f"""  double* a = (double*)malloc(sizeof(double) * {max(n_targets, 1)});
+  if (!a) return -1;
+  int rc = 0;
+  for (int64_t row = 0; row < {rows} && !rc; ++row) {{
+    const {t}* xr = in0 + row * {width};
+    for (int64_t tg = 0; tg < {n_targets}; ++tg) a[tg] = {neutral};
+    for (int64_t tree = 0; tree < {len(root_ids)} && !rc; ++tree) {{
+      int64_t n = roots[tree];
+      int leaf = root_leaf[tree];
+      for (int64_t step = 0; step <= {nn} && !leaf && n >= 0; ++step) {{
+        const double v = (double)xr[feat[n]], s = split[n];
+        int go;
+        switch (mode[n]) {{
+          case 0: go = v <= s; break;
+          case 1: go = v < s; break;
+          case 2: go = v >= s; break;
+          case 3: go = v > s; break;
+          case 4: go = v == s; break;
+          case 5: go = v != s; break;
+          default: {{
+            int64_t lo = mstart[n], hi = mstart[n + 1];
+            while (lo < hi) {{ const int64_t mid = lo + (hi - lo) / 2; if (mvals[mid] < v) lo = mid + 1; else hi = mid; }}
+            go = lo < mstart[n + 1] && mvals[lo] == v;
+          }}
+        }}
+        if (nan_true[n] && v != v) go = 1;
+        leaf = go ? leaf_t[n] : leaf_f[n];
+        n = go ? nxt_t[n] : nxt_f[n];
+      }}
+      if (!leaf || n < 0) {{ rc = 1; break; }}
+      for (int64_t e = lstart[n]; e < lstart[n + 1]; ++e) {{
+        const int64_t tg = ltgt[e];
+        const double w = lval[e];
+        a[tg] = {combine};
+      }}
+    }}
+    if (rc) break;
+    for (int64_t tg = 0; tg < {n_targets}; ++tg) {{
+      if (isinf(a[tg])) a[tg] = 0.0;
+      {f"a[tg] = a[tg] / {float(len(root_ids))!r};" if agg == 0 and root_ids else ""}
+      {f"a[tg] = a[tg] + base[{'0' if nb == 1 else 'tg'}];" if nb else ""}
+    }}
+{_c_post_transform(ctx, post, n_targets)}    for (int64_t tg = 0; tg < {n_targets}; ++tg) out0[row * {n_targets} + tg] = ({out_dt.c})a[tg];
+  }}
+  free(a);
+  return rc;"""
+    return ctx.extern(body, [x], [(ctx.out_shape(), out_dt)])
+
+
+@lowering("TreeEnsemble", domain=ML)
+def _tree_ensemble_lower(ctx, x):
+    dt = ctx.input_types[0].dtype
+    arrays, roots, leaves, n_targets, agg = _tree_ensemble_parts(ctx, dt.np)
+    return _tree_kernel(ctx, x, arrays, roots, leaves, n_targets, agg, None,
+                        int(ctx.attr("post_transform", 0)), dt)
+
+
+@lowering("TreeEnsembleRegressor", domain=ML)
+def _tree_regressor_lower(ctx, x):
+    dt = ctx.input_types[0].dtype
+    _c_type(ctx, dt)
+    arrays, roots, leaves, n_targets, agg, base = _regressor_parts(ctx, dt.np)
+    return _tree_kernel(ctx, x, arrays, roots, leaves, n_targets, agg, np.asarray(base, np.float64),
+                        ctx.attr("post_transform", "NONE"), DType.float32)
+
+
+def _feature_table(ctx, name: str, default: float, width: int) -> tuple[str, str]:
+    """A per-feature float32 attribute as a C table and the C index to read it with."""
+    v = _per_feature(ctx, name, default, width)
+    return _table(ctx, name, "float", v, DType.float32), ("0" if len(v) == 1 else "j")
+
+
+@lowering("Scaler", domain=ML)
+def _scaler_lower(ctx, x):
+    xt = ctx.input_types[0]
+    _c_type(ctx, xt.dtype)
+    width = xt.shape[-1] if xt.shape else 1
+    off, oi = _feature_table(ctx, "offset", 0.0, width)
+    sc, si = _feature_table(ctx, "scale", 1.0, width)
+    n = math.prod(xt.shape)
+    body = off + sc + f"""  for (int64_t q = 0; q < {n}; ++q) {{
+    const int64_t j = q % {width};
+    const float d = (float)in0[q] - offset[{oi}];
+    out0[q] = d * scale[{si}];
+  }}
+  return 0;"""
+    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)])
+
+
+@lowering("Normalizer", domain=ML)
+def _normalizer_lower(ctx, x):
+    xt = ctx.input_types[0]
+    _c_type(ctx, xt.dtype)
+    if not xt.shape:
+        ctx.fail("Normalizer needs at least one axis", stage="lower")
+    norm = ctx.attr("norm", "MAX")
+    width, rows = xt.shape[-1], math.prod(xt.shape[:-1])
+    step = {"MAX": "{ const float v = fabsf(r[j]); d = (v > d || v != v || d != d) ? (d != d ? d : v) : d; }",
+            "L1": "acc += (double)fabsf(r[j]);",
+            "L2": "{ const float sq = r[j] * r[j]; acc += (double)sq; }"}.get(norm)
+    if step is None:
+        ctx.fail(f"norm must be MAX, L1 or L2, got {norm!r}")
+    finish = {"MAX": "", "L1": "d = (float)acc;", "L2": "d = sqrtf((float)acc);"}[norm]
+    body = f"""  float* r = (float*)malloc(sizeof(float) * ({width} + 1));
+  if (!r) return -1;
+  for (int64_t row = 0; row < {rows}; ++row) {{
+    for (int64_t j = 0; j < {width}; ++j) r[j] = (float)in0[row * {width} + j];
+    float d = -INFINITY;
+    double acc = 0;
+    for (int64_t j = 0; j < {width}; ++j) {step}
+    {finish}
+    for (int64_t j = 0; j < {width}; ++j) out0[row * {width} + j] = d == 0 ? r[j] : r[j] / d;
+  }}
+  free(r);
+  return 0;"""
+    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)])
+
+
+@lowering("Imputer", domain=ML)
+def _imputer_lower(ctx, x):
+    xt = ctx.input_types[0]
+    t = _c_type(ctx, xt.dtype)
+    floats = xt.dtype.is_float
+    fill = np.asarray(ctx.attr("imputed_value_floats" if floats else "imputed_value_int64s"), xt.dtype.np).ravel()
+    bad = ctx.attr("replaced_value_float" if floats else "replaced_value_int64", np.nan if floats else 0)
+    width = xt.shape[-1] if xt.shape else 1
+    if fill.size != 1 and (fill.size != width or not xt.shape):
+        ctx.fail(f"{fill.size} imputed values for {width} features")
+    if floats and math.isnan(bad):
+        hit = "v != v"
+    else:
+        body_bad = _table(ctx, "bad", t, [np.asarray(bad).astype(xt.dtype.np)], xt.dtype)
+        hit = "v == bad[0]"
+    body = (_table(ctx, "fill", t, fill, xt.dtype) + ("" if hit == "v != v" else body_bad) +
+            f"""  for (int64_t q = 0; q < {math.prod(xt.shape)}; ++q) {{
+    const {t} v = in0[q];
+    out0[q] = ({hit}) ? fill[{'0' if fill.size == 1 else f'q % {width}'}] : v;
+  }}
+  return 0;""")
+    return ctx.extern(body, [x], [(ctx.out_shape(), xt.dtype)])
+
+
+@lowering("LinearRegressor", domain=ML)
+def _linear_regressor_lower(ctx, x):
+    xt = ctx.input_types[0]
+    _c_type(ctx, xt.dtype)
+    if xt.rank > 2:
+        ctx.fail(f"X must be 1-D or 2-D, got {xt}", stage="lower")
+    rows, width = (1, xt.shape[0]) if xt.rank == 1 else xt.shape if xt.rank == 2 else (1, 1)
+    n = int(ctx.attr("targets", 1))
+    coef = np.asarray(ctx.attr("coefficients"), np.float32).ravel()
+    if coef.size != n * width:
+        ctx.fail(f"{coef.size} coefficients for {n} targets x {width} features")
+    icpt = np.asarray(ctx.attr("intercepts", [0.0] * n), np.float32).ravel()
+    if icpt.size not in (1, n):
+        ctx.fail(f"{icpt.size} intercepts for {n} targets")
+    body = (_table(ctx, "coef", "float", coef, DType.float32) + _table(ctx, "icpt", "float", icpt, DType.float32) +
+            f"""  double a[{max(n, 1)}];
+  for (int64_t row = 0; row < {rows}; ++row) {{
+    for (int64_t t = 0; t < {n}; ++t) {{
+      double acc = 0;
+      for (int64_t j = 0; j < {width}; ++j) acc += (double)(float)in0[row * {width} + j] * (double)coef[t * {width} + j];
+      a[t] = (double)((float)acc + icpt[{'0' if icpt.size == 1 else 't'}]);
+    }}
+{_c_post_transform(ctx, ctx.attr("post_transform", "NONE"), n)}    for (int64_t t = 0; t < {n}; ++t) out0[row * {n} + t] = (float)a[t];
+  }}
+  return 0;""")
+    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)])
+
+
+@lowering("FeatureVectorizer", domain=ML)
+def _feature_vectorizer_lower(ctx, *xs):
+    dims = [int(d) for d in ctx.attr("inputdimensions")]
+    rows, total = ctx.out_shape()
+    body, col = [], 0
+    for k, (xt, d) in enumerate(zip(ctx.input_types, dims)):
+        _c_type(ctx, xt.dtype)
+        r = 1 if xt.rank <= 1 else xt.shape[0]
+        w = math.prod(xt.shape[1:]) if xt.rank > 1 else math.prod(xt.shape)
+        if r != rows:
+            ctx.fail(f"input {k} has {r} rows, the output {rows}", stage="lower")
+        body.append(f"""  for (int64_t r = 0; r < {rows}; ++r)
+    for (int64_t j = 0; j < {d}; ++j)
+      out0[r * {total} + {col} + j] = j < {w} ? (float)in{k}[r * {w} + j] : 0.0f;
+""")
+        col += d
+    return ctx.extern("".join(body) + "  return 0;", list(xs), [(ctx.out_shape(), DType.float32)])

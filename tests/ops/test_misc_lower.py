@@ -88,7 +88,8 @@ def check_all(cases):
             what = f"case {n} ({node.op} {node.attrs}) output {k}"
             assert g.dtype == w.dtype and g.shape == w.shape, (what, g.dtype, g.shape, w.dtype, w.shape)
             if w.dtype.kind in "fc":
-                scale = max(1.0, float(np.abs(w.astype(np.float64)).max(initial=0)))
+                finite = np.abs(w.astype(np.float64))[np.isfinite(w)]
+                scale = max(1.0, float(finite.max(initial=0)))
                 np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol,
                                            atol=atol * scale, err_msg=what)
             else:
@@ -247,3 +248,142 @@ TRAINING_CASES = [
 
 def test_optimizers():
     check_all(values(TRAINING_CASES))
+
+
+# ---- ai.onnx.ml ----
+
+def _tree_ensemble(n_trees=3, depth=3, n_feat=4, n_targets=2, modes=(0, 1, 2, 3, 4, 5, 6), missing=True,
+                   dtype=np.float32, probabilities=False, **attrs):
+    """Random trees in TreeEnsemble's encoding (splits on small integers, so EQ/MEMBER branch)."""
+    a = {k: [] for k in ("feat", "mode", "split", "tid", "fid", "tleaf", "fleaf", "miss", "lt", "lw", "mem")}
+
+    def build(d):
+        if d == 0 or (d < depth and RNG.random() < 0.25):
+            a["lt"].append(int(RNG.integers(0, n_targets)))
+            a["lw"].append(float(RNG.uniform(0.05, 0.95) if probabilities else RNG.standard_normal()))
+            return len(a["lt"]) - 1, 1
+        k = len(a["feat"])
+        mode = int(RNG.choice(modes))
+        a["feat"].append(int(RNG.integers(0, n_feat)))
+        a["mode"].append(mode)
+        a["split"].append(float(RNG.integers(0, 4)) + (0.5 if mode in (0, 1, 2, 3) and RNG.random() < 0.5 else 0))
+        a["miss"].append(int(missing and RNG.random() < 0.5))
+        for key in ("tid", "fid", "tleaf", "fleaf"):
+            a[key].append(0)
+        if mode == 6:
+            a["mem"] += [float(v) for v in RNG.choice(5, 2, replace=False)] + [np.nan]
+        (a["tid"][k], a["tleaf"][k]), (a["fid"][k], a["fleaf"][k]) = build(d - 1), build(d - 1)
+        return k, 0
+
+    roots = [build(depth)[0] for _ in range(n_trees)]
+    t = lambda v, dt=dtype: numpy_helper.from_array(np.asarray(v, dt))  # noqa: E731
+    attrs = dict(nodes_featureids=a["feat"], nodes_modes=t(a["mode"], np.uint8), nodes_splits=t(a["split"]),
+                 nodes_truenodeids=a["tid"], nodes_falsenodeids=a["fid"], nodes_trueleafs=a["tleaf"],
+                 nodes_falseleafs=a["fleaf"], nodes_missing_value_tracks_true=a["miss"], leaf_targetids=a["lt"],
+                 leaf_weights=t(a["lw"]), tree_roots=roots, n_targets=n_targets, **attrs)
+    if a["mem"]:
+        attrs["membership_values"] = t(a["mem"])
+    x = RNG.integers(0, 5, (7, n_feat)).astype(dtype)
+    x[RNG.random(x.shape) < 0.15] = np.nan
+    return case("TreeEnsemble", [x], attrs, domain=ML, id=f"TreeEnsemble-{attrs.get('aggregate_function')}-"
+                f"{attrs.get('post_transform')}-{np.dtype(dtype).name}")
+
+
+def _tree_regressor(n_trees=3, depth=3, n_feat=3, n_targets=2, agg="SUM", post="NONE", base=None, xdtype=np.float32):
+    """Random trees in TreeEnsembleRegressor's (tree id, node id) encoding; a leaf may feed several targets."""
+    a = {k: [] for k in ("tree", "node", "feat", "mode", "value", "tid", "fid", "miss",
+                         "ttree", "tnode", "tgt", "tw")}
+    for tree in range(n_trees):
+        count = [0]
+
+        def build(d, tree=tree, count=count):
+            k, nid = len(a["tree"]), count[0]
+            count[0] += 1
+            leaf = d == 0 or (d < depth and RNG.random() < 0.25)
+            a["tree"].append(tree)
+            a["node"].append(nid)
+            a["feat"].append(int(RNG.integers(0, n_feat)))
+            a["mode"].append("LEAF" if leaf else str(RNG.choice(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE",
+                                                                 "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"])))
+            a["value"].append(float(RNG.integers(0, 4)) + 0.5 * (RNG.random() < 0.5))
+            a["miss"].append(int(RNG.random() < 0.5))
+            a["tid"].append(0)
+            a["fid"].append(0)
+            if leaf:
+                for tg in RNG.choice(n_targets, int(RNG.integers(1, n_targets + 1)), replace=False):
+                    a["ttree"].append(tree)
+                    a["tnode"].append(nid)
+                    a["tgt"].append(int(tg))
+                    a["tw"].append(float(RNG.standard_normal()))
+            else:
+                a["tid"][k], a["fid"][k] = build(d - 1), build(d - 1)
+            return nid
+
+        build(depth)
+    attrs = dict(nodes_treeids=a["tree"], nodes_nodeids=a["node"], nodes_featureids=a["feat"],
+                 nodes_modes=a["mode"], nodes_values=a["value"], nodes_truenodeids=a["tid"],
+                 nodes_falsenodeids=a["fid"], nodes_missing_value_tracks_true=a["miss"], target_treeids=a["ttree"],
+                 target_nodeids=a["tnode"], target_ids=a["tgt"], target_weights=a["tw"], n_targets=n_targets,
+                 aggregate_function=agg, post_transform=post)
+    if base is not None:
+        attrs["base_values"] = base
+    x = RNG.integers(0, 5, (6, n_feat)).astype(xdtype)
+    if np.dtype(xdtype).kind == "f":
+        x[RNG.random(x.shape) < 0.15] = np.nan
+    return case("TreeEnsembleRegressor", [x], attrs, domain=ML, opset=3, id=f"TreeRegressor-{agg}-{post}")
+
+
+def _t(v, dt):
+    return numpy_helper.from_array(np.asarray(v, dt))
+
+
+_XI = RNG.integers(-3, 4, (4, 5)).astype(np.int64)
+ML_CASES = [
+    case("Binarizer", [rand((3, 4))], {"threshold": 0.1}, domain=ML),
+    case("Binarizer", [_XI], {"threshold": 0.5}, domain=ML, id="Binarizer-int"),
+    case("Binarizer", [rand((5,), np.float64)], domain=ML, id="Binarizer-f64"),
+    case("ArrayFeatureExtractor", [rand((3, 4)), np.array([3, 0, 3], np.int64)], domain=ML),
+    case("ArrayFeatureExtractor", [rand((2, 3, 5)), np.array([[4], [1]], np.int64)], domain=ML, id="AFE-3d"),
+    case("ArrayFeatureExtractor", [_XI[0], np.array([2], np.int64)], domain=ML, id="AFE-1d"),
+    case("LabelEncoder", [_XI], {"keys_int64s": [3, -2, 0, 3], "values_floats": [1.5, -2.0, 7.0, 9.0],
+                                 "default_float": -1.0}, domain=ML, id="LabelEncoder-int-float"),
+    case("LabelEncoder", [np.array([0.5, np.nan, -0.0, 2.0, 3.0, 1.0], np.float32)],
+         {"keys_floats": [1.0, np.nan, 0.0, 0.5], "values_int64s": [10, 20, 30, 40]}, domain=ML,
+         id="LabelEncoder-float-int-nan"),
+    case("LabelEncoder", [np.array([[1, 5], [2, 9]], np.int32)],
+         {"keys_tensor": _t([5, 1, 7], np.int32), "values_tensor": _t([0.25, 0.5, 0.75], np.float64),
+          "default_tensor": _t([-3.0], np.float64)}, domain=ML, opset=4, id="LabelEncoder-tensors"),
+    case("LabelEncoder", [_XI], {"keys_tensor": _t([], np.int64), "values_tensor": _t([], np.int64)}, domain=ML,
+         opset=4, id="LabelEncoder-no-keys"),
+    _tree_ensemble(),
+    _tree_ensemble(aggregate_function=0, post_transform=2, n_targets=3, depth=4),
+    _tree_ensemble(aggregate_function=2, post_transform=1, n_trees=4),
+    _tree_ensemble(aggregate_function=3, post_transform=3, dtype=np.float64, missing=False),
+    _tree_ensemble(n_targets=1, n_trees=1, depth=3, post_transform=4, modes=(0, 6), probabilities=True),
+    _tree_regressor(),
+    _tree_regressor(agg="AVERAGE", post="LOGISTIC", base=[0.5, -0.5]),
+    _tree_regressor(agg="MIN", post="SOFTMAX", base=[1.0], n_targets=3),
+    _tree_regressor(agg="MAX", post="SOFTMAX_ZERO", xdtype=np.int64),
+    _tree_regressor(agg="SUM", post="PROBIT", n_targets=1, depth=2),
+    case("Scaler", [rand((3, 4))], {"offset": [0.5, -1.0, 2.0, 0.0], "scale": [2.0]}, domain=ML),
+    case("Scaler", [_XI], {"offset": [1.0], "scale": [0.5, 1.0, 2.0, 3.0, -1.0]}, domain=ML, id="Scaler-int"),
+    *[case("Normalizer", [x], {"norm": n}, domain=ML, id=f"Normalizer-{n}")
+      for n, x in (("MAX", rand((4, 5))), ("L1", np.vstack([rand((3, 6)), np.zeros((1, 6), np.float32)])),
+                   ("L2", rand((7,), np.float64)))],
+    case("Imputer", [np.where(RNG.random((4, 3)) < 0.3, np.nan, rand((4, 3)))],
+         {"imputed_value_floats": [1.0, 2.0, 3.0]}, domain=ML, id="Imputer-nan"),
+    case("Imputer", [np.round(rand((4, 3)))], {"imputed_value_floats": [9.0], "replaced_value_float": 0.0},
+         domain=ML, id="Imputer-value"),
+    case("Imputer", [_XI], {"imputed_value_int64s": [7], "replaced_value_int64": 1}, domain=ML, id="Imputer-int"),
+    *[case("LinearRegressor", [rand((5, 3))], {"coefficients": list(rand(6)), "intercepts": [0.5, -1.0],
+                                               "targets": 2, "post_transform": post}, domain=ML,
+           id=f"LinearRegressor-{post}") for post in ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO")],
+    case("LinearRegressor", [rand((3,))], {"coefficients": [0.1, 0.2, 0.3], "post_transform": "PROBIT"},
+         domain=ML, id="LinearRegressor-1d-probit", rtol=1e-4),
+    case("FeatureVectorizer", [rand((3, 2)), _XI[:3], rand((3, 2, 2), np.float64)], {"inputdimensions": [3, 2, 4]},
+         domain=ML),
+]
+
+
+def test_ml():
+    check_all(values(ML_CASES))
