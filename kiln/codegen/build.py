@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.codegen.c import emit_c, func_symbol
+from kiln.codegen.c import emit_c, emit_c_units, func_symbol
 from kiln.codegen.cpu import cpu_features
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
 
@@ -53,35 +53,50 @@ def compiler_version(cc: tuple) -> str:
     return r.stdout.strip()
 
 
-def compile_c(source: str, cc: str | None = None, cflags=None) -> Path:
-    """Build `source` into a shared library (or find it in the cache); returns its path."""
+def compile_c(source: str | list[str], cc: str | None = None, cflags=None) -> Path:
+    """Build C source (one text, or several translation units compiled in parallel and
+    linked) into a shared library, or find it in the cache; returns its path."""
+    units = [source] if isinstance(source, str) else list(source)
     cmd, flags = _cc(cc), _flags(cflags)
     native = any("native" in f for f in flags)
-    key = hashlib.sha256("\0".join([source, *cmd, *flags, compiler_version(tuple(cmd)),
+    key = hashlib.sha256("\0".join([*units, *cmd, *flags, compiler_version(tuple(cmd)),
                                     ",".join(sorted(cpu_features())) if native else ""]).encode()).hexdigest()[:40]
     out_dir = cache_dir() / "c"
     so = out_dir / f"{key}.so"
     if so.exists():
         return so
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, src_tmp = tempfile.mkstemp(suffix=".c", prefix=f".{key}.", dir=out_dir)
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    fd, so_tmp = tempfile.mkstemp(suffix=".so", prefix=f".{key}.", dir=out_dir)
-    os.close(fd)
-    try:
-        r = subprocess.run([*cmd, *flags, "-o", so_tmp, src_tmp, "-lm"], capture_output=True, text=True)
-        if r.returncode != 0:
-            tail = (r.stderr or r.stdout)[-3000:]
-            raise KilnError(f"C compiler failed (exit {r.returncode}): {' '.join(cmd + flags)}\n{tail}",
-                            stage="codegen")
-        os.replace(src_tmp, out_dir / f"{key}.c")
+    with tempfile.TemporaryDirectory(prefix=f".{key}.", dir=out_dir) as tmp:
+        srcs = []
+        for i, text in enumerate(units):
+            srcs.append(os.path.join(tmp, f"unit{i}.c"))
+            with open(srcs[-1], "w") as f:
+                f.write(text)
+        so_tmp = os.path.join(tmp, "module.so")
+        if len(srcs) == 1:
+            _run([*cmd, *flags, "-o", so_tmp, srcs[0], "-lm"], cmd + flags)
+        else:
+            objs = [s[:-2] + ".o" for s in srcs]
+            procs = [(subprocess.Popen([*cmd, *flags, "-c", "-o", o, s], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True), s) for s, o in zip(srcs, objs)]
+            for p, _ in procs:
+                out, err = p.communicate()
+                if p.returncode != 0:
+                    raise KilnError(f"C compiler failed (exit {p.returncode}): {' '.join(cmd + flags)}\n"
+                                    f"{(err or out)[-3000:]}", stage="codegen")
+            _run([*cmd, *flags, "-o", so_tmp, *objs, "-lm"], cmd + flags)
+        with open(out_dir / f"{key}.c", "w") as f:
+            f.write("\n/* ---- next translation unit ---- */\n".join(units))
         os.replace(so_tmp, so)
-    finally:
-        for p in (src_tmp, so_tmp):
-            if os.path.exists(p):
-                os.unlink(p)
     return so
+
+
+def _run(argv: list, shown: list) -> None:
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout)[-3000:]
+        raise KilnError(f"C compiler failed (exit {r.returncode}): {' '.join(shown)}\n{tail}",
+                        stage="codegen")
 
 
 class Kernel:
@@ -138,5 +153,5 @@ def build_c(module: LoopModule | PrimFunc, cc: str | None = None, cflags=None) -
     """Emit, compile (cached) and load a module; flags default to $KILN_CFLAGS or -O3 -march=native -fopenmp."""
     if isinstance(module, (PrimFunc, ExternFunc)):
         module = LoopModule([module])
-    source = emit_c(module)
-    return CModule(module, source, compile_c(source, cc, cflags))
+    units = emit_c_units(module, os.cpu_count() or 1) if len(module.funcs) > 4 else [emit_c(module)]
+    return CModule(module, "\n".join(units), compile_c(units, cc, cflags))

@@ -405,15 +405,31 @@ def _extern_signature(f: S.ExternFunc) -> str:
     return f"int32_t {func_symbol(f.name)}({params or 'void'})"
 
 
-def emit_c(module: S.LoopModule) -> str:
-    """The C source of a whole module: prelude, helpers, prototypes, kernels."""
+def _emit(module: S.LoopModule) -> tuple[str, list[str]]:
+    """(shared header: prelude, helpers, prototypes; one source text per function)."""
     em = _Emitter(module)
     bodies = [[_extern_signature(f) + " {", f.c_body, "}"] if isinstance(f, S.ExternFunc) else em.func(f)
               for f in module.funcs]
     protos = [(_extern_signature(f) if isinstance(f, S.ExternFunc) else em.signature(f, _Names())) + ";"
               for f in module.funcs]
-    parts = [PRELUDE, *helper_source(em.narrow), *em.helpers.values(), "", *protos, ""]
-    for b in bodies:
-        parts += b + [""]
-    return "\n".join(parts)
+    header = "\n".join([PRELUDE, *helper_source(em.narrow), *em.helpers.values(), "", *protos, ""])
+    return header, ["\n".join(b) + "\n" for b in bodies]
+
+
+def emit_c(module: S.LoopModule) -> str:
+    """The C source of a whole module: prelude, helpers, prototypes, kernels."""
+    header, bodies = _emit(module)
+    return "\n".join([header, *bodies])
+
+
+def emit_c_units(module: S.LoopModule, n: int) -> list[str]:
+    """The module as up to `n` translation units of similar size, to compile in parallel."""
+    header, bodies = _emit(module)
+    units: list[list[str]] = [[] for _ in range(max(1, min(n, len(bodies))))]
+    sizes = [0] * len(units)
+    for b in sorted(bodies, key=len, reverse=True):
+        k = sizes.index(min(sizes))
+        units[k].append(b)
+        sizes[k] += len(b)
+    return ["\n".join([header, *u]) for u in units]
 

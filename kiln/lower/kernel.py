@@ -20,6 +20,7 @@ from kiln.loops import Buffer, PrimFunc, Schedule, Tensor, compute, lower, place
 from kiln.loops.stmt import ExternFunc
 from kiln.lower.schedules import default_schedule
 from kiln.ops.registry import LowerCtx, lookup
+from kiln.passes.fusion import Kind, kind_of
 
 
 def lowerable(node: Node) -> bool:
@@ -108,8 +109,8 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
             if v is not None:
                 tensors[v.id] = t
             produced.append((v, t))
-        if node is nodes[-1]:
-            schedule_fn = ctx.schedule_fn
+        if node is nodes[0]:
+            schedule_fn = ctx.schedule_fn  # the group's anchor (an epilogue follows it)
     last = nodes[-1]
     outputs = produced if len(nodes) == 1 else [
         (v, t) for v, t in produced
@@ -124,7 +125,10 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
         if len(nodes) > 1 and st.tensor not in out_tensors and not st.reduce_axis \
                 and any(st.tensor is t for _, t in produced):
             st.compute_inline()  # a member's result read by the next member: one loop nest
-    (schedule_fn if schedule_fn is not None and len(nodes) == 1 else default_schedule)(sch, out_tensors)
+    # one node: its own schedule; a group: its anchor's, which then tiles the fused
+    # epilogue's loops (kiln.passes.fusion only fuses into anchors that can), else default
+    anchored = len(nodes) == 1 or kind_of(nodes[0]) == Kind.OUT_FUSABLE
+    (schedule_fn if schedule_fn is not None and anchored else default_schedule)(sch, out_tensors)
     params = [tensors[v.id] for v in group_inputs] + out_tensors
     return Kernel(lower(sch, params, name), group_inputs, [v for v, _ in outputs], list(nodes))
 

@@ -96,10 +96,11 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
                             "shapes (bind symbolic dims first)", stage="lower")
     funcs: list = []
     steps: list[tuple[str, list[Value | Buffer], str]] = []  # (func, per-param value or scratch, what)
-    fusion = partition(graph, fuse_anchors=False)
+    fusion = partition(graph, fuse_anchors=True)
     consumers = graph.consumers()
     outputs_ids = {v.id for v in graph.outputs}
     alias: dict[int, Value] = {}   # a view op's output -> the value whose bytes it reuses
+    seen: dict[str, str] = {}      # kernel text (name left out) -> the kernel already emitted
     for group in fusion.groups:
         inside = {id(n) for n in group.nodes}
         if len(group.nodes) == 1 and _is_view(group.nodes[0]):
@@ -111,12 +112,12 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
             return v.id in outputs_ids or any(id(c) not in inside for c in consumers.get(v.id, []))
 
         for kernel in _lower_group_or_split(graph, group.nodes, known, needed_outside, len(funcs)):
-            funcs.append(kernel.func)
+            name = _dedup(kernel.func, funcs, seen)
             n_in = len(kernel.inputs)
             outs = [v if v is not None else Buffer(f"scratch{len(funcs)}_{j}", p.dtype, tuple(p.shape))
                     for j, (v, p) in enumerate(zip(kernel.outputs, kernel.func.params[n_in:]))]
             what = " + ".join(f"{n.op} node {n.name!r}" for n in kernel.nodes)
-            steps.append((kernel.func.name, list(kernel.inputs) + outs, what))
+            steps.append((name, list(kernel.inputs) + outs, what))
     # steps read a view's root value instead of the view (same bytes, no copy)
     steps = [(name, [alias.get(a.id, a) if isinstance(a, Value) else a for a in args], what)
              for name, args, what in steps]
@@ -196,6 +197,15 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     module = LoopModule(funcs + [entry], entry=ENTRY)
     return LoweredModule(module, list(graph.inputs), list(graph.outputs), weights,
                          int(abuf.shape[0]), plan, [d for _, _, d in steps], fusion, offsets)
+
+
+def _dedup(func, funcs: list, seen: dict[str, str]) -> str:
+    """Identical kernels (same code, other buffers: repeated layers) are emitted once."""
+    text = str(func).replace(func.name, "", 1)
+    if text not in seen:
+        seen[text] = func.name
+        funcs.append(func)
+    return seen[text]
 
 
 _VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}

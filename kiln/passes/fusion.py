@@ -43,6 +43,9 @@ KINDS = {**{o: Kind.ELEMWISE for o in _ELEMWISE}, **{o: Kind.BROADCAST for o in 
          **{o: Kind.INJECTIVE for o in _INJECTIVE}, **{o: Kind.REDUCTION for o in _REDUCTION},
          **{o: Kind.OUT_FUSABLE for o in _OUT_FUSABLE}}
 
+# Anchors whose lowering's schedule tiles a fused elementwise epilogue (kiln.lower.gemm)
+EPILOGUE_ANCHORS = {"MatMul", "Gemm"}
+
 MAX_GROUP = 16  # nodes per group: long chains compile slowly and gain little more
 
 
@@ -133,6 +136,8 @@ def _refuse(n: Node, k: Kind, v: Value, p: Node, g: Group, consumers, outputs, f
     if g.kind == Kind.OUT_FUSABLE:
         if not fuse_anchors:
             return f"anchor {g.anchor.op} epilogue fusion is off"
+        if g.anchor.op not in EPILOGUE_ANCHORS:
+            return f"{g.anchor.op}'s schedule does not take an epilogue yet"
         if k > Kind.BROADCAST or not _same_shape(v, n.outputs[0]):
             return "only same-shape elementwise epilogues fuse into an anchor"
     if g.kind == Kind.OPAQUE:
