@@ -387,3 +387,34 @@ ML_CASES = [
 
 def test_ml():
     check_all(values(ML_CASES))
+
+
+# ---- random: seeded draws equal the reference's; unseeded ones are fresh per call ----
+
+RANDOM_CASES = [
+    case("RandomUniform", [], {"shape": [3, 5], "seed": 3.0, "low": -2.0, "high": 5.0}),
+    case("RandomUniform", [], {"shape": [7], "seed": 0.5, "dtype": 11}, id="RandomUniform-f64"),
+    case("RandomUniformLike", [rand((4, 3), np.float16)], {"seed": 1.0}, id="RandomUniformLike-f16"),
+    case("Bernoulli", [RNG.random((5, 6)).astype(np.float32)], {"seed": 2.0}),
+    case("Bernoulli", [RNG.random((9,))], {"seed": 7.0, "dtype": 7}, id="Bernoulli-int64"),
+    case("Multinomial", [rand((3, 5))], {"seed": 4.0, "sample_size": 20}),
+    case("Multinomial", [rand((2, 4), np.float64)], {"seed": 5.0, "sample_size": 3, "dtype": 7},
+         id="Multinomial-int64"),
+]
+
+
+def test_seeded_random_draws_match_the_reference():
+    check_all(values(RANDOM_CASES))
+
+
+def test_unseeded_random_draws_differ_per_call():
+    model, _, _, _ = case("RandomUniformLike", [rand((64,))], {"low": 1.0, "high": 2.0}).values
+    _, func = _lower(model, "u")
+    mod = build_c(LoopModule([func]))
+    draws = []
+    for _ in range(2):
+        out = np.zeros(64, np.float32)
+        mod["u"](rand((64,)), out)
+        assert ((out >= 1) & (out <= 2)).all() and len(np.unique(out)) > 60
+        draws.append(out)
+    assert not np.array_equal(*draws)
