@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.runtime import native as _native  # noqa: F401  (sets the OpenMP wait policy before libraries load)
 from kiln.codegen.c import emit_c, emit_c_units, func_symbol
 from kiln.codegen.cpu import cpu_features
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
