@@ -44,6 +44,15 @@ def compile(model: Any, target: str = "cpu", *, opt_level: int = 2, report: bool
         compiled = CpuModel(graph, [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs])
     if report:
         compiled.report = CompileReport(opt_level, stats)
+        info = compiled.build_info() if target == "cpu" else None
+        if info is not None:
+            r = compiled.report
+            r.fused_groups = list(info["calls"])
+            r.why_not_fused = list(info.get("why_not_fused", []))
+            r.kernels = len(info["calls"])
+            r.arena_bytes = info.get("arena_bytes")
+            r.intermediate_bytes = info.get("intermediate_bytes")
+            r.arena_peak_live_bytes = info.get("arena_peak_live_bytes")
     return compiled
 
 

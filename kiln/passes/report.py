@@ -19,6 +19,7 @@ class CompileReport:
     arena_bytes: int | None = None                            # planned intermediate memory
     intermediate_bytes: int | None = None                     # sum of all intermediate tensors
     kernels: int | None = None                                # kernels launched per inference
+    arena_peak_live_bytes: int | None = None                  # most bytes live at once (a lower bound)
 
     @property
     def findings(self) -> list[Any]:
@@ -31,6 +32,12 @@ class CompileReport:
             lines.append(f"  kernels per inference: {self.kernels}")
         if self.arena_bytes is not None:
             lines.append(f"  arena: {self.arena_bytes} bytes"
-                         + (f" (all intermediates: {self.intermediate_bytes})"
-                            if self.intermediate_bytes is not None else ""))
+                         + (f" (peak live {self.arena_peak_live_bytes}; all intermediates: "
+                            f"{self.intermediate_bytes})" if self.intermediate_bytes is not None else ""))
+        if self.fused_groups:
+            lines.append("  kernels (fused groups, in call order):")
+            lines += [f"    {k:3d}  {g}" for k, g in enumerate(self.fused_groups)]
+        if self.why_not_fused:
+            lines.append(f"  not fused ({len(self.why_not_fused)}):")
+            lines += [f"    {w}" for w in self.why_not_fused]
         return "\n".join(lines)

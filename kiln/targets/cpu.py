@@ -30,6 +30,10 @@ class CpuModel(CompiledModel):
                for s in inputs):
             self.program.prepare([tuple(s.shape) for s in inputs])  # build now: compile time is compile()'s
 
+    def build_info(self) -> dict | None:
+        """The manifest of the first whole-graph native module built (None if none yet)."""
+        return next((r.info for r in self.program.runners.values() if hasattr(r, "info")), None)
+
     @property
     def specializations(self) -> int:
         """Native modules built so far (one per shape key, plus stages)."""
@@ -105,9 +109,11 @@ def build_static(graph: Graph, known):
     for index, offset in manifest["weights"]:
         raw = np.ascontiguousarray(consts[index].const).view(np.uint8).reshape(-1)
         blob[offset:offset + raw.size] = raw
-    return NativeModule(manifest["library"], manifest["entry"],
-                        [(tuple(s), d) for s, d in manifest["outputs"]], blob,
-                        manifest["workspace_bytes"], manifest["calls"])
+    module = NativeModule(manifest["library"], manifest["entry"],
+                          [(tuple(s), d) for s, d in manifest["outputs"]], blob,
+                          manifest["workspace_bytes"], manifest["calls"])
+    module.info = manifest  # what was built: kernels, fused groups, arena (for reports)
+    return module
 
 
 def _lower_and_build(graph: Graph, known) -> dict:
@@ -121,7 +127,10 @@ def _lower_and_build(graph: Graph, known) -> dict:
             "weights_bytes": int(lm.weights.size),
             "weights": [[index[vid], off] for vid, off in lm.weight_offsets.items()],
             "workspace_bytes": lm.workspace_bytes, "calls": lm.call_nodes,
-            "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena)}
+            "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena),
+            "arena_bytes": lm.arena.total, "arena_peak_live_bytes": lm.arena.lower_bound,
+            "intermediate_bytes": lm.arena.unshared,
+            "why_not_fused": lm.fusion.why_not if lm.fusion else []}
 
 
 def _first_break(graph: Graph) -> int:
