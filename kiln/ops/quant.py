@@ -112,9 +112,9 @@ def dynamic_quantize_linear(ctx: RunCtx, x):
 
 # ==== native lowerings (target "cpu") ====
 #
-# Integer targets only (int8/uint8/int16/uint16/int32/...): the C backend has no
-# float8/float4/int4 types. Scales and zero points are read at run time, indexed
-# per tensor, per axis or per block exactly as `_expand` broadcasts them.
+# Scales and zero points are read at run time, indexed per tensor, per axis or per
+# block exactly as `_expand` broadcasts them. Narrow targets (int4, float8, float4)
+# are C storage dtypes: the final cast rounds as ml_dtypes does.
 
 _F32, _F64 = DType.float32, DType.float64
 
@@ -132,12 +132,6 @@ def _param_at(ctx: LowerCtx, p, shape: tuple, axis: int, block: int):
     return lambda i: p[tuple(j // block if d == axis else j for d, j in enumerate(i))]
 
 
-def _int_target(ctx: LowerCtx, dt: DType):
-    if not dt.is_int or dt.c is None:
-        ctx.fail(f"quantization to {dt} has no native code (integer targets with a C type only)")
-    return np.iinfo(dt.np)
-
-
 def _clamp(v, lo, hi):
     return min_(max_(v, const(lo, v.dtype)), const(hi, v.dtype))
 
@@ -145,17 +139,25 @@ def _clamp(v, lo, hi):
 @lowering("QuantizeLinear")
 def _quantize_lower(ctx: LowerCtx, x, y_scale, y_zero_point=None):
     """saturate(rint(x / scale) + zero_point): the division in the reference's promoted
-    type (or `precision`), rounding half-to-even (rint), the rest in float64."""
+    type (or `precision`), rounding half-to-even (rint; float targets round in the cast),
+    the rest in float64."""
     shape, out = tuple(x.shape), ctx.out_dtype(0)
-    info = _int_target(ctx, out)
     args = (shape, ctx.attr("axis", 1), ctx.attr("block_size", 0))
     scale, zp = _param_at(ctx, y_scale, *args), _param_at(ctx, y_zero_point, *args)
     precision = ctx.attr("precision", 0)
     div = DType.from_onnx(precision) if precision else DType.from_numpy(np.result_type(x.dtype.np, y_scale.dtype.np))
+    if out.is_int:  # round half to even, add the zero point, saturate
+        info = ml_dtypes.iinfo(out.np)
+        bounds = (info.min, info.max)
+    else:  # float8 saturates to its finite range when asked; float4's own cast saturates
+        finite = ctx.attr("saturate", 1) and out.itemsize == 1 and out is not DType.float4e2m1
+        bounds = (float(ml_dtypes.finfo(out.np).min), float(ml_dtypes.finfo(out.np).max)) if finite else None
 
     def body(*i):
-        q = call("round", cast(_F64, cast(div, x[i]) / cast(div, scale(i))))
-        return cast(out, _clamp(q + cast(_F64, zp(i)) if zp else q, info.min, info.max))
+        q = cast(_F64, cast(div, x[i]) / cast(div, scale(i)))
+        q = call("round", q) if out.is_int else q
+        q = q + cast(_F64, zp(i)) if zp else q
+        return cast(out, _clamp(q, *bounds) if bounds else q)
     y = compute(shape, body, "y")
     ctx.schedule(lambda sch, outs: schedule_stages(sch, {}))
     return y
