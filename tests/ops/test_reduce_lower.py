@@ -144,6 +144,10 @@ REDUCE += [Case(op, X.astype(dt) if op != "Hardmax" else rand((3, 4, 5), dt, 0, 
                 rtol=1e-3 if dt == F16 else 1e-5)
            for op in ("Softmax", "LogSoftmax", "Hardmax") for dt in (F32, F64, F16)
            for o, a in [(13, -1), (13, 1), (13, 0), (11, 1), (11, 0), (11, 3), (11, -1)]]
+BF16 = DType.bfloat16.np
+REDUCE += [Case(op, rand((3, 4, 5), BF16), opset=13, axis=1, rtol=1e-2)  # a storage-only dtype
+           for op in ("Softmax", "LogSoftmax", "ArgMax")]
+REDUCE += [Case(op, rand((3, 4, 5), BF16), axes(1), consts=[1], rtol=1e-2) for op in ("ReduceSum", "ReduceMax")]
 REDUCE += [Case("Softmax", rand((2, 4, 128, 128)), opset=13, axis=-1),
            Case("LogSoftmax", rand((2, 4, 8, 64)), opset=13, axis=1)]
 REDUCE += [Case(op, rand((3, 4, 5), dt, 1, 3) if dt != F32 else rand((3, 4, 5), dt, 0.5, 1.5),
