@@ -38,11 +38,36 @@ def _cc(cc: str | None) -> list:
     return shlex.split(cc or os.environ.get("KILN_CC") or "cc")
 
 
-def _flags(cflags) -> list:
+def _flags(cflags, cc: list | None = None) -> list:
     if cflags is None:
         cflags = os.environ.get("KILN_CFLAGS") or DEFAULT_CFLAGS
     flags = shlex.split(cflags) if isinstance(cflags, str) else list(cflags)
-    return flags + [f for f in _REQUIRED if f not in flags]
+    flags = flags + [f for f in _REQUIRED if f not in flags]
+    if "-fopenmp" in flags and _has_libmvec(tuple(cc or _cc(None)), tuple(flags)):
+        flags.append("-DKILN_MVEC")
+    return flags
+
+
+def _libs(flags: list) -> list:
+    return ["-lmvec", "-lm"] if "-DKILN_MVEC" in flags else ["-lm"]
+
+
+@functools.lru_cache(maxsize=None)
+def _has_libmvec(cc: tuple, flags: tuple) -> bool:
+    """Whether glibc's vector math library links with every function kiln declares simd."""
+    from kiln.codegen.c import PRELUDE
+    src = PRELUDE + "void kiln_probe(float* restrict a, int n) {\n#pragma omp simd\n" \
+        "  for (int i = 0; i < n; ++i) a[i] = expf(a[i]) + tanhf(a[i]);\n}\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        c = os.path.join(tmp, "probe.c")
+        with open(c, "w") as f:
+            f.write(src)
+        try:
+            r = subprocess.run([*cc, *flags, "-DKILN_MVEC", "-o", os.path.join(tmp, "p.so"), c,
+                                "-lmvec", "-lm", "-Wl,--no-undefined"], capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return r.returncode == 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +83,8 @@ def compile_c(source: str | list[str], cc: str | None = None, cflags=None) -> Pa
     """Build C source (one text, or several translation units compiled in parallel and
     linked) into a shared library, or find it in the cache; returns its path."""
     units = [source] if isinstance(source, str) else list(source)
-    cmd, flags = _cc(cc), _flags(cflags)
+    cmd = _cc(cc)
+    flags = _flags(cflags, cmd)
     native = any("native" in f for f in flags)
     key = hashlib.sha256("\0".join([*units, *cmd, *flags, compiler_version(tuple(cmd)),
                                     ",".join(sorted(cpu_features())) if native else ""]).encode()).hexdigest()[:40]
@@ -75,7 +101,7 @@ def compile_c(source: str | list[str], cc: str | None = None, cflags=None) -> Pa
                 f.write(text)
         so_tmp = os.path.join(tmp, "module.so")
         if len(srcs) == 1:
-            _run([*cmd, *flags, "-o", so_tmp, srcs[0], "-lm"], cmd + flags)
+            _run([*cmd, *flags, "-o", so_tmp, srcs[0], *_libs(flags)], cmd + flags)
         else:
             objs = [s[:-2] + ".o" for s in srcs]
             procs = [(subprocess.Popen([*cmd, *flags, "-c", "-o", o, s], stdout=subprocess.PIPE,
@@ -85,7 +111,7 @@ def compile_c(source: str | list[str], cc: str | None = None, cflags=None) -> Pa
                 if p.returncode != 0:
                     raise KilnError(f"C compiler failed (exit {p.returncode}): {' '.join(cmd + flags)}\n"
                                     f"{(err or out)[-3000:]}", stage="codegen")
-            _run([*cmd, *flags, "-o", so_tmp, *objs, "-lm"], cmd + flags)
+            _run([*cmd, *flags, "-o", so_tmp, *objs, *_libs(flags)], cmd + flags)
         with open(out_dir / f"{key}.c", "w") as f:
             f.write("\n/* ---- next translation unit ---- */\n".join(units))
         os.replace(so_tmp, so)

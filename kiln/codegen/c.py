@@ -42,17 +42,28 @@ _MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf
          "fabs": "fabs", "floor": "floor", "ceil": "ceil", "round": "rint", "fmod": "fmod",
          "log2": "log2", "exp2": "exp2", "trunc": "trunc", "atan2": "atan2"}
 
-PRELUDE = """#include <stdint.h>
+# glibc's vector math (libmvec): declared `simd` so `#pragma omp simd` loops call the
+# 4/8/16-lane variants (<= 4 ulp) instead of one scalar call per element; only when
+# the build found libmvec (kiln.codegen.build adds -DKILN_MVEC -lmvec).
+MVEC_FUNCS = ("exp log sin cos tan pow tanh erf expm1 log1p exp2 log2 log10 asin acos atan "
+              "sinh cosh asinh acosh atanh atan2").split()
+MVEC_DECLS = "".join(
+    f"#pragma omp declare simd notinbranch\n{t} {f}{sfx}({', '.join([t] * (2 if f in ('pow', 'atan2') else 1))});\n"
+    for f in MVEC_FUNCS for t, sfx in (("float", "f"), ("double", "")))
+
+PRELUDE = ("""#include <stdint.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#ifdef KILN_MVEC
+""" + MVEC_DECLS + """#endif
 #define KILN_FLOORDIV(T, a, b) ({ T q_ = (a), d_ = (b), r_ = q_ % d_; q_ = q_ / d_; \\
   (r_ != 0 && ((r_ < 0) != (d_ < 0))) ? q_ - 1 : q_; })
 #define KILN_FLOORMOD(T, a, b) ({ T m_ = (a), e_ = (b), s_ = m_ % e_; \\
   (s_ != 0 && ((s_ < 0) != (e_ < 0))) ? s_ + e_ : s_; })
 static inline void* kiln_alloc(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
-"""
+""")
 
 
 @dataclass(frozen=True)
