@@ -143,6 +143,10 @@ RNN_CASES = [rnn_case(kind, **kw) for kind in ("RNN", "GRU", "LSTM") for kw in (
              activation_alpha=[0.2], activation_beta=[0.5], lens=[1, 4, 2]),
     rnn_case("LSTM", outputs=["", "", "yc"], hs=7, inp=3),
     rnn_case("LSTM", outputs=["", "yh"], seq=1, batch=1, hs=1, inp=1),
+    # sizes past the kernels' vector blocks (16 floats, 8 doubles), with ragged tails
+    *[rnn_case(kind, seq=6, batch=5, inp=17, hs=20, nd=2, lens=[6, 3, 0, 5, 1]) for kind in ("RNN", "GRU", "LSTM")],
+    rnn_case("GRU", seq=3, batch=2, inp=9, hs=9, dtype=np.float64, linear_before_reset=1),
+    rnn_case("LSTM", seq=2, batch=3, inp=33, hs=16, peep=True, h0=True, c0=True, layout=1),
 ]
 
 
