@@ -289,7 +289,8 @@ def _dft_lower(ctx, x, *rest):
     want_m = "n / 2 + 1" if onesided and not inverse else "n"
     irfft = inverse and onesided
     lines = max(math.prod(dims[:-1]), 1)
-    par = "  #pragma omp parallel for schedule(static)\n" if lines > 1 and math.prod(odims) * max(dims[:-1], default=1) > 1 << 16 else ""
+    work = math.prod(odims[:-1]) * max(dims[:-1], default=1)  # multiply-adds, about
+    par = "  #pragma omp parallel for schedule(static)\n" if lines > 1 and work > 1 << 16 else ""
     if irfft:
         inner_loop = """      double s = 0;
       if (nin > 0) s = (double)in0[base];

@@ -173,6 +173,7 @@ SIGNAL_CASES = [
     case("DFT", [rand((3, 16, 2), np.float64), None, C(0)], {"onesided": 1}, opset=20, id="DFT-f64", **SIG),
     case("DFT", [rand((4, 6, 1), np.float16)], opset=20, id="DFT-f16", rtol=1e-2, atol=1e-2),
     case("DFT", [rand((0, 4, 2))], opset=20, id="DFT-empty-batch"),
+    case("DFT", [rand((4, 300, 1))], {"onesided": 1}, opset=20, id="DFT-parallel-lines", **SIG),
     case("STFT", [rand((2, 32, 1)), C(4), rand((8,))], id="STFT-window", **SIG),
     case("STFT", [rand((1, 30, 2)), C(5), None, C(9)], {"onesided": 0}, id="STFT-complex-two-sided", **SIG),
     case("STFT", [rand((3, 20, 1), np.float64), C(3), rand((6,), np.float64), C(6)], id="STFT-f64", **SIG),
