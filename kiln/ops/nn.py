@@ -11,6 +11,7 @@ Half-precision inputs are computed in float32 and cast back.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -768,16 +769,82 @@ def _acc_dtype(dt: DType) -> DType:
     return DType.float32 if dt in (DType.float16, DType.bfloat16) else dt
 
 
-def _conv_knobs(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict) -> tuple[int, int]:
-    """Register block: (output channels, vectors along q) sized to the register file."""
+@dataclass
+class ConvPlan:
+    """How a convolution is tiled (see conv_native)."""
+    oct: int          # output channels per register block
+    qv: int           # vectors along q per register block
+    qt: int           # q per register block (qv * lanes)
+    rows: int         # output rows (first spatial dim) per tile
+    block: int        # q computed per tile (whole register blocks; may overlap the next tile)
+    q_alloc: int      # q extent of the accumulator (last tile's end)
+    ocb: int          # output channels per tile (a multiple of oct)
+    direct: bool      # read the input in place (no padded plane)
+
+
+ACC_TILE_BYTES = 256 << 10   # a tile's accumulator block stays in L2
+CONV_KNOBS: dict = {}        # overrides for experiments and tests: oct, qv, rows, ocb
+
+
+def plan_conv(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict | None = None,
+              threads: int | None = None) -> ConvPlan:
+    """Register block and tile sizes: heuristics over the register file and the shapes.
+
+    A tile is (image, block of output rows, block of output channels); its accumulator is
+    local. Rows per tile are chosen so that the tile's q range is whole register blocks with
+    little overlap; channels per tile so that there are a few tiles per thread.
+    """
+    knobs = {**CONV_KNOBS, **(knobs or {})}
     big = lanes * acc_bytes >= 64           # AVX-512: 32 vector registers, else 16
+    threads = threads or os.cpu_count() or 1
+    rowlen, oh = g.pstr[0], g.out[0]
+    inner_span = sum((o - 1) * p for o, p in zip(g.out[1:], g.pstr[1:])) + 1
+
+    def span(r):                            # flat q extent of r output rows
+        return (r - 1) * rowlen + inner_span
+    # register blocks (channels, vectors) and their relative cost per useful FMA: enough
+    # independent accumulators to cover the FMA latency, few loads per FMA (measured)
     if g.ocg < 4:                           # depthwise-like: one channel, a long run of q
-        oct_, qv = 1, (4 if big else 2)
+        blocks = [(1, 4, 1.0)] if big else [(1, 2, 1.0)]
+    elif big:
+        blocks = [(8, 3, 1.0), (4, 4, 1.05), (8, 2, 1.08), (16, 1, 1.12), (4, 2, 1.3), (2, 4, 1.3), (1, 4, 1.6)]
     else:
-        oct_ = next(t for t in (4, 2, 1) if g.ocg % t == 0)
-        qv = 4 if big else 2
-    oct_, qv = int(knobs.get("oct", oct_)), int(knobs.get("qv", qv))
-    return oct_, qv
+        blocks = [(4, 3, 1.0), (6, 2, 1.05), (4, 2, 1.1), (12, 1, 1.15), (2, 2, 1.4), (1, 2, 1.8)]
+    blocks = [b for b in blocks if g.ocg % b[0] == 0] or [(1, 1, 2.0)]
+    if "oct" in knobs or "qv" in knobs:
+        blocks = [(int(knobs.get("oct", blocks[0][0])), int(knobs.get("qv", blocks[0][1])), 1.0)]
+    best = None
+    for oct_, qv, slow in blocks:
+        qt = qv * lanes
+        if g.ocg < 4:
+            cands = [oh]
+        elif "rows" in knobs:
+            cands = [int(knobs["rows"])]
+        else:
+            cands = [r for r in range(1, oh + 1) if span(r) >= min(256, span(oh))] or [oh]
+        for r in cands:
+            block = _rup(span(r), qt)
+            nb = -(-oh // r)
+            q_alloc = (nb - 1) * r * rowlen + block
+            direct = g.direct and q_alloc == g.q_len
+            cost = nb * block * slow * (1.0 if direct or g.direct is False else 1.05)
+            cost *= 1 + 0.02 * (block // 1024)          # big tiles spill out of L1
+            key = (cost, -r)
+            if best is None or key < best[0]:
+                best = (key, oct_, qv, r, block, q_alloc, direct)
+    _, oct_, qv, r, block, q_alloc, direct = best
+    nb = -(-oh // r)
+    if g.ocg < 4:
+        ocb = 1
+    elif "ocb" in knobs:
+        ocb = int(knobs["ocb"])
+    else:
+        # channels per tile: the accumulator fits L2, and there are a few tiles per thread
+        ocb = g.ocg
+        while ocb % (2 * oct_) == 0 and (ocb * block * acc_bytes > ACC_TILE_BYTES
+                                         or g.n * nb * g.group * (g.ocg // ocb) < 4 * threads):
+            ocb //= 2
+    return ConvPlan(oct_, qv, qv * lanes, r, block, q_alloc, ocb, direct)
 
 
 @dataclass
@@ -793,6 +860,10 @@ class ConvGeom:
     dil: list
     begin: list
     out: list
+    # read the last dim with the stride (no phase split of it): the plane's rows are
+    # `stride` times wider and a tap reads every stride-th element (depthwise: a cheap
+    # contiguous plane matters more than contiguous tap reads)
+    cols_strided: bool = False
 
     def __post_init__(self):
         nd = len(self.kernel)
@@ -805,6 +876,12 @@ class ConvGeom:
         res = [{(k * d) % s for k in range(kk)} for kk, d, s in zip(self.kernel, self.dil, self.strides)]
         self.nphase = [s if len(r) > 1 else 1 for r, s in zip(res, self.strides)]
         self.phase0 = [0 if len(r) > 1 else next(iter(r)) for r in res]
+        self.cols_strided = self.cols_strided and self.strides[-1] > 1
+        self.qscale = self.strides[-1] if self.cols_strided else 1
+        if self.cols_strided:
+            self.nphase[-1], self.phase0[-1] = 1, 0
+        # flat strides of the padded plane (q strides times the column stride, if strided)
+        self.fstr = [p * self.qscale for p in self.pstr[:-1]] + [1]
         # pointwise-like: the plane's inner dims equal the output's (no thrown-away columns)
         self.dense = all(t == 0 for t in self.tap_off[1:])
         # the input itself is the padded, phase-split plane: read it directly
@@ -815,9 +892,21 @@ class ConvGeom:
     def q_len(self) -> int:
         return self.out[0] * self.pstr[0]
 
+    def tap_offset(self, ks):
+        """Flat offset in the plane (and phase indices) of kernel tap ks (ints or Exprs)."""
+        ph, off = [], 0
+        for i, (k, d, s) in enumerate(zip(ks, self.dil, self.strides)):
+            if self.cols_strided and i == self.nd - 1:
+                ph.append(0)
+                off = off + k * d
+            else:
+                ph.append((k * d) % s if self.nphase[i] > 1 else 0)
+                off = off + ((k * d) // s) * self.fstr[i]
+        return ph, off
+
     def flat_len(self, q_alloc: int) -> int:
-        maxoff = sum(t * p for t, p in zip(self.tap_off, self.pstr))
-        return _rup(q_alloc + maxoff, self.pstr[0])
+        _, maxoff = self.tap_offset([k - 1 for k in self.kernel])
+        return _rup(self.qscale * (q_alloc - 1) + maxoff + 1, self.fstr[0])
 
     def macs(self) -> int:
         return self.n * self.oc * math.prod(self.out) * self.cg * math.prod(self.kernel)
@@ -834,14 +923,12 @@ def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt
     g = geom
     nd = g.nd
     lanes = vector_lanes(acc_dt.itemsize)
-    oct_, qv = _conv_knobs(g, lanes, acc_dt.itemsize, knobs or {})
-    if g.ocg % oct_:
-        ctx.fail(f"conv knob oct={oct_} does not divide the {g.ocg} output channels per group")
-    qt = qv * lanes
+    plan = plan_conv(g, lanes, acc_dt.itemsize, knobs)
+    oct_, qt, q_alloc, direct = plan.oct, plan.qt, plan.q_alloc, plan.direct
+    if g.ocg % oct_ or g.ocg % plan.ocb or plan.ocb % oct_:
+        ctx.fail(f"conv plan: register block of {oct_} and tile of {plan.ocb} channels do not divide "
+                 f"the {g.ocg} output channels per group")
     zero = const(0, acc_dt) if pad_value is None else pad_value
-    # read the input in place only when no tile runs past its end
-    direct = g.direct and g.q_len % qt == 0
-    q_alloc = g.q_len if direct else _rup(g.q_len, qt)
 
     if direct:
         xs = None
@@ -849,24 +936,7 @@ def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt
         def tap_read(n, c, ks, q):
             return xval(n, c, *([0] * (nd - 1) + [q]))     # a flat view of the spatial dims
     else:
-        flen = g.flat_len(q_alloc)
-
-        def xs_body(n, c, *rest):
-            ph, f = rest[:nd], rest[nd]
-            rows = [f // g.pstr[0]] + [(f % g.pstr[i - 1]) // g.pstr[i] for i in range(1, nd)]
-            pos, ok = [], None
-            for i in range(nd):
-                p = rows[i] * g.strides[i] + (ph[i] if g.nphase[i] > 1 else g.phase0[i]) - g.begin[i]
-                inside = (p >= 0) & (p < g.spatial[i])
-                ok = inside if ok is None else ok & inside
-                pos.append(min_(max_(p, 0), g.spatial[i] - 1))
-            return select(ok, xval(n, c, *pos), zero)
-        xs = compute((g.n, g.c, *g.nphase, flen), xs_body, "xpad")
-
-        def tap_read(n, c, ks, q):
-            ph = [(k * d) % s if npk > 1 else 0 for k, d, s, npk in zip(ks, g.dil, g.strides, g.nphase)]
-            off = sum(((k * d) // s) * p for k, d, s, p in zip(ks, g.dil, g.strides, g.pstr))
-            return xs[(n, c, *ph, q + off)]
+        xs, tap_read = padded_plane(g, xval, zero, q_alloc)
 
     ic = reduce_axis(g.cg, "ic")
     ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(g.kernel)]
@@ -875,89 +945,149 @@ def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt
     def taps(n, gi, j, q):
         return tap_read(n, gi * g.cg + ic, ks, q) * wval(gi * g.ocg + j, ic, *ks)
 
-    # register blocks computed straight inside the output's tiles when the tile's flat
-    # range maps back to a flat acc range the simplifier can see (else: root acc + crop)
-    inner = math.prod(g.out[1:])
-    fused_ok = g.dense and g.group == 1 and q_alloc == g.q_len and (nd == 1 or qt % inner == 0)
-    if fused_ok:
-        acc = compute((g.n, g.oc, q_alloc), lambda n, o, q: sum_(taps(n, 0, o, q), axis=red), "acc")
-        out = compute((g.n, g.oc, *g.out),
-                      lambda n, o, *sp: epilogue(acc[n, o, _horner(sp, g.out)], o), "conv", out_dt)
-    else:
-        acc = compute((g.n, g.group, g.ocg, q_alloc),
-                      lambda n, gi, j, q: sum_(taps(n, gi, j, q), axis=red), "acc")
-        out = compute((g.n, g.oc, *g.out),
-                      lambda n, o, *sp: epilogue(acc[n, o // g.ocg, o % g.ocg,
-                                                     sum(i * p for i, p in zip(sp, g.pstr))], o),
-                      "conv", out_dt)
+    # acc[n, g, j, b, t]: flat position q = b * rows * pstr[0] + t of row block b. Blocks are
+    # whole register blocks long (they may overlap the next one), and indexed from their own
+    # start, so every tile's region starts at 0 and its loops need no guards
+    # Channels likewise: j = c * ocb + jj for channel block c (one block per group if group > 1)
+    nb, bstride = -(-g.out[0] // plan.rows), plan.rows * g.pstr[0]
+    ocb = plan.ocb if g.group == 1 else g.ocg
+    acc = compute((g.n, g.group, g.ocg // ocb, ocb, nb, plan.block),
+                  lambda n, gi, c, jj, b, t: sum_(taps(n, gi, c * ocb + jj, b * bstride + t), axis=red), "acc")
+    last = g.out[-1]
+
+    def out_body(n, o, *sp):
+        gj = (0, o // ocb, o % ocb) if g.group == 1 else (o // g.ocg, 0, o % g.ocg)
+        rb, ri = (0, sp[0]) if nb == 1 else (sp[0] // plan.rows, sp[0] % plan.rows)
+        t = ri * g.pstr[0] + sum(i * p for i, p in zip(sp[1:], g.pstr[1:]))
+        # `sp[-1] < last` always holds (the simplifier removes the select); the other branch
+        # tells bound inference that a tile reads its block to the end (whole register blocks)
+        a = select(sp[-1] < last, acc[(n, *gj, rb, t)], acc[(n, *gj, rb, plan.block - 1)])
+        return epilogue(a, o)
+    out = compute((g.n, g.oc, *g.out), out_body, "conv", out_dt)
     if out.dtype is not out_dt:
         ctx.fail(f"conv epilogue gives {out.dtype}, expected {out_dt}")
-
     work = g.macs()
+    depthwise = g.ocg < 4
 
     def schedule(sch, outputs):
         par_ok = work >= _PAR_MIN
-        if xs is not None:
-            s = sch[xs]
-            ax = list(s.axis)
-            f = ax[-1]
-            for i in range(nd - 1):
-                _, f = s.split(f, g.pstr[i])
-            lead = s.fuse(*ax[:2])
-            if par_ok:
-                s.parallel(lead)
-            s.vectorize(f)
-        so = sch[out]
-        if fused_ok:
-            oax = list(so.axis)
-            fsp = so.fuse(*oax[2:]) if nd > 1 else oax[2]
-            oo, oi = so.split(oax[1], oct_)
-            fo, fi = so.split(fsp, qt)
-            so.reorder(oax[0], fo, oo, oi, fi)
-            top = so.fuse(oax[0], fo, oo)
-            if par_ok:
-                so.parallel(top)
-            so.vectorize(fi)
-            sa = sch[acc]
-            sa.compute_at(so, top)
-            an, ao, aq = sa.axis
-            sa.reorder(an, *sa.reduce_axis, ao, aq)
-            _unroll_taps(sa, g)
-            sa.unroll(ao)
-            sa.vectorize(aq)
-            return
-        # general: register-blocked reduction into a flat buffer, then crop
-        al = sch.cache_write(acc)
-        sa = sch[acc]
-        an, ag, aj, aq = sa.axis
-        jo, ji = sa.split(aj, oct_)
-        qo, qi = sa.split(aq, qt)
-        sa.reorder(an, ag, qo, jo, ji, qi)
-        top = sa.fuse(an, ag, qo, jo)
-        if par_ok:
-            sa.parallel(top)
-        sa.vectorize(qi)
-        sl = sch[al]
-        sl.compute_at(sa, top)
-        ln, lg, lj, lq = sl.axis
-        sl.reorder(ln, lg, *sl.reduce_axis, lj, lq)
-        _unroll_taps(sl, g)
-        sl.unroll(lj)
-        sl.vectorize(lq)
+        final = out
+        if sch[out].attach == "inline" and outputs and tuple(outputs[0].shape) == tuple(out.shape):
+            final = outputs[0]              # an elementwise epilogue fused after the conv
+        # the register block: a small local array the C compiler keeps in registers over the
+        # reduction loops (a tile-sized or heap buffer it would load and store every step).
+        # Depthwise: the few taps are unrolled, so the compiler keeps the accumulators in
+        # registers across them anyway, and the channel's padded plane can be computed in
+        # the accumulator's loop
+        blk = None if depthwise else sch.cache_write(acc)
+        so = sch[final]
         oax = list(so.axis)
-        top = so.fuse(*oax[:2 + nd - 1])
+        sp = oax[2:]
+        if depthwise:
+            # per (image, channel): its padded plane, the accumulation, the output rows
+            top = so.fuse(oax[0], oax[1])
+        else:
+            # a tile: (image, block of rows, block of channels); channels are split per group
+            # first so that the group and channel-in-group indices stay affine
+            rb, ri = so.split(sp[0], plan.rows)
+            if g.group > 1:
+                go, oj = so.split(oax[1], g.ocg)
+                so.reorder(oax[0], rb, go, oj, ri)
+                top = so.fuse(oax[0], rb, go)
+            else:
+                cb, ci = so.split(oax[1], plan.ocb)
+                so.reorder(oax[0], rb, cb, ci, ri)
+                top = so.fuse(oax[0], rb, cb)
         if par_ok:
             so.parallel(top)
-        so.vectorize(oax[-1])
+        vec = so.leaves[-1]
+        if vec.arg.dom[1] >= 4:
+            so.vectorize(vec)
+        # the tile's accumulator: register blocks (q outer, channels inner: a block of the
+        # input is reused by every channel block) copied out
+        sa = sch[acc]
+        sa.compute_at(so, top)
+        an, ag, _, aj, ab, aq = sa.axis
+        qo, qi = sa.split(aq, qt)
+        jo, ji = sa.split(aj, oct_)
+        if blk is None:
+            sa.reorder(an, ag, ab, qo, jo, *sa.reduce_axis, ji, qi)
+            if math.prod(g.kernel) <= 32:
+                for k in sa.reduce_axis[1:]:
+                    sa.unroll(k)
+            sa.unroll(ji)
+            sa.vectorize(qi)
+        else:
+            sa.reorder(an, ag, ab, qo, jo, ji, qi)
+            sa.vectorize(qi)
+            sl = sch[blk]
+            sl.compute_at(sa, jo)
+            ln, lg, lc, lj, lb, lq = sl.axis
+            sl.reorder(ln, lg, lc, lb, *sl.reduce_axis, lj, lq)
+            _unroll_taps(sl, g)
+            sl.unroll(lj)
+            sl.vectorize(lq)
+        if xs is not None:
+            if depthwise:
+                sch[xs].compute_at(sa, an)
+                schedule_plane(sch[xs], g, False, fuse_lead=False)
+            else:
+                schedule_plane(sch[xs], g, par_ok)
 
     ctx.schedule(schedule)
     return out
 
 
+def padded_plane(g: ConvGeom, xval, pad, q_alloc: int):
+    """The input zero- (or `pad`-) padded, split into stride phases and flattened per (n, c):
+    xpad[n, c, phase..., f]. Returns it and `tap_read(n, c, ks, q)`, the value kernel tap ks
+    (Exprs, one per spatial dim) sees at flat output position q (q = sum o_i * pstr_i)."""
+    nd = g.nd
+    flen = g.flat_len(q_alloc)
+
+    def body(n, c, *rest):
+        ph, f = rest[:nd], rest[nd]
+        rows = [f // g.fstr[0]] + [(f % g.fstr[i - 1]) // g.fstr[i] for i in range(1, nd)]
+        pos, ok = [], []
+        for i in range(nd):
+            if g.cols_strided and i == nd - 1:
+                p = rows[i] - g.begin[i]
+            else:
+                p = rows[i] * g.strides[i] + (ph[i] if g.nphase[i] > 1 else g.phase0[i]) - g.begin[i]
+            ok += [p >= 0, p < g.spatial[i]]
+            pos.append(p)
+        # the load happens only where `ok` holds (C evaluates one branch; vectorized, a
+        # masked load), so the index needs no clamping
+        return select(_conj(ok), xval(n, c, *pos), pad)
+    xs = compute((g.n, g.c, *g.nphase, flen), body, "xpad")
+
+    def tap_read(n, c, ks, q):
+        ph, off = g.tap_offset(ks)
+        return xs[(n, c, *ph, q * g.qscale + off if g.qscale > 1 else q + off)]
+    return xs, tap_read
+
+
+def schedule_plane(stage, g: ConvGeom, par_ok: bool, fuse_lead: bool = True):
+    """Rows of the padded plane: (n, c) parallel, the flat axis split back into rows (so the
+    row/column arithmetic simplifies away) with the last one vectorized."""
+    ax = list(stage.axis)
+    f = ax[-1]
+    for i in range(g.nd - 1):
+        _, f = stage.split(f, g.fstr[i])
+    if fuse_lead:
+        lead = stage.fuse(*ax[:2])
+        if par_ok:
+            stage.parallel(lead)
+    stage.vectorize(f)
+
+
 def _unroll_taps(stage, g: ConvGeom):
-    """Unroll the innermost kernel-tap loop when it is short."""
+    """Unroll the kernel-tap loops when there are few taps (else the innermost, when short)."""
     ks = stage.reduce_axis[1:]
-    if ks and g.kernel[-1] <= 7:
+    if ks and math.prod(g.kernel) <= 9:
+        for k in ks:
+            stage.unroll(k)
+    elif ks and g.kernel[-1] <= 7:
         stage.unroll(ks[-1])
 
 
@@ -967,8 +1097,10 @@ def _conv_geom(ctx, xshape, wshape, group: int) -> ConvGeom:
     if xshape[1] != wshape[1] * group or wshape[0] % group:
         ctx.fail(f"weight shape {tuple(wshape)} does not fit input channels {xshape[1]} with group {group}")
     win = window(ctx, list(xshape[2:]), list(kern))
+    depthwise = wshape[0] // group < 4
     return ConvGeom(xshape[0], xshape[1], list(xshape[2:]), wshape[0], list(kern), group,
-                    win.strides, win.dilations, [int(b) for b in win.begin], [int(o) for o in win.out])
+                    win.strides, win.dilations, [int(b) for b in win.begin], [int(o) for o in win.out],
+                    cols_strided=depthwise)
 
 
 @lowering("Conv")
@@ -1075,14 +1207,18 @@ def _window_count(win, o, spatial, lo, hi):
     return total
 
 
-def _pool_schedule(red_stages, out_stages, nd, work):
+def _pool_schedule(red_stages, out_stages, nd, work, planes=()):
     """Pool stages: (n, c) parallel, rows, the window's taps, then the vectorized last output dim."""
     def fn(sch, outputs):
+        for xs, g in planes:
+            schedule_plane(sch[xs], g, work >= _PAR_MIN)
         for t in red_stages:
             s = sch[t]
             ax = list(s.axis)
             nc = s.fuse(ax[0], ax[1])
             s.reorder(nc, *ax[2:-1], *s.reduce_axis, ax[-1])
+            if s.reduce_axis and s.reduce_axis[-1].arg.dom[1] <= 7:
+                s.unroll(s.reduce_axis[-1])
             if work >= _PAR_MIN:
                 s.parallel(nc)
             if ax[-1].arg.dom[1] >= 4:
@@ -1096,6 +1232,18 @@ def _lowest_expr(dt: DType):
     return const(-math.inf, dt) if dt.is_float else const(np.iinfo(dt.np).min, dt)
 
 
+def _pool_plane(ctx, x, win, xval, pad):
+    """Pooling windows read from the padded, phase-split plane: (plane, geometry, tap reader)."""
+    n, c = x.shape[:2]
+    g = ConvGeom(n, c, list(x.shape[2:]), c, list(win.kernel), c, list(win.strides), list(win.dilations),
+                 [int(b) for b in win.begin], [int(o) for o in win.out])
+    xs, tap = padded_plane(g, xval, pad, g.q_len)
+
+    def read(n_, c_, ks, o):
+        return tap(n_, c_, ks, sum(i * p for i, p in zip(o, g.pstr)))
+    return xs, g, read
+
+
 @lowering("MaxPool")
 def _max_pool_lower(ctx, x):
     win = _pool_window(ctx, x)
@@ -1103,14 +1251,10 @@ def _max_pool_lower(ctx, x):
     out_shape = ctx.out_shape(0)
     ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(win.kernel)]
     spatial = list(x.shape[2:])
-    low = _lowest_expr(x.dtype)
-
-    def body(n, c, *o):
-        _, ok, cl = _pool_taps(win, o, ks, spatial)
-        return select(ok, x[(n, c, *cl)], low)
-    y = compute(out_shape, lambda n, c, *o: _rmax(body(n, c, *o), ks), "maxpool")
+    xs, geom, read = _pool_plane(ctx, x, win, lambda n, c, *sp: x[(n, c, *sp)], _lowest_expr(x.dtype))
+    y = compute(out_shape, lambda n, c, *o: _rmax(read(n, c, ks, o), ks), "maxpool")
     work = math.prod(out_shape) * math.prod(win.kernel)
-    reds = [y]
+    planes = [(xs, geom)]
     if ctx.output_used(1):
         ks2 = [reduce_axis(k, f"t{i}") for i, k in enumerate(win.kernel)]
         kstr = _strides_of(win.kernel)
@@ -1135,14 +1279,13 @@ def _max_pool_lower(ctx, x):
             if int(ctx.attr("storage_order", 0)):
                 pos = pos[::-1]
             flat = (n * x.shape[1] + c) * math.prod(spatial)
-            for p, dim, st in zip(pos, dims, _strides_of(dims)):
+            for p, st in zip(pos, _strides_of(dims)):
                 flat = flat + p * st
             return flat
         ind = compute(out_shape, index, "indices", DType.int64)
-        reds.append(kidx)
-        ctx.schedule(_pool_schedule(reds, [ind], nd, work))
+        ctx.schedule(_pool_schedule([y, kidx], [ind], nd, work, planes))
         return [y, ind]
-    ctx.schedule(_pool_schedule(reds, [], nd, work))
+    ctx.schedule(_pool_schedule([y], [], nd, work, planes))
     if ctx.num_outputs > 1:
         return [y, compute(ctx.out_shape(1), lambda *i: const(0, DType.int64), "indices")]
     return y
@@ -1166,12 +1309,8 @@ def _average_pool_lower(ctx, x):
     acc = _acc_dtype(x.dtype)
     ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(win.kernel)]
     spatial = list(x.shape[2:])
-    zero = const(0, acc)
-
-    def body(n, c, *o):
-        _, ok, cl = _pool_taps(win, o, ks, spatial)
-        return sum_(select(ok, cast(acc, x[(n, c, *cl)]), zero), ks)
-    total = compute(out_shape, body, "winsum")
+    xs, geom, read = _pool_plane(ctx, x, win, lambda n, c, *sp: cast(acc, x[(n, c, *sp)]), const(0, acc))
+    total = compute(out_shape, lambda n, c, *o: sum_(read(n, c, ks, o), ks), "winsum")
     if ctx.attr("count_include_pad", 0):
         lo, hi = [-b for b in win.begin], [s + e for s, e in zip(spatial, win.end)]
     else:
@@ -1179,7 +1318,8 @@ def _average_pool_lower(ctx, x):
     y = compute(out_shape, lambda n, c, *o: cast(x.dtype, total[(n, c, *o)] /
                                                  cast(acc, _window_count(win, o, spatial, lo, hi))),
                 "avgpool")
-    ctx.schedule(_pool_schedule([total], [y], nd, math.prod(out_shape) * math.prod(win.kernel)))
+    ctx.schedule(_pool_schedule([total], [y], nd, math.prod(out_shape) * math.prod(win.kernel),
+                                [(xs, geom)]))
     return y
 
 
@@ -1191,14 +1331,11 @@ def _lp_pool_lower(ctx, x):
     acc = _acc_dtype(x.dtype)
     p = _lp_p(ctx)
     ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(win.kernel)]
-    spatial = list(x.shape[2:])
-
-    def body(n, c, *o):
-        _, ok, cl = _pool_taps(win, o, ks, spatial)
-        return sum_(select(ok, _abs_pow(cast(acc, x[(n, c, *cl)]), p), const(0, acc)), ks)
-    total = compute(out_shape, body, "winsum")
+    xs, geom, read = _pool_plane(ctx, x, win, lambda n, c, *sp: cast(acc, x[(n, c, *sp)]), const(0, acc))
+    total = compute(out_shape, lambda n, c, *o: sum_(_abs_pow(read(n, c, ks, o), p), ks), "winsum")
     y = compute(out_shape, lambda *i: cast(x.dtype, _root(total[i], p)), "lppool")
-    ctx.schedule(_pool_schedule([total], [y], nd, math.prod(out_shape) * math.prod(win.kernel)))
+    ctx.schedule(_pool_schedule([total], [y], nd, math.prod(out_shape) * math.prod(win.kernel),
+                                [(xs, geom)]))
     return y
 
 

@@ -87,6 +87,14 @@ CONV = [
     Case("Conv", dict(x=R(1, 2, 5, 6, 7), w=R(4, 2, 1, 2, 3)), ("w",), strides=[2, 1, 2]),
     Case("Conv", dict(x=R(1, 3, 20, 20), w=R(8, 3, 7, 7), b=R(8)), ("w", "b"), strides=[2, 2], pads=[3] * 4),
     Case("Conv", dict(x=R(1, 16, 7, 7), w=R(32, 16, 3, 3), b=R(32)), ("w", "b"), pads=P1),
+    # depthwise with strides: the plane's columns are read with the stride
+    Case("Conv", dict(x=R(1, 4, 17), w=R(8, 1, 5), b=R(8)), ("w", "b"), group=4, strides=[3], pads=[2, 1],
+         dilations=[2]),
+    Case("Conv", dict(x=R(1, 3, 9, 11), w=R(6, 1, 3, 3)), ("w",), group=3, strides=[2, 3], pads=[0, 1, 1, 1],
+         dilations=[1, 2]),
+    Case("Conv", dict(x=R(2, 2, 5, 7, 9), w=R(2, 1, 3, 3, 3)), ("w",), group=2, strides=[2, 2, 2], pads=[1] * 6),
+    Case("Conv", dict(x=R(1, 8, 13, 13), w=R(8, 1, 5, 5), b=R(8)), ("w", "b"), group=8, strides=[2, 2],
+         auto_pad="SAME_UPPER"),
 ]
 
 POOL = []
@@ -287,6 +295,27 @@ def test_conv_schedule_blocks_registers_and_vectorizes():
     assert "acc.local" in text and "vectorized for" in text and "parallel for" in text
 
 
+def test_conv_takes_a_fused_elementwise_epilogue():
+    """Conv -> Add(residual) -> Relu lowered as one group: the conv's schedule tiles the epilogue."""
+    from kiln.lower.kernel import lower_group
+    x, w, b, r = R(1, 8, 10, 10), R(16, 8, 3, 3), R(16), R(1, 16, 10, 10)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=P1),
+             helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    vi = [helper.make_tensor_value_info(n, 1, v.shape) for n, v in (("x", x), ("r", r))]
+    inits = [helper.make_tensor(n, 1, v.shape, v.ravel().tolist()) for n, v in (("w", w), ("b", b))]
+    graph = helper.make_graph(nodes, "g", vi, [helper.make_value_info("y", helper.TypeProto())], inits)
+    g = kiln.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    k = lower_group(g.nodes, {id(n): 17 for n in g.nodes},
+                    {id(n): [None if v is None else v.const for v in n.inputs] for n in g.nodes},
+                    lambda v: False, "fused")
+    text = str(k.func)
+    assert "acc.local" in text and "vectorized for" in text
+    args = {v.name: v.const if v.const is not None else {"x": x, "r": r}[v.name] for v in k.inputs}
+    y = np.zeros((1, 16, 10, 10), np.float32)
+    build_c(k.func)["fused"](*[np.ascontiguousarray(args[v.name]) for v in k.inputs], y)
+    np.testing.assert_allclose(y, Interpreter(g).run([x, r])[0], rtol=1e-4, atol=1e-5)
+
+
 def test_resize_needs_compile_time_scales():
     case = Case("Resize", dict(x=R(1, 2, 5, 6), roi=E0, s=SC), ("roi",), opset=19)
     with pytest.raises(KilnError, match="scales known at compile time"):
@@ -296,10 +325,9 @@ def test_resize_needs_compile_time_scales():
 def test_lowering_rejects_bad_knob():
     from kiln.ops import nn
     case = Case("Conv", dict(x=R(1, 6, 5, 5), w=R(6, 6, 3, 3)), ("w",))
-    old = nn._conv_knobs
-    nn._conv_knobs = lambda *a: (4, 1)
+    nn.CONV_KNOBS.update(oct=4)
     try:
-        with pytest.raises(KilnError, match="does not divide"):
+        with pytest.raises(KilnError, match="do not divide"):
             _lower(case, "bad")
     finally:
-        nn._conv_knobs = old
+        nn.CONV_KNOBS.clear()
