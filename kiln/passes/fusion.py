@@ -44,7 +44,7 @@ KINDS = {**{o: Kind.ELEMWISE for o in _ELEMWISE}, **{o: Kind.BROADCAST for o in 
          **{o: Kind.OUT_FUSABLE for o in _OUT_FUSABLE}}
 
 # Anchors whose lowering's schedule tiles a fused elementwise epilogue (kiln.lower.gemm)
-EPILOGUE_ANCHORS = {"MatMul", "Gemm"}
+EPILOGUE_ANCHORS = {"MatMul", "Gemm", "Conv"}
 
 MAX_GROUP = 16  # nodes per group: long chains compile slowly and gain little more
 
