@@ -1210,19 +1210,30 @@ def _window_count(win, o, spatial, lo, hi):
 def _pool_schedule(red_stages, out_stages, nd, work, planes=()):
     """Pool stages: (n, c) parallel, rows, the window's taps, then the vectorized last output dim."""
     def fn(sch, outputs):
-        for xs, g in planes:
-            schedule_plane(sch[xs], g, work >= _PAR_MIN)
         for t in red_stages:
+            # a row of results accumulates in a local array (registers) over the window's
+            # taps, then is stored once
+            row = sch.cache_write(t)
             s = sch[t]
             ax = list(s.axis)
             nc = s.fuse(ax[0], ax[1])
-            s.reorder(nc, *ax[2:-1], *s.reduce_axis, ax[-1])
-            if s.reduce_axis and s.reduce_axis[-1].arg.dom[1] <= 7:
-                s.unroll(s.reduce_axis[-1])
             if work >= _PAR_MIN:
                 s.parallel(nc)
             if ax[-1].arg.dom[1] >= 4:
                 s.vectorize(ax[-1])
+            sl = sch[row]
+            sl.compute_at(s, ax[-2] if len(ax) > 3 else nc)
+            lax = list(sl.axis)
+            sl.reorder(*lax[:-1], *sl.reduce_axis, lax[-1])
+            if sl.reduce_axis and math.prod(k.arg.dom[1] for k in sl.reduce_axis) <= 9:
+                for k in sl.reduce_axis:
+                    sl.unroll(k)
+            elif sl.reduce_axis and sl.reduce_axis[-1].arg.dom[1] <= 7:
+                sl.unroll(sl.reduce_axis[-1])
+            if lax[-1].arg.dom[1] >= 4:
+                sl.vectorize(lax[-1])
+        for xs, g in planes:
+            schedule_plane(sch[xs], g, work >= _PAR_MIN)
         for t in out_stages:
             schedule_rows(sch[t], 2, work)
     return fn
@@ -1236,7 +1247,7 @@ def _pool_plane(ctx, x, win, xval, pad):
     """Pooling windows read from the padded, phase-split plane: (plane, geometry, tap reader)."""
     n, c = x.shape[:2]
     g = ConvGeom(n, c, list(x.shape[2:]), c, list(win.kernel), c, list(win.strides), list(win.dilations),
-                 [int(b) for b in win.begin], [int(o) for o in win.out])
+                 [int(b) for b in win.begin], [int(o) for o in win.out], cols_strided=True)
     xs, tap = padded_plane(g, xval, pad, g.q_len)
 
     def read(n_, c_, ks, o):
