@@ -807,7 +807,8 @@ def plan_conv(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict | None = No
     if g.ocg < 4:                           # depthwise-like: one channel, a long run of q
         blocks = [(1, 4, 1.0)] if big else [(1, 2, 1.0)]
     elif big:
-        blocks = [(8, 3, 1.0), (4, 4, 1.05), (8, 2, 1.08), (16, 1, 1.12), (4, 2, 1.3), (2, 4, 1.3), (1, 4, 1.6)]
+        blocks = [(8, 3, 1.0), (8, 2, 1.02), (4, 4, 1.06), (16, 2, 1.12), (16, 1, 1.25), (4, 2, 1.3),
+                  (2, 4, 1.3), (1, 4, 1.6)]
     else:
         blocks = [(4, 3, 1.0), (6, 2, 1.05), (4, 2, 1.1), (12, 1, 1.15), (2, 2, 1.4), (1, 2, 1.8)]
     blocks = [b for b in blocks if g.ocg % b[0] == 0] or [(1, 1, 2.0)]
