@@ -784,6 +784,7 @@ class ConvPlan:
 
 ACC_TILE_BYTES = 256 << 10   # a tile's accumulator block stays in L2
 CONV_KNOBS: dict = {}        # overrides for experiments and tests: oct, qv, rows, ocb
+PLANE_PARALLEL_MIN = 1 << 17  # padded-plane elements below which it is built serially
 
 
 def plan_conv(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict | None = None,
@@ -1033,7 +1034,8 @@ def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt
                 sch[xs].compute_at(sa, an)
                 schedule_plane(sch[xs], g, False, fuse_lead=False)
             else:
-                schedule_plane(sch[xs], g, par_ok)
+                # a small plane is copied serially: a parallel region costs more than the copy
+                schedule_plane(sch[xs], g, par_ok and math.prod(xs.shape) >= PLANE_PARALLEL_MIN)
 
     ctx.schedule(schedule)
     return out
