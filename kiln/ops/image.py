@@ -5,6 +5,11 @@ a few neighbours per output index and weighting them (nearest, linear, cubic,
 antialiased filters), computed in float64 and cast back, as the ONNX
 reference does. Source coordinates follow the ONNX spec formulas in
 ONNX Runtime's float32 arithmetic, so nearest picks agree with it.
+
+Native lowerings (below): Resize/Upsample is a C kernel whose per-axis tap
+tables (`_axis_taps`, shared with the reference) are computed at compile time
+and baked into the source; RoiAlign is a C kernel (its sample counts depend on
+the boxes); Col2Im, AffineGrid and GridSample are compute definitions.
 """
 
 from __future__ import annotations
@@ -544,7 +549,8 @@ def _resize_lower(ctx, x, *rest):
         if val is None:
             body.append(f"      double acc = 0.0;\n"
                         f"      for (int64_t t = 0; t < {taps}; ++t)\n"
-                        f"        acc += W{k}[j * {taps} + t] * cur[(o * {in_len} + I{k}[j * {taps} + t]) * {inner} + i];\n")
+                        f"        acc += W{k}[j * {taps} + t]\n"
+                        f"               * cur[(o * {in_len} + I{k}[j * {taps} + t]) * {inner} + i];\n")
             val = "acc"
         if has_out:
             val = f"(O{k}[j] ? {ext} : ({val}))"
@@ -778,13 +784,16 @@ def _roi_align_lower(ctx, x, rois, batch_indices):
             int64_t xlo = (int64_t)floor(px), xhi; double fx;
             if (xlo >= {w - 1}) {{ xlo = xhi = {w - 1}; fx = 0.0; }} else {{ xhi = xlo + 1; fx = px - xlo; }}
             const double wxl = (1 - fx) * vx, wxh = fx * vx;
-            const double t00 = (double)img[ylo * {w} + xlo] * (wyl * wxl), t01 = (double)img[ylo * {w} + xhi] * (wyl * wxh);
-            const double t10 = (double)img[yhi * {w} + xlo] * (wyh * wxl), t11 = (double)img[yhi * {w} + xhi] * (wyh * wxh);
+            const double t00 = (double)img[ylo * {w} + xlo] * (wyl * wxl);
+            const double t01 = (double)img[ylo * {w} + xhi] * (wyl * wxh);
+            const double t10 = (double)img[yhi * {w} + xlo] * (wyh * wxl);
+            const double t11 = (double)img[yhi * {w} + xhi] * (wyh * wxh);
             {"acc += ((t00 + t01) + t10) + t11;" if avg else
              "double m = fmax(fmax(t00, t01), fmax(t10, t11)); if (m > acc) acc = m;"}
           }}
         }}
-        out0[((r * {c} + ch) * {ph} + i) * {pw} + j] = ({x.dtype.c})({"acc / cnt" if avg else "(gh * gw > 0 ? acc : 0.0)"});
+        out0[((r * {c} + ch) * {ph} + i) * {pw} + j] =
+            ({x.dtype.c})({"acc / cnt" if avg else "(gh * gw > 0 ? acc : 0.0)"});
       }}
     }}
   }}

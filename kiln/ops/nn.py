@@ -6,6 +6,9 @@ window view (`windows`), so Conv, ConvTranspose, the pools and Col2Im agree on
 output-size arithmetic. Convolutions are im2col + batched matmul, never
 per-pixel Python loops, because whole CNNs run through these references.
 Half-precision inputs are computed in float32 and cast back.
+
+Each op also has a native lowering (after the references, below): compute
+definitions and a schedule for the cpu target.
 """
 
 from __future__ import annotations
@@ -721,21 +724,26 @@ def mean_variance_normalization(ctx, x):
 # ================================================================ native lowerings (cpu target)
 #
 # Compute definitions say what each op computes for concrete shapes; schedules say
-# how. Convolutions share one formulation (`conv_native`):
+# how. Convolutions (Conv, ConvInteger, QLinearConv) share one formulation,
+# `conv_native`, over element readers and an epilogue:
 #
-#   Xs[n, c, phase..., f]  the zero-padded input split into stride phases and laid
-#                          out flat, so every kernel tap reads a contiguous run of it;
-#   Yq[n, g, j, q]         the reduction over (input channel, kernel taps) at flat
-#                          output positions q = sum(o_i * Pstr_i) of a "plane" whose
-#                          rows are a few columns wider than the output (the extra
-#                          columns are computed and thrown away), so the vectorized
-#                          q loop reads Xs contiguously whatever the stride/dilation;
-#   Out[n, oc, o...]       Yq cropped to the output, plus bias / requantization.
+#   xpad[n, c, phase..., f]  the padded input, split into stride phases and flat, so
+#                            a kernel tap reads a contiguous run of it (skipped when
+#                            the input itself is that plane: 1x1, stride 1, no pads);
+#   acc[n, g, cb, j, b, t]   the sum over (input channel, taps) at flat output position
+#                            q = b * rows * pstr[0] + t of row block b; the plane's rows
+#                            are a few columns wider than the output (those columns are
+#                            computed and thrown away), so the vectorized t loop reads
+#                            xpad contiguously whatever the stride or dilation;
+#   conv[n, oc, o...]        acc at the output positions, through the epilogue (bias,
+#                            requantization; a fused ReLU/Add lands here too).
 #
-# Pointwise-like convolutions (no extra columns) skip the crop: the reduction is
-# computed in register blocks inside the output's loops. The schedule blocks
-# (output channels x vectors of q) into registers, vectorizes q, and runs the
-# (q tile, channel tile) pairs in parallel.
+# The schedule (see `plan_conv`): the output's tiles (image, row block, channel block)
+# run in parallel; each computes its acc block locally in register blocks (channels x
+# vectors of t, a small local array the C compiler keeps in registers), looping t
+# outside and channels inside so an input block is reused by every channel block, and
+# writes its output rows from it. Depthwise convolutions go per (image, channel), with
+# that channel's plane made in place. Pools read the same plane.
 
 from kiln.codegen.cpu import vector_lanes  # noqa: E402
 from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,  # noqa: E402
@@ -755,14 +763,6 @@ def _strides_of(shape) -> list[int]:
         out.append(acc)
         acc *= s
     return out[::-1]
-
-
-def _horner(idx, dims):
-    """Row-major flat index of `idx` in `dims`, written so that fused loops simplify back."""
-    e = idx[0]
-    for i, n in zip(idx[1:], dims[1:]):
-        e = e * n + i
-    return e
 
 
 def _acc_dtype(dt: DType) -> DType:
@@ -1846,7 +1846,8 @@ def _deform_conv_lower(ctx, x, w, offset, b=None, mask=None):
         tap = r0 * kw + r1
         ch = (gofs * kk + tap) * 2
         yy = cast(f64, y * win.strides[0] - win.begin[0] + r0 * win.dilations[0]) + cast(f64, offset[b_, ch, y, xo])
-        xx = cast(f64, xo * win.strides[1] - win.begin[1] + r1 * win.dilations[1]) + cast(f64, offset[b_, ch + 1, y, xo])
+        xx = cast(f64, xo * win.strides[1] - win.begin[1] + r1 * win.dilations[1]) \
+            + cast(f64, offset[b_, ch + 1, y, xo])
         y0, x0 = floor(yy), floor(xx)
         val = None
         for dy in (0, 1):
