@@ -752,6 +752,23 @@ from kiln.ops.registry import lowering  # noqa: E402
 
 _PAR_MIN = 1 << 15       # work (points x reduction) below which a kernel stays serial
 
+# Serial time (estimated, microseconds) below which a kernel does not fork. A parallel region
+# with sleeping threads (OMP_WAIT_POLICY=PASSIVE, kiln's runtime default) first wakes them:
+# ~80 us measured on a 2-vCPU VM, so a kernel must run for a few times that to gain from a
+# second thread. With spinning threads the fork costs a microsecond or two.
+PARALLEL_MIN_US_PASSIVE = 150.0
+RATES = {"conv": 60e3, "depthwise": 10e3, "window": 2e3}   # multiply-adds (or ops) per us, serial
+
+
+def parallel_worth(work: int, kind: str = "window") -> bool:
+    """Whether a kernel doing `work` multiply-adds (window ops) should run in parallel."""
+    if work < _PAR_MIN:
+        return False
+    policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE").upper()
+    if policy != "PASSIVE" or os.environ.get("GOMP_SPINCOUNT"):
+        return True
+    return work / RATES[kind] >= PARALLEL_MIN_US_PASSIVE
+
 
 def _rup(a: int, b: int) -> int:
     return -(-a // b) * b
@@ -972,7 +989,7 @@ def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt
     depthwise = g.ocg < 4
 
     def schedule(sch, outputs):
-        par_ok = work >= _PAR_MIN
+        par_ok = parallel_worth(work, "depthwise" if depthwise else "conv")
         final = out
         if sch[out].attach == "inline" and outputs and tuple(outputs[0].shape) == tuple(out.shape):
             final = outputs[0]              # an elementwise epilogue fused after the conv
@@ -1154,14 +1171,14 @@ def schedule_rows(stage, lead: int, work: int | None = None, vector: bool = True
     outer = stage.fuse(*axes[:lead]) if lead > 1 else axes[0] if lead == 1 else None
     inner_axes = axes[lead:]
     if stage.reduce_axis:
-        if outer is not None and (work or 0) >= _PAR_MIN and outer.arg.dom[1] > 1:
+        if outer is not None and parallel_worth(work or 0) and outer.arg.dom[1] > 1:
             stage.parallel(outer)
         return
     inner = stage.fuse(*inner_axes) if len(inner_axes) > 1 else inner_axes[0]
     lanes = _lanes(stage.tensor.dtype)
     if vector and inner.arg.dom[1] >= lanes:
         stage.vectorize(inner)
-    if outer is not None and (work or 0) >= _PAR_MIN and outer.arg.dom[1] > 1:
+    if outer is not None and parallel_worth(work or 0) and outer.arg.dom[1] > 1:
         stage.parallel(outer)
 
 
@@ -1220,7 +1237,7 @@ def _pool_schedule(red_stages, out_stages, nd, work, planes=()):
             s = sch[t]
             ax = list(s.axis)
             nc = s.fuse(ax[0], ax[1])
-            if work >= _PAR_MIN:
+            if parallel_worth(work):
                 s.parallel(nc)
             if ax[-1].arg.dom[1] >= 4:
                 s.vectorize(ax[-1])
@@ -1236,7 +1253,7 @@ def _pool_schedule(red_stages, out_stages, nd, work, planes=()):
             if lax[-1].arg.dom[1] >= 4:
                 sl.vectorize(lax[-1])
         for xs, g in planes:
-            schedule_plane(sch[xs], g, work >= _PAR_MIN)
+            schedule_plane(sch[xs], g, parallel_worth(work))
         for t in out_stages:
             schedule_rows(sch[t], 2, work)
     return fn
@@ -1394,7 +1411,7 @@ def _global_lower(kind):
         def sched(sch):
             s = sch[r]
             nc = s.fuse(*s.axis)
-            if work >= _PAR_MIN:
+            if parallel_worth(work):
                 s.parallel(nc)
         ctx.schedule(_default_then(sched))
         return y
