@@ -39,7 +39,9 @@ def graph_key(graph: Graph, known: dict) -> str:
     h = hashlib.sha256()
     cc, flags = _cc(None), _flags(None)
     for part in (_kiln_source_digest(), " ".join(cc), " ".join(flags), compiler_version(tuple(cc)),
-                 ",".join(sorted(cpu_features()))):
+                 ",".join(sorted(cpu_features())),
+                 # lowerings read these to decide when forking threads pays (kiln/ops/nn.py)
+                 os.environ.get("OMP_WAIT_POLICY", ""), os.environ.get("GOMP_SPINCOUNT", "")):
         h.update(part.encode() + b"\0")
     const_ids = {}
     for v in graph.constants():
