@@ -39,20 +39,29 @@ ReduceLogSumExp ReduceSumSquare ArgMax ArgMin Softmax LogSoftmax LayerNormalizat
 RMSNormalization GlobalAveragePool GlobalMaxPool""".split()
 _OUT_FUSABLE = "Conv ConvTranspose MatMul Gemm".split()
 
-KINDS = {**{o: Kind.ELEMWISE for o in _ELEMWISE}, **{o: Kind.BROADCAST for o in _BROADCAST},
-         **{o: Kind.INJECTIVE for o in _INJECTIVE}, **{o: Kind.REDUCTION for o in _REDUCTION},
-         **{o: Kind.OUT_FUSABLE for o in _OUT_FUSABLE}}
+# (domain, op) -> kind; ONNX ops have domain "". kiln's own ops add theirs with register_kind
+KINDS = {("", o): k for ops, k in ((_ELEMWISE, Kind.ELEMWISE), (_BROADCAST, Kind.BROADCAST),
+                                   (_INJECTIVE, Kind.INJECTIVE), (_REDUCTION, Kind.REDUCTION),
+                                   (_OUT_FUSABLE, Kind.OUT_FUSABLE)) for o in ops}
 
 # Anchors whose lowering's schedule tiles a fused elementwise epilogue (kiln.lower.gemm)
-EPILOGUE_ANCHORS = {"MatMul", "Gemm", "Conv"}
+EPILOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm"), ("", "Conv")}
+
+
+def register_kind(domain: str, op: str, kind: Kind, epilogue_anchor: bool = False) -> None:
+    """Give one of kiln's own ops (a packed-layout conv, a layout conversion) its fusion kind;
+    `epilogue_anchor`: its schedule tiles a fused elementwise epilogue, as Conv's does."""
+    KINDS[(domain, op)] = kind
+    if epilogue_anchor:
+        EPILOGUE_ANCHORS.add((domain, op))
 
 MAX_GROUP = 16  # nodes per group: long chains compile slowly and gain little more
 
 
 def kind_of(node: Node) -> Kind:
-    if node.domain or list(node.subgraphs()):
+    if list(node.subgraphs()):
         return Kind.OPAQUE
-    return KINDS.get(node.op, Kind.OPAQUE)
+    return KINDS.get((node.domain or "", node.op), Kind.OPAQUE)
 
 
 @dataclass
@@ -136,7 +145,7 @@ def _refuse(n: Node, k: Kind, v: Value, p: Node, g: Group, consumers, outputs, f
     if g.kind == Kind.OUT_FUSABLE:
         if not fuse_anchors:
             return f"anchor {g.anchor.op} epilogue fusion is off"
-        if g.anchor.op not in EPILOGUE_ANCHORS:
+        if (g.anchor.domain or "", g.anchor.op) not in EPILOGUE_ANCHORS:
             return f"{g.anchor.op}'s schedule does not take an epilogue yet"
         if k > Kind.BROADCAST or not _same_shape(v, n.outputs[0]):
             return "only same-shape elementwise epilogues fuse into an anchor"
