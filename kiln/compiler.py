@@ -53,6 +53,7 @@ def compile(model: Any, target: str = "cpu", *, opt_level: int = 2, report: bool
             r.arena_bytes = info.get("arena_bytes")
             r.intermediate_bytes = info.get("intermediate_bytes")
             r.arena_peak_live_bytes = info.get("arena_peak_live_bytes")
+            r.inplace_kernels = info.get("inplace_kernels")
     return compiled
 
 

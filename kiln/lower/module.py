@@ -12,6 +12,7 @@ runtime maps back to its node through `LoweredModule.call_nodes`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +23,7 @@ from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
 from kiln.loops import Buffer, Call, LoopModule, PrimFunc, compute, lower, placeholder, seq
 from kiln.loops import Schedule, View
+from kiln.lower.inplace import inplace_candidates
 from kiln.lower.kernel import Unfusable, lower_group, lowerable
 from kiln.passes.fusion import FusionPlan, partition
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
@@ -101,6 +103,7 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     outputs_ids = {v.id for v in graph.outputs}
     alias: dict[int, Value] = {}   # a view op's output -> the value whose bytes it reuses
     seen: dict[str, str] = {}      # kernel text (name left out) -> the kernel already emitted
+    share: list[tuple[int, Value, Value]] = []  # (step, input, output): may run in place
     for group in fusion.groups:
         inside = {id(n) for n in group.nodes}
         if len(group.nodes) == 1 and _is_view(group.nodes[0]):
@@ -117,6 +120,9 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
             outs = [v if v is not None else Buffer(f"scratch{len(funcs)}_{j}", p.dtype, tuple(p.shape))
                     for j, (v, p) in enumerate(zip(kernel.outputs, kernel.func.params[n_in:]))]
             what = " + ".join(f"{n.op} node {n.name!r}" for n in kernel.nodes)
+            if isinstance(kernel.func, PrimFunc):
+                share += [(len(steps), a, b) for a, b in
+                          inplace_candidates(kernel.nodes, kernel.inputs, kernel.outputs)]
             steps.append((name, list(kernel.inputs) + outs, what))
     # steps read a view's root value instead of the view (same bytes, no copy)
     steps = [(name, [alias.get(a.id, a) if isinstance(a, Value) else a for a in args], what)
@@ -174,7 +180,18 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
             last[key] = k
             size[key] = nbytes
     arena_keys = list(first)
-    plan = plan_arena([Lifetime(k, size[k], first[k], last[k]) for k in arena_keys], ALIGN)
+
+    def root_id(v):
+        return alias.get(v.id, v).id
+
+    def read_once(k, rid):   # not also read through another view of the same bytes
+        return sum(isinstance(x, Value) and x.id == rid for x in steps[k][1]) == 1
+    pairs = [(root_id(a), b.id) for k, a, b in share
+             if last.get(root_id(a)) == k and first.get(b.id) == k and read_once(k, root_id(a))]
+    plan = plan_arena([Lifetime(k, size[k], first[k], last[k]) for k in arena_keys], ALIGN, pairs)
+    # a kernel run in place reads and writes the same bytes: its params may not be restrict
+    inplace_funcs = {steps[k][0] for k, a, b in share if (root_id(a), b.id) in plan.inplace}
+    funcs = [dataclasses.replace(f, noalias=False) if f.name in inplace_funcs else f for f in funcs]
     wbuf = Buffer("weights", DType.uint8, (max(len(weights), 1),))
     abuf = Buffer("workspace", DType.uint8, (max(plan.total, ALIGN),))
 

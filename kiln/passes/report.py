@@ -20,6 +20,7 @@ class CompileReport:
     intermediate_bytes: int | None = None                     # sum of all intermediate tensors
     kernels: int | None = None                                # kernels launched per inference
     arena_peak_live_bytes: int | None = None                  # most bytes live at once (a lower bound)
+    inplace_kernels: int | None = None                        # kernels writing over a dead input
 
     @property
     def findings(self) -> list[Any]:
@@ -33,7 +34,8 @@ class CompileReport:
         if self.arena_bytes is not None:
             lines.append(f"  arena: {self.arena_bytes} bytes"
                          + (f" (peak live {self.arena_peak_live_bytes}; all intermediates: "
-                            f"{self.intermediate_bytes})" if self.intermediate_bytes is not None else ""))
+                            f"{self.intermediate_bytes})" if self.intermediate_bytes is not None else "")
+                         + (f"; {self.inplace_kernels} kernels run in place" if self.inplace_kernels else ""))
         if self.fused_groups:
             lines.append("  kernels (fused groups, in call order):")
             lines += [f"    {k:3d}  {g}" for k, g in enumerate(self.fused_groups)]

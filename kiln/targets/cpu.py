@@ -129,7 +129,7 @@ def _lower_and_build(graph: Graph, known) -> dict:
             "workspace_bytes": lm.workspace_bytes, "calls": lm.call_nodes,
             "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena),
             "arena_bytes": lm.arena.total, "arena_peak_live_bytes": lm.arena.lower_bound,
-            "intermediate_bytes": lm.arena.unshared,
+            "intermediate_bytes": lm.arena.unshared, "inplace_kernels": len(lm.arena.inplace),
             "why_not_fused": lm.fusion.why_not if lm.fusion else []}
 
 
