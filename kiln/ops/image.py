@@ -271,15 +271,20 @@ def _grid_infer(ctx):
     return [TensorType(ctx.dtype(0), (xs[0], xs[1], *gs[1:-1]))]
 
 
-@op("GridSample", infer=_grid_infer)
-def grid_sample(ctx, x, grid):
-    """Sample X at normalized grid points: nearest / (multi)linear / cubic with zeros, border or reflection padding."""
+def _grid_attrs(ctx):
+    """GridSample's (mode, padding_mode, align_corners), with opset-16 mode names mapped."""
     mode = attr_str(ctx, "mode", "linear")
     mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
     pad = attr_str(ctx, "padding_mode", "zeros")
-    align = bool(ctx.attr("align_corners", 0))
     if mode not in ("nearest", "linear", "cubic") or pad not in ("zeros", "border", "reflection"):
         ctx.fail(f"unsupported mode {mode!r} / padding_mode {pad!r}")
+    return mode, pad, bool(ctx.attr("align_corners", 0))
+
+
+@op("GridSample", infer=_grid_infer)
+def grid_sample(ctx, x, grid):
+    """Sample X at normalized grid points: nearest / (multi)linear / cubic with zeros, border or reflection padding."""
+    mode, pad, align = _grid_attrs(ctx)
     n, c = x.shape[:2]
     dims = x.shape[2:]
     nd = len(dims)
@@ -668,12 +673,7 @@ def _cubic_expr(t, a: float):
 def _grid_sample_lower(ctx, x, grid):
     import itertools
     from kiln.loops import cast, compute, const, floor, max_, min_, round_, select
-    mode = attr_str(ctx, "mode", "linear")
-    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
-    pad = attr_str(ctx, "padding_mode", "zeros")
-    align = bool(ctx.attr("align_corners", 0))
-    if mode not in ("nearest", "linear", "cubic") or pad not in ("zeros", "border", "reflection"):
-        ctx.fail(f"unsupported mode {mode!r} / padding_mode {pad!r}")
+    mode, pad, align = _grid_attrs(ctx)
     n, c = x.shape[:2]
     dims = list(x.shape[2:])
     nd = len(dims)

@@ -81,11 +81,15 @@ def _adam(ctx, r, t, x, g, v, h):
     return (1 - ctx.attr("norm_coefficient_post", 0.0)) * x, v, h
 
 
-def _momentum(ctx, r, t, x, g, v):
+def _momentum_attrs(ctx):
     mode = ctx.attr("mode")
     if mode not in ("standard", "nesterov"):
         ctx.fail(f"mode must be 'standard' or 'nesterov', got {mode!r}")
-    alpha, beta = ctx.attr("alpha"), ctx.attr("beta")
+    return mode, ctx.attr("alpha"), ctx.attr("beta")
+
+
+def _momentum(ctx, r, t, x, g, v):
+    mode, alpha, beta = _momentum_attrs(ctx)
     g = _regularized(ctx, x, g)
     v = alpha * v + (beta if t > 0 else 1) * g
     return x - r * (v if mode == "standard" else g + alpha * v), v
@@ -152,10 +156,7 @@ def _adam_e(ctx, r, t, x, g, v, h):
 
 
 def _momentum_e(ctx, r, t, x, g, v):
-    mode = ctx.attr("mode")
-    if mode not in ("standard", "nesterov"):
-        ctx.fail(f"mode must be 'standard' or 'nesterov', got {mode!r}")
-    alpha, beta = ctx.attr("alpha"), ctx.attr("beta")
+    mode, alpha, beta = _momentum_attrs(ctx)
     g = _regularized_e(ctx, x, g)
     v = _c(alpha) * v + L.select(t > L.const(0, t.dtype), _c(beta), _c(1)) * g
     return x - r * (v if mode == "standard" else g + _c(alpha) * v), v
