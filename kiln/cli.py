@@ -165,17 +165,24 @@ def cli(debug: bool):
               help="Print a stage: the imported graph, the optimized graph, the loop IR or the C source.")
 @click.option("--emit-to", type=click.Path(dir_okay=False),
               help="Write the --emit text to this file (full text; printed text elides weights).")
-def compile_cmd(model, output, target, opt_level, dims, emit, emit_to):
+@click.option("--name", metavar="NAME",
+              help="The artifact's C name: its library's symbols and header macros start with it "
+                   "(NAME_run, NAME_WEIGHTS_BYTES; default: MODEL's file name made a C identifier).")
+def compile_cmd(model, output, target, opt_level, dims, emit, emit_to, name):
     """Compile MODEL (.onnx) into a deployable .kiln artifact, or show one of its stages.
 
     The artifact is a zip holding the native library, its C header and source,
-    the weights and a JSON manifest; `kiln run` and `kiln.load` run it.
+    the weights and a JSON manifest; `kiln run` and `kiln.load` run it. It holds one
+    specialisation: symbolic dims need --dim NAME=SIZE.
     """
     from kiln.stages import stage_text
     if emit_to and not emit:
         raise click.UsageError("--emit-to needs --emit STAGE")
     if output is None and emit is None:
         output = Path(model).stem + ".kiln"
+    if output is not None:
+        from kiln.export import symbol_prefix
+        symbol_prefix(name)  # a bad --name fails before the compile, not after
     graph = load_graph(model)
     if emit == "graph":
         show(stage_text(graph, None, "graph", dims), emit_to)
@@ -189,12 +196,12 @@ def compile_cmd(model, output, target, opt_level, dims, emit, emit_to):
     if output is not None:
         from kiln.export import save
         with progress(f"writing {output}"):
-            manifest = save(compiled, output, dims=dims, source=model)
+            manifest = save(compiled, output, dims=dims, source=model, name=name)
         size = Path(output).stat().st_size
         n = len(manifest["kernels"])
         click.echo(f"wrote {output} ({fmt_bytes(size)}): {n} kernel{'s' * (n != 1)}, "
                        f"weights {fmt_bytes(manifest['weights_bytes'])}, "
-                       f"workspace {fmt_bytes(manifest['workspace_bytes'])}")
+                       f"workspace {fmt_bytes(manifest['workspace_bytes'])}; C entry {manifest['entry']}")
 
 
 def show(text: str, path: str | None) -> None:

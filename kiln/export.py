@@ -3,19 +3,22 @@
 The compiler side of AOT (the artifact's format and loader live in
 `kiln.runtime.artifact`). An artifact holds one native module, so every
 symbolic dim must be bound (`dims={"batch": 1}`) and no size may depend on
-input values.
+input values. Its library's symbols carry the artifact's name (`resnet18_main`,
+`resnet18_k0_Conv`, ...) so several artifacts link into one C program.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
 import kiln
-from kiln.codegen.build import DEFAULT_CFLAGS
+from kiln.codegen.build import DEFAULT_CFLAGS, compile_c
+from kiln.codegen.c import DEFAULT_PREFIX, c_identifier, single_unit, split_units, with_prefix
 from kiln.codegen.header import Port, emit_header
 from kiln.dtypes import DType
 from kiln.errors import KilnError
@@ -38,32 +41,81 @@ def native_module(model: CompiledModel, shapes: list[tuple[int, ...]]) -> Native
     if model.target != "cpu" or program is None:
         raise KilnError(f"only target 'cpu' makes a deployable artifact; this model is target "
                         f"{model.target!r}")
+    breaks = stage_breaks(model.graph, shapes)
+    if breaks:
+        more = f" and {len(breaks) - 4} more" if len(breaks) > 4 else ""
+        raise KilnError(f"cannot save an artifact: it holds one native module of fixed sizes, but "
+                        f"{'; '.join(breaks[:4])}{more}; run the .onnx instead (kiln run, kiln.compile)",
+                        stage="export")
     zeros = [np.zeros(shape, DType.from_name(s.dtype).np) for s, shape in zip(model.inputs, shapes)]
     runner = program.runner_for(zeros)
-    if program.value_inputs.get(tuple(shapes)) or not isinstance(runner, NativeModule):
-        raise KilnError("some sizes in this model depend on input values (data-dependent shapes); "
-                        "an artifact holds one native module of fixed sizes, so it cannot be saved")
+    if not isinstance(runner, NativeModule):
+        raise KilnError("cannot save an artifact: this model does not compile to one native module "
+                        "for these shapes (it runs in stages)", stage="export")
     return runner
+
+
+def stage_breaks(graph, shapes: list[tuple[int, ...]]) -> list[str]:
+    """Why `graph` at `shapes` is not one native module: a line per node that starts the
+    trouble (control flow and sequence ops; ops whose output sizes depend on input values)."""
+    from kiln.lower.module import is_runtime_op
+    from kiln.lower.specialize import dynamic_values, specialize
+    g, _ = specialize(graph, list(shapes), {})
+    dyn = {v.id for v in dynamic_values(g)}
+    out = []
+    for n in g.nodes:
+        if is_runtime_op(n):
+            out.append(f"{n.op} node {n.name!r} is control flow or a sequence op (the cpu target runs "
+                       "it in stages)")
+        elif any(v is not None and v.id in dyn for v in n.outputs) and \
+                not any(v is not None and v.id in dyn for v in n.inputs):
+            out.append(f"{n.op} node {n.name!r} makes an output whose size depends on input values")
+    return out
 
 
 def c_source_of(native: NativeModule) -> str:
     """The C source `native` was built from (the build cache keeps it beside the library)."""
     c_path = Path(native.library_path).with_suffix(".c")
-    if not c_path.exists():
+    if not c_path.exists() or not split_units(c_path.read_text()):
         raise KilnError(f"the C source of {native.library_path} is gone from the build cache; "
                         "compile again", stage="export")
     return c_path.read_text()
 
 
+def symbol_prefix(name: str | None, source=None) -> str:
+    """The artifact's C symbol prefix: `name` (must be a C identifier), else the source
+    file's stem made one (`resnet-18.onnx` -> `resnet_18`), else `model`."""
+    if name is not None:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+            raise KilnError(f"artifact name {name!r} must be a C identifier (a letter, then letters, "
+                            "digits or _): it prefixes the library's symbols")
+        return name
+    if isinstance(source, (str, os.PathLike)):
+        return c_identifier(Path(source).stem)
+    return "model"
+
+
+def renamed(native: NativeModule, prefix: str) -> tuple[str, Path, str]:
+    """(C source as one unit, library, entry symbol) of `native` with its symbols
+    prefixed `prefix`_: rebuilt from the renamed source (cached by content hash)."""
+    units = [with_prefix(u, prefix) for u in split_units(c_source_of(native))]
+    library = compile_c(units)
+    entry = prefix + native.entry.__name__.removeprefix(DEFAULT_PREFIX)
+    return single_unit("".join(units)), library, entry
+
+
 def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] | None = None,
-         source=None) -> dict:
+         source=None, name: str | None = None) -> dict:
     """Write `model` (target 'cpu') to `path` as a `.kiln` artifact; returns its manifest.
 
     `source` (the .onnx path, bytes or ModelProto it came from) is hashed into the manifest.
+    `name` (a C identifier; default: the source file's stem) prefixes every symbol of the
+    artifact's library and header: `<name>_main`, `<name>_run`, `<NAME>_WEIGHTS_BYTES`...
     """
+    prefix = symbol_prefix(name, source)
     shapes = bind_shapes(model, dims)
     native = native_module(model, shapes)
-    c_source = c_source_of(native)
+    c_source, library, entry = renamed(native, prefix)
     weights = native.weights.tobytes()
     ins = [Port(s.name, DType.from_name(s.dtype), shape) for s, shape in zip(model.inputs, shapes)]
     outs = [Port(s.name, DType.from_numpy(dt), shape)
@@ -77,7 +129,8 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
         "source": _source_info(source),
         "target": {"name": "cpu", "arch": machine(), "cflags": cflags,
                    "features": sorted(cpu_features()) if "native" in cflags else []},
-        "entry": native.entry.__name__,
+        "name": prefix,
+        "entry": entry,
         "files": {"library": artifact.LIBRARY, "header": artifact.HEADER, "source": artifact.SOURCE,
                   "weights": artifact.WEIGHTS},
         "inputs": [_port_json(p) for p in ins],
@@ -88,9 +141,9 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
         "workspace_bytes": workspace,
         "kernels": list(native.call_nodes),
     }
-    header = emit_header(c_source, manifest["entry"], ins, outs, len(weights), workspace)
+    header = emit_header(c_source, entry, ins, outs, len(weights), workspace, prefix)
     artifact.write_artifact(path, manifest, {
-        artifact.LIBRARY: Path(native.library_path).read_bytes(),
+        artifact.LIBRARY: library.read_bytes(),
         artifact.HEADER: header.encode(),
         artifact.SOURCE: c_source.encode(),
         artifact.WEIGHTS: weights,

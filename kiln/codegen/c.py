@@ -3,7 +3,10 @@
 Every identifier in the output is generated here (prefix + sanitized name + number),
 and no user string reaches a comment or literal, so a model cannot inject code.
 Each PrimFunc `f` becomes `int32_t kiln_f(T* restrict ...)` returning 0, -1 when
-a heap allocation failed, or -(k+2) when its k-th `Call` (0-based) failed first. Loads/stores index flat row-major arrays; floor
+a heap allocation failed, or -(k+2) when its k-th `Call` (0-based) failed first.
+`kiln_` is the default symbol prefix: `with_prefix` renames a module's functions
+(an artifact's `resnet18_main`, `resnet18_k0_Conv`, ...) so several modules link into
+one program. Loads/stores index flat row-major arrays; floor
 division/modulo become plain `/` `%` when the simplifier proves operands non-negative.
 
 Dtypes C has no type for (bfloat16, float8*, float4e2m1, int4/uint4/int2/uint2) are
@@ -51,7 +54,11 @@ MVEC_DECLS = "".join(
     f"#pragma omp declare simd notinbranch\n{t} {f}{sfx}({', '.join([t] * (2 if f in ('pow', 'atan2') else 1))});\n"
     for f in MVEC_FUNCS for t, sfx in (("float", "f"), ("double", "")))
 
-PRELUDE = ("""#include <stdint.h>
+UNIT_START = "/* kiln: C translation unit */"   # first line of every unit emit_c(_units) writes
+FUNCTIONS = "/* kiln: functions */"           # after the unit's shared declarations
+
+PRELUDE = (UNIT_START + """
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,10 +131,45 @@ class _Names:
         return self.map[obj]
 
 
-def func_symbol(name: str) -> str:
-    """The exported C symbol of PrimFunc `name` (sanitized; kiln_ prefix)."""
+DEFAULT_PREFIX = "kiln"
+
+
+def func_symbol(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The exported C symbol of PrimFunc `name` (sanitized; `prefix`_ before it)."""
     clean = re.sub(r"[^A-Za-z0-9_]", "_", name)
-    return f"kiln_{clean}"
+    return f"{prefix}_{clean}"
+
+
+def c_identifier(name: str) -> str:
+    """`name` made a C identifier: other characters become `_`, a leading digit gets `m_`."""
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_") or "model"
+    return f"m_{clean}" if clean[0].isdigit() else clean
+
+
+def split_units(source: str) -> list[str]:
+    """The translation units of `source` as emit_c_units wrote them (joined in any way)."""
+    return [UNIT_START + u for u in source.split(UNIT_START)[1:]]
+
+
+def single_unit(source: str) -> str:
+    """One translation unit equivalent to the units of `source`: their shared declarations
+    once, then every unit's functions (what an artifact ships as model.c)."""
+    units = split_units(source)
+    head = units[0].split(FUNCTIONS)[0]
+    return head + FUNCTIONS + "".join(u.split(FUNCTIONS, 1)[1] for u in units)
+
+
+def with_prefix(source: str, prefix: str, old: str = DEFAULT_PREFIX) -> str:
+    """`source` with every module function's symbol `old_X` renamed `prefix_X` (the
+    functions are those its prototypes declare; static helpers keep their names)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix):
+        raise KilnError(f"symbol prefix {prefix!r} is not a C identifier", stage="codegen")
+    head = split_units(source)[0].split(FUNCTIONS)[0]
+    names = re.findall(rf"^int32_t {re.escape(old)}_(\w+)\(", head, re.M)
+    if not names:
+        return source
+    pattern = re.compile(rf"\b{re.escape(old)}_({'|'.join(map(re.escape, names))})\b")
+    return pattern.sub(lambda m: f"{prefix}_{m.group(1)}", source)
 
 
 class _Emitter:
@@ -423,7 +465,8 @@ def _emit(module: S.LoopModule) -> tuple[str, list[str]]:
               for f in module.funcs]
     protos = [(_extern_signature(f) if isinstance(f, S.ExternFunc) else em.signature(f, _Names())) + ";"
               for f in module.funcs]
-    header = "\n".join([PRELUDE, *helper_source(em.narrow), *em.helpers.values(), "", *protos, ""])
+    header = "\n".join([PRELUDE, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
+                        FUNCTIONS])
     return header, ["\n".join(b) + "\n" for b in bodies]
 
 

@@ -3,11 +3,14 @@
 A `.kiln` file is a zip archive (`unzip model.kiln -d model/` opens it):
 
     manifest.json   what is inside: format version, kiln version, source model hash,
-                    target (arch, CPU features the library needs, C flags), entry symbol,
-                    inputs/outputs (name, dtype, shape), weights and workspace sizes
-    model.so        the native module: every kernel and the entry `kiln_main`
-    model.h         C header declaring the entry, `kiln_model_run` and size macros
-    model.c         the C source the library was built from (rebuild it elsewhere)
+                    target (arch, CPU features the library needs, C flags), name (the
+                    C symbol prefix), entry symbol, inputs/outputs (name, dtype, shape),
+                    weights and workspace sizes
+    model.so        the native module: every kernel (`NAME_k0_Conv`, ...) and the entry
+                    `NAME_main`, NAME being the artifact's name (`kiln compile --name`)
+    model.h         C header declaring the entry, a typed `NAME_run` and `NAME_*` size macros
+    model.c         the C source the library was built from, one translation unit
+                    (rebuild it elsewhere: cc -O3 -fopenmp -shared -fPIC model.c -lm)
     weights.bin     every constant, one raw little-endian blob (no pickle)
 
 This module reads and writes the container and loads it; `kiln.export` makes

@@ -32,6 +32,27 @@ def kiln_run(*args, cwd):
     return p.returncode, stdout, stderr
 
 
+def staged_models() -> dict[str, onnx.ModelProto]:
+    """Models the cpu target runs in stages (an output size known only from the data; an If)."""
+    from onnx import TensorProto as T
+    from onnx import helper
+    x = helper.make_tensor_value_info("x", T.FLOAT, [2, 3])
+    nonzero = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                                 helper.make_node("NonZero", ["r"], ["y"], name="positive")],
+                                "nonzero", [x], [helper.make_tensor_value_info("y", T.INT64, [2, None])])
+    branch = lambda op, out: helper.make_graph(  # noqa: E731
+        [helper.make_node(op, ["x"], [out])], op, [], [helper.make_tensor_value_info(out, T.FLOAT, [2, 3])])
+    cond = helper.make_graph([helper.make_node("If", ["c"], ["y"], name="choose", then_branch=branch("Relu", "t"),
+                                               else_branch=branch("Neg", "e"))],
+                             "cond", [x, helper.make_tensor_value_info("c", T.BOOL, [])],
+                             [helper.make_tensor_value_info("y", T.FLOAT, [2, 3])])
+    out = {}
+    for g in (nonzero, cond):
+        out[g.name] = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        out[g.name].ir_version = 8
+    return out
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     """A folder with the model, inputs and bad files, and model.kiln made by `kiln compile`."""
@@ -42,6 +63,8 @@ def work(tmp_path_factory):
     for k, v in feeds.items():
         np.save(d / f"{k}.npy", v)
     np.save(d / "wrong.npy", np.zeros((3, 4), np.float32))
+    for name, m in staged_models().items():
+        onnx.save(m, d / f"{name}.onnx")
     rc, out, err = kiln_run("compile", "model.onnx", "-o", "model.kiln", "--dim", "batch=2",
                             "--emit", "c", "--emit-to", "model.c", cwd=d)
     assert rc == 0, err
@@ -51,7 +74,8 @@ def work(tmp_path_factory):
 def test_compile_writes_artifact_and_c(work):
     d, feeds, out = work
     assert "wrote model.kiln" in out
-    assert "int32_t kiln_main(" in (d / "model.c").read_text()
+    assert "int32_t kiln_main(" in (d / "model.c").read_text()  # the JIT module's source
+    assert "C entry model_main" in out
     got = kiln.load(d / "model.kiln").run(feeds)
     np.testing.assert_allclose(got["y"], reference(**feeds)["y"], rtol=1e-5, atol=1e-6)
 
@@ -92,10 +116,22 @@ BAD = {
 }
 
 
+# errors found after importing (and compiling): progress lines come first on stderr
+LATE = {
+    "data-dependent size": (["compile", "nonzero.onnx", "-o", "nz.kiln"],
+                            "NonZero node 'positive' makes an output whose size depends on input values"),
+    "control flow": (["compile", "cond.onnx", "-o", "cond.kiln"],
+                     "If node 'choose' is control flow or a sequence op"),
+    "symbolic dim": (["compile", "model.onnx", "-o", "free.kiln"], "symbolic dim(s) ['batch']: give their size (--dim batch=N)"),
+    "bad name": (["compile", "model.onnx", "--dim", "batch=1", "--name", "my-net"],
+                 "artifact name 'my-net' must be a C identifier"),
+}
+
+
 @pytest.fixture(scope="module")
 def bad_results(work):
     d = work[0]
-    procs = {k: kiln_cmd(*args, cwd=d) for k, (args, _) in BAD.items()}
+    procs = {k: kiln_cmd(*args, cwd=d) for k, (args, _) in {**BAD, **LATE}.items()}
     procs["debug"] = kiln_cmd("--debug", "run", "missing.onnx", cwd=d)
     return {k: (p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for k, p in procs.items()}
 
@@ -105,6 +141,16 @@ def test_bad_input_is_one_line_error(bad_results, case):
     rc, out, err = bad_results[case]
     assert rc == 1
     assert err.count("\n") == 1 and err.startswith("error: ") and BAD[case][1] in err, err
+
+
+@pytest.mark.parametrize("case", list(LATE))
+def test_late_error_is_one_line_after_progress(bad_results, case, work):
+    rc, out, err = bad_results[case]
+    lines = err.splitlines()
+    assert rc == 1 and "Traceback" not in err
+    assert lines[-1].startswith("error: ") and LATE[case][1] in lines[-1], err
+    assert not any(line.startswith("error") for line in lines[:-1]), err
+    assert not list(work[0].glob("*.kiln.*tmp")) and not (work[0] / "nz.kiln").exists()
 
 
 def test_debug_shows_the_traceback(bad_results):

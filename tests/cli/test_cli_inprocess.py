@@ -90,10 +90,10 @@ def test_inspect_lists_every_unsupported_node(capsys, tmp_path):
 
 def test_inspect_artifact(capsys, model_path, tmp_path):
     art = tmp_path / "m.kiln"
-    assert kiln(capsys, "compile", model_path, "-o", art, "--dim", "batch=1")[0] == 0
+    assert kiln(capsys, "compile", model_path, "-o", art, "--dim", "batch=1", "--name", "tiny")[0] == 0
     rc, out, err = kiln(capsys, "inspect", art)
     assert rc == 0, err
-    assert "kiln artifact" in out and "kiln_main" in out and "[1, 4]" in out
+    assert "kiln artifact" in out and "tiny_main" in out and "[1, 4]" in out
 
 
 def test_opt_level_reaches_the_compiler_and_its_report(capsys, model_path):

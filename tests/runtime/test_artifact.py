@@ -15,7 +15,7 @@ import pytest
 import kiln
 from kiln import KilnError
 from kiln.runtime import artifact as art
-from tests.runtime.models import inputs, reference
+from tests.runtime.models import inputs, narrow_inputs, narrow_model, narrow_reference, reference
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
 
@@ -170,3 +170,39 @@ def test_artifacts_are_reproducible(onnx_path, tmp_path):
     kiln.save(model, a, dims={"batch": 1}, source=onnx_path)
     kiln.save(model, b, dims={"batch": 1}, source=onnx_path)
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_narrow_dtypes_round_trip(tmp_path):
+    """bfloat16 and float16 inputs and outputs: saved, loaded and run; the header holds their bits."""
+    path = tmp_path / "half-precision.kiln"
+    manifest = kiln.save(kiln.compile(narrow_model()), path, source=None)
+    assert [p["dtype"] for p in manifest["inputs"] + manifest["outputs"]] == \
+        ["bfloat16", "float16", "bfloat16", "float16"]
+    feeds = narrow_inputs(seed=4)
+    got = kiln.load(path).run(feeds)
+    for name, want in narrow_reference(**feeds).items():
+        assert got[name].dtype == want.dtype
+        np.testing.assert_array_equal(got[name], want)
+    with zipfile.ZipFile(path) as z:
+        header = z.read("model.h").decode()
+    assert "static inline int32_t model_run(const uint16_t* in_0, const _Float16* in_1, uint16_t* out_0, " \
+        "_Float16* out_1," in header
+
+
+def test_symbol_prefix_from_name_or_source(onnx_path, tmp_path):
+    model = kiln.compile(onnx_path)
+    odd = tmp_path / "3d-net.v2.onnx"
+    odd.write_bytes(onnx_path.read_bytes())
+    m = kiln.save(model, tmp_path / "a.kiln", dims={"batch": 1}, source=odd)
+    assert (m["name"], m["entry"]) == ("m_3d_net_v2", "m_3d_net_v2_main")
+    with zipfile.ZipFile(tmp_path / "a.kiln") as z:
+        source, header = z.read("model.c").decode(), z.read("model.h").decode()
+    assert "int32_t m_3d_net_v2_main(" in source and "kiln_main" not in source
+    assert source.count("#include <stdint.h>") == 1  # one translation unit: cc -c model.c builds it
+    assert "#define M_3D_NET_V2_WEIGHTS_BYTES" in header
+    with pytest.raises(KilnError, match="must be a C identifier"):
+        kiln.save(model, tmp_path / "b.kiln", dims={"batch": 1}, name="my-net")
+    m = kiln.save(model, tmp_path / "b.kiln", dims={"batch": 1}, name="net2")
+    assert m["entry"] == "net2_main"
+    np.testing.assert_allclose(kiln.load(tmp_path / "b.kiln").run(inputs(batch=1))["z"],
+                               reference(**inputs(batch=1))["z"], rtol=1e-6)
