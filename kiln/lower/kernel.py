@@ -1,11 +1,13 @@
 """Graph nodes → one native kernel (a PrimFunc, or a hand-written ExternFunc).
 
 A kernel is a fused group of nodes (one node, or an elementwise/injective chain
-chosen by kiln.passes.fusion): each node's lowering is called in order, reading
-the group's inputs as placeholders `in0, in1, ...` and earlier members' outputs
-as the compute Tensors those returned. Intermediate injective stages are inlined,
-so the chain becomes one loop nest. Parameters: the group's inputs (first-use
-order), then its outputs.
+chosen by kiln.passes.fusion, possibly around an anchor: injective prologues, a
+MatMul/Gemm/Conv/reduction, elementwise epilogues): each node's lowering is called
+in order, reading the group's inputs as placeholders `in0, in1, ...` and earlier
+members' outputs as the compute Tensors those returned. Intermediate injective
+stages are inlined, so the chain becomes one loop nest and a prologue becomes index
+arithmetic in the anchor's loads. The anchor's schedule schedules the kernel.
+Parameters: the group's inputs (first-use order), then its outputs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from kiln.loops import Buffer, PrimFunc, Schedule, Tensor, compute, lower, place
 from kiln.loops.stmt import ExternFunc
 from kiln.lower.schedules import default_schedule
 from kiln.ops.registry import LowerCtx, lookup
-from kiln.passes.fusion import Kind, kind_of
+from kiln.passes.fusion import Kind, group_anchor, kind_of
 
 
 def lowerable(node: Node) -> bool:
@@ -64,6 +66,7 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
     group_inputs: list[Value] = []
     produced: list[tuple[Value | None, Tensor]] = []
     schedule_fn = None
+    anchor = group_anchor(nodes)
     for node in nodes:
         d = lookup(node.domain, node.op)
         if d is None or d.lower is None:
@@ -109,8 +112,8 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
             if v is not None:
                 tensors[v.id] = t
             produced.append((v, t))
-        if node is nodes[0]:
-            schedule_fn = ctx.schedule_fn  # the group's anchor (an epilogue follows it)
+        if node is anchor:
+            schedule_fn = ctx.schedule_fn  # prologues precede it, an epilogue follows it
     last = nodes[-1]
     outputs = produced if len(nodes) == 1 else [
         (v, t) for v, t in produced
@@ -127,7 +130,7 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
             st.compute_inline()  # a member's result read by the next member: one loop nest
     # one node: its own schedule; a group: its anchor's, which then tiles the fused
     # epilogue's loops (kiln.passes.fusion only fuses into anchors that can), else default
-    anchored = len(nodes) == 1 or kind_of(nodes[0]) == Kind.OUT_FUSABLE
+    anchored = len(nodes) == 1 or kind_of(anchor) >= Kind.REDUCTION
     (schedule_fn if schedule_fn is not None and anchored else default_schedule)(sch, out_tensors)
     params = [tensors[v.id] for v in group_inputs] + out_tensors
     return Kernel(lower(sch, params, name), group_inputs, [v for v, _ in outputs], list(nodes))

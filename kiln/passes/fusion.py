@@ -5,8 +5,13 @@ injective < reduction < out-elementwise-fusable < opaque): a node joins the
 group of the producer of one of its inputs when that edge is the producer's
 only use, and the kinds allow it — elementwise/broadcast/injective chains fuse
 into one loop nest; elementwise epilogues fuse into a Conv/MatMul/Gemm anchor
-when the anchor's lowering can take them. Every edge that is not fused is
-logged with its reason (`FusionPlan.why_not`), like Inductor's WhyNoFuse.
+when the anchor's lowering can take them. The other way round, an injective
+*prologue* (a group of index-remapping ops: Transpose, Reshape, Slice, Expand, ...)
+whose only reader is a MatMul/Gemm or a reduction folds into that consumer's
+group: lowering inlines it, so it becomes index arithmetic in the anchor's reads
+(the GEMM's packing of B, the reduction's loads) instead of a copy kernel. Every
+edge that is not fused is logged with its reason (`FusionPlan.why_not`), like
+Inductor's WhyNoFuse.
 """
 
 from __future__ import annotations
@@ -47,13 +52,31 @@ KINDS = {("", o): k for ops, k in ((_ELEMWISE, Kind.ELEMWISE), (_BROADCAST, Kind
 # Anchors whose lowering's schedule tiles a fused elementwise epilogue (kiln.lower.gemm)
 EPILOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm"), ("", "Conv")}
 
+# Anchors whose lowering reads its inputs only through compute loads (so an inlined
+# prologue becomes index arithmetic) and whose schedule leaves inlined stages alone:
+# the GEMM (kiln.lower.gemm inlines operand producers, into B's packing) and the
+# reductions (kiln.ops.reduce / nn schedules skip inlined stages). Conv is not one:
+# its schedule builds padded planes of a placeholder input.
+PROLOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm")} | {("", o) for o in _REDUCTION}
 
-def register_kind(domain: str, op: str, kind: Kind, epilogue_anchor: bool = False) -> None:
+# Ops that only remap indices (no arithmetic on values), which may fold into a consumer
+PROLOGUE_OPS = {("", o) for o in "Transpose Reshape Flatten Squeeze Unsqueeze Identity Expand Slice".split()}
+
+# ... of which these only reinterpret a contiguous buffer: alone they cost no kernel
+# (lowering aliases them), so folding them gains nothing
+VIEW_OPS = {("", o) for o in "Reshape Flatten Squeeze Unsqueeze Identity".split()}
+
+
+def register_kind(domain: str, op: str, kind: Kind, epilogue_anchor: bool = False,
+                  prologue_anchor: bool = False) -> None:
     """Give one of kiln's own ops (a packed-layout conv, a layout conversion) its fusion kind;
-    `epilogue_anchor`: its schedule tiles a fused elementwise epilogue, as Conv's does."""
+    `epilogue_anchor`: its schedule tiles a fused elementwise epilogue, as Conv's does;
+    `prologue_anchor`: its lowering may read its inputs through inlined index remapping."""
     KINDS[(domain, op)] = kind
     if epilogue_anchor:
         EPILOGUE_ANCHORS.add((domain, op))
+    if prologue_anchor:
+        PROLOGUE_ANCHORS.add((domain, op))
 
 MAX_GROUP = 16  # nodes per group: long chains compile slowly and gain little more
 
@@ -64,6 +87,12 @@ def kind_of(node: Node) -> Kind:
     return KINDS.get((node.domain or "", node.op), Kind.OPAQUE)
 
 
+def group_anchor(nodes: list[Node]) -> Node:
+    """The node that decides a group's kernel schedule: its most complex member, the first
+    of the highest kind (the MatMul/Conv/reduction between its prologues and epilogue)."""
+    return max(nodes, key=kind_of)
+
+
 @dataclass
 class Group:
     nodes: list[Node]
@@ -71,8 +100,7 @@ class Group:
 
     @property
     def anchor(self) -> Node:
-        """The node that decides the kernel's schedule (its most complex member)."""
-        return max(self.nodes, key=kind_of)
+        return group_anchor(self.nodes)
 
     @property
     def name(self) -> str:
@@ -96,12 +124,20 @@ def _same_shape(a: Value, b: Value) -> bool:
         a.type.shape is not None and a.type.shape == b.type.shape
 
 
-def partition(graph: Graph, fuse_anchors: bool = False) -> FusionPlan:
+def _key(n: Node) -> tuple[str, str]:
+    return (n.domain or "", n.op)
+
+
+def partition(graph: Graph, fuse_anchors: bool = False, fuse_prologues: bool | None = None) -> FusionPlan:
     """Group the graph's nodes (in order) for kernel generation.
 
     `fuse_anchors`: also take elementwise epilogues into Conv/MatMul/Gemm groups
     (only when the lowering layer can schedule anchor + epilogue together).
+    `fuse_prologues` (default: as `fuse_anchors`): fold injective index-remapping
+    groups into the MatMul/Gemm/reduction that is their only reader.
     """
+    if fuse_prologues is None:
+        fuse_prologues = fuse_anchors
     consumers = graph.consumers()
     outputs = {v.id for v in graph.outputs}
     group_of: dict[int, Group] = {}   # node id -> group
@@ -111,12 +147,19 @@ def partition(graph: Graph, fuse_anchors: bool = False) -> FusionPlan:
     for n in graph.nodes:
         k = kind_of(n)
         target = None
+        # an anchor or reduction joins no producer; it may take producers in as prologues
+        folded, refused = _prologues(n, producer, group_of, consumers, outputs) \
+            if fuse_prologues and k > Kind.INJECTIVE else ([], {})
         for v in n.inputs:
             if v is None or v.const is not None or v.id not in producer:
                 continue
             p = producer[v.id]
             g = group_of[id(p)]
+            if any(g is f for f in folded):
+                continue
             reason = _refuse(n, k, v, p, g, consumers, outputs, fuse_anchors)
+            if id(g) in refused:
+                reason = f"{n.op} joins no producer, and not as a prologue: {refused[id(g)]}"
             if reason is None and g is groups[-1]:
                 target = g
                 break
@@ -124,6 +167,12 @@ def partition(graph: Graph, fuse_anchors: bool = False) -> FusionPlan:
                        f"{reason or 'producer group is not the latest kernel (would reorder)'}")
         if target is None:
             target = Group([], k)
+            for g in folded:  # moved to just before n: nothing but n reads them
+                groups[:] = [x for x in groups if x is not g]
+                target.nodes.extend(g.nodes)
+                target.kind = max(target.kind, g.kind)
+                for m in g.nodes:
+                    group_of[id(m)] = target
             groups.append(target)
         target.nodes.append(n)
         target.kind = max(target.kind, k)
@@ -153,4 +202,51 @@ def _refuse(n: Node, k: Kind, v: Value, p: Node, g: Group, consumers, outputs, f
         return f"producer {p.op} is opaque"
     if len(n.outputs) != 1:
         return f"{n.op} has several outputs"
+    return None
+
+
+def _prologues(n: Node, producer, group_of, consumers, outputs) -> tuple[list[Group], dict[int, str]]:
+    """The producer groups of `n` that fold into its group as prologues (in input order:
+    none reads another's outputs, so any order is topological), and why each other
+    producer group does not (by id(group))."""
+    found: list[Group] = []
+    refused: dict[int, str] = {}
+    for v in n.inputs:
+        if v is None or v.const is not None or v.id not in producer:
+            continue
+        g = group_of[id(producer[v.id])]
+        if any(g is f for f in found) or id(g) in refused:
+            continue
+        reason = _refuse_prologue(n, g, consumers, outputs, sum(len(f.nodes) for f in found))
+        if reason is None:
+            found.append(g)
+        else:
+            refused[id(g)] = reason
+    return found, refused
+
+
+def _refuse_prologue(n: Node, g: Group, consumers, outputs, taken: int) -> str | None:
+    """Why group `g` may not fold into `n`'s group as a prologue (None: it may)."""
+    if g.kind > Kind.INJECTIVE:
+        return f"the producer's group is {g.kind.name.lower()}"
+    if _key(n) not in PROLOGUE_ANCHORS:
+        return f"{n.op}'s lowering does not read through an inlined prologue"
+    bad = next((m for m in g.nodes if _key(m) not in PROLOGUE_OPS), None)
+    if bad is not None:
+        return (f"{bad.op}({bad.name}) computes values (they would be recomputed at every read); "
+                "only index-remapping ops fold into a consumer")
+    if len(g.nodes) == 1 and _key(g.nodes[0]) in VIEW_OPS:
+        return "a view of its input (no kernel, no copy): nothing to gain"
+    inside = {id(m) for m in g.nodes} | {id(n)}
+    for m in g.nodes:
+        for v in m.outputs:
+            if v is None:
+                continue
+            if v.id in outputs:
+                return f"%{v.name} is a graph output"
+            readers = consumers.get(v.id, [])
+            if any(id(c) not in inside for c in readers):
+                return f"%{v.name} has {len(readers)} consumers"
+    if len(g.nodes) + taken + 1 > MAX_GROUP:
+        return f"group would exceed {MAX_GROUP} nodes"
     return None
