@@ -25,5 +25,6 @@ from kiln.ops import (  # noqa: F401
     ml,
     training,
     data_dependent,
+    layout,
 )
 from kiln.ops.registry import REGISTRY, OpDef, lookup  # noqa: F401
