@@ -48,7 +48,8 @@ def _one_reshape(m, b):
     return None
 
 
-def _perm(node, rank):
+def transpose_perm(node, rank):
+    """A Transpose node's perm (ONNX's default: the axes reversed)."""
     p = node.attrs.get("perm")
     return list(p) if p is not None else list(range(rank))[::-1]
 
@@ -58,7 +59,7 @@ def _compose_transposes(m, b):
     rank = getattr(x.type, "rank", None)
     if rank is None:
         return None
-    inner, outer = _perm(m.node("inner"), rank), _perm(m.root_node, rank)
+    inner, outer = transpose_perm(m.node("inner"), rank), transpose_perm(m.root_node, rank)
     perm = [inner[i] for i in outer]
     if perm == list(range(rank)):
         return x

@@ -2,7 +2,8 @@
 
     -O0  nothing
     -O1  cleanup: NOP elimination, constant folding, dead code elimination
-    -O2  -O1 + CSE, algebraic simplification, BatchNorm folding, MatMul+Add → Gemm
+    -O2  -O1 + CSE, algebraic simplification, transpose sinking, BatchNorm folding,
+         MatMul+Add → Gemm
     -O3  -O2 + pattern recognition (LayerNorm, GELU, attention)
 
 `run_passes` runs a level on a clone of the graph, records what each pass
@@ -34,7 +35,7 @@ def level1() -> list[str]:
 
 def level2() -> list[str]:
     return ["eliminate_nops", "fold_constants", "eliminate_common_subexpressions",
-            "simplify_algebra", "fold_batchnorm", "matmul_add_to_gemm",
+            "simplify_algebra", "sink_transposes", "fold_batchnorm", "matmul_add_to_gemm",
             "eliminate_nops", "eliminate_dead_code"]
 
 
@@ -43,7 +44,7 @@ def level3() -> list[str]:
     # (it also accepts the simplified ones)
     return ["eliminate_nops", "fold_constants", "eliminate_common_subexpressions",
             "recognize_layernorm", "recognize_gelu",
-            "simplify_algebra", "fold_batchnorm", "matmul_add_to_gemm",
+            "simplify_algebra", "sink_transposes", "fold_batchnorm", "matmul_add_to_gemm",
             "eliminate_nops", "eliminate_dead_code", "find_attention"]
 
 
