@@ -1,5 +1,8 @@
 """Measuring kiln against its peers (ONNX Runtime, PyTorch) in one process.
 
+The PyTorch peer is eager torch running kiln's imported graph op by op
+(kiln.peers.torch_graph); it needs the torch extra (pip install -e ".[torch]").
+
 Runs are interleaved — alternating rounds of each engine — so drift in clocks
 or machine load hits all alike; results are median, p10 and p90. Used by
 `kiln bench` and by `benchmarks/run.py`.
@@ -85,26 +88,9 @@ def peer(name: str, model_path: str, threads: int):
 
 
 def _torch_peer(model_path: str, threads: int):
-    """PyTorch eager on the ONNX model converted by onnx2torch."""
-    try:
-        import onnx
-        import torch
-        from onnx2torch import convert
-    except ImportError:
-        raise KilnError("--against torch needs torch and onnx2torch (pip install torch onnx2torch)") from None
-    torch.set_num_threads(threads)
-    proto = onnx.load(model_path)
-    inits = {i.name for i in proto.graph.initializer}
-    ins = [i.name for i in proto.graph.input if i.name not in inits]
-    outs = [o.name for o in proto.graph.output]
-    module = convert(proto).eval()
-
-    def run(feeds):
-        with torch.inference_mode():
-            res = module(*[torch.from_numpy(feeds[n]) for n in ins])
-        res = res if isinstance(res, (list, tuple)) else [res]
-        return {n: r.numpy() for n, r in zip(outs, res)}
-    return run
+    """PyTorch eager on the ONNX model: kiln's graph run op by op with torch functions."""
+    from kiln.peers.torch_graph import TorchGraph
+    return TorchGraph(model_path, threads)
 
 
 @contextmanager
@@ -145,7 +131,7 @@ class BenchResult:
     cold_s: float                 # compile + first run on an empty cache
     warm_s: float                 # the same again, the cache filled
     times: dict = field(default_factory=dict)    # engine -> stats()
-    check: tuple | None = None    # (peer, compare(kiln, peer)) against the first peer that ran
+    checks: dict = field(default_factory=dict)   # peer -> compare(kiln, peer), each peer that ran
     skipped: dict = field(default_factory=dict)  # peer -> why it did not run
 
 
@@ -181,7 +167,7 @@ def bench_model(path: str, *, peers=("ort",), threads: int | None = None, runs: 
         except KilnError as e:
             res.skipped[name] = str(e)
             continue
-        res.check = res.check or (name, compare(got, want))
+        res.checks[name] = compare(got, want)
         fns[name] = (lambda f: lambda: f(feeds))(run_peer)
     with step(f"timing {runs} runs of {', '.join(fns)}, interleaved"):
         times = time_interleaved(fns, {k: runs for k in fns}, rounds=max(1, min(10, runs)))

@@ -106,6 +106,18 @@ def test_bench_against_ort(work):
         assert word in out, word
 
 
+def test_bench_against_torch(work):
+    pytest.importorskip("torch")
+    d, _, _ = work
+    rc, out, err = kiln_run("bench", "model.onnx", "--dim", "batch=2", "--runs", "3", "--threads", "1",
+                            "--against", "ort,torch", cwd=d)
+    assert rc == 0, err
+    assert "skipped" not in err, err
+    for word in ("kiln/ort =", "kiln/torch =", "kiln vs ort:", "kiln vs torch:"):
+        assert word in out, word
+    assert out.count("-> agree") == 2, out
+
+
 BAD = {
     "missing file": (["run", "missing.onnx"], "model file not found: missing.onnx"),
     "not onnx": (["compile", "notonnx.onnx"], "not a valid ONNX model"),
