@@ -37,7 +37,6 @@ from kiln.graph.types import TensorType
 from kiln.loops import cast, compute, const, reduce_axis, select, sum_
 from kiln.ops.nn import compute_dtype, conv_core, parallel_worth, window
 from kiln.ops.registry import lowering, op
-from kiln.passes.fusion import Kind, register_kind
 
 DOMAIN = "kiln"
 
@@ -207,12 +206,6 @@ def conv_nchwc(ctx, x, w, b=None):
     return to_blocked(y, g.ob).astype(x.dtype, copy=False)
 
 
-# layout conversions are index remappings; the blocked conv takes an elementwise epilogue
-register_kind(DOMAIN, "ToNCHWc", Kind.INJECTIVE)
-register_kind(DOMAIN, "FromNCHWc", Kind.INJECTIVE)
-register_kind(DOMAIN, "ConvNCHWc", Kind.OUT_FUSABLE, epilogue_anchor=True)
-
-
 # ---------------------------------------------------------------- native lowerings
 
 def _rows_schedule(stage, work: int, lead: int) -> None:
@@ -259,11 +252,13 @@ BLOCKED_KNOBS: dict = {}                       # overrides for experiments and t
 def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None) -> tuple[int, int]:
     """(reg_w, oc_v): output columns x channel blocks of one register tile.
 
-    The tile's reg_w * oc_v accumulators stay in vector registers next to the oc_v weight
-    vectors and one broadcast (depthwise: next to the kernel's taps of weights); per input
-    channel the tile loads reg_w broadcasts and oc_v weight vectors for reg_w * oc_v FMAs.
-    Columns divide the output width (no tail loop); the tile with the fewest loads per FMA
-    that fits the register file wins (ties: more accumulators, to cover the FMA latency).
+    Per input channel the tile loads reg_w broadcasts and oc_v weight vectors for
+    reg_w * oc_v FMAs into accumulators that stay in vector registers: at most 4 fewer
+    than the register file (28 of AVX-512's 32; one of them may spill, measured no slower
+    than smaller tiles, and 4x4/14x2 tiles measured 1.3x slower than 7x4 on 56- and
+    28-wide outputs); depthwise, next to the kernel's taps of weights and a load.
+    Columns divide the output width (no tail loop); the tile with the fewest loads per
+    FMA wins (ties: more accumulators, to cover the FMA latency).
     """
     knobs = {**BLOCKED_KNOBS, **(knobs or {})}
     regs = VECTOR_REGISTERS.get(vbytes, 16)
@@ -271,8 +266,8 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None) -> tuple[i
     best = None
     for r in (d for d in range(1, ow + 1) if ow % d == 0):
         for v in [1] if g.depthwise else [v for v in range(1, 5) if g.ocb % v == 0]:
-            live = r * v + (g.taps if g.depthwise else v) + 1
-            if live > regs and not (r == 1 and v == 1):
+            fits = r + g.taps + 1 <= regs if g.depthwise else r * v <= regs - 4
+            if not fits and r > 1:
                 continue
             key = ((r + v) / (r * v), -r * v)
             if best is None or key < best[0]:
@@ -289,19 +284,28 @@ def _conv_lower(ctx, x, w, b=None):
     pt, pl = g.begin
     sh, sw = g.strides
     dh, dw = g.dil
-    # the zero border is read through a select (no padded copy): the condition is uniform
-    # over the vectorized channel lanes, and measured faster than a padded input (depthwise
-    # 2-3x: a copy costs as much as the convolution)
-    padded = any(g.begin) or any((o - 1) * st + (k - 1) * d + 1 > n + b for o, st, k, d, n, b in
-                                 zip(g.out, g.strides, g.kernel, g.dil, (g.h, g.w), g.begin))
+    # the zero border. Depthwise: read through a select (the condition is uniform over the
+    # vectorized lanes; a padded copy costs as much as the convolution: measured 2-3x slower).
+    # Dense: a zero-padded copy of the input (the rows and columns the windows read), so the
+    # register tile's inner loop has no conditions (a select there made it 2x slower for
+    # some tiles, as the C compiler did not always unswitch it)
+    hp = (g.out[0] - 1) * sh + (g.kernel[0] - 1) * dh + 1
+    wp = (g.out[1] - 1) * sw + (g.kernel[1] - 1) * dw + 1
+    padded = bool(pt or pl or hp > g.h + pt or wp > g.w + pl)
+
+    def border(n, c, r, s, i):
+        ok = (r >= 0) & (r < g.h) & (s >= 0) & (s < g.w)
+        return select(ok, x[(n, c, r, s, i)], const(0, dt))
+    xpad = None
+    if padded and not g.depthwise:
+        xpad = compute((g.n, g.icb, hp, wp, g.ib), lambda n, c, r, s, i: border(n, c, r - pt, s - pl, i),
+                       "xpad", dt)
 
     def xp(idx):
         n, c, r, s, i = idx
-        r, s = r - pt, s - pl
-        if not padded:
-            return x[(n, c, r, s, i)]
-        ok = (r >= 0) & (r < g.h) & (s >= 0) & (s < g.w)
-        return select(ok, x[(n, c, r, s, i)], const(0, dt))
+        if xpad is not None:
+            return xpad[idx]
+        return border(n, c, r - pt, s - pl, i) if padded else x[(n, c, r - pt, s - pl, i)]
 
     kh, kw = reduce_axis(g.kernel[0], "kh"), reduce_axis(g.kernel[1], "kw")
     if g.depthwise:
@@ -353,7 +357,17 @@ def _conv_lower(ctx, x, w, b=None):
         sa.unroll(aw)
         sa.unroll(ac)
         sa.vectorize(ao)
+        if xpad is not None:
+            _rows_schedule(sch[xpad], math.prod(xpad.shape), 3)
 
     ctx.schedule(schedule)
     return out
 
+
+# Fusion kinds: layout conversions are index remappings; the blocked conv takes an elementwise
+# epilogue. (Imported last: kiln.passes imports kiln.passes.layout, which imports this module.)
+from kiln.passes.fusion import Kind, register_kind  # noqa: E402
+
+register_kind(DOMAIN, "ToNCHWc", Kind.INJECTIVE)
+register_kind(DOMAIN, "FromNCHWc", Kind.INJECTIVE)
+register_kind(DOMAIN, "ConvNCHWc", Kind.OUT_FUSABLE, epilogue_anchor=True)

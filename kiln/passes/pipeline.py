@@ -44,7 +44,7 @@ def level3() -> list[str]:
     # (it also accepts the simplified ones)
     return ["eliminate_nops", "fold_constants", "eliminate_common_subexpressions",
             "recognize_layernorm", "recognize_gelu",
-            "simplify_algebra", "sink_transposes", "fold_batchnorm", "matmul_add_to_gemm",
+            "simplify_algebra", "sink_transposes", "fold_batchnorm", "matmul_add_to_gemm", "transform_layout",
             "eliminate_nops", "eliminate_dead_code", "find_attention"]
 
 

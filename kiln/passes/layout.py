@@ -1,0 +1,242 @@
+"""Layout transformation: convolutions with constant weights run on a blocked NCHW[c]c layout.
+
+Why: in NCHW a convolution vectorizes over output pixels, and every output
+channel rereads the input; pointwise and depthwise convolutions on small planes
+(MobileNet) then waste most of each vector on tails and shuffles. Blocking the
+channels (N,C,H,W -> N,C/c,H,W,c with c = the vector width, as TVM's
+AlterOpLayout/conv2d_NCHWc and oneDNN do) lets a convolution broadcast one
+input element into a whole vector of output channels, with weights packed once
+at compile time so those channel vectors are contiguous (see kiln.ops.layout).
+
+The rewrite, in one walk over the nodes in order:
+
+- a `Conv` whose weights (and bias) are constants, 2-D, float32, dense
+  (group 1) or depthwise (group = channels), and whose channel counts fill the
+  blocks well (`worth_blocking`: padding the channels up to whole blocks adds at
+  most a third; so the 3-channel stem conv stays NCHW) becomes `kiln::ConvNCHWc`
+  with its weights and bias packed here (numpy) as new constants;
+- a layout-agnostic elementwise op (Relu, Clip, Add of two same-shape tensors,
+  ...) that reads a blocked value runs on the blocked values instead; a
+  per-channel (1,C,1,1) or scalar constant operand is blocked (or kept) here;
+- a value needed in NCHW (by any other op, or as a graph output) gets one
+  `kiln::FromNCHWc` right before its first such reader, producing the very same
+  Value; an NCHW value read by a blocked op gets one `kiln::ToNCHWc`. Each
+  conversion is made once per value and a value converted one way is never
+  converted back (the blocked twin is reused), so back-to-back to/from pairs
+  never appear. Graph inputs and outputs stay NCHW.
+
+Padding channels hold zeros and the ops allowed to run blocked keep them finite,
+and the packed weights of a consumer are zero there, so results are unchanged.
+The block is the host's vector lanes for float32 (16 with AVX-512, 8 with AVX2);
+`KILN_NCHWC=0` turns the pass off, `KILN_NCHWC=8` forces a block of 8 (tests
+call `transform(graph, block)`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+from kiln.graph.ir import Graph, Node, Value
+from kiln.graph.types import TensorType
+from kiln.ops.infer import Inferencer
+from kiln.ops.layout import DOMAIN, pack_bias, pack_conv_weight, to_blocked
+from kiln.ops.nn import window
+from kiln.ops.registry import _Ctx
+from kiln.passes.edit import Namer, new_const, reads, static_shape
+from kiln.passes.registry import PassContext, graph_pass
+
+# elementwise ops that give the same result whatever the layout, and keep the padding
+# channels' zeros finite (so a consumer's zero weights keep ignoring them)
+UNARY = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Identity"}
+BINARY = {"Add", "Sub", "Mul", "Max", "Min", "Sum"}
+MAX_PAD_RATIO = 4 / 3   # padded channels / real channels at most this (24 -> 32 is fine; 3 -> 16 not)
+
+
+def default_block() -> int:
+    """The block for float32: the host's vector lanes; KILN_NCHWC overrides (0: off)."""
+    env = os.environ.get("KILN_NCHWC", "").strip()
+    if env:
+        return int(env)
+    from kiln.codegen.cpu import vector_lanes
+    return vector_lanes(DType.float32.itemsize)
+
+
+def worth_blocking(channels: int, block: int) -> bool:
+    """Whether `channels` fill blocks of `block` well enough (little zero padding)."""
+    padded = -(-channels // block) * block
+    return padded <= MAX_PAD_RATIO * channels
+
+
+def _conv_attrs(node: Node, opset: int, xshape) -> dict | None:
+    """Explicit attributes of a blockable 2-D Conv, or None when it is not one."""
+    ctx = _Ctx(node, opset)
+    w = node.inputs[1].const
+    try:
+        win = window(ctx, list(xshape[2:]), [int(k) for k in node.attrs.get("kernel_shape", w.shape[2:])])
+    except KilnError:
+        return None
+    return {"kernel_shape": list(win.kernel), "strides": list(win.strides),
+            "pads": [int(p) for p in win.begin + win.end], "dilations": list(win.dilations)}
+
+
+def blockable_conv(node: Node, opset: int, block: int) -> dict | None:
+    """The ConvNCHWc attributes for `node`, or None when it stays NCHW (see the module doc)."""
+    if node.op != "Conv" or node.domain or len(node.inputs) not in (2, 3) or len(node.outputs) != 1:
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    xs = static_shape(x)
+    if (xs is None or len(xs) != 4 or x.type.dtype is not DType.float32 or w is None or w.const is None
+            or w.const.ndim != 4 or w.const.dtype != np.float32 or (b is not None and b.const is None)
+            or node.outputs[0] is None):
+        return None
+    group = int(node.attrs.get("group", 1))
+    oc, c = w.const.shape[0], xs[1]
+    depthwise = group > 1 and group == c == oc and w.const.shape[1] == 1
+    if (group != 1 and not depthwise) or (group == 1 and w.const.shape[1] != c):
+        return None
+    if not (worth_blocking(c, block) and worth_blocking(oc, block)):
+        return None
+    attrs = _conv_attrs(node, opset, xs)
+    if attrs is None:
+        return None
+    return {**attrs, "depthwise": int(depthwise)}
+
+
+class _Rewriter:
+    def __init__(self, graph: Graph, block: int):
+        self.graph, self.block = graph, block
+        self.namer = Namer(graph)
+        self.inf = Inferencer(graph.opsets)
+        self.blocked: dict[int, Value] = {}   # NCHW value id -> its blocked twin
+        self.pending: dict[int, Value] = {}   # NCHW values whose producer now makes only the twin
+        self.nodes: list[Node] = []
+        self.fired = {"Conv": 0, "elementwise": 0, "ToNCHWc": 0, "FromNCHWc": 0}
+
+    def emit(self, op: str, inputs: list, outputs: list[Value], attrs: dict, name: str,
+             domain: str = "") -> Node:
+        node = Node(op, inputs, outputs, attrs, name, domain)
+        if any(v.type is None for v in outputs):
+            self.inf.infer_node(node)
+        self.nodes.append(node)
+        return node
+
+    def twin_value(self, v: Value) -> Value:
+        return Value(self.namer.fresh(f"{v.name}.nchwc"), None)
+
+    def to_blocked(self, v: Value) -> Value:
+        """v's blocked twin, converting (once) if there is none yet."""
+        if v.id in self.blocked:
+            return self.blocked[v.id]
+        if v.const is not None:
+            vb = new_const(self.namer, f"{v.name}.nchwc", to_blocked(v.const, self.block))
+        else:
+            vb = self.twin_value(v)
+            self.emit("ToNCHWc", [v], [vb], {"block": self.block}, self.namer.fresh(f"{v.name}.to_nchwc"),
+                      DOMAIN)
+            self.fired["ToNCHWc"] += 1
+        self.blocked[v.id] = vb
+        return vb
+
+    def need_nchw(self, v: Value) -> None:
+        """v is read in NCHW: make it from its twin (once) if its producer was rewritten."""
+        if v is not None and v.id in self.pending:
+            del self.pending[v.id]
+            self.emit("FromNCHWc", [self.blocked[v.id]], [v], {"channels": int(v.type.shape[1])},
+                      self.namer.fresh(f"{v.name}.from_nchwc"), DOMAIN)
+            self.fired["FromNCHWc"] += 1
+
+    def produce_blocked(self, old: Value, new: Value) -> None:
+        self.blocked[old.id] = new
+        self.pending[old.id] = old
+
+    def conv(self, node: Node, attrs: dict) -> None:
+        w = node.inputs[1].const
+        b = node.inputs[2].const if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        dw = bool(attrs["depthwise"])
+        wp = new_const(self.namer, f"{node.inputs[1].name}.nchwc{self.block}",
+                       pack_conv_weight(w, self.block, dw))
+        ins = [self.to_blocked(node.inputs[0]), wp]
+        if b is not None:
+            ins.append(new_const(self.namer, f"{node.name}.bias.nchwc{self.block}",
+                                 pack_bias(b, w.shape[0], self.block, w.dtype)))
+        y = node.outputs[0]
+        yb = self.twin_value(y)
+        self.emit("ConvNCHWc", ins, [yb], attrs, node.name, DOMAIN)
+        self.produce_blocked(y, yb)
+        self.fired["Conv"] += 1
+
+    def operands(self, node: Node) -> list | None:
+        """How each input of an elementwise node would run blocked: 'blocked' (same shape
+        as the output), 'keep' (a scalar constant), 'pack' (a per-channel constant); None
+        when the node must stay NCHW."""
+        if node.domain or len(node.outputs) != 1 or node.outputs[0] is None:
+            return None
+        if node.op not in UNARY and node.op not in BINARY:
+            return None
+        out = static_shape(node.outputs[0])
+        if out is None or len(out) != 4 or not any(v is not None and v.id in self.blocked for v in node.inputs):
+            return None
+        kinds = []
+        for i, v in enumerate(node.inputs):
+            s = None if v is None else static_shape(v)
+            if v is None:
+                kinds.append(None)
+            elif s == out and (v.id in self.blocked or node.op in BINARY or i == 0):
+                kinds.append("blocked")
+            elif v.const is not None and v.const.size == 1:
+                kinds.append("keep")
+            elif (v.const is not None and node.op in BINARY and s is not None and len(s) == 4
+                  and s[0] == 1 and s[1] == out[1] and s[2:] == (1, 1)):
+                kinds.append("pack")
+            else:
+                return None
+        return kinds
+
+    def elementwise(self, node: Node, kinds: list) -> None:
+        ins = [v if k in (None, "keep") else self.to_blocked(v) for v, k in zip(node.inputs, kinds)]
+        y = node.outputs[0]
+        yb = self.twin_value(y)
+        self.emit(node.op, ins, [yb], dict(node.attrs), node.name, node.domain)
+        self.produce_blocked(y, yb)
+        self.fired["elementwise"] += 1
+
+    def run(self) -> None:
+        opset = self.graph.opset("")
+        for node in self.graph.nodes:
+            attrs = blockable_conv(node, opset, self.block)
+            if attrs is not None:
+                self.conv(node, attrs)
+                continue
+            kinds = self.operands(node)
+            if kinds is not None:
+                self.elementwise(node, kinds)
+                continue
+            for v in reads(node):
+                self.need_nchw(v)
+            self.nodes.append(node)
+        for v in self.graph.outputs:
+            self.need_nchw(v)
+        self.graph.nodes = self.nodes
+
+
+def transform(graph: Graph, block: int) -> dict[str, int]:
+    """Rewrite `graph` in place with blocks of `block` channels; returns what fired."""
+    if block < 2 or not any(n.op == "Conv" for n in graph.nodes):
+        return {}
+    r = _Rewriter(graph, block)
+    r.run()
+    if r.fired["Conv"]:
+        graph.opsets.setdefault(DOMAIN, 1)
+    return {k: n for k, n in r.fired.items() if n}
+
+
+@graph_pass("transform_layout")
+def transform_layout(graph: Graph, ctx: PassContext) -> Graph:
+    """Run convolutions (and the elementwise ops between them) on the blocked NCHW[c]c layout."""
+    ctx.tally(transform(graph, default_block()))
+    return graph

@@ -1,0 +1,120 @@
+"""Native lowerings of kiln's blocked-layout ops (ToNCHWc, FromNCHWc, ConvNCHWc) against the
+NumPy references: NCHW graphs are rewritten by transform_layout, compiled for the cpu target
+without further passes, and compared with the interpreter on the original NCHW graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.interpreter import Interpreter
+from kiln.ops.layout import BlockedGeom, plan_tile
+from kiln.passes.layout import transform, worth_blocking
+from tests.passes.test_layout import R
+from tests.passes.util import graph, prog, random_inputs
+
+F = np.float32
+
+
+def conv_text(x, y, c, oc, k, s=1, p=0, group=1, d=1, name="conv", bias=True):
+    attrs = (f"kernel_shape = [{k}, {k}], strides = [{s}, {s}], pads = [{p}, {p}, {p}, {p}], "
+             f"dilations = [{d}, {d}], group = {group}")
+    return f'  %{y}: float32[{{{y}}}] = Conv(%{x}, %w_{name}{", %b_" + name if bias else ""}) {{{attrs}}} name "{name}"\n'
+
+
+def out_hw(h, k, s, p, d=1):
+    return (h + 2 * p - (k - 1) * d - 1) // s + 1
+
+
+def conv_case(n, c, h, oc, k, s=1, p=0, dw=False, d=1, epilogue=None, bias=True):
+    """One conv (dense, or depthwise when dw) on an NCHW input, with an optional fused epilogue."""
+    o = out_hw(h, k, s, p, d)
+    group = c if dw else 1
+    consts = {"w_conv": R(oc, c // group, k, k)}
+    if bias:
+        consts["b_conv"] = R(oc)
+    body = conv_text("x", "c", c, oc, k, s, p, group, d, bias=bias)
+    last, shape = "c", f"{n},{oc},{o},{o}"
+    if epilogue == "relu":
+        body += f'  %r: float32[{shape}] = Relu(%c) name "relu"\n'
+        last = "r"
+    elif epilogue == "clip":
+        consts.update(lo=np.array(0, F), hi=np.array(0.5, F))
+        body += f'  %r: float32[{shape}] = Clip(%c, %lo, %hi) name "clip"\n'
+        last = "r"
+    elif epilogue == "residual":   # Add of two blocked tensors, then ReLU: resnet's block end
+        consts.update(w_side=R(oc, c, 1, 1))
+        body += conv_text("x", "e", c, oc, 1, s, 0, name="side", bias=False).replace("{e}", "{c}")
+        body += f'  %a: float32[{shape}] = Add(%c, %e) name "add"\n  %r: float32[{shape}] = Relu(%a) name "relu"\n'
+        last = "r"
+    body = body.replace("{c}", shape).rstrip("\n").replace(f"%{last}:", "%y:").replace(f"%{last})", "%y)")
+    return graph(prog(f"(%x: float32[{n},{c},{h},{h}]) -> (%y)", body.replace(f"(%{last},", "(%y,")), **consts)
+
+
+CASES = {
+    "1x1": dict(n=1, c=16, h=7, oc=32, k=1),
+    "1x1_stride2_nobias": dict(n=1, c=16, h=9, oc=16, k=1, s=2, bias=False),
+    "3x3_pad_relu": dict(n=2, c=16, h=10, oc=16, k=3, p=1, epilogue="relu"),
+    "3x3_stride2_residual": dict(n=1, c=16, h=11, oc=32, k=3, s=2, p=1, epilogue="residual"),
+    "3x3_dilated_clip": dict(n=1, c=8, h=12, oc=24, k=3, p=2, d=2, epilogue="clip"),
+    "channels_not_multiple": dict(n=1, c=12, h=6, oc=20, k=3, p=1),      # 12 -> 16, 20 -> 24 (block 8)
+    "5x5_valid": dict(n=1, c=16, h=9, oc=8, k=5),
+    "depthwise_3x3_clip": dict(n=1, c=24, h=13, oc=24, k=3, p=1, dw=True, epilogue="clip"),
+    "depthwise_stride2_pad": dict(n=2, c=12, h=10, oc=12, k=3, s=2, p=1, dw=True),
+}
+
+
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_blocked_conv_matches_reference(case, block):
+    g = conv_case(**CASES[case])
+    blocked = g.clone()
+    fired = transform(blocked, block)
+    cfg = CASES[case]
+    expect_blocked = worth_blocking(cfg["c"], block) and worth_blocking(cfg["oc"], block)
+    assert bool(fired.get("Conv")) == expect_blocked, fired
+    if not expect_blocked:
+        return
+    assert {n.qualified_op for n in blocked.nodes} >= {"kiln::ToNCHWc", "kiln::ConvNCHWc", "kiln::FromNCHWc"}
+    xs = random_inputs(g, 1)
+    want = Interpreter(g).run(xs)[0]
+    ref = Interpreter(blocked).run(xs)[0]             # the blocked ops' NumPy references
+    np.testing.assert_allclose(ref, want, rtol=1e-4, atol=1e-4)
+    m = kiln.compile(blocked, target="cpu", opt_level=0, report=True)
+    got = m.run({"x": xs[0]})["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if cfg.get("epilogue"):   # the epilogue is fused into the conv's kernel
+        assert any("ConvNCHWc" in str(k) and ("Relu" in str(k) or "Clip" in str(k)) for k in m.report.fused_groups)
+
+
+def test_plan_tile_fits_the_register_file():
+    def geom(ow, ocb, dw=False):
+        k = [3, 3] if dw else [1, 1]
+        return BlockedGeom(1, 4, ow, ow, 16, ocb, 1 if dw else 4, k, 16, [1, 1], [1, 1], [0, 0], [ow, ow], dw)
+    for vbytes, regs in ((64, 32), (32, 16)):
+        for ow in (7, 13, 14, 28, 56, 112):
+            for ocb in (1, 4, 6, 9):
+                r, v = plan_tile(geom(ow, ocb), vbytes)
+                assert ow % r == 0 and ocb % v == 0 and (r * v <= regs - 4 or r == 1)
+                r, v = plan_tile(geom(ow, ocb, True), vbytes)
+                assert ow % r == 0 and v == 1 and (r + 9 + 1 <= regs or r == 1)
+    assert plan_tile(geom(56, 4), 64) == (7, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "mobilenetv2"])
+def test_models_at_O3_match_onnxruntime(name):
+    ort = pytest.importorskip("onnxruntime")
+    from benchmarks.models import MODELS, inputs_for
+    model = MODELS[name]()
+    feeds = inputs_for(name, model)
+    m = kiln.compile(model, target="cpu", opt_level=3, report=True)
+    layout = next(s for s in m.report.passes if s.name == "transform_layout")
+    assert layout.fired.get("Conv", 0) >= 19
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = s.run(None, feeds)[0]
+    got = m.run(feeds)
+    got = got["logits"] if isinstance(got, dict) else got[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,162 @@
+"""Layout transformation (transform_layout): Convs with constant weights run blocked (NCHW[c]c),
+elementwise ops between them follow, conversions only where NCHW is needed."""
+
+import numpy as np
+import pytest
+
+from kiln.graph import print_graph
+from kiln.interpreter import Interpreter
+from kiln.ops.layout import from_blocked, pack_bias, pack_conv_weight, to_blocked, unpack_conv_weight
+from kiln.passes import passes_for
+from kiln.passes.layout import transform, worth_blocking
+from tests.passes.util import assert_equivalent, check, graph, prog, random_inputs, run_pass
+
+F = np.float32
+rng = np.random.default_rng(0)
+
+
+def R(*shape):
+    x = rng.standard_normal(shape).astype(F)
+    x[x == 0] = 0.5
+    return x
+
+
+@pytest.fixture(autouse=True)
+def block8(monkeypatch):
+    monkeypatch.setenv("KILN_NCHWC", "8")
+
+
+def _ops(g):
+    return [n.qualified_op for n in g.nodes]
+
+
+def test_chain_before_after():
+    """Conv -> Relu -> Conv -> Add(residual): one conversion in, one out per NCHW reader."""
+    sig = "(%x: float32[1,8,6,6]) -> (%y, %p)"
+    before = ('  %a: float32[1,8,6,6] = Conv(%x, %w1, %b1) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} name "c1"\n'
+              '  %r: float32[1,8,6,6] = Relu(%a) name "relu"\n'
+              '  %c: float32[1,8,6,6] = Conv(%r, %w2) {kernel_shape = [1, 1]} name "c2"\n'
+              '  %y: float32[1,8,6,6] = Add(%c, %x) name "add"\n'
+              '  %p: float32[1,8,3,3] = MaxPool(%r) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"')
+    after = (
+        '  %x.nchwc: float32[1,1,6,6,8] = "kiln"::ToNCHWc(%x) {block = 8} name "x.to_nchwc"\n'
+        '  %a.nchwc: float32[1,1,6,6,8] = "kiln"::ConvNCHWc(%x.nchwc, %w1.nchwc8, %c1.bias.nchwc8) '
+        '{kernel_shape = [3, 3], strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], depthwise = 0} name "c1"\n'
+        '  %r.nchwc: float32[1,1,6,6,8] = Relu(%a.nchwc) name "relu"\n'
+        '  %c.nchwc: float32[1,1,6,6,8] = "kiln"::ConvNCHWc(%r.nchwc, %w2.nchwc8) '
+        '{kernel_shape = [1, 1], strides = [1, 1], pads = [0, 0, 0, 0], dilations = [1, 1], depthwise = 0} name "c2"\n'
+        '  %y.nchwc: float32[1,1,6,6,8] = Add(%c.nchwc, %x.nchwc) name "add"\n'
+        '  %r: float32[1,8,6,6] = "kiln"::FromNCHWc(%r.nchwc) {channels = 8} name "r.from_nchwc"\n'
+        '  %p: float32[1,8,3,3] = MaxPool(%r) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"\n'
+        '  %y: float32[1,8,6,6] = "kiln"::FromNCHWc(%y.nchwc) {channels = 8} name "y.from_nchwc"')
+    w1, b1, w2 = R(8, 8, 3, 3), R(8), R(8, 8, 1, 1)
+    packed = {"w1.nchwc8": pack_conv_weight(w1, 8, False), "c1.bias.nchwc8": pack_bias(b1, 8, 8, F),
+              "w2.nchwc8": pack_conv_weight(w2, 8, False)}
+    before_g = graph(prog(sig, before), w1=w1, b1=b1, w2=w2)
+    out, stats = run_pass("transform_layout", before_g)
+    want = graph(prog(sig, after).replace('opsets {"": 17}', 'opsets {"": 17, "kiln": 1}'), **packed)
+    assert print_graph(out) == print_graph(want)
+    assert_equivalent(before_g, out, rtol=1e-4, atol=1e-5)
+    assert stats.fired == {"Conv": 2, "elementwise": 2, "ToNCHWc": 1, "FromNCHWc": 2}
+
+
+def test_stem_conv_and_grouped_conv_stay_nchw():
+    """3 input channels pad a block of 8 by more than a third; group 2 is neither dense nor
+    depthwise; weights that are a graph input cannot be packed."""
+    sig = "(%x: float32[1,3,8,8], %wi: float32[8,8,1,1]) -> (%y, %z)"
+    body = ('  %a: float32[1,8,8,8] = Conv(%x, %w) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} name "stem"\n'
+            '  %b: float32[1,8,8,8] = Conv(%a, %wg) {kernel_shape = [1, 1], group = 2} name "grouped"\n'
+            '  %y: float32[1,8,8,8] = Relu(%b) name "relu"\n'
+            '  %z: float32[1,8,8,8] = Conv(%a, %wi) {kernel_shape = [1, 1]} name "input_weights"')
+    check("transform_layout", prog(sig, body), None, w=R(8, 3, 3, 3), wg=R(8, 4, 1, 1))
+
+
+def test_depthwise_and_padded_channels():
+    """MobileNet's block with 12 channels (padded to 16) and a depthwise conv; ReLU6 as Clip."""
+    sig = "(%x: float32[1,12,9,9]) -> (%y)"
+    body = ('  %e: float32[1,12,9,9] = Conv(%x, %we, %be) {kernel_shape = [1, 1]} name "expand"\n'
+            '  %c: float32[1,12,9,9] = Clip(%e, %lo, %hi) name "relu6"\n'
+            '  %d: float32[1,12,5,5] = Conv(%c, %wd) {kernel_shape = [3, 3], strides = [2, 2], '
+            'pads = [1, 1, 1, 1], group = 12} name "dw"\n'
+            '  %y: float32[1,12,5,5] = Add(%d, %s) name "shift"')
+    g = graph(prog(sig, body), we=R(12, 12, 1, 1), be=R(12), lo=np.array(0, F), hi=np.array(6, F),
+              wd=R(12, 1, 3, 3), s=R(1, 12, 1, 1))
+    out, stats = run_pass("transform_layout", g)
+    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Clip", "kiln::ConvNCHWc", "Add", "kiln::FromNCHWc"]
+    dw = out.nodes[3]
+    assert dw.attrs["depthwise"] == 1 and dw.inputs[1].const.shape == (2, 1, 3, 3, 1, 8)
+    assert out.nodes[4].inputs[1].const.shape == (1, 2, 1, 1, 8)     # per-channel constant packed
+    assert out.nodes[2].inputs[1].const.shape == ()                  # scalar kept
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+def test_conversions_cancel_and_outputs_stay_nchw():
+    """A value converted once is reused: a chain of blocked ops reading one graph input
+    converts it once; a blocked value read twice in NCHW is converted back once."""
+    sig = "(%x: float32[1,8,5,5]) -> (%y, %m)"
+    body = ('  %a: float32[1,8,5,5] = Conv(%x, %w) {kernel_shape = [1, 1]} name "c1"\n'
+            '  %b: float32[1,8,5,5] = Conv(%x, %w) {kernel_shape = [1, 1]} name "c2"\n'
+            '  %s: float32[1,8,5,5] = Add(%a, %b) name "add"\n'
+            '  %y: float32[1,8,5,5] = Relu(%s) name "relu"\n'
+            '  %m: float32[1,8,1,1] = GlobalAveragePool(%s) name "gap"')
+    g = graph(prog(sig, body), w=R(8, 8, 1, 1))
+    out, stats = run_pass("transform_layout", g)
+    assert _ops(out).count("kiln::ToNCHWc") == 1 and _ops(out).count("kiln::FromNCHWc") == 2
+    assert [v.type.shape for v in out.outputs] == [(1, 8, 5, 5), (1, 8, 1, 1)]
+    assert [v.name for v in out.outputs] == ["y", "m"]
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+def test_block_16_and_symbolic_batch_left_alone(monkeypatch):
+    monkeypatch.setenv("KILN_NCHWC", "16")
+    sig = "(%x: float32[1,16,4,4], %z: float32[N,16,4,4]) -> (%y, %u)"
+    body = ('  %y: float32[1,16,4,4] = Conv(%x, %w) {kernel_shape = [1, 1]} name "c"\n'
+            '  %u: float32[N,16,4,4] = Conv(%z, %w) {kernel_shape = [1, 1]} name "dyn"')
+    g = graph(prog(sig, body), w=R(16, 16, 1, 1))
+    out, _ = run_pass("transform_layout", g)
+    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Conv", "kiln::FromNCHWc"]
+    assert out.nodes[1].outputs[0].type.shape == (1, 1, 4, 4, 16)
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+def test_off_switch(monkeypatch):
+    monkeypatch.setenv("KILN_NCHWC", "0")
+    sig = "(%x: float32[1,8,4,4]) -> (%y)"
+    check("transform_layout", prog(sig, '  %y: float32[1,8,4,4] = Conv(%x, %w) {kernel_shape = [1, 1]} name "c"'),
+          None, w=R(8, 8, 1, 1))
+
+
+def test_in_level3_after_batchnorm_folding():
+    names = passes_for(3)
+    assert names.index("fold_batchnorm") < names.index("transform_layout") < len(names) - 2
+    assert "transform_layout" not in passes_for(2)
+
+
+def test_worth_blocking():
+    assert worth_blocking(24, 16) and worth_blocking(64, 16) and worth_blocking(8, 8)
+    assert not worth_blocking(3, 16) and not worth_blocking(3, 8) and not worth_blocking(20, 16)
+
+
+@pytest.mark.parametrize("c,block", [(16, 16), (24, 16), (5, 8)])
+def test_reference_layouts_round_trip(c, block):
+    x = R(2, c, 3, 4)
+    xb = to_blocked(x, block)
+    assert xb.shape == (2, -(-c // block), 3, 4, block)
+    assert np.array_equal(from_blocked(xb, c), x)
+    assert not xb[:, -1, ..., c % block:].any() if c % block else True    # zero padding
+    w = R(c + 1, c, 3, 3)
+    wn = unpack_conv_weight(pack_conv_weight(w, block, False), False)
+    assert np.array_equal(wn[:c + 1, :c], w) and not wn[c + 1:].any() and not wn[:, c:].any()
+
+
+def test_reference_conv_matches_onnx_conv():
+    """ConvNCHWc's NumPy reference (what the interpreter runs) against ONNX Conv directly."""
+    sig = "(%x: float32[2,14,7,6]) -> (%y)"
+    body = ('  %y: float32[2,12,4,3] = Conv(%x, %w, %b) {kernel_shape = [3, 2], strides = [2, 2], '
+            'pads = [1, 0, 1, 1], dilations = [1, 2]} name "c"')
+    g = graph(prog(sig, body), w=R(12, 14, 3, 2), b=R(12))
+    out = g.clone()
+    transform(out, 8)
+    assert "kiln::ConvNCHWc" in _ops(out)
+    xs = random_inputs(g, 3)
+    np.testing.assert_allclose(Interpreter(out).run(xs)[0], Interpreter(g).run(xs)[0], rtol=1e-5, atol=1e-5)
