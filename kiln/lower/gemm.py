@@ -33,6 +33,12 @@ is packed inside the parallel panel loop, and the row-block loop is unrolled so
 that each block's accumulators still have constant addresses (registers); V is read
 from memory once instead of read, written and read again.
 
+S is read in place, unless reading it divides indices (a fused prologue that merges
+dims, such as attention's heads Transpose + Reshape feeding the output projection):
+then it is first copied row-major into `Sp[.., R, K]` at the root (in parallel), so the
+micro-kernel's loads stay a row pointer plus k instead of a division per k step and
+a 16 KiB jump per head.
+
 A single column (matrix-vector: a Linear at batch 1) has nothing to vectorize over
 along C; there the k loop is split by the vector width and rfactor'ed, so each row
 accumulates a vector of partial sums, added up once at the end.
@@ -48,6 +54,7 @@ from kiln.codegen.c import STACK_LIMIT
 from kiln.codegen.cpu import cpu_features, vector_lanes
 from kiln.dtypes import DType
 from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
+from kiln.loops.expr import walk
 from kiln.lower.schedules import PARALLEL_MIN_WORK
 
 
@@ -112,6 +119,7 @@ class Gemm:
     s_outer: bool               # loop over S blocks outside V panels
     panel: bool = False         # pack V one panel at a time, inside the parallel panel loop
     dot: int = 0                # single-column V: vectorize k in `dot` partial sums per row (rfactor)
+    s_packed: Tensor | None = None  # S copied row-major at the root (its view divides indices)
 
     def schedule(self, sch: Schedule, out: Tensor | None = None) -> None:
         """Schedule out, acc and the packed panels (see the module docstring); inline
@@ -175,6 +183,14 @@ class Gemm:
             sr.reorder(sr.reduce_axis[0], rr, rc, lane)
             sr.unroll(rr)
             sr.vectorize(lane)
+        if self.s_packed is not None:
+            ss = sch[self.s_packed]
+            *sb, sk = ss.axis
+            outer = ss.fuse(*sb) if len(sb) > 1 else sb[0]
+            if self.nr > 1 and self.s_packed.shape[-1] > 1:
+                ss.vectorize(sk)
+            if math.prod(self.s_packed.shape) >= PARALLEL_MIN_WORK:
+                ss.parallel(outer)
         if self.packed is not None:
             sp = sch[self.packed]
             *pb, pco, pk, pci = sp.axis
@@ -200,6 +216,24 @@ def _inline_producers(sch: Schedule, tensors) -> None:
         seen.add(t)
         sch[t].compute_inline()
         todo.extend(t.inputs)
+
+
+_INDEX_DIVISION = ("floordiv", "floormod", "truncdiv", "truncmod")
+
+
+def divides_indices(t: Tensor) -> bool:
+    """Does a load of `t` divide an index: does `t`, or a non-reduction compute it reads
+    (what `_inline_producers` inlines), merge dims (a Reshape view that must unflatten)?"""
+    todo, seen = [t], set()
+    while todo:
+        x = todo.pop()
+        if x.op is None or x.reduce_axis or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if any(e.op in _INDEX_DIVISION and not e.dtype.is_float for e in walk(x.op.body)):
+            return True
+        todo.extend(x.inputs)
+    return False
 
 
 def _unsqueeze(ix, squeeze) -> tuple:
@@ -259,9 +293,15 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     if swap is None:  # S = B^T read in place pays when it is stored k-contiguous and M is the small side
         swap = trans_b and not trans_a and M < N
     if swap:
-        (R, C), s_at, v_at, vb = (N, M), (lambda bi, r, k: b_at(bi, k, r)), a_at, ba
+        (R, C), s_at, v_at, vb, sb = (N, M), (lambda bi, r, k: b_at(bi, k, r)), a_at, ba, bb
     else:
-        (R, C), s_at, v_at, vb = (M, N), a_at, (lambda bi, c, k: b_at(bi, k, c)), bb
+        (R, C), s_at, v_at, vb, sb = (M, N), a_at, (lambda bi, c, k: b_at(bi, k, c)), bb, ba
+    s_packed = None
+    if divides_indices(b if swap else a):
+        s_packed = compute((*sb, R, K), lambda *ix: s_at(ix[:-2], ix[-2], ix[-1]), f"{name}.s_packed")
+
+        def s_at(bi, r, k):
+            return s_packed[(*_bcast(bi, sb), r, k)]
     lanes = vector_lanes(acc_dtype.itemsize)
     s_contiguous = trans_b if swap else not trans_a
     # matrix-vector: a single column to vectorize over is no use; vectorize k instead
@@ -316,4 +356,4 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     out = compute(shape, out_body, name)
     s_size, v_size = R * K * math.prod(ba if not swap else bb), C * K * math.prod(vb)
     return Gemm(out, acc, packed, (a, b), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
-                s_outer=s_size > v_size, panel=panel, dot=dot)
+                s_outer=s_size > v_size, panel=panel, dot=dot, s_packed=s_packed)

@@ -122,6 +122,14 @@ CASES = {
         '  %t: float32[1,5,4,3] = Transpose(%c) {perm = [0,2,1,3]} name "t"',
         '  %r: float32[1,5,12] = Reshape(%t, %shape) name "r"',
         '  %y: float32[1,5,7] = MatMul(%r, %w) name "mm"'], {"shape": np.array([1, 5, 12], I)}),
+    "head merge->batched matmul, broadcast B": ("(%c: float32[2,3,5,4], %w: float32[12,6]) -> (%y)", [
+        '  %t: float32[2,5,3,4] = Transpose(%c) {perm = [0,2,1,3]} name "t"',
+        '  %r: float32[2,5,12] = Reshape(%t, %shape) name "r"',
+        '  %y: float32[2,5,6] = MatMul(%r, %w) name "mm"'], {"shape": np.array([2, 5, 12], I)}),
+    "merged B of a Gemm(transB) with few rows (S = B^T)": ("(%a: float32[2,12], %v: float32[3,8,4]) -> (%y)", [
+        '  %t: float32[8,3,4] = Transpose(%v) {perm = [1,0,2]} name "t"',
+        '  %r: float32[8,12] = Reshape(%t, %shape) name "r"',
+        '  %y: float32[2,8] = Gemm(%a, %r) {transB = 1} name "gemm"'], {"shape": np.array([8, 12], I)}),
     "reshape (head split)+transpose->matmul": ("(%x: float32[1,5,12], %k: float32[1,4,5,3]) -> (%y)", [
         '  %r: float32[1,5,4,3] = Reshape(%x, %shape) name "r"',
         '  %t: float32[1,4,5,3] = Transpose(%r) {perm = [0,2,1,3]} name "t"',
@@ -197,3 +205,17 @@ def test_bert_layers_are_eleven_kernels_with_one_kernel_per_layernorm_gelu_softm
     assert counts == {"LayerNormalization": 1 + 2 * 2, "Gelu": 2, "Softmax": 2}
     # per layer: the head transposes ride in the attention MatMuls, no copy kernels
     assert not any(_ops(c)[-1] in ("Transpose", "Reshape") for c in two.fused_groups), two.fused_groups
+
+
+@pytest.mark.parametrize("case, packed", [("transpose+reshape (head merge)->matmul", True),
+                                          ("merged B of a Gemm(transB) with few rows (S = B^T)", True),
+                                          ("transpose->matmul A", False)])
+def test_gemm_copies_an_operand_whose_prologue_divides_indices_once(case, packed):
+    """A merged-dims view read by the micro-kernel would divide indices at every k step;
+    the GEMM copies it row-major first (kiln.lower.gemm's S packing), other views it reads in place."""
+    from kiln.lower.kernel import lower_group
+    sig, body, spec = CASES[case]
+    g = graph(prog(sig, "\n".join(body), opset=18), **_consts(spec))
+    k = lower_group(g.nodes, {id(n): 18 for n in g.nodes}, {id(n): [v.const for v in n.inputs] for n in g.nodes},
+                    lambda v: False, "k")
+    assert ("s_packed" in str(k.func)) == packed
