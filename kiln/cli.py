@@ -43,6 +43,8 @@ def _pairs(ctx, param, values) -> dict[str, str]:
         name, eq, value = v.partition("=")
         if not eq or not name or not value:
             raise click.BadParameter(f"expected NAME=VALUE, got {v!r}")
+        if name in pairs:  # (an artifact holds one specialisation: no --dim batch=1 --dim batch=8)
+            raise click.BadParameter(f"{name!r} given twice ({pairs[name]} and {value})")
         pairs[name] = value
     return pairs
 

@@ -113,6 +113,7 @@ def test_unbound_dim_names_the_flag(capsys, model_path, tmp_path):
     (["compile", "m.onnx", "--emit-to", "f"], "--emit-to needs --emit"),
     (["compile", "m.onnx", "-O7"], "-O"),
     (["bench", "m.onnx", "--against", "tvm"], "unknown peer"),
+    (["compile", "m.onnx", "--dim", "batch=1", "--dim", "batch=8"], "'batch' given twice (1 and 8)"),
 ])
 def test_usage_errors(capsys, args, message):
     rc, _, err = kiln(capsys, *args)
