@@ -4,7 +4,7 @@
     -O1  cleanup: NOP elimination, constant folding, dead code elimination
     -O2  -O1 + CSE, algebraic simplification, transpose sinking, BatchNorm folding,
          MatMul+Add → Gemm
-    -O3  -O2 + pattern recognition (LayerNorm, GELU, attention)
+    -O3  -O2 + pattern recognition (LayerNorm, GELU, attention), NCHWc layout for convolutions
 
 `run_passes` runs a level on a clone of the graph, records what each pass
 changed (`PassStats`), verifies the graph after each pass when asked (tests do;
