@@ -10,6 +10,7 @@ import pytest
 import kiln
 from kiln.interpreter import Interpreter
 from kiln.ops.layout import BlockedGeom, plan_tile
+from kiln.passes import layout
 from kiln.passes.layout import transform, worth_blocking
 from tests.passes.test_layout import R
 from tests.passes.util import graph, prog, random_inputs
@@ -70,7 +71,7 @@ CASES = {
 def test_blocked_conv_matches_reference(case, block):
     g = conv_case(**CASES[case])
     blocked = g.clone()
-    fired = transform(blocked, block)
+    fired = transform(blocked, block, selective=False)
     cfg = CASES[case]
     expect_blocked = worth_blocking(cfg["c"], block) and worth_blocking(cfg["oc"], block)
     assert bool(fired.get("Conv")) == expect_blocked, fired
@@ -104,15 +105,17 @@ def test_plan_tile_fits_the_register_file():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet18", "mobilenetv2"])
-def test_models_at_O3_match_onnxruntime(name):
+@pytest.mark.parametrize("name,selective,blocked", [("mobilenetv2", True, 51), ("resnet18", False, 19),
+                                                    ("resnet18", True, 0)])
+def test_models_at_O3_match_onnxruntime(name, selective, blocked, monkeypatch):
     ort = pytest.importorskip("onnxruntime")
     from benchmarks.models import MODELS, inputs_for
+    monkeypatch.setattr(layout, "SELECTIVE", selective)
     model = MODELS[name]()
     feeds = inputs_for(name, model)
     m = kiln.compile(model, target="cpu", opt_level=3, report=True)
-    layout = next(s for s in m.report.passes if s.name == "transform_layout")
-    assert layout.fired.get("Conv", 0) >= 19
+    fired = next(s for s in m.report.passes if s.name == "transform_layout").fired
+    assert fired.get("Conv", 0) == blocked
     s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = s.run(None, feeds)[0]
     got = m.run(feeds)
