@@ -25,7 +25,7 @@ from kiln.loops import Buffer, Call, LoopModule, PrimFunc, compute, lower, place
 from kiln.loops import Schedule, View
 from kiln.lower.inplace import inplace_candidates
 from kiln.lower.kernel import Unfusable, lower_group, lowerable
-from kiln.passes.fusion import FusionPlan, partition
+from kiln.passes.fusion import VIEW_OPS, FusionPlan, partition
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
 
@@ -225,12 +225,9 @@ def _dedup(func, funcs: list, seen: dict[str, str]) -> str:
     return seen[text]
 
 
-_VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
-
-
 def _is_view(node: Node) -> bool:
     """Ops that only reinterpret a contiguous buffer's shape: they need no kernel."""
-    if node.op not in _VIEW_OPS or node.domain or not node.inputs or node.inputs[0] is None:
+    if (node.domain or "", node.op) not in VIEW_OPS or not node.inputs or node.inputs[0] is None:
         return False
     a, b = node.inputs[0].type, node.outputs[0].type
     return isinstance(a, TensorType) and isinstance(b, TensorType) and a.dtype == b.dtype and \

@@ -363,11 +363,3 @@ def _conv_lower(ctx, x, w, b=None):
     ctx.schedule(schedule)
     return out
 
-
-# Fusion kinds: layout conversions are index remappings; the blocked conv takes an elementwise
-# epilogue. (Imported last: kiln.passes imports kiln.passes.layout, which imports this module.)
-from kiln.passes.fusion import Kind, register_kind  # noqa: E402
-
-register_kind(DOMAIN, "ToNCHWc", Kind.INJECTIVE)
-register_kind(DOMAIN, "FromNCHWc", Kind.INJECTIVE)
-register_kind(DOMAIN, "ConvNCHWc", Kind.OUT_FUSABLE, epilogue_anchor=True)
