@@ -141,12 +141,15 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
         "workspace_bytes": workspace,
         "kernels": list(native.call_nodes),
     }
-    header = emit_header(c_source, entry, ins, outs, len(weights), workspace, prefix)
+    weights_file, weights_offset = artifact.weights_npy(weights)
+    manifest["weights_offset"] = weights_offset
+    header = emit_header(c_source, entry, ins, outs, len(weights), workspace, prefix,
+                         weights_offset=weights_offset)
     artifact.write_artifact(path, manifest, {
         artifact.LIBRARY: library.read_bytes(),
         artifact.HEADER: header.encode(),
         artifact.SOURCE: c_source.encode(),
-        artifact.WEIGHTS: weights,
+        artifact.WEIGHTS: weights_file,
     })
     return manifest
 

@@ -32,18 +32,21 @@ def entry_prototype(source: str, symbol: str) -> str:
 
 
 def emit_header(source: str, symbol: str, inputs: list[Port], outputs: list[Port],
-                weights_bytes: int, workspace_bytes: int, prefix: str = "kiln", align: int = 64) -> str:
+                weights_bytes: int, workspace_bytes: int, prefix: str = "kiln", align: int = 64,
+                weights_offset: int = 0) -> str:
     """Header text for a library whose entry `symbol` takes (inputs.., outputs.., weights, workspace).
 
     Everything it defines is named after `prefix` (a C identifier): the typed wrapper
     `<prefix>_run`, the macros `<PREFIX>_*` and the include guard, so the headers of
-    several artifacts can be included in one program.
+    several artifacts can be included in one program. `weights_offset`: where the raw
+    weights start in the artifact's weights.npy (after NumPy's header).
     """
     up = prefix.upper()
     ports = [("INPUT", k, p) for k, p in enumerate(inputs)] + [("OUTPUT", k, p) for k, p in enumerate(outputs)]
     lines = [_PREAMBLE.format(prefix=prefix, PREFIX=up, entry=symbol),
              f"#define {up}_ALIGN {align}",
              f"#define {up}_WEIGHTS_BYTES {weights_bytes}",
+             f"#define {up}_WEIGHTS_OFFSET {weights_offset}",
              f"#define {up}_WORKSPACE_BYTES {workspace_bytes}",
              f"#define {up}_NUM_INPUTS {len(inputs)}",
              f"#define {up}_NUM_OUTPUTS {len(outputs)}", ""]
@@ -94,7 +97,8 @@ _PREAMBLE = """\
  * exported symbols all start with {prefix}_ (entry: {entry}).
  *
  * Build:  cc app.c ./model.so -Wl,-rpath,'$ORIGIN' -o app
- * Memory: weights (the artifact's weights.bin, {PREFIX}_WEIGHTS_BYTES bytes, read as is)
+ * Memory: weights ({PREFIX}_WEIGHTS_BYTES bytes: the artifact's weights.npy from byte
+ *         {PREFIX}_WEIGHTS_OFFSET on, i.e. after NumPy's header; read or mmap them as is)
  *         and a workspace of {PREFIX}_WORKSPACE_BYTES bytes, both aligned to {PREFIX}_ALIGN;
  *         inputs and outputs are dense row-major arrays of {PREFIX}_<INPUT|OUTPUT>_k_SHAPE.
  *         Narrow float types (bfloat16, float8, ...) are passed as their raw bits.

@@ -11,7 +11,8 @@ A `.kiln` file is a zip archive (`unzip model.kiln -d model/` opens it):
     model.h         C header declaring the entry, a typed `NAME_run` and `NAME_*` size macros
     model.c         the C source the library was built from, one translation unit
                     (rebuild it elsewhere: cc -O3 -fopenmp -shared -fPIC model.c -lm)
-    weights.bin     every constant, one raw little-endian blob (no pickle)
+    weights.npy     every constant, one 1-D uint8 array in NumPy's .npy format (no pickle);
+                    its raw bytes start at manifest["weights_offset"] (C: NAME_WEIGHTS_OFFSET)
 
 This module reads and writes the container and loads it; `kiln.export` makes
 one from a compiled model. It imports nothing of the compiler.
@@ -19,6 +20,7 @@ one from a compiled model. It imports nothing of the compiler.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -33,9 +35,29 @@ from kiln.runtime.model import CompiledModel, TensorSpec
 from kiln.runtime.native import NativeModule
 
 FORMAT = "kiln-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: weights as weights.npy (1: a raw weights.bin)
 MANIFEST = "manifest.json"
-LIBRARY, HEADER, SOURCE, WEIGHTS = "model.so", "model.h", "model.c", "weights.bin"
+LIBRARY, HEADER, SOURCE, WEIGHTS = "model.so", "model.h", "model.c", "weights.npy"
+
+
+def weights_npy(blob: bytes) -> tuple[bytes, int]:
+    """The weights blob as a .npy file (1-D uint8) and the offset of its first data byte
+    (the header is padded to 64 bytes, so the data stays aligned in a mapped file)."""
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.frombuffer(blob, dtype=np.uint8), version=(1, 0),
+                              allow_pickle=False)
+    data = buf.getvalue()
+    return data, len(data) - len(blob)
+
+
+def read_weights_npy(data: bytes, where) -> np.ndarray:
+    try:
+        arr = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    except ValueError as e:
+        raise KilnError(f"{where}: weights are not a readable .npy file ({e})") from None
+    if arr.dtype != np.uint8 or arr.ndim != 1:
+        raise KilnError(f"{where}: weights must be a 1-D uint8 array, found {arr.dtype}{list(arr.shape)}")
+    return arr
 
 
 def write_artifact(path: str | os.PathLike, manifest: dict, files: dict[str, bytes]) -> None:
@@ -84,7 +106,7 @@ def load(path: str | os.PathLike) -> "ArtifactModel":
         check_target(manifest, path)
         try:
             lib = z.read(manifest["files"]["library"])
-            weights = np.frombuffer(z.read(manifest["files"]["weights"]), dtype=np.uint8)
+            weights = read_weights_npy(z.read(manifest["files"]["weights"]), path)
         except (KeyError, zipfile.BadZipFile) as e:
             raise KilnError(f"{path}: damaged kiln artifact ({e})") from None
     if weights.size != manifest["weights_bytes"]:

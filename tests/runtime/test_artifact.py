@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -54,8 +55,11 @@ def test_manifest_says_what_is_inside(artifact, onnx_path):
     assert manifest["target"]["arch"] and isinstance(manifest["target"]["features"], list)
     assert manifest["kernels"] and manifest["workspace_bytes"] > 0
     with zipfile.ZipFile(path) as z:
-        assert sorted(z.namelist()) == sorted([art.MANIFEST, "model.so", "model.h", "model.c", "weights.bin"])
-        weights = z.read("weights.bin")
+        assert sorted(z.namelist()) == sorted([art.MANIFEST, "model.so", "model.h", "model.c", "weights.npy"])
+        npy = z.read("weights.npy")
+    weights = npy[manifest["weights_offset"]:]
+    assert manifest["weights_offset"] % 64 == 0
+    assert np.array_equal(np.load(io.BytesIO(npy), allow_pickle=False), np.frombuffer(weights, np.uint8))
     assert len(weights) == manifest["weights_bytes"]
     assert hashlib.sha256(weights).hexdigest() == manifest["weights_sha256"]
 
@@ -133,6 +137,21 @@ def test_damaged_library_is_a_clear_error(artifact, tmp_path):
     rewrite_manifest(artifact[0], bad, model_so=b"not an ELF file")
     with pytest.raises(KilnError, match="cannot load its native library"):
         kiln.load(bad)
+
+
+def test_damaged_weights_are_a_clear_error(artifact, tmp_path):
+    pickled = tmp_path / "pickled.kiln"
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    rewrite_manifest(artifact[0], pickled, weights_npy=buf.getvalue())
+    with pytest.raises(KilnError, match="weights are not a readable .npy file"):
+        kiln.load(pickled)              # never unpickled
+    wide = tmp_path / "wide.kiln"
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(3, np.float32))
+    rewrite_manifest(artifact[0], wide, weights_npy=buf.getvalue())
+    with pytest.raises(KilnError, match="1-D uint8 array, found float32"):
+        kiln.load(wide)
 
 
 def test_not_an_artifact(tmp_path, onnx_path):

@@ -33,13 +33,17 @@ static void* buffer(size_t n) {  /* aligned, size rounded up as aligned_alloc re
     return p;
 }
 
-static void* slurp(const char* path, size_t n) {
+static void* slurp_at(const char* path, long offset, size_t n) {
     void* p = buffer(n);
     FILE* f = fopen(path, "rb");
-    if (!f || fread(p, 1, n, f) != n) { fprintf(stderr, "cannot read %s\n", path); exit(2); }
+    if (!f || fseek(f, offset, SEEK_SET) != 0 || fread(p, 1, n, f) != n) {
+        fprintf(stderr, "cannot read %s\n", path); exit(2);
+    }
     fclose(f);
     return p;
 }
+
+static void* slurp(const char* path, size_t n) { return slurp_at(path, 0, n); }
 
 static void dump(const char* path, const void* p, size_t n) {
     FILE* f = fopen(path, "wb");
@@ -50,13 +54,14 @@ static void dump(const char* path, const void* p, size_t n) {
 
 
 def app_source(models: list[tuple[str, int, int]]) -> str:
-    """A C program running each (name, inputs, outputs) artifact once: it reads NAME/weights.bin
+    """A C program running each (name, inputs, outputs) artifact once: it reads NAME/weights.npy
     and NAME.in<k>.bin, writes NAME.out<k>.bin, and prints each output's name and shape."""
     lines = [f'#include "{name}/model.h"' for name, _, _ in models] + [HELPERS, "int main(void) {"]
     for name, n_in, n_out in models:
         up = name.upper()
         lines.append("  {")
-        lines.append(f'    const uint8_t* w = slurp("{name}/weights.bin", {up}_WEIGHTS_BYTES);')
+        lines.append(f'    const uint8_t* w = slurp_at("{name}/weights.npy", {up}_WEIGHTS_OFFSET, '
+                     f'{up}_WEIGHTS_BYTES);')
         lines.append(f"    uint8_t* ws = buffer({up}_WORKSPACE_BYTES);")
         args = []
         for k in range(n_in):
