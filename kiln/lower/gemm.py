@@ -92,6 +92,27 @@ def choose_tile(rows: int, cols: int, dtype: DType, max_padded_rows: int | None 
     return (min(cost, key=lambda mr: (cost[mr], -mr)), nr) if cost else None
 
 
+def weight_aliasing(k: int, dtype: DType) -> bool:
+    """Do rows of a k-contiguous S operand alias in L1 (their stride a multiple of 4 KiB)?"""
+    return (k * dtype.itemsize) % 4096 == 0
+
+
+def weight_panel_width(cols: int, k: int, dtype: DType) -> int:
+    """nr, the panel width of a B[K, cols] packed ahead of time (kiln::MatMulPacked): what
+    `gemm` picks for an A read in place (it depends on the vector width, not on M)."""
+    return choose_tile(1, cols, accumulator_dtype(dtype), few_rows=weight_aliasing(k, dtype))[1]
+
+
+def pack_weight(w, nr: int):
+    """B[K, N] (numpy) as panels [ceil(N / nr), K, nr], the padded columns zero."""
+    import numpy as np
+    k, n = w.shape
+    cp = -(-n // nr) * nr
+    wp = np.zeros((k, cp), dtype=w.dtype)
+    wp[:, :n] = w
+    return np.ascontiguousarray(wp.reshape(k, cp // nr, nr).transpose(1, 0, 2))
+
+
 def _panel_tile(rows: int, cols: int, dtype: DType, tile) -> tuple[int, int] | None:
     """A tile for panel-at-a-time packing: the panel's accumulators fit the stack and
     it has at most PANEL_MAX_BLOCKS row blocks (two-vector tiles first, then one)."""
@@ -256,7 +277,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
          epilogue: Callable | None = None, out_dtype: DType | None = None,
          acc_dtype: DType | None = None, squeeze: tuple = (), name: str = "gemm",
          tile: tuple[int, int] | None = None, swap: bool | None = None, pack: bool | None = None,
-         panel: bool | None = None) -> Gemm:
+         panel: bool | None = None, prepacked: Tensor | None = None) -> Gemm:
     """GEMM of a [*ba, M, K] and b [*bb, K, N], batch dims broadcast as numpy.matmul.
 
     trans_a / trans_b: a is stored [*ba, K, M] / b is stored [*bb, N, K] (read in place,
@@ -267,7 +288,8 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     stored value (bias, alpha/beta, activations); the result is cast to out_dtype
     (default: a's dtype). squeeze: "m" and/or "n", size-1 output dims to drop
     (numpy.matmul's 1-D operands). tile = (mr, nr), swap, pack and panel override the
-    heuristics (a tuner's knobs).
+    heuristics (a tuner's knobs). prepacked: b already packed as panels [Cp // nr, K, nr]
+    (see `pack_weight`; b then only gives the shape): read directly, nothing is packed.
     """
     *ba, M, K = a.shape if not trans_a else (*a.shape[:-2], a.shape[-1], a.shape[-2])
     *bb, K2, N = b.shape if not trans_b else (*b.shape[:-2], b.shape[-1], b.shape[-2])
@@ -290,6 +312,8 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     if 0 in (M, N, K):  # nothing to multiply: an empty output or epilogue(0)
         out = compute(shape, lambda *ix: cast(out_dtype, epi(cast(acc_dtype, 0), _unsqueeze(ix, squeeze))), name)
         return Gemm(out, None, None, (a, b), 1, 1, False, tuple(squeeze), 0, False)
+    if prepacked is not None:
+        swap, pack, panel = False, False, False
     if swap is None:  # S = B^T read in place pays when it is stored k-contiguous and M is the small side
         swap = trans_b and not trans_a and M < N
     if swap:
@@ -306,7 +330,12 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     s_contiguous = trans_b if swap else not trans_a
     # matrix-vector: a single column to vectorize over is no use; vectorize k instead
     dot = lanes if tile is None and C == 1 and s_contiguous and K % lanes == 0 and K >= 2 * lanes else 0
-    aliasing = s_contiguous and (K * a.dtype.itemsize) % 4096 == 0
+    aliasing = s_contiguous and weight_aliasing(K, a.dtype)
+    if prepacked is not None:
+        dot, nr = 0, prepacked.shape[-1]
+        if tuple(prepacked.shape[-2:]) != (K, nr) or prepacked.shape[-3] != -(-C // nr):
+            raise ValueError(f"gemm: packed B {tuple(prepacked.shape)} does not fit K={K}, N={C}")
+        tile = tile or (choose_tile(R, C, acc_dtype, nvec=max(1, nr // lanes))[0], nr)
     mr, nr = tile or ((choose_tile(R, lanes, acc_dtype, nvec=1)[0], 1) if dot
                       else choose_tile(R, C, acc_dtype, few_rows=aliasing))
     mr, nr = max(1, min(mr, R)), max(1, nr)
@@ -332,6 +361,11 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
 
         def v_load(bi, co, ci):
             return packed[(*bi, co, k, ci)]
+    elif prepacked is not None:
+        packed = None
+
+        def v_load(bi, co, ci):
+            return prepacked[(*bi, co, k, ci)]
     else:
         packed = None
 
@@ -355,5 +389,5 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
 
     out = compute(shape, out_body, name)
     s_size, v_size = R * K * math.prod(ba if not swap else bb), C * K * math.prod(vb)
-    return Gemm(out, acc, packed, (a, b), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
+    return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
                 s_outer=s_size > v_size, panel=panel, dot=dot, s_packed=s_packed)

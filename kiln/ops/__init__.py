@@ -26,5 +26,6 @@ from kiln.ops import (  # noqa: F401
     training,
     data_dependent,
     layout,
+    packed,
 )
 from kiln.ops.registry import REGISTRY, OpDef, lookup  # noqa: F401

@@ -222,13 +222,8 @@ def _index_bcast(t, idx):
     return t[tuple(0 if n == 1 else i for i, n in zip(idx, t.shape))]
 
 
-@lowering("Gemm")
-def _lower_gemm(ctx: LowerCtx, a, b, c=None):
-    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
-    acc = accumulator_dtype(a.dtype)
-    # integer Gemm scales in float64 and truncates, as the reference does
-    ep = acc if acc.is_float or (alpha == 1.0 and (c is None or beta == 1.0)) else DType.float64
-
+def gemm_epilogue(alpha: float, beta: float, c, ep: DType):
+    """Gemm's epilogue in `ep`: alpha * v + beta * c[idx] (c broadcast, or None)."""
     def epilogue(v, idx):
         v = L.cast(ep, v)
         if alpha != 1.0:
@@ -237,9 +232,18 @@ def _lower_gemm(ctx: LowerCtx, a, b, c=None):
             cv = L.cast(ep, _index_bcast(c, idx))
             v = v + (cv if beta == 1.0 else cv * L.const(beta, ep))
         return v
+    return epilogue
+
+
+@lowering("Gemm")
+def _lower_gemm(ctx: LowerCtx, a, b, c=None):
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    acc = accumulator_dtype(a.dtype)
+    # integer Gemm scales in float64 and truncates, as the reference does
+    ep = acc if acc.is_float or (alpha == 1.0 and (c is None or beta == 1.0)) else DType.float64
 
     g = build_gemm(a, b, trans_a=bool(ctx.attr("transA", 0)), trans_b=bool(ctx.attr("transB", 0)),
-             epilogue=epilogue, name="gemm")
+             epilogue=gemm_epilogue(alpha, beta, c, ep), name="gemm")
     return _scheduled(ctx, g)
 
 

@@ -4,7 +4,8 @@
     -O1  cleanup: NOP elimination, constant folding, dead code elimination
     -O2  -O1 + CSE, algebraic simplification, transpose sinking, BatchNorm folding,
          MatMul+Add → Gemm
-    -O3  -O2 + pattern recognition (LayerNorm, GELU, attention), NCHWc layout for convolutions
+    -O3  -O2 + pattern recognition (LayerNorm, GELU, attention), NCHWc layout for convolutions,
+         constant GEMM weights packed into panels at compile time
 
 `run_passes` runs a level on a clone of the graph, records what each pass
 changed (`PassStats`), verifies the graph after each pass when asked (tests do;
@@ -45,7 +46,7 @@ def level3() -> list[str]:
     return ["eliminate_nops", "fold_constants", "eliminate_common_subexpressions",
             "recognize_layernorm", "recognize_gelu",
             "simplify_algebra", "sink_transposes", "fold_batchnorm", "matmul_add_to_gemm", "transform_layout",
-            "eliminate_nops", "eliminate_dead_code", "find_attention"]
+            "pack_weights", "eliminate_nops", "eliminate_dead_code", "find_attention"]
 
 
 LEVELS = {0: level0, 1: level1, 2: level2, 3: level3}

@@ -1,0 +1,100 @@
+"""Pack constant GEMM weights at compile time: MatMul/Gemm → kiln::MatMulPacked.
+
+The native GEMM (kiln.lower.gemm) reads its B operand as panels of nr columns
+[ceil(N / nr), K, nr], so each k step of the micro-kernel loads contiguous
+vectors. For a weight that is a constant, packing it on every inference is
+wasted work (the whole weight is read, written and read again): this pass packs
+it once, here, and rewrites
+
+    MatMul(a, W)                 a: [..., M, K] (rank >= 2), W: [K, N] constant
+    MatMul(a, Transpose(W'))     W' = W^T [N, K] constant (a tied embedding)
+    Gemm(a, W, c) {transB, alpha, beta}   transA = 0
+
+into `kiln::MatMulPacked(a, Wp[, c]) {n = N[, alpha, beta]}` (kiln.ops.packed).
+The panel width nr depends on the CPU's vector width (kiln.lower.gemm.
+weight_panel_width), so the packed graph is specific to the compiling machine,
+as the native code is. Float32 only (other dtypes keep their GEMM).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.graph.ir import Graph, Node
+from kiln.ops.packed import DOMAIN, pack_weight, weight_panel_width
+from kiln.passes.edit import Namer, new_const, producers
+from kiln.passes.fusion import Kind, register_kind
+from kiln.passes.registry import PassContext, graph_pass
+
+# its schedule tiles fused epilogues (bias, GELU, residual Add) and reads a through
+# inlined index remapping (attention's head-merge Transpose + Reshape), as MatMul's does
+register_kind(DOMAIN, "MatMulPacked", Kind.OUT_FUSABLE, epilogue_anchor=True, prologue_anchor=True)
+
+
+def _weight(node: Node, prod: dict) -> np.ndarray | None:
+    """The [K, N] constant weight node reads as B, or None."""
+    if len(node.inputs) < 2 or node.inputs[1] is None:
+        return None
+    v = node.inputs[1]
+    if v.const is not None:
+        w = v.const
+    else:
+        p = prod.get(v.id)
+        if (p is None or p.op != "Transpose" or p.domain or p.inputs[0] is None
+                or p.inputs[0].const is None or p.inputs[0].const.ndim != 2
+                or list(p.attrs.get("perm", [1, 0])) != [1, 0]):
+            return None
+        w = p.inputs[0].const.T
+    if w.ndim != 2:
+        return None
+    if node.op == "Gemm" and node.attrs.get("transB", 0):
+        w = w.T
+    return w
+
+
+def _packable(node: Node) -> bool:
+    if node.domain or node.op not in ("MatMul", "Gemm") or not node.outputs or node.outputs[0] is None:
+        return False
+    a = node.inputs[0]
+    t = getattr(a, "type", None)
+    if t is None or getattr(t, "dtype", None) != DType.float32 or getattr(t, "shape", None) is None:
+        return False
+    if len(t.shape) < 2 or not isinstance(t.shape[-1], int):
+        return False
+    if node.op == "Gemm" and (node.attrs.get("transA", 0) or len(t.shape) != 2):
+        return False
+    return True
+
+
+def pack(graph: Graph) -> int:
+    """Rewrite every packable MatMul/Gemm in place; the number rewritten."""
+    namer, prod, count, nodes = Namer(graph), producers(graph), 0, []
+    for node in graph.nodes:
+        w = _weight(node, prod) if _packable(node) else None
+        if w is None or w.dtype != np.float32 or w.shape[0] != node.inputs[0].type.shape[-1] or 0 in w.shape:
+            nodes.append(node)
+            continue
+        k, n = w.shape
+        nr = weight_panel_width(n, k, DType.float32)
+        wp = new_const(namer, f"{node.inputs[1].name}.panels{nr}", pack_weight(np.asarray(w), nr))
+        ins, attrs = [node.inputs[0], wp], {"n": int(n)}
+        if node.op == "Gemm":
+            attrs.update(alpha=float(node.attrs.get("alpha", 1.0)), beta=float(node.attrs.get("beta", 1.0)))
+            if len(node.inputs) > 2 and node.inputs[2] is not None:
+                ins.append(node.inputs[2])
+        nodes.append(Node("MatMulPacked", ins, list(node.outputs), attrs, node.name, DOMAIN))
+        count += 1
+    graph.nodes = nodes
+    if count:
+        graph.opsets.setdefault(DOMAIN, 1)
+    return count
+
+
+@graph_pass("pack_weights")
+def pack_weights(graph: Graph, ctx: PassContext) -> Graph:
+    """Pack constant MatMul/Gemm weights into the GEMM's panel layout, once."""
+    n = pack(graph)
+    if n:
+        ctx.tally({"MatMulPacked": n})
+    return graph

@@ -1,0 +1,78 @@
+"""pack_weights: MatMul/Gemm with a constant weight -> kiln::MatMulPacked reading panels
+packed at compile time; the interpreter gives the same numbers before and after."""
+
+import numpy as np
+import pytest
+
+from kiln.dtypes import DType
+from kiln.ops.packed import pack_weight, unpack_weight, weight_panel_width
+from tests.passes.util import check, prog
+
+F = np.float32
+rng = np.random.default_rng(0)
+
+
+def _after(sig, body, opset=17):
+    return prog(sig, body, opset).replace('opsets {"": 17}', 'opsets {"": 17, "kiln": 1}')
+
+
+@pytest.mark.parametrize("n,k", [(4, 3), (37, 5), (70, 1024)])
+def test_pack_unpack_roundtrip(n, k):
+    w = rng.normal(size=(k, n)).astype(F)
+    nr = weight_panel_width(n, k, DType.float32)
+    wp = pack_weight(w, nr)
+    assert wp.shape == (-(-n // nr), k, nr) and wp.flags.c_contiguous
+    np.testing.assert_array_equal(unpack_weight(wp, n), w)
+    assert not wp.transpose(1, 0, 2).reshape(k, -1)[:, n:].any()
+
+
+def test_matmul_constant_weight():
+    sig = "(%x: float32[2,5,3]) -> (%y)"
+    w = rng.normal(size=(3, 40)).astype(F)
+    nr = weight_panel_width(40, 3, DType.float32)
+    before = '  %y: float32[2,5,40] = MatMul(%x, %w) name "mm"'
+    after = f'  %y: float32[2,5,40] = "kiln"::MatMulPacked(%x, %w.panels{nr}) {{n = 40}} name "mm"'
+    _, stats = check("pack_weights", prog(sig, before), _after(sig, after),
+                     w=w, **{f"w.panels{nr}": pack_weight(w, nr)})
+    assert stats.fired == {"MatMulPacked": 1}
+
+
+def test_matmul_transposed_constant():
+    """A tied embedding: MatMul(x, Transpose(E)); the Transpose is left for DCE."""
+    sig = "(%x: float32[5,3]) -> (%y)"
+    e = rng.normal(size=(4, 3)).astype(F)
+    before = ('  %et: float32[3,4] = Transpose(%e) {perm = [1, 0]} name "t"\n'
+              '  %y: float32[5,4] = MatMul(%x, %et) name "mm"')
+    after = ('  %et: float32[3,4] = Transpose(%e) {perm = [1, 0]} name "t"\n'
+             '  %y: float32[5,4] = "kiln"::MatMulPacked(%x, %et.panels4) {n = 4} name "mm"')
+    check("pack_weights", prog(sig, before), _after(sig, after), e=e, **{"et.panels4": pack_weight(e.T, 4)})
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm(trans_b):
+    sig = "(%x: float32[5,3]) -> (%y)"
+    w = rng.normal(size=(4, 3) if trans_b else (3, 4)).astype(F)
+    c = rng.normal(size=4).astype(F)
+    before = f'  %y: float32[5,4] = Gemm(%x, %w, %c) {{alpha = 0.5, beta = 2.0, transB = {trans_b}}} name "g"'
+    after = ('  %y: float32[5,4] = "kiln"::MatMulPacked(%x, %w.panels4, %c) {n = 4, alpha = 0.5, beta = 2.0} '
+             'name "g"')
+    check("pack_weights", prog(sig, before), _after(sig, after), w=w, c=c,
+          **{"w.panels4": pack_weight(w.T if trans_b else w, 4)})
+
+
+@pytest.mark.parametrize("case", ["variable", "trans_a", "float64", "vector"])
+def test_left_alone(case):
+    if case == "variable":
+        sig, body, consts = "(%x: float32[5,3], %w: float32[3,4]) -> (%y)", \
+            '  %y: float32[5,4] = MatMul(%x, %w) name "mm"', {}
+    elif case == "trans_a":
+        sig, body, consts = "(%x: float32[3,5]) -> (%y)", \
+            '  %y: float32[5,4] = Gemm(%x, %w) {transA = 1} name "g"', {"w": rng.normal(size=(3, 4)).astype(F)}
+    elif case == "float64":
+        sig, body, consts = "(%x: float64[5,3]) -> (%y)", \
+            '  %y: float64[5,4] = MatMul(%x, %w) name "mm"', {"w": rng.normal(size=(3, 4))}
+    else:
+        sig, body, consts = "(%x: float32[3]) -> (%y)", \
+            '  %y: float32[4] = MatMul(%x, %w) name "mm"', {"w": rng.normal(size=(3, 4)).astype(F)}
+    _, stats = check("pack_weights", prog(sig, body), None, **consts)
+    assert not stats.fired
