@@ -286,7 +286,7 @@ def _softplus_e(x):
 
 def _gelu_e(x, approximate):
     if approximate == "tanh":
-        return 0.5 * x * (1 + L.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * L.pow_(x, 3.0))))
+        return 0.5 * x * (1 + L.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
     f64 = DType.float64  # the reference's erf is float64: 1 + erf(x) cancels for x << 0
     return L.cast(f64, 0.5 * x) * (1 + L.erf(L.cast(f64, x / math.sqrt(2.0))))
 
