@@ -515,6 +515,12 @@ def _pow_e(c, a, b):
     through float64 otherwise, as the reference does for negative/float exponents."""
     if a.dtype.is_float:
         w = b.dtype if b.dtype.is_float and b.dtype.itemsize > a.dtype.itemsize else a.dtype
+        k = c.value(1)
+        if w == a.dtype and k is not None and k.size == 1 and float(k.reshape(())) in (2.0, 3.0, 4.0):
+            # a known small integer exponent: multiplications (vector powf is slow, and glibc's
+            # falls back to scalar code for negative bases)
+            sq = a * a
+            return {2.0: sq, 3.0: sq * a, 4.0: sq * sq}[float(k.reshape(()))]
         return L.pow_(L.cast(w, a), L.cast(w, b))
     f64, i64 = DType.float64, DType.int64
     via_float = L.cast(a.dtype, L.pow_(L.cast(f64, a), L.cast(f64, b)))

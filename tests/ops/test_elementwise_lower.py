@@ -204,6 +204,16 @@ def test_pow_mixed_types():
     check(cases)
 
 
+def test_pow_by_small_constant_exponents():
+    """Known exponents 2, 3, 4 become multiplications; others (and negative bases) still agree."""
+    x = rnd((5, 9), F32, -3, 3)
+    cases = [Case("Pow", [x, Const(np.array(k, F32))]) for k in (2.0, 3.0, 4.0)]
+    cases += [Case("Pow", [x.astype(F64), Const(np.array([3.0], F64))]),
+              Case("Pow", [np.abs(x) + 0.1, Const(np.array(2.5, F32))]),
+              Case("Pow", [x, Const(np.array(3.0, F64))])]   # computed in float64, as the reference
+    check(cases)
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint32, np.int16, np.int64])
 def test_bitwise_and_shift(dtype):
     a = rnd((5, 7), dtype)
