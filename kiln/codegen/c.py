@@ -39,7 +39,7 @@ STACK_LIMIT = 16 * 1024  # bytes; larger "auto" allocations go to the heap
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "truncdiv": "/", "truncmod": "%",
           "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||",
           "bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
-_MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin",
+_MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "erfc": "erfc", "sin": "sin",
          "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh",
          "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "pow": "pow",
          "fabs": "fabs", "floor": "floor", "ceil": "ceil", "round": "rint", "fmod": "fmod",
@@ -48,7 +48,7 @@ _MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf
 # glibc's vector math (libmvec): declared `simd` so `#pragma omp simd` loops call the
 # 4/8/16-lane variants (<= 4 ulp) instead of one scalar call per element; only when
 # the build found libmvec (kiln.codegen.build adds -DKILN_MVEC -lmvec).
-MVEC_FUNCS = ("exp log sin cos tan pow tanh erf expm1 log1p exp2 log2 log10 asin acos atan "
+MVEC_FUNCS = ("exp log sin cos tan pow tanh erf erfc expm1 log1p exp2 log2 log10 asin acos atan "
               "sinh cosh asinh acosh atanh atan2").split()
 MVEC_DECLS = "".join(
     f"#pragma omp declare simd notinbranch\n{t} {f}{sfx}({', '.join([t] * (2 if f in ('pow', 'atan2') else 1))});\n"

@@ -28,7 +28,7 @@ BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "flo
           "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
           "and": "&&", "or": "||", "bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
 COMPARE = {"lt", "le", "gt", "ge", "eq", "ne"}
-UNARY_INTRIN = {"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos", "tan", "asin", "acos",
+UNARY_INTRIN = {"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "erfc", "sin", "cos", "tan", "asin", "acos",
                 "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "abs", "floor", "ceil", "round",
                 "sigmoid", "fabs", "isnan", "isinf", "sign", "log2", "exp2", "trunc"}
 BINARY_INTRIN = {"pow", "fmod", "atan2"}
@@ -219,7 +219,7 @@ def _intrin(name):
     return f
 
 
-exp, log, sqrt, rsqrt, tanh, erf = map(_intrin, ["exp", "log", "sqrt", "rsqrt", "tanh", "erf"])
+exp, log, sqrt, rsqrt, tanh, erf, erfc = map(_intrin, ["exp", "log", "sqrt", "rsqrt", "tanh", "erf", "erfc"])
 sin, cos, tan, asin, acos, atan = map(_intrin, ["sin", "cos", "tan", "asin", "acos", "atan"])
 sinh, cosh, asinh, acosh, atanh = map(_intrin, ["sinh", "cosh", "asinh", "acosh", "atanh"])
 pow_, fabs, floor, ceil, round_, sigmoid = map(_intrin, ["pow", "fabs", "floor", "ceil", "round", "sigmoid"])

@@ -287,8 +287,8 @@ def _softplus_e(x):
 def _gelu_e(x, approximate):
     if approximate == "tanh":
         return 0.5 * x * (1 + L.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
-    f64 = DType.float64  # the reference's erf is float64: 1 + erf(x) cancels for x << 0
-    return L.cast(f64, 0.5 * x) * (1 + L.erf(L.cast(f64, x / math.sqrt(2.0))))
+    # 1 + erf(z) = erfc(-z), which does not cancel for z << 0: accurate in x's own precision
+    return 0.5 * x * L.erfc(-x * (1.0 / math.sqrt(2.0)))
 
 
 def _shrink_e(x, bias, lambd):

@@ -1,5 +1,6 @@
 """The C backend: dtypes and intrinsics vs numpy, the build cache, errors, entry calls, speed."""
 
+import math
 import os
 import time
 
@@ -18,7 +19,8 @@ UNARY = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / n
          "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh,
          "atanh": np.arctanh, "abs": np.abs, "fabs": np.abs, "floor": np.floor, "ceil": np.ceil,
          "round": np.round, "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "sign": np.sign,
-         "isnan": np.isnan, "isinf": np.isinf}
+         "isnan": np.isnan, "isinf": np.isinf,
+         "erf": np.vectorize(math.erf), "erfc": np.vectorize(math.erfc)}
 
 
 def kernel(fn, ins, out_dtype, name="k"):
