@@ -133,13 +133,15 @@ class BenchResult:
     times: dict = field(default_factory=dict)    # engine -> stats()
     checks: dict = field(default_factory=dict)   # peer -> compare(kiln, peer), each peer that ran
     skipped: dict = field(default_factory=dict)  # peer -> why it did not run
+    kernels: list = field(default_factory=list)  # (what, median s) per kernel call (profile=True)
 
 
 def bench_model(path: str, *, peers=("ort",), threads: int | None = None, runs: int = 50, seed: int = 0,
                 target: str = "cpu", dims: dict | None = None, options: dict | None = None,
-                step=lambda what: nullcontext()) -> BenchResult:
+                step=lambda what: nullcontext(), profile: bool = False) -> BenchResult:
     """Compile the ONNX model at `path` cold and warm, check it against the peers, time all
-    interleaved. `step(what)` is a context manager around each long step (progress display)."""
+    interleaved. `step(what)` is a context manager around each long step (progress display).
+    `profile`: also time kiln's kernels one by one (cpu target; `BenchResult.kernels`)."""
     import kiln
     from kiln.compiler import spec_of
     from kiln.runtime.inputs import random_inputs
@@ -172,4 +174,9 @@ def bench_model(path: str, *, peers=("ort",), threads: int | None = None, runs: 
     with step(f"timing {runs} runs of {', '.join(fns)}, interleaved"):
         times = time_interleaved(fns, {k: runs for k in fns}, rounds=max(1, min(10, runs)))
     res.times = {k: stats(v) for k, v in times.items()}
+    if profile:
+        if not hasattr(model, "profile"):
+            raise KilnError(f"per-kernel profiles need the cpu target, not {target!r}")
+        with step("timing each kernel"):
+            res.kernels = model.profile(feeds, runs=max(3, min(runs, 20)))
     return res

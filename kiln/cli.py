@@ -315,10 +315,12 @@ def save_outputs(outs: dict, folder: Path) -> list[Path]:
               help="Threads for kiln (OpenMP) and every peer (default: all cores).")
 @click.option("--runs", type=click.IntRange(1), default=50, show_default=True, help="Timed runs per engine.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--profile", type=click.IntRange(0), default=0, metavar="N",
+              help="Also time kiln's kernels one by one and list the N slowest.")
 @target_option
 @opt_option
 @dim_option
-def bench(model, against, threads, runs, seed, target, opt_level, dims):
+def bench(model, against, threads, runs, seed, profile, target, opt_level, dims):
     """Time MODEL (.onnx) compiled by kiln against peers, interleaved in one process.
 
     Reports median, p10 and p90 latency, each peer's ratio to kiln, kiln's cold
@@ -330,7 +332,7 @@ def bench(model, against, threads, runs, seed, target, opt_level, dims):
     peers = [] if against == "none" else [p.strip() for p in against.split(",") if p.strip()]
     res = bench_model(model, peers=peers, threads=threads, runs=runs, seed=seed, target=target or "cpu",
                       dims=dims, options={} if opt_level is None else {"opt_level": opt_level},
-                      step=progress)
+                      step=progress, profile=profile > 0)
     for p, why in res.skipped.items():
         err.print(Text(f"{p} skipped: {why}", style="yellow"))
     click.echo(f"{Path(model).name}: target {res.target}, {res.threads} threads, {runs} runs each")
@@ -348,6 +350,13 @@ def bench(model, against, threads, runs, seed, target, opt_level, dims):
     for p, c in res.checks.items():
         click.echo(f"kiln vs {p}: max abs error {c['max_abs']:.2e}, max rel {c['max_rel']:.2e} "
                    f"-> {'agree' if c['ok'] else 'DISAGREE'}")
+    if res.kernels:
+        total = sum(t for _, t in res.kernels)
+        top = sorted(enumerate(res.kernels), key=lambda kt: -kt[1][1])[:profile]
+        out.print(table(f"kernels: {len(res.kernels)} calls, {total * 1e3:.3f} ms called one by one",
+                        ["call", "ms", "%", "computes"],
+                        [[str(k), f"{t * 1e3:.3f}", f"{100 * t / total:.1f}", what]
+                         for k, (what, t) in top]))
     bad = [p + (f" ({c['why']})" if "why" in c else "") for p, c in res.checks.items() if not c["ok"]]
     if bad:
         raise KilnError(f"kiln's outputs disagree with {', '.join(bad)}")

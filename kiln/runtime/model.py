@@ -52,7 +52,11 @@ class CompiledModel:
 
     def run(self, feeds: Mapping[str, Any] | None = None, **kw) -> dict[str, Any]:
         """Run on named inputs; returns {output name: array}."""
-        feeds = dict(feeds or {}, **kw)
+        outs = self._run(self.ordered(dict(feeds or {}, **kw)))
+        return {s.name: o for s, o in zip(self.outputs, outs)}
+
+    def ordered(self, feeds: Mapping[str, Any]) -> list:
+        """The named inputs in the model's order, validated (names, dtypes, shapes)."""
         names = [s.name for s in self.inputs]
         unknown = sorted(set(feeds) - set(names))
         if unknown:
@@ -60,8 +64,7 @@ class CompiledModel:
         missing = [n for n in names if n not in feeds]
         if missing:
             raise KilnError(f"missing input(s) {missing}; the model's inputs are {names}")
-        outs = self._run(self.validate([feeds[n] for n in names]))
-        return {s.name: o for s, o in zip(self.outputs, outs)}
+        return self.validate([feeds[n] for n in names])
 
     def __call__(self, *args, **kw):
         """Positional call: `model(x, y)` returns outputs as a tuple (one output: the array)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -53,6 +54,33 @@ class NativeModule:
         if rc != 0:
             raise KilnError(self._failure(rc), stage="run")
         return outs
+
+    def profile(self, inputs: list[np.ndarray], call_args: list, runs: int = 10
+                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Run the entry's kernels one by one, `runs` times, timing each. Returns the outputs
+        and, per call, its seconds in each run. `call_args` is the build's record of the
+        entry's calls (kernel symbol, and per argument its base buffer and byte offset)."""
+        ins = [np.ascontiguousarray(x) for x in inputs]
+        outs = [np.empty(shape, dtype=dt) for shape, dt in self.output_types]
+        base = {f"in{k}": a.ctypes.data for k, a in enumerate(ins)}
+        base.update({f"out{k}": a.ctypes.data for k, a in enumerate(outs)})
+        base.update(weights=self.weights.ctypes.data, workspace=self._ws_ptr)
+        calls = []
+        for symbol, args in call_args:
+            fn = getattr(self.lib, symbol)
+            fn.restype = ctypes.c_int32
+            calls.append((fn, [ctypes.c_void_p(base[b] + off) for b, off in args]))
+        times = np.zeros((len(calls), runs))
+        clock = time.perf_counter
+        with self._lock:
+            for r in range(runs):
+                for k, (fn, ptrs) in enumerate(calls):
+                    t0 = clock()
+                    rc = fn(*ptrs)
+                    times[k, r] = clock() - t0
+                    if rc != 0:
+                        raise KilnError(self._failure(-(k + 2)), stage="run")
+        return outs, list(times)
 
     def _failure(self, rc: int) -> str:
         if rc == -1:

@@ -42,6 +42,19 @@ class CpuModel(CompiledModel):
     def _run(self, inputs: list) -> list:
         return self.program.run(inputs)
 
+    def profile(self, feeds: dict, runs: int = 10) -> list[tuple[str, float]]:
+        """Time each kernel of the native module these inputs run on, called one by one
+        `runs` times: per call, (the nodes it computes, median seconds)."""
+        values = [np.asarray(x) if isinstance(x, (np.generic, int, float, bool)) else x
+                  for x in self.ordered(feeds)]
+        runner = self.program.runner_for(values)
+        info = getattr(runner, "info", None)
+        if info is None or "call_args" not in info:
+            raise KilnError("per-kernel profiling needs a model that runs as one native module; this "
+                            "one runs in stages (data-dependent sizes or control flow)", stage="run")
+        _, times = runner.profile(values, info["call_args"], runs)
+        return [(what, float(np.median(t))) for what, t in zip(runner.call_nodes, times)]
+
 
 class Program:
     """One graph, specialised and built per input shapes (and shape-giving input values)."""
@@ -130,7 +143,19 @@ def _lower_and_build(graph: Graph, known) -> dict:
             "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena),
             "arena_bytes": lm.arena.total, "arena_peak_live_bytes": lm.arena.lower_bound,
             "intermediate_bytes": lm.arena.unshared, "inplace_kernels": len(lm.arena.inplace),
-            "why_not_fused": lm.fusion.why_not if lm.fusion else []}
+            "why_not_fused": lm.fusion.why_not if lm.fusion else [],
+            "call_args": _call_args(lm, func_symbol)}
+
+
+def _call_args(lm, func_symbol) -> list:
+    """Per call of the entry: [kernel symbol, [[base, byte offset], ...]], base being
+    "in<k>", "out<k>", "weights" or "workspace" (what NativeModule.profile replays)."""
+    from kiln.loops.stmt import Call, Seq, View
+    body = lm.module.funcs[-1].body
+    calls = body.stmts if isinstance(body, Seq) else (body,)
+    return [[func_symbol(c.func), [[a.buffer.name, int(a.byte_offset)] if isinstance(a, View) else
+                                   [a.name.replace("_", ""), 0] for a in c.args]]
+            for c in calls if isinstance(c, Call)]
 
 
 def _first_break(graph: Graph) -> int:

@@ -100,10 +100,12 @@ def test_inspect_model(work):
 def test_bench_against_ort(work):
     d, _, _ = work
     rc, out, err = kiln_run("bench", "model.onnx", "--dim", "batch=2", "--runs", "3", "--threads", "1",
-                            "--against", "ort", cwd=d)
+                            "--against", "ort", "--profile", "5", cwd=d)
     assert rc == 0, err
     for word in ("median ms", "p10", "p90", "kiln", "ort", "cold", "warm", "agree"):
         assert word in out, word
+    # the per-kernel table: every kernel call, with the nodes it computes
+    assert "kernels: " in out and "called one by one" in out and "node '" in out, out
 
 
 def test_bench_against_torch(work):

@@ -85,3 +85,25 @@ def test_if_takes_the_branch_chosen_at_run_time():
     x = np.array([1.5, -2.5], np.float32)
     np.testing.assert_array_equal(cm.run({"c": np.array(True), "x": x})["y"], -x)
     np.testing.assert_array_equal(cm.run({"c": np.array(False), "x": x})["y"], np.abs(x))
+
+
+def test_profile_replays_every_kernel_call():
+    """Calling the kernels one by one, as the profiler does, computes what the entry does."""
+    from tests.helpers import small_cnn_model
+    m = kiln.compile(small_cnn_model(), target="cpu", opt_level=3)
+    x = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    prof = m.profile({"x": x}, runs=3)
+    info = m.build_info()
+    assert [what for what, _ in prof] == info["calls"]
+    assert all(t > 0 for _, t in prof)
+    runner = m.program.runner_for([x])
+    outs, times = runner.profile([x], info["call_args"], runs=2)
+    assert len(times) == len(info["calls"]) and all(len(t) == 2 for t in times)
+    np.testing.assert_array_equal(outs[0], m.run({"x": x})["probs"])
+
+
+def test_profile_of_a_staged_model_is_a_clear_error():
+    m = kiln.compile(_model([helper.make_node("NonZero", ["x"], ["y"])], [_vi("x", F, [3, 5])],
+                            [_vi("y", I64, None)]), target="cpu")
+    with pytest.raises(kiln.KilnError, match="runs in stages"):
+        m.profile({"x": np.ones((3, 5), np.float32)})
