@@ -13,9 +13,11 @@ The rewrite, in one walk over the nodes in order:
 - a `Conv` whose weights (and bias) are constants, 2-D, float32, dense
   (group 1) or depthwise (group = channels), and whose channel counts fill the
   blocks well (`worth_blocking`: padding the channels up to whole blocks adds at
-  most a third; so the 3-channel stem conv stays NCHW) — and, by default, only
-  where measured to help (`SELECTIVE`: 1x1 or depthwise, next to another such
-  conv through unary elementwise ops) — becomes `kiln::ConvNCHWc` with its
+  most a third) — except that a dense conv with fewer input channels than a
+  block (the 3-channel stem) reads its input as one block of all of them
+  (N,1,H,W,C: channels-last, `narrow_input`) — and, by default, only where
+  measured to help (`SELECTIVE`: 1x1, depthwise or such a stem, next to another
+  such conv through unary elementwise ops) — becomes `kiln::ConvNCHWc` with its
   weights and bias packed here (numpy) as new constants;
 - a layout-agnostic elementwise op (Relu, Clip, Add of two same-shape tensors,
   ...) that reads a blocked value runs on the blocked values instead; a
@@ -102,12 +104,24 @@ def blockable_conv(node: Node, opset: int, block: int) -> dict | None:
     depthwise = group > 1 and group == c == oc and w.const.shape[1] == 1
     if (group != 1 and not depthwise) or (group == 1 and w.const.shape[1] != c):
         return None
-    if not (worth_blocking(c, block) and worth_blocking(oc, block)):
+    if not worth_blocking(oc, block) or not (worth_blocking(c, block) or narrow_input(c, block, depthwise)):
         return None
     attrs = _conv_attrs(node, opset, xs)
     if attrs is None:
         return None
     return {**attrs, "depthwise": int(depthwise)}
+
+
+def narrow_input(channels: int, block: int, depthwise: bool = False) -> bool:
+    """A dense conv with fewer input channels than a block reads its input in one block of all
+    of them (N,1,H,W,C: channels-last) instead of zero padding them up to a block."""
+    return not depthwise and channels < block and not worth_blocking(channels, block)
+
+
+def input_block(node: Node, attrs: dict, block: int) -> int:
+    """The channel block a blockable conv reads its input in."""
+    c = node.inputs[1].const.shape[1]
+    return c if narrow_input(c, block, bool(attrs["depthwise"])) else block
 
 
 class _Rewriter:
@@ -116,6 +130,7 @@ class _Rewriter:
         self.namer = Namer(graph)
         self.inf = Inferencer(graph.opsets)
         self.blocked: dict[int, Value] = {}   # NCHW value id -> its blocked twin
+        self.narrow: dict[int, Value] = {}    # NCHW value id -> its twin in one block of all channels
         self.pending: dict[int, Value] = {}   # NCHW values whose producer now makes only the twin
         self.nodes: list[Node] = []
         self.fired = {"Conv": 0, "elementwise": 0, "ToNCHWc": 0, "FromNCHWc": 0}
@@ -145,6 +160,22 @@ class _Rewriter:
         self.blocked[v.id] = vb
         return vb
 
+    def to_narrow(self, v: Value, block: int) -> Value:
+        """v (C < block channels) as one block of all C (channels-last), converting once; read
+        only by convs (an elementwise op with this twin would give a differently shaped value)."""
+        if v.id in self.narrow:
+            return self.narrow[v.id]
+        self.need_nchw(v)
+        if v.const is not None:
+            vb = new_const(self.namer, f"{v.name}.nchw{block}c", to_blocked(v.const, block))
+        else:
+            vb = Value(self.namer.fresh(f"{v.name}.nchw{block}c"), None)
+            self.emit("ToNCHWc", [v], [vb], {"block": block}, self.namer.fresh(f"{v.name}.to_nchw{block}c"),
+                      DOMAIN)
+            self.fired["ToNCHWc"] += 1
+        self.narrow[v.id] = vb
+        return vb
+
     def need_nchw(self, v: Value) -> None:
         """v is read in NCHW: make it from its twin (once) if its producer was rewritten."""
         if v is not None and v.id in self.pending:
@@ -161,9 +192,11 @@ class _Rewriter:
         w = node.inputs[1].const
         b = node.inputs[2].const if len(node.inputs) > 2 and node.inputs[2] is not None else None
         dw = bool(attrs["depthwise"])
+        ib = input_block(node, attrs, self.block)
         wp = new_const(self.namer, f"{node.inputs[1].name}.nchwc{self.block}",
-                       pack_conv_weight(w, self.block, dw))
-        ins = [self.to_blocked(node.inputs[0]), wp]
+                       pack_conv_weight(w, self.block, dw, ib))
+        x = self.to_blocked(node.inputs[0]) if ib == self.block else self.to_narrow(node.inputs[0], ib)
+        ins = [x, wp]
         if b is not None:
             ins.append(new_const(self.namer, f"{node.name}.bias.nchwc{self.block}",
                                  pack_bias(b, w.shape[0], self.block, w.dtype)))
@@ -236,15 +269,17 @@ class _Rewriter:
 SELECTIVE = True
 
 
-def _pointwise_or_depthwise(attrs: dict) -> bool:
-    return bool(attrs["depthwise"]) or attrs["kernel_shape"] == [1, 1]
+def _selected_kind(node: Node, attrs: dict, block: int) -> bool:
+    """Pointwise, depthwise, or a stem conv reading few channels (channels-last)."""
+    return (bool(attrs["depthwise"]) or attrs["kernel_shape"] == [1, 1]
+            or input_block(node, attrs, block) != block)
 
 
 def select_convs(graph: Graph, block: int, selective: bool) -> dict[int, dict]:
     """id(conv node) -> its ConvNCHWc attributes, for the convs to rewrite."""
     opset = graph.opset("")
     cands = {id(n): a for n in graph.nodes
-             if (a := blockable_conv(n, opset, block)) is not None and (not selective or _pointwise_or_depthwise(a))}
+             if (a := blockable_conv(n, opset, block)) is not None and (not selective or _selected_kind(n, a, block))}
     if not selective:
         return cands
     producer = {v.id: n for n in graph.nodes for v in n.outputs if v is not None}

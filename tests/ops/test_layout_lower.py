@@ -11,7 +11,7 @@ import kiln
 from kiln.interpreter import Interpreter
 from kiln.ops.layout import BlockedGeom, plan_tile
 from kiln.passes import layout
-from kiln.passes.layout import transform, worth_blocking
+from kiln.passes.layout import narrow_input, transform, worth_blocking
 from tests.passes.test_layout import R
 from tests.passes.util import graph, prog, random_inputs
 
@@ -63,6 +63,10 @@ CASES = {
     "5x5_valid": dict(n=1, c=16, h=9, oc=8, k=5),
     "depthwise_3x3_clip": dict(n=1, c=24, h=13, oc=24, k=3, p=1, dw=True, epilogue="clip"),
     "depthwise_stride2_pad": dict(n=2, c=12, h=10, oc=12, k=3, s=2, p=1, dw=True),
+    # few input channels: read channels-last (one block of all c), written in blocks
+    "stem_3ch_stride2_relu": dict(n=1, c=3, h=15, oc=16, k=3, s=2, p=1, epilogue="relu"),
+    "stem_5ch_7x7_nobias": dict(n=2, c=5, h=13, oc=20, k=7, s=2, p=3, bias=False),
+    "stem_2ch_dilated_clip": dict(n=1, c=2, h=11, oc=8, k=3, p=2, d=2, epilogue="clip"),
 }
 
 
@@ -73,7 +77,8 @@ def test_blocked_conv_matches_reference(case, block):
     blocked = g.clone()
     fired = transform(blocked, block, selective=False)
     cfg = CASES[case]
-    expect_blocked = worth_blocking(cfg["c"], block) and worth_blocking(cfg["oc"], block)
+    expect_blocked = (worth_blocking(cfg["c"], block) or narrow_input(cfg["c"], block, cfg.get("dw", False))) \
+        and worth_blocking(cfg["oc"], block)
     assert bool(fired.get("Conv")) == expect_blocked, fired
     if not expect_blocked:
         return
@@ -105,7 +110,7 @@ def test_plan_tile_fits_the_register_file():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,selective,blocked", [("mobilenetv2", True, 51), ("resnet18", False, 19),
+@pytest.mark.parametrize("name,selective,blocked", [("mobilenetv2", True, 52), ("resnet18", False, 20),
                                                     ("resnet18", True, 0)])
 def test_models_at_O3_match_onnxruntime(name, selective, blocked, monkeypatch):
     ort = pytest.importorskip("onnxruntime")

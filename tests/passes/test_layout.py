@@ -63,15 +63,38 @@ def test_chain_before_after():
     assert stats.fired == {"Conv": 2, "elementwise": 2, "ToNCHWc": 1, "FromNCHWc": 2}
 
 
-def test_stem_conv_and_grouped_conv_stay_nchw():
-    """3 input channels pad a block of 8 by more than a third; group 2 is neither dense nor
-    depthwise; weights that are a graph input cannot be packed."""
-    sig = "(%x: float32[1,3,8,8], %wi: float32[8,8,1,1]) -> (%y, %z)"
-    body = ('  %a: float32[1,8,8,8] = Conv(%x, %w) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} name "stem"\n'
-            '  %b: float32[1,8,8,8] = Conv(%a, %wg) {kernel_shape = [1, 1], group = 2} name "grouped"\n'
+def test_grouped_conv_and_graph_input_weights_stay_nchw():
+    """Group 2 is neither dense nor depthwise; weights that are a graph input cannot be packed."""
+    sig = "(%x: float32[1,8,8,8], %wi: float32[8,8,1,1]) -> (%y, %z)"
+    body = ('  %b: float32[1,8,8,8] = Conv(%x, %wg) {kernel_shape = [1, 1], group = 2} name "grouped"\n'
             '  %y: float32[1,8,8,8] = Relu(%b) name "relu"\n'
-            '  %z: float32[1,8,8,8] = Conv(%a, %wi) {kernel_shape = [1, 1]} name "input_weights"')
-    check("transform_layout", prog(sig, body), None, w=R(8, 3, 3, 3), wg=R(8, 4, 1, 1))
+            '  %z: float32[1,8,8,8] = Conv(%x, %wi) {kernel_shape = [1, 1]} name "input_weights"')
+    check("transform_layout", prog(sig, body), None, wg=R(8, 4, 1, 1))
+
+
+def test_stem_conv_reads_its_few_channels_channels_last():
+    """3 input channels would pad a block of 8 by more than a third: the stem conv reads its
+    input as one block of 3 (N,1,H,W,3) instead, with weights packed (OCB, 1, KH, KW, 3, 8),
+    and writes the usual blocks of 8."""
+    sig = "(%x: float32[1,3,8,8]) -> (%y)"
+    body = ('  %a: float32[1,8,4,4] = Conv(%x, %w, %b) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} name "stem"\n'
+            '  %y: float32[1,8,4,4] = Relu(%a) name "relu"')
+    after = ('  %x.nchw3c: float32[1,1,8,8,3] = "kiln"::ToNCHWc(%x) {block = 3} name "x.to_nchw3c"\n'
+             '  %a.nchwc: float32[1,1,4,4,8] = "kiln"::ConvNCHWc(%x.nchw3c, %w.nchwc8, %stem.bias.nchwc8) '
+             '{kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1], dilations = [1, 1], depthwise = 0} name "stem"\n'
+             '  %y.nchwc: float32[1,1,4,4,8] = Relu(%a.nchwc) name "relu"\n'
+             '  %y: float32[1,8,4,4] = "kiln"::FromNCHWc(%y.nchwc) {channels = 8} name "y.from_nchwc"')
+    w, b = R(8, 3, 3, 3), R(8)
+    packed = pack_conv_weight(w, 8, False, 3)
+    assert packed.shape == (1, 1, 3, 3, 3, 8)
+    np.testing.assert_array_equal(unpack_conv_weight(packed, False), w)
+    before_g = graph(prog(sig, body), w=w, b=b)
+    out, stats = run_pass("transform_layout", before_g)
+    want = graph(prog(sig, after).replace('opsets {"": 17}', 'opsets {"": 17, "kiln": 1}'),
+                 **{"w.nchwc8": packed, "stem.bias.nchwc8": pack_bias(b, 8, 8, F)})
+    assert print_graph(out) == print_graph(want)
+    assert_equivalent(before_g, out, rtol=1e-4, atol=1e-5)
+    assert stats.fired == {"Conv": 1, "elementwise": 1, "ToNCHWc": 1, "FromNCHWc": 1}
 
 
 def test_depthwise_and_padded_channels():
@@ -181,4 +204,22 @@ def test_selective_default_blocks_pointwise_depthwise_chains_only(monkeypatch):
     out, stats = run_pass("transform_layout", g)
     assert _ops(out) == ["Conv", "Conv", "MaxPool", "kiln::ToNCHWc", "kiln::ConvNCHWc", "Clip",
                          "kiln::ConvNCHWc", "kiln::FromNCHWc"]
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+def test_selective_blocks_a_stem_next_to_a_blocked_conv_only(monkeypatch):
+    """A few-channel stem conv runs blocked by default when a blocked conv follows through unary
+    ops (MobileNet: stem -> ReLU6 -> depthwise), not when a MaxPool follows (ResNet)."""
+    monkeypatch.setattr(layout, "SELECTIVE", True)
+    sig = "(%x: float32[1,3,8,8]) -> (%y, %p)"
+    body = ('  %a: float32[1,8,4,4] = Conv(%x, %w) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} name "stem"\n'
+            '  %r: float32[1,8,4,4] = Clip(%a, %lo, %hi) name "relu6"\n'
+            '  %y: float32[1,8,4,4] = Conv(%r, %wd) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], group = 8} name "dw"\n'
+            '  %s: float32[1,8,4,4] = Conv(%x, %w) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} name "stem2"\n'
+            '  %q: float32[1,8,4,4] = Relu(%s) name "relu"\n'
+            '  %p: float32[1,8,2,2] = MaxPool(%q) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"')
+    g = graph(prog(sig, body), w=R(8, 3, 3, 3), wd=R(8, 1, 3, 3), lo=np.array(0, F), hi=np.array(6, F))
+    out, stats = run_pass("transform_layout", g)
+    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Clip", "kiln::ConvNCHWc", "Conv", "Relu",
+                         "MaxPool", "kiln::FromNCHWc"]
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
