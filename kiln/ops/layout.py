@@ -16,6 +16,9 @@ result (kiln.passes.layout only lets such padding-preserving ops run blocked).
   (OC/ob, IC/ib, KH, KW, ib, ob) (depthwise: (C/cb, 1, KH, KW, 1, cb), channel
   block k of the output reads channel block k of the input) and a bias packed
   as (OC/ob, ob); the output is N,OC/ob,OH,OW,ob.
+  ib may be less than ob: a stem conv's few input channels as one block (channels-last);
+- `MaxPoolNCHWc(x) {kernel_shape, strides, pads, dilations}`: 2-D max pooling of a
+  blocked tensor, blocked out (zeros in the padding channels stay zeros).
 
 The native lowering vectorizes over the output-channel block (one vector
 register: ob = vector lanes, as TVM's conv2d_NCHWc and oneDNN's blocked
@@ -34,8 +37,8 @@ import numpy as np
 from kiln.codegen.cpu import vector_lanes
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.loops import cast, compute, const, reduce_axis, select, sum_
-from kiln.ops.nn import compute_dtype, conv_core, parallel_worth, window
+from kiln.loops import cast, compute, const, reduce_axis, rmax, select, sum_
+from kiln.ops.nn import compute_dtype, conv_core, pad_spatial, parallel_worth, window, windows
 from kiln.ops.registry import lowering, op
 
 DOMAIN = "kiln"
@@ -179,6 +182,14 @@ def _conv_infer(ctx):
     return [TensorType(ctx.dtype(0), (g.n, g.ocb, *g.out, g.ob))]
 
 
+def _pool_infer(ctx):
+    xs = ctx.shape(0)
+    if xs is None or len(xs) != 5 or not all(isinstance(d, int) for d in xs):
+        ctx.fail(f"MaxPoolNCHWc needs a static blocked input N,CB,H,W,cb, got {ctx.tensor(0)}")
+    win = window(ctx, list(xs[2:4]), [int(k) for k in ctx.attr("kernel_shape")])
+    return [TensorType(ctx.dtype(0), (xs[0], xs[1], *[int(o) for o in win.out], xs[4]))]
+
+
 # ---------------------------------------------------------------- the ops
 
 @op("ToNCHWc", infer=_to_infer, domain=DOMAIN)
@@ -205,6 +216,17 @@ def conv_nchwc(ctx, x, w, b=None):
     if b is not None:
         y = y + compute_dtype(b).reshape(1, -1, 1, 1)
     return to_blocked(y, g.ob).astype(x.dtype, copy=False)
+
+
+@op("MaxPoolNCHWc", infer=_pool_infer, domain=DOMAIN)
+def max_pool_nchwc(ctx, x):
+    """2-D MaxPool {kernel_shape, strides, pads, dilations} of a blocked tensor, blocked out
+    (the padding channels' zeros stay zeros)."""
+    xn = from_blocked(compute_dtype(x), x.shape[1] * x.shape[-1])
+    win = window(ctx, list(xn.shape[2:]), [int(k) for k in ctx.attr("kernel_shape")])
+    v = windows(pad_spatial(xn, win, -np.inf), win)
+    y = v.reshape(v.shape[:4] + (-1,)).max(axis=-1)
+    return to_blocked(y, x.shape[-1]).astype(x.dtype, copy=False)
 
 
 # ---------------------------------------------------------------- native lowerings
@@ -380,3 +402,35 @@ def _conv_lower(ctx, x, w, b=None):
     ctx.schedule(schedule)
     return out
 
+
+
+@lowering("MaxPoolNCHWc", domain=DOMAIN)
+def _max_pool_lower(ctx, x):
+    n, cb, h, w, blk = x.shape
+    win = window(ctx, [h, w], [int(k) for k in ctx.attr("kernel_shape")])
+    (sh, sw), (dh, dw), (pt, pl) = win.strides, win.dilations, [int(b) for b in win.begin]
+    kh, kw = reduce_axis(win.kernel[0], "kh"), reduce_axis(win.kernel[1], "kw")
+    lowest = const(-math.inf, x.dtype)
+
+    def body(n_, c, oh, ow, o):
+        r, s_ = oh * sh + kh * dh - pt, ow * sw + kw * dw - pl
+        ok = (r >= 0) & (r < h) & (s_ >= 0) & (s_ < w)     # uniform over the vectorized lanes
+        return rmax(select(ok, x[(n_, c, r, s_, o)], lowest), [kh, kw])
+    out = compute(ctx.out_shape(), body, "maxpool_nchwc", x.dtype)
+    work = math.prod(out.shape) * win.kernel[0] * win.kernel[1]
+
+    def schedule(sch, outputs):
+        st = sch[out]
+        a_n, a_c, a_h, a_w, a_o = st.axis
+        r_h, r_w = st.reduce_axis
+        st.reorder(a_n, a_c, a_h, a_w, r_h, r_w, a_o)
+        top = st.fuse(a_n, a_c, a_h)
+        if parallel_worth(work) and top.arg.dom[1] > 1:
+            st.parallel(top)
+        if win.kernel[0] * win.kernel[1] <= 16:
+            st.unroll(r_h)
+            st.unroll(r_w)
+        if blk >= 4:
+            st.vectorize(a_o)
+    ctx.schedule(schedule)
+    return out

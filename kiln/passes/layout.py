@@ -20,8 +20,12 @@ The rewrite, in one walk over the nodes in order:
   such conv through unary elementwise ops) — becomes `kiln::ConvNCHWc` with its
   weights and bias packed here (numpy) as new constants;
 - a layout-agnostic elementwise op (Relu, Clip, Add of two same-shape tensors,
-  ...) that reads a blocked value runs on the blocked values instead; a
-  per-channel (1,C,1,1) or scalar constant operand is blocked (or kept) here;
+  ...) that reads a blocked value runs on the blocked values instead when every
+  other computed operand has a blocked twin too; a per-channel (1,C,1,1) or
+  scalar constant operand is blocked (or kept) here;
+- a 2-D MaxPool (no Indices, no ceil_mode) that reads a blocked value becomes
+  `kiln::MaxPoolNCHWc` (ResNet's stem -> ReLU -> MaxPool runs blocked, its
+  result converted to NCHW once, at a quarter of the stem output's size);
 - a value needed in NCHW (by any other op, or as a graph output) gets one
   `kiln::FromNCHWc` right before its first such reader, producing the very same
   Value; an NCHW value read by a blocked op gets one `kiln::ToNCHWc`. Each
@@ -124,6 +128,23 @@ def input_block(node: Node, attrs: dict, block: int) -> int:
     return c if narrow_input(c, block, bool(attrs["depthwise"])) else block
 
 
+def blockable_pool(node: Node, opset: int) -> dict | None:
+    """The MaxPoolNCHWc attributes for a 2-D float32 MaxPool (no Indices, no ceil_mode), or None."""
+    if node.op != "MaxPool" or node.domain or len(node.inputs) != 1 or not node.outputs or node.outputs[0] is None:
+        return None
+    if any(v is not None for v in node.outputs[1:]) or int(node.attrs.get("ceil_mode", 0)):
+        return None
+    xs = static_shape(node.inputs[0])
+    if xs is None or len(xs) != 4 or node.inputs[0].type.dtype is not DType.float32:
+        return None
+    try:
+        win = window(_Ctx(node, opset), list(xs[2:]), [int(k) for k in node.attrs["kernel_shape"]])
+    except (KilnError, KeyError):
+        return None
+    return {"kernel_shape": list(win.kernel), "strides": list(win.strides),
+            "pads": [int(p) for p in win.begin + win.end], "dilations": list(win.dilations)}
+
+
 class _Rewriter:
     def __init__(self, graph: Graph, block: int, convs: dict[int, dict]):
         self.graph, self.block, self.convs = graph, block, convs
@@ -133,7 +154,8 @@ class _Rewriter:
         self.narrow: dict[int, Value] = {}    # NCHW value id -> its twin in one block of all channels
         self.pending: dict[int, Value] = {}   # NCHW values whose producer now makes only the twin
         self.nodes: list[Node] = []
-        self.fired = {"Conv": 0, "elementwise": 0, "ToNCHWc": 0, "FromNCHWc": 0}
+        self.fired = {"Conv": 0, "elementwise": 0, "MaxPool": 0, "ToNCHWc": 0, "FromNCHWc": 0}
+        self.opset = graph.opset("")
 
     def emit(self, op: str, inputs: list, outputs: list[Value], attrs: dict, name: str,
              domain: str = "") -> Node:
@@ -222,7 +244,9 @@ class _Rewriter:
             s = None if v is None else static_shape(v)
             if v is None:
                 kinds.append(None)
-            elif s == out and (v.id in self.blocked or node.op in BINARY or i == 0):
+            elif s == out and (v.id in self.blocked or v.const is not None or node.op in UNARY):
+                # (a computed operand with no blocked twin keeps the op NCHW: converting it
+                # in, and the result back out, costs more than the op)
                 kinds.append("blocked")
             elif v.const is not None and v.const.size == 1:
                 kinds.append("keep")
@@ -246,6 +270,15 @@ class _Rewriter:
             attrs = self.convs.get(id(node))
             if attrs is not None:
                 self.conv(node, attrs)
+                continue
+            pool = blockable_pool(node, self.opset) if node.inputs and node.inputs[0] is not None \
+                and node.inputs[0].id in self.blocked else None
+            if pool is not None:
+                y = node.outputs[0]
+                yb = self.twin_value(y)
+                self.emit("MaxPoolNCHWc", [self.blocked[node.inputs[0].id]], [yb], pool, node.name, DOMAIN)
+                self.produce_blocked(y, yb)
+                self.fired["MaxPool"] += 1
                 continue
             kinds = self.operands(node)
             if kinds is not None:
@@ -288,14 +321,14 @@ def select_convs(graph: Graph, block: int, selective: bool) -> dict[int, dict]:
     def elementwise(n: Node) -> bool:   # a path through a binary op would need its other input converted
         return not n.domain and n.op in UNARY
 
-    def reaches(start: Node, step) -> bool:
+    def reaches(start: Node, step, pools: bool = False) -> bool:
         seen, todo = set(), list(step(start))
         while todo:
             n = todo.pop()
             if id(n) in seen:
                 continue
             seen.add(id(n))
-            if id(n) in cands:
+            if id(n) in cands or (pools and blockable_pool(n, opset) is not None):
                 return True
             if elementwise(n):
                 todo.extend(step(n))
@@ -307,7 +340,9 @@ def select_convs(graph: Graph, block: int, selective: bool) -> dict[int, dict]:
     def downs(n: Node):
         return [c for v in n.outputs if v is not None for c in consumers.get(v.id, [])]
     nodes = {id(n): n for n in graph.nodes}
-    return {k: a for k, a in cands.items() if reaches(nodes[k], ups) or reaches(nodes[k], downs)}
+    # a stem also when a MaxPool follows (it runs blocked on the stem's blocked output: ResNet)
+    return {k: a for k, a in cands.items() if reaches(nodes[k], ups) or reaches(
+        nodes[k], downs, pools=input_block(nodes[k], a, block) != block)}
 
 
 def transform(graph: Graph, block: int, selective: bool | None = None) -> dict[str, int]:
@@ -326,6 +361,7 @@ def transform(graph: Graph, block: int, selective: bool | None = None) -> dict[s
 register_kind(DOMAIN, "ToNCHWc", Kind.INJECTIVE)
 register_kind(DOMAIN, "FromNCHWc", Kind.INJECTIVE)
 register_kind(DOMAIN, "ConvNCHWc", Kind.OUT_FUSABLE, epilogue_anchor=True)
+register_kind(DOMAIN, "MaxPoolNCHWc", Kind.OPAQUE)
 
 
 @graph_pass("transform_layout")

@@ -40,7 +40,7 @@ def test_chain_before_after():
               '  %r: float32[1,8,6,6] = Relu(%a) name "relu"\n'
               '  %c: float32[1,8,6,6] = Conv(%r, %w2) {kernel_shape = [1, 1]} name "c2"\n'
               '  %y: float32[1,8,6,6] = Add(%c, %x) name "add"\n'
-              '  %p: float32[1,8,3,3] = MaxPool(%r) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"')
+              '  %p: float32[1,8,3,3] = AveragePool(%r) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"')
     after = (
         '  %x.nchwc: float32[1,1,6,6,8] = "kiln"::ToNCHWc(%x) {block = 8} name "x.to_nchwc"\n'
         '  %a.nchwc: float32[1,1,6,6,8] = "kiln"::ConvNCHWc(%x.nchwc, %w1.nchwc8, %c1.bias.nchwc8) '
@@ -50,7 +50,7 @@ def test_chain_before_after():
         '{kernel_shape = [1, 1], strides = [1, 1], pads = [0, 0, 0, 0], dilations = [1, 1], depthwise = 0} name "c2"\n'
         '  %y.nchwc: float32[1,1,6,6,8] = Add(%c.nchwc, %x.nchwc) name "add"\n'
         '  %r: float32[1,8,6,6] = "kiln"::FromNCHWc(%r.nchwc) {channels = 8} name "r.from_nchwc"\n'
-        '  %p: float32[1,8,3,3] = MaxPool(%r) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"\n'
+        '  %p: float32[1,8,3,3] = AveragePool(%r) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"\n'
         '  %y: float32[1,8,6,6] = "kiln"::FromNCHWc(%y.nchwc) {channels = 8} name "y.from_nchwc"')
     w1, b1, w2 = R(8, 8, 3, 3), R(8), R(8, 8, 1, 1)
     packed = {"w1.nchwc8": pack_conv_weight(w1, 8, False), "c1.bias.nchwc8": pack_bias(b1, 8, 8, F),
@@ -207,9 +207,10 @@ def test_selective_default_blocks_pointwise_depthwise_chains_only(monkeypatch):
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
 
 
-def test_selective_blocks_a_stem_next_to_a_blocked_conv_only(monkeypatch):
+def test_selective_blocks_a_stem_next_to_a_blocked_conv_or_maxpool_only(monkeypatch):
     """A few-channel stem conv runs blocked by default when a blocked conv follows through unary
-    ops (MobileNet: stem -> ReLU6 -> depthwise), not when a MaxPool follows (ResNet)."""
+    ops (MobileNet: stem -> ReLU6 -> depthwise) or a MaxPool (ResNet: the pool runs blocked,
+    its result converted once), not when an AveragePool follows."""
     monkeypatch.setattr(layout, "SELECTIVE", True)
     sig = "(%x: float32[1,3,8,8]) -> (%y, %p)"
     body = ('  %a: float32[1,8,4,4] = Conv(%x, %w) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} name "stem"\n'
@@ -217,9 +218,28 @@ def test_selective_blocks_a_stem_next_to_a_blocked_conv_only(monkeypatch):
             '  %y: float32[1,8,4,4] = Conv(%r, %wd) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], group = 8} name "dw"\n'
             '  %s: float32[1,8,4,4] = Conv(%x, %w) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} name "stem2"\n'
             '  %q: float32[1,8,4,4] = Relu(%s) name "relu"\n'
-            '  %p: float32[1,8,2,2] = MaxPool(%q) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"')
+            '  %p: float32[1,8,2,2] = MaxPool(%q) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} name "pool"\n'
+            '  %t: float32[1,8,4,4] = Conv(%x, %w) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} name "stem3"\n'
+            '  %u: float32[1,8,4,4] = Relu(%t) name "relu3"\n'
+            '  %z: float32[1,8,2,2] = AveragePool(%u) {kernel_shape = [2, 2], strides = [2, 2]} name "avg"')
+    sig = "(%x: float32[1,3,8,8]) -> (%y, %p, %z)"
     g = graph(prog(sig, body), w=R(8, 3, 3, 3), wd=R(8, 1, 3, 3), lo=np.array(0, F), hi=np.array(6, F))
     out, stats = run_pass("transform_layout", g)
-    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Clip", "kiln::ConvNCHWc", "Conv", "Relu",
-                         "MaxPool", "kiln::FromNCHWc"]
+    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Clip", "kiln::ConvNCHWc", "kiln::ConvNCHWc", "Relu",
+                         "kiln::MaxPoolNCHWc", "Conv", "Relu", "AveragePool", "kiln::FromNCHWc", "kiln::FromNCHWc"]
+    assert stats.fired["MaxPool"] == 1
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+def test_blocked_add_needs_both_operands_blocked():
+    """A residual Add of a blocked value and a computed NCHW one stays NCHW (converting the NCHW
+    operand in and the sum back out would cost more than the Add)."""
+    sig = "(%x: float32[1,8,6,6]) -> (%y, %z)"
+    body = ('  %a: float32[1,8,6,6] = Conv(%x, %w1) {kernel_shape = [1, 1]} name "pw"\n'
+            '  %n: float32[1,8,6,6] = Neg(%x) name "neg"\n'
+            '  %y: float32[1,8,6,6] = Add(%a, %n) name "add"\n'
+            '  %z: float32[1,8,6,6] = Sub(%n, %a) name "sub"')
+    g = graph(prog(sig, body), w1=R(8, 8, 1, 1))
+    out, stats = run_pass("transform_layout", g)
+    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Neg", "kiln::FromNCHWc", "Add", "Sub"]
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
