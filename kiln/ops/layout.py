@@ -280,7 +280,23 @@ def _from_lower(ctx, x):
     out = compute(ctx.out_shape(), lambda n, c, *sp: x[(n, c // block, *sp, c % block)], "from_nchwc",
                   x.dtype)
     work = math.prod(out.shape)
-    ctx.schedule(lambda sch, outs: _rows_schedule(sch[outs[0]], work, 2))
+    if len(out.shape) != 4 or out.shape[1] % block or out.shape[3] < 4:
+        ctx.schedule(lambda sch, outs: _rows_schedule(sch[outs[0]], work, 2))
+        return out
+
+    def rows(sch, outs):
+        # one row of one channel block at a time (W x block, in L1): each output row is
+        # written whole, read from the block's row in strides of `block`; a whole plane per
+        # channel read the blocked plane `block` times from L2 (measured 5x slower)
+        st = sch[outs[0]]
+        n, c, h, w = st.axis
+        co, ci = st.split(c, block)
+        st.reorder(n, co, h, ci, w)
+        top = st.fuse(n, co, h)
+        st.vectorize(w)
+        if parallel_worth(work) and top.arg.dom[1] > 1:
+            st.parallel(top)
+    ctx.schedule(rows)
     return out
 
 
