@@ -17,7 +17,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kiln  # noqa: E402
 from benchmarks.models import MODELS, inputs_for  # noqa: E402
-from kiln.bench import compare, ort_session, stats, time_interleaved  # noqa: E402
+from kiln.bench import compare, stats, time_interleaved  # noqa: E402
+
+
+def ort_session(model, threads: int, spin: bool):
+    """An ORT CPU session like kiln.bench.ort_session, its intra-op threads spinning or not."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def build(model, layout: bool):
@@ -38,12 +49,16 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--per-round", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ORT intra-op threads")
+    ap.add_argument("--ort-spin", action="store_true",
+                    help="let ORT's threads spin after a run (its default); off here, as the spinning "
+                         "threads took a core from the kiln run interleaved after it (2-core machine: "
+                         "kiln medians 20-40%% slower in the slot after ORT)")
     args = ap.parse_args(argv)
     for name in args.models.split(","):
         model = MODELS[name]()
         feeds = inputs_for(name, model)
         nchw, nchwc = build(model, False), build(model, True)
-        sess = ort_session(model, args.threads)
+        sess = ort_session(model, args.threads, spin=args.ort_spin)
         out = [o.name for o in model.graph.output]
         want = dict(zip(out, sess.run(None, feeds)))
         checks = {k: compare(m.run(feeds), want) for k, m in (("nchw", nchw), ("nchwc", nchwc))}
