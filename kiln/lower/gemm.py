@@ -81,11 +81,14 @@ def choose_tile(rows: int, cols: int, dtype: DType, max_padded_rows: int | None 
     (None when none does). few_rows: the S rows alias in the L1 cache (their stride is a
     multiple of 4 KiB), so a dozen of them would evict each other: take fewer rows."""
     lanes = vector_lanes(dtype.itemsize)
-    nvec = nvec or (1 if cols <= lanes else 4 if few_rows and cols >= 4 * lanes else 2)
+    # four vectors only where the registers still hold a useful number of rows (6 of 32)
+    nvec = nvec or (1 if cols <= lanes else 4 if few_rows and cols >= 4 * lanes and vector_registers() >= 32 else 2)
     # narrow products still use whole vectors (padded columns beat a scalar remainder),
     # unless nearly all lanes would be padding
     nr = lanes * nvec if 2 * cols > lanes else cols
-    budget = max(1, (vector_registers() - 4) // nvec)   # B vectors, a broadcast and slack
+    # accumulators + nvec B vectors + one broadcast must fit the register file: one more
+    # and the compiler spills an accumulator, a load and a store in every k step
+    budget = max(1, (vector_registers() - nvec - 1) // nvec)
     cands = [rows] if rows <= budget else range(max(1, budget // 2), budget + 1)
     cost = {mr: -(-rows // mr) * (mr + 1) for mr in cands
             if max_padded_rows is None or -(-rows // mr) * mr <= max_padded_rows}
@@ -99,8 +102,16 @@ def weight_aliasing(k: int, dtype: DType) -> bool:
 
 def weight_panel_width(cols: int, k: int, dtype: DType) -> int:
     """nr, the panel width of a B[K, cols] packed ahead of time (kiln::MatMulPacked): what
-    `gemm` picks for an A read in place (it depends on the vector width, not on M)."""
-    return choose_tile(1, cols, accumulator_dtype(dtype), few_rows=weight_aliasing(k, dtype))[1]
+    `gemm` picks for an A read in place (it depends on the vector width, not on M).
+
+    With 32 vector registers: four-vector panels, a 6 x 4-vector tile (24 accumulators,
+    10 loads per 24 FMAs, 6 row pointers) rather than 13 x 2 (15 loads per 26 FMAs, 13
+    row pointers: more than the free general registers, so the k loop reloads some from
+    the stack). With 16: two (6 x 2); four would leave room for 2 rows (3 spilled one
+    accumulator, a load and a store per k step: 128x2048 @ 2048x512 ran at 60% of the
+    speed of 6 x 2).
+    """
+    return choose_tile(1, cols, accumulator_dtype(dtype), few_rows=vector_registers() >= 32)[1]
 
 
 def pack_weight(w, nr: int):

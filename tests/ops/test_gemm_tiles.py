@@ -1,0 +1,52 @@
+"""The GEMM micro-kernel's register tile (kiln.lower.gemm.choose_tile / weight_panel_width)
+on 16-register (AVX2) and 32-register (AVX-512) machines: mr accumulator rows of nvec
+vectors, plus nvec B vectors and one broadcast, must fit the register file (one more and
+the C compiler spills an accumulator: a load and a store in every k step)."""
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import kiln.lower.gemm as g
+from kiln.dtypes import DType
+from tests.ops.test_packed_lower import _check, _model
+
+AVX2 = frozenset({"avx", "avx2", "fma"})
+AVX512 = AVX2 | {"avx512f"}
+
+
+@pytest.mark.parametrize("feats,lanes", [(AVX2, 8), (AVX512, 16)])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 64, 128, 130])
+@pytest.mark.parametrize("nvec", [1, 2, 3, 4])
+def test_tile_fits_registers(monkeypatch, feats, lanes, rows, nvec):
+    monkeypatch.setattr(g, "cpu_features", lambda: feats)
+    monkeypatch.setattr(g, "vector_lanes", lambda itemsize, features=None: lanes * 4 // itemsize)
+    mr, nr = g.choose_tile(rows, 4096, DType.float32, nvec=nvec)
+    assert nr == lanes * nvec
+    assert mr * nvec + nvec + 1 <= g.vector_registers(), (mr, nr)
+
+
+@pytest.mark.parametrize("feats,nvec", [(AVX2, 2), (AVX512, 4)])
+@pytest.mark.parametrize("k", [512, 2048])
+def test_weight_panel_width(monkeypatch, feats, nvec, k):
+    """Four-vector panels where 32 registers hold a 6-row tile of them; two with 16 (where
+    four would leave room for 2 rows), whether or not the rows alias in L1."""
+    monkeypatch.setattr(g, "cpu_features", lambda: feats)
+    lanes = 16 if "avx512f" in feats else 8
+    monkeypatch.setattr(g, "vector_lanes", lambda itemsize, features=None: lanes * 4 // itemsize)
+    assert g.weight_panel_width(4096, k, DType.float32) == lanes * nvec
+    mr, _ = g.choose_tile(128, 4096, DType.float32, nvec=nvec)
+    assert mr == 6
+
+
+@pytest.mark.parametrize("x_shape,n", [((7, 2048), 130), ((2, 13, 512), 200), ((1, 1, 96), 65)])
+def test_packed_odd_shapes(x_shape, n):
+    """Row counts that are not multiples of the tile, edge panels, K whose rows alias in L1,
+    a bias epilogue: against NumPy and the interpreter."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((x_shape[-1], n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])],
+               x_shape, {"w": w, "b": b})
+    _check(m, x, x @ w + b, rtol=1e-4, atol=2e-4)
