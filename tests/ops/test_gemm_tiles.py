@@ -50,3 +50,14 @@ def test_packed_odd_shapes(x_shape, n):
     m = _model([helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])],
                x_shape, {"w": w, "b": b})
     _check(m, x, x @ w + b, rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("feats,lanes,mr", [(AVX2, 8, 2), (AVX512, 16, 7)])
+def test_spill_one(monkeypatch, feats, lanes, mr):
+    """spill_one (rows aliasing in L1) allows one spilled accumulator of a 4-vector tile on
+    32 registers (7 x 4), never on 16."""
+    monkeypatch.setattr(g, "cpu_features", lambda: feats)
+    monkeypatch.setattr(g, "vector_lanes", lambda itemsize, features=None: lanes * 4 // itemsize)
+    got, _ = g.choose_tile(128, 4096, DType.float32, nvec=4, spill_one=True)
+    assert got == mr
+    assert got * 4 + 4 + 1 <= g.vector_registers() + 1
