@@ -191,6 +191,8 @@ class _Emitter:
     def rounded(self, dt: DType, s: str) -> str:
         """C value `s` (computed in dt's compute type) rounded to a value of dt."""
         nt = NARROW.get(dt)
+        if dt is DType.float16:  # GCC evaluates _Float16 arithmetic in float unless cast back
+            return f"((_Float16){s})"
         if nt is None:
             return s
         r = f"{self.use(nt.round)}({s})"

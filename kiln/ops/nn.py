@@ -222,10 +222,12 @@ def _window_for(ctx, x, w_spatial, ceil_mode=False):
 @op("Conv", infer=_conv_infer())
 def conv(ctx, x, w, b=None):
     """Conv: float convolution with groups, dilations, strides, pads/auto_pad."""
-    xc, wc = compute_dtype(x), compute_dtype(w).astype(compute_dtype(x).dtype, copy=False)
+    # accumulate in float64: the golden model's sums must not depend on where BLAS puts a
+    # channel in its register tile (ill-conditioned nets amplify a 1-ulp difference)
+    xc, wc = x.astype(np.float64), w.astype(np.float64)
     y = conv_core(ctx, xc, wc, int(ctx.attr("group", 1)), _window_for(ctx, x, w.shape[2:]))
     if b is not None:
-        y = y + chan(compute_dtype(b), y.ndim)
+        y = y + chan(np.asarray(b, dtype=np.float64), y.ndim)
     return y.astype(x.dtype, copy=False)
 
 
