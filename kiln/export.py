@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import kiln
-from kiln.codegen.build import DEFAULT_CFLAGS, compile_c
+from kiln.codegen.build import compile_c, default_cflags
 from kiln.codegen.c import DEFAULT_PREFIX, c_identifier, single_unit, split_units, with_prefix
 from kiln.codegen.header import Port, emit_header
 from kiln.dtypes import DType
@@ -121,7 +121,7 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
     outs = [Port(s.name, DType.from_numpy(dt), shape)
             for s, (shape, dt) in zip(model.outputs, native.output_types)]
     workspace = native.workspace_bytes
-    cflags = os.environ.get("KILN_CFLAGS") or DEFAULT_CFLAGS
+    cflags = os.environ.get("KILN_CFLAGS") or default_cflags()
     manifest = {
         "format": artifact.FORMAT,
         "format_version": artifact.FORMAT_VERSION,

@@ -189,3 +189,23 @@ def test_matmul_256_tiled_vectorized_parallel():
     dt = (time.perf_counter() - t0) / reps
     print(f"\nmatmul 256^3: {2 * M * N * K / dt / 1e9:.1f} GFLOP/s ({dt * 1e3:.2f} ms, "
           f"{os.cpu_count()} cpus, vector {vector_bytes()} B)")
+
+
+@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64"),
+                    reason="vector register names are x86's")
+def test_default_flags_emit_the_vector_width_tiles_are_planned_for(tmp_path, monkeypatch):
+    """-march=native's tuning may prefer narrower vectors than the CPU has (znver1 on an
+    AVX2 EPYC VM: 128-bit); register tiles are sized from vector_bytes(), so the default
+    flags must make the compiler use that width."""
+    from kiln.codegen.build import _cc, _flags
+    monkeypatch.delenv("KILN_CFLAGS", raising=False)
+    src = tmp_path / "v.c"
+    src.write_text("void f(float* restrict a, const float* restrict b) {\n#pragma omp simd\n"
+                   "  for (int i = 0; i < 1024; ++i) a[i] = a[i] * b[i] + 1.0f;\n}\n")
+    flags = [f for f in _flags(None) if f not in ("-shared", "-fPIC")]
+    r = __import__("subprocess").run([*_cc(None), *flags, "-S", "-o", str(tmp_path / "v.s"), str(src)],
+                                     capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    asm = (tmp_path / "v.s").read_text()
+    want = {16: "%xmm", 32: "%ymm", 64: "%zmm"}[vector_bytes()]
+    assert want in asm, f"expected {want} registers with {flags}"
