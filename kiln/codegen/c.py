@@ -70,6 +70,13 @@ PRELUDE = (UNIT_START + """
 #define KILN_FLOORMOD(T, a, b) ({ T m_ = (a), e_ = (b), s_ = m_ % e_; \\
   (s_ != 0 && ((s_ < 0) != (e_ < 0))) ? s_ + e_ : s_; })
 static inline void* kiln_alloc(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+/* exp_floored's floor, an argument whose exp is still a normal number. Variables, not
+   literals: with a constant the compiler folds exp(floor) and turns exp(max(x, floor))
+   back into a blend of exp(x), whose out-of-range lanes send vector exp down its scalar path */
+#pragma GCC visibility push(hidden)
+__attribute__((weak)) float kiln_exp_floor_f32 = -87.0f;
+__attribute__((weak)) double kiln_exp_floor_f64 = -708.0;
+#pragma GCC visibility pop
 """)
 
 
@@ -304,6 +311,11 @@ class _Emitter:
             return f"({name}({args[0]}) != 0)"
         if name in ("sigmoid", "sign") or (name == "abs" and not src.is_float):
             return self.rounded(e.dtype, f"{self.helper(name, src)}({args[0]})")
+        if name == "exp_floored":  # exp(max(x, floor)): see the prelude's kiln_exp_floor_*
+            wide = DType.float64 if src is DType.float64 else DType.float32
+            floor = f"kiln_exp_floor_{_tag(wide)}"
+            arg = f"{self.helper('max', wide)}(({ctype(wide)}){args[0]}, {floor})"
+            return self.convert(e.dtype, wide, self._math("exp", wide, [arg]))
         if name == "rsqrt":
             return self.rounded(e.dtype, f"(({ctype(src)})1 / {self._math('sqrt', src, args)})")
         return self.rounded(e.dtype, self._math("fabs" if name == "abs" else name, src, args))

@@ -28,7 +28,7 @@ BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "flo
           "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
           "and": "&&", "or": "||", "bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
 COMPARE = {"lt", "le", "gt", "ge", "eq", "ne"}
-UNARY_INTRIN = {"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "erfc", "sin", "cos", "tan", "asin", "acos",
+UNARY_INTRIN = {"exp", "exp_floored", "log", "sqrt", "rsqrt", "tanh", "erf", "erfc", "sin", "cos", "tan", "asin", "acos",
                 "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "abs", "floor", "ceil", "round",
                 "sigmoid", "fabs", "isnan", "isinf", "sign", "log2", "exp2", "trunc"}
 BINARY_INTRIN = {"pow", "fmod", "atan2"}

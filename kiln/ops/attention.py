@@ -18,7 +18,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.loops import call, cast, compute, const, max_, min_, reduce_axis, rmax, select, sum_
-from kiln.ops.reduce import PARALLEL_MIN_WORK, as_dtype, schedule_injective, schedule_reduction, text, wide
+from kiln.ops.reduce import PARALLEL_MIN_WORK, as_dtype, exp_shifted, schedule_injective, schedule_reduction, text, wide
 from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, op
 from kiln.ops.shapes import dim_mul
 
@@ -404,7 +404,7 @@ def _softmax_pv(logits, vp, dims, dt: DType, acc: DType):
     def shift(b, h, s):
         mx = m[b, h, s, 0]
         return select(mx.eq(ninf), zero, mx)
-    ex = compute((nb, hq, sq, total), lambda b, h, s, t: call("exp", logits((b, h, s, t)) - shift(b, h, s)), "exp")
+    ex = compute((nb, hq, sq, total), lambda b, h, s, t: exp_shifted(logits((b, h, s, t)) - shift(b, h, s)), "exp")
     t2 = reduce_axis(total, "t")
     ssum = compute((nb, hq, sq, 1), lambda b, h, s, z: sum_(ex[b, h, s, t2], t2), "sum")
 

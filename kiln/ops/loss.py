@@ -13,7 +13,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.loops import call, cast, compute, const, max_, min_, select
-from kiln.ops.reduce import as_dtype, bcast, const_output, log_softmax, reduction, schedule_stages, text, wide
+from kiln.ops.reduce import as_dtype, bcast, const_output, exp_shifted, log_softmax, reduction, schedule_stages, text, wide
 from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, register
 
 _REDUCTIONS = ("none", "sum", "mean")
@@ -127,7 +127,7 @@ def _sce_lower(ctx: LowerCtx, scores, labels, weights=None):
     shape, axes = tuple(scores.shape), [1]
     inner = len(shape) - 2
     m = reduction(shape, axes, True, lambda i: cast(_F64, scores[i]), "max", "max")
-    s = reduction(shape, axes, True, lambda i: call("exp", cast(_F64, scores[i]) - bcast(m, axes, i)), "sum", "sum")
+    s = reduction(shape, axes, True, lambda i: exp_shifted(cast(_F64, scores[i]) - bcast(m, axes, i)), "sum", "sum")
 
     def logp(i):
         return cast(_F64, scores[i]) - bcast(m, axes, i) - call("log", bcast(s, axes, i))

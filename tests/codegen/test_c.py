@@ -20,7 +20,7 @@ UNARY = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / n
          "atanh": np.arctanh, "abs": np.abs, "fabs": np.abs, "floor": np.floor, "ceil": np.ceil,
          "round": np.round, "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "sign": np.sign,
          "isnan": np.isnan, "isinf": np.isinf,
-         "erf": np.vectorize(math.erf), "erfc": np.vectorize(math.erfc)}
+         "erf": np.vectorize(math.erf), "erfc": np.vectorize(math.erfc), "exp_floored": np.exp}
 
 
 def kernel(fn, ins, out_dtype, name="k"):
@@ -209,3 +209,15 @@ def test_default_flags_emit_the_vector_width_tiles_are_planned_for(tmp_path, mon
     asm = (tmp_path / "v.s").read_text()
     want = {16: "%xmm", 32: "%ymm", 64: "%zmm"}[vector_bytes()]
     assert want in asm, f"expected {want} registers with {flags}"
+
+
+@pytest.mark.parametrize("dtype, floor", [(DType.float32, -87.0), (DType.float64, -708.0)])
+def test_exp_floored_keeps_underflow_out_of_vector_exp(dtype, floor):
+    """exp(max(x, floor)): arguments that would underflow (masked scores) give exp(floor),
+    a tiny normal number, never NaN or a denormal; the rest are exp(x)."""
+    x = np.array([0.0, -1.0, -20.0, floor + 1, floor, floor - 1, -1e9, -np.inf, np.nan] * 4, dtype.np)
+    got = kernel(lambda v: call("exp_floored", v), [x], dtype)
+    want = np.exp(np.maximum(x, floor))
+    want[np.isnan(x)] = np.nan
+    np.testing.assert_allclose(got, want, rtol=4e-7 if dtype is DType.float32 else 1e-15, atol=0)
+    assert (got[~np.isnan(x)] >= np.finfo(dtype.np).tiny).all()
