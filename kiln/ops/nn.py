@@ -747,7 +747,7 @@ def mean_variance_normalization(ctx, x):
 # writes its output rows from it. Depthwise convolutions go per (image, channel), with
 # that channel's plane made in place. Pools read the same plane.
 
-from kiln.codegen.cpu import vector_lanes  # noqa: E402
+from kiln.codegen.cpu import vector_bytes, vector_lanes  # noqa: E402
 from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,  # noqa: E402
                         sum_)
 from kiln.ops.registry import lowering  # noqa: E402
@@ -759,7 +759,11 @@ _PAR_MIN = 1 << 15       # work (points x reduction) below which a kernel stays 
 # ~80 us measured on a 2-vCPU VM, so a kernel must run for a few times that to gain from a
 # second thread. With spinning threads the fork costs a microsecond or two.
 PARALLEL_MIN_US_PASSIVE = 150.0
-RATES = {"conv": 60e3, "depthwise": 10e3, "window": 2e3}   # multiply-adds (or ops) per us, serial
+# multiply-adds (or ops) per us, serial, measured with AVX-512; vectorized kinds scale with
+# the vector width (an AVX2 EPYC runs 1x1 convs at ~15e3: with 60e3 a 0.5 ms conv looked
+# like 0.12 ms and stayed serial)
+RATES = {"conv": 60e3, "depthwise": 10e3, "window": 2e3}
+VECTOR_RATE_BYTES = 64
 
 
 def parallel_worth(work: int, kind: str = "window") -> bool:
@@ -769,7 +773,8 @@ def parallel_worth(work: int, kind: str = "window") -> bool:
     policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE").upper()
     if policy != "PASSIVE" or os.environ.get("GOMP_SPINCOUNT"):
         return True
-    return work / RATES[kind] >= PARALLEL_MIN_US_PASSIVE
+    rate = RATES[kind] * (vector_bytes() / VECTOR_RATE_BYTES if kind == "conv" else 1)
+    return work / rate >= PARALLEL_MIN_US_PASSIVE
 
 
 def _rup(a: int, b: int) -> int:
