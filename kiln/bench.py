@@ -30,10 +30,16 @@ def stats(ms: list[float]) -> dict:
 
 
 def time_interleaved(fns: dict, runs: dict, rounds: int) -> dict:
-    """Alternate rounds of a few runs of each fn; returns {name: [ms per run]}."""
+    """Alternate rounds of a few runs of each fn; returns {name: [ms per run]}.
+
+    Each round starts with one untimed run: the engine timed before may leave threads
+    spinning for a while after its last call (ONNX Runtime's and PyTorch's pools do by
+    default), and those take a core from whatever runs next; the run after the switch
+    absorbs that, for every engine alike."""
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            fn()
             for _ in range(math.ceil(runs[name] / rounds)):
                 t = time.perf_counter()
                 fn()
