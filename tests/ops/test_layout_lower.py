@@ -105,8 +105,11 @@ def test_plan_tile_fits_the_register_file():
                 r, v = plan_tile(geom(ow, ocb), vbytes)
                 assert ow % r == 0 and ocb % v == 0 and (r * v <= regs - 4 or r == 1)
                 r, v = plan_tile(geom(ow, ocb, True), vbytes)
-                assert ow % r == 0 and v == 1 and (r + 9 + 1 <= regs or r == 1)
+                assert ow % r == 0 and v == 1 and (r <= min(regs - 4, 14) or r == 1)
     assert plan_tile(geom(56, 4), 64) == (7, 4)
+    # depthwise: enough independent accumulators to cover the FMA latency, AVX2 too
+    assert plan_tile(geom(7, 4, True), 32) == (7, 1) and plan_tile(geom(14, 4, True), 32) == (7, 1)
+    assert plan_tile(geom(56, 4, True), 64) == (14, 1)
 
 
 @pytest.mark.slow
