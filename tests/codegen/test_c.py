@@ -221,3 +221,4 @@ def test_exp_floored_keeps_underflow_out_of_vector_exp(dtype, floor):
     want[np.isnan(x)] = np.nan
     np.testing.assert_allclose(got, want, rtol=4e-7 if dtype is DType.float32 else 1e-15, atol=0)
     assert (got[~np.isnan(x)] >= np.finfo(dtype.np).tiny).all()
+
