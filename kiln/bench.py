@@ -29,16 +29,20 @@ def stats(ms: list[float]) -> dict:
     return {"median_ms": float(med), "p10_ms": float(p10), "p90_ms": float(p90), "n": len(ms)}
 
 
+SWITCH_PAUSE_S = 0.05  # between engines: longer than ORT's and libgomp's spin-waits
+
+
 def time_interleaved(fns: dict, runs: dict, rounds: int) -> dict:
     """Alternate rounds of a few runs of each fn; returns {name: [ms per run]}.
 
-    Each round starts with one untimed run: the engine timed before may leave threads
-    spinning for a while after its last call (ONNX Runtime's and PyTorch's pools do by
-    default), and those take a core from whatever runs next; the run after the switch
-    absorbs that, for every engine alike."""
+    Each round starts with a pause and one untimed run: the engine timed before may leave
+    threads spinning after its last call (ONNX Runtime's and PyTorch's pools do by default),
+    and those take a core from whatever runs next; the pause lets them go to sleep and the
+    untimed run wakes the next engine's own, for every engine alike."""
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            time.sleep(SWITCH_PAUSE_S)
             fn()
             for _ in range(math.ceil(runs[name] / rounds)):
                 t = time.perf_counter()
