@@ -53,6 +53,14 @@ class _Lowering:
         self.roots = [s for s in live if s.attach is None]
         self.local: dict = {}                        # attached stage -> its local Buffer
         self.domains: dict = {}                      # attached stage -> its region domain
+        self.sibling_reads: dict = {}                # attached stage -> [(sibling, buffer, region starts)]
+        for s in live:
+            if s.attach is not None:
+                users = sch.consumers(s)
+                if any(u is not s.attach[0] and u.attach != s.attach for u in users):
+                    raise KilnError(f"stage {s.name!r} is computed at {s.attach[0].name}.{s.attach[1].arg.name}, "
+                                    f"which does not enclose every use (read by {[u.name for u in users]})",
+                                    stage="lower")
 
     @staticmethod
     def _inline(sch):
@@ -83,11 +91,18 @@ class _Lowering:
         return ext, val
 
     # -- region (bound) inference ------------------------------------------------------
-    def region(self, prod: Stage, body: Expr, free: dict):
-        """Per dim of prod: (lo, extent bound E, hi) read by `body` with `free` loops varying."""
+    def region(self, prod: Stage, body: Expr, free: dict, more=()):
+        """Per dim of prod: (lo, extent bound E, hi) read by `body` with `free` loops varying
+        (and by each (body, free) of `more`: siblings computed at the same loop)."""
         shape = prod.tensor.shape
         los = [None] * len(shape)
         his = [None] * len(shape)
+        for b, fr in [(body, free), *more]:
+            self._read_bounds(prod, b, fr, los, his)
+        return self._region_of(shape, los, his)
+
+    def _read_bounds(self, prod: Stage, body: Expr, free: dict, los: list, his: list) -> None:
+        shape = prod.tensor.shape
         for e in walk(body):
             if e.op != "load" or e.arg is not prod.tensor:
                 continue
@@ -98,6 +113,8 @@ class _Lowering:
                     iv = (los[d], his[d])
                 los[d] = iv[0] if los[d] is None else min_(los[d], iv[0])
                 his[d] = iv[1] if his[d] is None else max_(his[d], iv[1])
+
+    def _region_of(self, shape, los: list, his: list):
         out = []
         ctx = Ctx(self.ranges)
         for d, n in enumerate(shape):
@@ -110,6 +127,19 @@ class _Lowering:
                 out.append((lo, max(e_hi, 1), hi))
         return out
 
+    def _sibling_reads(self, c: Stage, p: Stage):
+        """(body, free) of sibling `c` (computed at the same loop, domain known) reading `p`:
+        its body in absolute indices, its region's loops and reductions varying."""
+        body = self.bodies[c]
+        value = body.args[0] if body.op == "reduce" else body
+        dom = self.domains[c]
+        value = substitute(value, {ax: dom[ax][0] + ax for ax in c.axis})
+        free = {ax: (0, dom[ax][1] - 1) for ax in c.axis}
+        for rv in c.reduce_axis:
+            lo, n = rv.arg.dom
+            free[rv] = (lo, lo + n - 1)
+        return value, free
+
     # -- nests ---------------------------------------------------------------------------
     def build(self, stage: Stage, domain: dict) -> S.Stmt:
         """domain: root var -> (base Expr, extent int, limit Expr); store index = root - base."""
@@ -118,6 +148,10 @@ class _Lowering:
         body = self.bodies[stage]
         value = body.args[0] if body.op == "reduce" else body
         value = substitute(value, absval)
+        for p, buf, los in self.sibling_reads.get(stage, ()):    # siblings computed before it
+            value = map_loads(value, lambda b, ix, e, p=p, buf=buf, los=los:
+                              buf[tuple(i - lo for i, lo in zip(ix, los))] if b is p.tensor
+                              else rebuild(e, ix))
         out = self.local.get(stage, stage.tensor)
         idx = tuple(val[r] for r in stage.axis)
         ctx = Ctx(self.ranges)
@@ -132,14 +166,19 @@ class _Lowering:
                 continue
             pos = stage.leaves.index(leaf)
             free = {v: self.ranges[v] for v in stage.leaves[pos + 1:]}
-            for p in prods:
-                reg = self.region(p, value, free)
+            # consumers first: a sibling's region is known before the region of what it reads
+            for p in reversed(prods):
+                reg = self.region(p, value, free, [self._sibling_reads(c, p) for c in prods
+                                                   if c in self.domains and p.tensor in c.reads()])
                 self.local[p] = S.Buffer(p.name, p.tensor.dtype, tuple(r[1] for r in reg), "local")
                 self.domains[p] = {ax: (lo, n, ctx.simplify(hi - lo + 1)) for ax, (lo, n, hi) in zip(p.axis, reg)}
                 for rv in p.reduce_axis:
                     self.domains[p][rv] = (const(rv.arg.dom[0], DType.int64), rv.arg.dom[1],
                                            const(rv.arg.dom[1], DType.int64))
                 buf, los = self.local[p], [r[0] for r in reg]
+                for c in prods:
+                    if c is not p and p.tensor in c.reads():
+                        self.sibling_reads.setdefault(c, []).append((p, buf, los))
                 value = map_loads(value, lambda b, ix, e, p=p, buf=buf, los=los:
                                   buf[tuple(i - lo for i, lo in zip(ix, los))] if b is p.tensor
                                   else rebuild(e, ix))

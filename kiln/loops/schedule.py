@@ -241,7 +241,11 @@ class Stage:
     # -- where the stage is computed ---------------------------------------------
     @_recorded
     def compute_at(self, parent, v):
-        """Compute this stage inside loop `v` of `parent`, just the region it needs."""
+        """Compute this stage inside loop `v` of `parent`, just the region it needs.
+
+        Every stage that reads this one must be `parent` or already be computed at that
+        same loop (consumers first): softmax's exp, read by the row sum and the divide,
+        is computed per row beside the sum. The region is what all of them read."""
         parent = self.sch.stage(parent)
         if self.tensor in self.sch.outputs:
             raise self._err("an output cannot be computed at another stage's loop")
@@ -249,9 +253,10 @@ class Stage:
             raise self._err("cannot compute a stage at its own loop")
         leaf = parent._leaf(v, f"compute {self.name} at it")
         users = self.sch.consumers(self)
-        if users != [parent]:
+        if not users or any(u is not parent and u.attach != (parent, leaf) for u in users):
             raise self._err(f"compute_at {parent.name}.{leaf.arg.name}: that loop does not enclose every use "
-                            f"(read by {[u.name for u in users]})", leaf)
+                            f"(read by {[u.name for u in users]}; each must be {parent.name!r} or be "
+                            f"computed at that loop first)", leaf)
         if parent.attach == "inline":
             raise self._err(f"compute_at: stage {parent.name!r} is inlined")
         self.attach = (parent, leaf)

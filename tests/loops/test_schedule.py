@@ -151,6 +151,48 @@ def test_axis_of_another_stage_is_rejected():
         s[C].split(C.axis[0], 2)           # already split: no longer a loop
 
 
+def softmax_rows(R=6, N=37):
+    X = placeholder((R, N), F32, "X")
+    k1, k2 = reduce_axis(N, "k1"), reduce_axis(N, "k2")
+    M = compute((R, 1), lambda i, z: rmax(X[i, k1], k1), "M")
+    E = compute((R, N), lambda i, j: exp(X[i, j] - M[i, 0]), "E")
+    S = compute((R, 1), lambda i, z: sum_(E[i, k2], k2), "S")
+    Y = compute((R, N), lambda i, j: E[i, j] / S[i, 0], "Y")
+    x = rng.standard_normal((R, N)).astype(np.float32)
+    e = np.exp(x - x.max(1, keepdims=True))
+    return X, (M, E, S, Y), x, e / e.sum(1, keepdims=True)
+
+
+def test_compute_at_beside_a_sibling_consumer(run):
+    """exp is read by the row sum and by the divide: with the sum computed at the row
+    loop first, exp (and the max it reads) can be computed there too: one row at a time,
+    in local buffers, one parallel loop and no heap temporaries."""
+    X, (M, E, S, Y), x, want = softmax_rows()
+    s = Schedule(Y)
+    i, j = s[Y].axis
+    s[Y].parallel(i)
+    s[S].compute_at(s[Y], i)                 # consumers first
+    s[E].compute_at(s[Y], i)                 # read by S (attached here) and Y
+    s[M].compute_at(s[Y], i)                 # read by E (attached here)
+    s[E].vectorize(s[E].axis[1])
+    (got,) = run(s, [X], [Y], [x])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    text = str(lower(s, [X, Y], "softmax"))
+    assert text.count("parallel") == 1 and "heap" not in text, text
+
+
+def test_compute_at_needs_its_sibling_consumers_attached_first():
+    X, (M, E, S, Y), x, want = softmax_rows()
+    s = Schedule(Y)
+    with pytest.raises(KilnError, match="stage 'E'.*does not enclose every use.*computed at that loop first"):
+        s[E].compute_at(s[Y], s[Y].axis[0])  # S still at the root
+    s[S].compute_at(s[Y], s[Y].axis[0])
+    s[E].compute_at(s[Y], s[Y].axis[0])
+    s[S].compute_root()                      # moved away afterwards: lowering refuses
+    with pytest.raises(KilnError, match="stage 'E' is computed at Y.i, which does not enclose every use"):
+        lower(s, [X, Y], "softmax")
+
+
 def test_compute_at_must_enclose_every_use():
     A = placeholder((8,), F32, "A")
     B = compute((8,), lambda i: A[i] + 1.0, "B")
