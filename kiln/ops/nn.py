@@ -751,6 +751,7 @@ from kiln.codegen.cpu import vector_bytes, vector_lanes  # noqa: E402
 from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,  # noqa: E402
                         sum_)
 from kiln.ops.registry import lowering  # noqa: E402
+from kiln.ops.reduce import schedule_per_row  # noqa: E402
 
 _PAR_MIN = 1 << 15       # work (points x reduction) below which a kernel stays serial
 
@@ -1554,6 +1555,11 @@ def _layer_norm_lower(ctx, x, scale, bias=None):
     y = compute(x.shape, body, "layernorm")
     mean_out = compute(mean.shape, lambda *i: mean[i], "mean")
     inv_out = compute(inv.shape, lambda *i: inv[i], "invstd")
+    if axis == rank - 1 and rank >= 2 and ctx.num_outputs <= 1:
+        # one loop over rows: sum, mean, centred sum of squares, 1/std per row (consumers first)
+        (s2,), (s1,) = var.inputs, mean.inputs
+        ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [inv, var, s2, mean, s1]))
+        return y
     ctx.schedule(_norm_schedule([y], axis, math.prod(x.shape)))
     return [y, mean_out, inv_out][:max(ctx.num_outputs, 1)]
 
@@ -1580,6 +1586,9 @@ def _rms_norm_lower(ctx, x, scale):
     zi = (0,) * (rank - axis)
     y = compute(x.shape, lambda *i: cast(scale.dtype, cast(acc, x[i]) / den[tuple(i[:axis]) + zi]
                                          * cast(acc, bcast_load(scale, i))), "rmsnorm")
+    if axis == rank - 1 and rank >= 2:
+        ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [den, ss]))
+        return y
     ctx.schedule(_norm_schedule([y], axis, math.prod(x.shape)))
     return y
 

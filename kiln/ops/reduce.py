@@ -528,7 +528,7 @@ def _normalize_lower(ctx: LowerCtx, x):
         s = reduction(shape, axes, True, lambda i: exp_shifted(xv(i) - bcast(m, axes, i)), "sum", "sum")
         y = compute(shape, lambda *i: cast(dt, xv(i) - bcast(m, axes, i) - call("log", bcast(s, axes, i))), "y")
     if op != "Hardmax" and nd >= 2 and axes == [nd - 1]:
-        ctx.schedule(lambda sch, outs: schedule_rows(sch, y, [m, s], [e] if e is not None else []))
+        ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [s, e, m] if e is not None else [s, m]))
         return y
     # trailing axes: rows, parallel over rows and vectorized along them (reductions across lanes)
     tail = nd - 1 - max(axes) if axes else 0
@@ -538,12 +538,13 @@ def _normalize_lower(ctx: LowerCtx, x):
     return y
 
 
-def schedule_rows(sch, y, reductions: list, rows: list) -> None:
-    """A row-wise normalization (softmax over the last axis) as one loop over rows: per row,
-    each reduction (across lane partials) and each row-long intermediate in a local buffer,
-    then y's row, vectorized. One parallel region and no heap temporaries, instead of a pass
-    over the whole tensor per stage (gpt2's softmax: four parallel regions and a 512 KiB
-    temporary on every call)."""
+def schedule_per_row(sch, y, stages: list) -> None:
+    """A row-wise normalization over the last axis (softmax, layer norm) as one loop over
+    rows: per row, every stage of `stages` (listed consumers first: each read only by y or
+    by stages before it) in a local buffer, reductions across lane partials, row-long ones
+    vectorized, then y's row, vectorized. One parallel region and no heap temporaries,
+    instead of a pass over the whole tensor per stage (gpt2's softmax: four parallel
+    regions and a 512 KiB temporary on every call)."""
     sy = sch[y]
     *lead, last = sy.axis
     row = sy.fuse(*lead) if len(lead) > 1 else lead[0]
@@ -551,18 +552,13 @@ def schedule_rows(sch, y, reductions: list, rows: list) -> None:
         sy.parallel(row)
     if _ext(last) > 1:
         sy.vectorize(last)
-    partials = {r: lane_partials(sch, r) for r in reductions}
-
-    def with_partials(r):
-        return [r] + ([partials[r]] if partials[r] is not None else [])
-    # consumers first: the last reduction (then its lane partials) is read only by y, the
-    # row intermediates by those partials and by y, the first reduction by the intermediates
-    for t in [*with_partials(reductions[-1]), *rows, *(u for r in reductions[:-1] for u in with_partials(r))]:
-        sch[t].compute_at(sy, row)
-    for t in rows:
-        st = sch[t]
-        if _ext(st.axis[-1]) > 1:
-            st.vectorize(st.axis[-1])
+    for t in stages:
+        parts = lane_partials(sch, t) if sch[t].reduce_axis else None
+        for u in [t] + ([parts] if parts is not None else []):
+            st = sch[u]
+            st.compute_at(sy, row)
+            if not st.reduce_axis and _ext(st.axis[-1]) > 1:
+                st.vectorize(st.axis[-1])
 
 
 for _name in _NORMALIZE:
