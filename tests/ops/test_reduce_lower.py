@@ -307,3 +307,20 @@ def test_attention_family(k, _check=family(ATTN)):
 def test_attention_mask_wider_than_keys_is_an_error():
     with pytest.raises(KilnError, match="exceeds total sequence length"):
         Case("Attention", *_qkv(), rand((4, 7)), opset=23).lower("k")
+
+
+@pytest.mark.parametrize("case", [
+    Case("Softmax", rand((2, 3, 16, 40)), opset=13, axis=-1),
+    Case("LogSoftmax", rand((4, 3, 33)), opset=13, axis=-1),
+    Case("LayerNormalization", rand((2, 5, 48)), rand((48,)), rand((48,)), consts=(1, 2), opset=17, axis=-1),
+    Case("RMSNormalization", rand((3, 7, 64)), rand((64,)), consts=(1,), opset=23, axis=-1),
+], ids=repr)
+def test_last_axis_normalizations_are_one_loop_over_rows(case):
+    """Every statistic lives in a local buffer inside a single (parallel) loop over rows:
+    no pass over the whole tensor per stage, no heap temporary; and it is right."""
+    func = case.lower("k")
+    text = str(func)
+    assert "heap" not in text, text
+    outer = [line for line in text.splitlines()[1:] if line.startswith("  ") and not line.startswith("   ")]
+    assert len([line for line in outer if "for (" in line]) == 1, text
+    case.run(build_c(LoopModule([func]))["k"])
