@@ -149,9 +149,7 @@ class _Lowering:
         value = body.args[0] if body.op == "reduce" else body
         value = substitute(value, absval)
         for p, buf, los in self.sibling_reads.get(stage, ()):    # siblings computed before it
-            value = map_loads(value, lambda b, ix, e, p=p, buf=buf, los=los:
-                              buf[tuple(i - lo for i, lo in zip(ix, los))] if b is p.tensor
-                              else rebuild(e, ix))
+            value = _read_locally(value, p, buf, los)
         out = self.local.get(stage, stage.tensor)
         idx = tuple(val[r] for r in stage.axis)
         ctx = Ctx(self.ranges)
@@ -168,20 +166,20 @@ class _Lowering:
             free = {v: self.ranges[v] for v in stage.leaves[pos + 1:]}
             # consumers first: a sibling's region is known before the region of what it reads
             for p in reversed(prods):
-                reg = self.region(p, value, free, [self._sibling_reads(c, p) for c in prods
-                                                   if c in self.domains and p.tensor in c.reads()])
+                readers = [c for c in prods if c is not p and _reads(self.bodies[c], p.tensor)]
+                if any(c not in self.domains for c in readers):
+                    raise KilnError(f"stage {p.name!r} is computed at {stage.name}.{leaf.arg.name} after a "
+                                    f"stage that reads it; stages must be in producer-first order", stage="lower")
+                reg = self.region(p, value, free, [self._sibling_reads(c, p) for c in readers])
                 self.local[p] = S.Buffer(p.name, p.tensor.dtype, tuple(r[1] for r in reg), "local")
                 self.domains[p] = {ax: (lo, n, ctx.simplify(hi - lo + 1)) for ax, (lo, n, hi) in zip(p.axis, reg)}
                 for rv in p.reduce_axis:
                     self.domains[p][rv] = (const(rv.arg.dom[0], DType.int64), rv.arg.dom[1],
                                            const(rv.arg.dom[1], DType.int64))
                 buf, los = self.local[p], [r[0] for r in reg]
-                for c in prods:
-                    if c is not p and p.tensor in c.reads():
-                        self.sibling_reads.setdefault(c, []).append((p, buf, los))
-                value = map_loads(value, lambda b, ix, e, p=p, buf=buf, los=los:
-                                  buf[tuple(i - lo for i, lo in zip(ix, los))] if b is p.tensor
-                                  else rebuild(e, ix))
+                for c in readers:
+                    self.sibling_reads.setdefault(c, []).append((p, buf, los))
+                value = _read_locally(value, p, buf, los)
 
         def nest(positions, inner, attach=True):
             for pos in reversed(positions):
@@ -221,6 +219,17 @@ class _Lowering:
             if s.tensor not in self.params:
                 body = S.Allocate(s.tensor, body, "heap")
         return body
+
+
+def _reads(body: Expr, tensor) -> bool:
+    return any(e.op == "load" and e.arg is tensor for e in walk(body))
+
+
+def _read_locally(value: Expr, p: Stage, buf: S.Buffer, los: list) -> Expr:
+    """`value` with its loads of stage p's tensor read from p's local buffer, whose
+    region starts at `los`."""
+    return map_loads(value, lambda b, ix, e: buf[tuple(i - lo for i, lo in zip(ix, los))]
+                     if b is p.tensor else rebuild(e, ix))
 
 
 def lower(sch: Schedule, params, name: str = "kernel") -> S.PrimFunc:
