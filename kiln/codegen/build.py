@@ -26,10 +26,12 @@ from kiln.codegen.cpu import cpu_features
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp -fwrapv -fno-math-errno"
+_REQUIRED = ["-shared", "-fPIC", "-std=gnu11"]
 
 
 def default_cflags() -> str:
-    """DEFAULT_CFLAGS plus, on x86, the vector width kiln's schedules are planned for.
+    """DEFAULT_CFLAGS plus what keeps kiln's register tiles as planned: on x86 the vector
+    width the schedules are sized for, and with GCC no loops turned into library calls.
 
     -march=native also picks the compiler's tuning, and some tunings prefer narrower
     vectors than the CPU has (GCC takes an AMD EPYC VM for znver1 and emits 128-bit code
@@ -46,7 +48,6 @@ def default_cflags() -> str:
         # (a load and a store per FMA): MatMul without an epilogue ran 1.7x slower
         flags += " -fno-tree-loop-distribute-patterns"
     return flags
-_REQUIRED = ["-shared", "-fPIC", "-std=gnu11"]
 
 
 def cache_dir() -> Path:

@@ -1553,13 +1553,13 @@ def _layer_norm_lower(ctx, x, scale, bias=None):
             v = v + cast(acc, bcast_load(bias, i))
         return cast(x.dtype, v)
     y = compute(x.shape, body, "layernorm")
-    mean_out = compute(mean.shape, lambda *i: mean[i], "mean")
-    inv_out = compute(inv.shape, lambda *i: inv[i], "invstd")
     if axis == rank - 1 and rank >= 2 and ctx.num_outputs <= 1:
         # one loop over rows: sum, mean, centred sum of squares, 1/std per row (consumers first)
         (s2,), (s1,) = var.inputs, mean.inputs
         ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [inv, var, s2, mean, s1]))
         return y
+    mean_out = compute(mean.shape, lambda *i: mean[i], "mean")
+    inv_out = compute(inv.shape, lambda *i: inv[i], "invstd")
     ctx.schedule(_norm_schedule([y], axis, math.prod(x.shape)))
     return [y, mean_out, inv_out][:max(ctx.num_outputs, 1)]
 
