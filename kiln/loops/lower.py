@@ -57,7 +57,7 @@ class _Lowering:
         for s in live:
             if s.attach is not None:
                 users = sch.consumers(s)
-                if any(u is not s.attach[0] and u.attach != s.attach for u in users):
+                if not sch.encloses(users, *s.attach):
                     raise KilnError(f"stage {s.name!r} is computed at {s.attach[0].name}.{s.attach[1].arg.name}, "
                                     f"which does not enclose every use (read by {[u.name for u in users]})",
                                     stage="lower")

@@ -253,7 +253,7 @@ class Stage:
             raise self._err("cannot compute a stage at its own loop")
         leaf = parent._leaf(v, f"compute {self.name} at it")
         users = self.sch.consumers(self)
-        if not users or any(u is not parent and u.attach != (parent, leaf) for u in users):
+        if not users or not self.sch.encloses(users, parent, leaf):
             raise self._err(f"compute_at {parent.name}.{leaf.arg.name}: that loop does not enclose every use "
                             f"(read by {[u.name for u in users]}; each must be {parent.name!r} or be "
                             f"computed at that loop first)", leaf)
@@ -322,6 +322,12 @@ class Schedule:
         name = getattr(t, "name", t)
         raise KilnError(f"{name!r} is not a compute stage of this schedule "
                         f"(stages: {[s.name for s in self.stages]})", stage="schedule")
+
+    @staticmethod
+    def encloses(users: list, parent: Stage, leaf: Expr) -> bool:
+        """Whether loop `leaf` of `parent` encloses every use: each user is `parent` or is
+        itself computed at that loop (compute_at's rule, checked again at lowering)."""
+        return all(u is parent or u.attach == (parent, leaf) for u in users)
 
     def consumers(self, stage: Stage) -> list:
         """Stages whose computation reads `stage` (looking through inlined stages)."""

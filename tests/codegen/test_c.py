@@ -2,6 +2,8 @@
 
 import math
 import os
+import platform
+import subprocess
 import time
 
 import numpy as np
@@ -191,7 +193,7 @@ def test_matmul_256_tiled_vectorized_parallel():
           f"{os.cpu_count()} cpus, vector {vector_bytes()} B)")
 
 
-@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64"),
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
                     reason="vector register names are x86's")
 def test_default_flags_emit_the_vector_width_tiles_are_planned_for(tmp_path, monkeypatch):
     """-march=native's tuning may prefer narrower vectors than the CPU has (znver1 on an
@@ -203,7 +205,7 @@ def test_default_flags_emit_the_vector_width_tiles_are_planned_for(tmp_path, mon
     src.write_text("void f(float* restrict a, const float* restrict b) {\n#pragma omp simd\n"
                    "  for (int i = 0; i < 1024; ++i) a[i] = a[i] * b[i] + 1.0f;\n}\n")
     flags = [f for f in _flags(None) if f not in ("-shared", "-fPIC")]
-    r = __import__("subprocess").run([*_cc(None), *flags, "-S", "-o", str(tmp_path / "v.s"), str(src)],
+    r = subprocess.run([*_cc(None), *flags, "-S", "-o", str(tmp_path / "v.s"), str(src)],
                                      capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     asm = (tmp_path / "v.s").read_text()
@@ -221,4 +223,3 @@ def test_exp_floored_keeps_underflow_out_of_vector_exp(dtype, floor):
     want[np.isnan(x)] = np.nan
     np.testing.assert_allclose(got, want, rtol=4e-7 if dtype is DType.float32 else 1e-15, atol=0)
     assert (got[~np.isnan(x)] >= np.finfo(dtype.np).tiny).all()
-
