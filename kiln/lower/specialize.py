@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Value
 from kiln.graph.types import TensorType
@@ -46,8 +47,19 @@ def value_inputs(inputs: list) -> tuple[int, ...]:
     """Indices of inputs small enough to specialise on their values (used only when some
     shape is still unknown: OneHot's depth, Range's bounds, Reshape's target...)."""
     return tuple(i for i, x in enumerate(inputs)
-                 if isinstance(x, np.ndarray) and x.dtype.kind in "iubf"
+                 if isinstance(x, np.ndarray) and _numeric(x.dtype)
                  and x.size <= VALUE_INPUT_MAX_ELEMENTS)
+
+
+def _numeric(dt: np.dtype) -> bool:
+    """Integers, bools and floats, the storage-only ones (bfloat16, float8) included."""
+    if dt.kind in "iubf":
+        return True
+    try:
+        d = DType.from_numpy(dt)
+    except KilnError:
+        return False
+    return d.is_float or d.is_int
 
 
 def require_static(graph: Graph) -> None:

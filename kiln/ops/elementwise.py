@@ -916,16 +916,51 @@ _reg("Dropout", _dropout_infer, _dropout)
 
 @_lowers("Dropout")
 def _dropout_lower(ctx, x, ratio=None, training=None):
-    """Inference only: a copy and a mask of ones. Training mode must be known false at compile
-    time (or have ratio 0): a random mask is not what native inference code should draw."""
+    """Inference (training_mode absent or known false, or ratio known 0): a copy and a mask of
+    ones. Otherwise a C kernel that reads training_mode (and ratio) at run time and, when
+    training, draws the mask from the reference's generator (kiln.ops.random.mt19937_init):
+    a seeded node gives exactly the reference's mask. Ratio outside [0, 1) fails (status 1)."""
+    r = 0.5 if not ctx.has_input(1) else ctx.value(1)
     if ctx.opset >= 12 and ctx.has_input(2):
         t = ctx.value(2)
-        if t is None:
-            ctx.fail("training_mode is known only at run time; native Dropout needs it constant")
-        r = ctx.value(1) if ctx.has_input(1) else 0.5
-        if bool(np.asarray(t)) and (r is None or float(np.asarray(r)) != 0):
-            ctx.fail("Dropout in training mode draws a random mask; native code does inference only")
+        if t is None or (bool(np.asarray(t)) and (r is None or float(np.asarray(r)) != 0)):
+            return _dropout_training(ctx, x, ratio, training)
     outs = [_map(ctx, lambda v: v, [x])]
     if ctx.num_outputs > 1:
         outs.append(L.compute(ctx.out_shape(1), lambda *i: L.const(1, ctx.out_dtype(1)), "mask"))
     return outs
+
+
+def _dropout_training(ctx, x, ratio, training):
+    from kiln.ops.random import mt19937_init
+    for k, what in ((0, "data"), (1, "ratio")):
+        if ctx.has_input(k) and ctx.input_types[k].dtype.c is None:
+            ctx.fail(f"{what} of type {ctx.input_types[k].dtype} has no C type for the training-mode "
+                     "kernel", stage="lower")
+    n, t = math.prod(x.shape), x.dtype.c
+    wide = "double" if x.dtype == DType.float64 else "float"  # as the reference computes
+    names = iter(f"in{k}" for k in range(3))
+    xin, rin = next(names), next(names) if ctx.has_input(1) else None
+    r = "0.5" if rin is None else f"(double){rin}[0]"
+    mask = "  out1[i] = keep;\n" if ctx.num_outputs > 1 else ""
+    ones = "  for (int64_t i = 0; i < N; ++i) out1[i] = 1;\n".replace("N", str(n)) if mask else ""
+    body = f"""  const double r = {r};
+  if (!{next(names)}[0] || r == 0) {{
+    memcpy(out0, {xin}, {n} * sizeof({t}));
+{ones}    return 0;
+  }}
+  if (!(r >= 0 && r < 1)) return 1;
+  const {wide} scale = ({wide})(1.0 / (1.0 - r));
+{mt19937_init(ctx.attr("seed", None))}  for (int64_t i = 0; i < {n}; ++i) {{
+    double u;
+    KILN_MT_DRAW(u);
+    const bool keep = u >= r;
+    out0[i] = ({t})(keep ? ({wide}){xin}[i] * scale : ({wide})0);
+  {mask}  }}
+  return 0;
+#undef KILN_MT_NEXT
+#undef KILN_MT_DRAW"""
+    outs = [(ctx.out_shape(0), ctx.out_dtype(0))]
+    if ctx.num_outputs > 1:  # opset >= 12: a bool mask
+        outs.append((tuple(x.shape), DType.bool))
+    return ctx.extern(body, [x, ratio, training], outs)

@@ -426,8 +426,12 @@ def _unique_infer(ctx):
 def unique(ctx, x):
     axis = ctx.attr("axis", None)
     axis = None if axis is None else _axis(ctx, x.ndim)
+    dt = DType.from_numpy(x.dtype)
+    if dt.is_narrow:  # NumPy cannot sort bfloat16/float8: order their exact float32 values
+        x = x.astype(np.float32 if dt.is_float else np.int32)
     y, first, inverse, counts = np.unique(x.reshape(-1) if axis is None else x, return_index=True,
                                           return_inverse=True, return_counts=True, axis=axis)
+    y = y.astype(dt.np)
     inverse = inverse.reshape(-1)
     if not ctx.attr("sorted", 1):  # reorder to first occurrence
         order = np.argsort(first, kind="stable")
@@ -438,13 +442,26 @@ def unique(ctx, x):
     return y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)
 
 
+# C that turns a stored element of a storage-only dtype into the value it orders by
+_KEY_OF = {DType.bfloat16: "({ uint32_t u_ = (uint32_t)(v) << 16; float f_; memcpy(&f_, &u_, 4); f_; })"}
+
+
+def _sort_key_type(ctx, dt: DType) -> tuple[str, str]:
+    """(C storage type, C type compared): bfloat16 is kept as its bits, ordered as float."""
+    if dt in _KEY_OF:
+        return dt.c_storage, "float"
+    t = _c_type(ctx, dt)
+    return t, t
+
+
 @lowering("Unique")
 def _unique_lower(ctx, x):
     """Rows (the elements, or the slices along `axis`) merge-sorted by (value, position),
     NaN the largest; runs of equal rows are the unique values (flattened, NaNs are one value,
     as np.unique). Their number is data: a dynamic C kernel writes the outputs compactly and
     reports the dims."""
-    d, t, nout = x.shape, _c_type(ctx, x.dtype), ctx.num_outputs
+    d, nout = x.shape, ctx.num_outputs
+    t, load = _sort_key_type(ctx, x.dtype)
     a = None if ctx.attr("axis", None) is None else _axis(ctx, len(d))
     rows = math.prod(d) if a is None else d[a]
     outer, inner = (1, 1) if a is None else (math.prod(d[:a]), math.prod(d[a + 1:]))
@@ -466,6 +483,7 @@ def _unique_lower(ctx, x):
     same = "A == B || (A != A && B != B)" if a is None else "A == B"
     writes += [f"  out{nout}[{k}] = {v};\n" for k, v in enumerate(dims)]
     body = f"""#define KILN_AT(r, m) in0[(m) / {inner} * {rows * inner} + (r) * {inner} + (m) % {inner}]
+#define KILN_KEY(v) {_KEY_OF.get(x.dtype, "(v)")}
   int64_t n = 0, *w = NULL;
   if ({rows} > 0) {{
     w = (int64_t*)malloc(6 * {rows} * sizeof(int64_t));
@@ -483,7 +501,7 @@ def _unique_lower(ctx, x):
         const int64_t p = cur[j], q = cur[i];
         int c = 0;
         for (int64_t m = 0; m < {width} && !c; ++m) {{
-          const {t} A = KILN_AT(p, m), B = KILN_AT(q, m);
+          const {load} A = KILN_KEY(KILN_AT(p, m)), B = KILN_KEY(KILN_AT(q, m));
           c = (A < B || (B != B && A == A)) ? -1 : (A > B || (A != A && B == B)) ? 1 : 0;
         }}
         nxt[o++] = (c < 0 || (c == 0 && p < q)) ? cur[j++] : cur[i++];
@@ -496,7 +514,7 @@ def _unique_lower(ctx, x):
   for (int64_t s = 0; s < {rows}; ++s) {{
     int eq = s > 0;
     for (int64_t m = 0; m < {width} && eq; ++m) {{
-      const {t} A = KILN_AT(cur[s - 1], m), B = KILN_AT(cur[s], m);
+      const {load} A = KILN_KEY(KILN_AT(cur[s - 1], m)), B = KILN_KEY(KILN_AT(cur[s], m));
       eq = {same};
     }}
     if (!eq) {{ first[n] = cur[s]; count[n++] = 0; }}
@@ -505,7 +523,8 @@ def _unique_lower(ctx, x):
   }}
 {rank}{"".join(writes)}  free(w);
   return 0;
-#undef KILN_AT"""
+#undef KILN_AT
+#undef KILN_KEY"""
     shapes = [(cap,) if a is None else d[:a] + (cap,) + d[a + 1:], (cap,), (cap,), (cap,)]
     return ctx.extern(body, [x], [(sh, x.dtype if k == 0 else DType.int64) for k, sh in enumerate(shapes[:nout])],
                       dynamic=True)
