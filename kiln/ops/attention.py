@@ -392,9 +392,10 @@ def _qk(qv, kp, root, dims, acc: DType):
     return qs, ks, raw
 
 
-def _softmax_pv(logits, vp, dims, dt: DType, acc: DType):
+def _softmax_pv(logits, vp, dims, dt: DType, acc: DType, prob_mod=None):
     """Softmax over keys in `dt` where an all -inf row gives zeros (shift 0, sum 0 -> 1),
-    then its product with V accumulated in `acc`: (max, exp, sum, probs, output)."""
+    then its product with V accumulated in `acc`: (max, exp, sum, probs, output).
+    `prob_mod(probs)`, when given, is the tensor P·V reads instead of the probabilities."""
     nb, hq, hkv, sq, total, _, dv = dims
     group = hq // hkv
     ninf, zero, one = const(-math.inf, dt), const(0, dt), const(1, dt)
@@ -412,8 +413,9 @@ def _softmax_pv(logits, vp, dims, dt: DType, acc: DType):
         den = ssum[b, h, s, 0]
         return ex[b, h, s, t] / select(den.eq(zero), one, den)
     probs = compute((nb, hq, sq, total), prob, "probs")
+    p = probs if prob_mod is None else prob_mod(probs)
     t3 = reduce_axis(total, "t")
-    y4 = compute((nb, hq, sq, dv), lambda b, h, s, e: sum_(cast(acc, probs[b, h, s, t3]) *
+    y4 = compute((nb, hq, sq, dv), lambda b, h, s, e: sum_(cast(acc, p[b, h, s, t3]) *
                                                            cast(acc, vp(b, h // group, t3, e)), t3), "y4")
     return m, ex, ssum, probs, y4
 
@@ -542,13 +544,24 @@ def _rotary_lower(ctx: LowerCtx, x, cos_cache, sin_cache, position_ids=None):
     return y
 
 
+def _flex_mod(ctx: LowerCtx, name: str, x, dt: DType):
+    """`x` through the `name` subgraph, inlined as expressions (kiln.ops.subgraph), in `dt`;
+    `x` itself when the node has no such subgraph."""
+    if not ctx.has_attr(name):
+        return x
+    from kiln.ops.subgraph import inline_body
+    outs = inline_body(ctx, ctx.attr(name), [x], name)
+    if len(outs) != 1 or tuple(outs[0].shape) != tuple(x.shape):
+        ctx.fail(f"{name} must give one tensor of shape {tuple(x.shape)}, got "
+                 f"{[tuple(t.shape) for t in outs]}", stage="lower")
+    return compute(x.shape, lambda *i: cast(dt, outs[0][i]), name)
+
+
 @lowering("FlexAttention", domain="ai.onnx.preview")
 def _flex_lower(ctx: LowerCtx, q, k, v):
-    """Attention without modifiers: scores accumulated in float64 and cast to the softmax
-    dtype, the safe softmax there, P·V accumulated in float64 (as the reference)."""
-    for name in ("score_mod", "prob_mod"):
-        if ctx.has_attr(name):
-            ctx.fail(f"{name} subgraphs have no native lowering")
+    """Scores accumulated in float64 and cast to the softmax dtype, the safe softmax there,
+    P·V accumulated in float64 (as the reference). score_mod / prob_mod subgraphs become
+    expressions inlined into the scores and into P·V."""
     (nb, hq, sq, d), (_, hkv, total, _), dv = q.shape, k.shape, v.shape[3]
     if total == 0 or d == 0:
         ctx.fail("attention over an empty key sequence or head size has no native lowering")
@@ -557,9 +570,21 @@ def _flex_lower(ctx: LowerCtx, q, k, v):
     root_value = float(np.sqrt(np.float32(1.0 / np.sqrt(d) if scale is None else scale)).astype(q.dtype.np))
     dims = (nb, hq, hkv, sq, total, d, dv)
     qs, ks, raw = _qk(_heads_view(q, hq), _heads_view(k, hkv), lambda like: const(root_value, like.dtype), dims, f64)
-    m, ex, ssum, probs, y4 = _softmax_pv(lambda i: cast(dt, raw[i]), _heads_view(v, hkv), dims, dt, f64)
+    logits = raw
+    if ctx.has_attr("score_mod"):
+        logits = _flex_mod(ctx, "score_mod", compute(raw.shape, lambda *i: cast(dt, raw[i]), "scores"), dt)
+    m, ex, ssum, probs, y4 = _softmax_pv(lambda i: cast(dt, logits[i]), _heads_view(v, hkv), dims, dt, f64,
+                                         lambda p: _flex_mod(ctx, "prob_mod", p, dt))
     y = compute(y4.shape, lambda *i: cast(v.dtype, y4[i]), "y")
-    ctx.schedule(lambda sch, _: _attention_schedule(sch, qs, ks, raw, m, ex, ssum, probs, y4))
+    keep = {id(t) for t in (qs, ks, raw, m, ex, ssum, probs, y4, y)}
+
+    def schedule(sch, outs):
+        keep.update(id(t) for t in outs)
+        for st in sch.stages:  # the modifiers' stages: expressions in the scores and in P·V
+            if id(st.tensor) not in keep and not st.reduce_axis and st.attach is None:
+                st.compute_inline()
+        _attention_schedule(sch, qs, ks, raw, m, ex, ssum, probs, y4)
+    ctx.schedule(schedule)
     return y
 
 

@@ -46,7 +46,7 @@ class Case:
 
     def __repr__(self):
         shapes = ",".join("-" if x is None else f"{x.dtype}{list(x.shape)}" for x in self.inputs)
-        attrs = ",".join(f"{k}={v}" for k, v in self.attrs.items())
+        attrs = ",".join(f"{k}={getattr(v, 'name', v)}" for k, v in self.attrs.items())  # a graph: its name
         return f"{self.op}@{self.opset}({shapes}){attrs}"
 
     @functools.cached_property
@@ -283,6 +283,34 @@ ATTN += [Case("FlexAttention", *_qkv(), **_PREVIEW),
          Case("FlexAttention", *_qkv(dt=F64), rtol=1e-10, **_PREVIEW)]
 
 
+def _mod_body(*nodes, consts=None):
+    """A FlexAttention modifier: x (B, H, L, S) -> y, with constants as Constant nodes."""
+    cn = [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(np.asarray(v), n))
+          for n, v in (consts or {}).items()]
+    io = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(F32)), list("BHLS"))
+          for n in "xy"]
+    return helper.make_graph(cn + list(nodes), "mod", io[:1], io[1:])
+
+
+_N = helper.make_node
+_INDEX = dict(c0=np.int64(0), c1=np.int64(1), c2=np.int64(2), c3=np.int64(3), q_shape=np.array([-1, 1]),
+              k_shape=np.array([1, -1]))
+_POSITIONS = [_N("Shape", ["x"], ["sh"]), _N("Gather", ["sh", "c2"], ["L"]), _N("Gather", ["sh", "c3"], ["S"]),
+              _N("Range", ["c0", "L", "c1"], ["qr"]), _N("Reshape", ["qr", "q_shape"], ["qi"]),
+              _N("Range", ["c0", "S", "c1"], ["kr"]), _N("Reshape", ["kr", "k_shape"], ["ki"])]
+_CAUSAL_SOFTCAP = _mod_body(*_POSITIONS, _N("GreaterOrEqual", ["qi", "ki"], ["mask"]),
+                            _N("Div", ["x", "cap"], ["a"]), _N("Tanh", ["a"], ["t"]), _N("Mul", ["t", "cap"], ["c"]),
+                            _N("Where", ["mask", "c", "ninf"], ["y"]),
+                            consts=dict(_INDEX, cap=F32(1.5), ninf=F32(-np.inf)))
+_RELATIVE = _mod_body(*_POSITIONS, _N("Sub", ["qi", "ki"], ["rel"]), _N("Cast", ["rel"], ["relf"], to=1),
+                      _N("Mul", ["relf", "slope"], ["b"]), _N("Add", ["x", "b"], ["x2"]), _N("Add", ["x2", "bias"], ["y"]),
+                      consts=dict(_INDEX, slope=F32(-0.25), bias=rand((4, 6))))
+_PROB = _mod_body(_N("Sqrt", ["x"], ["r"]), _N("Mul", ["r", "half"], ["y"]), consts=dict(half=F32(0.5)))
+ATTN += [Case("FlexAttention", *_qkv(), score_mod=_CAUSAL_SOFTCAP, **_PREVIEW),
+         Case("FlexAttention", *_qkv(hq=6, hkv=2, dv=5), score_mod=_RELATIVE, prob_mod=_PROB, **_PREVIEW),
+         Case("FlexAttention", *_qkv(s=5, t=7), prob_mod=_PROB, **_PREVIEW)]
+
+
 def _linear(rule, hq=4, hkv=2, t=5, dk=6, dv=3, past=False, per_head=False, dt=F32):
     b = 2
     ins = [rand((b, t, hq * dk), dt, -1, 1), rand((b, t, hkv * dk), dt, -1, 1), rand((b, t, hkv * dv), dt, -1, 1),
@@ -307,6 +335,15 @@ def test_attention_family(k, _check=family(ATTN)):
 def test_attention_mask_wider_than_keys_is_an_error():
     with pytest.raises(KilnError, match="exceeds total sequence length"):
         Case("Attention", *_qkv(), rand((4, 7)), opset=23).lower("k")
+
+
+@pytest.mark.parametrize("body, message", [
+    (_mod_body(_N("TopK", ["x", "k"], ["y", "i"]), consts=dict(k=np.array([6]))), "hand-written kernel"),
+    (_mod_body(_N("Add", ["x", "big"], ["y"]), consts=dict(big=rand((2, 3, 8, 8)))), "384 elements"),
+])
+def test_flex_attention_modifier_that_cannot_be_inlined_is_an_error(body, message):
+    with pytest.raises(KilnError, match=f"score_mod: .*{message}"):
+        Case("FlexAttention", *_qkv(s=8, t=8), score_mod=body, **_PREVIEW).lower("k")
 
 
 @pytest.mark.parametrize("case", [
