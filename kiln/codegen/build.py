@@ -100,14 +100,16 @@ def compiler_version(cc: tuple) -> str:
     return r.stdout.strip()
 
 
-def compile_c(source: str | list[str], cc: str | None = None, cflags=None) -> Path:
+def compile_c(source: str | list[str], cc: str | None = None, cflags=None, libs=()) -> Path:
     """Build C source (one text, or several translation units compiled in parallel and
-    linked) into a shared library, or find it in the cache; returns its path."""
+    linked) into a shared library, or find it in the cache; returns its path. `libs`:
+    more libraries to link (names for -l)."""
     units = [source] if isinstance(source, str) else list(source)
     cmd = _cc(cc)
     flags = _flags(cflags, cmd)
+    extra = [f"-l{name}" for name in libs]
     native = any("native" in f for f in flags)
-    key = hashlib.sha256("\0".join([*units, *cmd, *flags, compiler_version(tuple(cmd)),
+    key = hashlib.sha256("\0".join([*units, *cmd, *flags, *extra, compiler_version(tuple(cmd)),
                                     ",".join(sorted(cpu_features())) if native else ""]).encode()).hexdigest()[:40]
     out_dir = cache_dir() / "c"
     so = out_dir / f"{key}.so"
@@ -122,7 +124,7 @@ def compile_c(source: str | list[str], cc: str | None = None, cflags=None) -> Pa
                 f.write(text)
         so_tmp = os.path.join(tmp, "module.so")
         if len(srcs) == 1:
-            _run([*cmd, *flags, "-o", so_tmp, srcs[0], *_libs(flags)], cmd + flags)
+            _run([*cmd, *flags, "-o", so_tmp, srcs[0], *extra, *_libs(flags)], cmd + flags)
         else:
             objs = [s[:-2] + ".o" for s in srcs]
             procs = [(subprocess.Popen([*cmd, *flags, "-c", "-o", o, s], stdout=subprocess.PIPE,
@@ -132,7 +134,7 @@ def compile_c(source: str | list[str], cc: str | None = None, cflags=None) -> Pa
                 if p.returncode != 0:
                     raise KilnError(f"C compiler failed (exit {p.returncode}): {' '.join(cmd + flags)}\n"
                                     f"{(err or out)[-3000:]}", stage="codegen")
-            _run([*cmd, *flags, "-o", so_tmp, *objs, *_libs(flags)], cmd + flags)
+            _run([*cmd, *flags, "-o", so_tmp, *objs, *extra, *_libs(flags)], cmd + flags)
         with open(out_dir / f"{key}.c", "w") as f:
             f.write("\n/* ---- next translation unit ---- */\n".join(units))
         os.replace(so_tmp, so)
@@ -171,7 +173,8 @@ class Kernel:
             ptrs.append(a.ctypes.data)
         rc = self.cfunc(*ptrs)
         if rc != 0:
-            why = "out of memory" if rc == -1 else "bad input data, e.g. an index out of range"
+            why = "out of memory" if rc == -1 else dict(getattr(self.func, "errors", ())).get(
+                rc, "bad input data, e.g. an index out of range")
             raise KilnError(f"kernel {self.func.name!r} failed (status {rc}: {why})")
 
 
@@ -201,5 +204,28 @@ def build_c(module: LoopModule | PrimFunc, cc: str | None = None, cflags=None) -
     """Emit, compile (cached) and load a module; flags default to $KILN_CFLAGS or -O3 -march=native -fopenmp."""
     if isinstance(module, (PrimFunc, ExternFunc)):
         module = LoopModule([module])
+    libs = sorted({lib for f in module.funcs if isinstance(f, ExternFunc) for lib in f.libs})
+    for name, header, package in libs:
+        require_c_library(name, header, package, tuple(_cc(cc)))
     units = emit_c_units(module, os.cpu_count() or 1) if len(module.funcs) > 4 else [emit_c(module)]
-    return CModule(module, "\n".join(units), compile_c(units, cc, cflags))
+    return CModule(module, "\n".join(units), compile_c(units, cc, cflags, [name for name, _, _ in libs]))
+
+
+@functools.lru_cache(maxsize=None)
+def require_c_library(name: str, header: str, package: str, cc: tuple = ("cc",)) -> None:
+    """Fail clearly unless a program including `header` links with -l`name` (a compile
+    probe, once per process): a kernel built on a C library names what to install."""
+    src = f"#include <stdio.h>\n#include <{header}>\nint main(void) {{ return 0; }}\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        c = os.path.join(tmp, "probe.c")
+        with open(c, "w") as f:
+            f.write(src)
+        try:
+            r = subprocess.run([*cc, "-o", os.path.join(tmp, "probe"), c, f"-l{name}"],
+                               capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise KilnError(f"C compiler {' '.join(cc)!r} cannot be run: {e}", stage="codegen") from None
+    if r.returncode != 0:
+        raise KilnError(f"this kernel needs the C library lib{name} and its header <{header}>, which "
+                        f"this machine lacks (on Debian/Ubuntu: apt-get install {package}):\n"
+                        f"{(r.stderr or r.stdout)[-600:]}", stage="codegen")

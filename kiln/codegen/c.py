@@ -479,7 +479,8 @@ def _emit(module: S.LoopModule) -> tuple[str, list[str]]:
               for f in module.funcs]
     protos = [(_extern_signature(f) if isinstance(f, S.ExternFunc) else em.signature(f, _Names())) + ";"
               for f in module.funcs]
-    header = "\n".join([PRELUDE, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
+    preambles = dict.fromkeys(f.preamble for f in module.funcs if isinstance(f, S.ExternFunc) and f.preamble)
+    header = "\n".join([PRELUDE, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
                         FUNCTIONS])
     return header, ["\n".join(b) + "\n" for b in bodies]
 

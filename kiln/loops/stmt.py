@@ -161,6 +161,9 @@ class ExternFunc:
     params: tuple
     c_body: str
     dynamic: bool = False  # last param receives the outputs' actual dims (see LowerCtx.extern)
+    preamble: str = ""     # file-scope C the body needs (#include lines, static helpers)
+    libs: tuple = ()       # C libraries it links: (name for -l, header, package that provides them)
+    errors: tuple = ()     # (status, what it means) for the body's non-zero returns
 
     def __str__(self):
         ps = ", ".join(f"{p.dtype} {p.name}{list(p.shape)}" for p in self.params)

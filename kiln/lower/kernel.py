@@ -143,6 +143,9 @@ class ExternKernel:
     inputs: list
     outputs: list
     dynamic: bool = False
+    preamble: str = ""
+    libs: tuple = ()
+    errors: tuple = ()
 
     def func(self, name: str, node: Node, out_types, params: list) -> ExternFunc:
         outs = [Buffer(f"out{k}", dt, tuple(shape)) for k, (shape, dt) in enumerate(self.outputs)]
@@ -162,4 +165,5 @@ class ExternKernel:
             outs.append(Buffer(f"out{len(outs)}", DType.int64, (max(rank, 1),)))
         # params: every present node input in node order, whatever subset the C body reads
         ins = [Buffer(f"in{k}", p.dtype, tuple(p.shape)) for k, p in enumerate(params)]
-        return ExternFunc(name, tuple(ins + outs), self.c_body, self.dynamic)
+        return ExternFunc(name, tuple(ins + outs), self.c_body, self.dynamic, self.preamble,
+                          tuple(self.libs), tuple(self.errors))

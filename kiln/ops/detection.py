@@ -1,12 +1,15 @@
 """Detection and image-input operators: NonMaxSuppression and ImageDecoder.
 
-ImageDecoder decodes with the standard library only (zlib for PNG): PNG, BMP,
-PNM and uncompressed TIFF. Lossy codecs (JPEG, WebP, JPEG 2000) would need an
-image library, which kiln does not depend on; they fail with a clear error.
+ImageDecoder's reference decodes with the standard library only (zlib for PNG): PNG,
+BMP, PNM and uncompressed TIFF. Lossy codecs (JPEG, WebP, JPEG 2000) would need an
+image library, which kiln's Python side does not depend on; they fail with a clear
+error. Its native kernel (image_decoder.c) reads those formats too, and JPEG through
+libjpeg and PNG through libpng, the two C libraries it links (see `_image_decoder_lower`).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 
@@ -338,3 +341,33 @@ def _nms_lower(ctx, boxes, scores, *rest):
 #undef KMAX
 #undef BEFORE"""
     return ctx.extern(body, [boxes, scores, *rest], [(cap, DType.int64)], dynamic=dynamic)
+
+
+# ImageDecoder's capacity: the decoded size is known only once the header is read, so the
+# kernel gets a buffer this large (untouched pages cost nothing) and fails beyond it.
+IMAGE_DECODER_MAX_BYTES = 1 << 28
+_IMAGE_LIBS = (("jpeg", "jpeglib.h", "libjpeg62-turbo-dev (or libjpeg-dev)"), ("png", "png.h", "libpng-dev"))
+_IMAGE_SOURCE = os.path.join(os.path.dirname(__file__), "image_decoder.c")
+
+
+@lowering("ImageDecoder")
+def _image_decoder_lower(ctx, stream):
+    """An explicit C kernel on well-kept decoding libraries: JPEG with libjpeg(-turbo), PNG
+    with libpng; BMP, PNM and uncompressed TIFF by small readers of its own. WebP, JPEG 2000
+    and compressed TIFF fail at run time (status 2). Only modules holding it link the two
+    libraries; a machine without them gets an error naming the package to install."""
+    fmt = _FORMATS.index(ctx.attr("pixel_format", "RGB"))
+    channels = 1 if fmt == 2 else 3
+    with open(_IMAGE_SOURCE) as f:
+        preamble = f.read()
+    n = int(stream.shape[0])
+    body = f"  return kiln_image_decode(in0, {n}, {fmt}, out0, {IMAGE_DECODER_MAX_BYTES}, out1);"
+    errors = {2: "the encoded image is in a format the native ImageDecoder does not read (it reads "
+                 "JPEG with libjpeg, PNG with libpng, BMP, PNM (P5/P6) and uncompressed TIFF; not "
+                 "WebP, JPEG 2000 or compressed TIFF)",
+              3: "the encoded image is corrupt or a variant the native ImageDecoder does not read",
+              4: f"the decoded image is larger than the native ImageDecoder's {IMAGE_DECODER_MAX_BYTES} "
+                 "bytes"}
+    cap = (IMAGE_DECODER_MAX_BYTES // channels, 1, channels)
+    return ctx.extern(body, [stream], [(cap, DType.uint8)], dynamic=True, preamble=preamble,
+                      libs=_IMAGE_LIBS, errors=errors)

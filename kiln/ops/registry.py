@@ -217,7 +217,7 @@ class LowerCtx(_Ctx):
         self.schedule_fn = fn
 
     def extern(self, c_body: str, inputs: list, outputs: list[tuple[tuple, DType]],
-               dynamic: bool = False):
+               dynamic: bool = False, preamble: str = "", libs: tuple = (), errors: dict | None = None):
         """A hand-written C kernel for ops that are unnatural as computes (TopK, NMS, ...).
 
         `c_body` is the body of `int32_t f(const T* in0, ..., T* out0, ...)`: it reads
@@ -232,9 +232,16 @@ class LowerCtx(_Ctx):
         parameter `out<n>` (int64, n = number of outputs) where it writes each output's
         actual dims, concatenated, and writes each output compactly (row-major in its
         actual shape) at the start of its buffer. The runtime sizes the outputs from that.
+
+        A kernel built on a C library (ImageDecoder) gives file-scope C in `preamble` (its
+        #includes) and `libs`, (name for -l, header, package providing them) each: only
+        modules holding it link them, and a machine without them is told which package to
+        install. `errors` maps the body's non-zero statuses to what they mean, for the
+        error the runtime raises.
         """
         from kiln.lower.kernel import ExternKernel
-        return ExternKernel(c_body, [p for p in inputs if p is not None], list(outputs), dynamic)
+        return ExternKernel(c_body, [p for p in inputs if p is not None], list(outputs), dynamic,
+                            preamble, tuple(libs), tuple(sorted((errors or {}).items())))
 
     def value(self, i: int) -> np.ndarray | None:
         """The input's data when known at compile time (weights, shape tensors), else None."""
