@@ -939,14 +939,13 @@ def _dropout_training(ctx, x, ratio, training):
                      "kernel", stage="lower")
     n, t = math.prod(x.shape), x.dtype.c
     wide = "double" if x.dtype == DType.float64 else "float"  # as the reference computes
-    names = iter(f"in{k}" for k in range(3))
-    xin, rin = next(names), next(names) if ctx.has_input(1) else None
-    r = "0.5" if rin is None else f"(double){rin}[0]"
+    # the present inputs are in0 (data), in1 (ratio, if given), then training_mode
+    r, train = ("(double)in1[0]", "in2") if ctx.has_input(1) else ("0.5", "in1")
     mask = "  out1[i] = keep;\n" if ctx.num_outputs > 1 else ""
     ones = "  for (int64_t i = 0; i < N; ++i) out1[i] = 1;\n".replace("N", str(n)) if mask else ""
     body = f"""  const double r = {r};
-  if (!{next(names)}[0] || r == 0) {{
-    memcpy(out0, {xin}, {n} * sizeof({t}));
+  if (!{train}[0] || r == 0) {{
+    memcpy(out0, in0, {n} * sizeof({t}));
 {ones}    return 0;
   }}
   if (!(r >= 0 && r < 1)) return 1;
@@ -955,7 +954,7 @@ def _dropout_training(ctx, x, ratio, training):
     double u;
     KILN_MT_DRAW(u);
     const bool keep = u >= r;
-    out0[i] = ({t})(keep ? ({wide}){xin}[i] * scale : ({wide})0);
+    out0[i] = ({t})(keep ? ({wide})in0[i] * scale : ({wide})0);
   {mask}  }}
   return 0;
 #undef KILN_MT_NEXT

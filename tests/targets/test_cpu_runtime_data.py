@@ -83,3 +83,13 @@ def test_range_with_bfloat16_bounds_given_at_run_time():
         got, want = native.run(feeds)["y"], ref.run(feeds)["y"]
         assert got.dtype == ml_dtypes.bfloat16 and got.shape == want.shape
         np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
+def test_dropout_without_ratio_uses_one_half():
+    m = _model([helper.make_node("Dropout", ["x", "", "t"], ["y", "z"], seed=11)],
+               [_vi("x", F, [4, 33]), _vi("t", B, [])], [_vi("y", F, [4, 33]), _vi("z", B, [4, 33])])
+    feeds = _feeds(0.5, True)
+    del feeds["r"]
+    got, want = kiln.compile(m, target="cpu").run(feeds), kiln.compile(m, target="interpreter").run(feeds)
+    np.testing.assert_array_equal(got["z"], want["z"])
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6)
