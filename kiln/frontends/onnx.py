@@ -184,11 +184,11 @@ class _Converter:
                 return TensorType(dtype, None)
             dims = []
             for k, d in enumerate(tt.shape.dim):
-                if d.HasField("dim_value"):
+                if d.HasField("dim_value") and d.dim_value >= 0:
                     dims.append(int(d.dim_value))
                 elif d.dim_param:
                     dims.append(d.dim_param)
-                else:
+                else:  # no dim, or a negative one (old exporters' "any size"): a fresh symbol
                     dims.append(f"{what}_dim{k}")
             return TensorType(dtype, tuple(dims))
         if kind == "sequence_type":

@@ -67,6 +67,7 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
     produced: list[tuple[Value | None, Tensor]] = []
     schedule_fn = None
     anchor = group_anchor(nodes)
+    helpers: set = set()   # non-anchor members' own intermediate stages (e.g. `_let` stages)
     for node in nodes:
         d = lookup(node.domain, node.op)
         if d is None or d.lower is None:
@@ -112,6 +113,8 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
             if v is not None:
                 tensors[v.id] = t
             produced.append((v, t))
+        if node is not anchor:
+            helpers |= _created(outs, set(tensors.values()) - {t for t in outs})
         if node is anchor:
             schedule_fn = ctx.schedule_fn  # prologues precede it, an epilogue follows it
     last = nodes[-1]
@@ -125,15 +128,32 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
         out_tensors.append(t)
     sch = Schedule(out_tensors)
     for st in sch.stages:
+        # a member's result read by the next member, or a stage of a member's own formula
+        # (a `_let`): inlined, so the chain is one loop nest and the anchor's schedule, which
+        # knows only its own stages, sees its result read by the final stage alone
         if len(nodes) > 1 and st.tensor not in out_tensors and not st.reduce_axis \
-                and any(st.tensor is t for _, t in produced):
-            st.compute_inline()  # a member's result read by the next member: one loop nest
+                and (any(st.tensor is t for _, t in produced) or st.tensor in helpers):
+            st.compute_inline()
     # one node: its own schedule; a group: its anchor's, which then tiles the fused
     # epilogue's loops (kiln.passes.fusion only fuses into anchors that can), else default
     anchored = len(nodes) == 1 or kind_of(anchor) >= Kind.REDUCTION
     (schedule_fn if schedule_fn is not None and anchored else default_schedule)(sch, out_tensors)
     params = [tensors[v.id] for v in group_inputs] + out_tensors
     return Kernel(lower(sch, params, name), group_inputs, [v for v, _ in outputs], list(nodes))
+
+
+def _created(outs: list, known: set) -> set:
+    """The compute tensors a lowering made: reachable from its results, short of `known`
+    (placeholders and earlier members' results)."""
+    seen: set = set()
+    todo = [t for t in outs if t.op is not None]
+    while todo:
+        t = todo.pop()
+        if t in seen or t in known or t.op is None:
+            continue
+        seen.add(t)
+        todo.extend(t.inputs)
+    return seen
 
 
 @dataclass
