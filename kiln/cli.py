@@ -22,6 +22,7 @@ from rich.text import Text
 
 import kiln
 from kiln.errors import KilnError
+from kiln.names import escape
 
 TARGETS = ("cpu", "interpreter")
 STAGES = ("graph", "optimized", "loops", "c")
@@ -109,12 +110,13 @@ def load_model(path: str, target: str | None, opt_level: int | None):
 
 
 def cells(*values) -> list[Text]:
-    """Table cells as plain text (a tensor name like 'x[0]' is not rich markup)."""
-    return [Text(str(v)) for v in values]
+    """Table cells as plain text (a tensor name like 'x[0]' is not rich markup), control
+    characters escaped (a model's names are untrusted: no raw terminal escapes)."""
+    return [Text(escape(v)) for v in values]
 
 
 def table(title: str, columns: list[str], rows: list[list]) -> Table:
-    t = Table(title=Text(title), title_justify="left", show_edge=False, pad_edge=False)
+    t = Table(title=Text(escape(title)), title_justify="left", show_edge=False, pad_edge=False)
     for c in columns:
         t.add_column(c, overflow="fold")  # hashes and node names wrap, never get cut
     for r in rows:
@@ -148,12 +150,33 @@ def io_table(title: str, specs) -> Table:
 
 # ---------------------------------------------------------------- the command group
 
+def _size(ctx, param, value):
+    from kiln.limits import parse_size
+    if value is None:
+        return None
+    try:
+        return parse_size(value, param.opts[0])
+    except KilnError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, envvar="KILN_DEBUG", help="On an error, show the full traceback.")
+@click.option("--max-memory", metavar="SIZE", callback=_size,
+              help="Memory one compiled model may plan or one tensor may take, e.g. 8G "
+                   "(default: half the RAM; env KILN_MAX_MEMORY).")
+@click.option("--max-constant", metavar="SIZE", callback=_size,
+              help="Bytes of one constant (default: a quarter of the RAM; env KILN_MAX_CONSTANT).")
+@click.option("--max-trip-count", metavar="N", callback=_size,
+              help="Iterations of one Loop or Scan (default: 10000000; env KILN_MAX_TRIP_COUNT).")
 @click.version_option(kiln.__version__, prog_name="kiln")
-def cli(debug: bool):
+def cli(debug: bool, max_memory, max_constant, max_trip_count):
     """kiln: compile ONNX models to native code, run, benchmark and inspect them."""
+    from kiln import limits
     _Debug.on = debug
+    given = {k: v for k, v in (("max_memory_bytes", max_memory), ("max_constant_bytes", max_constant),
+                               ("max_trip_count", max_trip_count)) if v is not None}
+    limits.set_default(given or None)
 
 
 @cli.command("compile")
@@ -461,12 +484,12 @@ def main(argv: list[str] | None = None) -> None:
     except KilnError as e:
         if _Debug.on:
             raise
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {escape(str(e), keep=chr(10))}", err=True)
         sys.exit(1)
     except Exception as e:  # a bug in kiln: say so, keep the traceback one flag away
         if _Debug.on:
             raise
-        click.echo(f"internal error (a bug in kiln): {type(e).__name__}: {e}\n"
+        click.echo(f"internal error (a bug in kiln): {type(e).__name__}: {escape(str(e), keep=chr(10))}\n"
                    "rerun with `kiln --debug ...` for the traceback", err=True)
         sys.exit(3)
     sys.exit(rc if isinstance(rc, int) else 0)

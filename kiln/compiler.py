@@ -8,6 +8,8 @@ from typing import Any
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Value
 from kiln.graph.types import OptionalType, SequenceType, TensorType
+from kiln.limits import Limits
+from kiln.limits import use as use_limits
 from kiln.runtime.model import CompiledModel, TensorSpec
 
 TARGETS = ("interpreter", "cpu")
@@ -25,16 +27,26 @@ def to_graph(model: Any) -> Graph:
 
 
 def compile(model: Any, target: str = "cpu", *, opt_level: int = 2, report: bool = False,  # noqa: A001
-            **options) -> CompiledModel:
+            limits: Limits | dict | None = None, **options) -> CompiledModel:
     """Compile a model for `target` and return a runnable CompiledModel.
 
     `opt_level` picks the graph passes (kiln.passes.pipeline: 0 none ... 3 all);
-    `report=True` attaches `model.report`, a CompileReport of what was done.
+    `report=True` attaches `model.report`, a CompileReport of what was done;
+    `limits` caps constants, planned memory and loop trip counts (kiln.limits:
+    a Limits, or a dict overriding some of the defaults), at compile and run time.
     """
     if target not in TARGETS:
         raise KilnError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
     if options:
         raise KilnError(f"unknown compile option(s) {sorted(options)}")
+    lim = Limits.of(limits)
+    with use_limits(lim):
+        compiled = _compile(model, target, opt_level, report)
+    compiled.limits = lim
+    return compiled
+
+
+def _compile(model: Any, target: str, opt_level: int, report: bool) -> CompiledModel:
     from kiln.passes import CompileReport, run_passes  # noqa: PLC0415
     graph, stats = run_passes(to_graph(model), opt_level)
     if target == "interpreter":

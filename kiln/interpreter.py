@@ -14,6 +14,7 @@ import numpy as np
 
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node
+from kiln.limits import KilnResourceError
 from kiln.graph.types import OptionalType, SequenceType, TensorType, Type
 from kiln.ops.registry import RunCtx, lookup
 
@@ -52,6 +53,9 @@ class Interpreter:
             res = d.run(ctx, *args)
         except KilnError:
             raise
+        except MemoryError as e:
+            raise KilnResourceError(f"out of memory running the reference ({e})", node=node.name,
+                                    op=node.op, stage="interpreter") from None
         except Exception as e:
             raise KilnError(f"reference failed: {type(e).__name__}: {e}", node=node.name,
                             op=node.op, stage="interpreter") from e

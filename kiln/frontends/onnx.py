@@ -8,6 +8,7 @@ definitions; the model's declared output types are only checked.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -20,6 +21,8 @@ from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import OptionalType, SequenceType, TensorType, Type
+from kiln.limits import check_constant
+from kiln.names import printable
 from kiln.ops.infer import infer_types
 
 _A = onnx.AttributeProto
@@ -49,16 +52,31 @@ def read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx
     return proto, base
 
 
+# The newest opset of each standard domain whose semantics kiln implements (those of
+# onnx 1.23); a newer version may change an op's meaning, so it is refused, not guessed.
+SUPPORTED_OPSETS = {"": 28, "ai.onnx.ml": 5, "ai.onnx.preview.training": 1, "ai.onnx.preview": 1}
+
+
 def load_onnx(model, *, infer: bool = True) -> Graph:
     """Import an ONNX model (path, bytes or ModelProto) as a typed kiln Graph."""
     proto, base = read_model(model)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
     opsets.setdefault("", 1)
+    check_opsets(opsets)
     conv = _Converter(base, opsets)
     graph, declared = conv.graph(proto.graph, scope=None)
     if infer:
         infer_types(graph, declared)
     return graph
+
+
+def check_opsets(opsets: dict[str, int]) -> None:
+    """Refuse an opset of a standard domain outside 1..what kiln implements."""
+    for domain, version in opsets.items():
+        top = SUPPORTED_OPSETS.get(domain)
+        if top is not None and not 1 <= version <= top:
+            raise KilnError(f"opset_import: {domain or 'ai.onnx'} version {version} is not supported; "
+                            f"kiln implements versions 1 to {top}", stage="onnx import")
 
 
 class _Scope:
@@ -206,50 +224,104 @@ class _Converter:
         return _const(t.name, self.tensor(t))
 
     def tensor(self, t: onnx.TensorProto) -> np.ndarray:
+        what = f"tensor {printable(t.name)}"
+        dtype = _tensor_dtype(t, what)
+        if any(d < 0 for d in t.dims):
+            raise KilnError(f"{what} has negative dims {list(t.dims)}", stage="onnx import")
+        size = math.prod(t.dims) * (dtype.itemsize if dtype.name != "string" else 1)
+        check_constant(size, what, stage="onnx import")
         if t.data_location == onnx.TensorProto.EXTERNAL:
-            return self.external(t)
+            return self.external(t, dtype)
         try:
             arr = numpy_helper.to_array(t)
+        except MemoryError:
+            raise
         except Exception as e:
-            raise KilnError(f"tensor {t.name!r} cannot be read: {e}", stage="onnx import") from None
+            raise KilnError(f"{what} cannot be read: {e}", stage="onnx import") from None
         if arr.dtype == object:
             arr = np.vectorize(_decode, otypes=[object])(arr) if arr.size else arr
         return arr
 
     def sparse(self, st: onnx.SparseTensorProto) -> np.ndarray:
+        what = f"sparse tensor {printable(st.values.name)}"
         values = self.tensor(st.values)
-        idx = self.tensor(st.indices).astype(np.int64)
-        dense = np.zeros(tuple(st.dims), dtype=values.dtype)
+        idx = self.tensor(st.indices)
+        dims = tuple(int(d) for d in st.dims)
+        if any(d < 0 for d in dims):
+            raise KilnError(f"{what} has negative dims {list(dims)}", stage="onnx import")
+        check_constant(math.prod(dims) * values.dtype.itemsize, what, stage="onnx import")
+        if values.ndim != 1 or idx.dtype.kind not in "iu" or idx.ndim not in (1, 2) \
+                or idx.shape[0] != values.shape[0] or (idx.ndim == 2 and idx.shape[1] != len(dims)):
+            raise KilnError(f"{what}: indices of shape {idx.shape} ({idx.dtype}) do not fit "
+                            f"{values.shape[0] if values.ndim else '?'} values of a {list(dims)} "
+                            "tensor (ONNX wants [NNZ] linear or [NNZ, rank] indices)", stage="onnx import")
+        idx = idx.astype(np.int64)
+        bound = np.array([math.prod(dims)] if idx.ndim == 1 else dims, dtype=np.int64)
+        if idx.size and ((idx < 0).any() or (idx >= bound).any()):
+            raise KilnError(f"{what}: an index is outside its {list(dims)} shape", stage="onnx import")
+        dense = np.zeros(dims, dtype=values.dtype)
         if idx.ndim == 1:
             dense.reshape(-1)[idx] = values
         else:
             dense[tuple(idx.T)] = values
         return dense
 
-    def external(self, t: onnx.TensorProto) -> np.ndarray:
+    def external(self, t: onnx.TensorProto, dtype: DType) -> np.ndarray:
+        what = f"tensor {printable(t.name)}"
         info = {e.key: e.value for e in t.external_data}
         loc = info.get("location", "")
         if self.base_dir is None:
-            raise KilnError(f"tensor {t.name!r} keeps its data in external file {loc!r}, but the "
+            raise KilnError(f"{what} keeps its data in external file {printable(loc)}, but the "
                             "model was not loaded from a path", stage="onnx import")
+        if not loc or "\0" in loc:
+            raise KilnError(f"{what}: external data location {printable(loc)} is empty or holds a "
+                            "NUL character", stage="onnx import")
         path = os.path.realpath(os.path.join(self.base_dir, loc))
         base = os.path.realpath(self.base_dir)
         if os.path.isabs(loc) or os.path.commonpath([path, base]) != base:
-            raise KilnError(f"tensor {t.name!r}: external data path {loc!r} escapes the model "
+            raise KilnError(f"{what}: external data path {printable(loc)} escapes the model "
                             f"folder {base}", stage="onnx import")
         if not os.path.isfile(path):
-            raise KilnError(f"tensor {t.name!r}: external data file {loc!r} not found",
+            raise KilnError(f"{what}: external data file {printable(loc)} not found",
                             stage="onnx import")
-        offset, length = int(info.get("offset", 0)), info.get("length")
-        with open(path, "rb") as f:
-            f.seek(offset)
-            raw = f.read(int(length) if length is not None else -1)
-        dtype = DType.from_onnx(t.data_type)
-        count = int(np.prod(t.dims)) if t.dims else 1
-        if len(raw) != count * dtype.itemsize:
-            raise KilnError(f"tensor {t.name!r}: external data holds {len(raw)} bytes, expected "
-                            f"{count * dtype.itemsize}", stage="onnx import")
+        count = math.prod(t.dims)
+        want = count * dtype.itemsize
+        offset = _external_int(info, "offset", 0, what)
+        length = _external_int(info, "length", want, what)
+        size = os.path.getsize(path)
+        if length != want or offset + length > size:
+            raise KilnError(f"{what}: external data of {length:,} bytes at offset {offset:,} of "
+                            f"{printable(loc)} ({size:,} bytes); the tensor needs {want:,} bytes",
+                            stage="onnx import")
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                raw = f.read(length)
+        except OSError as e:
+            raise KilnError(f"{what}: cannot read external data {printable(loc)}: {e}",
+                            stage="onnx import") from None
+        if len(raw) != want:
+            raise KilnError(f"{what}: external data holds {len(raw)} bytes, expected {want}",
+                            stage="onnx import")
         return np.frombuffer(raw, dtype=dtype.np).reshape(tuple(t.dims)).copy()
+
+
+def _tensor_dtype(t: onnx.TensorProto, what: str) -> DType:
+    try:
+        return DType.from_onnx(t.data_type)
+    except KilnError as e:
+        raise KilnError(f"{what}: {e}", stage="onnx import") from None
+
+
+def _external_int(info: dict, key: str, default: int, what: str) -> int:
+    """A non-negative integer field of external_data (offset, length)."""
+    text = info.get(key)
+    if text is None:
+        return default
+    if not text.isdigit() or len(text) > 19 or int(text) >= 1 << 62:
+        raise KilnError(f"{what}: external data {key} {printable(text)} is not a non-negative "
+                        "integer below 2^62", stage="onnx import")
+    return int(text)
 
 
 def _const(name: str, data: np.ndarray) -> Value:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.limits import check_memory, check_trips
+from kiln.limits import current as current_limits
 
 from kiln.graph.types import TensorType, Type
 from kiln.ops.registry import op
@@ -139,18 +141,30 @@ def loop(ctx, m=None, cond=None, *carried):
     n, k = _loop_counts(ctx, body)
     trips = None if m is None else int(np.asarray(m).reshape(-1)[0])
     go = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
-    carried, scans, i = list(carried), [[] for _ in range(k)], 0
+    carried, scans, i, scan_bytes = list(carried), [[] for _ in range(k)], 0, 0
+    if cond is None and trips is not None:  # a for loop: its length is known now
+        _check_trips(ctx, trips, "trip count M")
+    cap = current_limits().max_trip_count
     while go and (trips is None or i < trips):
+        if i >= cap:  # a while loop (or M with a cond) still going at the limit
+            _check_trips(ctx, i + 1, "the loop is still running after")
         outs = ctx.run_subgraph(body, [np.array(i, np.int64), np.array(go), *carried])
         if cond is not None or trips is None:
             go = bool(np.asarray(outs[0]).reshape(-1)[0])
         carried = list(outs[1:1 + n])
         for s, v in zip(scans, outs[1 + n:]):
             s.append(v)
+            scan_bytes += getattr(v, "nbytes", 0)
+        if k:
+            check_memory(scan_bytes, "the stacked scan outputs", node=ctx.node.name, op=ctx.node.op)
         i += 1
     types = ctx.output_types[n:]
     return node_results(ctx, [*carried, *(np.stack(s) if s else _empty(types[j])
                                           for j, s in enumerate(scans))])
+
+
+def _check_trips(ctx, count: int, what: str) -> None:
+    check_trips(count, what, node=ctx.node.name, op=ctx.node.op)
 
 
 def _empty(t: TensorType | None) -> np.ndarray:
@@ -237,11 +251,15 @@ def _scan_one(ctx, body, states, xs, n, m, k, pad=None):
     steps = steps.pop() if steps else 0
     xs = [x[::-1] if r else x for x, r in zip(xs, in_rev)]
     ys = [[] for _ in range(k)]
+    _check_trips(ctx, steps, "scan length")
     for t in range(steps):
         outs = ctx.run_subgraph(body, [*states, *(x[t] for x in xs)])
         states = list(outs[:n])
         for y, v in zip(ys, outs[n:]):
             y.append(v)
+        if k and t == 0:  # every step's outputs have the first step's size
+            check_memory(steps * sum(getattr(y[0], "nbytes", 0) for y in ys), "the stacked scan outputs",
+                         node=ctx.node.name, op=ctx.node.op)
     types = ctx.output_types[n:]
     res = []
     for j, y in enumerate(ys):

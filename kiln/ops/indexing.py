@@ -654,6 +654,7 @@ def onehot(ctx, indices, depth, values):
     if depth < 1 or values.size != 2:
         ctx.fail(f"depth must be positive and values hold [off, on], "
                  f"got depth {depth}, values of shape {values.shape}")
+    ctx.check_size((*indices.shape, depth), np.int64)
     idx = np.expand_dims(np.where(indices < 0, indices + depth, indices), a)  # fractional: no class
     classes = np.arange(depth).reshape([-1 if k == a else 1 for k in range(indices.ndim + 1)])
     off, on = values.reshape(-1)

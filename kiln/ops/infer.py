@@ -9,6 +9,8 @@ into constants is the constant-folding pass's job.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kiln.errors import KilnError, UnsupportedOpsError
@@ -109,7 +111,7 @@ _NONDETERMINISTIC = {"RandomUniform", "RandomNormal", "RandomUniformLike", "Rand
 def _small(v: Value | None) -> bool:
     if v is None or not isinstance(v.type, TensorType) or not v.type.is_static:
         return False
-    return int(np.prod(v.type.shape)) <= _KNOWN_VALUE_LIMIT
+    return math.prod(v.type.shape) <= _KNOWN_VALUE_LIMIT  # (np.prod would wrap for huge shapes)
 
 
 def infer_types(graph: Graph, declared: dict[str, Type] | None = None) -> dict[int, np.ndarray]:

@@ -196,6 +196,14 @@ class RunCtx(_Ctx):
         """Run a body graph on runtime values (arrays, lists for sequences, None for empty optionals)."""
         return self._run_subgraph(graph, inputs)
 
+    def check_size(self, shape, dtype, what: str = "output") -> None:
+        """Refuse (KilnResourceError) an output of `shape` above the memory limit, before it
+        is allocated: for ops whose output size comes from input data (ConstantOfShape, ...)."""
+        from kiln.limits import check_memory, nbytes
+        size = nbytes(tuple(int(d) for d in shape), np.dtype(dtype).itemsize)
+        check_memory(size, f"{what} of shape {tuple(int(d) for d in shape)}",
+                     node=self.node.name, op=self.node.op)
+
     def rng(self) -> np.random.Generator:
         seed = self.attr("seed", None)
         return np.random.default_rng(None if seed is None else int(np.float32(seed).view(np.int32)))

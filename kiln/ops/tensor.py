@@ -299,6 +299,7 @@ def _constant_of_shape_infer(ctx):
 def constant_of_shape(ctx, shape):
     if (shape < 0).any():
         ctx.fail(f"shape must be non-negative, got {ints(shape)}")
+    ctx.check_size(ints(shape), _fill(ctx).dtype)
     return np.full(tuple(ints(shape)), _fill(ctx)[0])
 
 
@@ -677,6 +678,7 @@ def expand(ctx, x, shape):
         target = np.broadcast_shapes(x.shape, tuple(ints(shape)))
     except ValueError:
         ctx.fail(f"cannot expand shape {x.shape} to {ints(shape)}")
+    ctx.check_size(target, x.dtype)
     return np.broadcast_to(x, target).copy()
 
 
@@ -705,7 +707,9 @@ def _tile_reps(ctx, rank, repeats=None, axis=None):
 
 @op("Tile", infer=lambda ctx: _per_axis_infer(ctx, _tile_reps, lambda d, r: dim_mul(d, r, ctx)))
 def tile(ctx, x, repeats, axis=None):
-    return np.tile(x, _tile_reps(ctx, x.ndim, repeats, axis))
+    reps = _tile_reps(ctx, x.ndim, repeats, axis)
+    ctx.check_size([d * r for d, r in zip(x.shape, reps)], x.dtype)
+    return np.tile(x, reps)
 
 
 @lowering("Tile")
@@ -751,6 +755,7 @@ def pad(ctx, x, pads=None, value=None, axes=None):
         value = ctx.attr("value", 0.0)
     value = 0 if value is None or np.size(value) == 0 else scalar(value)
     mode, plan = _pad_plan(ctx, x.shape, both)
+    ctx.check_size([n + w[0] + w[1] for _, n, w in plan], x.dtype)
     x = x[tuple(slice(c, c + n) for c, n, _ in plan)]
     width = [w for _, _, w in plan]
     if mode == "constant":
@@ -952,6 +957,7 @@ def _range_infer(ctx):
 def range_op(ctx, start, limit, delta):
     s, lim, d = (scalar(v) for v in (start, limit, delta))
     n = _range_count(ctx, s, lim, d)
+    ctx.check_size([n], np.float64 if DType.from_numpy(start.dtype).is_float else np.int64)
     if DType.from_numpy(start.dtype).is_float:  # start + i*delta, rounded once
         return (np.float64(s) + np.arange(n) * np.float64(d)).astype(start.dtype)
     return (s + np.arange(n, dtype=np.int64) * d).astype(start.dtype)

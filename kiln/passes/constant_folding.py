@@ -15,6 +15,8 @@ larger than its inputs together, and no large input is still read elsewhere.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kiln.dtypes import DType
@@ -57,6 +59,8 @@ def _evaluate(graph: Graph, n: Node, outputs: set[int], counts, max_elements: in
             or any(v is not None and (v.id in outputs or not isinstance(v.type, TensorType))
                    for v in n.outputs)):
         return None
+    if not _estimate_fits(n, max_elements):
+        return None
     d = lookup(n.domain, n.op)
     opset = graph.opset(n.domain)
     values = [None if v is None else v.const for v in n.inputs]
@@ -78,6 +82,20 @@ def _evaluate(graph: Graph, n: Node, outputs: set[int], counts, max_elements: in
         if v is not None and not (isinstance(a, np.ndarray) and _fits(a, v.type)):
             return None
     return data if _small_enough(n, data, counts, max_elements) else None
+
+
+def _estimate_fits(n: Node, max_elements: int) -> bool:
+    """Whether the node's outputs, sized by their inferred types, may be folded at all:
+    decided before computing, so a 100-byte ConstantOfShape of 2^30 floats allocates
+    nothing. An output whose size inference could not pin down is not folded either."""
+    size = 0
+    for v in n.outputs:
+        if v is None:
+            continue
+        if v.type.shape is None or not all(isinstance(d, int) for d in v.type.shape):
+            return False
+        size += math.prod(v.type.shape)
+    return size <= max(max_elements, SMALL)
 
 
 def _fits(a: np.ndarray, t: TensorType) -> bool:

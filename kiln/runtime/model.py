@@ -14,6 +14,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
+from kiln.limits import use as use_limits
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class CompiledModel:
         self.inputs = inputs
         self.outputs = outputs
         self.target = target
+        self.limits = None  # kiln.limits.Limits in force while it runs (None: the defaults)
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.inputs))
@@ -52,7 +54,8 @@ class CompiledModel:
 
     def run(self, feeds: Mapping[str, Any] | None = None, **kw) -> dict[str, Any]:
         """Run on named inputs; returns {output name: array}."""
-        outs = self._run(self.ordered(dict(feeds or {}, **kw)))
+        with use_limits(self.limits):
+            outs = self._run(self.ordered(dict(feeds or {}, **kw)))
         return {s.name: o for s, o in zip(self.outputs, outs)}
 
     def ordered(self, feeds: Mapping[str, Any]) -> list:

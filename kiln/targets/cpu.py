@@ -117,6 +117,8 @@ def build_static(graph: Graph, known):
     if manifest is None:
         manifest = _lower_and_build(graph, known)
         cache.store(key, manifest)
+    check_planned(manifest["weights_bytes"], manifest["workspace_bytes"],
+                  [(s, d) for s, d in manifest["outputs"]])
     consts = graph.constants()
     blob = np.zeros(manifest["weights_bytes"], dtype=np.uint8)
     for index, offset in manifest["weights"]:
@@ -129,10 +131,34 @@ def build_static(graph: Graph, known):
     return module
 
 
+def check_planned(weights: int, workspace: int, outputs: list, graph: Graph | None = None,
+                  arena=None) -> None:
+    """Before building or loading a module: weights + workspace arena + outputs within the
+    memory limit (the error names the largest output or arena buffer, when known)."""
+    from kiln.dtypes import DType
+    from kiln.limits import check_memory, nbytes
+    sizes = [nbytes(tuple(s), DType.from_name(d).itemsize) or 0 for s, d in outputs]
+    where = {}
+    if graph is not None:
+        made = {v.id: (n, v) for n in graph.nodes for v in n.outputs if v is not None}
+        big = [(size, graph.outputs[k].id) for k, size in enumerate(sizes)]
+        big += [(b.size, b.key) for b in (arena.buffers if arena is not None else ())]
+        if big:
+            size, key = max(big, key=lambda sk: sk[0])
+            if key in made:
+                n, v = made[key]
+                where = dict(node=n.name, op=n.op)
+    check_memory(int(weights) + int(workspace) + sum(sizes),
+                 f"the compiled module's planned memory (weights {int(weights):,} + workspace "
+                 f"{int(workspace):,} + outputs {sum(sizes):,} bytes)", stage="lower", **where)
+
+
 def _lower_and_build(graph: Graph, known) -> dict:
     from kiln.codegen import build_c, func_symbol
     from kiln.lower.module import ENTRY, lower_graph
     lm = lower_graph(graph, known)
+    check_planned(int(lm.weights.size), lm.workspace_bytes,
+                  [(v.type.shape, v.type.dtype.name) for v in lm.outputs], graph, lm.arena)
     lib = build_c(lm.module)
     index = {v.id: i for i, v in enumerate(graph.constants())}
     return {"library": str(lib.path), "entry": func_symbol(ENTRY),
@@ -291,8 +317,12 @@ class Staged:
         return self.rest.run([env[v.id] for v in self.rest_inputs])
 
     def _run_sizing_kernel(self, args: list) -> list:
+        from kiln.limits import check_memory
         args = [np.ascontiguousarray(a) for a in args if a is not None]
-        outs = [np.empty(p.shape, p.dtype.np) for p in self.func.params[len(args):]]
+        params = self.func.params[len(args):]
+        check_memory(sum(int(np.prod(p.shape, dtype=object)) * p.dtype.itemsize for p in params),
+                     "the outputs' largest possible size", node=self.node.name, op=self.node.op, stage="run")
+        outs = [np.empty(p.shape, p.dtype.np) for p in params]
         self.kernel(*args, *outs)
         dims, pos, sized = outs[-1], 0, []
         for buf in outs[:-1]:
