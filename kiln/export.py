@@ -140,6 +140,7 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
         "weights_sha256": hashlib.sha256(weights).hexdigest(),
         "workspace_bytes": workspace,
         "kernels": list(native.call_nodes),
+        "kernel_errors": [sorted([c, m] for c, m in e.items()) for e in native.call_errors],
     }
     weights_file, weights_offset = artifact.weights_npy(weights)
     manifest["weights_offset"] = weights_offset

@@ -153,7 +153,7 @@ class Kernel:
     """A callable compiled PrimFunc that checks numpy arguments against its params."""
 
     def __init__(self, lib: ctypes.CDLL, func: PrimFunc):
-        self.func = func
+        self.func, self.lib = func, lib
         self.cfunc = getattr(lib, func_symbol(func.name))
         self.cfunc.argtypes = [ctypes.c_void_p] * len(func.params)
         self.cfunc.restype = ctypes.c_int32
@@ -173,9 +173,8 @@ class Kernel:
             ptrs.append(a.ctypes.data)
         rc = self.cfunc(*ptrs)
         if rc != 0:
-            why = "out of memory" if rc == -1 else dict(getattr(self.func, "errors", ())).get(
-                rc, "bad input data, e.g. an index out of range")
-            raise KilnError(f"kernel {self.func.name!r} failed (status {rc}: {why})")
+            why = _native.failure_text(rc, dict(self.func.errors), _native.error_value(self.lib))
+            raise KilnError(f"kernel {self.func.name!r} failed (status {rc}): {why}")
 
 
 class CModule:

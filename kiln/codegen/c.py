@@ -3,7 +3,10 @@
 Every identifier in the output is generated here (prefix + sanitized name + number),
 and no user string reaches a comment or literal, so a model cannot inject code.
 Each PrimFunc `f` becomes `int32_t kiln_f(T* restrict ...)` returning 0, -1 when
-a heap allocation failed, or -(k+2) when its k-th `Call` (0-based) failed first.
+a heap allocation failed, k+1 when its k-th run-time `check` failed (PrimFunc.errors
+says what each means; the bad value is left for `kiln_error_value`), or, for a
+function of `Call`s (the entry), `-KILN_CALL_STATUS(k, s)` when its k-th call
+(0-based) failed first with status s; calls after a failed one do not run.
 `kiln_` is the default symbol prefix: `with_prefix` renames a module's functions
 (an artifact's `resnet18_main`, `resnet18_k0_Conv`, ...) so several modules link into
 one program. Loads/stores index flat row-major arrays; floor
@@ -76,7 +79,22 @@ static inline void* kiln_alloc(size_t n) { return aligned_alloc(64, (n + 63) / 6
 #pragma GCC visibility push(hidden)
 __attribute__((weak)) float kiln_exp_floor_f32 = -87.0f;
 __attribute__((weak)) double kiln_exp_floor_f64 = -708.0;
+/* run-time checks: the first failing check of a kernel records its status and the bad
+   value (threads race to be first; the winner writes the value), and the kernel leaves
+   the value in this thread's kiln_err_value as it returns (on the calling thread) */
+__attribute__((weak)) __thread int64_t kiln_err_value = 0;
 #pragma GCC visibility pop
+static inline void kiln_fail(int32_t* status, int64_t* bad, int32_t code, int64_t value) {
+  int32_t none = 0;
+  if (__atomic_compare_exchange_n(status, &none, code, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) *bad = value;
+}
+/* hand-written kernels: fail with `code`, reporting `value` */
+#define KILN_FAIL(code, value) do { kiln_err_value = (int64_t)(value); return (code); } while (0)
+/* the entry's status for its k-th call failing with s: k in the low 20 bits, s (1..1022;
+   1023: out of memory or unknown) above them */
+#define KILN_CALL_STATUS(k, s) ((int32_t)(k) + 2 + ((int32_t)((s) > 0 && (s) < 1023 ? (s) : 1023) << 20))
+/* the value the last failed check on this thread reported */
+__attribute__((weak)) int32_t kiln_error_value(int64_t* out) { *out = kiln_err_value; return 0; }
 """)
 
 
@@ -300,6 +318,10 @@ class _Emitter:
             return self.convert(dt, e.args[0].dtype, go(e.args[0]), e.arg)
         if op == "call":
             return self.call(e, ctx, n)
+        if op == "check":  # report when ok is false; the value is safe either way
+            v, ok, rep = e.args
+            return (f"({{ if (__builtin_expect(!{go(ok)}, 0)) kiln_fail(&kiln_status, &kiln_bad, "
+                    f"{self.codes[e.arg]}, {go(rep)}); {go(v)}; }})")
         if op == "reduce":
             raise KilnError("a reduce expression reached codegen unlowered", stage="codegen")
         raise KilnError(f"cannot emit expression op {op!r}", stage="codegen")
@@ -400,9 +422,9 @@ class _Emitter:
             out(f"{pad}(void){self.expr(s.expr, ctx, n)};")
         elif isinstance(s, S.Call):
             # remember the first failing call: the runtime names its node (status -(k+2))
+            out(f"{pad}if (!kiln_failed) {{ int32_t s_ = {func_symbol(s.func)}({self.call_args(s, n)}); "
+                f"if (s_ != 0) kiln_failed = KILN_CALL_STATUS({self.calls}, s_); }}")
             self.calls += 1
-            out(f"{pad}if ({func_symbol(s.func)}({self.call_args(s, n)}) != 0 && !kiln_failed) "
-                f"kiln_failed = {self.calls + 1};")
         else:
             raise KilnError(f"cannot emit statement {type(s).__name__}", stage="codegen")
 
@@ -430,9 +452,15 @@ class _Emitter:
         n = _Names()
         self.lines = []
         self.calls = 0
+        self.codes = {m: k for k, m in f.errors}
         self.lines.append(self.signature(f, n) + " {")
         self.lines.append("  int32_t kiln_failed = 0;")
+        if self.codes:
+            self.lines.append("  int32_t kiln_status = 0;")
+            self.lines.append("  int64_t kiln_bad = 0;")
         self.stmt(f.body, Ctx(), n, 1, False)
+        if self.codes:
+            self.lines.append("  if (kiln_status != 0) { kiln_err_value = kiln_bad; return kiln_status; }")
         self.lines.append("  return -kiln_failed;")
         self.lines.append("}")
         return self.lines

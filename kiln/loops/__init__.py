@@ -33,6 +33,7 @@ a local buffer; with compute_at this gives packing and register blocking).
 
 from kiln.loops.compute import ComputeOp, Tensor, compute, placeholder, reduce_axis
 from kiln.loops.expr import (INDEX, Expr, abs_, acos, acosh, as_expr, asin, asinh, atan, atanh, call, cast,
+                             check,
                              ceil, const, cos, cosh, erf, erfc, exp, fabs, floor, fmod, isinf, isnan, load, log,
                              logical_not, max_, min_, pow_, prod_, reduce, rmax, rmin, round_, rsqrt, select,
                              sigmoid, sign, sin, sinh, sqrt, substitute, sum_, tan, tanh, truncdiv, truncmod,

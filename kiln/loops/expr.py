@@ -189,6 +189,27 @@ def select(cond, a, b) -> Expr:
     return Expr("select", a.dtype, (cond, a, b))
 
 
+def check(value, ok, reported, message: str) -> Expr:
+    """`value`, plus a run-time check: where `ok` is false the kernel fails, and the runtime
+    raises a KilnError naming the node with `message` (`{value}` in it shows `reported`, an
+    integer: the bad index or operand). The check reports, it does not guard: `value` must
+    be safe to compute either way (an index already clamped into its axis), so a kernel that
+    runs on after a failed check never touches memory out of bounds. The simplifier drops a
+    check whose `ok` it proves true (constant or in-range indices cost nothing)."""
+    value, ok = as_expr(value), as_expr(ok)
+    if ok.dtype is not DType.bool:
+        raise KilnError(f"check needs a bool condition, got {ok.dtype}")
+    reported = as_expr(reported, INDEX)
+    if reported.dtype.is_float:
+        raise KilnError(f"check reports an integer, got {reported.dtype}")
+    return Expr("check", value.dtype, (value, ok, cast(INDEX, reported)), str(message))
+
+
+def checks(e: Expr) -> list:
+    """The messages of the checks inside `e`, in a fixed order (first appearance)."""
+    return list(dict.fromkeys(x.arg for x in walk(e) if x.op == "check"))
+
+
 def cast(dtype: DType, x) -> Expr:
     x = as_expr(x, dtype)
     return x if x.dtype is dtype else Expr("cast", dtype, (x,))

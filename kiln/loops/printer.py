@@ -64,6 +64,9 @@ def expr_str(e: Expr, namer: Namer | None = None) -> str:
             return f"{e.arg}({', '.join(go(a, True) for a in e.args)})"
         if op == "select":
             return f"select({', '.join(go(a, True) for a in e.args)})"
+        if op == "check":
+            v, ok, rep = (go(a, True) for a in e.args)
+            return f"check({v}, {ok}, {rep}, {e.arg!r})"
         if op == "reduce":
             comb, axes = e.arg
             return f"{comb}({go(e.args[0], True)}, axis=[{', '.join(go(a, True) for a in axes)}])"

@@ -126,6 +126,8 @@ def _bounds(ctx: Ctx, e: Expr):
         if not src.dtype.is_float and src.dtype.itemsize <= e.dtype.itemsize and src.dtype.is_signed == e.dtype.is_signed:
             return ctx.bounds(src)
         return (None, None)
+    if op == "check":
+        return ctx.bounds(e.args[0])
     if op == "select":
         (a, b), (c, d) = ctx.bounds(e.args[1]), ctx.bounds(e.args[2])
         return (None if a is None or c is None else min(a, c), None if b is None or d is None else max(b, d))
@@ -309,6 +311,7 @@ INT_RULES: list[tuple[Pat, Any]] = [
 
 ANY_RULES: list[tuple[Pat, Any]] = [
     (P("select", 1, x, y), x), (P("select", 0, x, y), y), (P("select", z, x, x), x),
+    (P("check", x, 1, y), x),   # a check proven to pass
 ]
 
 

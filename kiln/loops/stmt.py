@@ -12,7 +12,7 @@ from math import prod
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
-from kiln.loops.expr import Expr, load
+from kiln.loops.expr import Expr, checks, load
 
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
 
@@ -140,6 +140,26 @@ def seq(*stmts) -> Stmt:
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
 
 
+def stmt_checks(s: Stmt) -> list:
+    """The messages of every `check` in `s`, in a fixed order: check k (0-based) fails
+    its kernel with status k + 1."""
+    out: dict = {}
+
+    def go(s):
+        for f in ("min", "extent", "cond", "value", "expr"):
+            e = getattr(s, f, None)
+            if isinstance(e, Expr):
+                out.update(dict.fromkeys(checks(e)))
+        for e in getattr(s, "indices", ()):
+            out.update(dict.fromkeys(checks(e)))
+        for k in list(getattr(s, "stmts", ())) + [getattr(s, f, None) for f in ("body", "then", "else_")]:
+            if isinstance(k, Stmt):
+                go(k)
+
+    go(s)
+    return list(out)
+
+
 @dataclass(frozen=True, repr=False)
 class PrimFunc:
     """A kernel: params are buffers passed by pointer; `noalias` lets codegen use restrict."""
@@ -147,6 +167,11 @@ class PrimFunc:
     params: tuple
     body: Stmt
     noalias: bool = True
+
+    @property
+    def errors(self) -> tuple:
+        """(status, message) of each run-time check in the body (see `expr.check`)."""
+        return tuple((k + 1, m) for k, m in enumerate(stmt_checks(self.body)))
 
     def __str__(self):
         from kiln.loops.printer import func_str
@@ -163,7 +188,8 @@ class ExternFunc:
     dynamic: bool = False  # last param receives the outputs' actual dims (see LowerCtx.extern)
     preamble: str = ""     # file-scope C the body needs (#include lines, static helpers)
     libs: tuple = ()       # C libraries it links: (name for -l, header, package that provides them)
-    errors: tuple = ()     # (status, what it means) for the body's non-zero returns
+    errors: tuple = ()     # (status, what it means) for the body's non-zero returns; a body
+    #                        reporting a bad value uses KILN_FAIL(status, value) ({value} in the text)
 
     def __str__(self):
         ps = ", ".join(f"{p.dtype} {p.name}{list(p.shape)}" for p in self.params)

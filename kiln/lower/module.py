@@ -6,8 +6,9 @@ Every node becomes one kernel; one entry function `main` runs them in order:
 
 Constants live in one weights blob (bound once by the runtime), intermediates in
 one workspace arena planned by liveness (`memory.plan_arena`), graph outputs are
-written in place. A non-zero status from `main` names the failing call, which the
-runtime maps back to its node through `LoweredModule.call_nodes`.
+written in place. A non-zero status from `main` names the failing call and its kernel's
+status, which the runtime maps back to the node (`LoweredModule.call_nodes`) and to what
+failed (`LoweredModule.call_errors`: a run-time check's message, an extern kernel's error).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class LoweredModule:
     workspace_bytes: int
     arena: ArenaPlan
     call_nodes: list[str] = field(default_factory=list)  # call k -> "op node 'name'"
+    call_errors: list[list] = field(default_factory=list)  # call k -> its kernel's [[status, message]..]
     fusion: FusionPlan | None = None
     weight_offsets: dict[int, int] = field(default_factory=dict)  # constant value id -> blob offset
 
@@ -212,8 +214,9 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     params = tuple(in_params[v.id] for v in graph.inputs) + tuple(out_params) + (wbuf, abuf)
     entry = PrimFunc(ENTRY, params, seq(*calls), noalias=False)
     module = LoopModule(funcs + [entry], entry=ENTRY)
+    errors = [[list(e) for e in module[name].errors] for name, _, _ in steps]
     return LoweredModule(module, list(graph.inputs), list(graph.outputs), weights,
-                         int(abuf.shape[0]), plan, [d for _, _, d in steps], fusion, offsets)
+                         int(abuf.shape[0]), plan, [d for _, _, d in steps], errors, fusion, offsets)
 
 
 def _dedup(func, funcs: list, seen: dict[str, str]) -> str:

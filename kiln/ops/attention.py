@@ -20,7 +20,7 @@ from kiln.graph.types import TensorType
 from kiln.loops import call, cast, compute, const, max_, min_, reduce_axis, rmax, select, sum_
 from kiln.ops.reduce import PARALLEL_MIN_WORK, as_dtype, exp_shifted, schedule_injective, schedule_reduction, text, wide
 from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, op
-from kiln.ops.shapes import dim_mul
+from kiln.ops.shapes import dim_mul, expect_shape
 
 
 # ---- shared helpers ----
@@ -92,6 +92,21 @@ def _attention_dims(ctx: InferCtx):
             ctx.fail("3-D inputs need the q_num_heads and kv_num_heads attributes")
         dims = (q[0], hq, hkv, q[1], k[1], _div(ctx, q[2], hq), _div(ctx, v[2], hkv))
     _check_heads(ctx, dims[1], dims[2])
+    b, _, hkv, _, skv, d, dv = dims
+    heads_k = (k[1], k[3]) if len(q) == 4 else (k[2],)
+    want_k = (hkv, d) if len(q) == 4 else (dim_mul(hkv, d, ctx),)
+    if len(q) == 4:
+        mism = [(k[0], b), (v[0], b), (k[1], hkv), (v[1], hkv), (v[2], skv), (k[3], d)]
+    else:
+        mism = [(k[0], b), (v[0], b), (v[1], skv)] + list(zip(heads_k, want_k))
+    if any(isinstance(x, int) and isinstance(y, int) and x != y for x, y in mism):
+        ctx.fail(f"Q {tuple(q)}, K {tuple(k)}, V {tuple(v)} do not fit together: K and V need Q's batch, "
+                 "K/V heads and sequence length in common, and K the head size of Q")
+    if ctx.has_input(4) or ctx.has_input(5):
+        pk = ctx.shape(4) if ctx.has_input(4) else None
+        past = pk[2] if pk is not None and len(pk) == 4 else "past"
+        expect_shape(ctx, 4, (b, hkv, past, d), "past_key")
+        expect_shape(ctx, 5, (b, hkv, past, dv), "past_value")
     return dims
 
 
@@ -228,8 +243,30 @@ def _linear_attention_infer(ctx: InferCtx):
     if not len(q) == len(k) == len(v) == 3:
         ctx.fail(f"query, key, value must be 3-D (B, T, H*D), got shapes {q}, {k}, {v}")
     dv = _div(ctx, v[2], hkv)
+    _linear_attention_shapes(ctx, q, k, v, hq, hkv, dv)
     return [TensorType(ctx.dtype(0), (q[0], q[1], dim_mul(hq, dv, ctx))),
             TensorType(state_t, (q[0], hkv, _div(ctx, q[2], hq), dv))]
+
+
+def _linear_attention_shapes(ctx: InferCtx, q, k, v, hq: int, hkv: int, dv) -> None:
+    """The operands against each other: key and value (B, T, Hkv*dk / Hkv*dv) share the
+    query's batch and sequence and its head size, past_state is (B, Hkv, dk, dv), decay
+    (B, T, Hkv or Hkv*dk), beta (B, T, Hkv or 1): the kernel indexes all of them by the
+    query's dims."""
+    def same(a, b):
+        return not (isinstance(a, int) and isinstance(b, int)) or a == b
+    dk = _div(ctx, q[2], hq)
+    if not all(same(q[j], x[j]) for x in (k, v) for j in (0, 1)) or not same(k[2], dim_mul(hkv, dk, ctx)):
+        ctx.fail(f"key {tuple(k)} and value {tuple(v)} must be (B, T, kv_num_heads * head size) for "
+                 f"query {tuple(q)}: (B, T) = {tuple(q[:2])}, key's last dim {hkv} * {dk}")
+    b, t = q[0], q[1]
+    expect_shape(ctx, 3, (b, hkv, dk, dv), "past_state")
+    for i, name, sizes in ((4, "decay", (hkv, dim_mul(hkv, dk, ctx))), (5, "beta", (hkv, 1))):
+        got = ctx.shape(i) if ctx.has_input(i) else None
+        if got is None:
+            continue
+        if len(got) != 3 or not (same(got[0], b) and same(got[1], t)) or not any(same(got[2], n) for n in sizes):
+            ctx.fail(f"input {i} ({name}) has shape {tuple(got)}, expected ({b}, {t}, {sizes[0]} or {sizes[1]})")
 
 
 @op("LinearAttention", infer=_linear_attention_infer)

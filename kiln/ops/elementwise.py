@@ -442,6 +442,19 @@ def _b_pad(ctx, rank_a: int, rank_b: int) -> int:
     return rank_a - axis - rank_b
 
 
+def _int_div_check(c, a, b, op: str):
+    """Integer division (Div, Mod) by zero, and Div's MIN / -1 (whose quotient does not fit),
+    are errors, as ONNX Runtime raises them."""
+    if a.dtype.kind not in "iu":
+        return
+    if np.any(b == 0):
+        c.fail(f"integer {op} by zero")
+    if op == "division" and a.dtype.kind == "i":
+        bad = (b == -1) & (a == np.iinfo(a.dtype).min)
+        if np.any(bad):
+            c.fail(f"integer division overflows: {np.iinfo(a.dtype).min} / -1 does not fit {a.dtype}")
+
+
 def _div(a, b):
     """Integer division truncates toward zero (C semantics), unlike numpy's floor."""
     if a.dtype.kind == "i":
@@ -473,20 +486,31 @@ def _bitshift(a, b, direction):
 
 
 def _div_e(c, a, b):
-    """Integer division truncates toward zero; x / 0 gives 0 and MIN / -1 wraps, as the reference
-    does, and neither reaches a C division (which would trap)."""
+    """Integer division truncates toward zero. x / 0 and MIN / -1 fail the kernel (a KilnError
+    naming the node, as ONNX Runtime raises) and never reach a C division (which would trap)."""
     if a.dtype.is_float:
         return a / b
     zero = L.const(0, a.dtype)
     if not a.dtype.is_signed:
-        return L.select(b.eq(0), zero, L.truncdiv(a, L.select(b.eq(0), L.const(1, b.dtype), b)))
+        q = L.truncdiv(a, L.select(b.eq(0), L.const(1, b.dtype), b))
+        return _nonzero_check(a, b, L.select(b.eq(0), zero, q), "division")
     q = L.truncdiv(a, L.select(b.eq(0) | b.eq(-1), L.const(1, b.dtype), b))
-    return L.select(b.eq(0), zero, L.select(b.eq(-1), zero - a, q))
+    q = L.select(b.eq(0), zero, L.select(b.eq(-1), zero - a, q))
+    low = L.const(int(np.iinfo(a.dtype.np).min), a.dtype)
+    q = L.check(q, b.ne(-1) | a.ne(low), L.cast(L.INDEX, a),
+                f"integer division overflows: {{value}} / -1 does not fit {a.dtype}")
+    return _nonzero_check(a, b, q, "division")
+
+
+def _nonzero_check(a, b, q, op: str):
+    sym = "/" if op == "division" else "%"
+    return L.check(q, b.ne(0), L.cast(L.INDEX, a), f"integer {op} by zero ({{value}} {sym} 0)")
 
 
 def _mod_e(c, a, b):
     """fmod=1: C's fmod / remainder (sign of the dividend). fmod=0: the sign of the divisor,
-    floats as numpy's divmod (a zero result takes the divisor's sign). x % 0 is 0 for integers."""
+    floats as numpy's divmod (a zero result takes the divisor's sign). Integer x % 0 fails the
+    kernel, as ONNX Runtime raises; MIN % -1 is 0 (never a C remainder, which would trap)."""
     if a.dtype.is_float:
         r = L.fmod(a, b)
         if c.attr("fmod", 0):
@@ -496,7 +520,8 @@ def _mod_e(c, a, b):
                         L.select(b < 0, L.const(-0.0, a.dtype), L.const(0.0, a.dtype)))
     bad = b.eq(0) | b.eq(-1) if a.dtype.is_signed else b.eq(0)  # x % -1 is 0; MIN % -1 traps in C
     safe = L.select(bad, L.const(1, b.dtype), b)
-    return L.select(bad, L.const(0, a.dtype), L.truncmod(a, safe) if c.attr("fmod", 0) else a % safe)
+    r = L.select(bad, L.const(0, a.dtype), L.truncmod(a, safe) if c.attr("fmod", 0) else a % safe)
+    return _nonzero_check(a, b, r, "modulo")
 
 
 def _ipow(a, b, bits: int):
@@ -549,9 +574,10 @@ _BINARY = {
     "Add": (lambda c, a, b: np.add(a, b), lambda c, a, b: a + b, "num", "same"),
     "Sub": (lambda c, a, b: np.subtract(a, b), lambda c, a, b: a - b, "num", "same"),
     "Mul": (lambda c, a, b: np.multiply(a, b), lambda c, a, b: a * b, "num", "same"),
-    "Div": (lambda c, a, b: _div(a, b), _div_e, "num", "same"),
+    "Div": (lambda c, a, b: (_int_div_check(c, a, b, "division"), _div(a, b))[1], _div_e, "num", "same"),
     "Pow": (lambda c, a, b: _pow(a, b), _pow_e, "num", "base"),
-    "Mod": (lambda c, a, b: (np.fmod if c.attr("fmod", 0) else np.mod)(a, b), _mod_e, "num", "same"),
+    "Mod": (lambda c, a, b: (_int_div_check(c, a, b, "modulo"),
+                             (np.fmod if c.attr("fmod", 0) else np.mod)(a, b))[1], _mod_e, "num", "same"),
     "PRelu": (lambda c, a, b: np.where(a < 0, a * b, a), lambda c, a, b: L.select(a < 0, a * b, a),
               "num", "same"),
     "BitShift": (lambda c, a, b: _bitshift(a, b, _str_attr(c, "direction")), _shift_e, "int", "same"),

@@ -5,9 +5,10 @@ KilnError naming the node, never a wrapped or clipped read. Outputs whose size
 depends on data (NonZero, Unique, Compress) get fresh symbols at compile time.
 
 Native lowerings: gathers are computes whose indices are wrapped then clamped
-(a bad index reads some element, never out of bounds); scatters, TopK and
-run-time sized Compress/Unique are C kernels, and the scatters fail (status 1)
-on an index out of range instead of writing out of bounds.
+(never a read out of bounds) and checked: an index out of range fails the run
+with a KilnError naming the node and the index, as ONNX Runtime raises. Scatters,
+TopK and run-time sized Compress/Unique are C kernels; the scatters fail the same
+way (KILN_FAIL) on an index out of range instead of writing out of bounds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.loops import INDEX, cast, compute, const, select
+from kiln.loops import INDEX, cast, check, compute, const, select
 from kiln.ops.registry import lowering, op
 from kiln.ops.shapes import normalize_axis
 from kiln.ops.tensor import clamp, ints, out, rows_schedule, scalar, sized_by, unflat_index
@@ -37,13 +38,19 @@ def _axis(ctx, rank: int, default: int = 0) -> int:
     return normalize_axis(ctx, ctx.attr("axis", default), rank)
 
 
-def _index_expr(ctx, j, dim: int):
-    """Lowering: index expr `j` counted from the end when negative, then clamped into the dim
-    so an index the reference rejects never reads out of bounds."""
+def _index_expr(ctx, j, dim: int, axis: int, i: int = 1):
+    """Lowering: index expr `j` (read from input `i`) counted from the end when negative and
+    clamped into the dim, so it never reads out of bounds; an index the reference rejects
+    fails the kernel at run time (a KilnError naming the node and the index, as ONNX Runtime
+    raises). Indices known at compile time are checked then."""
     if dim == 0:
         ctx.fail("indices into an empty axis are all out of range")
+    if i is not None and ctx.value(i) is not None:
+        _indices(ctx, ctx.value(i), dim)
     j = cast(INDEX, j)
-    return clamp(select(j < 0, j + dim, j), 0, dim - 1)
+    return check(clamp(select(j < 0, j + dim, j), 0, dim - 1), (j >= -dim) & (j < dim), j,
+                 f"index {{value}} is out of range [-{dim}, {dim - 1}] for axis {axis} (size {dim}) "
+                 "of the data")
 
 
 # ---- gathers ----
@@ -67,7 +74,7 @@ def _gather_lower(ctx, data, indices):
     a, q = _axis(ctx, len(data.shape)), len(indices.shape)
 
     def fn(*i):
-        j = _index_expr(ctx, indices[i[a:a + q]], data.shape[a])
+        j = _index_expr(ctx, indices[i[a:a + q]], data.shape[a], a)
         return data[i[:a] + (j,) + i[a + q:]]
     ctx.schedule(rows_schedule(len(data.shape) - a - 1))
     return _empty_or(ctx, fn, "gather")
@@ -99,7 +106,7 @@ def _gather_elements_lower(ctx, data, indices):
     a = _axis(ctx, len(data.shape))
 
     def fn(*i):
-        return data[i[:a] + (_index_expr(ctx, indices[i], data.shape[a]),) + i[a + 1:]]
+        return data[i[:a] + (_index_expr(ctx, indices[i], data.shape[a], a),) + i[a + 1:]]
     ctx.schedule(rows_schedule())
     return _empty_or(ctx, fn, "gather_elements")
 
@@ -143,7 +150,9 @@ def _gather_nd_lower(ctx, data, indices):
     k = indices.shape[-1]
 
     def fn(*i):
-        at = [_index_expr(ctx, indices[i[:q - 1] + (m,)], data.shape[b + m]) for m in range(k)]
+        if ctx.value(1) is not None:
+            _nd_index(ctx, data.shape, ctx.value(1), b)
+        at = [_index_expr(ctx, indices[i[:q - 1] + (m,)], data.shape[b + m], b + m, None) for m in range(k)]
         return data[i[:b] + tuple(at) + i[q - 1:]]
     ctx.schedule(rows_schedule(len(data.shape) - b - k))
     return _empty_or(ctx, fn, "gather_nd")
@@ -185,11 +194,18 @@ def _c_combine(ctx, dt: DType, old: str, new: str) -> str:
     ctx.fail(f"reduction must be none, add, mul, max or min, got {reduction!r}")
 
 
-def _c_index(var: str, src: str, dim: int) -> str:
+def _index_error(dim: int, axis: int) -> dict:
+    """The extern kernels' status 1: an index out of range (see `_c_index`)."""
+    return {1: f"index {{value}} is out of range [-{dim}, {dim - 1}] for axis {axis} (size {dim}) of the data"}
+
+
+def _c_index(var: str, src: str, dim: int, code: int = 1) -> str:
     """C lines reading index `src` into `var`, wrapping negatives; an index out of range
-    makes the kernel fail (return 1) instead of writing out of bounds."""
-    return (f"    int64_t {var} = (int64_t){src};\n    if ({var} < 0) {var} += {dim};\n"
-            f"    if ({var} < 0 || {var} >= {dim}) return 1;\n")
+    makes the kernel fail (status `code`, reporting the index) instead of writing out of
+    bounds. The range test is on the raw index, so no arithmetic can overflow first."""
+    return (f"    int64_t {var} = (int64_t){src};\n"
+            f"    if ({var} < -{dim} || {var} >= {dim}) KILN_FAIL({code}, {var});\n"
+            f"    if ({var} < 0) {var} += {dim};\n")
 
 
 def _c_type(ctx, dt: DType) -> str:
@@ -240,7 +256,7 @@ def _scatter_elements_lower(ctx, data, indices, updates):
     off = " + ".join(f"{v} * {math.prod(d[k + 1:])}" for k, v in enumerate(dst))
     body.append(f"    const int64_t o = {off};\n    out0[o] = {_c_combine(ctx, data.dtype, 'out0[o]', 'in2[p]')};\n")
     body.append("  }\n  return 0;")
-    return ctx.extern("".join(body), [data, indices, updates], [(d, data.dtype)])
+    return ctx.extern("".join(body), [data, indices, updates], [(d, data.dtype)], errors=_index_error(d[a], a))
 
 
 for _name in ("ScatterElements", "Scatter"):
@@ -270,12 +286,14 @@ def _scatter_nd_lower(ctx, data, indices, updates):
     rows, row = math.prod(i[:-1]), math.prod(d[k:])
     body = [_c_copy(ctx, math.prod(d), data.dtype), f"  for (int64_t m = 0; m < {rows}; ++m) {{\n",
             "    int64_t o = 0;\n"]
+    errors = {}
     for c in range(k):
-        body.append(_c_index(f"j{c}", f"in1[m * {k} + {c}]", d[c]))
+        body.append(_c_index(f"j{c}", f"in1[m * {k} + {c}]", d[c], c + 1))
         body.append(f"    o += j{c} * {math.prod(d[c + 1:])};\n")
+        errors[c + 1] = _index_error(d[c], c)[1]
     body.append(f"    for (int64_t s = 0; s < {row}; ++s) out0[o + s] = "
                 f"{_c_combine(ctx, data.dtype, 'out0[o + s]', f'in2[m * {row} + s]')};\n  }}\n  return 0;")
-    return ctx.extern("".join(body), [data, indices, updates], [(d, data.dtype)])
+    return ctx.extern("".join(body), [data, indices, updates], [(d, data.dtype)], errors=errors)
 
 
 def _tensor_scatter_infer(ctx):
@@ -312,17 +330,20 @@ def _tensor_scatter_lower(ctx, past, update, write_indices=None):
     size, seq, pre, row = p[a], u[a], math.prod(p[1:a]), math.prod(p[a + 1:])
     circular = ctx.attr("mode", "linear") == "circular"
     start = "(int64_t)in2[b]" if write_indices is not None else "0"
-    if circular:
-        check, pos = (f"if ({size} == 0) return 1;" if seq else ""), f"((w + s) % {size} + {size}) % {size}"
-    else:
-        check, pos = (f"if (w < 0 || w + {seq} > {size}) return 1;" if seq else ""), "w + s"
+    if circular:  # w % size first: w + s could overflow
+        check = f"if ({size} == 0) KILN_FAIL(2, w);" if seq else ""
+        pos = f"((w % {size} + {size}) % {size} + s) % {size}"
+    else:  # w + seq > size could overflow (w read from the inputs): compare w with size - seq
+        check, pos = (f"if (w < 0 || w > {size - seq}) KILN_FAIL(1, w);" if seq else ""), "w + s"
     body = (f"{_c_copy(ctx, math.prod(p), past.dtype)}"
             f"  for (int64_t b = 0; b < {p[0]}; ++b) {{\n    const int64_t w = {start};\n    {check}\n"
             f"    for (int64_t q = 0; q < {pre}; ++q)\n      for (int64_t s = 0; s < {seq}; ++s)\n"
             f"        memcpy(out0 + ((b * {pre} + q) * {size} + {pos}) * {row},\n"
             f"               in1 + ((b * {pre} + q) * {seq} + s) * {row}, {row} * sizeof({_c_type(ctx, past.dtype)}));\n"
             "  }\n  return 0;")
-    return ctx.extern(body, [past, update, write_indices], [(p, past.dtype)])
+    errors = {1: f"write_indices value {{value}} plus {seq} updates overruns axis {a} (size {size}) "
+                 "of past_cache", 2: f"write_indices value {{value}}: axis {a} of past_cache is empty"}
+    return ctx.extern(body, [past, update, write_indices], [(p, past.dtype)], errors=errors)
 
 
 # ---- data-dependent selection ----

@@ -22,7 +22,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.registry import op, same_as
-from kiln.ops.shapes import normalize_axis
+from kiln.ops.shapes import expect_shape, normalize_axis
 
 # ---------------------------------------------------------------- helpers
 
@@ -196,8 +196,21 @@ def conv_core(ctx, x, w, group, win: Window):
     return y.transpose(0, 1, 3, 2).reshape((n, m) + tuple(outs))
 
 
-def _conv_infer(out_dtype=None, xi=0, wi=1):
+def _conv_infer(out_dtype=None, xi=0, wi=1, bi=2, per_channel=()):
+    """Conv-family inference; the bias (input `bi`) must have one value per output channel,
+    and each input in `per_channel` (index, name) one per output channel or one in all."""
     def infer(ctx):
+        res = _conv_infer_shape(ctx)
+        ws = ctx.shape(wi)
+        m = ws[0] if ws else None
+        if m is not None:
+            if bi is not None:
+                expect_shape(ctx, bi, (m,), "bias: one value per output channel")
+            for i, name in per_channel:
+                expect_shape(ctx, i, (m,), name, scalar_ok=True)
+        return res
+
+    def _conv_infer_shape(ctx):
         xs, ws = ctx.shape(xi), ctx.shape(wi)
         dt = out_dtype(ctx) if out_dtype else ctx.dtype(xi)
         _rank_check(ctx, xs)
@@ -243,7 +256,7 @@ def _int_conv(ctx, x, xzp, w, wzp):
     return conv_core(ctx, xs, ws, int(ctx.attr("group", 1)), _window_for(ctx, x, w.shape[2:]))
 
 
-@op("ConvInteger", infer=_conv_infer(lambda ctx: DType.int32))
+@op("ConvInteger", infer=_conv_infer(lambda ctx: DType.int32, bi=None, per_channel=((3, "w_zero_point"),)))
 def conv_integer(ctx, x, w, xzp=None, wzp=None):
     return np.rint(_int_conv(ctx, x, xzp, w, wzp)).astype(np.int32)
 
@@ -252,7 +265,8 @@ def _qlinear_dtype(ctx):
     return ctx.dtype(7) if ctx.has_input(7) else ctx.dtype(0)
 
 
-@op("QLinearConv", infer=_conv_infer(_qlinear_dtype, xi=0, wi=3))
+@op("QLinearConv", infer=_conv_infer(_qlinear_dtype, xi=0, wi=3, bi=8,
+                                      per_channel=((4, "w_scale"), (5, "w_zero_point"))))
 def qlinear_conv(ctx, x, xs, xzp, w, ws, wzp, ys, yzp=None, b=None):
     acc = _int_conv(ctx, x, xzp, w, wzp)
     if b is not None:
@@ -270,7 +284,12 @@ def _conv_transpose_infer(ctx):
     if xs is None:
         return [TensorType(ctx.dtype(0), None)]
     group = int(ctx.attr("group", 1))
+    if ws is not None and len(ws) != len(xs):
+        ctx.fail(f"weight rank {len(ws)} does not match input rank {len(xs)}")
+    if ws is not None and isinstance(xs[1], int) and isinstance(ws[0], int) and xs[1] != ws[0]:
+        ctx.fail(f"input has {xs[1]} channels but weight {tuple(ws)} expects {ws[0]} (its dim 0)")
     m = ws[1] * group if ws is not None and isinstance(ws[1], int) else ctx.new_dim()
+    expect_shape(ctx, 2, (m,), "bias: one value per output channel")
     kern = kernel_of(ctx, ws, len(xs) - 2)
     if any(isinstance(d, str) for d in list(xs[2:]) + kern):
         return [TensorType(ctx.dtype(0), (xs[0], m, *ctx.unknown_shape(len(xs) - 2)))]
@@ -359,7 +378,7 @@ def _bilinear_zero(img, yy, xx):
     return out
 
 
-@op("DeformConv", infer=_conv_infer())
+@op("DeformConv", infer=_conv_infer(bi=3))
 def deform_conv(ctx, x, w, offset, b=None, mask=None):
     """2-D deformable convolution: bilinear samples at offset kernel taps, then a grouped matmul."""
     if x.ndim != 4:
@@ -586,6 +605,8 @@ def _normalize(xc, axes, eps):
 
 def _batchnorm_infer(ctx):
     t = ctx.tensor(0)
+    if ctx.attr("spatial", 1):  # opset < 9 spatial=0: per-activation (C, D1, ...) statistics
+        _channel_params(ctx, t, ("scale", "B", "input_mean", "input_var"))
     outs = [t]
     for i in range(1, ctx.num_outputs):
         src = ctx.tensor(3 if i % 2 else 4)
@@ -623,7 +644,19 @@ def batch_norm(ctx, x, scale, bias, mean, var):
     return (y.astype(x.dtype), rmean, rvar, *saved)[:max(ctx.num_outputs, 1)]
 
 
-@op("InstanceNormalization", infer=same_as(0))
+def _instance_norm_infer(ctx):
+    _channel_params(ctx, ctx.tensor(0), ("scale", "B"))
+    return [ctx.tensor(0)]
+
+
+def _channel_params(ctx, t, names) -> None:
+    """Inputs 1.. (`names`) hold one value per channel (dim 1) of input 0."""
+    if t.shape is not None and len(t.shape) >= 2:
+        for i, name in enumerate(names, 1):
+            expect_shape(ctx, i, (t.shape[1],), f"{name}: one value per channel")
+
+
+@op("InstanceNormalization", infer=_instance_norm_infer)
 def instance_norm(ctx, x, scale, bias):
     xc = compute_dtype(x)
     xn = _normalize(xc, tuple(range(2, x.ndim)), float(ctx.attr("epsilon", 1e-5)))[2]

@@ -43,6 +43,21 @@ def normalize_axes(ctx, axes, rank: int, what: str = "axes") -> list[int]:
     return [normalize_axis(ctx, int(a), rank, what) for a in axes]
 
 
+def expect_shape(ctx, i: int, want: Sequence[Dim], name: str, scalar_ok: bool = False) -> None:
+    """Fail unless input `i` (when present, of known shape) has shape `want` (dims that are
+    symbols on either side match anything); `scalar_ok`: a scalar or a 1-element vector too.
+    Kernels index such operands by another input's dims, so a mismatch is caught here."""
+    if not ctx.has_input(i):
+        return
+    got = ctx.shape(i)
+    if got is None or (scalar_ok and tuple(got) in ((), (1,))):
+        return
+    if len(got) != len(want) or any(isinstance(g, int) and isinstance(w, int) and g != w
+                                     for g, w in zip(got, want)):
+        also = " (or a scalar)" if scalar_ok else ""
+        ctx.fail(f"input {i} ({name}) has shape {tuple(got)}, expected {tuple(want)}{also}")
+
+
 def dim_mul(a: Dim, b: Dim, ctx) -> Dim:
     """Product of two dims; symbolic products get a fresh symbol."""
     if isinstance(a, int) and isinstance(b, int):

@@ -178,7 +178,7 @@ def _dlopen(lib: bytes, weights: np.ndarray, manifest: dict, path) -> NativeModu
             f.write(lib)
         outs = [(tuple(d["shape"]), d["dtype"]) for d in manifest["outputs"]]
         return NativeModule(so, manifest["entry"], outs, weights, manifest["workspace_bytes"],
-                            manifest["kernels"])
+                            manifest["kernels"], manifest.get("kernel_errors"))
     except (OSError, AttributeError) as e:
         raise KilnError(f"{path}: cannot load its native library ({e}); if {tempfile.gettempdir()} "
                         "does not allow executables (noexec), set TMPDIR to a folder that does") from None

@@ -29,7 +29,8 @@ class NativeModule:
     """A loaded shared library whose entry takes (inputs.., outputs.., weights, workspace)."""
 
     def __init__(self, library_path: str, entry_symbol: str, output_types: list[tuple[tuple, str]],
-                 weights: np.ndarray, workspace_bytes: int, call_nodes: list[str]):
+                 weights: np.ndarray, workspace_bytes: int, call_nodes: list[str],
+                 call_errors: list | None = None):
         self.library_path = library_path
         self.lib = ctypes.CDLL(str(library_path))
         self.entry = getattr(self.lib, entry_symbol)
@@ -42,6 +43,8 @@ class NativeModule:
         off = (-self.workspace.ctypes.data) % 64
         self._ws_ptr = self.workspace.ctypes.data + off
         self.call_nodes = call_nodes
+        # per call: [[status, message], ...] of its kernel's run-time checks
+        self.call_errors = [dict((int(c), str(m)) for c, m in e) for e in (call_errors or [])]
         self._lock = threading.Lock()
 
     def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -79,13 +82,39 @@ class NativeModule:
                     rc = fn(*ptrs)
                     times[k, r] = clock() - t0
                     if rc != 0:
-                        raise KilnError(self._failure(-(k + 2)), stage="run")
+                        raise KilnError(self._failure(-(k + 2 + ((rc if 0 < rc < 1023 else 1023) << 20))),
+                                        stage="run")
         return outs, list(times)
 
     def _failure(self, rc: int) -> str:
+        """The message for the entry's status `rc` (see kiln.codegen.c: the failing call
+        in the low 20 bits of -rc-2, the kernel's own status above them)."""
         if rc == -1:
             return "native code could not allocate memory"
-        k = -rc - 2
+        m = -rc - 2
+        k, code = m & 0xFFFFF, m >> 20
         what = self.call_nodes[k] if 0 <= k < len(self.call_nodes) else f"call {k}"
-        return (f"native kernel for {what} failed (status {rc}): an index or size read from the "
-                "inputs is out of range")
+        errors = self.call_errors[k] if 0 <= k < len(self.call_errors) else {}
+        return f"{what}: " + failure_text(code, errors, error_value(self.lib))
+
+
+def error_value(lib) -> int | None:
+    """The bad value the last failed check on this thread reported (None: not reported)."""
+    fn = getattr(lib, "kiln_error_value", None)
+    if fn is None:
+        return None
+    out = ctypes.c_int64(0)
+    fn.restype = ctypes.c_int32
+    fn(ctypes.byref(out))
+    return int(out.value)
+
+
+def failure_text(code: int, errors: dict, value: int | None) -> str:
+    """What a kernel's non-zero status `code` means, with the value it reported."""
+    if code in (-1, 1023):
+        return "native code could not allocate memory"
+    msg = errors.get(code)
+    if msg is None:
+        return (f"bad input data (status {code}): an index or size read from the inputs is out of "
+                "range")
+    return msg.replace("{value}", "?" if value is None else str(value))

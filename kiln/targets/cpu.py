@@ -126,7 +126,7 @@ def build_static(graph: Graph, known):
         blob[offset:offset + raw.size] = raw
     module = NativeModule(manifest["library"], manifest["entry"],
                           [(tuple(s), d) for s, d in manifest["outputs"]], blob,
-                          manifest["workspace_bytes"], manifest["calls"])
+                          manifest["workspace_bytes"], manifest["calls"], manifest.get("errors"))
     module.info = manifest  # what was built: kernels, fused groups, arena (for reports)
     return module
 
@@ -165,7 +165,7 @@ def _lower_and_build(graph: Graph, known) -> dict:
             "outputs": [[list(v.type.shape), v.type.dtype.name] for v in lm.outputs],
             "weights_bytes": int(lm.weights.size),
             "weights": [[index[vid], off] for vid, off in lm.weight_offsets.items()],
-            "workspace_bytes": lm.workspace_bytes, "calls": lm.call_nodes,
+            "workspace_bytes": lm.workspace_bytes, "calls": lm.call_nodes, "errors": lm.call_errors,
             "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena),
             "arena_bytes": lm.arena.total, "arena_peak_live_bytes": lm.arena.lower_bound,
             "intermediate_bytes": lm.arena.unshared, "inplace_kernels": len(lm.arena.inplace),

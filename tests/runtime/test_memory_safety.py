@@ -1,0 +1,211 @@
+"""Hostile input values and shapes against native kernels: each gives a KilnError naming the
+node (or the right answer), never an out-of-bounds access, a wrapped value or a clamp.
+
+Models are built with onnx.helper; inputs are random apart from the one bad value. ONNX
+Runtime raises on the same inputs (Gather out of range, integer division by zero), so kiln does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import kiln
+from kiln.errors import KilnError
+
+RNG = np.random.default_rng(11)
+
+
+def model(nodes, inputs, outputs, inits=(), opset=21):
+    g = h.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+
+
+def vi(name, dt, shape):
+    return h.make_tensor_value_info(name, dt, shape)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def run(m, **feeds):
+    return kiln.compile(m, target="cpu").run(feeds)
+
+
+# ---- TensorScatter: the bounds check must not overflow ----
+
+def _tensor_scatter(mode="linear"):
+    return model([h.make_node("TensorScatter", ["past", "upd", "wi"], ["y"], name="ts", mode=mode)],
+                 [vi("past", T.FLOAT, [2, 8, 4]), vi("upd", T.FLOAT, [2, 3, 4]), vi("wi", T.INT64, [2])],
+                 [vi("y", T.FLOAT, [2, 8, 4])], opset=24)
+
+
+@pytest.mark.parametrize("w", [2**63 - 2, 2**63 - 1, 6, -1, -2**63])
+def test_tensor_scatter_huge_write_index_fails(w):
+    c = kiln.compile(_tensor_scatter(), target="cpu")
+    with pytest.raises(KilnError, match=rf"TensorScatter node 'ts'.*write_indices value {w}\b"):
+        c.run(past=rand(2, 8, 4), upd=rand(2, 3, 4), wi=np.array([0, w], np.int64))
+
+
+@pytest.mark.parametrize("w", [2**63 - 2, -2**63, 5])
+def test_tensor_scatter_circular_huge_index_matches_reference(w):
+    m = _tensor_scatter("circular")
+    feeds = dict(past=rand(2, 8, 4), upd=rand(2, 3, 4), wi=np.array([1, w], np.int64))
+    got = kiln.compile(m, target="cpu").run(feeds)["y"]
+    want = kiln.compile(m, target="interpreter").run(feeds)["y"]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_tensor_scatter_in_range_is_exact():
+    m = _tensor_scatter()
+    feeds = dict(past=rand(2, 8, 4), upd=rand(2, 3, 4), wi=np.array([5, 0], np.int64))
+    y = run(m, **feeds)["y"]
+    want = feeds["past"].copy()
+    want[0, 5:8], want[1, 0:3] = feeds["upd"][0], feeds["upd"][1]
+    np.testing.assert_array_equal(y, want)
+
+
+# ---- shape relations checked by inference ----
+
+def _linear_attention(qs, ks, vs):
+    node = h.make_node("LinearAttention", ["q", "k", "v"], ["y", "st"], name="la", q_num_heads=2,
+                       kv_num_heads=2, update_rule="linear")
+    return model([node], [vi("q", T.FLOAT, qs), vi("k", T.FLOAT, ks), vi("v", T.FLOAT, vs)],
+                 [vi("y", T.FLOAT, None), vi("st", T.FLOAT, None)], opset=26)
+
+
+@pytest.mark.parametrize("ks,vs", [((1, 2, 8), (1, 2, 8)), ((1, 8, 8), (1, 3, 8)), ((1, 8, 4), (1, 8, 8)),
+                                   ((2, 8, 8), (1, 8, 8))])
+def test_linear_attention_key_value_must_fit_query(ks, vs):
+    with pytest.raises(KilnError, match="LinearAttention node 'la'.*key"):
+        kiln.compile(_linear_attention((1, 8, 8), ks, vs), target="cpu")
+
+
+def test_linear_attention_matching_shapes_run():
+    m = _linear_attention((1, 8, 8), (1, 8, 8), (1, 8, 6))
+    feeds = dict(q=rand(1, 8, 8), k=rand(1, 8, 8), v=rand(1, 8, 6))
+    got = kiln.compile(m, target="cpu").run(feeds)
+    want = kiln.compile(m, target="interpreter").run(feeds)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("nb", [0, 1, 8])
+def test_conv_bias_length_must_be_output_channels(nb):
+    w = numpy_helper.from_array(rand(4, 2, 3, 3), "W")
+    b = numpy_helper.from_array(rand(nb), "B")
+    m = model([h.make_node("Conv", ["x", "W", "B"], ["y"], name="conv")], [vi("x", T.FLOAT, [1, 2, 5, 5])],
+              [vi("y", T.FLOAT, None)], inits=[w, b])
+    with pytest.raises(KilnError, match=rf"Conv node 'conv'.*bias.*\({nb},\).*\(4,\)"):
+        kiln.compile(m, target="cpu")
+
+
+def test_conv_runtime_bias_of_wrong_length_is_refused():
+    w = numpy_helper.from_array(rand(4, 2, 3, 3), "W")
+    m = model([h.make_node("Conv", ["x", "W", "b"], ["y"], name="conv")],
+              [vi("x", T.FLOAT, [1, 2, 5, 5]), vi("b", T.FLOAT, [3])], [vi("y", T.FLOAT, None)], inits=[w])
+    with pytest.raises(KilnError, match="bias"):
+        kiln.compile(m, target="cpu")
+
+
+@pytest.mark.parametrize("op,names", [("BatchNormalization", ["x", "s", "b", "m", "v"]),
+                                      ("InstanceNormalization", ["x", "s", "b"])])
+def test_norm_channel_params_must_fit_channels(op, names):
+    params = [numpy_helper.from_array(np.abs(rand(3 if k == 2 else 4)) + 0.5, n)
+              for k, n in enumerate(names[1:], 1)]
+    m = model([h.make_node(op, names, ["y"], name="norm")], [vi("x", T.FLOAT, [2, 4, 5])],
+              [vi("y", T.FLOAT, None)], inits=params)
+    with pytest.raises(KilnError, match=rf"{op} node 'norm'.*input 2.*\(3,\).*\(4,\)"):
+        kiln.compile(m, target="cpu")
+
+
+def test_attention_key_value_must_fit_each_other():
+    m = model([h.make_node("Attention", ["q", "k", "v"], ["y"], name="att")],
+              [vi("q", T.FLOAT, [1, 2, 4, 8]), vi("k", T.FLOAT, [1, 2, 6, 8]), vi("v", T.FLOAT, [1, 2, 5, 8])],
+              [vi("y", T.FLOAT, None)], opset=23)
+    with pytest.raises(KilnError, match="Attention node 'att'.*do not fit"):
+        kiln.compile(m, target="cpu")
+
+
+# ---- gathers and scatters: an index out of range raises (as ONNX Runtime does) ----
+
+def _gather(op, data_shape, idx_shape, **attrs):
+    return model([h.make_node(op, ["x", "i"], ["y"], name="g", **attrs)],
+                 [vi("x", T.FLOAT, data_shape), vi("i", T.INT64, idx_shape)], [vi("y", T.FLOAT, None)])
+
+
+@pytest.mark.parametrize("bad", [4, -5, 2**63 - 1, -2**63])
+def test_gather_runtime_index_out_of_range_raises(bad):
+    c = kiln.compile(_gather("Gather", [4, 3], [3]), target="cpu")
+    with pytest.raises(KilnError, match=rf"Gather node 'g'.*index {bad} is out of range \[-4, 3\]"):
+        c.run(x=rand(4, 3), i=np.array([1, bad, 0]))
+    # the model still works on good indices afterwards (no state left behind)
+    x, i = rand(4, 3), np.array([3, -4, 0])
+    np.testing.assert_array_equal(c.run(x=x, i=i)["y"], x[[3, 0, 0]])
+
+
+def test_gather_constant_index_out_of_range_fails_at_compile_time():
+    idx = numpy_helper.from_array(np.array([0, 9], np.int64), "i")
+    m = model([h.make_node("Gather", ["x", "i"], ["y"], name="g", axis=1)], [vi("x", T.FLOAT, [2, 4])],
+              [vi("y", T.FLOAT, None)], inits=[idx])
+    with pytest.raises(KilnError, match="Gather node 'g'.*9"):
+        kiln.compile(m, target="cpu", opt_level=0)
+
+
+def test_gather_elements_and_nd_out_of_range_raise():
+    c = kiln.compile(_gather("GatherElements", [3, 4], [3, 2], axis=1), target="cpu")
+    idx = np.zeros((3, 2), np.int64)
+    idx[2, 1] = 4
+    with pytest.raises(KilnError, match=r"GatherElements node 'g'.*index 4 .*\[-4, 3\]"):
+        c.run(x=rand(3, 4), i=idx)
+    c = kiln.compile(_gather("GatherND", [3, 4], [2, 2]), target="cpu")
+    with pytest.raises(KilnError, match=r"GatherND node 'g'.*index -5 .*axis 1"):
+        c.run(x=rand(3, 4), i=np.array([[0, 1], [2, -5]]))
+    x, i = rand(3, 4), np.array([[0, 1], [2, -4]])
+    np.testing.assert_array_equal(c.run(x=x, i=i)["y"], x[[0, 2], [1, 0]])
+
+
+@pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
+def test_scatter_index_out_of_range_raises(op):
+    shape = [3, 4]
+    idx_shape, upd_shape = ([2, 4], [2, 4]) if op == "ScatterElements" else ([2, 1], [2, 4])
+    m = model([h.make_node(op, ["x", "i", "u"], ["y"], name="s")],
+              [vi("x", T.FLOAT, shape), vi("i", T.INT64, idx_shape), vi("u", T.FLOAT, upd_shape)],
+              [vi("y", T.FLOAT, None)], opset=18)
+    c = kiln.compile(m, target="cpu")
+    idx = np.zeros(idx_shape, np.int64)
+    idx[1, 0] = 2**62
+    with pytest.raises(KilnError, match=rf"{op} node 's'.*index {2**62} is out of range"):
+        c.run(x=rand(*shape), i=idx, u=rand(*upd_shape))
+
+
+# ---- integer division ----
+
+def _binary(op, dt):
+    return model([h.make_node(op, ["a", "b"], ["y"], name="d")], [vi("a", dt, [4]), vi("b", dt, [4])],
+                 [vi("y", dt, [4])])
+
+
+@pytest.mark.parametrize("npdt,dt", [(np.int32, T.INT32), (np.int64, T.INT64), (np.uint8, T.UINT8)])
+@pytest.mark.parametrize("op", ["Div", "Mod"])
+def test_integer_division_by_zero_raises(op, npdt, dt):
+    for target in ("cpu", "interpreter"):
+        c = kiln.compile(_binary(op, dt), target=target)
+        with pytest.raises(KilnError, match=rf"{op} node 'd'.*by zero"):
+            c.run(a=np.array([5, 6, 7, 8], npdt), b=np.array([1, 2, 0, 3], npdt))
+
+
+@pytest.mark.parametrize("npdt,dt", [(np.int32, T.INT32), (np.int64, T.INT64)])
+def test_integer_division_overflow_raises_and_mod_is_zero(npdt, dt):
+    low = np.iinfo(npdt).min
+    a, b = np.array([7, low, -7, low], npdt), np.array([2, -1, 2, 3], npdt)
+    for target in ("cpu", "interpreter"):
+        with pytest.raises(KilnError, match=rf"Div node 'd'.*{low} / -1 does not fit"):
+            kiln.compile(_binary("Div", dt), target=target).run(a=a, b=b)
+    y = kiln.compile(_binary("Mod", dt), target="cpu").run(a=a, b=b)["y"]
+    np.testing.assert_array_equal(y, np.mod(a, b))
+    y = kiln.compile(_binary("Div", dt), target="cpu").run(a=a, b=np.array([2, 1, 2, 3], npdt))["y"]
+    np.testing.assert_array_equal(y, np.array([3, low, -3, -((-int(low)) // 3)], npdt))
