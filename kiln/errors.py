@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kiln.names import escape
+
 
 class KilnError(Exception):
     """A user-facing error: the message says what went wrong and where.
@@ -20,6 +22,7 @@ class KilnError(Exception):
         if stage:
             where.append(f"[{stage}]")
         if op or node:
+            op = escape(op) if op else op  # op types and names come from untrusted models
             where.append(f"{op or '?'} node {node!r}:" if node is not None else f"{op}:")
         super().__init__(" ".join(where + [message]))
 
@@ -30,6 +33,6 @@ class UnsupportedOpsError(KilnError):
     def __init__(self, missing: list[tuple[str, str, str, int]]):
         # missing: (domain, op_type, node_name, opset)
         self.missing = missing
-        lines = [f"  {('' if not d else d + '::')}{op} (opset {v}) at node {name!r}"
+        lines = [f"  {escape(('' if not d else d + '::') + op)} (opset {v}) at node {name!r}"
                  for d, op, name, v in missing]
         super().__init__(f"{len(missing)} unsupported operator node(s):\n" + "\n".join(lines))

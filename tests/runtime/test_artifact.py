@@ -96,7 +96,7 @@ def test_loads_without_any_compiler_module(artifact, tmp_path):
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert set(r.stdout.split()) <= {"kiln", "kiln.errors", "kiln.limits", "kiln.dtypes", "kiln.runtime", "kiln.runtime.model",
+    assert set(r.stdout.split()) <= {"kiln", "kiln.errors", "kiln.names", "kiln.limits", "kiln.dtypes", "kiln.runtime", "kiln.runtime.model",
                                      "kiln.runtime.native", "kiln.runtime.cpu", "kiln.runtime.artifact"}
 
 

@@ -1,0 +1,174 @@
+"""Hostile ONNX files: every rejection is a KilnError naming the tensor, node or field.
+
+The reproductions from the untrusted-input issue (part 6): external data with a bad
+offset, length or location, a huge sparse index, an opset from the future, and
+names carrying terminal escape sequences.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import kiln
+from kiln.errors import KilnError
+from kiln.names import escape, printable
+
+F = onnx.TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17, sparse=(), name="m"):
+    g = helper.make_graph(nodes, name, inputs, outputs, list(inits), sparse_initializer=list(sparse))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _external(tmp_path, **fields):
+    (tmp_path / "weights.bin").write_bytes(np.arange(8, dtype=np.float32).tobytes())
+    w = numpy_helper.from_array(np.zeros(4, np.float32), "w")
+    w.data_location = onnx.TensorProto.EXTERNAL
+    w.ClearField("raw_data")
+    for k, v in {"location": "weights.bin", "offset": "0", "length": "16", **fields}.items():
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"], name="add")],
+               [helper.make_tensor_value_info("x", F, [4])], [helper.make_tensor_value_info("y", F, [4])], [w])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(m.SerializeToString())
+    return str(path)
+
+
+def test_external_data_at_an_offset_loads(tmp_path):
+    g = kiln.load_onnx(_external(tmp_path, offset="16"))
+    np.testing.assert_array_equal(g.nodes[0].inputs[1].const, np.arange(4, 8, dtype=np.float32))
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"offset": "-4"}, r"offset '-4' is not a non-negative integer"),
+    ({"offset": "four"}, r"offset 'four' is not a non-negative integer"),
+    ({"offset": "1e3"}, r"offset '1e3'"),
+    ({"length": str(2 ** 63)}, r"length '9223372036854775808' is not a non-negative integer"),
+    ({"length": "-16"}, r"length '-16'"),
+    ({"length": "8"}, r"8 bytes at offset 0 .*needs 16 bytes"),
+    ({"offset": "24"}, r"16 bytes at offset 24 of 'weights.bin' \(32 bytes\)"),
+    ({"offset": str(2 ** 61)}, r"at offset 2,305,843,009,213,693,952"),
+    ({"location": "weights.bin\0/etc/passwd"}, r"NUL character"),
+    ({"location": ""}, r"empty"),
+])
+def test_bad_external_data_is_a_kiln_error(tmp_path, fields, match):
+    with pytest.raises(KilnError, match=match) as e:
+        kiln.load_onnx(_external(tmp_path, **fields))
+    assert "tensor 'w'" in str(e.value)
+
+
+def _sparse_model(indices, dims=(4,)):
+    values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "w")
+    idx = numpy_helper.from_array(np.array(indices, np.int64), "w_idx")
+    st = helper.make_sparse_tensor(values, idx, list(dims))
+    return _model([helper.make_node("Identity", ["w"], ["y"], name="id")], [],
+                  [helper.make_tensor_value_info("y", F, None)], sparse=[st])
+
+
+def test_sparse_initializer_loads():
+    y = kiln.compile(_sparse_model([1, 3]), target="interpreter").run({})["y"]
+    np.testing.assert_array_equal(y, [0, 1, 0, 2])
+
+
+@pytest.mark.parametrize("indices, dims, match", [
+    ([1, 2 ** 40], (4,), "an index is outside its"),
+    ([1, -1], (4,), "an index is outside its"),
+    ([[0, 1], [5, 0]], (2, 2), "an index is outside its"),
+    ([[0], [1]], (2, 2), r"indices of shape \(2, 1\)"),
+    ([1, 2, 3], (4,), r"indices of shape \(3,\)"),
+])
+def test_bad_sparse_initializer_is_a_kiln_error(indices, dims, match):
+    with pytest.raises(KilnError, match=match) as e:
+        kiln.load_onnx(_sparse_model(indices, dims))
+    assert "sparse tensor 'w'" in str(e.value)
+
+
+def test_huge_sparse_shape_is_a_resource_error():
+    from kiln.limits import KilnResourceError
+    with pytest.raises(KilnResourceError, match="sparse tensor 'w'.*TiB"):
+        kiln.load_onnx(_sparse_model([1, 3], (1 << 40, 1 << 10)))
+
+
+def test_negative_dims_in_a_tensor():
+    w = onnx.TensorProto(name="w", data_type=F, dims=[-2, 2])
+    m = _model([helper.make_node("Identity", ["w"], ["y"])], [], [helper.make_tensor_value_info("y", F, None)], [w])
+    with pytest.raises(KilnError, match=r"tensor 'w' has negative dims \[-2, 2\]"):
+        kiln.load_onnx(m)
+
+
+@pytest.mark.parametrize("domain, version", [("", 999), ("", 0), ("ai.onnx.ml", 99)])
+def test_opsets_beyond_kiln_are_refused(domain, version):
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", F, [2])],
+               [helper.make_tensor_value_info("y", F, [2])])
+    m.opset_import.append(helper.make_opsetid(domain, version)) if domain else None
+    if not domain:
+        m.opset_import[0].version = version
+    with pytest.raises(KilnError, match=rf"version {version} is not supported; kiln implements versions 1 to \d+"):
+        kiln.load_onnx(m)
+
+
+def test_custom_domains_keep_their_own_versions():
+    """Only the standard domains have a known range; a custom domain's version is its own."""
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", F, [2])],
+               [helper.make_tensor_value_info("y", F, [2])])
+    m.opset_import.append(helper.make_opsetid("com.example", 999))
+    kiln.load_onnx(m)
+
+
+ESC = "\x1b[2J\x1b[31mpwned\x07"
+
+
+def test_escape_helpers():
+    assert escape("plain name/0") == "plain name/0"
+    assert escape("a" + ESC) == "a\\x1b[2J\\x1b[31mpwned\\x07"
+    assert escape("rtl\u202egnp.exe") == "rtl\\u202egnp.exe"
+    assert escape("two\nlines", keep="\n") == "two\nlines"
+    assert "\x1b" not in printable(ESC)
+
+
+def _named_model(path):
+    m = _model([helper.make_node("Relu", ["x"], ["y"], name="relu" + ESC),
+                helper.make_node("FancyOp" + ESC, ["y"], ["z"], name="bad" + ESC)],
+               [helper.make_tensor_value_info("x", F, [2])], [helper.make_tensor_value_info("z", F, [2])],
+               name="graph" + ESC)
+    m.producer_name = "evil" + ESC
+    onnx.save(m, path)
+
+
+def _kiln(capsys, *args):
+    from kiln.cli import main
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def test_cli_prints_names_with_control_characters_escaped(tmp_path, capsys):
+    path = tmp_path / "names.onnx"
+    _named_model(path)
+    rc, out, err = _kiln(capsys, "inspect", path)
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "\\x1b" in out  # shown, escaped: the user still sees what the model holds
+    rc, out, err = _kiln(capsys, "run", path, "--random", "-t", "interpreter")
+    assert rc == 1 and "\x1b" not in out + err and "\\x1b" in err
+
+
+def test_error_messages_escape_names():
+    m = _model([helper.make_node("Relu", ["nope" + ESC], ["y"], name="n" + ESC)],
+               [helper.make_tensor_value_info("x", F, [2])], [helper.make_tensor_value_info("y", F, [2])])
+    with pytest.raises(KilnError) as e:
+        kiln.load_onnx(m)
+    assert "\x1b" not in str(e.value) and "\\x1b" in str(e.value)
+
+
+def test_unsupported_op_types_are_escaped_too():
+    m = _model([helper.make_node("Fancy" + ESC, ["x"], ["y"], name="n")],
+               [helper.make_tensor_value_info("x", F, [2])], [helper.make_tensor_value_info("y", F, [2])])
+    with pytest.raises(KilnError) as e:
+        kiln.load_onnx(m)
+    assert "\x1b" not in str(e.value) and "Fancy\\x1b" in str(e.value)
