@@ -93,12 +93,30 @@ class _Scope:
         return None
 
 
+# ai.onnx.ml ops that read or make maps, a type kiln does not have: refused up front, by node
+_MAP_OPS = {
+    "ZipMap": "it makes a sequence of maps ({class: probability} per row) and kiln has no map type; "
+              "export without it and read the probability tensor (skl2onnx: "
+              "options={id(model): {'zipmap': False}})",
+    "DictVectorizer": "it reads a map and kiln has no map type; vectorize before export and feed a "
+                      "dense tensor",
+}
+
+
+def _refuse_map_ops(g: onnx.GraphProto) -> None:
+    for n in g.node:
+        if n.domain == "ai.onnx.ml" and n.op_type in _MAP_OPS:
+            raise KilnError(f"cannot compile: {_MAP_OPS[n.op_type]}", node=n.name or n.op_type, op=n.op_type,
+                            stage="onnx import")
+
+
 class _Converter:
     def __init__(self, base_dir: str | None, opsets: dict[str, int]):
         self.base_dir = base_dir
         self.opsets = opsets
 
     def graph(self, g: onnx.GraphProto, scope: _Scope | None) -> tuple[Graph, dict[str, Type]]:
+        _refuse_map_ops(g)
         sc = _Scope(scope)
         inits = {t.name: t for t in g.initializer}
         for st in g.sparse_initializer:

@@ -1,0 +1,129 @@
+"""What the `ai.onnx.ml` op families share: input checks, score transforms (NumPy and C),
+and C tables baked into hand-written kernels."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.graph.types import TensorType
+
+ML = "ai.onnx.ml"
+POST = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
+
+
+def numeric_input(ctx, i: int = 0) -> TensorType:
+    t = ctx.tensor(i)
+    if not (t.dtype.is_float or t.dtype.is_int):
+        ctx.fail(f"input {i} must be numeric, got {t.dtype}")
+    return t
+
+
+def rows_type(ctx, t: TensorType, width, dtype: DType = DType.float32) -> TensorType:
+    """[N, width]: the output shape of the row-wise ML ops (1-D input is one row)."""
+    n = 1 if t.rank == 1 else (t.shape[0] if t.shape else ctx.new_dim())
+    return TensorType(dtype, (n, width))
+
+
+def rows_width(ctx, t: TensorType) -> tuple[int, int]:
+    """(rows, features) of a 1-D (one row) or 2-D input, for a kernel."""
+    if t.rank not in (1, 2):
+        ctx.fail(f"X must be 1-D or 2-D, got {t}", stage="lower")
+    return (1, t.shape[0]) if t.rank == 1 else tuple(t.shape)
+
+
+def post_name(ctx, kind) -> str:
+    """A post_transform given by enum code (0..4) or name, as its name."""
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    kind = POST[kind] if isinstance(kind, int) and 0 <= kind < len(POST) else kind
+    if kind not in POST:
+        ctx.fail(f"post_transform must be one of {', '.join(POST)}, got {kind!r}")
+    return kind
+
+
+def post_transform(ctx, scores: np.ndarray, kind) -> np.ndarray:
+    """The ML ops' score transforms, by enum code (0..4) or name (NONE, SOFTMAX, ...)."""
+    kind = post_name(ctx, kind)
+    if kind == "NONE":
+        return scores
+    if kind == "LOGISTIC":
+        return 1 / (1 + np.exp(-scores))
+    if kind in ("SOFTMAX", "SOFTMAX_ZERO"):
+        keep = scores != 0 if kind == "SOFTMAX_ZERO" else np.ones_like(scores, bool)
+        e = np.where(keep, np.exp(scores - np.max(np.where(keep, scores, -np.inf), -1, keepdims=True)), 0)
+        return e / np.maximum(e.sum(-1, keepdims=True), np.finfo(np.float64).tiny)
+    return np.sqrt(2) * erfinv(2 * scores - 1)
+
+
+def erfinv(y: np.ndarray) -> np.ndarray:
+    """Inverse error function: Winitzki's closed form refined by Newton steps (no scipy)."""
+    y = np.clip(y, -1, 1)
+    a = 0.147
+    ln = np.log1p(-y * y)
+    t = 2 / (np.pi * a) + ln / 2
+    x = np.sign(y) * np.sqrt(np.sqrt(t * t - ln / a) - t)
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(3):
+            x = np.where(np.abs(y) < 1, x - (erf(x) - y) / (2 / np.sqrt(np.pi) * np.exp(-x * x)), x)
+    return x
+
+
+# ---- C helpers for the hand-written kernels ----
+#
+# Tables (tree nodes, leaf weights, label maps, coefficients) are baked into the kernel's
+# source as exact literals, or as one aligned byte string for the big ones (fast to compile).
+
+def c_type(ctx, dt: DType, what: str = "input") -> str:
+    if dt.c is None:
+        ctx.fail(f"{what} of type {dt} has no native (C) type", stage="lower")
+    return dt.c
+
+
+def c_table(ctx, name: str, ctype: str, data, dt: DType) -> str:
+    """`static const ctype name[] = {...};` with exact literals (one dummy element when empty)."""
+    from kiln.ops.tensor import c_literals
+    data = np.asarray(data, dt.np).reshape(-1)
+    lits = c_literals(data, dt) if data.size else ["0"]
+    return f"  static const {ctype} {name}[{max(data.size, 1)}] = {{{', '.join(lits)}}};\n"
+
+
+def c_blob(name: str, data: bytes) -> str:
+    """`static const unsigned char name[]`, 64-byte aligned, holding `data` (native byte order):
+    a string literal, which C compilers read far faster than a long list of numbers."""
+    data = data or b"\0"
+    chunks = ['"' + "".join(f"\\x{b:02x}" for b in data[i:i + 2048]) + '"' for i in range(0, len(data), 2048)]
+    return (f"  static const unsigned char {name}[{len(data)}] __attribute__((aligned(64))) =\n    "
+            + "\n    ".join(chunks) + ";\n")
+
+
+def c_post_transform(ctx, kind, n: int) -> str:
+    """C over `double* a` (one row of n scores): `post_transform` in float64."""
+    kind = post_name(ctx, kind)
+    if kind == "NONE":
+        return ""
+    if kind == "LOGISTIC":
+        return f"    for (int64_t t = 0; t < {n}; ++t) a[t] = 1.0 / (1.0 + exp(-a[t]));\n"
+    if kind == "PROBIT":
+        return f"""    for (int64_t t = 0; t < {n}; ++t) {{
+      double y = 2.0 * a[t] - 1.0;
+      y = y < -1.0 ? -1.0 : y > 1.0 ? 1.0 : y;
+      const double ln = log1p(-y * y), tt = 2.0 / (3.141592653589793 * 0.147) + ln / 2.0;
+      const double sg = y > 0 ? 1.0 : y < 0 ? -1.0 : y;
+      double x = sg * sqrt(sqrt(tt * tt - ln / 0.147) - tt);
+      for (int k = 0; k < 3; ++k)
+        if (fabs(y) < 1.0) x = x - (erf(x) - y) / (2.0 / sqrt(3.141592653589793) * exp(-x * x));
+      a[t] = 1.4142135623730951 * x;
+    }}
+"""
+    keep = "a[t] != 0" if kind == "SOFTMAX_ZERO" else "1"
+    return f"""    {{
+      double m = -INFINITY, s = 0;
+      for (int64_t t = 0; t < {n}; ++t) if ({keep}) m = (a[t] > m || a[t] != a[t]) ? a[t] : m;
+      for (int64_t t = 0; t < {n}; ++t) {{ a[t] = ({keep}) ? exp(a[t] - m) : 0.0; s += a[t]; }}
+      s = s < 2.2250738585072014e-308 ? 2.2250738585072014e-308 : s;
+      for (int64_t t = 0; t < {n}; ++t) a[t] = a[t] / s;
+    }}
+"""

@@ -1,0 +1,108 @@
+"""scikit-learn models converted by skl2onnx, compiled by kiln on cpu and compared with ONNX
+Runtime on fresh random rows (labels exactly, scores to rtol 1e-5), and with kiln's interpreter.
+
+Needs the test extra (scikit-learn, skl2onnx, onnxruntime); skipped cleanly without them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+sklearn = pytest.importorskip("sklearn")
+skl2onnx = pytest.importorskip("skl2onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import kiln  # noqa: E402
+from kiln.errors import KilnError  # noqa: E402
+
+RNG = np.random.default_rng(20261125)
+N_FEATURES = 6
+
+
+def _data(n=300):
+    x = RNG.standard_normal((n, N_FEATURES)).astype(np.float32)
+    y3 = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 0.5)
+    yr = 2 * x[:, 0] + x[:, 3] * x[:, 4] + 0.1 * RNG.standard_normal(n)
+    return x, y3, yr
+
+
+def _convert(model, x, zipmap=False, opset=17):
+    from skl2onnx import to_onnx
+    options = {id(model): {"zipmap": False}} if hasattr(model, "predict_proba") and not zipmap else None
+    return to_onnx(model, x[:1], options=options, target_opset={"": opset, "ai.onnx.ml": 3})
+
+
+def _compare(onx, feeds, rtol=1e-5, atol=1e-6):
+    """kiln cpu (and the interpreter) against ONNX Runtime: integer outputs exactly."""
+    data = onx.SerializeToString()
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    for target in ("cpu", "interpreter"):
+        got = kiln.compile(data, target=target).run(feeds)
+        assert set(got) == set(want)
+        for name, w in want.items():
+            g = got[name]
+            assert g.shape == w.shape and g.dtype == w.dtype, (target, name, g.shape, w.shape, g.dtype, w.dtype)
+            if w.dtype.kind in "iub":
+                np.testing.assert_array_equal(g, w, err_msg=f"{target} {name}")
+            else:
+                np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"{target} {name}")
+    return want
+
+
+def _fresh(n=64):
+    x = RNG.standard_normal((n, N_FEATURES)).astype(np.float32)
+    x[:, 5] = np.round(x[:, 5])  # some values exactly at split-like points
+    return x
+
+
+def _classes(y, k):
+    return y if k == 3 else (y > 0).astype(np.int64)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+@pytest.mark.parametrize("kind", ["gb", "rf"])
+def test_tree_classifiers(kind, classes):
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+    x, y3, _ = _data()
+    m = (GradientBoostingClassifier(n_estimators=12, max_depth=3, random_state=0) if kind == "gb"
+         else RandomForestClassifier(n_estimators=10, max_depth=6, random_state=0))
+    m.fit(x, _classes(y3, classes))
+    want = _compare(_convert(m, x), {"X": _fresh()})
+    assert len(set(want["label"].tolist())) > 1  # the rows reach more than one class
+
+
+@pytest.mark.parametrize("kind", ["gb", "rf"])
+def test_tree_regressors(kind):
+    from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
+    x, _, yr = _data()
+    m = (GradientBoostingRegressor(n_estimators=15, max_depth=3, random_state=0) if kind == "gb"
+         else RandomForestRegressor(n_estimators=8, max_depth=7, random_state=0))
+    m.fit(x, yr)
+    _compare(_convert(m, x), {"X": _fresh()})
+
+
+def test_tree_one_row_and_batches():
+    """One compiled model serves several batch sizes (1 row, many rows) with equal results."""
+    from sklearn.ensemble import RandomForestClassifier
+    x, y3, _ = _data()
+    m = RandomForestClassifier(n_estimators=20, max_depth=8, random_state=1).fit(x, y3)
+    onx = _convert(m, x)
+    compiled = kiln.compile(onx.SerializeToString())
+    rows = _fresh(300)
+    many = compiled.run({"X": rows})
+    for i in (0, 7, 299):
+        one = compiled.run({"X": rows[i:i + 1]})
+        np.testing.assert_array_equal(one["label"], many["label"][i:i + 1])
+        np.testing.assert_array_equal(one["probabilities"], many["probabilities"][i:i + 1])
+    _compare(onx, {"X": rows})
+
+
+def test_zipmap_refused_clearly():
+    """ZipMap outputs a sequence of maps, which kiln has no type for: a clear error naming it."""
+    from sklearn.linear_model import LogisticRegression
+    x, y3, _ = _data()
+    onx = _convert(LogisticRegression().fit(x, y3), x, zipmap=True)
+    with pytest.raises(KilnError, match="ZipMap"):
+        kiln.compile(onx.SerializeToString())
