@@ -26,6 +26,7 @@ from kiln.ops import (  # noqa: F401
     ml,
     ml_trees,
     ml_linear,
+    ml_svm,
     ml_preprocess,
     training,
     data_dependent,

@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.dtypes import DType
+from kiln.graph.types import TensorType
 from kiln.ops.ml_common import (ML, c_post_transform as _c_post_transform, c_table as _table, c_type as _c_type,
-                                numeric_input, post_transform, rows_type, rows_width)
+                                numeric_input, post_name, post_transform, rows_type, rows_width)
 from kiln.ops.registry import lowering, op
+from kiln.ops.strings import string_array
 
 
 def _infer_linear_regressor(ctx):
@@ -53,3 +55,96 @@ def _linear_regressor_lower(ctx, x):
   }}
   return 0;""")
     return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)])
+
+
+# ---- LinearClassifier ----
+#
+# As ONNX Runtime: scores = X coef^T + intercepts (float). One score column with two
+# labels is a binary model: the label is the second label when the score is positive,
+# and the scores are written as [1 - s, s] (raw s, as ORT does, whatever post_transform);
+# more columns: the label is the first greatest score's, then post_transform per row.
+
+def _classifier_parts(ctx, width: int):
+    ints, strs = ctx.attr("classlabels_ints", None), ctx.attr("classlabels_strings", None)
+    if (ints is None) == (strs is None):
+        ctx.fail("exactly one of classlabels_ints and classlabels_strings must be given")
+    labels = [int(v) for v in ints] if ints is not None else [s.decode() if isinstance(s, bytes) else s for s in strs]
+    coef = np.asarray(ctx.attr("coefficients"), np.float32).ravel()
+    icpt = ctx.attr("intercepts", None)
+    n = len(icpt) if icpt is not None else (coef.size // width if width else 0)
+    icpt = np.zeros(n, np.float32) if icpt is None else np.asarray(icpt, np.float32).ravel()
+    if n < 1 or coef.size != n * width:
+        ctx.fail(f"{coef.size} coefficients for {n} classes x {width} features")
+    post = post_name(ctx, ctx.attr("post_transform", "NONE"))
+    add_second = n == 1 and len(labels) == 2
+    if add_second and post == "PROBIT":
+        ctx.fail("a binary LinearClassifier under PROBIT: ONNX Runtime writes half of its scores only")
+    if n > 1 and len(labels) != n:
+        ctx.fail(f"{len(labels)} class labels for {n} score columns")
+    return coef.reshape(n, width), icpt, labels, strs is not None, post, add_second
+
+
+def _infer_linear_classifier(ctx):
+    t = numeric_input(ctx)
+    width = t.shape[-1] if t.shape else None
+    if not isinstance(width, int):
+        ctx.fail(f"X needs a known feature count, got {t}")
+    _, icpt, _, strings, _, add_second = _classifier_parts(ctx, width)
+    z = rows_type(ctx, t, 2 if add_second else len(icpt))
+    return [TensorType(DType.string if strings else DType.int64, z.shape[:1]), z]
+
+
+@op("LinearClassifier", infer=_infer_linear_classifier, domain=ML)
+def linear_classifier(ctx, x):
+    x = np.atleast_2d(x).astype(np.float32)
+    coef, icpt, labels, strings, post, add_second = _classifier_parts(ctx, x.shape[1])
+    s = (x.astype(np.float64) @ coef.T.astype(np.float64)).astype(np.float32) + icpt
+    if len(icpt) == 1:
+        pos, neg = (labels[1], labels[0]) if len(labels) == 2 else (("1", "0") if strings else (1, 0))
+        y = [pos if v > 0 else neg for v in s[:, 0].tolist()]
+        z = np.stack([1 - s[:, 0], s[:, 0]], 1) if add_second else post_transform(
+            ctx, s.astype(np.float64), "PROBIT" if post == "PROBIT" else "NONE")
+    else:
+        y = [labels[i] for i in np.argmax(s, 1).tolist()]
+        z = post_transform(ctx, s.astype(np.float64), post)
+    y = string_array(y, (len(y),)) if strings else np.asarray(y, np.int64)
+    return y, np.asarray(z, np.float32)
+
+
+@lowering("LinearClassifier", domain=ML)
+def _linear_classifier_lower(ctx, x):
+    xt = ctx.input_types[0]
+    _c_type(ctx, xt.dtype)
+    rows, width = rows_width(ctx, xt)
+    coef, icpt, labels, strings, post, add_second = _classifier_parts(ctx, width)
+    if strings:
+        ctx.fail("string class labels (classlabels_strings) need string tensors, which native code "
+                 "does not hold yet; export with integer labels", stage="lower")
+    n = len(icpt)
+    body = (_table(ctx, "coef", "float", coef, DType.float32) + _table(ctx, "icpt", "float", icpt, DType.float32) +
+            _table(ctx, "labels", "int64_t", labels, DType.int64))
+    if n == 1:
+        pos, neg = ("labels[1]", "labels[0]") if len(labels) == 2 else ("1", "0")
+        tail = f"""    out0[row] = s[0] > 0 ? {pos} : {neg};
+    {"out1[row * 2] = 1.0f - s[0]; out1[row * 2 + 1] = s[0];" if add_second else
+     "double a[1] = {(double)s[0]};" + chr(10) + _c_post_transform(ctx, "PROBIT" if post == "PROBIT" else "NONE", 1)
+     + "    out1[row] = (float)a[0];"}"""
+    else:
+        tail = f"""    int64_t best = 0;
+    for (int64_t t = 1; t < {n}; ++t) if (s[t] > s[best]) best = t;
+    out0[row] = labels[best];
+    double a[{n}];
+    for (int64_t t = 0; t < {n}; ++t) a[t] = (double)s[t];
+{_c_post_transform(ctx, post, n)}    for (int64_t t = 0; t < {n}; ++t) out1[row * {n} + t] = (float)a[t];"""
+    body += f"""  #pragma omp parallel for schedule(static) if ({rows} >= 1024)
+  for (int64_t row = 0; row < {rows}; ++row) {{
+    float s[{n}];
+    for (int64_t t = 0; t < {n}; ++t) {{
+      double acc = 0;
+      for (int64_t j = 0; j < {width}; ++j) acc += (double)(float)in0[row * {width} + j] * (double)coef[t * {width} + j];
+      s[t] = (float)acc + icpt[t];
+    }}
+{tail}
+  }}
+  return 0;"""
+    return ctx.extern(body, [x], [(ctx.out_shape(0), DType.int64), (ctx.out_shape(1), DType.float32)])

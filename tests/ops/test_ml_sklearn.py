@@ -28,8 +28,9 @@ def _data(n=300):
 
 
 def _convert(model, x, zipmap=False, opset=17):
+    from sklearn.base import is_classifier
     from skl2onnx import to_onnx
-    options = {id(model): {"zipmap": False}} if hasattr(model, "predict_proba") and not zipmap else None
+    options = {id(model): {"zipmap": False}} if is_classifier(model) and not zipmap else None
     return to_onnx(model, x[:1], options=options, target_opset={"": opset, "ai.onnx.ml": 3})
 
 
@@ -81,6 +82,37 @@ def test_tree_regressors(kind):
          else RandomForestRegressor(n_estimators=8, max_depth=7, random_state=0))
     m.fit(x, yr)
     _compare(_convert(m, x), {"X": _fresh()})
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+@pytest.mark.parametrize("kernel,proba", [("linear", True), ("rbf", True), ("rbf", False), ("poly", False)])
+def test_svc(kernel, proba, classes):
+    from sklearn.svm import SVC
+    x, y3, _ = _data(150)
+    m = SVC(kernel=kernel, probability=proba, random_state=0).fit(x, _classes(y3, classes))
+    want = _compare(_convert(m, x), {"X": _fresh()})
+    assert len(set(want["label"].tolist())) > 1
+
+
+@pytest.mark.parametrize("kernel", ["linear", "rbf"])
+def test_svr(kernel):
+    from sklearn.svm import SVR
+    x, _, yr = _data(150)
+    _compare(_convert(SVR(kernel=kernel).fit(x, yr), x), {"X": _fresh()}, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_logistic_regression(classes):
+    from sklearn.linear_model import LogisticRegression
+    x, y3, _ = _data()
+    want = _compare(_convert(LogisticRegression().fit(x, _classes(y3, classes)), x), {"X": _fresh()})
+    assert len(set(want["label"].tolist())) > 1
+
+
+def test_linear_regression():
+    from sklearn.linear_model import LinearRegression
+    x, _, yr = _data()
+    _compare(_convert(LinearRegression().fit(x, yr), x), {"X": _fresh()}, atol=1e-5)
 
 
 def test_tree_one_row_and_batches():
