@@ -21,6 +21,7 @@ from kiln.loops import call, cast, compute, const, max_, min_, reduce_axis, rmax
 from kiln.ops.reduce import PARALLEL_MIN_WORK, as_dtype, exp_shifted, schedule_injective, schedule_reduction, text, wide
 from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, op
 from kiln.ops.shapes import dim_mul, expect_shape
+from kiln.ops.tensor import checked_index
 
 
 # ---- shared helpers ----
@@ -191,6 +192,20 @@ def _rotary_infer(ctx: InferCtx):
         ctx.fail(f"input must be 3-D or 4-D, got shape {s}")
     if s is not None and len(s) == 3 and not ctx.attr("num_heads", 0):
         ctx.fail("3-D input needs the num_heads attribute")
+    if s is not None:
+        b, seq = s[0], s[2] if len(s) == 4 else s[1]
+        if ctx.has_input(3):   # cos/sin caches (max position, rotary_dim / 2), indexed by position
+            expect_shape(ctx, 3, (b, seq), "position_ids")
+            for i, name in ((1, "cos_cache"), (2, "sin_cache")):
+                c = ctx.shape(i)
+                if c is not None and len(c) != 2:
+                    ctx.fail(f"input {i} ({name}) has shape {tuple(c)}, expected (max position, rotary dim / 2)")
+        else:                  # caches per (batch, position)
+            for i, name in ((1, "cos_cache"), (2, "sin_cache")):
+                c = ctx.shape(i)
+                if c is not None and (len(c) != 3 or any(isinstance(g, int) and isinstance(w, int) and g != w
+                                                          for g, w in zip(c[:2], (b, seq)))):
+                    ctx.fail(f"input {i} ({name}) has shape {tuple(c)}, expected ({b}, {seq}, rotary dim / 2)")
     return [ctx.tensor(0)]
 
 
@@ -201,6 +216,10 @@ def rotary_embedding(ctx: RunCtx, x, cos_cache, sin_cache, position_ids=None):
     xs = wide(xs)  # (B, S, H, D)
     rd = ctx.attr("rotary_embedding_dim", 0) or xs.shape[-1]
     if position_ids is not None:
+        bad = (position_ids < 0) | (position_ids >= cos_cache.shape[0])
+        if bad.any():
+            ctx.fail(f"position_ids value {int(position_ids[bad].reshape(-1)[0])} is out of range "
+                     f"[0, {cos_cache.shape[0] - 1}] of the cos/sin cache rows")
         cos_cache, sin_cache = cos_cache[position_ids], sin_cache[position_ids]
     if cos_cache.shape[-1] != rd // 2 or sin_cache.shape[-1] != rd // 2:
         ctx.fail(f"cos/sin cache last dim must be rotary_embedding_dim/2 = {rd // 2}, "
@@ -562,7 +581,9 @@ def _rotary_lower(ctx: LowerCtx, x, cos_cache, sin_cache, position_ids=None):
     def cache(c, b, s, j):
         if position_ids is None:
             return cast(f64, c[b, s, j])
-        pos = max_(min_(cast(_I64, position_ids[b, s]), const(c.shape[0] - 1, _I64)), const(0, _I64))
+        n = c.shape[0]
+        pos = checked_index(position_ids[b, s], 0, n - 1,
+                            f"position_ids value {{value}} is out of range [0, {n - 1}] of the cos/sin cache rows")
         return cast(f64, c[pos, j])
 
     def body(*i):

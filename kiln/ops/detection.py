@@ -327,6 +327,7 @@ def _nms_lower(ctx, boxes, scores, *rest):
           if (iou > iou_t) keep = 0;
         }}
         if (!keep) continue;
+        if (count >= {cap[0]}) {{ free(cor); free(idx); KILN_FAIL(2, count + 1); }}  /* capacity */
         kept[nk++] = i;
         out0[3 * count] = b; out0[3 * count + 1] = bc % {nc}; out0[3 * count + 2] = i;
         ++count;
@@ -334,13 +335,15 @@ def _nms_lower(ctx, boxes, scores, *rest):
     }}
     free(cor); free(idx);
   }}
-{"  out1[0] = count; out1[1] = 3;" if dynamic else f"  if (count != {cap[0]}) return 1;"}
+{"  out1[0] = count; out1[1] = 3;" if dynamic else f"  if (count != {cap[0]}) KILN_FAIL(2, count);"}
   return 0;
 #undef T
 #undef KMIN
 #undef KMAX
 #undef BEFORE"""
-    return ctx.extern(body, [boxes, scores, *rest], [(cap, DType.int64)], dynamic=dynamic)
+    errors = {1: "iou_threshold must be in [0, 1]",
+              2: f"{{value}} boxes selected, the output was planned for {cap[0]}"}
+    return ctx.extern(body, [boxes, scores, *rest], [(cap, DType.int64)], dynamic=dynamic, errors=errors)
 
 
 # ImageDecoder's capacity: the decoded size is known only once the header is read, so the

@@ -108,10 +108,12 @@ def _axis_taps(in_len, out_len, scale, roi, p):
             nm = "ceil" if scale < 1 else "floor"
         r = {"round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil": lambda v: np.floor(v + 0.5),
              "floor": np.floor, "ceil": np.ceil}[nm](x)
-        return np.clip(r, 0, in_len - 1).astype(np.intp)[:, None], None, outside
+        # a NaN coordinate (roi or scales holding NaN) would cast to INT_MIN: take element 0
+        return np.clip(np.nan_to_num(r, nan=0.0), 0, in_len - 1).astype(np.intp)[:, None], None, outside
     base = np.ceil(x) - 1
     offs, w = _filter_weights(p["mode"], x - base, scale, p["a"], p["antialias"])
-    idx = base[:, None].astype(np.int64) + offs[None, :]
+    idx = np.clip(np.nan_to_num(base, nan=0.0), -1 - offs.max(), in_len - offs.min())  # no cast overflow
+    idx = idx[:, None].astype(np.int64) + offs[None, :]
     if p["exclude_outside"]:
         w = np.where((idx < 0) | (idx >= in_len), 0.0, w)
         tot = w.sum(axis=1, keepdims=True)
@@ -407,8 +409,13 @@ def roi_align(ctx, x, rois, batch_indices):
         rw, rh = x1 - x0, y1 - y0
         if offset == 0.0:
             rw, rh = max(rw, 1.0), max(rh, 1.0)
-        gh = ratio if ratio > 0 else int(np.ceil(rh / ph))
-        gw = ratio if ratio > 0 else int(np.ceil(rw / pw))
+        gh = ratio if ratio > 0 else np.ceil(rh / ph)
+        gw = ratio if ratio > 0 else np.ceil(rw / pw)
+        if not (gh <= _ROI_GRID_MAX and gw <= _ROI_GRID_MAX):
+            ctx.fail(f"roi {r} is too large or not finite: more than {_ROI_GRID_MAX} samples per bin side")
+        if not 0 <= int(b) < x.shape[0]:
+            ctx.fail(f"batch_indices value {int(b)} is out of range [0, {x.shape[0] - 1}]")
+        gh, gw = max(int(gh), 0), max(int(gw), 0)
         ylo, yhi, wyl, wyh = _roi_axis(y0, rh, ph, gh, h)          # (ph, gh)
         xlo, xhi, wxl, wxh = _roi_axis(x0, rw, pw, gw, w)          # (pw, gw)
         img = xd[int(b)]
@@ -742,6 +749,9 @@ def _grid_sample_lower(ctx, x, grid):
     return y
 
 
+_ROI_GRID_MAX = 1 << 16   # samples per output bin side (a bound against NaN / huge rois)
+
+
 @lowering("RoiAlign")
 def _roi_align_lower(ctx, x, rois, batch_indices):
     mode = attr_str(ctx, "mode", "avg")
@@ -758,13 +768,16 @@ def _roi_align_lower(ctx, x, rois, batch_indices):
     body = f"""  const double scale = {c_double(scale)}, off = {c_double(offset)};
   for (int64_t r = 0; r < {nr}; ++r) {{
     const int64_t b = (int64_t)in2[r];
-    if (b < 0 || b >= {nb}) return 1;
+    if (b < 0 || b >= {nb}) KILN_FAIL(1, b);
     const double x0 = (double)in1[r * 4 + 0] * scale - off, y0 = (double)in1[r * 4 + 1] * scale - off;
     const double x1 = (double)in1[r * 4 + 2] * scale - off, y1 = (double)in1[r * 4 + 3] * scale - off;
     double rw = x1 - x0, rh = y1 - y0;
     {"" if offset else "if (rw < 1.0) rw = 1.0; if (rh < 1.0) rh = 1.0;"}
-    const int64_t gh = {ratio} > 0 ? {ratio} : (int64_t)ceil(rh / {ph});
-    const int64_t gw = {ratio} > 0 ? {ratio} : (int64_t)ceil(rw / {pw});
+    /* the sampling grid per bin, from run-time coordinates: bounded before any cast (a NaN
+       or huge roi would cast to garbage, or loop for ever) */
+    const double ghd = {ratio} > 0 ? {ratio} : ceil(rh / {ph}), gwd = {ratio} > 0 ? {ratio} : ceil(rw / {pw});
+    if (!(ghd <= {_ROI_GRID_MAX} && gwd <= {_ROI_GRID_MAX})) KILN_FAIL(2, r);
+    const int64_t gh = ghd > 0 ? (int64_t)ghd : 0, gw = gwd > 0 ? (int64_t)gwd : 0;
     const double cnt = gh * gw > 1 ? (double)(gh * gw) : 1.0;
     for (int64_t ch = 0; ch < {c}; ++ch) {{
       const {x.dtype.c}* img = in0 + (b * {c} + ch) * {h * w};
@@ -773,14 +786,14 @@ def _roi_align_lower(ctx, x, rois, batch_indices):
         for (int64_t iy = 0; iy < gh; ++iy) {{
           double py = y0 + (i + (iy + 0.5) / gh) * (rh / {ph});
           const double vy = (py >= -1.0 && py <= {h}) ? 1.0 : 0.0;
-          if (py < 0) py = 0;
+          if (!(py >= 0)) py = 0; else if (py > {h}) py = {h};  /* NaN too: no cast overflow */
           int64_t ylo = (int64_t)floor(py), yhi; double fy;
           if (ylo >= {h - 1}) {{ ylo = yhi = {h - 1}; fy = 0.0; }} else {{ yhi = ylo + 1; fy = py - ylo; }}
           const double wyl = (1 - fy) * vy, wyh = fy * vy;
           for (int64_t ix = 0; ix < gw; ++ix) {{
             double px = x0 + (j + (ix + 0.5) / gw) * (rw / {pw});
             const double vx = (px >= -1.0 && px <= {w}) ? 1.0 : 0.0;
-            if (px < 0) px = 0;
+            if (!(px >= 0)) px = 0; else if (px > {w}) px = {w};
             int64_t xlo = (int64_t)floor(px), xhi; double fx;
             if (xlo >= {w - 1}) {{ xlo = xhi = {w - 1}; fx = 0.0; }} else {{ xhi = xlo + 1; fx = px - xlo; }}
             const double wxl = (1 - fx) * vx, wxh = fx * vx;
@@ -801,4 +814,6 @@ def _roi_align_lower(ctx, x, rois, batch_indices):
 """
     if x.dtype.c is None:
         ctx.fail(f"dtype {x.dtype} has no native type")
-    return ctx.extern(body, [x, rois, batch_indices], [(ctx.out_shape(0), ctx.out_dtype(0))])
+    errors = {1: f"batch_indices value {{value}} is out of range [0, {nb - 1}]",
+              2: f"roi {{value}} is too large or not finite: more than {_ROI_GRID_MAX} samples per bin side"}
+    return ctx.extern(body, [x, rois, batch_indices], [(ctx.out_shape(0), ctx.out_dtype(0))], errors=errors)

@@ -12,9 +12,11 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.loops import call, cast, compute, const, max_, min_, select
+from kiln.loops import call, cast, compute, const, select
 from kiln.ops.reduce import as_dtype, bcast, const_output, exp_shifted, log_softmax, reduction, schedule_stages, text, wide
 from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, register
+from kiln.ops.shapes import expect_shape
+from kiln.ops.tensor import checked_index
 
 _REDUCTIONS = ("none", "sum", "mean")
 
@@ -27,8 +29,10 @@ def _loss_infer(ctx: InferCtx):
     if x is not None:
         if len(x) < 2:
             ctx.fail(f"input must have shape (N, C, d1, ...), got {x}")
-        if t is not None and len(t) != len(x) - 1:
+        if t is not None and (len(t) != len(x) - 1 or any(
+                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(t, (x[0], *x[2:])))):
             ctx.fail(f"target must have shape (N, d1, ...) for input shape {x}, got {t}")
+        expect_shape(ctx, 2, (x[1],), "weight: one value per class")
     if not ctx.dtype(1).is_int:
         ctx.fail(f"target must be an integer tensor, got {ctx.dtype(1)}")
     loss_shape = (t if t is not None else (None if x is None else (x[0], *x[2:]))) if reduction == "none" else ()
@@ -72,8 +76,8 @@ register("SoftmaxCrossEntropyLoss", infer=_loss_infer, run=_sce_run)
 # ==== native lowerings (target "cpu") ====
 #
 # In float64 as the reference. A target outside [0, C) (and not ignore_index) is an
-# error in the reference; native code cannot raise from a compute, so it reads a
-# clamped class instead of out of bounds.
+# error in the reference and fails the kernel (a run-time check); the clamped class
+# it reads meanwhile is never out of bounds.
 
 _F64, _I64 = DType.float64, DType.int64
 
@@ -90,7 +94,8 @@ def _nll_lower(ctx: LowerCtx, logp, target, weight, classes: int, plans: dict):
     def cls(j):
         t = cast(_I64, target[j])
         t = select(keep(j), t, const(0, _I64)) if ignore is not None else t
-        return min_(max_(t, const(0, _I64)), const(classes - 1, _I64))
+        return checked_index(t, 0, classes - 1, f"target value {{value}} is out of range [0, {classes - 1}]"
+                             + ("" if ignore is None else f" and is not ignore_index ({ignore})"))
 
     def w(j):
         wt = cast(_F64, weight[(cls(j),)]) if weight is not None else const(1, _F64)

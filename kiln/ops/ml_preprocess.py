@@ -123,12 +123,13 @@ def _feature_extractor_lower(ctx, x, indices):
     width = xt.shape[-1] if xt.shape else 1
     k = math.prod(ctx.input_types[1].shape)
     rows = math.prod(xt.shape[:-1]) if xt.shape else 1
-    body = f"""  for (int64_t j = 0; j < {k}; ++j) if (in1[j] < 0 || in1[j] >= {width}) return 1;
+    body = f"""  for (int64_t j = 0; j < {k}; ++j) if (in1[j] < 0 || in1[j] >= {width}) KILN_FAIL(1, in1[j]);
   for (int64_t r = 0; r < {rows}; ++r)
     for (int64_t j = 0; j < {k}; ++j) out0[r * {k} + j] = in0[r * {width} + in1[j]];
   (void)sizeof({t});
   return 0;"""
-    return ctx.extern(body, [x, indices], [(ctx.out_shape(), xt.dtype)])
+    return ctx.extern(body, [x, indices], [(ctx.out_shape(), xt.dtype)],
+                      errors={1: f"index {{value}} is out of range [0, {width - 1}] of the last axis"})
 
 
 def _feature_table(ctx, name: str, default: float, width: int) -> tuple[str, str]:

@@ -1881,11 +1881,12 @@ def _max_unpool_lower(ctx, x, idx, out_shape=None):
     body = (f"  memset(out0, 0, {out_n}ULL * sizeof({dt}));\n"
             f"  for (int64_t i = 0; i < {n}; ++i) {{\n"
             f"    int64_t p = (int64_t)in1[i];\n"
+            f"    if (p < -{total} || p >= {total}) KILN_FAIL(1, p);\n"
             f"    if (p < 0) p += {total};\n"
-            f"    if (p < 0 || p >= {total}) return 1;\n"
             + "".join(move) +
             "    if (ok) out0[dst] = in0[i];\n  }\n  return 0;\n")
-    return ctx.extern(body, [x, idx, out_shape], [(tuple(want), x.dtype)])
+    return ctx.extern(body, [x, idx, out_shape], [(tuple(want), x.dtype)],
+                      errors={1: f"index {{value}} is out of range [-{total}, {total - 1}] of the unpooled output"})
 
 
 @lowering("DeformConv")

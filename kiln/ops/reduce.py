@@ -570,8 +570,8 @@ for _name in _NORMALIZE:
 _SCAN_C = """
   static const int64_t dims[{rank}] = {{{dims}}};
   int64_t axis = (int64_t)in1[0];
+  if (axis < -{rank} || axis >= {rank}) KILN_FAIL(1, axis);
   if (axis < 0) axis += {rank};
-  if (axis < 0 || axis >= {rank}) return 1;
   int64_t O = 1, N = dims[axis], I = 1;
   for (int64_t d = 0; d < axis; ++d) O *= dims[d];
   for (int64_t d = axis + 1; d < {rank}; ++d) I *= dims[d];
@@ -615,7 +615,8 @@ def _cumulative_lower(ctx: LowerCtx, x, axis_in):
                           acc="double" if dt.is_float else "uint64_t", t=dt.c,
                           unit=0 if ctx.node.op == "CumSum" else 1, op="+" if ctx.node.op == "CumSum" else "*",
                           rev=int(bool(ctx.attr("reverse", 0))), excl=int(bool(ctx.attr("exclusive", 0))))
-    return ctx.extern(body, [x, axis_in], [(shape, dt)])
+    return ctx.extern(body, [x, axis_in], [(shape, dt)],
+                      errors={1: f"axis {{value}} is out of range [-{len(shape)}, {len(shape) - 1}]"})
 
 
 for _name in ("CumSum", "CumProd"):

@@ -418,7 +418,8 @@ def _lower_rnn(kind: str):
             "#undef kiln_rnn_clip",
             "#undef kiln_rnn_unit",
         ]
-        return ctx.extern("\n".join(body), list(args), [(s, dt) for s in shapes])
+        return ctx.extern("\n".join(body), list(args), [(s, dt) for s in shapes],
+                          errors={1: f"a sequence_lens value exceeds the sequence length {steps}"})
     return lower
 
 

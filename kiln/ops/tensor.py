@@ -21,7 +21,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.loops import INDEX, cast, compute, const, max_, min_, select
+from kiln.loops import INDEX, cast, check, compute, const, max_, min_, select
 from kiln.ops.registry import lowering, op
 from kiln.ops.shapes import broadcast_shapes, dim_mul, normalize_axes, normalize_axis
 
@@ -90,6 +90,14 @@ ZERO = const(0, INDEX)
 def clamp(e, lo, hi):
     """`e` forced into [lo, hi]: indices that the reference rejects never read out of bounds."""
     return min_(max_(e, lo), hi)
+
+
+def checked_index(e, lo: int, hi: int, message: str):
+    """`e` (read from the inputs) clamped into [lo, hi], with a run-time check that it was
+    already there: a value the reference rejects fails the kernel with `message` (which
+    shows the value as {value}) and is never used to address memory out of bounds."""
+    e = cast(INDEX, e)
+    return check(clamp(e, lo, hi), (e >= lo) & (e <= hi), e, message)
 
 
 def flat_index(idx, shape):
@@ -1124,7 +1132,7 @@ def _reverse_sequence_lower(ctx, x, lens):
     steps = x.shape[t_ax]
 
     def fn(*i):
-        n = clamp(cast(INDEX, lens[i[b_ax]]), 0, steps)  # the reference rejects lengths out of range
+        n = checked_index(lens[i[b_ax]], 0, steps, f"sequence_lens value {{value}} is out of range [0, {steps}]")
         t = i[t_ax]
         return x[tuple(select(t < n, n - 1 - t, t) if k == t_ax else v for k, v in enumerate(i))]
     ctx.schedule(rows_schedule())

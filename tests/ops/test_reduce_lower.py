@@ -171,7 +171,7 @@ def test_runtime_axes_need_values():
 def test_cumsum_bad_axis_fails_the_call():
     c = Case("CumSum", rand((2, 3)), np.array(5), opset=14)
     lib = build_c(LoopModule([c.lower("k")]))
-    with pytest.raises(KilnError, match="bad input data"):
+    with pytest.raises(KilnError, match=r"axis 5 is out of range \[-2, 1\]"):
         lib["k"](c.inputs[0], np.array(5), np.empty((2, 3), F32))
 
 

@@ -209,3 +209,100 @@ def test_integer_division_overflow_raises_and_mod_is_zero(npdt, dt):
     np.testing.assert_array_equal(y, np.mod(a, b))
     y = kiln.compile(_binary("Div", dt), target="cpu").run(a=a, b=np.array([2, 1, 2, 3], npdt))["y"]
     np.testing.assert_array_equal(y, np.array([3, low, -3, -((-int(low)) // 3)], npdt))
+
+
+# ---- other kernels that index with data (the audit) ----
+
+def _both_raise(m, feeds, pattern):
+    """The native kernel and the reference both refuse the input, naming the node."""
+    for target in ("cpu", "interpreter"):
+        with pytest.raises(KilnError, match=pattern):
+            kiln.compile(m, target=target).run(feeds)
+
+
+def test_reverse_sequence_length_out_of_range_raises():
+    m = model([h.make_node("ReverseSequence", ["x", "n"], ["y"], name="r", batch_axis=1, time_axis=0)],
+              [vi("x", T.FLOAT, [4, 3]), vi("n", T.INT64, [3])], [vi("y", T.FLOAT, None)])
+    _both_raise(m, dict(x=rand(4, 3), n=np.array([1, 9, 2])), r"ReverseSequence node 'r'.*\b9\b.*\[0, 4\]")
+
+
+def test_rotary_position_ids_out_of_range_raise():
+    node = h.make_node("RotaryEmbedding", ["x", "c", "s", "p"], ["y"], name="rot")
+    m = model([node], [vi("x", T.FLOAT, [1, 2, 3, 4]), vi("c", T.FLOAT, [5, 2]), vi("s", T.FLOAT, [5, 2]),
+                       vi("p", T.INT64, [1, 3])], [vi("y", T.FLOAT, None)], opset=23)
+    feeds = dict(x=rand(1, 2, 3, 4), c=rand(5, 2), s=rand(5, 2))
+    _both_raise(m, dict(feeds, p=np.array([[0, 5, 1]])), r"RotaryEmbedding node 'rot'.*position_ids value 5")
+    _both_raise(m, dict(feeds, p=np.array([[0, -1, 1]])), r"position_ids value -1")
+
+
+def test_rotary_cache_must_cover_batch_and_sequence():
+    node = h.make_node("RotaryEmbedding", ["x", "c", "s"], ["y"], name="rot")
+    m = model([node], [vi("x", T.FLOAT, [2, 2, 3, 4]), vi("c", T.FLOAT, [1, 3, 2]), vi("s", T.FLOAT, [1, 3, 2])],
+              [vi("y", T.FLOAT, None)], opset=23)
+    with pytest.raises(KilnError, match="RotaryEmbedding node 'rot'.*cos_cache"):
+        kiln.compile(m, target="cpu")
+
+
+@pytest.mark.parametrize("ignore", [None, -100])
+def test_nll_target_out_of_range_raises(ignore):
+    attrs = {} if ignore is None else {"ignore_index": ignore}
+    m = model([h.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["y"], name="nll", **attrs)],
+              [vi("x", T.FLOAT, [3, 4]), vi("t", T.INT64, [3])], [vi("y", T.FLOAT, None)], opset=13)
+    _both_raise(m, dict(x=rand(3, 4), t=np.array([0, 4, 1])), r"NegativeLogLikelihoodLoss node 'nll'.*\b4\b")
+    if ignore is not None:   # the ignored class is not an error
+        y = kiln.compile(m, target="cpu").run(x=(x := rand(3, 4)), t=np.array([0, ignore, 1]))["y"]
+        np.testing.assert_allclose(y, -(x[0, 0] + x[2, 1]) / 2, rtol=1e-5)
+
+
+def test_nll_target_shape_must_fit_input():
+    m = model([h.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["y"], name="nll")],
+              [vi("x", T.FLOAT, [3, 4, 2]), vi("t", T.INT64, [3, 5])], [vi("y", T.FLOAT, None)], opset=13)
+    with pytest.raises(KilnError, match="target must have shape"):
+        kiln.compile(m, target="cpu")
+
+
+def test_roi_align_bad_batch_index_and_nan_roi_raise():
+    m = model([h.make_node("RoiAlign", ["x", "r", "b"], ["y"], name="roi", output_height=2, output_width=2)],
+              [vi("x", T.FLOAT, [2, 1, 6, 6]), vi("r", T.FLOAT, [2, 4]), vi("b", T.INT64, [2])],
+              [vi("y", T.FLOAT, None)], opset=16)
+    rois = np.array([[0, 0, 3, 3], [1, 1, 4, 5]], np.float32)
+    feeds = dict(x=rand(2, 1, 6, 6), r=rois)
+    _both_raise(m, dict(feeds, b=np.array([0, 2])), r"RoiAlign node 'roi'.*batch_indices value 2")
+    _both_raise(m, dict(feeds, b=np.array([0, -1])), r"batch_indices value -1")
+    for bad in (np.nan, np.inf, 1e30):
+        r = rois.copy()
+        r[1, 2] = bad
+        _both_raise(m, dict(feeds, r=r, b=np.array([0, 1])), r"RoiAlign node 'roi'.*roi 1 is too large or not finite")
+
+
+def test_max_unpool_index_out_of_range_raises():
+    m = model([h.make_node("MaxUnpool", ["x", "i"], ["y"], name="up", kernel_shape=[2, 2], strides=[2, 2])],
+              [vi("x", T.FLOAT, [1, 1, 2, 2]), vi("i", T.INT64, [1, 1, 2, 2])], [vi("y", T.FLOAT, None)])
+    c = kiln.compile(m, target="cpu")
+    with pytest.raises(KilnError, match=r"MaxUnpool node 'up'.*index 16 is out of range"):
+        c.run(x=rand(1, 1, 2, 2), i=np.array([[[[0, 3], [8, 16]]]]))
+
+
+def test_cumsum_runtime_axis_out_of_range_raises():
+    m = model([h.make_node("CumSum", ["x", "a"], ["y"], name="cs")], [vi("x", T.FLOAT, [2, 3]), vi("a", T.INT64, [])],
+              [vi("y", T.FLOAT, None)], opset=14)
+    c = kiln.compile(m, target="cpu")
+    with pytest.raises(KilnError, match=r"CumSum node 'cs'.*axis -3 is out of range \[-2, 1\]"):
+        c.run(x=rand(2, 3), a=np.array(-3))
+    x = rand(2, 3)
+    np.testing.assert_allclose(c.run(x=x, a=np.array(-1))["y"], np.cumsum(x, axis=1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+def test_resize_non_finite_roi_stays_in_bounds(mode):
+    """A NaN / infinite / huge roi gives NaN or extrapolated values, never an index cast from NaN."""
+    for bad in (np.nan, np.inf, -1e30):
+        roi = numpy_helper.from_array(np.array([0, 0, bad, 0, 1, 1, 1, 1], np.float32), "roi")
+        sizes = numpy_helper.from_array(np.array([1, 1, 4, 4], np.int64), "sizes")
+        m = model([h.make_node("Resize", ["x", "roi", "", "sizes"], ["y"], mode=mode,
+                               coordinate_transformation_mode="tf_crop_and_resize")],
+                  [vi("x", T.FLOAT, [1, 1, 3, 3])], [vi("y", T.FLOAT, None)], inits=[roi, sizes], opset=19)
+        x = rand(1, 1, 3, 3)
+        got = kiln.compile(m, target="cpu").run(x=x)["y"]
+        want = kiln.compile(m, target="interpreter").run(x=x)["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
