@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import kiln
-from kiln.codegen.build import compile_c, default_cflags
+from kiln.codegen.build import cached_source, compile_c, default_cflags
 from kiln.codegen.c import DEFAULT_PREFIX, c_identifier, single_unit, split_units, with_prefix
 from kiln.codegen.header import Port, emit_header
 from kiln.dtypes import DType
@@ -74,12 +74,13 @@ def stage_breaks(graph, shapes: list[tuple[int, ...]]) -> list[str]:
 
 
 def c_source_of(native: NativeModule) -> str:
-    """The C source `native` was built from (the build cache keeps it beside the library)."""
-    c_path = Path(native.library_path).with_suffix(".c")
-    if not c_path.exists() or not split_units(c_path.read_text()):
-        raise KilnError(f"the C source of {native.library_path} is gone from the build cache; "
-                        "compile again", stage="export")
-    return c_path.read_text()
+    """The C source `native` was built from (the build cache keeps it beside the library,
+    with its sha256)."""
+    source = cached_source(Path(native.library_path))
+    if source is None or not split_units(source):
+        raise KilnError(f"the C source of {native.library_path} is gone from the build cache or "
+                        "damaged; compile again", stage="export")
+    return source
 
 
 def symbol_prefix(name: str | None, source=None) -> str:

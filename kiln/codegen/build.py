@@ -3,7 +3,9 @@
 The cache key hashes the source, the compiler command and flags, the compiler's
 version banner and (for -march=native) this CPU's features, so a shared cache dir
 never serves a library built for another machine. Writes go to a temp file that is
-renamed into place, so concurrent builds of the same source cannot collide.
+renamed into place, so concurrent builds of the same source cannot collide. Each
+library's sha256 is recorded beside it (`KEY.sha256`) and checked before the library is
+served or loaded: a damaged entry is rebuilt (kiln.codegen.cachedir says why).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kiln.codegen.cachedir import cache_dir, private_dir, sha256_file, write_atomic
 from kiln.errors import KilnError
-from kiln.runtime import native as _native  # noqa: F401  (sets the OpenMP wait policy before libraries load)
+from kiln.runtime.native import load_library  # (importing it sets the OpenMP wait policy first)
 from kiln.codegen.c import emit_c, emit_c_units, func_symbol
 from kiln.codegen.cpu import cpu_features
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
@@ -48,11 +51,6 @@ def default_cflags() -> str:
         # (a load and a store per FMA): MatMul without an epilogue ran 1.7x slower
         flags += " -fno-tree-loop-distribute-patterns"
     return flags
-
-
-def cache_dir() -> Path:
-    d = os.environ.get("KILN_CACHE_DIR")
-    return Path(d) if d else Path.home() / ".cache" / "kiln"
 
 
 def _cc(cc: str | None) -> list:
@@ -111,11 +109,10 @@ def compile_c(source: str | list[str], cc: str | None = None, cflags=None, libs=
     native = any("native" in f for f in flags)
     key = hashlib.sha256("\0".join([*units, *cmd, *flags, *extra, compiler_version(tuple(cmd)),
                                     ",".join(sorted(cpu_features())) if native else ""]).encode()).hexdigest()[:40]
-    out_dir = cache_dir() / "c"
+    out_dir = private_dir("c")
     so = out_dir / f"{key}.so"
-    if so.exists():
+    if verified_sha256(so) is not None:
         return so
-    out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{key}.", dir=out_dir) as tmp:
         srcs = []
         for i, text in enumerate(units):
@@ -135,10 +132,40 @@ def compile_c(source: str | list[str], cc: str | None = None, cflags=None, libs=
                     raise KilnError(f"C compiler failed (exit {p.returncode}): {' '.join(cmd + flags)}\n"
                                     f"{(err or out)[-3000:]}", stage="codegen")
             _run([*cmd, *flags, "-o", so_tmp, *objs, *extra, *_libs(flags)], cmd + flags)
-        with open(out_dir / f"{key}.c", "w") as f:
-            f.write("\n/* ---- next translation unit ---- */\n".join(units))
+        source = "\n/* ---- next translation unit ---- */\n".join(units).encode()
+        # the record goes first: whoever finds the new library also finds its hash (a
+        # concurrent builder's record may win; a mismatch is then a rebuild, never a load)
+        write_atomic(so.with_suffix(".sha256"),
+                     f"{sha256_file(so_tmp)}  {so.name}\n{hashlib.sha256(source).hexdigest()}  "
+                     f"{key}.c\n".encode())
+        write_atomic(so.with_suffix(".c"), source)
         os.replace(so_tmp, so)
     return so
+
+
+def recorded_sha256(so: Path) -> tuple[str, str] | None:
+    """The sha256s recorded for cached library `so` and its C source (None if unreadable)."""
+    try:
+        lines = so.with_suffix(".sha256").read_text().split("\n")
+        lib, src = lines[0].split()[0], lines[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+    return lib, src
+
+
+def verified_sha256(so: Path) -> str | None:
+    """The sha256 of cached library `so` if its bytes are the ones recorded, else None
+    (missing, truncated, damaged or replaced: build it again)."""
+    rec = recorded_sha256(so)
+    return rec[0] if rec is not None and sha256_file(so) == rec[0] else None
+
+
+def cached_source(so: Path) -> str | None:
+    """The C source cached library `so` was built from, if it is the one recorded."""
+    rec, c = recorded_sha256(so), so.with_suffix(".c")
+    if rec is None or sha256_file(c) != rec[1]:
+        return None
+    return c.read_text()
 
 
 def _run(argv: list, shown: list) -> None:
@@ -182,7 +209,9 @@ class CModule:
 
     def __init__(self, module: LoopModule, source: str, path: Path):
         self.module, self.source, self.path = module, source, path
-        self.lib = ctypes.CDLL(str(path))
+        rec = recorded_sha256(path)
+        self.sha256 = rec[0] if rec else ""   # what the library was verified against
+        self.lib = load_library(path, self.sha256)
         self.kernels = {f.name: Kernel(self.lib, f) for f in module.funcs}
 
     def __getitem__(self, name: str) -> Kernel:

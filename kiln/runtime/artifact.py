@@ -20,6 +20,7 @@ one from a compiled model. It imports nothing of the compiler.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -177,9 +178,9 @@ def _dlopen(lib: bytes, weights: np.ndarray, manifest: dict, path) -> NativeModu
         with os.fdopen(fd, "wb") as f:
             f.write(lib)
         outs = [(tuple(d["shape"]), d["dtype"]) for d in manifest["outputs"]]
-        return NativeModule(so, manifest["entry"], outs, weights, manifest["workspace_bytes"],
+        return NativeModule(so, hashlib.sha256(lib).hexdigest(), manifest["entry"], outs, weights, manifest["workspace_bytes"],
                             manifest["kernels"], manifest.get("kernel_errors"))
-    except (OSError, AttributeError) as e:
+    except (OSError, AttributeError, KilnError) as e:
         raise KilnError(f"{path}: cannot load its native library ({e}); if {tempfile.gettempdir()} "
                         "does not allow executables (noexec), set TMPDIR to a folder that does") from None
     finally:

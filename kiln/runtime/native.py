@@ -8,6 +8,7 @@ reused by every call (calls on one model are therefore serialised by a lock).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import threading
 import time
@@ -25,14 +26,38 @@ from kiln.errors import KilnError
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+class LibraryMismatch(KilnError):
+    """A library's bytes are not the ones recorded for it: truncated, damaged or replaced."""
+
+
+def load_library(path: str | os.PathLike, sha256: str) -> ctypes.CDLL:
+    """dlopen `path` once its bytes are checked to hash to `sha256`. Nothing unverified is
+    mapped: a library cut short crashes the process (SIGBUS) at its first missing page,
+    and a replaced one runs whatever it holds."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError as e:
+        raise LibraryMismatch(f"cannot read native library {path} ({e})") from None
+    if h.hexdigest() != sha256:
+        raise LibraryMismatch(f"native library {path} is not the one recorded for it (sha256 "
+                              f"{h.hexdigest()}, expected {sha256}): truncated, damaged or replaced")
+    try:
+        return ctypes.CDLL(os.fspath(path))
+    except OSError as e:
+        raise KilnError(f"cannot load native library {path} ({e})") from None
+
+
 class NativeModule:
     """A loaded shared library whose entry takes (inputs.., outputs.., weights, workspace)."""
 
-    def __init__(self, library_path: str, entry_symbol: str, output_types: list[tuple[tuple, str]],
-                 weights: np.ndarray, workspace_bytes: int, call_nodes: list[str],
-                 call_errors: list | None = None):
+    def __init__(self, library_path: str, library_sha256: str, entry_symbol: str,
+                 output_types: list[tuple[tuple, str]], weights: np.ndarray, workspace_bytes: int,
+                 call_nodes: list[str], call_errors: list | None = None):
         self.library_path = library_path
-        self.lib = ctypes.CDLL(str(library_path))
+        self.lib = load_library(library_path, library_sha256)
         self.entry = getattr(self.lib, entry_symbol)
         self.entry.restype = ctypes.c_int32
         self.output_types = [(tuple(s), DType.from_name(d).np) for s, d in output_types]

@@ -4,9 +4,11 @@ Lowering a model in Python costs seconds; a warm compile should not. The key is 
 sha256 of the specialised graph's canonical form (kiln.graph.canonical: structure,
 types, names, opsets, every byte of every constant and tensor attribute, subgraphs
 included), the compile-time known values, kiln's own source (a changed lowering
-invalidates) and the C toolchain settings. An entry is a JSON manifest beside the cached
-shared library: entry symbol, output types, arena size, call descriptions and
-where each constant goes in the weights blob (rebuilt from the graph on load).
+invalidates) and the C toolchain settings. An entry is a JSON manifest naming the
+C build cache's library by its key and sha256 (never by a path), the entry symbol,
+output types, arena size, call descriptions and where each constant goes in the
+weights blob (rebuilt from the graph on load). An entry that is unreadable, fails
+its schema or whose library fails its hash is built again, never trusted.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
+import re
 from pathlib import Path
 
+from kiln.codegen.cachedir import write_atomic
+from kiln.errors import KilnError
 from kiln.graph.canonical import digest
 from kiln.graph.ir import Graph
+from kiln.runtime.schema import SHA256, SchemaError, integer, list_of, pair, record, string, validate
 
 KEY_VERSION = "kiln-module-key 2"
 
@@ -47,24 +52,51 @@ def graph_key(graph: Graph, known: dict) -> str:
     return digest(KEY_VERSION, toolchain, graph, known=known)
 
 
+# what an entry must look like before any of it is used (kiln.runtime.schema)
+MODULE_ENTRY = record({
+    "library_key": string(r"[0-9a-f]{40}"),           # the C build cache's key: the library's path
+    "library_sha256": string(SHA256),
+    "entry": string(r"kiln_[A-Za-z0-9_]+"),
+    "outputs": list_of(pair(list_of(integer(), 64), string(r"[a-z0-9_]+"))),
+    "weights_bytes": integer(),
+    "weights": list_of(pair(integer(), integer())),
+    "workspace_bytes": integer(),
+    "calls": list_of(string(max_len=1 << 20)),
+    "errors": list_of(list_of(pair(integer(-(1 << 31), 1 << 31), string(max_len=1 << 16)))),
+    "kernels": integer(),
+    "arena": string(max_len=1 << 20),
+    "arena_bytes": integer(), "arena_peak_live_bytes": integer(), "intermediate_bytes": integer(),
+    "inplace_kernels": integer(),
+    "why_not_fused": list_of(string(max_len=1 << 20)),
+    "call_args": list_of(pair(string(r"kiln_[A-Za-z0-9_]+"),
+                              list_of(pair(string(r"in[0-9]+|out[0-9]+|weights|workspace"), integer())))),
+})
+
+
 def _path(key: str) -> Path:
-    from kiln.codegen.build import cache_dir
-    return cache_dir() / "modules" / f"{key}.json"
+    from kiln.codegen.cachedir import private_dir
+    if not re.fullmatch(r"[0-9a-f]{64}", key):
+        raise KilnError(f"not a module cache key: {key!r}", stage="cache")
+    return private_dir("modules") / f"{key}.json"
+
+
+def library_path(manifest: dict) -> Path:
+    """Where an entry's library is: made from its (checked) build key, never read as a path."""
+    from kiln.codegen.cachedir import private_dir
+    return private_dir("c") / f"{manifest['library_key']}.so"
 
 
 def load(key: str) -> dict | None:
-    p = _path(key)
+    """The entry stored under `key`, or None when there is none or it is damaged (then the
+    caller builds it again). Its library is verified by hash when it is loaded."""
     try:
-        manifest = json.loads(p.read_text())
-    except (OSError, ValueError):
+        manifest = json.loads(_path(key).read_bytes())
+        validate(manifest, MODULE_ENTRY, f"module cache entry {key}")
+    except (OSError, ValueError, SchemaError):
         return None
-    return manifest if os.path.exists(manifest.get("library", "")) else None
+    return manifest
 
 
 def store(key: str, manifest: dict) -> None:
-    p = _path(key)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=p.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(manifest, f)
-    os.replace(tmp, p)
+    validate(manifest, MODULE_ENTRY, "new module cache entry")
+    write_atomic(_path(key), json.dumps(manifest).encode())

@@ -109,22 +109,38 @@ def _shape_key(x) -> tuple:
 
 
 def build_static(graph: Graph, known):
-    """One native module for a graph whose sizes are all known (cached across processes)."""
-    from kiln.runtime.native import NativeModule
+    """One native module for a graph whose sizes are all known (cached across processes;
+    a damaged cache entry is built again)."""
     from kiln.targets import cache
     key = cache.graph_key(graph, known)
     manifest = cache.load(key)
-    if manifest is None:
-        manifest = _lower_and_build(graph, known)
-        cache.store(key, manifest)
-    check_planned(manifest["weights_bytes"], manifest["workspace_bytes"],
-                  [(s, d) for s, d in manifest["outputs"]])
+    if manifest is not None:
+        check_planned(manifest["weights_bytes"], manifest["workspace_bytes"],
+                      [(s, d) for s, d in manifest["outputs"]])   # a limit, not damage: raised as is
+        try:
+            return _native_module(graph, manifest)
+        except KilnError:
+            pass   # a truncated, garbage or inconsistent entry: build it again
+    manifest = _lower_and_build(graph, known)
+    cache.store(key, manifest)
+    return _native_module(graph, manifest)
+
+
+def _native_module(graph: Graph, manifest: dict):
+    """Load a (schema-checked) cache entry: weights placed in a blob, library verified."""
+    from kiln.runtime.native import NativeModule
+    from kiln.targets.cache import library_path
     consts = graph.constants()
-    blob = np.zeros(manifest["weights_bytes"], dtype=np.uint8)
+    raws = [np.ascontiguousarray(c.const).view(np.uint8).reshape(-1) for c in consts]
+    size = manifest["weights_bytes"]
+    if size > sum(r.size + 64 for r in raws) + 64:
+        raise KilnError(f"weights blob of {size} bytes for {len(consts)} constants", stage="cache")
+    blob = np.zeros(size, dtype=np.uint8)
     for index, offset in manifest["weights"]:
-        raw = np.ascontiguousarray(consts[index].const).view(np.uint8).reshape(-1)
-        blob[offset:offset + raw.size] = raw
-    module = NativeModule(manifest["library"], manifest["entry"],
+        if index >= len(raws) or offset + raws[index].size > size:
+            raise KilnError(f"constant {index} at offset {offset} lies outside the weights", stage="cache")
+        blob[offset:offset + raws[index].size] = raws[index]
+    module = NativeModule(str(library_path(manifest)), manifest["library_sha256"], manifest["entry"],
                           [(tuple(s), d) for s, d in manifest["outputs"]], blob,
                           manifest["workspace_bytes"], manifest["calls"], manifest.get("errors"))
     module.info = manifest  # what was built: kernels, fused groups, arena (for reports)
@@ -161,7 +177,8 @@ def _lower_and_build(graph: Graph, known) -> dict:
                   [(v.type.shape, v.type.dtype.name) for v in lm.outputs], graph, lm.arena)
     lib = build_c(lm.module)
     index = {v.id: i for i, v in enumerate(graph.constants())}
-    return {"library": str(lib.path), "entry": func_symbol(ENTRY),
+    return {"library_key": lib.path.stem, "library_sha256": lib.sha256,
+            "entry": func_symbol(ENTRY),
             "outputs": [[list(v.type.shape), v.type.dtype.name] for v in lm.outputs],
             "weights_bytes": int(lm.weights.size),
             "weights": [[index[vid], off] for vid, off in lm.weight_offsets.items()],

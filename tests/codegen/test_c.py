@@ -92,7 +92,7 @@ def test_cache_is_content_addressed(tmp_path, monkeypatch):
     f = lower(Schedule(Y), [X, Y], "triple")
     a, b = build_c(f), build_c(f)
     assert a.path == b.path and a.path.parent == tmp_path / "c"
-    assert sorted(p.suffix for p in a.path.parent.iterdir()) == [".c", ".so"]   # no temp files left
+    assert sorted(p.suffix for p in a.path.parent.iterdir()) == [".c", ".sha256", ".so"]   # no temp files left
     c = build_c(f, cflags="-O1")
     assert c.path != a.path
     out = np.empty(4, np.float32)
