@@ -23,7 +23,7 @@ import numpy as np
 
 from kiln.codegen.cachedir import cache_dir, private_dir, sha256_file, write_atomic
 from kiln.errors import KilnError
-from kiln.runtime.native import load_library  # (importing it sets the OpenMP wait policy first)
+from kiln.runtime import native as _native  # (importing it sets the OpenMP wait policy first)
 from kiln.codegen.c import emit_c, emit_c_units, func_symbol
 from kiln.codegen.cpu import cpu_features
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
@@ -211,7 +211,7 @@ class CModule:
         self.module, self.source, self.path = module, source, path
         rec = recorded_sha256(path)
         self.sha256 = rec[0] if rec else ""   # what the library was verified against
-        self.lib = load_library(path, self.sha256)
+        self.lib = _native.load_library(path, self.sha256)
         self.kernels = {f.name: Kernel(self.lib, f) for f in module.funcs}
 
     def __getitem__(self, name: str) -> Kernel:
