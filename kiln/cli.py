@@ -469,6 +469,47 @@ def show_manifest(path: str, m: dict) -> None:
                         [[p["name"], p["dtype"], fmt_shape(p["shape"])] for p in ports]))
 
 
+@cli.command("fuzz-mutate")
+@click.option("--models", type=click.IntRange(0), default=200, show_default=True, help="Mutated models to run.")
+@click.option("--artifacts", type=click.IntRange(0), default=0, show_default=True,
+              help="Mutated .kiln artifacts to run.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the mutations.")
+@click.option("--corpus", type=click.Choice(["builtin", "onnx", "all"]), default="builtin", show_default=True,
+              help="Seed models: kiln's small built-in set, the ONNX backend node tests, or both.")
+@click.option("--hours", type=float, default=None,
+              help="Long mode: repeat rounds (new seeds) of --models/--artifacts for this long.")
+@click.option("--jobs", "-j", type=click.IntRange(1), default=2, show_default=True, help="Sandboxes at once.")
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds per case.")
+@click.option("--memory", metavar="SIZE", default="4G", show_default=True, help="RLIMIT_AS of each sandbox.")
+@click.option("--out", type=click.Path(file_okay=False), help="Save failing cases here (with failures.jsonl).")
+def fuzz_mutate(models, artifacts, seed, corpus, hours, jobs, timeout, memory, out):
+    """Mutate valid models and artifacts and run each in a sandbox (time and memory limits).
+
+    Every case must end ok or with a KilnError; an other exception, a crash or a hang
+    fails (exit status 1). See kiln/testing/mutate.py for the mutations.
+    """
+    from kiln.limits import parse_size
+    from kiln.testing.mutate import Report, run_campaign
+    total, end, rnd = Report(), (time.time() + hours * 3600 if hours else None), 0
+    while True:
+        with err.status(f"round {rnd} (seed {seed + rnd})") as status:
+            rep = run_campaign(models, artifacts, seed + rnd, corpus=corpus, jobs=jobs, timeout_s=timeout,
+                               memory_bytes=parse_size(memory, "--memory"), out=out,
+                               progress=lambda i, n: status.update(f"round {rnd}: case {i}/{n}"))
+        total.counts.update(rep.counts)
+        total.wrapped.update(rep.wrapped)
+        total.failures += rep.failures
+        total.seconds += rep.seconds
+        rnd += 1
+        if end is None or time.time() >= end:
+            break
+        err.print(Text(str(rep).splitlines()[0], style="dim"))
+    click.echo(escape(str(total), keep=chr(10)))
+    if total.failures:
+        raise KilnError(f"{len(total.failures)} case(s) ended neither ok nor in a KilnError"
+                        + (f"; saved in {out}" if out else ""))
+
+
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list[str] | None = None) -> None:

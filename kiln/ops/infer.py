@@ -9,6 +9,8 @@ into constants is the constant-folding pass's job.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy as np
@@ -68,6 +70,7 @@ class Inferencer:
             raise UnsupportedOpsError([(node.domain, node.op, node.name,
                                         self.opsets.get(node.domain, 0))])
         opset = self.opsets.get(node.domain or "", 0)
+        check_arity(d, node)
         types = [None if v is None else v.type for v in node.inputs]
         values = [self.known_value(v) for v in node.inputs]
         ctx = InferCtx(node, opset, types, values, self.infer_graph)
@@ -102,6 +105,31 @@ class Inferencer:
             for v, val in zip(node.outputs, outs):
                 if v is not None and isinstance(val, np.ndarray) and val.size <= _KNOWN_VALUE_LIMIT:
                     self.known[v.id] = val
+
+
+@functools.lru_cache(maxsize=None)
+def _arity(run) -> tuple[int, float]:
+    """(fewest, most) inputs the reference function takes after its ctx."""
+    params = list(inspect.signature(run).parameters.values())[1:]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        most = math.inf
+    else:
+        most = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    fewest = sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                 for p in params)
+    return fewest, most
+
+
+def check_arity(d, node: Node) -> None:
+    """A node with more inputs than its op takes, or fewer than it needs, is refused here
+    (rather than as a TypeError wherever the op first runs)."""
+    fewest, most = _arity(d.run)
+    n = len(node.inputs)
+    if n > most or n < fewest:
+        want = f"{fewest} to {most}" if most != math.inf and most != fewest else (
+            f"{fewest}" if most == fewest else f"at least {fewest}")
+        raise KilnError(f"takes {want} inputs, the node has {n}", node=node.name, op=node.op,
+                        stage="infer")
 
 
 _NONDETERMINISTIC = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",

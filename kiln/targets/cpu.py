@@ -363,7 +363,15 @@ class Staged:
             prog, caps = self.bodies[id(body)]
             return prog.run(list(xs) + [env[v.id] for v in caps])
 
-        res = lookup(node.domain, node.op).run(RunCtx(node, self.opset, run_body), *args)
+        try:
+            res = lookup(node.domain, node.op).run(RunCtx(node, self.opset, run_body), *args)
+        except KilnError:
+            raise
+        except MemoryError:
+            raise
+        except Exception as e:  # as the interpreter does: a clear error naming the node
+            raise KilnError(f"runtime op failed: {type(e).__name__}: {e}", node=node.name, op=node.op,
+                            stage="run") from e
         single = len(node.outputs) == 1 and isinstance(node.outputs[0].type, (SequenceType, OptionalType))
         return list(res) if isinstance(res, (tuple, list)) and not single else [res]
 
