@@ -61,7 +61,8 @@ def _linear_regressor_lower(ctx, x):
 #
 # As ONNX Runtime: scores = X coef^T + intercepts (float). One score column with two
 # labels is a binary model: the label is the second label when the score is positive,
-# and the scores are written as [1 - s, s] (raw s, as ORT does, whatever post_transform);
+# and the scores are written as [1 - p, p], p = logistic(s) under LOGISTIC, else s itself
+# (ORT applies no other transform there);
 # more columns: the label is the first greatest score's, then post_transform per row.
 
 def _classifier_parts(ctx, width: int):
@@ -102,7 +103,8 @@ def linear_classifier(ctx, x):
     if len(icpt) == 1:
         pos, neg = (labels[1], labels[0]) if len(labels) == 2 else (("1", "0") if strings else (1, 0))
         y = [pos if v > 0 else neg for v in s[:, 0].tolist()]
-        z = np.stack([1 - s[:, 0], s[:, 0]], 1) if add_second else post_transform(
+        p1 = (1 / (1 + np.exp(-s[:, 0].astype(np.float64)))).astype(np.float32) if post == "LOGISTIC" else s[:, 0]
+        z = np.stack([1 - p1, p1], 1) if add_second else post_transform(
             ctx, s.astype(np.float64), "PROBIT" if post == "PROBIT" else "NONE")
     else:
         y = [labels[i] for i in np.argmax(s, 1).tolist()]
@@ -126,7 +128,8 @@ def _linear_classifier_lower(ctx, x):
     if n == 1:
         pos, neg = ("labels[1]", "labels[0]") if len(labels) == 2 else ("1", "0")
         tail = f"""    out0[row] = s[0] > 0 ? {pos} : {neg};
-    {"out1[row * 2] = 1.0f - s[0]; out1[row * 2 + 1] = s[0];" if add_second else
+    {("const float p1 = " + ("(float)(1.0 / (1.0 + exp(-(double)s[0])));" if post == "LOGISTIC" else "s[0];")
+      + " out1[row * 2] = 1.0f - p1; out1[row * 2 + 1] = p1;") if add_second else
      "double a[1] = {(double)s[0]};" + chr(10) + _c_post_transform(ctx, "PROBIT" if post == "PROBIT" else "NONE", 1)
      + "    out1[row] = (float)a[0];"}"""
     else:

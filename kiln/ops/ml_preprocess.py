@@ -225,3 +225,77 @@ def _feature_vectorizer_lower(ctx, *xs):
 """)
         col += d
     return ctx.extern("".join(body) + "  return 0;", list(xs), [(ctx.out_shape(), DType.float32)])
+
+
+# ---- OneHotEncoder ----
+#
+# As ONNX Runtime: a number is truncated to int64 and looked up in cats_int64s (a string
+# in cats_strings); its category's column of the output [..., categories] is 1. An
+# unknown value gives a row of zeros, or an error when zeros=0.
+
+def _categories(ctx, x_dtype: DType) -> tuple[list, dict]:
+    ints, strs = ctx.attr("cats_int64s", None), ctx.attr("cats_strings", None)
+    if (ints is None) == (strs is None):
+        ctx.fail("exactly one of cats_int64s and cats_strings must be given")
+    cats = [int(v) for v in ints] if ints is not None else [v.decode() if isinstance(v, bytes) else v for v in strs]
+    if (x_dtype == DType.string) != (strs is not None):
+        ctx.fail(f"input of type {x_dtype} needs {'cats_strings' if x_dtype == DType.string else 'cats_int64s'}")
+    index: dict = {}
+    for i, c in enumerate(cats):
+        index.setdefault(c, i)  # a repeated category: its first column
+    return cats, index
+
+
+def _infer_one_hot_encoder(ctx):
+    t = ctx.tensor(0)
+    if not (t.dtype == DType.string or t.dtype.is_int or t.dtype.is_float):
+        ctx.fail(f"input must be string or numeric, got {t.dtype}")
+    cats, _ = _categories(ctx, t.dtype)
+    return [TensorType(DType.float32, None if t.shape is None else tuple(t.shape) + (len(cats),))]
+
+
+@op("OneHotEncoder", infer=_infer_one_hot_encoder, domain=ML)
+def one_hot_encoder(ctx, x):
+    cats, index = _categories(ctx, DType.string if x.dtype == object else DType.from_numpy(x.dtype))
+    flat = x.ravel()
+    if x.dtype != object:
+        ok = np.isfinite(flat) if flat.dtype.kind == "f" else np.ones(flat.shape, bool)
+        flat = [int(v) if k else None for v, k in zip(flat.tolist(), ok.tolist())]
+    cols = [index.get(v, -1) for v in (flat.tolist() if isinstance(flat, np.ndarray) else flat)]
+    if not int(ctx.attr("zeros", 1)) and -1 in cols:
+        ctx.fail("a value is not among the categories and zeros=0")
+    out = np.zeros((len(cols), len(cats)), np.float32)
+    hit = np.asarray(cols) >= 0
+    out[np.flatnonzero(hit), np.asarray(cols, np.int64)[hit]] = 1
+    return out.reshape(x.shape + (len(cats),))
+
+
+@lowering("OneHotEncoder", domain=ML)
+def _one_hot_encoder_lower(ctx, x):
+    xt = ctx.input_types[0]
+    if xt.dtype == DType.string:
+        ctx.fail("string categories need string tensors, which native code does not hold yet", stage="lower")
+    t = _c_type(ctx, xt.dtype)
+    cats, index = _categories(ctx, xt.dtype)
+    keys = sorted(index)
+    n, nc = math.prod(xt.shape), len(cats)
+    zeros = int(ctx.attr("zeros", 1))
+    if xt.dtype.is_float:
+        key = (f"const double d = (double)in0[i];\n    if (!(d > -9.2e18 && d < 9.2e18)) {{ if (!{zeros}) return 1; continue; }}\n"
+               "    const int64_t v = (int64_t)d;")
+    else:
+        key = "const int64_t v = (int64_t)in0[i];"
+    body = (_table(ctx, "keys", "int64_t", keys, DType.int64) +
+            _table(ctx, "cols", "int64_t", [index[k] for k in keys], DType.int64) +
+            f"""  memset(out0, 0, sizeof(float) * {n * nc});
+  for (int64_t i = 0; i < {n}; ++i) {{
+    {key}
+    int64_t lo = 0, hi = {len(keys)};
+    while (lo < hi) {{ const int64_t mid = lo + (hi - lo) / 2; if (keys[mid] < v) lo = mid + 1; else hi = mid; }}
+    if (lo < {len(keys)} && keys[lo] == v) out0[i * {nc} + cols[lo]] = 1.0f;
+    else if (!{zeros}) return 1;
+  }}
+  (void)sizeof({t});
+  return 0;""")
+    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)],
+                      errors={1: "a value is not among OneHotEncoder's categories and zeros=0"})

@@ -18,6 +18,13 @@
 #include <omp.h>
 #endif
 
+/* The tables come as byte strings (see ml_common.c_blob) and are read through these
+   types: may_alias tells the compiler so (reading a char array as int32 is otherwise
+   undefined behaviour). */
+typedef int32_t __attribute__((may_alias)) kiln_a_i32;
+typedef float __attribute__((may_alias)) kiln_a_f32;
+typedef double __attribute__((may_alias)) kiln_a_f64;
+
 #define KILN_TREE_LANES 8
 #define KILN_TREE_BLOCK 128
 
@@ -30,18 +37,18 @@ static inline int kiln_tree_threads(void) {
 }
 
 #define KILN_FOREST(S, T)                                                                        \
-typedef struct { T t; int32_t f; int32_t ch[2]; } kiln_tn_##S;                                   \
+typedef struct { T t; int32_t f; int32_t ch[2]; } __attribute__((may_alias)) kiln_tn_##S;        \
 typedef struct {                                                                                 \
   const kiln_tn_##S* nd;      /* node records, tree after tree */                                \
-  const int32_t* root;        /* per tree: its root record */                                    \
-  const int32_t* depth;       /* per tree: the most steps from root to a leaf */                 \
+  const kiln_a_i32* root;        /* per tree: its root record */                                    \
+  const kiln_a_i32* depth;       /* per tree: the most steps from root to a leaf */                 \
   int64_t ntrees, work;       /* work: the sum of depths, steps per row at most */               \
   const uint8_t* mode;        /* per record: mode (0..6) | 8 if NaN goes true; NULL: all LEQ */  \
-  const int32_t* mstart;      /* BRANCH_MEMBER: per record, its sorted values in mval */         \
-  const T* mval;                                                                                 \
-  const int32_t* lstart;      /* per record: its leaf contributions (CSR) */                     \
-  const int32_t* ltgt;                                                                           \
-  const T* lw;                                                                                   \
+  const kiln_a_i32* mstart;      /* BRANCH_MEMBER: per record, its sorted values in mval */         \
+  const kiln_a_##S* mval;                                                                                 \
+  const kiln_a_i32* lstart;      /* per record: its leaf contributions (CSR) */                     \
+  const kiln_a_i32* ltgt;                                                                           \
+  const kiln_a_##S* lw;                                                                                   \
   int64_t ntargets;                                                                              \
   int agg;                    /* 0 AVERAGE, 1 SUM, 2 MIN, 3 MAX */                               \
 } kiln_forest_##S;                                                                               \
@@ -126,7 +133,7 @@ static void kiln_forest_block_##S(const kiln_forest_##S* F, const T* x, int64_t 
     }                                                                                            \
 }                                                                                                \
                                                                                                  \
-/* acc/has [rows, ntargets]: each row's combined leaf weights and whether any leaf fed it */    \
+/* acc/has [rows, ntargets]: each row's combined leaf weights (0 if none) and whether any leaf fed it */    \
 static int kiln_forest_eval_##S(const kiln_forest_##S* F, const T* x, int64_t rows,              \
                                 int64_t width, T* acc, uint8_t* has) {                           \
   for (int64_t i = 0; i < rows * F->ntargets; ++i) { acc[i] = 0; has[i] = 0; }                   \

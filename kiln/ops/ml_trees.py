@@ -232,13 +232,14 @@ def forest_scores(ctx, f: Forest, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def _finish(f: Forest, acc, has, base) -> np.ndarray:
-    """Scores before the post transform: unfed targets 0, AVERAGE divided, base values added."""
+    """Scores before the post transform: AVERAGE divided, base values added; as ONNX Runtime,
+    a target no leaf fed is 0 (its base value alone when it is the only target)."""
     out = np.where(has, acc, acc.dtype.type(0))
     if f.agg == 0:
         out = out / acc.dtype.type(len(f.roots))
     if base is not None and len(base):
         out = out + np.asarray(base, acc.dtype)
-    return out
+    return out if f.n_targets == 1 else np.where(has, out, acc.dtype.type(0))
 
 
 def _infer_tree_ensemble(ctx):
@@ -305,8 +306,11 @@ def _classifier_forest(ctx) -> tuple[Forest, _Classes]:
     if len(base) not in (0, len(labels)) and not (len(labels) == 2 and len(base) == 1):
         ctx.fail(f"{len(base)} base values for {len(labels)} classes")
     binary = len(labels) == 2 and len(set(f.target_of.tolist())) == 1
-    return f, _Classes(labels, strs is not None, base, binary, bool((f.weight_of >= 0).all()),
-                       post_name(ctx, _attr_str(ctx, "post_transform", "NONE")))
+    post = post_name(ctx, _attr_str(ctx, "post_transform", "NONE"))
+    if len(labels) == 2 and post == "PROBIT" and 1 not in f.target_of.tolist() and len(base) != 2:
+        ctx.fail("two classes scored by class 0 only, under PROBIT: ONNX Runtime leaves the second score "
+                 "unwritten, so kiln refuses it")
+    return f, _Classes(labels, strs is not None, base, binary, bool((f.weight_of >= 0).all()), post)
 
 
 def _classify(f: Forest, c: _Classes, acc, has) -> tuple[np.ndarray, np.ndarray]:
@@ -317,8 +321,8 @@ def _classify(f: Forest, c: _Classes, acc, has) -> tuple[np.ndarray, np.ndarray]
     - two base values: if class 1 was fed, score1 = base1 + score0 and score0 = -score1
       (else each adds its own); one base value: added to class 0;
     - a class 1 nobody fed leaves one score s, written as two: [1 - s, s] for a `binary`
-      model of positive weights, [logistic(-s), logistic(s)] under LOGISTIC, else [-s, s]
-      (no base values and a non-positive s: [s, -s]);
+      model of positive weights, [logistic(-s), logistic(s)] under LOGISTIC, else [-s, s];
+    - otherwise both scores go through post_transform, an unfed class's as 0;
     - the label: class 1 if the positive score (class 1's if fed, else class 0's) exceeds
       0.5 (binary, positive weights) or 0 (otherwise), else class 0."""
     s = acc.copy()
@@ -351,27 +355,19 @@ def _classify(f: Forest, c: _Classes, acc, has) -> tuple[np.ndarray, np.ndarray]
     else:
         win = pos > 0
     label = win.astype(np.int64)
-    z = s.astype(np.float64)
+    z = np.where(h, s, t(0)).astype(np.float64)  # ORT writes an unfed class's score as 0
     out = np.zeros((n, 2))
     two = ~one
     if two.any():
         out[two] = post_transform(None, z[two], c.post)
-    sc = z[:, 0]
-    if c.post == "PROBIT":
-        single = np.stack([post_transform(None, sc, "PROBIT"), np.zeros(n)], 1)
-    else:
-        single = np.stack([sc, np.zeros(n)], 1)
-        pairs = {0: (t(1) - s[:, 0], s[:, 0]), 1: (t(1) - s[:, 0], s[:, 0])}
-        for k, (a0, a1) in pairs.items():
-            m = wa == k
-            single[m] = np.stack([a0, a1], 1).astype(np.float64)[m]
-        lg = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
-        for k in (2, 3):
-            m = wa == k
-            if c.post == "LOGISTIC":
-                single[m] = np.stack([lg(-sc), lg(sc)], 1)[m]
-            else:
-                single[m] = np.stack([-sc, sc] if k == 2 else [sc, -sc], 1)[m]
+    sc = s[:, 0]
+    single = np.stack([sc, np.zeros(n, sc.dtype)], 1).astype(np.float64)
+    m = (wa == 0) | (wa == 1)
+    single[m] = np.stack([t(1) - sc, sc], 1).astype(np.float64)[m]
+    m = (wa == 2) | (wa == 3)
+    d = sc.astype(np.float64)
+    single[m] = (np.stack([1 / (1 + np.exp(d)), 1 / (1 + np.exp(-d))], 1) if c.post == "LOGISTIC"
+                 else np.stack([-d, d], 1))[m]
     out[one] = single[one]
     return label, out
 
@@ -483,8 +479,11 @@ def pack(ctx, f: Forest, a: np.dtype) -> dict:
 
 
 def _kernel(ctx, x, f: Forest, finish: str, outputs: list) -> object:
-    """The engine over X, then `finish` (C run per row with `s`/`h`: the row's scores and
-    fed flags, type T) writing the outputs."""
+    """The engine over X, then `finish` (C run per row with `s`/`h`: the row's scores, 0
+    where no leaf fed them, and fed flags) writing the outputs.
+
+    `finish` must not pick scores with `h[t] ? s[t] : 0`: GCC 12 (-O2 -march=native)
+    vectorizes that loop into wrong code here; the engine's zeros make it needless."""
     xt = ctx.input_types[0]
     c_type(ctx, xt.dtype)
     rows, width = rows_width(ctx, xt)
@@ -501,9 +500,9 @@ def _kernel(ctx, x, f: Forest, finish: str, outputs: list) -> object:
         body.append(blob("modes", p["mode"]))
     work = int(p["depth"].astype(np.int64).sum())
     same = xt.dtype.np == a
-    body.append(f"""  const kiln_forest_{s} F = {{(const kiln_tn_{s}*)nodes, (const int32_t*)roots, (const int32_t*)depths,
-    {len(f.roots)}, {work}, {"modes" if p["mode"] is not None else "NULL"}, (const int32_t*)mstart,
-    (const {ct}*)mval, (const int32_t*)lstart, (const int32_t*)ltgt, (const {ct}*)lw, {nt}, {f.agg}}};
+    body.append(f"""  const kiln_forest_{s} F = {{(const kiln_tn_{s}*)nodes, (const kiln_a_i32*)roots, (const kiln_a_i32*)depths,
+    {len(f.roots)}, {work}, {"modes" if p["mode"] is not None else "NULL"}, (const kiln_a_i32*)mstart,
+    (const kiln_a_{s}*)mval, (const kiln_a_i32*)lstart, (const kiln_a_i32*)ltgt, (const kiln_a_{s}*)lw, {nt}, {f.agg}}};
   const int64_t rows = {rows}, width = {width};
   {ct}* acc = ({ct}*)malloc(sizeof({ct}) * (size_t)(rows * {nt} + 1));
   uint8_t* has = (uint8_t*)malloc((size_t)(rows * {nt} + 1));
@@ -528,10 +527,10 @@ def _c_finish_scores(ctx, f: Forest, ct: str, base, post, out_c: str) -> str:
     tables = c_table(ctx, "base", ct, base if nb else [0.0], DType.float64 if ct == "double" else DType.float32)
     return tables.replace("  static", "      static") + f"""      double a[{max(nt, 1)}];
       for (int64_t t = 0; t < {nt}; ++t) {{
-        {ct} v = h[t] ? s[t] : ({ct})0;
+        {ct} v = s[t];  /* 0 where no leaf fed it (the engine's contract) */
         {f"v = v / ({ct}){len(f.roots)};" if f.agg == 0 else ""}
         {f"v = v + base[{'0' if nb == 1 else 't'}];" if nb else ""}
-        a[t] = (double)v;
+        a[t] = (double)v{" * (double)h[t]" if nt > 1 else ""};
       }}
 {c_post_transform(ctx, post, nt)}      for (int64_t t = 0; t < {nt}; ++t) out0[row * {nt} + t] = ({out_c})a[t];"""
 
@@ -594,22 +593,18 @@ def _tree_classifier_lower(ctx, x):
     else:
         decide = "out0[row] = pos > 0 ? 1 : 0;"
     lg = "1.0 / (1.0 + exp(-(v)))"
-    if c.post == "PROBIT":
-        single = "a[0] = (double)s[0];\n" + c_post_transform(ctx, "PROBIT", 1) + "      a[1] = 0;"
-    else:
-        single = f"""const {ct} sc = s[0];
-      if (wa == 0 || wa == 1) {{ a[0] = (double)(({ct})1 - sc); a[1] = (double)sc; }}
-      else if (wa == 2 || wa == 3) {{
-        {f"a[0] = {lg.replace('v', '-(double)sc')}; a[1] = {lg.replace('v', '(double)sc')};"
-         if c.post == "LOGISTIC" else "a[0] = wa == 2 ? -(double)sc : (double)sc; a[1] = -a[0];"}
-      }} else {{ a[0] = (double)sc; a[1] = 0; }}"""
+    lg = "a[0] = 1.0 / (1.0 + exp((double)sc)); a[1] = 1.0 / (1.0 + exp(-(double)sc));"
+    single = f"""const {ct} sc = s[0];
+        if (wa == 0 || wa == 1) {{ a[0] = (double)(({ct})1 - sc); a[1] = (double)sc; }}
+        else if (wa == 2 || wa == 3) {{ {lg if c.post == "LOGISTIC" else "a[0] = -(double)sc; a[1] = (double)sc;"} }}
+        else {{ a[0] = (double)sc; a[1] = 0; }}"""
     finish = tables + f"""      int one = !h[1], wa = {3 if nb == 0 else -1};
       {adjust}
       const {ct} pos = (!one && h[1]) ? s[1] : (h[0] ? s[0] : ({ct})0);
       {decide}
       double a[2];
       if (!one) {{
-        a[0] = (double)s[0]; a[1] = (double)s[1];
+        a[0] = (double)s[0] * (double)h[0]; a[1] = (double)s[1] * (double)h[1];  /* unfed: 0 */
 {c_post_transform(ctx, c.post, 2)}      }} else {{
         {single}
       }}

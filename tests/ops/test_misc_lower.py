@@ -387,6 +387,9 @@ ML_CASES = [
          domain=ML, id="LinearRegressor-1d-probit", rtol=1e-4),
     case("FeatureVectorizer", [rand((3, 2)), _XI[:3], rand((3, 2, 2), np.float64)], {"inputdimensions": [3, 2, 4]},
          domain=ML),
+    case("OneHotEncoder", [_XI], {"cats_int64s": [2, -3, 0, 2, 7]}, domain=ML, opset=1, id="OneHotEncoder-int"),
+    case("OneHotEncoder", [np.array([[0.5, -2.7, np.nan], [3.9, 1e30, 0.0]], np.float32)],
+         {"cats_int64s": [0, 3, -2]}, domain=ML, opset=1, id="OneHotEncoder-float"),
 ]
 
 

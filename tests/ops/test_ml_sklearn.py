@@ -115,6 +115,30 @@ def test_linear_regression():
     _compare(_convert(LinearRegression().fit(x, yr), x), {"X": _fresh()}, atol=1e-5)
 
 
+@pytest.mark.parametrize("clf", ["logistic", "gb"])
+def test_pipeline_scaler_one_hot(clf):
+    """StandardScaler on numeric columns and OneHotEncoder on categorical ones (ColumnTransformer),
+    then a classifier; fresh rows include categories unseen in training (handle_unknown)."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.ensemble import GradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+    n = 300
+    x = np.hstack([RNG.standard_normal((n, 3)), RNG.integers(0, 4, (n, 2))]).astype(np.float32)
+    y = ((x[:, 0] > 0) ^ (x[:, 3] == 2)).astype(np.int64) + (x[:, 4] == 1)
+    pre = ColumnTransformer([("num", StandardScaler(), [0, 1, 2]),
+                             ("cat", OneHotEncoder(handle_unknown="ignore"), [3, 4])])
+    model = LogisticRegression(max_iter=500) if clf == "logistic" else GradientBoostingClassifier(
+        n_estimators=10, max_depth=3, random_state=0)
+    pipe = Pipeline([("pre", pre), ("clf", model)]).fit(x, y)
+    from skl2onnx import to_onnx
+    onx = to_onnx(pipe, x[:1], options={id(model): {"zipmap": False}}, target_opset={"": 17, "ai.onnx.ml": 3})
+    fresh = np.hstack([RNG.standard_normal((64, 3)), RNG.integers(0, 6, (64, 2))]).astype(np.float32)
+    want = _compare(onx, {"X": fresh})
+    assert len(set(want["label"].tolist())) > 1
+
+
 def test_tree_one_row_and_batches():
     """One compiled model serves several batch sizes (1 row, many rows) with equal results."""
     from sklearn.ensemble import RandomForestClassifier
