@@ -416,6 +416,54 @@ def inspect(model, target, opt_level, dims, do_compile):
         show_kernels(describe.kernel_report(graph, opt_level, dims))
 
 
+@cli.command()
+@click.option("--seed", type=int, default=0, show_default=True, help="First seed.")
+@click.option("--count", "-n", type=click.IntRange(1), default=300, show_default=True,
+              help="Number of generated graphs (seeds seed .. seed+count-1).")
+@click.option("--levels-per-graph", type=click.IntRange(1, 4), default=4, show_default=True,
+              help="-O levels compiled per graph, rotating with the seed (all 4 covered when < 4).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="fuzz-regressions",
+              show_default=True, help="Where shrunk failing graphs are saved (.onnx + .npz inputs).")
+@click.option("--time-budget", type=float, default=None, metavar="SECONDS",
+              help="Stop starting new graphs after this long.")
+@click.option("--workers", "-j", type=click.IntRange(0), default=0, help="Worker processes (0: one per core).")
+@click.option("--timeout", type=float, default=120.0, show_default=True,
+              help="Seconds one graph may take (all its levels) before it counts as a hang.")
+@click.option("--ort/--no-ort", "use_ort", default=True, show_default=True,
+              help="Also compare with ONNX Runtime where it accepts the graph.")
+@click.option("--shrink/--no-shrink", "do_shrink", default=True, show_default=True,
+              help="Shrink each distinct failure to a minimal graph and save it.")
+def fuzz(seed, count, levels_per_graph, out_dir, time_budget, workers, timeout, use_ort, do_shrink):
+    """Differential fuzzing: random valid ONNX graphs compiled for cpu at -O levels, compared
+    with the interpreter and ONNX Runtime; each distinct failure shrunk and saved.
+
+    Exits with status 1 when anything failed. Replay a saved file with
+    `python -m pytest tests/regressions -k fuzz` after copying it to tests/regressions/fuzz/.
+    """
+    from kiln.testing.fuzz import fuzz as run_fuzz
+    done = [0]
+
+    def on_result(s, found):
+        done[0] += 1
+        for f in found:
+            err.print(Text(f"seed {s}: {f}"[:400], style="red"))
+    with err.status("fuzzing ..."):
+        rep = run_fuzz(range(seed, seed + count), levels_per_graph=levels_per_graph, workers=workers,
+                       use_ort=use_ort, timeout=timeout, time_budget=time_budget, out_dir=out_dir,
+                       do_shrink=do_shrink, on_result=on_result, log=lambda m: err.print(Text(m, style="dim")))
+    c = rep.campaign
+    levels = ", ".join(f"-O{k}: {v}" for k, v in sorted(c.levels_run.items()))
+    click.echo(f"{c.cases} graphs in {c.seconds:.1f} s ({levels}); {len(c.findings)} failed, "
+               f"{len(rep.classes)} distinct failure(s)")
+    for bc in rep.classes:
+        click.echo(f"{len(bc.seeds)} graph(s) (seeds {' '.join(map(str, bc.seeds[:8]))}"
+                   f"{' ...' if len(bc.seeds) > 8 else ''}): {bc.example}")
+        if bc.saved:
+            click.echo(f"    shrunk to {bc.nodes} node(s): {bc.saved}")
+    if rep.classes:
+        sys.exit(1)
+
+
 def show_facts(facts) -> None:
     """What is known without type inference: the file, ops, parameters, what kiln lacks."""
     from kiln.describe import declared_specs

@@ -118,3 +118,10 @@ def test_unbound_dim_names_the_flag(capsys, model_path, tmp_path):
 def test_usage_errors(capsys, args, message):
     rc, _, err = kiln(capsys, *args)
     assert rc in (1, 2) and message in err and "Traceback" not in err
+
+
+def test_fuzz_small_campaign(capsys, tmp_path):
+    rc, out, err = kiln(capsys, "fuzz", "--count", 4, "--levels-per-graph", 1, "--no-ort",
+                        "--out", tmp_path / "regs", "-j", 1)
+    assert rc == 0, err
+    assert "4 graphs" in out and "0 failed" in out
