@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import resource
 import select
 import signal
 import struct
@@ -26,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from kiln.testing import sandbox
 
 # tolerances by dtype: (rtol, atol relative to the output's magnitude)
 TOLERANCE = {"f2": (2e-2, 2e-2), "f4": (1e-4, 1e-5), "f8": (1e-9, 1e-12)}
@@ -216,14 +217,6 @@ def _serve() -> None:
         _send(chan, ("done", found))
 
 
-def _limit_memory(limit_bytes: int):
-    def apply():
-        os.setsid()
-        if limit_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-    return apply
-
-
 class Worker:
     """One worker subprocess; `start_job` then `poll` for its result."""
 
@@ -231,7 +224,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kiln.testing.differential", "--serve"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            preexec_fn=_limit_memory(memory_limit), env=env)
+            start_new_session=True, preexec_fn=sandbox._limits(memory_limit), env=env)
         self.job = None
         self.started = 0.0
         self.phase = ""
@@ -258,20 +251,10 @@ class Worker:
         return out
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
+        sandbox._kill(self.proc)
 
     def exit_description(self) -> str:
-        rc = self.proc.wait()
-        if rc < 0:
-            try:
-                return f"killed by {signal.Signals(-rc).name}"
-            except ValueError:
-                return f"killed by signal {-rc}"
-        return f"exited with status {rc}"
+        return sandbox._death(self.proc.wait(), os.devnull).split(";")[0]
 
 
 class WorkerPool:
