@@ -29,7 +29,9 @@ from kiln.codegen.cpu import cpu_features
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp -fwrapv -fno-math-errno"
-_REQUIRED = ["-shared", "-fPIC", "-std=gnu11"]
+# -fwrapv: generated code relies on signed integer wrapping (index arithmetic on values
+# read from the inputs is range-checked, but may wrap before the check sees it)
+_REQUIRED = ["-shared", "-fPIC", "-std=gnu11", "-fwrapv"]
 
 
 def default_cflags() -> str:
@@ -61,10 +63,25 @@ def _flags(cflags, cc: list | None = None) -> list:
     if cflags is None:
         cflags = os.environ.get("KILN_CFLAGS") or default_cflags()
     flags = shlex.split(cflags) if isinstance(cflags, str) else list(cflags)
-    flags = flags + [f for f in _REQUIRED if f not in flags]
+    flags = flags + [f for f in _REQUIRED if f not in flags] + sanitizer_flags()
     if "-fopenmp" in flags and _has_libmvec(tuple(cc or _cc(None)), tuple(flags)):
         flags.append("-DKILN_MVEC")
     return flags
+
+
+def sanitizer_flags() -> list:
+    """$KILN_SANITIZE (e.g. "address,undefined"): build every module with those sanitizers,
+    aborting at the first report. A process loading such a module must have the sanitizer
+    runtime loaded first: LD_PRELOAD=$(cc -print-file-name=libasan.so) (see
+    tests/sanitize/test_asan_ubsan.py). The flags enter every cache key, so sanitized and
+    plain builds never share an entry."""
+    which = os.environ.get("KILN_SANITIZE", "").strip()
+    if not which:
+        return []
+    if not all(part.replace("-", "").isalnum() for part in which.split(",")):
+        raise KilnError(f"KILN_SANITIZE={which!r} is not a comma-separated list of sanitizer names",
+                        stage="codegen")
+    return [f"-fsanitize={which}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g1"]
 
 
 def _libs(flags: list) -> list:
