@@ -99,10 +99,30 @@ def compile_graph(graph, target: str | None, opt_level: int | None):
         return kiln.compile(graph, target=target, **options)
 
 
-def load_model(path: str, target: str | None, opt_level: int | None):
-    """A runnable model from an .onnx file (compiled here) or a .kiln artifact (loaded)."""
-    from kiln.runtime.artifact import is_artifact
-    if is_artifact(path):
+FORMATS = {".onnx": "onnx", ".kiln": "kiln"}
+
+
+def format_option(f):
+    return click.option("--format", "fmt", type=click.Choice(sorted(set(FORMATS.values()))),
+                        help="What MODEL is: an ONNX model or a kiln artifact (default: from its "
+                             "extension, .onnx or .kiln; never from its content).")(f)
+
+
+def model_format(path: str, fmt: str | None) -> str:
+    """What the user asked for: --format, else the file's extension. Never the content: a
+    file can be a valid ONNX model and a zip at once, and an artifact runs native code."""
+    if fmt:
+        return fmt
+    found = FORMATS.get(Path(path).suffix.lower())
+    if found is None:
+        raise KilnError(f"cannot tell from its name whether {path} is an ONNX model or a kiln artifact: "
+                        "name it .onnx or .kiln, or pass --format onnx|kiln")
+    return found
+
+
+def load_model(path: str, target: str | None, opt_level: int | None, fmt: str | None = None):
+    """A runnable model from an ONNX file (compiled here) or a .kiln artifact (loaded)."""
+    if model_format(path, fmt) == "kiln":
         if target is not None or opt_level is not None:
             raise KilnError(f"{path} is a compiled artifact; --target and -O apply to ONNX models")
         return kiln.load(path)
@@ -257,12 +277,13 @@ def elide_weights(text: str) -> str:
 @opt_option
 @click.option("--output-dir", "-d", type=click.Path(file_okay=False),
               help="Save each output there as NAME.npy.")
-def run(model, inputs, random_, seed, dims, target, opt_level, output_dir):
+@format_option
+def run(model, inputs, random_, seed, dims, target, opt_level, output_dir, fmt):
     """Run MODEL (.onnx, compiled first) or a .kiln artifact once and summarise its outputs."""
     from kiln.runtime.inputs import random_inputs
     if dims and not random_:
         raise click.UsageError("--dim sizes the --random inputs; with --input files the shapes are theirs")
-    m = load_model(model, target, opt_level)
+    m = load_model(model, target, opt_level, fmt)
     feeds = read_inputs(m, inputs)
     if random_:
         feeds = random_inputs(m.inputs, dims, seed, given=feeds)
@@ -392,13 +413,14 @@ def bench(model, against, threads, runs, seed, profile, target, opt_level, dims)
 @dim_option
 @click.option("--compile/--no-compile", "do_compile", default=True, show_default=True,
               help="Also compile for cpu and report the kernels and memory.")
-def inspect(model, target, opt_level, dims, do_compile):
+@format_option
+def inspect(model, target, opt_level, dims, do_compile, fmt):
     """Describe MODEL (.onnx) or a .kiln artifact: opsets, inputs and outputs, ops, what is
     unsupported (every node at once), parameters, and the compiled kernels and memory."""
     from kiln import describe
-    from kiln.runtime.artifact import is_artifact, read_manifest
+    from kiln.runtime.artifact import read_manifest
     from kiln.runtime.inputs import symbols
-    if is_artifact(model):
+    if model_format(model, fmt) == "kiln":
         return show_manifest(model, read_manifest(model))
     facts = describe.model_facts(model)
     show_facts(facts)
@@ -504,8 +526,11 @@ def show_kernels(rep) -> None:
 
 def show_manifest(path: str, m: dict) -> None:
     """`kiln inspect` of an artifact: its manifest, readably."""
+    from kiln.runtime.artifact import file_sha256
     t = m["target"]
-    out.print(kv_table(f"{path} (kiln artifact v{m['format_version']})", [
+    out.print(kv_table(f"{path} (kiln artifact v{m['format_version']}: native code, run only if you trust "
+                       "its source)", [
+        ["members", "each matches its SHA256SUMS line"],
         ["made by", f"kiln {m['kiln_version']}"],
         ["source", m["source"].get("file") or "-"], ["source sha256", m["source"].get("sha256") or "-"],
         ["target", f"{t['name']} {t['arch']} ({t['cflags']})"],
@@ -515,6 +540,8 @@ def show_manifest(path: str, m: dict) -> None:
     for title, ports in (("inputs", m["inputs"]), ("outputs", m["outputs"])):
         out.print(table(title, ["name", "dtype", "shape"],
                         [[p["name"], p["dtype"], fmt_shape(p["shape"])] for p in ports]))
+    # as `sha256sum` prints it, to compare with the hash its publisher gives
+    click.echo(f"sha256 {file_sha256(path)}  {path}")
 
 
 @cli.command("fuzz-mutate")

@@ -507,10 +507,27 @@ def _emit(module: S.LoopModule) -> tuple[str, list[str]]:
               for f in module.funcs]
     protos = [(_extern_signature(f) if isinstance(f, S.ExternFunc) else em.signature(f, _Names())) + ";"
               for f in module.funcs]
+    if module.interface:
+        proto, body = _interface(module.interface)
+        protos.append(proto + ";")
+        bodies.append(body)
     preambles = dict.fromkeys(f.preamble for f in module.funcs if isinstance(f, S.ExternFunc) and f.preamble)
     header = "\n".join([PRELUDE, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
                         FUNCTIONS])
     return header, ["\n".join(b) + "\n" for b in bodies]
+
+
+INTERFACE = "interface"
+
+
+def _interface(text: str) -> tuple[str, list[str]]:
+    """`int32_t kiln_interface(const char** out)`: points `out` at the module's static
+    description (kiln-made JSON of dtypes and numbers; anything else is refused)."""
+    if not re.fullmatch(r'[A-Za-z0-9_ ,:"\[\]{}-]*', text):
+        raise KilnError("a module's interface text may hold only JSON of names and numbers", stage="codegen")
+    proto = f"int32_t {func_symbol(INTERFACE)}(const char** out)"
+    literal = text.replace('"', '\\"')
+    return proto, [proto + " {", f'  *out = "{literal}";', "  return 0;", "}"]
 
 
 def emit_c(module: S.LoopModule) -> str:

@@ -198,9 +198,13 @@ class ExternFunc:
 
 @dataclass
 class LoopModule:
-    """The unit of code generation: kernels plus (optionally) the name of an entry function."""
+    """The unit of code generation: kernels plus (optionally) the name of an entry function
+    and an interface: a static text (JSON of the entry's input/output dtypes and shapes,
+    workspace and weights sizes) the library reports through `interface()`, so a loader
+    can refuse a manifest that disagrees with the code before the first call."""
     funcs: list = field(default_factory=list)
     entry: str | None = None
+    interface: str = ""
 
     def __post_init__(self):
         names = [f.name for f in self.funcs]

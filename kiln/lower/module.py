@@ -29,6 +29,7 @@ from kiln.lower.kernel import Unfusable, lower_group, lowerable
 from kiln.passes.fusion import VIEW_OPS, FusionPlan, partition
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
+from kiln.runtime.native import interface_text
 
 ALIGN = 64
 ENTRY = "main"
@@ -213,7 +214,9 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     calls = [Call(name, tuple(arg(a) for a in args)) for name, args, _ in steps]
     params = tuple(in_params[v.id] for v in graph.inputs) + tuple(out_params) + (wbuf, abuf)
     entry = PrimFunc(ENTRY, params, seq(*calls), noalias=False)
-    module = LoopModule(funcs + [entry], entry=ENTRY)
+    module = LoopModule(funcs + [entry], entry=ENTRY, interface=interface_text(
+        [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
+        [(v.type.shape, v.type.dtype.name) for v in graph.outputs], int(abuf.shape[0]), len(weights)))
     errors = [[list(e) for e in module[name].errors] for name, _, _ in steps]
     return LoweredModule(module, list(graph.inputs), list(graph.outputs), weights,
                          int(abuf.shape[0]), plan, [d for _, _, d in steps], errors, fusion, offsets)

@@ -13,6 +13,19 @@ A `.kiln` file is a zip archive (`unzip model.kiln -d model/` opens it):
                     (rebuild it elsewhere: cc -O3 -fopenmp -shared -fPIC model.c -lm)
     weights.npy     every constant, one 1-D uint8 array in NumPy's .npy format (no pickle);
                     its raw bytes start at manifest["weights_offset"] (C: NAME_WEIGHTS_OFFSET)
+    SHA256SUMS      the sha256 of every other member, as `sha256sum` writes them
+                    (`unzip model.kiln -d m && cd m && sha256sum -c SHA256SUMS` checks them)
+
+An artifact is native code: loading one runs its library in this process, so load
+only artifacts from sources you trust, and compare the file's sha256 (`sha256sum
+model.kiln`, also shown by `kiln inspect model.kiln`) with the one its publisher gives.
+What loading checks, before anything of the library runs but its loader: the members
+are exactly these, each matches its SHA256SUMS line, the manifest matches its schema
+(every field: type, range, pattern), the entry is `NAME_main` of the artifact's own
+NAME, the weights hash to `weights_sha256`, and the architecture and CPU features
+match this machine. After dlopen, before the first call: the library's own
+`NAME_interface()` (input/output dtypes and shapes, workspace and weights sizes) must
+equal the manifest's, so a manifest that asks for smaller buffers is refused.
 
 This module reads and writes the container and loads it; `kiln.export` makes
 one from a compiled model. It imports nothing of the compiler.
@@ -24,21 +37,54 @@ import hashlib
 import io
 import json
 import os
+import re
 import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from kiln.dtypes import DType
 from kiln.errors import KilnError
+from kiln.runtime import schema as S
 from kiln.runtime.cpu import machine, missing_features
 from kiln.runtime.model import CompiledModel, TensorSpec
-from kiln.runtime.native import NativeModule
+from kiln.runtime.native import LibraryLoadError, NativeModule
 
 FORMAT = "kiln-artifact"
-FORMAT_VERSION = 2  # 2: weights as weights.npy (1: a raw weights.bin)
+FORMAT_VERSION = 3  # 3: SHA256SUMS, a strict manifest, the library's interface(); 2: weights.npy
 MANIFEST = "manifest.json"
 LIBRARY, HEADER, SOURCE, WEIGHTS = "model.so", "model.h", "model.c", "weights.npy"
+SUMS = "SHA256SUMS"
+MEMBERS = (MANIFEST, LIBRARY, HEADER, SOURCE, WEIGHTS, SUMS)
+MAX_MANIFEST_BYTES = 64 << 20
+_CHUNK = 1 << 20
+
+_PORT = S.record({"name": S.string(max_len=4096),
+                  "dtype": S.one_of(*(d.name for d in DType)),
+                  "shape": S.list_of(S.integer(0, 1 << 40), max_len=64)})
+MANIFEST_SCHEMA = S.record({
+    "format": S.const(FORMAT),
+    "format_version": S.const(FORMAT_VERSION),
+    "kiln_version": S.string(r"[A-Za-z0-9.+_-]+", max_len=64),
+    "source": S.record({"file": S.nullable(S.string(max_len=4096)), "sha256": S.nullable(S.string(S.SHA256))}),
+    "target": S.record({"name": S.const("cpu"), "arch": S.string(r"[A-Za-z0-9_.-]+", max_len=64),
+                        "cflags": S.string(max_len=4096),
+                        "features": S.list_of(S.string(r"[A-Za-z0-9_.]+", max_len=64), max_len=1024)}),
+    "name": S.string(S.C_IDENTIFIER, max_len=128),
+    "entry": S.string(S.C_IDENTIFIER, max_len=160),
+    "files": S.record({"library": S.const(LIBRARY), "header": S.const(HEADER), "source": S.const(SOURCE),
+                       "weights": S.const(WEIGHTS)}),
+    "inputs": S.list_of(_PORT, max_len=1 << 16),
+    "outputs": S.list_of(_PORT, max_len=1 << 16, min_len=1),
+    "dims": S.mapping(S.string(max_len=4096), S.integer(0, 1 << 40)),
+    "weights_bytes": S.integer(),
+    "weights_sha256": S.string(S.SHA256),
+    "weights_offset": S.integer(0, 1 << 20),
+    "workspace_bytes": S.integer(),
+    "kernels": S.list_of(S.string(max_len=1 << 20)),
+    "kernel_errors": S.list_of(S.list_of(S.pair(S.integer(-(1 << 31), 1 << 31), S.string(max_len=1 << 16)))),
+})
 
 
 def weights_npy(blob: bytes) -> tuple[bytes, int]:
@@ -62,12 +108,16 @@ def read_weights_npy(data: bytes, where) -> np.ndarray:
 
 
 def write_artifact(path: str | os.PathLike, manifest: dict, files: dict[str, bytes]) -> None:
-    """Write the zip, manifest first, byte-reproducibly (fixed entry times); written to a
-    temp name and renamed into place, so a reader never sees a half-written artifact."""
+    """Write the zip, manifest first and SHA256SUMS last, byte-reproducibly (fixed entry
+    times); written to a temp name and renamed into place, so a reader never sees a
+    half-written artifact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    entries = {MANIFEST: (json.dumps(manifest, indent=2) + "\n").encode(), **files}
+    entries = {MANIFEST: (json.dumps(manifest, indent=2) + "\n").encode(),
+               **{name: data for name, data in files.items() if name not in (MANIFEST, SUMS)}}
+    entries[SUMS] = "".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n"
+                            for name, data in entries.items()).encode()
     try:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
             for name, data in entries.items():
@@ -81,39 +131,48 @@ def write_artifact(path: str | os.PathLike, manifest: dict, files: dict[str, byt
         raise
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of the whole artifact file, as `sha256sum` prints it: compare it with its publisher's."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def read_manifest(path: str | os.PathLike) -> dict:
-    """The manifest of a `.kiln` file, checked to be one this kiln can read."""
+    """The manifest of a `.kiln` file, checked: its schema, and every member against
+    SHA256SUMS (no native code is loaded)."""
     with _open(path) as z:
-        return _manifest(z, path)
-
-
-def is_artifact(path: str | os.PathLike) -> bool:
-    """True if `path` is a zip holding a kiln manifest (what `kiln run` accepts besides ONNX)."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            return MANIFEST in z.namelist()
-    except (OSError, zipfile.BadZipFile):
-        return False
+        manifest, sums = _checked_manifest(z, path)
+        for name in (LIBRARY, HEADER, SOURCE, WEIGHTS):
+            _hash_member(z, name, sums, path)
+    return manifest
 
 
 def load(path: str | os.PathLike) -> "ArtifactModel":
     """Load a `.kiln` artifact as a runnable CompiledModel (numpy and ctypes only).
 
-    Fails with a KilnError, before any native code is loaded, when this machine's
-    architecture or CPU features differ from what the library was built for.
+    An artifact is native code: load only artifacts you trust (see the module's
+    docstring for what is checked). Fails with a KilnError, before the library is
+    loaded, when a member fails its hash, the manifest its schema, or this machine's
+    architecture or CPU features differ from what the library was built for; and after
+    loading it, before any call, when the library's interface disagrees with the manifest.
     """
     with _open(path) as z:
-        manifest = _manifest(z, path)
+        manifest, sums = _checked_manifest(z, path)
         check_target(manifest, path)
+        for name in (HEADER, SOURCE):
+            _hash_member(z, name, sums, path)
+        weights = _weights(z, manifest, sums, path)
+        fd, so = tempfile.mkstemp(suffix=".so", prefix="kiln-artifact-")
         try:
-            lib = z.read(manifest["files"]["library"])
-            weights = read_weights_npy(z.read(manifest["files"]["weights"]), path)
-        except (KeyError, zipfile.BadZipFile) as e:
-            raise KilnError(f"{path}: damaged kiln artifact ({e})") from None
-    if weights.size != manifest["weights_bytes"]:
-        raise KilnError(f"{path}: weights are {weights.size} bytes, the manifest says "
-                        f"{manifest['weights_bytes']}")
-    return ArtifactModel(os.fspath(path), manifest, _dlopen(lib, weights, manifest, path))
+            with os.fdopen(fd, "wb") as f:
+                digest = _hash_member(z, LIBRARY, sums, path, f)
+            native = _dlopen(so, digest, weights, manifest, path)
+        finally:
+            os.unlink(so)    # the mapping stays
+    return ArtifactModel(os.fspath(path), manifest, native)
 
 
 def check_target(manifest: dict, path) -> None:
@@ -151,37 +210,112 @@ def _open(path) -> zipfile.ZipFile:
     if not os.path.isfile(path):
         raise KilnError(f"artifact not found: {path}")
     try:
-        return zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
-        raise KilnError(f"{path} is not a kiln artifact (not a zip file)") from None
+        z = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise KilnError(f"{path} is not a kiln artifact (not a zip file: {e})") from None
+    names = z.namelist()
+    if MANIFEST not in names:
+        z.close()
+        raise KilnError(f"{path} is not a kiln artifact (no {MANIFEST})")
+    return z
 
 
-def _manifest(z: zipfile.ZipFile, path) -> dict:
+def _checked_manifest(z: zipfile.ZipFile, path) -> tuple[dict, dict[str, str]]:
+    """(manifest, SHA256SUMS as {member: sha256}), every check that needs no other member done."""
+    raw = _read(z, MANIFEST, MAX_MANIFEST_BYTES, path)
     try:
-        m = json.loads(z.read(MANIFEST))
-    except KeyError:
-        raise KilnError(f"{path} is not a kiln artifact (no {MANIFEST})") from None
-    except ValueError as e:
+        m = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
         raise KilnError(f"{path}: unreadable {MANIFEST} ({e})") from None
-    if m.get("format") != FORMAT:
-        raise KilnError(f"{path} is not a kiln artifact (format {m.get('format')!r})")
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise KilnError(f"{path} is not a kiln artifact (format {m.get('format') if isinstance(m, dict) else m!r:.40})")
     if m.get("format_version") != FORMAT_VERSION:
-        raise KilnError(f"{path} has artifact format version {m.get('format_version')}; this kiln "
+        raise KilnError(f"{path} has artifact format version {m.get('format_version')!r:.20}; this kiln "
                         f"reads version {FORMAT_VERSION} (recompile the model with this kiln)")
-    return m
+    names = z.namelist()
+    if sorted(names) != sorted(MEMBERS):
+        missing = sorted(set(MEMBERS) - set(names))
+        odd = sorted({n for n in names if n not in MEMBERS or names.count(n) > 1})
+        raise KilnError(f"{path}: damaged kiln artifact: its members must be exactly {', '.join(MEMBERS)} "
+                        f"(missing: {', '.join(missing) or '-'}; unexpected or repeated: "
+                        f"{', '.join(map(repr, odd)) or '-'})")
+    S.validate(m, MANIFEST_SCHEMA, f"{path}: {MANIFEST}")
+    if m["entry"] != f"{m['name']}_main":
+        raise KilnError(f"{path}: entry {m['entry']!r} is not this artifact's own entry {m['name'] + '_main'!r}")
+    for kind in ("inputs", "outputs"):
+        seen = [p["name"] for p in m[kind]]
+        if len(set(seen)) != len(seen):
+            raise KilnError(f"{path}: {MANIFEST} names two {kind} alike")
+    sums = _sums(_read(z, SUMS, 1 << 16, path), path)
+    if hashlib.sha256(raw).hexdigest() != sums[MANIFEST]:
+        raise KilnError(f"{path}: {MANIFEST} does not match its SHA256SUMS line (damaged or edited)")
+    return m, sums
 
 
-def _dlopen(lib: bytes, weights: np.ndarray, manifest: dict, path) -> NativeModule:
-    """Load the library from a private temp copy, removed once loaded (the mapping stays)."""
-    fd, so = tempfile.mkstemp(suffix=".so", prefix="kiln-artifact-")
+def _sums(raw: bytes, path) -> dict[str, str]:
+    sums = {}
+    for line in raw.decode("ascii", "replace").splitlines():
+        m = re.fullmatch(r"([0-9a-f]{64})  (\S+)", line)
+        if m is None or m.group(2) in sums or m.group(2) not in MEMBERS or m.group(2) == SUMS:
+            raise KilnError(f"{path}: {SUMS} has a bad line {line[:80]!r}")
+        sums[m.group(2)] = m.group(1)
+    missing = [n for n in MEMBERS if n != SUMS and n not in sums]
+    if missing:
+        raise KilnError(f"{path}: {SUMS} lists no hash for {', '.join(missing)}")
+    return sums
+
+
+def _read(z: zipfile.ZipFile, name: str, limit: int, path) -> bytes:
+    info = z.getinfo(name)
+    if info.file_size > limit:
+        raise KilnError(f"{path}: member {name} is {info.file_size} bytes, more than the {limit} allowed")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(lib)
-        outs = [(tuple(d["shape"]), d["dtype"]) for d in manifest["outputs"]]
-        return NativeModule(so, hashlib.sha256(lib).hexdigest(), manifest["entry"], outs, weights, manifest["workspace_bytes"],
-                            manifest["kernels"], manifest.get("kernel_errors"))
-    except (OSError, AttributeError, KilnError) as e:
+        with z.open(info) as f:
+            return f.read(limit + 1)[:limit + 1]
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
+        raise KilnError(f"{path}: damaged kiln artifact: cannot read {name} ({e})") from None
+
+
+def _hash_member(z: zipfile.ZipFile, name: str, sums: dict, path, sink=None) -> str:
+    """Stream member `name` (into `sink` if given) and check it against its SHA256SUMS line."""
+    h = hashlib.sha256()
+    try:
+        with z.open(name) as f:
+            for block in iter(lambda: f.read(_CHUNK), b""):
+                h.update(block)
+                if sink is not None:
+                    sink.write(block)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
+        raise KilnError(f"{path}: damaged kiln artifact: cannot read {name} ({e})") from None
+    if h.hexdigest() != sums[name]:
+        raise KilnError(f"{path}: {name} does not match its SHA256SUMS line (damaged or replaced)")
+    return h.hexdigest()
+
+
+def _weights(z: zipfile.ZipFile, m: dict, sums: dict, path) -> np.ndarray:
+    expected = m["weights_offset"] + m["weights_bytes"]
+    if z.getinfo(WEIGHTS).file_size != expected:
+        raise KilnError(f"{path}: {WEIGHTS} is {z.getinfo(WEIGHTS).file_size} bytes; the manifest's "
+                        f"weights_offset + weights_bytes say {expected}")
+    data = _read(z, WEIGHTS, expected, path)
+    if hashlib.sha256(data).hexdigest() != sums[WEIGHTS]:
+        raise KilnError(f"{path}: {WEIGHTS} does not match its SHA256SUMS line (damaged or replaced)")
+    weights = read_weights_npy(data, path)
+    if weights.size != m["weights_bytes"] or len(data) - weights.size != m["weights_offset"]:
+        raise KilnError(f"{path}: weights are {weights.size} bytes at offset {len(data) - weights.size}, "
+                        f"the manifest says {m['weights_bytes']} at {m['weights_offset']}")
+    if hashlib.sha256(weights.tobytes()).hexdigest() != m["weights_sha256"]:
+        raise KilnError(f"{path}: the weights do not hash to the manifest's weights_sha256")
+    return weights
+
+
+def _dlopen(so: str, digest: str, weights: np.ndarray, manifest: dict, path) -> NativeModule:
+    """Load the verified library from its private temp copy; its interface must match the manifest."""
+    ports = [[(tuple(d["shape"]), d["dtype"]) for d in manifest[k]] for k in ("inputs", "outputs")]
+    try:
+        return NativeModule(so, digest, manifest["entry"], ports[0], ports[1], weights,
+                            manifest["workspace_bytes"], manifest["kernels"], manifest["kernel_errors"],
+                            where=path)
+    except LibraryLoadError as e:
         raise KilnError(f"{path}: cannot load its native library ({e}); if {tempfile.gettempdir()} "
                         "does not allow executables (noexec), set TMPDIR to a folder that does") from None
-    finally:
-        os.unlink(so)

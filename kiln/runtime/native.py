@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import threading
 import time
@@ -30,6 +31,10 @@ class LibraryMismatch(KilnError):
     """A library's bytes are not the ones recorded for it: truncated, damaged or replaced."""
 
 
+class LibraryLoadError(KilnError):
+    """The dynamic loader refused a (verified) library."""
+
+
 def load_library(path: str | os.PathLike, sha256: str) -> ctypes.CDLL:
     """dlopen `path` once its bytes are checked to hash to `sha256`. Nothing unverified is
     mapped: a library cut short crashes the process (SIGBUS) at its first missing page,
@@ -47,17 +52,81 @@ def load_library(path: str | os.PathLike, sha256: str) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(os.fspath(path))
     except OSError as e:
-        raise KilnError(f"cannot load native library {path} ({e})") from None
+        raise LibraryLoadError(f"cannot load native library {path} ({e})") from None
+
+
+def interface_text(inputs, outputs, workspace_bytes: int, weights_bytes: int) -> str:
+    """What a module's `interface()` reports: its entry's inputs and outputs as
+    [dtype, shape] pairs, the workspace and weights sizes it was planned with (JSON)."""
+    return json.dumps({"inputs": [[d, [int(x) for x in s]] for s, d in inputs],
+                       "outputs": [[d, [int(x) for x in s]] for s, d in outputs],
+                       "workspace_bytes": int(workspace_bytes), "weights_bytes": int(weights_bytes)},
+                      separators=(",", ":"))
+
+
+def library_interface(lib: ctypes.CDLL, symbol: str, where) -> dict:
+    """The static description a library reports through `symbol` (see interface_text)."""
+    try:
+        fn = getattr(lib, symbol)
+    except AttributeError:
+        raise KilnError(f"{where}: the library does not report its interface (no {symbol}); it was not "
+                        "made by this kiln") from None
+    fn.argtypes = [ctypes.POINTER(ctypes.c_char_p)]
+    fn.restype = ctypes.c_int32
+    out = ctypes.c_char_p()
+    if fn(ctypes.byref(out)) != 0 or not out.value:
+        raise KilnError(f"{where}: the library's {symbol} reports no interface")
+    try:
+        return json.loads(out.value[:1 << 20].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise KilnError(f"{where}: the library's {symbol} reports an unreadable interface") from None
+
+
+def interface_mismatch(reported: dict, expected: dict) -> str | None:
+    """The first way `expected` (what the caller will pass) differs from what the library
+    reports, in words; None if they agree."""
+    for kind in ("inputs", "outputs"):
+        got, want = reported.get(kind), expected[kind]
+        if not isinstance(got, list) or len(got) != len(want):
+            return f"the library takes {len(got) if isinstance(got, list) else '?'} {kind}, " \
+                   f"the manifest says {len(want)}"
+        for k, (g, w) in enumerate(zip(got, want)):
+            if g != w:
+                return f"{kind[:-1]} {k}: the library's is {_port(g)}, the manifest says {_port(w)}"
+    for key in ("workspace_bytes", "weights_bytes"):
+        if reported.get(key) != expected[key]:
+            return f"{key}: the library was built for {reported.get(key)!r}, the manifest says {expected[key]}"
+    return None
+
+
+def _port(p) -> str:
+    try:
+        dtype, shape = p
+        return f"{dtype}{list(shape)}"
+    except (TypeError, ValueError):
+        return repr(p)[:60]
 
 
 class NativeModule:
     """A loaded shared library whose entry takes (inputs.., outputs.., weights, workspace)."""
 
     def __init__(self, library_path: str, library_sha256: str, entry_symbol: str,
-                 output_types: list[tuple[tuple, str]], weights: np.ndarray, workspace_bytes: int,
-                 call_nodes: list[str], call_errors: list | None = None):
+                 input_types: list[tuple[tuple, str]], output_types: list[tuple[tuple, str]],
+                 weights: np.ndarray, workspace_bytes: int, call_nodes: list[str],
+                 call_errors: list | None = None, where=None):
+        """Loads the library (verified against `library_sha256`) and refuses it, before any
+        call, unless the interface it reports is exactly `input_types`, `output_types`
+        (shape, dtype name), `workspace_bytes` and the weights' size. `entry_symbol` is
+        `<prefix>_main`; the interface is `<prefix>_interface`."""
         self.library_path = library_path
+        where = where or library_path
+        if not entry_symbol.endswith("_main"):
+            raise KilnError(f"{where}: entry {entry_symbol!r} is not a kiln entry (<prefix>_main)")
         self.lib = load_library(library_path, library_sha256)
+        expected = json.loads(interface_text(input_types, output_types, workspace_bytes, np.size(weights)))
+        why = interface_mismatch(library_interface(self.lib, entry_symbol[:-4] + "interface", where), expected)
+        if why:
+            raise KilnError(f"{where}: the manifest disagrees with its library ({why}); refusing to run it")
         self.entry = getattr(self.lib, entry_symbol)
         self.entry.restype = ctypes.c_int32
         self.output_types = [(tuple(s), DType.from_name(d).np) for s, d in output_types]

@@ -141,6 +141,7 @@ def _native_module(graph: Graph, manifest: dict):
             raise KilnError(f"constant {index} at offset {offset} lies outside the weights", stage="cache")
         blob[offset:offset + raws[index].size] = raws[index]
     module = NativeModule(str(library_path(manifest)), manifest["library_sha256"], manifest["entry"],
+                          [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
                           [(tuple(s), d) for s, d in manifest["outputs"]], blob,
                           manifest["workspace_bytes"], manifest["calls"], manifest.get("errors"))
     module.info = manifest  # what was built: kernels, fused groups, arena (for reports)
