@@ -157,21 +157,21 @@ def fmt(n: int) -> str:
 def check_constant(size: int, what: str, *, node: str | None = None, op: str | None = None,
                    stage: str | None = None) -> None:
     """Refuse one constant of `size` bytes above the constant cap."""
-    cap = current().max_constant_bytes
-    if size > cap:
-        raise KilnResourceError(f"{what} would hold {fmt(size)}, above the limit on one constant "
-                                f"of {fmt(cap)} (raise it with KILN_MAX_CONSTANT or "
-                                f"limits={{'max_constant_bytes': ...}})", node=node, op=op, stage=stage)
+    _check(size, current().max_constant_bytes, f"{what} would hold", "the limit on one constant",
+           "max_constant_bytes", node, op, stage)
 
 
 def check_memory(size: int, what: str, *, node: str | None = None, op: str | None = None,
                  stage: str | None = None) -> None:
     """Refuse a request for `size` bytes above the memory cap."""
-    cap = current().max_memory_bytes
+    _check(size, current().max_memory_bytes, f"{what} would take", "the memory limit",
+           "max_memory_bytes", node, op, stage)
+
+
+def _check(size, cap, what, limit, name, node, op, stage) -> None:
     if size > cap:
-        raise KilnResourceError(f"{what} would take {fmt(size)}, above the memory limit of "
-                                f"{fmt(cap)} (raise it with KILN_MAX_MEMORY or "
-                                f"limits={{'max_memory_bytes': ...}})", node=node, op=op, stage=stage)
+        raise KilnResourceError(f"{what} {fmt(size)}, above {limit} of {fmt(cap)} (raise it with "
+                                f"{_ENV[name]} or limits={{'{name}': ...}})", node=node, op=op, stage=stage)
 
 
 def check_trips(count: int, what: str, *, node: str | None = None, op: str | None = None) -> None:

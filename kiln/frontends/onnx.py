@@ -21,7 +21,7 @@ from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import OptionalType, SequenceType, TensorType, Type
-from kiln.limits import check_constant
+from kiln.limits import check_constant, resource_guard
 from kiln.names import printable
 from kiln.ops.infer import infer_types
 
@@ -59,6 +59,11 @@ SUPPORTED_OPSETS = {"": 28, "ai.onnx.ml": 5, "ai.onnx.preview.training": 1, "ai.
 
 def load_onnx(model, *, infer: bool = True) -> Graph:
     """Import an ONNX model (path, bytes or ModelProto) as a typed kiln Graph."""
+    with resource_guard("onnx import"):
+        return _load(model, infer)
+
+
+def _load(model, infer: bool) -> Graph:
     proto, base = read_model(model)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
     opsets.setdefault("", 1)
