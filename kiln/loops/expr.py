@@ -274,8 +274,14 @@ def reduce_identity(combiner: str, dtype: DType) -> Expr:
         return const(0 if combiner == "sum" else 1, dtype)
     if dtype.is_float:
         return const(-math.inf if combiner == "max" else math.inf, dtype)
-    info = np.iinfo(dtype.np)
-    return const(info.min if combiner == "max" else info.max, dtype)
+    if dtype.np.kind in "iub":
+        info = np.iinfo(dtype.np) if dtype.np.kind != "b" else None
+        lo, hi = (0, 1) if info is None else (int(info.min), int(info.max))
+    else:  # int4, uint2...: NumPy's iinfo does not know them, ml_dtypes' does
+        import ml_dtypes
+        info = ml_dtypes.iinfo(dtype.np)
+        lo, hi = int(info.min), int(info.max)
+    return const(lo if combiner == "max" else hi, dtype)
 
 
 def sum_(value, axis) -> Expr: return reduce("sum", value, axis)

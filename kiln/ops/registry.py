@@ -33,6 +33,7 @@ from kiln.graph.ir import Node
 from kiln.graph.types import SequenceType, OptionalType, TensorType, Type
 
 _REQUIRED = object()
+MAX_RANK = 64  # NumPy's limit on dims
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,9 @@ class InferCtx(_Ctx):
         return f"_u{next(InferCtx._sym)}"
 
     def unknown_shape(self, rank: int | None) -> tuple | None:
+        """A shape of `rank` fresh symbols (rank often read off a shape vector's length: bounded)."""
+        if rank is not None and rank > MAX_RANK:
+            self.fail(f"the output would have rank {rank:,}; kiln, like NumPy, handles at most {MAX_RANK} dims")
         return None if rank is None else tuple(self.new_dim() for _ in range(rank))
 
     def infer_subgraph(self, graph, input_types: list[Type]) -> list[Type]:

@@ -172,3 +172,49 @@ def test_unsupported_op_types_are_escaped_too():
     with pytest.raises(KilnError) as e:
         kiln.load_onnx(m)
     assert "\x1b" not in str(e.value) and "Fancy\\x1b" in str(e.value)
+
+
+# ---- found by the mutation fuzzer (kiln fuzz-mutate), each a regression test
+
+def test_more_inputs_than_the_op_takes():
+    m = _model([helper.make_node("OptionalGetElement", ["x", "x", "x"], ["y"], name="oge")],
+               [helper.make_tensor_value_info("x", F, [2])], [helper.make_tensor_value_info("y", F, [2])])
+    with pytest.raises(KilnError, match=r"OptionalGetElement node 'oge'.*takes 1 inputs, the node has 3"):
+        kiln.load_onnx(m)
+
+
+def test_rank_read_off_a_huge_shape_vector():
+    """Col2Im's output rank is the length of its image_shape input, declared 2^62 here:
+    inference made a tuple of 2^62 symbols (a hang) before the rank was bounded."""
+    m = _model([helper.make_node("Col2Im", ["x", "s", "b"], ["y"], name="c2i")],
+               [helper.make_tensor_value_info("x", F, [1, 4, 5]),
+                helper.make_tensor_value_info("s", onnx.TensorProto.INT64, [2 ** 62]),
+                helper.make_tensor_value_info("b", onnx.TensorProto.INT64, [2])],
+               [helper.make_tensor_value_info("y", F, None)], opset=18)
+    with pytest.raises(KilnError, match="Col2Im node 'c2i'.*rank 4,611,686,018,427,387,904.*at most 64"):
+        kiln.load_onnx(m)
+
+
+def test_argmax_of_int4_compiles_and_agrees():
+    """Reductions over int4 needed the identity of a dtype NumPy's iinfo does not know."""
+    import ml_dtypes
+    m = _model([helper.make_node("ArgMax", ["x"], ["y"], axis=1, select_last_index=1)],
+               [helper.make_tensor_value_info("x", onnx.TensorProto.INT4, [2, 3, 4])],
+               [helper.make_tensor_value_info("y", onnx.TensorProto.INT64, None)], opset=21)
+    x = np.random.default_rng(3).integers(-8, 8, (2, 3, 4)).astype(ml_dtypes.int4)
+    want = kiln.compile(m, target="interpreter").run(x=x)["y"]
+    np.testing.assert_array_equal(kiln.compile(m, target="cpu").run(x=x)["y"], want)
+    np.testing.assert_array_equal(want[:, 0], 2 - np.argmax(x.astype(np.int8)[:, ::-1], axis=1))
+
+
+def test_a_lowering_that_fails_is_a_kiln_error(monkeypatch, tmp_path):
+    import kiln.lower.module as module
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))  # a cold cache: lowering runs
+
+    def broken(*a, **k):
+        raise ValueError("a bug in a lowering")
+    monkeypatch.setattr(module, "lower_group", broken)
+    m = _model([helper.make_node("Relu", ["x"], ["y"], name="r")], [helper.make_tensor_value_info("x", F, [7])],
+               [helper.make_tensor_value_info("y", F, [7])])
+    with pytest.raises(KilnError, match=r"\[lower\] Relu node 'r': lowering failed: ValueError: a bug"):
+        kiln.compile(m, target="cpu")
