@@ -16,6 +16,7 @@ from __future__ import annotations
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
+from kiln.loops.hoist import hoist_checks
 from kiln.loops.expr import Expr, const, map_loads, max_, min_, rebuild, reduce_identity, substitute, walk
 from kiln.loops.schedule import Schedule, Stage, iteration_structure
 from kiln.loops.simplify import Ctx, prove, simplify_stmt
@@ -242,7 +243,7 @@ def lower(sch: Schedule, params, name: str = "kernel") -> S.PrimFunc:
             raise KilnError(f"output {t.name!r} must be one of the params", stage="lower")
     low = _Lowering(sch, params)
     body = low.run()
-    body = simplify_stmt(body, low.ranges) or S.Seq(())
+    body = hoist_checks(simplify_stmt(body, low.ranges) or S.Seq(()))
     _check_buffers(body, params, name)
     return S.PrimFunc(name, tuple(params), body)
 
