@@ -582,7 +582,7 @@ def _rotary_lower(ctx: LowerCtx, x, cos_cache, sin_cache, position_ids=None):
         if position_ids is None:
             return cast(f64, c[b, s, j])
         n = c.shape[0]
-        pos = checked_index(position_ids[b, s], 0, n - 1,
+        pos = checked_index(ctx, position_ids[b, s], 0, n - 1,
                             f"position_ids value {{value}} is out of range [0, {n - 1}] of the cos/sin cache rows")
         return cast(f64, c[pos, j])
 

@@ -493,18 +493,18 @@ def _div_e(c, a, b):
     zero = L.const(0, a.dtype)
     if not a.dtype.is_signed:
         q = L.truncdiv(a, L.select(b.eq(0), L.const(1, b.dtype), b))
-        return _nonzero_check(a, b, L.select(b.eq(0), zero, q), "division")
+        return _nonzero_check(c, a, b, L.select(b.eq(0), zero, q), "division")
     q = L.truncdiv(a, L.select(b.eq(0) | b.eq(-1), L.const(1, b.dtype), b))
     q = L.select(b.eq(0), zero, L.select(b.eq(-1), zero - a, q))
     low = L.const(int(np.iinfo(a.dtype.np).min), a.dtype)
-    q = L.check(q, b.ne(-1) | a.ne(low), L.cast(L.INDEX, a),
+    q = c.check(q, b.ne(-1) | a.ne(low), L.cast(L.INDEX, a),
                 f"integer division overflows: {{value}} / -1 does not fit {a.dtype}")
-    return _nonzero_check(a, b, q, "division")
+    return _nonzero_check(c, a, b, q, "division")
 
 
-def _nonzero_check(a, b, q, op: str):
+def _nonzero_check(c, a, b, q, op: str):
     sym = "/" if op == "division" else "%"
-    return L.check(q, b.ne(0), L.cast(L.INDEX, a), f"integer {op} by zero ({{value}} {sym} 0)")
+    return c.check(q, b.ne(0), L.cast(L.INDEX, a), f"integer {op} by zero ({{value}} {sym} 0)")
 
 
 def _mod_e(c, a, b):
@@ -521,7 +521,7 @@ def _mod_e(c, a, b):
     bad = b.eq(0) | b.eq(-1) if a.dtype.is_signed else b.eq(0)  # x % -1 is 0; MIN % -1 traps in C
     safe = L.select(bad, L.const(1, b.dtype), b)
     r = L.select(bad, L.const(0, a.dtype), L.truncmod(a, safe) if c.attr("fmod", 0) else a % safe)
-    return _nonzero_check(a, b, r, "modulo")
+    return _nonzero_check(c, a, b, r, "modulo")
 
 
 def _ipow(a, b, bits: int):

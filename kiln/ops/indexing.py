@@ -19,7 +19,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.loops import INDEX, cast, check, compute, const, select
+from kiln.loops import INDEX, cast, compute, const, select
 from kiln.ops.registry import lowering, op
 from kiln.ops.shapes import normalize_axis
 from kiln.ops.tensor import clamp, ints, out, rows_schedule, scalar, sized_by, unflat_index
@@ -48,7 +48,7 @@ def _index_expr(ctx, j, dim: int, axis: int, i: int = 1):
     if i is not None and ctx.value(i) is not None:
         _indices(ctx, ctx.value(i), dim)
     j = cast(INDEX, j)
-    return check(clamp(select(j < 0, j + dim, j), 0, dim - 1), (j >= -dim) & (j < dim), j,
+    return ctx.check(clamp(select(j < 0, j + dim, j), 0, dim - 1), (j >= -dim) & (j < dim), j,
                  f"index {{value}} is out of range [-{dim}, {dim - 1}] for axis {axis} (size {dim}) "
                  "of the data")
 

@@ -94,7 +94,7 @@ def _nll_lower(ctx: LowerCtx, logp, target, weight, classes: int, plans: dict):
     def cls(j):
         t = cast(_I64, target[j])
         t = select(keep(j), t, const(0, _I64)) if ignore is not None else t
-        return checked_index(t, 0, classes - 1, f"target value {{value}} is out of range [0, {classes - 1}]"
+        return checked_index(ctx, t, 0, classes - 1, f"target value {{value}} is out of range [0, {classes - 1}]"
                              + ("" if ignore is None else f" and is not ignore_index ({ignore})"))
 
     def w(j):

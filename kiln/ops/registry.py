@@ -259,6 +259,14 @@ class LowerCtx(_Ctx):
         """The input's data when known at compile time (weights, shape tensors), else None."""
         return self.values[i] if self.has_input(i) else None
 
+    def check(self, value, ok, reported, message: str):
+        """kiln.loops.check (a run-time check: where `ok` is false the run fails with
+        `message`, {value} showing `reported`), its message naming this node: a fused
+        kernel holds several nodes, the error names the one whose check failed."""
+        from kiln.loops import check
+        from kiln.names import escape
+        return check(value, ok, reported, f"{escape(self.node.op)} node {self.node.name!r}: {message}")
+
     def out_shape(self, i: int = 0) -> tuple[int, ...]:
         return tuple(self.output_types[i].shape)
 

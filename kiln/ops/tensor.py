@@ -21,7 +21,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.loops import INDEX, cast, check, compute, const, max_, min_, select
+from kiln.loops import INDEX, cast, compute, const, max_, min_, select
 from kiln.ops.registry import lowering, op
 from kiln.ops.shapes import broadcast_shapes, dim_mul, normalize_axes, normalize_axis
 
@@ -92,12 +92,12 @@ def clamp(e, lo, hi):
     return min_(max_(e, lo), hi)
 
 
-def checked_index(e, lo: int, hi: int, message: str):
+def checked_index(ctx, e, lo: int, hi: int, message: str):
     """`e` (read from the inputs) clamped into [lo, hi], with a run-time check that it was
     already there: a value the reference rejects fails the kernel with `message` (which
     shows the value as {value}) and is never used to address memory out of bounds."""
     e = cast(INDEX, e)
-    return check(clamp(e, lo, hi), (e >= lo) & (e <= hi), e, message)
+    return ctx.check(clamp(e, lo, hi), (e >= lo) & (e <= hi), e, message)
 
 
 def flat_index(idx, shape):
@@ -1132,7 +1132,7 @@ def _reverse_sequence_lower(ctx, x, lens):
     steps = x.shape[t_ax]
 
     def fn(*i):
-        n = checked_index(lens[i[b_ax]], 0, steps, f"sequence_lens value {{value}} is out of range [0, {steps}]")
+        n = checked_index(ctx, lens[i[b_ax]], 0, steps, f"sequence_lens value {{value}} is out of range [0, {steps}]")
         t = i[t_ax]
         return x[tuple(select(t < n, n - 1 - t, t) if k == t_ax else v for k, v in enumerate(i))]
     ctx.schedule(rows_schedule())

@@ -189,7 +189,9 @@ class NativeModule:
         k, code = m & 0xFFFFF, m >> 20
         what = self.call_nodes[k] if 0 <= k < len(self.call_nodes) else f"call {k}"
         errors = self.call_errors[k] if 0 <= k < len(self.call_errors) else {}
-        return f"{what}: " + failure_text(code, errors, error_value(self.lib))
+        text = failure_text(code, errors, error_value(self.lib))
+        # a check names its node (a fused kernel computes several); an extern kernel's does not
+        return text if text.split(": ", 1)[0] in what.split(" + ") else f"{what}: {text}"
 
 
 def error_value(lib) -> int | None:

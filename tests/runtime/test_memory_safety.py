@@ -306,3 +306,32 @@ def test_resize_non_finite_roi_stays_in_bounds(mode):
         got = kiln.compile(m, target="cpu").run(x=x)["y"]
         want = kiln.compile(m, target="interpreter").run(x=x)["y"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ---- the status path: which call failed, through the entry and through an artifact ----
+
+def _two_gathers():
+    nodes = [h.make_node("Relu", ["x"], ["r"], name="relu"), h.make_node("Gather", ["r", "i"], ["g"], name="g1"),
+             h.make_node("Gather", ["g", "j"], ["y"], name="g2", axis=1)]
+    return model(nodes, [vi("x", T.FLOAT, [4, 5]), vi("i", T.INT64, [3]), vi("j", T.INT64, [2])],
+                 [vi("y", T.FLOAT, [3, 2])])
+
+
+def test_the_error_names_the_failing_node_among_several():
+    c = kiln.compile(_two_gathers(), target="cpu")
+    x = rand(4, 5)
+    with pytest.raises(KilnError, match=r"Gather node 'g2'.*index 5 is out of range \[-5, 4\] for axis 1"):
+        c.run(x=x, i=np.array([0, 1, 3]), j=np.array([0, 5]))
+    with pytest.raises(KilnError, match=r"Gather node 'g1'.*index -5 is out of range \[-4, 3\]"):
+        c.run(x=x, i=np.array([0, -5, 3]), j=np.array([0, 1]))
+    y = c.run(x=x, i=np.array([0, 1, 3]), j=np.array([4, -5]))["y"]
+    np.testing.assert_array_equal(y, np.maximum(x, 0)[[0, 1, 3]][:, [4, 0]])
+
+
+def test_a_saved_artifact_raises_the_same_error(tmp_path):
+    c = kiln.compile(_two_gathers(), target="cpu")
+    path = tmp_path / "g.kiln"
+    kiln.save(c, path)
+    loaded = kiln.load(path)
+    with pytest.raises(KilnError, match=r"Gather node 'g2'.*index 7 is out of range"):
+        loaded.run(x=rand(4, 5), i=np.array([0, 1, 3]), j=np.array([0, 7]))
