@@ -315,7 +315,14 @@ class _Emitter:
             c, a, b = map(go, e.args)
             return f"({c} ? {a} : {b})"
         if op == "cast":
-            return self.convert(dt, e.args[0].dtype, go(e.args[0]), e.arg)
+            a = e.args[0]
+            s = go(a)
+            if dt is DType.float64 and a.op == "cast" and a.dtype is DType.float32 \
+                    and a.args[0].dtype is DType.float64:
+                # (double)(float)x: GCC 12's vectorizer drops the rounding in a loop's SLP
+                # epilogue (the tail lanes get x itself); an exact fma(f, 1, -0) keeps it
+                s = f"__builtin_fmaf({s}, 1.0f, -0.0f)"
+            return self.convert(dt, a.dtype, s, e.arg)
         if op == "call":
             return self.call(e, ctx, n)
         if op == "check":  # report when ok is false; the value is safe either way

@@ -131,6 +131,17 @@ def run_ort(model_bytes: bytes, feeds: dict):
         return None
 
 
+def _uses_float16(model) -> bool:
+    """ONNX Runtime's float16 kernels compute several ops in float32 without rounding between
+    them (Add then Sqrt then Round differs from ONNX's per-op float16 results): no comparison."""
+    from onnx import TensorProto  # noqa: PLC0415
+    g = model.graph
+    f16 = TensorProto.FLOAT16
+    return (any(v.type.tensor_type.elem_type == f16 for v in g.input)
+            or any(t.data_type == f16 for t in g.initializer)
+            or any(a.name == "to" and a.i == f16 for n in g.node for a in n.attribute))
+
+
 def check_case(model_bytes: bytes, feeds: dict, levels=(0, 1, 2, 3), *, use_ort: bool = True,
                targets=("cpu", "interpreter"), phase=None) -> list[Finding]:
     """Compile the model at each level for each target and compare with the reference.
@@ -150,7 +161,7 @@ def check_case(model_bytes: bytes, feeds: dict, levels=(0, 1, 2, 3), *, use_ort:
         want = list(kiln.compile(model, target="interpreter", opt_level=0).run(feeds).values())
     except Exception as e:  # noqa: BLE001
         return [_error_finding(e, "interpreter", 0)]
-    if use_ort:
+    if use_ort and not _uses_float16(model):
         phase("ort")
         ort_out = run_ort(model_bytes, feeds)
         if ort_out is not None:

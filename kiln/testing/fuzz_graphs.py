@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 OPSETS = (11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
 LEVELS = (0, 1, 2, 3)
-MAX_ELEMS = 2048           # elements of any one value: graphs stay small and quick to compile
+MAX_ELEMS = 8192           # elements of any one value: graphs stay small and quick to run
 _NP = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
        np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.int32): TensorProto.INT32,
        np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int8): TensorProto.INT8,
@@ -91,8 +91,9 @@ def levels_for(seed: int, per_graph: int) -> tuple:
 class GraphBuilder:
     """Builds an ONNX graph value by value, tracking each value's shape, dtype and range."""
 
-    def __init__(self, rng: np.random.Generator, opset: int, sym_prob: float = 0.0):
+    def __init__(self, rng: np.random.Generator, opset: int, sym_prob: float = 0.0, big: bool = False):
         self.rng, self.opset, self.sym_prob = rng, opset, sym_prob
+        self.big = big              # larger GEMM/conv sizes: past the register tiles, with tails
         self.nodes: list = []
         self.inits: list = []
         self.inputs: list = []
@@ -627,6 +628,9 @@ def _primes(n: int) -> list:
     return out
 
 
+_SIZES = {False: [1, 2, 3, 5, 7, 8, 16], True: [1, 4, 9, 16, 17, 24, 31, 33, 40]}
+
+
 def _weight(b: GraphBuilder, shape, fan_in: int, dtype) -> Val:
     s = 1.0 / math.sqrt(max(fan_in, 1))
     return b.const(b.random_array(shape, dtype, -s, s), "w")
@@ -650,20 +654,21 @@ def conv(b: GraphBuilder, x: Val) -> Val:
     nd = int(rng.choice([1, 2, 2, 2, 3]))
     kind = rng.choice(["plain", "plain", "grouped", "depthwise", "pointwise"])
     group = 1
-    cin = int(rng.choice([1, 2, 3, 4, 6, 8]))
+    cin = int(rng.choice([1, 2, 3, 4, 6, 8] + ([16, 17, 32] if b.big else [])))
     if kind == "grouped":
         group = int(rng.choice([2, 3]))
         cin = group * int(rng.integers(1, 3))
     elif kind == "depthwise":
         group = cin
-    cout = group * int(rng.integers(1, 4)) if group > 1 else int(rng.choice([1, 2, 3, 4, 5, 8]))
+    cout = group * int(rng.integers(1, 4)) if group > 1 else \
+        int(rng.choice([1, 2, 3, 4, 5, 8] + ([16, 17, 24, 32] if b.big else [])))
     ksz = [1] * nd if kind == "pointwise" else [int(rng.choice([1, 2, 3, 3, 5])) for _ in range(nd)]
     if nd == 3:
         ksz = [min(k, 3) for k in ksz]
     strides = [int(rng.choice([1, 1, 2, 3])) for _ in range(nd)]
     dil = [int(rng.choice([1, 1, 1, 2])) for _ in range(nd)]
     pads = [int(rng.integers(0, k)) if rng.random() < 0.5 else 0 for k in ksz] * 2
-    sp_most = 5 if nd == 3 else 8 if nd == 2 else 12
+    sp_most = (5 if nd == 3 else 8 if nd == 2 else 12) * (2 if b.big else 1)
     spatial = [max(int(rng.integers(1, sp_most + 1)), (k - 1) * d + 1) for k, d in zip(ksz, dil)]
     n = int(rng.choice([1, 1, 2]))
     x = _fit(b, x, nd + 2, [n, cin] + spatial)
@@ -740,7 +745,7 @@ def matmul(b: GraphBuilder, x: Val) -> Val:
     rng = b.rng
     ra = int(rng.choice([1, 2, 2, 3, 4]))
     rb = int(rng.choice([1, 2, 2, 3]))
-    m, k, n = (int(rng.choice([1, 2, 3, 5, 7, 8, 16])) for _ in range(3))
+    m, k, n = (int(rng.choice(_SIZES[b.big])) for _ in range(3))
     batch = _dims(rng, max(ra, rb) - 2, 4) if max(ra, rb) > 2 else []
     a_shape = ([k] if ra == 1 else batch[len(batch) - (ra - 2):] + [m, k] if ra > 2 else [m, k])
     b_batch = batch[len(batch) - (rb - 2):] if rb > 2 else []
@@ -761,7 +766,7 @@ def matmul(b: GraphBuilder, x: Val) -> Val:
 def gemm(b: GraphBuilder, x: Val) -> Val:
     """Gemm with transA/transB, alpha/beta and a broadcast C (or none)."""
     rng = b.rng
-    m, k, n = (int(rng.choice([1, 2, 3, 5, 8, 16])) for _ in range(3))
+    m, k, n = (int(rng.choice(_SIZES[b.big])) for _ in range(3))
     ta, tb = int(rng.random() < 0.3), int(rng.random() < 0.5)
     x = _fit(b, x, 2, [k, m] if ta else [m, k])
     x = b.scale_to(x, 4.0)
@@ -814,7 +819,7 @@ def reduce(b: GraphBuilder, x: Val) -> Val:
             attrs["select_last_index"] = 1
         y = b.op1(op, [x], I64, shape, 0, x.shape[axis % r] - 1, **attrs)
         return b.cast(y, x.dtype)
-    if kind < 0.32:
+    if kind < 0.32 and (x.dtype != F16 or b.opset >= 14):
         axis = int(rng.integers(-r, r))
         attrs = {k: 1 for k in ("exclusive", "reverse") if rng.random() < 0.3}
         n = x.shape[axis % r]
@@ -938,6 +943,8 @@ def resize(b: GraphBuilder, x: Val) -> Val:
         out = list(x.shape[:2]) + [int(rng.integers(1, 9)) for _ in range(2)]
         scales = b.const(np.zeros(0, np.float32), "scales") if b.opset < 13 else None
         ins = [x, roi if roi is not None else "", scales if scales is not None else "", b.ints(out)]
+    if ctm == "align_corners" and min(out[2:]) == 1:
+        attrs["coordinate_transformation_mode"] = "half_pixel"   # 0/0 there: engines differ
     m = x.mag * (1.6 if mode == "cubic" else 1.0)
     return b.op1("Resize", ins, x.dtype, tuple(out), -m, m, **attrs)
 
@@ -1136,6 +1143,175 @@ def view(b: GraphBuilder, x: Val, pool: list) -> tuple[Val, list]:
     return b.op1("Tile", [x, b.ints(reps)], x.dtype, out, x.lo, x.hi), []
 
 
+# ---------------------------------------------------------------- motifs the passes rewrite
+
+
+def motif(b: GraphBuilder, x: Val, pool: list) -> tuple[Val, list]:
+    """A subgraph in the form exporters write and kiln's passes recognise or simplify:
+    LayerNorm and GELU spelled out, attention, Conv+BatchNorm, MatMul+Add, transpose
+    sandwiches, no-op chains, duplicated subexpressions, constant subgraphs and the
+    Shape->Gather->Concat->Reshape idiom of dynamic exporters."""
+    rng = b.rng
+    names = ["layernorm", "gelu", "attention", "conv_bn", "matmul_add", "transposes", "nops",
+             "duplicate", "const_subgraph", "dynamic_reshape", "residual", "softmax_spelled"]
+    kind = str(rng.choice(names))
+    x = x if x.is_float else b.cast(x, F32)
+    if x.rank == 0:
+        x = _fit(b, x, 2)
+    x = b.scale_to(x, 4.0)
+    dt = x.dtype
+    c = lambda v: b.const(np.array(v, dtype=dt))  # noqa: E731
+    if kind == "layernorm":
+        axis = -1 if rng.random() < 0.7 else -x.rank
+        axes = [axis] if axis == -1 else list(range(x.rank))
+        mean = _reduce_mean(b, x, axes)
+        d = b.op1("Sub", [x, mean], dt, x.shape, -2 * x.mag, 2 * x.mag)
+        sq = b.op1("Pow", [d, c(2.0)], dt, x.shape, 0, 4 * x.mag ** 2) if rng.random() < 0.5 else \
+            b.op1("Mul", [d, d], dt, x.shape, 0, 4 * x.mag ** 2)
+        var = _reduce_mean(b, sq, axes)
+        ve = b.op1("Add", [var, c(1e-3)], dt, var.shape, 1e-3, var.hi + 1e-3)
+        sd = b.op1("Sqrt", [ve], dt, var.shape, 0.03, math.sqrt(ve.hi))
+        nrm = b.op1("Div", [d, sd], dt, x.shape, -math.sqrt(x.size) - 1, math.sqrt(x.size) + 1)
+        g = b.const(b.random_array(x.shape[-1:], dt, 0.5, 1.5))
+        y = b.op1("Mul", [nrm, g], dt, x.shape, nrm.lo * 1.5, nrm.hi * 1.5)
+        bias = b.const(b.random_array(x.shape[-1:], dt, -0.5, 0.5))
+        return b.op1("Add", [y, bias], dt, x.shape, y.lo - 0.5, y.hi + 0.5), []
+    if kind == "gelu":
+        if rng.random() < 0.5:    # 0.5 * x * (1 + erf(x / sqrt(2)))
+            t = b.op1("Div", [x, c(math.sqrt(2.0))], dt, x.shape, x.lo / 1.5, x.hi / 1.5)
+            e = b.op1("Erf", [t], dt, x.shape, -1, 1)
+        else:                     # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+            x3 = b.op1("Pow", [x, c(3.0)], dt, x.shape, -x.mag ** 3, x.mag ** 3)
+            t = b.op1("Mul", [x3, c(0.044715)], dt, x.shape, -0.05 * x.mag ** 3, 0.05 * x.mag ** 3)
+            t = b.op1("Add", [x, t], dt, x.shape, -x.mag - t.hi, x.mag + t.hi)
+            t = b.op1("Mul", [t, c(math.sqrt(2 / math.pi))], dt, x.shape, t.lo, t.hi)
+            e = b.op1("Tanh", [t], dt, x.shape, -1, 1)
+        e1 = b.op1("Add", [e, c(1.0)], dt, x.shape, 0, 2)
+        h = b.op1("Mul", [x, c(0.5)], dt, x.shape, x.lo / 2, x.hi / 2)
+        return b.op1("Mul", [h, e1], dt, x.shape, -x.mag, x.mag), []
+    if kind == "attention":
+        s, d = int(rng.integers(1, 9)), int(rng.choice([2, 4, 8]))
+        heads = int(rng.choice([1, 2]))
+        q = _fit(b, x, 3, [heads, s, d])
+        k = b.input((heads, s, d), dt, -1, 1)
+        v = b.input((heads, s, d), dt, -1, 1)
+        kt = b.op1("Transpose", [k], dt, (heads, d, s), -1, 1, perm=[0, 2, 1])
+        sc = b.op1("MatMul", [q, kt], dt, (heads, s, s), -q.mag * d, q.mag * d)
+        sc = b.op1("Mul" if rng.random() < 0.5 else "Div", [sc, c(1 / math.sqrt(d)) if rng.random() < 0.5
+                                                            else c(math.sqrt(d))],
+                   dt, sc.shape, -q.mag * d, q.mag * d)
+        if rng.random() < 0.4:
+            mask = b.const(np.where(np.tril(np.ones((s, s))) > 0, 0.0, -1e4).astype(dt))
+            sc = b.op1("Add", [sc, mask], dt, sc.shape, -1e4 - sc.mag, sc.mag)
+        p = b.op1("Softmax", [sc], dt, sc.shape, 0, 1, axis=-1)
+        return b.op1("MatMul", [p, v], dt, (heads, s, d), -1, 1), [sc] if rng.random() < 0.2 else []
+    if kind == "conv_bn":
+        y = conv(b, x)
+        ch = y.shape[1]
+        scale = b.const(b.random_array((ch,), dt, 0.5, 1.5))
+        bias = b.const(b.random_array((ch,), dt, -0.5, 0.5))
+        mean = b.const(b.random_array((ch,), dt, -0.5, 0.5))
+        var = b.const(b.random_array((ch,), dt, 0.5, 1.5))
+        m = (y.mag + 0.5) * 1.5 / math.sqrt(0.5) + 0.5
+        return b.op1("BatchNormalization", [y, scale, bias, mean, var], dt, y.shape, -m, m, epsilon=1e-3), []
+    if kind == "matmul_add":
+        y = matmul(b, x) if rng.random() < 0.7 else gemm(b, x)
+        bias = b.const(b.random_array(y.shape[-1:] if y.rank else (), dt, -1, 1))
+        out = b.op1("Add", [y, bias] if rng.random() < 0.7 else [bias, y], dt, y.shape, y.lo - 1, y.hi + 1)
+        return out, []
+    if kind == "transposes":
+        perm = [int(p) for p in rng.permutation(x.rank)]
+        t = b.op1("Transpose", [x], dt, tuple(x.shape[p] for p in perm), x.lo, x.hi, perm=perm)
+        t = unary(b, t, str(rng.choice(["Relu", "Neg", "Sigmoid", "Abs"])))
+        if rng.random() < 0.5:
+            t = binary(b, t, [], str(rng.choice(["Add", "Mul"])))
+        back = [perm.index(k) for k in range(x.rank)] if rng.random() < 0.6 else \
+            [int(p) for p in rng.permutation(t.rank)]
+        return b.op1("Transpose", [t], dt, tuple(t.shape[p] for p in back), t.lo, t.hi, perm=back), []
+    if kind == "nops":
+        y = x
+        for _ in range(int(rng.integers(1, 4))):
+            op = str(rng.choice(["mul1", "add0", "reshape2", "cast_same", "identity", "dropout", "pad0",
+                                 "slice_all", "expand_same", "sub0", "div1"]))
+            if op in ("mul1", "add0", "sub0", "div1"):
+                k = {"mul1": 1.0, "div1": 1.0, "add0": 0.0, "sub0": 0.0}[op]
+                onnx_op = {"mul1": "Mul", "div1": "Div", "add0": "Add", "sub0": "Sub"}[op]
+                shape = broadcast_shape(rng, y.shape)
+                y = b.op1(onnx_op, [y, b.const(np.full(shape, k, dtype=dt))], dt, y.shape, y.lo, y.hi)
+            elif op == "reshape2":
+                mid = _factor(rng, y.size, int(rng.integers(1, 4)))
+                y = b.reshape(b.reshape(y, mid), y.shape)
+            elif op == "cast_same":
+                y = b.op1("Cast", [y], dt, y.shape, y.lo, y.hi, to=_NP[dt])
+            elif op == "identity":
+                y = b.op1("Identity", [y], dt, y.shape, y.lo, y.hi)
+            elif op == "dropout":
+                y = b.node("Dropout", [y], [(dt, y.shape, y.lo, y.hi)])[0]
+            elif op == "pad0":
+                y = b.op1("Pad", [y, b.ints([0] * (2 * y.rank))], dt, y.shape, y.lo, y.hi)
+            elif op == "slice_all" and y.rank:
+                y = b.op1("Slice", [y, b.ints([0]), b.ints([2 ** 62]), b.ints([0])], dt, y.shape, y.lo, y.hi)
+            elif op == "expand_same":
+                y = b.op1("Expand", [y, b.ints(list(y.shape))], dt, y.shape, y.lo, y.hi)
+        return y, []
+    if kind == "duplicate":    # the same computation twice (CSE), combined
+        op = str(rng.choice(["Sigmoid", "Exp", "Relu", "Tanh"]))
+        u = unary(b, x, op)
+        w = b.op1(op, [b.vals[b.nodes[-1].input[0]]], dt, u.shape, u.lo, u.hi)
+        return b.op1("Add", [u, w], dt, u.shape, 2 * u.lo, 2 * u.hi), []
+    if kind == "const_subgraph":   # weights computed from constants (constant folding)
+        kdim = x.shape[-1]
+        n = int(rng.choice(_SIZES[b.big]))
+        w = _weight(b, (n, kdim), kdim, dt)
+        wt = b.op1("Transpose", [w], dt, (kdim, n), w.lo, w.hi, perm=[1, 0])
+        if rng.random() < 0.5:
+            wt = b.op1("Mul", [wt, c(0.5)], dt, wt.shape, wt.lo / 2, wt.hi / 2)
+        lo, hi = -x.mag * kdim * wt.mag, x.mag * kdim * wt.mag
+        out = x.shape[:-1] + (n,) if x.rank > 1 else (n,)
+        return b.op1("MatMul", [x, wt], dt, out, lo, hi), []
+    if kind == "dynamic_reshape" and x.rank >= 2:
+        # Shape -> Gather(0) -> Unsqueeze -> Concat([-1]) -> Reshape: flatten all but dim 0
+        sh = b.op1("Shape", [x], I64, (x.rank,), 0, max(x.shape))
+        d0 = b.op1("Gather", [sh, b.ints(0)], I64, (), 0, x.shape[0], axis=0)
+        u = b.op1("Unsqueeze", [d0, b.ints([0])], I64, (1,), 0, x.shape[0]) if b.opset >= 13 else \
+            b.op1("Unsqueeze", [d0], I64, (1,), 0, x.shape[0], axes=[0])
+        tgt = b.op1("Concat", [u, b.ints([-1])], I64, (2,), -1, x.shape[0], axis=0)
+        y = b.op1("Reshape", [x, tgt], dt, (x.shape[0], x.size // max(x.shape[0], 1)), x.lo, x.hi)
+        return unary(b, y), []
+    if kind == "residual":     # y = x + f(x): the anchor's input read again by its epilogue
+        if x.rank == 4:
+            ch = x.shape[1]
+            w = _weight(b, (ch, ch, 1, 1), ch, dt)
+            y = b.op1("Conv", [x, w], dt, x.shape, -x.mag * 2, x.mag * 2)
+        else:
+            kdim = x.shape[-1]
+            w = _weight(b, (kdim, kdim), kdim, dt)
+            y = b.op1("MatMul", [x, w], dt, x.shape, -x.mag * math.sqrt(kdim), x.mag * math.sqrt(kdim))
+        y = unary(b, y, str(rng.choice(["Relu", "Sigmoid", "Tanh"])))
+        return b.op1("Add", [x, y], dt, x.shape, x.lo + y.lo, x.hi + y.hi), []
+    # softmax spelled out: exp(x - max) / sum(exp(x - max))
+    mx = _reduce(b, "ReduceMax", x, [-1])
+    d = b.op1("Sub", [x, mx], dt, x.shape, -2 * x.mag, 0)
+    e = b.op1("Exp", [d], dt, x.shape, 0, 1)
+    sm = _reduce(b, "ReduceSum", e, [-1])
+    return b.op1("Div", [e, sm], dt, x.shape, 0, 1), []
+
+
+def _reduce(b: GraphBuilder, op: str, x: Val, axes: list) -> Val:
+    """op over `axes` with keepdims (axes an input from the opset where it is one)."""
+    red = {a % x.rank for a in axes}
+    shape = tuple(1 if k in red else d for k, d in enumerate(x.shape))
+    n = math.prod(x.shape[k] for k in red)
+    lo, hi = (x.lo, x.hi) if op != "ReduceSum" else (n * min(x.lo, 0), n * max(x.hi, 0))
+    if b.opset >= 18 or (op == "ReduceSum" and b.opset >= 13):
+        return b.op1(op, [x, b.ints(axes)], x.dtype, shape, lo, hi, keepdims=1)
+    return b.op1(op, [x], x.dtype, shape, lo, hi, axes=axes, keepdims=1)
+
+
+def _reduce_mean(b: GraphBuilder, x: Val, axes: list) -> Val:
+    return _reduce(b, "ReduceMean", x, axes)
+
+
 # ---------------------------------------------------------------- whole graphs
 
 
@@ -1143,13 +1319,19 @@ def random_model(rng: np.random.Generator, opset: int | None = None) -> tuple[Gr
     """A random valid model: returns the builder (nodes, inputs, feeds) and its outputs."""
     opset = int(rng.choice(OPSETS)) if opset is None else opset
     sym_prob = float(rng.choice([0.0, 0.0, 0.3, 0.6]))
-    b = GraphBuilder(rng, opset, sym_prob)
+    b = GraphBuilder(rng, opset, sym_prob, big=rng.random() < 0.25)
     dtype = np.dtype(rng.choice([F32] * 8 + [F64, F16]))
     x = b.input(_dims(rng, int(rng.integers(1, 5))), dtype)
     pool, outputs = [x], []
-    for _ in range(int(rng.integers(1, 4))):
+    for _ in range(int(rng.integers(1, 5))):
         r = rng.random()
-        if r < 0.6:
+        if r < 0.2:
+            x, extra = motif(b, x, pool)
+            outputs += extra
+            pool.append(x)
+            x, chain = epilogue(b, x, pool, int(rng.integers(0, 3)))
+            pool += chain[1:]
+        elif r < 0.65:
             names = list(ANCHORS)
             w = np.array([ANCHOR_WEIGHTS[n] for n in names])
             name = str(rng.choice(names, p=w / w.sum()))
@@ -1165,7 +1347,7 @@ def random_model(rng: np.random.Generator, opset: int | None = None) -> tuple[Gr
                 outputs.append(x)        # the anchor's result exported, and also used by the epilogue
             x, chain = epilogue(b, x, pool, int(rng.integers(0, 5)))
             pool += chain[1:]
-        elif r < 0.85:
+        elif r < 0.88:
             for _ in range(int(rng.integers(1, 4))):
                 x, extra = view(b, x, pool)
                 outputs += extra

@@ -260,12 +260,18 @@ def shrink(model: onnx.ModelProto, feeds: dict, still_fails: Predicate, *,
 # ---------------------------------------------------------------- regression files
 
 
+def bug_class(model: onnx.ModelProto, signature: str) -> str:
+    """A shrunk failure's class: its signature and the op types left in the minimal graph
+    (mismatches share one signature; what is left after shrinking tells them apart)."""
+    return signature + "|" + ",".join(sorted({n.op_type for n in model.graph.node}))
+
+
 def save_regression(model: onnx.ModelProto, feeds: dict, folder: str, *, signature: str,
-                    message: str, seed=None, levels=(), xfail: str = "") -> str:
+                    message: str, seed=None, levels=(), xfail: str = "", key: str | None = None) -> str:
     """Write `<name>.onnx` (the finding in its metadata) and `<name>.npz` (its inputs);
-    returns the .onnx path. The name is the signature's hash: one file per bug class."""
+    returns the .onnx path. The name is the hash of `key` (default: the bug class)."""
     os.makedirs(folder, exist_ok=True)
-    h = hashlib.sha1(signature.encode()).hexdigest()[:10]
+    h = hashlib.sha1((key or bug_class(model, signature)).encode()).hexdigest()[:10]
     kind = signature.split("|", 1)[0]
     name = f"{kind}_{h}"
     m = onnx.ModelProto()
