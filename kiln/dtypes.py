@@ -60,7 +60,10 @@ class DType(enum.Enum):
     def c_storage(self) -> str | None:
         """The C type of this dtype's bytes in memory: `.c`, or for the storage-only dtypes
         (bfloat16, float8, float4, int4/int2) the unsigned integer of their NumPy itemsize;
-        the C backend converts those to float32/int32 to compute. None for string/complex."""
+        the C backend converts those to float32/int32 to compute; for string the
+        `kiln_str` view {pointer, byte length} (kiln.runtime.strings). None for complex."""
+        if self is DType.string:
+            return "kiln_str"
         return self.c or _STORAGE.get(self)
 
     @property
@@ -82,7 +85,8 @@ class DType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return self.np.itemsize
+        """Bytes per element in native buffers (a string is a 16-byte `kiln_str` there)."""
+        return 16 if self is DType.string else self.np.itemsize
 
     def __repr__(self) -> str:
         return self.name

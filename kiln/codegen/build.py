@@ -24,6 +24,7 @@ import numpy as np
 from kiln.codegen.cachedir import cache_dir, private_dir, sha256_file, write_atomic
 from kiln.errors import KilnError
 from kiln.runtime import native as _native  # (importing it sets the OpenMP wait policy first)
+from kiln.runtime import strings as _strings
 from kiln.codegen.c import emit_c, emit_c_units, func_symbol
 from kiln.codegen.cpu import cpu_features
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
@@ -201,21 +202,37 @@ class Kernel:
         self.cfunc = getattr(lib, func_symbol(func.name))
         self.cfunc.argtypes = [ctypes.c_void_p] * len(func.params)
         self.cfunc.restype = ctypes.c_int32
+        self.release = _strings.release_function(lib)
 
     def __call__(self, *arrays):
         ps = self.func.params
         if len(arrays) != len(ps):
             raise KilnError(f"kernel {self.func.name!r} takes {len(ps)} arrays "
                             f"({', '.join(p.name for p in ps)}), got {len(arrays)}")
-        ptrs = []
+        ptrs, keep, strs = [], [], []
         for p, a in zip(ps, arrays):
-            if not isinstance(a, np.ndarray) or a.dtype != p.dtype.np or a.shape != tuple(p.shape) \
+            native_str = isinstance(a, np.ndarray) and a.dtype == _strings.KILN_STR and p.dtype.name == "string"
+            if not isinstance(a, np.ndarray) or (a.dtype != p.dtype.np and not native_str) or a.shape != tuple(p.shape) \
                     or not a.flags.c_contiguous:
                 got = f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
                 raise KilnError(f"kernel {self.func.name!r} argument {p.name!r}: expected a C-contiguous "
                                 f"{p.dtype}{list(p.shape)} array, got {got}")
+            if a.dtype == object:  # strings: passed as kiln_str arrays, results written back
+                native, blob = _strings.to_native(a) if p.name.startswith("in") else \
+                    (np.zeros(a.shape, _strings.KILN_STR), None)
+                keep += [native, blob]
+                if not p.name.startswith("in"):
+                    strs.append((a, native))
+                a = native
             ptrs.append(a.ctypes.data)
-        rc = self.cfunc(*ptrs)
+        try:
+            rc = self.cfunc(*ptrs)
+            if rc == 0:
+                for a, native in strs:
+                    a[...] = _strings.from_native(native)
+        finally:
+            if self.release is not None and keep:
+                self.release()
         if rc != 0:
             why = _native.failure_text(rc, dict(self.func.errors), _native.error_value(self.lib))
             raise KilnError(f"kernel {self.func.name!r} failed (status {rc}): {why}")

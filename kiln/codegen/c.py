@@ -72,6 +72,8 @@ PRELUDE = (UNIT_START + """
   (r_ != 0 && ((r_ < 0) != (d_ < 0))) ? q_ - 1 : q_; })
 #define KILN_FLOORMOD(T, a, b) ({ T m_ = (a), e_ = (b), s_ = m_ % e_; \\
   (s_ != 0 && ((s_ < 0) != (e_ < 0))) ? s_ + e_ : s_; })
+/* a string tensor's element: UTF-8 bytes, not NUL-terminated (kiln.runtime.strings) */
+typedef struct { const char* ptr; int64_t len; } kiln_str;
 static inline void* kiln_alloc(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 /* exp_floored's floor, an argument whose exp is still a normal number. Variables, not
    literals: with a constant the compiler folds exp(floor) and turns exp(max(x, floor))

@@ -50,6 +50,8 @@ def emit_header(source: str, symbol: str, inputs: list[Port], outputs: list[Port
              f"#define {up}_WORKSPACE_BYTES {workspace_bytes}",
              f"#define {up}_NUM_INPUTS {len(inputs)}",
              f"#define {up}_NUM_OUTPUTS {len(outputs)}", ""]
+    if any(p.dtype is DType.string for _, _, p in ports):
+        lines += [_STRINGS, ""]
     for kind, k, p in ports:
         elems = 1
         for d in p.shape:
@@ -118,6 +120,17 @@ _PREAMBLE = """\
 extern "C" {{
 #endif
 """
+
+_STRINGS = """\
+/* String tensors are arrays of kiln_str: UTF-8 bytes (not NUL-terminated) and their
+ * length. Output strings the model makes live in a per-thread arena of the library:
+ * read (copy) them, then from the same thread: if (kiln_str_release) kiln_str_release();
+ * (a library whose kernels make no strings has no arena and no such function). */
+#ifndef KILN_STR_DEFINED
+#define KILN_STR_DEFINED
+typedef struct { const char* ptr; int64_t len; } kiln_str;
+__attribute__((weak)) void kiln_str_release(void);
+#endif"""
 
 _RUN_DOC = """\
 /* Runs the model once. Returns 0 on success, -1 when native code could not allocate

@@ -29,6 +29,7 @@ from kiln.lower.kernel import Unfusable, lower_group, lowerable
 from kiln.passes.fusion import VIEW_OPS, FusionPlan, partition
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
+from kiln.ops.strings_lower import constant_kernel
 from kiln.runtime.native import interface_text
 
 ALIGN = 64
@@ -145,6 +146,15 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
             steps.append((name, [alias.get(v.id, v), p], f"copy to output {v.name!r}"))
         written.add(v.id)
 
+    # string constants are written by a kernel of their own (pointers to literals in the
+    # library), first thing in every run: the weights blob holds bytes, not pointers
+    str_consts = {a.id: a for _, args, _ in steps for a in args
+                  if isinstance(a, Value) and a.const is not None and a.type.dtype is DType.string}
+    for k, v in enumerate(str_consts.values()):
+        name = f"const_str{k}"
+        funcs.append(constant_kernel(name, v.const))
+        steps.insert(k, (name, [v], f"string constant {v.name!r}"))
+
     in_params = {v.id: Buffer(f"in_{i}", v.type.dtype, tuple(v.type.shape)) for i, v in enumerate(graph.inputs)}
     out_of = {}
     for i, v in enumerate(graph.outputs):
@@ -154,7 +164,7 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     offsets, blob = {}, bytearray()
     for _, args, _ in steps:
         for a in args:
-            if isinstance(a, Value) and a.const is not None and a.id not in offsets:
+            if isinstance(a, Value) and a.const is not None and a.id not in offsets and a.id not in str_consts:
                 if a.type.dtype.c_storage is None:  # bfloat16, float8, int4.. are bytes as numpy's
                     raise KilnError(f"constant %{a.name} has dtype {a.type.dtype}, which the C backend "
                                     "cannot handle", stage="lower")
@@ -172,7 +182,7 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
     for k, (_, args, _) in enumerate(steps):
         for a in args:
             if isinstance(a, Value):
-                if a.const is not None or a.id in in_params or a.id in out_of:
+                if a.id not in str_consts and (a.const is not None or a.id in in_params or a.id in out_of):
                     continue
                 key, nbytes = a.id, _nbytes(a.type)
             elif a in outs:
@@ -204,6 +214,8 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
         if isinstance(a, Value):
             if a.id in in_params:
                 return in_params[a.id]
+            if a.id in str_consts:
+                return View(abuf, plan.offsets[a.id])
             if a.const is not None:
                 return View(wbuf, offsets[a.id])
             if a.id in out_of:

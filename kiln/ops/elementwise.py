@@ -181,7 +181,7 @@ def _native(ctx) -> None:
     the schedule."""
     for what, types in (("input", ctx.input_types), ("output", ctx.output_types)):
         for k, t in enumerate(types):
-            if t is not None and t.dtype.c_storage is None:
+            if t is not None and (t.dtype.c_storage is None or t.dtype is DType.string):
                 ctx.fail(f"{what} {k} has element type {t.dtype}, which native code (C) cannot hold",
                          stage="lower")
     ctx.schedule(_injective_schedule)
@@ -191,6 +191,9 @@ def _lowers(*names):
     """Attach one lowering to several ops; it gets the C-type check and the injective schedule."""
     def deco(fn):
         def lower(ctx, *ins):
+            if ctx.node.op == "Equal" and ctx.input_types[0].dtype is DType.string:
+                from kiln.ops.strings_lower import string_equal  # a C kernel over kiln_str
+                return string_equal(ctx, *ins)
             _native(ctx)
             return fn(ctx, *ins)
         for n in names:

@@ -18,6 +18,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
+from kiln.runtime import strings
 
 
 # OpenMP threads that spin between kernels steal the cores they share with other
@@ -130,6 +131,7 @@ class NativeModule:
         self.entry = getattr(self.lib, entry_symbol)
         self.entry.restype = ctypes.c_int32
         self.output_types = [(tuple(s), DType.from_name(d).np) for s, d in output_types]
+        self._release = strings.release_function(self.lib)
         self.weights = np.ascontiguousarray(weights, dtype=np.uint8)
         self.workspace_bytes = int(workspace_bytes)  # what the entry needs (an artifact's header says it)
         self.workspace = np.zeros(max(int(workspace_bytes), 64) + 64, dtype=np.uint8)
@@ -142,12 +144,20 @@ class NativeModule:
         self._lock = threading.Lock()
 
     def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        ins = [np.ascontiguousarray(x) for x in inputs]
-        outs = [np.empty(shape, dtype=dt) for shape, dt in self.output_types]
+        ins, keep = _native_arrays(inputs)
+        outs = [(np.zeros(shape, strings.KILN_STR) if dt == object else np.empty(shape, dt))
+                for shape, dt in self.output_types]
         ptrs = [ctypes.c_void_p(a.ctypes.data) for a in ins + outs]
         ptrs += [ctypes.c_void_p(self.weights.ctypes.data), ctypes.c_void_p(self._ws_ptr)]
         with self._lock:
-            rc = self.entry(*ptrs)
+            try:
+                rc = self.entry(*ptrs)
+                if rc == 0:  # strings are read before the arena (and the inputs' bytes) go
+                    outs = [strings.from_native(o) if o.dtype == strings.KILN_STR else o for o in outs]
+            finally:
+                if self._release is not None:
+                    self._release()
+        del keep
         if rc != 0:
             raise KilnError(self._failure(rc), stage="run")
         return outs
@@ -157,8 +167,9 @@ class NativeModule:
         """Run the entry's kernels one by one, `runs` times, timing each. Returns the outputs
         and, per call, its seconds in each run. `call_args` is the build's record of the
         entry's calls (kernel symbol, and per argument its base buffer and byte offset)."""
-        ins = [np.ascontiguousarray(x) for x in inputs]
-        outs = [np.empty(shape, dtype=dt) for shape, dt in self.output_types]
+        ins, keep = _native_arrays(inputs)
+        outs = [(np.zeros(shape, strings.KILN_STR) if dt == object else np.empty(shape, dt))
+                for shape, dt in self.output_types]
         base = {f"in{k}": a.ctypes.data for k, a in enumerate(ins)}
         base.update({f"out{k}": a.ctypes.data for k, a in enumerate(outs)})
         base.update(weights=self.weights.ctypes.data, workspace=self._ws_ptr)
@@ -176,8 +187,14 @@ class NativeModule:
                     rc = fn(*ptrs)
                     times[k, r] = clock() - t0
                     if rc != 0:
+                        if self._release is not None:
+                            self._release()
                         raise KilnError(self._failure(-(k + 2 + ((rc if 0 < rc < 1023 else 1023) << 20))),
                                         stage="run")
+            outs = [strings.from_native(o) if o.dtype == strings.KILN_STR else o for o in outs]
+            if self._release is not None:
+                self._release()
+        del keep
         return outs, list(times)
 
     def _failure(self, rc: int) -> str:
@@ -214,3 +231,16 @@ def failure_text(code: int, errors: dict, value: int | None) -> str:
         return (f"bad input data (status {code}): an index or size read from the inputs is out of "
                 "range")
     return msg.replace("{value}", "?" if value is None else str(value))
+
+
+def _native_arrays(arrays: list) -> tuple[list[np.ndarray], list]:
+    """Contiguous arrays as native code reads them: string (object) arrays become kiln_str
+    arrays; returns those and what must stay alive until the call returns."""
+    out, keep = [], []
+    for x in arrays:
+        x = np.asarray(x)
+        if x.dtype == object or x.dtype.kind in "SU":
+            x, blob = strings.to_native(x)
+            keep.append(blob)
+        out.append(np.ascontiguousarray(x))
+    return out, keep

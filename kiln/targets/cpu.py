@@ -336,17 +336,27 @@ class Staged:
 
     def _run_sizing_kernel(self, args: list) -> list:
         from kiln.limits import check_memory
-        args = [np.ascontiguousarray(a) for a in args if a is not None]
+        from kiln.runtime import strings
+        from kiln.runtime.native import _native_arrays
+        args, keep = _native_arrays([a for a in args if a is not None])
         params = self.func.params[len(args):]
         check_memory(sum(int(np.prod(p.shape, dtype=object)) * p.dtype.itemsize for p in params),
                      "the outputs' largest possible size", node=self.node.name, op=self.node.op, stage="run")
-        outs = [np.empty(p.shape, p.dtype.np) for p in params]
-        self.kernel(*args, *outs)
-        dims, pos, sized = outs[-1], 0, []
-        for buf in outs[:-1]:
-            shape = tuple(int(d) for d in dims[pos:pos + buf.ndim])
-            pos += buf.ndim
-            sized.append(buf.reshape(-1)[:int(np.prod(shape))].reshape(shape).copy())
+        # string outputs: kiln_str capacity buffers (calloc'd, so untouched capacity is free)
+        outs = [np.zeros(p.shape, strings.KILN_STR) if p.dtype.name == "string" else np.empty(p.shape, p.dtype.np)
+                for p in params]
+        try:
+            self.kernel(*args, *outs)
+            dims, pos, sized = outs[-1], 0, []
+            for buf in outs[:-1]:
+                shape = tuple(int(d) for d in dims[pos:pos + buf.ndim])
+                pos += buf.ndim
+                got = buf.reshape(-1)[:int(np.prod(shape))].reshape(shape)
+                sized.append(strings.from_native(got) if buf.dtype == strings.KILN_STR else got.copy())
+        finally:
+            if self.kernel.release is not None:
+                self.kernel.release()
+        del keep
         return sized
 
     def _run_runtime_op(self, args: list, env: dict) -> list:

@@ -1,0 +1,68 @@
+"""String tensors at the native boundary: NumPy object arrays <-> arrays of `kiln_str`.
+
+Native code holds a string as `typedef struct { const char* ptr; int64_t len; } kiln_str;`
+(UTF-8 bytes, not NUL-terminated). An input's strings are encoded into one byte blob
+that lives as long as the call; kernels that make new strings (StringConcat, case
+changes) take their bytes from a per-thread arena in the module (`kiln_str_alloc`),
+which `release` frees once the outputs have been copied back into Python strings.
+Outputs may also point into the inputs (StringSplit's pieces) or into the library's
+own constants: every output is decoded before the inputs' blob is dropped.
+
+Lone surrogates round-trip (`surrogateescape`), so any Python `str` or `bytes`
+value goes through unchanged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+KILN_STR = np.dtype([("ptr", np.uintp), ("len", np.int64)])  # matches the C struct (16 bytes)
+RELEASE_SYMBOL = "kiln_str_release"
+
+
+def _utf8(v) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogateescape")
+    if isinstance(v, np.str_):
+        return str(v).encode("utf-8", "surrogateescape")
+    raise TypeError(f"a string tensor holds {type(v).__name__}, not str")
+
+
+def to_native(x: np.ndarray) -> tuple[np.ndarray, object]:
+    """(the kiln_str array of `x`'s strings, the blob its pointers point into: keep it alive)."""
+    flat = [_utf8(v) for v in np.asarray(x, dtype=object).reshape(-1)]
+    lens = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
+    blob = np.frombuffer(b"".join(flat) or b"\0", dtype=np.uint8)
+    out = np.empty(np.shape(x), dtype=KILN_STR)
+    view = out.reshape(-1)
+    starts = np.zeros(len(flat), dtype=np.int64)
+    if len(flat) > 1:
+        np.cumsum(lens[:-1], out=starts[1:])
+    view["ptr"] = blob.ctypes.data + starts.astype(np.uintp)
+    view["len"] = lens
+    return out, blob
+
+
+def from_native(a: np.ndarray) -> np.ndarray:
+    """A NumPy object array of `str` from a kiln_str array (the bytes are copied)."""
+    flat = a.reshape(-1)
+    out = np.empty(flat.size, dtype=object)
+    string_at = ctypes.string_at
+    for k, (p, n) in enumerate(zip(flat["ptr"].tolist(), flat["len"].tolist())):
+        out[k] = string_at(p, n).decode("utf-8", "surrogateescape") if n else ""
+    return out.reshape(a.shape)
+
+
+def release_function(lib: ctypes.CDLL):
+    """The library's arena release (None when it has no string kernels)."""
+    try:
+        fn = getattr(lib, RELEASE_SYMBOL)
+    except AttributeError:
+        return None
+    fn.restype = None
+    fn.argtypes = []
+    return fn
