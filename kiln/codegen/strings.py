@@ -13,6 +13,8 @@ so that the copies in several translation units link into one.
 
 from __future__ import annotations
 
+import functools
+
 HELPERS = r"""
 #ifndef KILN_STRINGS_HELPERS
 #define KILN_STRINGS_HELPERS
@@ -167,3 +169,138 @@ def str_table(name: str, items: list) -> str:
 def utf8_key(s) -> bytes:
     """The bytes kiln_str_cmp orders by: sort tables with this before baking them."""
     return s if isinstance(s, bytes) else str(s).encode("utf-8", "surrogateescape")
+
+
+# code points where cased letters and case-ignorable marks occur (planes 0-1, tags and
+# variation selectors); CJK planes 2-3 hold neither
+_CASE_RANGES = ((0, 0x20000), (0xE0000, 0xE1000))
+
+
+def _code_points():
+    for lo, hi in _CASE_RANGES:
+        for c in range(lo, hi):
+            if not 0xD800 <= c < 0xE000:
+                yield c
+
+
+def _ranges(points: list[int]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for c in points:
+        if out and out[-1][1] == c - 1:
+            out[-1][1] = c
+        else:
+            out.append([c, c])
+    return [(a, b) for a, b in out]
+
+
+def _int_array(name: str, ctype: str, values) -> str:
+    values = list(values) or [0]
+    return f"static const {ctype} {name}[{len(values)}] = {{{', '.join(map(str, values))}}};\n"
+
+
+@functools.lru_cache(maxsize=None)
+def case_helpers(kind: str) -> str:
+    """C defining `int kiln_str_<kind>(kiln_str s, kiln_str* out)` (kind "lower" or "upper"):
+    Python's str.lower()/str.upper() of s, in the arena. The mapping tables are Python's
+    own (full case mappings: "ß".upper() is "SS"), taken from this interpreter's Unicode
+    database at compile time, so results never depend on the machine's C locale. lower()
+    also follows Python's Final_Sigma rule for U+03A3 (cased and case-ignorable sets
+    derived from Python's own behaviour)."""
+    change = str.lower if kind == "lower" else str.upper
+    cps, offs, blob, ratio = [], [0], bytearray(), 1
+    for c in _code_points():
+        if c == 0x3A3 and kind == "lower":
+            continue  # context-dependent: kiln_final_sigma
+        m = change(chr(c))
+        if m != chr(c):
+            b = m.encode()
+            cps.append(c)
+            blob += b
+            offs.append(len(blob))
+            ratio = max(ratio, -(-len(b) // len(chr(c).encode())))
+    k = kind
+    out = [f"#ifndef KILN_CASE_{k.upper()}\n#define KILN_CASE_{k.upper()}\n",
+           _int_array(f"kiln_{k}_cp", "int32_t", cps), _int_array(f"kiln_{k}_off", "int32_t", offs),
+           f"static const char kiln_{k}_bytes[] = {c_bytes(bytes(blob))};\n"]
+    sigma = ""
+    if kind == "lower":
+        out.append(_sigma_helpers())
+        sigma = """    if (c == 0x3A3) { p[o++] = (char)0xCF; p[o++] = kiln_final_sigma(u, s.len, i, w) ? (char)0x82 : (char)0x83;
+      i += w; continue; }
+"""
+    ascii_change = "u[i] >= 'A' && u[i] <= 'Z' ? u[i] + 32" if kind == "lower" else "u[i] >= 'a' && u[i] <= 'z' ? u[i] - 32"
+    out.append(f"""static int kiln_str_{k}(kiln_str s, kiln_str* out) {{
+  if (!kiln_str_ok(s) || s.len > INT64_MAX / {ratio}) return 2;
+  char* p = kiln_str_alloc(s.len * {ratio});
+  if (!p) return 1;
+  const unsigned char* u = (const unsigned char*)s.ptr;
+  int64_t o = 0, i = 0;
+  while (i < s.len) {{
+    if (u[i] < 0x80) {{ p[o++] = (char)({ascii_change} : u[i]); ++i; continue; }}
+    int32_t c;
+    const int w = kiln_utf8_next(u + i, s.len - i, &c);
+{sigma}    int64_t lo = 0, hi = {len(cps)};
+    while (lo < hi) {{ const int64_t mid = (lo + hi) / 2; if (kiln_{k}_cp[mid] < c) lo = mid + 1; else hi = mid; }}
+    if (c >= 0 && lo < {len(cps)} && kiln_{k}_cp[lo] == c) {{
+      const int32_t a = kiln_{k}_off[lo], b = kiln_{k}_off[lo + 1];
+      memcpy(p + o, kiln_{k}_bytes + a, (size_t)(b - a));
+      o += b - a;
+    }} else {{
+      memcpy(p + o, u + i, (size_t)w);
+      o += w;
+    }}
+    i += w;
+  }}
+  out->ptr = p; out->len = o;
+  return 0;
+}}
+#endif
+""")
+    return "".join(out)
+
+
+def _sigma_helpers() -> str:
+    cased, ignorable = [], []
+    for c in _code_points():
+        x = chr(c)
+        alone = (x + "\u03a3").lower()[-1] == "\u03c2"        # x is cased and not case-ignorable
+        between = ("A" + x + "\u03a3").lower()[-1] == "\u03c2"  # x is cased or case-ignorable
+        if alone:
+            cased.append(c)
+        elif between:
+            ignorable.append(c)
+    parts = []
+    for name, pts in (("cased", cased), ("ignorable", ignorable)):
+        rs = _ranges(pts)
+        parts += [_int_array(f"kiln_{name}_lo", "int32_t", [a for a, _ in rs]),
+                  _int_array(f"kiln_{name}_hi", "int32_t", [b for _, b in rs]),
+                  f"""static int kiln_is_{name}(int32_t c) {{
+  int64_t lo = 0, hi = {len(rs)};
+  while (lo < hi) {{ const int64_t mid = (lo + hi) / 2; if (kiln_{name}_hi[mid] < c) lo = mid + 1; else hi = mid; }}
+  return c >= 0 && lo < {len(rs)} && kiln_{name}_lo[lo] <= c;
+}}
+"""]
+    parts.append("""/* Python's Final_Sigma test for the U+03A3 at u[i..i+w): a cased letter before it and none
+   after it, skipping case-ignorable code points both ways */
+static int kiln_final_sigma(const unsigned char* u, int64_t n, int64_t i, int w) {
+  int64_t j = i;
+  int32_t c = -1;
+  while (j > 0) {
+    int64_t k = j - 1;
+    while (k > 0 && j - k < 4 && (u[k] & 0xC0) == 0x80) --k;
+    int32_t d;
+    if (k + kiln_utf8_next(u + k, n - k, &d) != j) { d = -1; k = j - 1; }
+    j = k;
+    if (!kiln_is_ignorable(d)) { c = d; break; }
+  }
+  if (!kiln_is_cased(c)) return 0;
+  for (j = i + w; j < n;) {
+    int32_t d;
+    const int ww = kiln_utf8_next(u + j, n - j, &d);
+    if (!kiln_is_ignorable(d)) return !kiln_is_cased(d);
+    j += ww;
+  }
+  return 1;
+}
+""")
+    return "".join(parts)

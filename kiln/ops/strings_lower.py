@@ -35,7 +35,9 @@ def broadcast_offset(out_shape, in_shape, i: str = "i") -> str:
     return " + ".join(reversed(terms)) or "0"
 
 
-def _extern(ctx, body: str, inputs: list, outputs: list, preamble: str = "", errors=None, **kw):
+def string_extern(ctx, body: str, inputs: list, outputs: list, preamble: str = "", errors=None, **kw):
+    """ctx.extern for a kernel over kiln_str values: the string helpers in its preamble and
+    their statuses in its error messages."""
     return ctx.extern(body, inputs, outputs, preamble=HELPERS + preamble, errors={**ERRORS, **(errors or {})},
                       **kw)
 
@@ -50,7 +52,7 @@ def _string_concat_lower(ctx, a, b):
     if (rc) return rc;
   }}
   return 0;"""
-    return _extern(ctx, body, [a, b], [(out, DType.string)])
+    return string_extern(ctx, body, [a, b], [(out, DType.string)])
 
 
 def string_equal(ctx, a, b):
@@ -59,7 +61,7 @@ def string_equal(ctx, a, b):
     body = f"""  for (int64_t i = 0; i < {math.prod(out)}LL; ++i)
     out0[i] = kiln_str_eq(in0[{broadcast_offset(out, a.shape)}], in1[{broadcast_offset(out, b.shape)}]);
   return 0;"""
-    return _extern(ctx, body, [a, b], [(out, DType.bool)])
+    return string_extern(ctx, body, [a, b], [(out, DType.bool)])
 
 
 def constant_kernel(name: str, data) -> "ExternFunc":
@@ -115,5 +117,127 @@ def _string_split_lower(ctx, x):
   return 0;"""
     errors = {3: f"a string splits into more than {width} pieces, the most this kernel holds for "
                  f"{n} strings ({SPLIT_MAX_PIECES} in all)"}
-    return _extern(ctx, body, [x], [(shape + (width,), DType.string), (shape, DType.int64)], dynamic=True,
+    return string_extern(ctx, body, [x], [(shape + (width,), DType.string), (shape, DType.int64)], dynamic=True,
                    errors=errors)
+
+
+# ---- StringNormalizer ----
+
+@lowering("StringNormalizer")
+def _string_normalizer_lower(ctx, x):
+    from kiln.codegen.strings import case_helpers, str_table, utf8_key
+    shape = tuple(ctx.input_types[0].shape)
+    n = math.prod(shape)
+    sensitive = bool(ctx.attr("is_case_sensitive", 0))
+    stop = sorted({utf8_key(_text(w) if sensitive else _text(w).lower())
+                   for w in ctx.attr("stopwords", None) or []})
+    change = {"LOWER": "lower", "UPPER": "upper"}.get(ctx.attr("case_change_action", "NONE"))
+    preamble = "".join(case_helpers(k) for k in sorted({change, None if sensitive or not stop else "lower"} - {None}))
+    fold = "" if sensitive or not stop else "    if ((rc = kiln_str_lower(s, &key)) != 0) return rc;\n"
+    body = str_table("stop", stop) + f"""  int64_t m = 0;
+  int rc;
+  for (int64_t i = 0; i < {n}LL; ++i) {{
+    const kiln_str s = in0[i];
+    kiln_str key = s, out = s;
+    if (!kiln_str_ok(s)) return 2;
+{fold if stop else ""}{f"    if (kiln_str_find(stop, {len(stop)}, key) >= 0) continue;" if stop else ""}
+{f"    if ((rc = kiln_str_{change}(s, &out)) != 0) return rc;" if change else ""}
+    out0[m++] = out;
+  }}
+"""
+    if not stop:  # no word removed: the output has the input's shape
+        return string_extern(ctx, body + "  (void)rc; (void)stop;\n  return 0;", [x], [(shape, DType.string)],
+                       preamble=preamble)
+    # the spec's "everything removed" result is one empty string, not an empty tensor
+    dims = "".join(f"  out1[{k}] = {d};\n" for k, d in enumerate(shape[:-1]))
+    body += f"""  if (m == 0) {{ out0[0].ptr = ""; out0[0].len = 0; m = 1; }}
+{dims}  out1[{len(shape) - 1}] = m;
+  return 0;"""
+    cap = shape[:-1] + (max(shape[-1], 1),)
+    return string_extern(ctx, body, [x], [(cap, DType.string)], preamble=preamble, dynamic=True)
+
+
+def _text(v) -> str:
+    return v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v)
+
+
+# ---- TfIdfVectorizer ----
+
+@lowering("TfIdfVectorizer")
+def _tfidf_lower(ctx, x):
+    """Counts every n-gram (n in [min_gram_length, max_gram_length], items `skip + 1`
+    apart for skip <= max_skip_count) found in the pool, per row. Items become int64 ids
+    first (a string's rank in the pool's sorted vocabulary, -1 when absent); each n has
+    a table of its pooled n-grams sorted lexicographically, searched by bisection."""
+    import numpy as np
+
+    from kiln.codegen.strings import str_table, utf8_key
+    from kiln.ops.strings import _tfidf_pool
+    from kiln.ops.tensor import c_literals
+    grams, width = _tfidf_pool(ctx)
+    xt = ctx.input_types[0]
+    shape = tuple(xt.shape)
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape
+    is_str = xt.dtype is DType.string
+    vocab = sorted({s for g in grams for s in g}, key=utf8_key) if is_str else []
+    rank = {s: k for k, s in enumerate(vocab)}
+    by_n: dict[int, list] = {}
+    for g, k in grams.items():
+        by_n.setdefault(len(g), []).append(([rank[s] for s in g] if is_str else [int(v) for v in g], k))
+    lo, hi = int(ctx.attr("min_gram_length")), int(ctx.attr("max_gram_length"))
+    max_skip = int(ctx.attr("max_skip_count"))
+    mode = ctx.attr("mode", "TF")
+    # weights are per pooled n-gram, as the spec says and ONNX Runtime does (the ONNX
+    # reference evaluator indexes them by output column instead)
+    weights = np.asarray(ctx.attr("weights", None) or np.ones(len(grams)), np.float32)
+    if mode != "TF" and weights.size != len(grams):
+        ctx.fail(f"weights has {weights.size} entries for {len(grams)} pooled n-grams", stage="lower")
+    indexes = [int(v) for v in ctx.attr("ngram_indexes")]
+    if any(i < 0 for i in indexes):
+        ctx.fail(f"ngram_indexes must be non-negative, got {min(indexes)}", stage="lower")
+    body = [str_table("vocab", vocab) if is_str else "",
+            f"  static const int64_t idx[{max(len(indexes), 1)}] = {{{', '.join(map(str, indexes)) or '0'}}};\n",
+            f"  static const float w[{max(weights.size, 1)}] = "
+            f"{{{', '.join(c_literals(weights, DType.float32)) if weights.size else '0'}}};\n"]
+    search = []
+    for n in range(max(lo, 1), hi + 1):
+        table = sorted(by_n.get(n, []))
+        if not table:
+            continue
+        flat = [v for g, _ in table for v in g]
+        body.append(f"  static const int64_t g{n}[{len(flat)}] = {{{', '.join(map(str, flat))}}};\n"
+                    f"  static const int64_t k{n}[{len(table)}] = {{{', '.join(str(k) for _, k in table)}}};\n")
+        search.append(f"""    for (int64_t step = 1; step <= {max_skip + 1 if n > 1 else 1}; ++step)
+      for (int64_t s = 0; s + {n - 1} * step < {cols}; ++s) {{
+        int64_t a = 0, b = {len(table)};
+        while (a < b) {{  /* first gram >= the window */
+          const int64_t m = a + (b - a) / 2;
+          int c = 0;
+          for (int64_t j = 0; j < {n} && !c; ++j) {{
+            const int64_t u = g{n}[m * {n} + j], v = ids[s + j * step];
+            c = (u > v) - (u < v);
+          }}
+          if (c < 0) a = m + 1; else b = m;
+        }}
+        int eq = a < {len(table)};
+        for (int64_t j = 0; j < {n} && eq; ++j) eq = g{n}[a * {n} + j] == ids[s + j * step];
+        if (eq) cnt[k{n}[a]] += 1.0f;
+      }}
+""")
+    load = "kiln_str_find(vocab, {}, in0[r * {} + c])".format(len(vocab), cols) if is_str else \
+        f"(int64_t)in0[r * {cols} + c]"
+    value = {"TF": "cnt[k]", "IDF": "(cnt[k] > 1.0f ? 1.0f : cnt[k]) * w[k]", "TFIDF": "cnt[k] * w[k]"}[mode]
+    body.append(f"""  float* cnt = (float*)malloc({max(len(grams), 1)} * sizeof(float));
+  int64_t* ids = (int64_t*)malloc({max(cols, 1)} * sizeof(int64_t));
+  if (!cnt || !ids) {{ free(cnt); free(ids); return 1; }}
+  for (int64_t r = 0; r < {rows}; ++r) {{
+    memset(cnt, 0, {max(len(grams), 1)} * sizeof(float));
+    for (int64_t c = 0; c < {cols}; ++c) ids[c] = {load};
+{"".join(search)}    float* o = out0 + r * {width};
+    for (int64_t j = 0; j < {width}; ++j) o[j] = 0.0f;
+    for (int64_t k = 0; k < {len(grams)}; ++k) o[idx[k]] += {value};
+  }}
+  free(cnt); free(ids);
+  (void)w; (void)idx;
+  return 0;""")
+    return string_extern(ctx, "".join(body), [x], [(ctx.out_shape(), DType.float32)])

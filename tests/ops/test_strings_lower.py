@@ -135,3 +135,143 @@ def test_string_split_ascii_agrees_with_onnxruntime():
     for attrs in ({}, {"delimiter": "a"}, {"maxsplit": 2}):
         run_all(one_node("StringSplit", {"x": x}, ["y", "z"], attrs=attrs, out_types={"z": TP.INT64}),
                 {"x": x}, onnx_ref=False)
+
+
+NORMALIZER_CASES = [dict(case_change_action="LOWER"), dict(case_change_action="UPPER"),
+                    dict(stopwords=["a", "Zb", "ß"], case_change_action="UPPER"),
+                    dict(stopwords=["A", "SS", ""]), dict(stopwords=["a", "b"], is_case_sensitive=1),
+                    dict(stopwords=["é"], is_case_sensitive=1, case_change_action="LOWER")]
+
+
+@pytest.mark.parametrize("attrs", NORMALIZER_CASES)
+@pytest.mark.parametrize("shape", [(9,), (1, 7)])
+def test_string_normalizer_unicode_case_and_stopwords(attrs, shape):
+    """Python's full case mappings (ß -> SS, İ -> i̇, final sigma), not the C locale's."""
+    rng = np.random.default_rng(6)
+    x = rand_strings(rng, shape, ALPHABET + ["ΟΔΟΣ", "Σ ", "ﬃ"], max_len=3)
+    x.reshape(-1)[:3] = ["a", "A", "ß"]  # stopwords present in both cases
+    got = run_all(one_node("StringNormalizer", {"x": x}, ["y"], attrs=attrs), {"x": x}, ort=False, onnx_ref=False)
+    change = {"LOWER": str.lower, "UPPER": str.upper}.get(attrs.get("case_change_action"), str)
+    fold = str if attrs.get("is_case_sensitive") else str.lower
+    stop = {fold(w) for w in attrs.get("stopwords", [])}
+    want = [change(s) for s in x.ravel() if fold(s) not in stop] or [""]
+    assert got["y"].ravel().tolist() == want
+
+
+def test_string_normalizer_removes_everything_to_one_empty_string():
+    x = np.array([["b", "B"]], dtype=object)
+    y = run_all(one_node("StringNormalizer", {"x": x}, ["y"], attrs=dict(stopwords=["b"], locale="C")), {"x": x},
+                onnx_ref=False)["y"]
+    assert y.shape == (1, 1) and y[0, 0] == ""
+
+
+@pytest.mark.parametrize("attrs", NORMALIZER_CASES[:3])
+def test_string_normalizer_ascii_agrees_with_onnxruntime(attrs):
+    rng = np.random.default_rng(7)
+    x = rand_strings(rng, (8,), ["a", "b", "Z", "q"], max_len=3)
+    x[x == ""] = "q"
+    # ORT's default locale (en_US.UTF-8) may not be installed; kiln is locale-free anyway
+    run_all(one_node("StringNormalizer", {"x": x}, ["y"], attrs={**attrs, "locale": "C"}), {"x": x},
+            onnx_ref=False)
+
+
+def _ml_node(op, x, attrs, opset, out_type):
+    node = oh.make_node(op, ["x"], ["y"], domain=ML, **attrs)
+    xt = S if x.dtype == object else oh.np_dtype_to_tensor_dtype(x.dtype)
+    g = oh.make_graph([node], "g", [oh.make_tensor_value_info("x", xt, x.shape)],
+                      [oh.make_tensor_value_info("y", out_type, None)])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 20), oh.make_opsetid(ML, opset)], ir_version=10)
+
+
+KEYS = ["a", "é", "", "ß😀", "zz", "b"]
+
+
+@pytest.mark.parametrize("values, out_type, default", [
+    ({"values_int64s": [1, 2, 3, 4, 5, 6]}, TP.INT64, {"default_int64": -7}),
+    ({"values_floats": [0.5, 1.5, -2.0, 3.25, 4.0, 9.0]}, TP.FLOAT, {}),
+    ({"values_strings": ["x", "y", "", "中", "w", "last"]}, TP.STRING, {"default_string": "?"}),
+    ({"values_tensor": numpy_helper.from_array(np.arange(6, dtype=np.int64) * 10, "v")}, TP.INT64,
+     {"default_tensor": numpy_helper.from_array(np.array([-1], np.int64), "d")}),
+])
+def test_label_encoder_string_keys(values, out_type, default):
+    rng = np.random.default_rng(8)
+    x = np.array(rng.choice(np.array(KEYS + ["nope", "A"], dtype=object), (3, 5)), dtype=object)
+    run_all(_ml_node("LabelEncoder", x, {"keys_strings": KEYS, **values, **default}, 4, out_type), {"x": x})
+
+
+def test_label_encoder_repeated_key_takes_the_last_value_as_the_reference():
+    """ORT keeps the first; kiln's reference (the golden model) the last."""
+    x = np.array(["a", "b", "c"], dtype=object)
+    y = run_all(_ml_node("LabelEncoder", x, {"keys_strings": ["a", "b", "a"], "values_int64s": [1, 2, 3]}, 4,
+                         TP.INT64), {"x": x}, ort=False, onnx_ref=False)["y"]
+    assert y.tolist() == [3, 2, -1]
+
+
+@pytest.mark.parametrize("keys, dtype", [({"keys_int64s": [3, -1, 7, 4]}, np.int64),
+                                         ({"keys_floats": [0.5, -2.0, 7.0, 4.0]}, np.float32)])
+def test_label_encoder_string_values(keys, dtype):
+    rng = np.random.default_rng(9)
+    x = rng.choice(np.array([3, -1, 7, 0.5, -2, 2], dtype=dtype), (7,)).astype(dtype)
+    attrs = {**keys, "values_strings": ["p", "é", "", "q"], "default_string": "none"}
+    run_all(_ml_node("LabelEncoder", x, attrs, 4, TP.STRING), {"x": x})
+
+
+def test_label_encoder_string_tensor_attributes():
+    keys = numpy_helper.from_array(np.array(["b", "a", "ü"], dtype=object), "k")
+    vals = numpy_helper.from_array(np.array(["1", "2", "3"], dtype=object), "v")
+    dflt = numpy_helper.from_array(np.array(["zero"], dtype=object), "d")
+    x = np.array(["a", "ü", "c", "b", ""], dtype=object)
+    y = run_all(_ml_node("LabelEncoder", x, {"keys_tensor": keys, "values_tensor": vals, "default_tensor": dflt},
+                         4, TP.STRING), {"x": x})["y"]
+    assert y.tolist() == ["2", "3", "zero", "1", "zero"]
+
+
+def test_label_encoder_v1_and_category_mapper_both_ways():
+    classes = ["x", "yé", "", "x2"]
+    s = np.array(["yé", "x2", "q", "", "x"], dtype=object)
+    i = np.array([0, 3, 4, -1, 2], dtype=np.int64)
+    run_all(_ml_node("LabelEncoder", s, {"classes_strings": classes, "default_int64": 9}, 1, TP.INT64), {"x": s},
+            onnx_ref=False)  # the ONNX reference has no LabelEncoder-1
+    run_all(_ml_node("LabelEncoder", i, {"classes_strings": classes, "default_string": "d"}, 1, TP.STRING),
+            {"x": i}, onnx_ref=False)
+    cats = {"cats_strings": ["x", "yé", "", "x2"], "cats_int64s": [5, 6, 7, 8]}
+    run_all(_ml_node("CategoryMapper", s, {**cats, "default_int64": -3}, 1, TP.INT64), {"x": s},
+            onnx_ref=False)  # nor a CategoryMapper
+    j = np.array([5, 8, 0, 7, 6], dtype=np.int64)
+    run_all(_ml_node("CategoryMapper", j, {**cats, "default_string": "no"}, 1, TP.STRING), {"x": j},
+            onnx_ref=False)
+
+
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+@pytest.mark.parametrize("kind", ["int32", "int64", "string"])
+@pytest.mark.parametrize("grams", [(1, 1, 0), (1, 2, 0), (2, 3, 2)])
+def test_tfidf_vectorizer_matches_onnxruntime(mode, kind, grams):
+    rng = np.random.default_rng(10)
+    lo, hi, skip = grams
+    vocab = ["a", "é", "b c", "", "中", "z"] if kind == "string" else [3, 1, 4, 5, 9, 2]
+    uni = vocab[:4]
+    bi = [vocab[0], vocab[1], vocab[2], vocab[0], vocab[1], vocab[1]]
+    tri = [vocab[0], vocab[1], vocab[1]]
+    pool = uni + bi + tri
+    counts = [0, len(uni), len(uni) + len(bi)]
+    n = len(uni) + len(bi) // 2 + len(tri) // 3
+    attrs = dict(mode=mode, min_gram_length=lo, max_gram_length=hi, max_skip_count=skip, ngram_counts=counts,
+                 ngram_indexes=list(rng.permutation(n)), weights=list(rng.random(n).round(3)))
+    attrs["pool_strings" if kind == "string" else "pool_int64s"] = pool
+    src = np.array(vocab + (["?"] if kind == "string" else [7]), dtype=object)
+    x = rng.choice(src, (2, 9))
+    x = x.astype(object) if kind == "string" else x.astype(kind)
+    # the ONNX reference weighs output columns, not pooled n-grams (the spec, ORT and kiln)
+    y = run_all(one_node("TfIdfVectorizer", {"x": x}, ["y"], attrs=attrs, opset=20, out_types={"y": TP.FLOAT}),
+                {"x": x}, onnx_ref=mode == "TF")["y"]
+    assert y.shape == (2, n) and y.any()
+
+
+def test_tfidf_vectorizer_shared_and_unused_output_columns():
+    """Two pooled n-grams counted into one column, a column no n-gram feeds, 1-D input."""
+    x = np.array([5, 6, 5, 7, 6, 5], dtype=np.int64)
+    attrs = dict(mode="TF", min_gram_length=1, max_gram_length=2, max_skip_count=1, ngram_counts=[0, 3],
+                 ngram_indexes=[0, 0, 3, 1], pool_int64s=[5, 6, 7, 5, 6])
+    y = run_all(one_node("TfIdfVectorizer", {"x": x}, ["y"], attrs=attrs, opset=20, out_types={"y": TP.FLOAT}),
+                {"x": x})["y"]
+    assert y.tolist() == [5.0, 2.0, 0.0, 1.0]  # 5 and 6 share column 0; (5, 6) at skip 0 and 1
