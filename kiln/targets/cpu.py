@@ -131,7 +131,9 @@ def _native_module(graph: Graph, manifest: dict):
     from kiln.runtime.native import NativeModule
     from kiln.targets.cache import library_path
     consts = graph.constants()
-    raws = [np.ascontiguousarray(c.const).view(np.uint8).reshape(-1) for c in consts]
+    # string constants are not in the blob (a kernel of the library writes them)
+    raws = [np.zeros(0, np.uint8) if c.const.dtype == object else
+            np.ascontiguousarray(c.const).view(np.uint8).reshape(-1) for c in consts]
     size = manifest["weights_bytes"]
     if size > sum(r.size + 64 for r in raws) + 64:
         raise KilnError(f"weights blob of {size} bytes for {len(consts)} constants", stage="cache")
