@@ -123,7 +123,15 @@ def re2_to_python(ctx, pattern: str) -> re.Pattern:
                 out.append(re.escape(pattern[i + 2:end]))
                 i = end + 2
                 continue
-            if n.isdigit() and n != "0":
+            if n == "x" and pattern[i + 2:i + 3] == "{":  # \x{10FFFF}
+                end = pattern.find("}", i + 3)
+                try:
+                    out.append(re.escape(chr(int(pattern[i + 3:end], 16))))
+                except ValueError:
+                    ctx.fail(f"pattern {pattern!r} has a bad escape \\x{{...}}")
+                i = end + 1
+                continue
+            if n.isdigit() and n != "0" and not (len(pattern) > i + 3 and pattern[i + 2:i + 4].isdigit()):
                 ctx.fail(f"pattern {pattern!r} uses a backreference, which RE2 syntax does not allow")
             out.append("\\Z" if n == "z" else c + n)
             i += 2

@@ -241,3 +241,62 @@ def _tfidf_lower(ctx, x):
   (void)w; (void)idx;
   return 0;""")
     return string_extern(ctx, "".join(body), [x], [(ctx.out_shape(), DType.float32)])
+
+
+# ---- RegexFullMatch ----
+
+@lowering("RegexFullMatch")
+def _regex_full_match_lower(ctx, x):
+    """glibc's POSIX regex engine (<regex.h>) on the pattern translated from RE2 syntax
+    (kiln.ops.regex_posix): compiled once per kernel (pthread_once), in the "C" locale so
+    the engine matches the translation's UTF-8 byte sequences whatever the process locale;
+    REG_STARTEND lets it read kiln_str bytes without a terminating NUL."""
+    import hashlib
+
+    from kiln.codegen.strings import c_bytes
+    from kiln.ops.regex_posix import RegexError, re2_to_ere
+    pattern = ctx.attr("pattern")
+    pattern = pattern.decode("utf-8", "surrogateescape") if isinstance(pattern, bytes) else str(pattern)
+    try:
+        ere = re2_to_ere(pattern)
+    except RegexError as e:
+        ctx.fail(f"pattern {pattern!r} cannot run natively: {e}", stage="lower")
+    h = "kiln_rx_" + hashlib.sha256(ere).hexdigest()[:16]
+    preamble = f"""#include <regex.h>
+#include <locale.h>
+#include <limits.h>
+#include <pthread.h>
+#ifndef {h.upper()}
+#define {h.upper()}
+static regex_t {h};
+static int {h}_state;  /* 1: compiled, 2: no C locale, 3: regcomp failed */
+static locale_t {h}_loc;
+static pthread_once_t {h}_once = PTHREAD_ONCE_INIT;
+static void {h}_init(void) {{
+  {h}_loc = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+  if (!{h}_loc) {{ {h}_state = 2; return; }}
+  const locale_t old = uselocale({h}_loc);
+  {h}_state = regcomp(&{h}, {c_bytes(ere)}, REG_EXTENDED | REG_NOSUB) == 0 ? 1 : 3;
+  uselocale(old);
+}}
+#endif
+"""
+    n = math.prod(ctx.input_types[0].shape)
+    body = f"""  pthread_once(&{h}_once, {h}_init);
+  if ({h}_state != 1) return {h}_state == 2 ? 1 : 3;
+  const locale_t old = uselocale({h}_loc);
+  int rc = 0;
+  for (int64_t i = 0; i < {n}LL && !rc; ++i) {{
+    const kiln_str s = in0[i];
+    if (!kiln_str_ok(s)) {{ rc = 2; break; }}
+    if (s.len > INT_MAX) {{ rc = 4; break; }}
+    regmatch_t m[1];
+    m[0].rm_so = 0;
+    m[0].rm_eo = (regoff_t)s.len;
+    out0[i] = regexec(&{h}, s.len ? s.ptr : "", 1, m, REG_STARTEND) == 0;
+  }}
+  uselocale(old);
+  return rc;"""
+    errors = {3: "the C library's regcomp refused the pattern translated to POSIX syntax",
+              4: "a string longer than 2**31 - 1 bytes, more than POSIX regexec can address"}
+    return string_extern(ctx, body, [x], [(ctx.out_shape(), DType.bool)], preamble=preamble, errors=errors)

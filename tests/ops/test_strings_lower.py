@@ -4,6 +4,8 @@ empty strings, multi-byte UTF-8 and broadcasting."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -275,3 +277,55 @@ def test_tfidf_vectorizer_shared_and_unused_output_columns():
     y = run_all(one_node("TfIdfVectorizer", {"x": x}, ["y"], attrs=attrs, opset=20, out_types={"y": TP.FLOAT}),
                 {"x": x})["y"]
     assert y.tolist() == [5.0, 2.0, 0.0, 1.0]  # 5 and 6 share column 0; (5, 6) at skip 0 and 1
+
+
+REGEX_PATTERNS = [
+    r"abc", r"a.c", r"[a-c]+\d{2,3}", r"(?i)straße", r"(?i)k", r"[^a]", r"\w+@\w+\.com", r"(?:ab|cd)*",
+    r"[]a-]+", r"[\^\]\-]*", r"é+", r"", r"a|", r"(?P<x>a)b*?", r"\Qa.b\E", r"[[:upper:]][[:digit:]]\z",
+    r".*", r"(?s).*", r"\D\S\W", r"[^\d\s]+", r"\bab\b.*", r"a{2}|b{1,}", r"[α-ω]+", r"(?i)[α-γ]+",
+    r"\x{4e2d}.", r"\x41\101\n?", r"^a$", r"(a|é)(?i:B)c?", r"[^[:alpha:]]*", r"a\.b\*\{",
+    r"\pL", r"(?m)^a", r"a**", r"(a)\1", r"(?=a)", r"a*+", r"\C",
+]
+REGEX_TEXTS = ["abc", "aXc", "aéc", "a\nc", "ab12", "ab123", "STRASSE", "Straße", "STRAẞE", "k", "K", "\u212a",
+               "b", "a", "", "x@y.com", "abcd", "cdab", "]-a", "^]", "éé", "e\u0301", "ab", "abbb", "a.b",
+               "Z9", "Z99", "1 !", "αβγ", "ΑΒΓ", "中x", "中", "AA\n", "AA", "éB", "aBc", "a.b*{", "12 34", "ab cd"]
+
+
+def test_regex_full_match_translation_table():
+    """Each RE2 pattern natively (glibc regex over the translated POSIX pattern) against
+    ONNX Runtime (RE2 itself); patterns RE2 or the translator refuse fail clearly."""
+    from kiln.ops.regex_posix import RegexError, re2_to_ere
+    x = np.array(REGEX_TEXTS, dtype=object)
+    ok = []
+    for p in REGEX_PATTERNS:
+        try:
+            re2_to_ere(p)
+            ok.append(p)
+        except RegexError:
+            continue
+    assert len(ok) == len(REGEX_PATTERNS) - 7  # the last seven are refused
+    nodes = [oh.make_node("RegexFullMatch", ["x"], [f"y{k}"], pattern=p) for k, p in enumerate(ok)]
+    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", S, [len(x)])],
+                      [oh.make_tensor_value_info(f"y{k}", TP.BOOL, None) for k in range(len(ok))])
+    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 20)], ir_version=10)
+    got = kiln.compile(model, target="cpu").run({"x": x})
+    import onnxruntime
+    want = onnxruntime.InferenceSession(model.SerializeToString(),
+                                        providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for k, p in enumerate(ok):
+        bad = [t for t, a, b in zip(REGEX_TEXTS, got[f"y{k}"], want[k]) if a != b]
+        assert not bad, f"pattern {p!r}: kiln and RE2 disagree on {bad}"
+
+
+@pytest.mark.parametrize("pattern, construct", [
+    (r"\pL", r"bad escape \\p"), (r"(?m)^a", "multi-line"), (r"a**", "multiple repeat"),
+    (r"(a)\1", "backreference"), (r"(?=a)", "lookaround"), (r"a*+", "possessive"), (r"\C", r"bad escape \\C"),
+    ("a\x00", "NUL"), (r"a{1001}", "bad repetition")])
+def test_regex_refused_patterns_name_the_construct(pattern, construct):
+    """Refused at compile time, by inference (what RE2 rejects) or by the translator
+    (what POSIX cannot express), with the node and the construct named."""
+    x = np.array(["a"], dtype=object)
+    model = one_node("RegexFullMatch", {"x": x}, ["y"], attrs={"pattern": pattern}, out_types={"y": TP.BOOL})
+    with pytest.raises(kiln.KilnError, match="RegexFullMatch node") as e:
+        kiln.compile(model, target="cpu")
+    assert re.search(construct, str(e.value)), str(e.value)
