@@ -175,13 +175,18 @@ def _bind(shape, idx, e: L.Expr) -> L.Expr:
     return t[idx]
 
 
+# ops whose lowering only selects or copies values: they move kiln_str elements as they are
+_MOVES_STRINGS = {"Where", "Identity"}
+
+
 def _native(ctx) -> None:
     """Fail clearly on element types the C backend cannot hold (string, complex; bfloat16,
     float8 and the sub-byte ints it stores as bytes and computes on in float32/int32), and pick
     the schedule."""
     for what, types in (("input", ctx.input_types), ("output", ctx.output_types)):
         for k, t in enumerate(types):
-            if t is not None and (t.dtype.c_storage is None or t.dtype is DType.string):
+            if t is not None and (t.dtype.c_storage is None or
+                                  (t.dtype is DType.string and ctx.node.op not in _MOVES_STRINGS)):
                 ctx.fail(f"{what} {k} has element type {t.dtype}, which native code (C) cannot hold",
                          stage="lower")
     ctx.schedule(_injective_schedule)

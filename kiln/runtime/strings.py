@@ -34,9 +34,19 @@ def _utf8(v) -> bytes:
 
 def to_native(x: np.ndarray) -> tuple[np.ndarray, object]:
     """(the kiln_str array of `x`'s strings, the blob its pointers point into: keep it alive)."""
-    flat = [_utf8(v) for v in np.asarray(x, dtype=object).reshape(-1)]
-    lens = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
-    blob = np.frombuffer(b"".join(flat) or b"\0", dtype=np.uint8)
+    flat = np.asarray(x, dtype=object).reshape(-1).tolist()
+    try:  # all str: one join and one encode in C, byte lengths fixed up only for non-ASCII strings
+        text = "".join(flat)
+        data = text.encode("utf-8", "surrogateescape")
+        lens = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
+        if len(data) != len(text):
+            wide = np.flatnonzero(~np.fromiter(map(str.isascii, flat), dtype=bool, count=len(flat)))
+            lens[wide] = [len(flat[k].encode("utf-8", "surrogateescape")) for k in wide.tolist()]
+    except TypeError:  # bytes (or something else, refused by _utf8) among the elements
+        enc = [_utf8(v) for v in flat]
+        data = b"".join(enc)
+        lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
+    blob = np.frombuffer(data or b"\0", dtype=np.uint8)
     out = np.empty(np.shape(x), dtype=KILN_STR)
     view = out.reshape(-1)
     starts = np.zeros(len(flat), dtype=np.int64)
