@@ -28,6 +28,25 @@ def _n(k: int) -> bytes:
     return struct.pack("<Q", k)
 
 
+def _flat_list(xs: list) -> bytes | None:
+    """The very bytes `Encoder.item` gives a list of only floats, ints or strs, made in one
+    go (None for any other list): attribute lists such as a tree ensemble's node values run
+    to 100,000s of items, which one generator step each took seconds to encode."""
+    if len(xs) < 16:
+        return None
+    kinds = set(map(type, xs))
+    if kinds == {float}:
+        rec = np.empty((len(xs), 9), np.uint8)
+        rec[:, 0] = ord("f")
+        rec[:, 1:] = np.asarray(xs, "<f8").view(np.uint8).reshape(-1, 8)
+        return b"l" + _n(len(xs)) + rec.tobytes()
+    if kinds == {int}:
+        return b"l" + _n(len(xs)) + b"".join(_text(b"i", str(x)) for x in xs)
+    if kinds == {str}:
+        return b"l" + _n(len(xs)) + b"".join(_text(b"s", x) for x in xs)
+    return None
+
+
 def _text(tag: bytes, s: str) -> bytes:
     data = s.encode("utf-8", "surrogatepass")
     return tag + _n(len(data)) + data
@@ -58,6 +77,8 @@ class Encoder:
             yield b"b" + _n(len(data)) + data
         elif isinstance(obj, (np.ndarray, np.generic)):
             yield from self.array(np.asarray(obj))
+        elif isinstance(obj, list) and (packed := _flat_list(obj)) is not None:
+            yield packed
         elif isinstance(obj, (list, tuple)):
             yield (b"l" if isinstance(obj, list) else b"t") + _n(len(obj))
             for x in obj:

@@ -52,7 +52,9 @@ class Node:
         for v in self.attrs.values():
             if isinstance(v, Graph):
                 yield v
-            elif isinstance(v, list):
+            elif isinstance(v, list) and v and isinstance(v[0], Graph):
+                # attribute lists are homogeneous (ONNX GRAPHS): a list of numbers, such as a
+                # tree ensemble's 100,000 node values, is skipped at its first element
                 yield from (g for g in v if isinstance(g, Graph))
 
     def __repr__(self) -> str:
@@ -130,7 +132,7 @@ def _clone(g: Graph, vmap: dict[int, Value]) -> Graph:
         if isinstance(a, Graph):
             return _clone(a, vmap)
         if isinstance(a, list):
-            return [attr(x) for x in a]
+            return [attr(x) for x in a] if a and isinstance(a[0], (Graph, list)) else list(a)
         return a
 
     inputs = [val(v) for v in g.inputs]

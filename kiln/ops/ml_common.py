@@ -94,9 +94,18 @@ def c_blob(name: str, data: bytes) -> str:
     """`static const unsigned char name[]`, 64-byte aligned, holding `data` (native byte order):
     a string literal, which C compilers read far faster than a long list of numbers."""
     data = data or b"\0"
-    chunks = ['"' + "".join(f"\\x{b:02x}" for b in data[i:i + 2048]) + '"' for i in range(0, len(data), 2048)]
+    b = np.frombuffer(data, np.uint8)
+    esc = np.empty((len(b), 4), np.uint8)  # \xHH per byte, built at once
+    esc[:, 0], esc[:, 1] = ord("\\"), ord("x")
+    esc[:, 2], esc[:, 3] = _HEX[b >> 4], _HEX[b & 15]
+    text = esc.tobytes().decode("ascii")
+    step = 4 * 2048
+    chunks = ['"' + text[i:i + step] + '"' for i in range(0, len(text), step)]
     return (f"  static const unsigned char {name}[{len(data)}] __attribute__((aligned(64))) =\n    "
             + "\n    ".join(chunks) + ";\n")
+
+
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 
 
 def c_post_transform(ctx, kind, n: int) -> str:

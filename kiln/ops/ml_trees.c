@@ -8,6 +8,7 @@
    independent load chains at once) until none moves. Trees other than all-LEQ without
    missing-value tracks read a mode byte per node (the generic step).
 
+   A batch of fewer than 4 rows walks 8 trees at once per row instead (the lanes take trees).
    Rows are cut in blocks; a block walks every tree in order, so each row's scores
    are summed in tree order (the order ONNX Runtime sums in, which keeps labels at
    exact ties equal), and the tree's nodes stay in cache across the block's rows.
@@ -109,6 +110,30 @@ static inline void kiln_tree_walk_##S(const kiln_forest_##S* F, int64_t tree, co
   for (int b = 0; b < nb; ++b) leaf[b] = id[b];                                                  \
 }                                                                                                \
                                                                                                  \
+/* the leaf record one row (x) reaches in each of trees t0 .. t0+nb-1: the lanes walk     \
+   several trees at once, for batches too small to fill them with rows */                       \
+static inline void kiln_tree_walk_trees_##S(const kiln_forest_##S* F, int64_t t0, int nb,       \
+                                            const T* x, int32_t* leaf) {                         \
+  int32_t id[KILN_TREE_LANES], d = 0;                                                            \
+  for (int b = 0; b < nb; ++b) {                                                                 \
+    id[b] = F->root[t0 + b];                                                                     \
+    d = F->depth[t0 + b] > d ? F->depth[t0 + b] : d;                                             \
+  }                                                                                              \
+  const kiln_tn_##S* nd = F->nd;                                                                 \
+  for (int32_t s = 0; s < d; ++s) {                                                              \
+    int moved = 0;                                                                               \
+    for (int b = 0; b < nb; ++b) {                                                               \
+      int32_t nx;                                                                                \
+      if (!F->mode) { const kiln_tn_##S* n = nd + id[b]; nx = n->ch[!(x[n->f] <= n->t)]; }       \
+      else nx = kiln_tree_step_##S(F, id[b], x);                                                 \
+      moved |= nx != id[b];                                                                      \
+      id[b] = nx;                                                                                \
+    }                                                                                            \
+    if (!moved) break;                                                                           \
+  }                                                                                              \
+  for (int b = 0; b < nb; ++b) leaf[b] = id[b];                                                  \
+}                                                                                                \
+                                                                                                 \
 static inline void kiln_tree_add_##S(const kiln_forest_##S* F, int32_t n, T* a, uint8_t* h) {    \
   for (int32_t e = F->lstart[n]; e < F->lstart[n + 1]; ++e) {                                    \
     const int32_t tg = F->ltgt[e];                                                               \
@@ -124,6 +149,15 @@ static void kiln_forest_block_##S(const kiln_forest_##S* F, const T* x, int64_t 
                                   int64_t r0, int64_t r1, T* acc, uint8_t* has) {                \
   int32_t leaf[KILN_TREE_LANES];                                                                 \
   const int64_t nt = F->ntargets;                                                                \
+  if (r1 - r0 < KILN_TREE_LANES / 2) {  /* few rows: the lanes take trees */                     \
+    for (int64_t r = r0; r < r1; ++r)                                                            \
+      for (int64_t t = 0; t < F->ntrees; t += KILN_TREE_LANES) {                                 \
+        const int nb = (int)(F->ntrees - t < KILN_TREE_LANES ? F->ntrees - t : KILN_TREE_LANES); \
+        kiln_tree_walk_trees_##S(F, t, nb, x + r * width, leaf);                                 \
+        for (int b = 0; b < nb; ++b) kiln_tree_add_##S(F, leaf[b], acc + r * nt, has + r * nt);  \
+      }                                                                                          \
+    return;                                                                                      \
+  }                                                                                              \
   for (int64_t t = 0; t < F->ntrees; ++t)                                                        \
     for (int64_t r = r0; r < r1; r += KILN_TREE_LANES) {                                         \
       const int nb = (int)(r1 - r < KILN_TREE_LANES ? r1 - r : KILN_TREE_LANES);                 \

@@ -109,6 +109,6 @@ def _node_key(n: Node) -> tuple | None:
 def _freeze(a):
     if isinstance(a, np.ndarray):
         return ("tensor",) + content_key(a)
-    if isinstance(a, list):
-        return tuple(_freeze(x) for x in a)
+    if isinstance(a, list):  # homogeneous: a list of scalars (100,000s of tree nodes) as is
+        return tuple(_freeze(x) for x in a) if a and isinstance(a[0], (list, np.ndarray)) else tuple(a)
     return a

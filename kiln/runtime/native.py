@@ -138,6 +138,8 @@ class NativeModule:
         # 64-byte aligned view of the arena, so kernels may use aligned vector loads
         off = (-self.workspace.ctypes.data) % 64
         self._ws_ptr = self.workspace.ctypes.data + off
+        # made once: each .ctypes.data costs microseconds, which 1-row calls feel
+        self._fixed_ptrs = [ctypes.c_void_p(self.weights.ctypes.data), ctypes.c_void_p(self._ws_ptr)]
         self.call_nodes = call_nodes
         # per call: [[status, message], ...] of its kernel's run-time checks
         self.call_errors = [dict((int(c), str(m)) for c, m in e) for e in (call_errors or [])]
@@ -148,7 +150,7 @@ class NativeModule:
         outs = [(np.zeros(shape, strings.KILN_STR) if dt == object else np.empty(shape, dt))
                 for shape, dt in self.output_types]
         ptrs = [ctypes.c_void_p(a.ctypes.data) for a in ins + outs]
-        ptrs += [ctypes.c_void_p(self.weights.ctypes.data), ctypes.c_void_p(self._ws_ptr)]
+        ptrs += self._fixed_ptrs
         with self._lock:
             try:
                 rc = self.entry(*ptrs)
