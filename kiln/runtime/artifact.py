@@ -38,8 +38,10 @@ import io
 import json
 import os
 import re
+import struct
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +60,9 @@ LIBRARY, HEADER, SOURCE, WEIGHTS = "model.so", "model.h", "model.c", "weights.np
 SUMS = "SHA256SUMS"
 MEMBERS = (MANIFEST, LIBRARY, HEADER, SOURCE, WEIGHTS, SUMS)
 MAX_MANIFEST_BYTES = 64 << 20
+# what reading a damaged zip raises (zipfile, zlib, struct, and EOF inside a member)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError,
+               RuntimeError, struct.error, OverflowError)
 _CHUNK = 1 << 20
 
 _PORT = S.record({"name": S.string(max_len=4096),
@@ -97,14 +102,21 @@ def weights_npy(blob: bytes) -> tuple[bytes, int]:
     return data, len(data) - len(blob)
 
 
-def read_weights_npy(data: bytes, where) -> np.ndarray:
-    try:
-        arr = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
-    except ValueError as e:
-        raise KilnError(f"{where}: weights are not a readable .npy file ({e})") from None
-    if arr.dtype != np.uint8 or arr.ndim != 1:
-        raise KilnError(f"{where}: weights must be a 1-D uint8 array, found {arr.dtype}{list(arr.shape)}")
-    return arr
+def npy_header(n: int) -> bytes:
+    """The exact .npy header (format 1.0, 64-byte aligned) of a 1-D uint8 array of `n` bytes."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "|u1", "fortran_order": False, "shape": (n,)})
+    return buf.getvalue()
+
+
+def read_weights_npy(data: bytes, n: int, where) -> np.ndarray:
+    """The `n` weight bytes of a weights.npy, whose header must be exactly the one kiln
+    writes for them: nothing of an untrusted header is parsed (no pickle, no eval)."""
+    head = npy_header(n)
+    if len(data) != len(head) + n or data[:len(head)] != head:
+        raise KilnError(f"{where}: {WEIGHTS} is not the .npy file of {n} weight bytes kiln writes "
+                        f"(a 1-D uint8 array, header of {len(head)} bytes)")
+    return np.frombuffer(data, dtype=np.uint8, offset=len(head)).copy()
 
 
 def write_artifact(path: str | os.PathLike, manifest: dict, files: dict[str, bytes]) -> None:
@@ -211,7 +223,7 @@ def _open(path) -> zipfile.ZipFile:
         raise KilnError(f"artifact not found: {path}")
     try:
         z = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
+    except _ZIP_ERRORS as e:
         raise KilnError(f"{path} is not a kiln artifact (not a zip file: {e})") from None
     names = z.namelist()
     if MANIFEST not in names:
@@ -225,7 +237,7 @@ def _checked_manifest(z: zipfile.ZipFile, path) -> tuple[dict, dict[str, str]]:
     raw = _read(z, MANIFEST, MAX_MANIFEST_BYTES, path)
     try:
         m = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise KilnError(f"{path}: unreadable {MANIFEST} ({e})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise KilnError(f"{path} is not a kiln artifact (format {m.get('format') if isinstance(m, dict) else m!r:.40})")
@@ -272,7 +284,7 @@ def _read(z: zipfile.ZipFile, name: str, limit: int, path) -> bytes:
     try:
         with z.open(info) as f:
             return f.read(limit + 1)[:limit + 1]
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
+    except _ZIP_ERRORS as e:
         raise KilnError(f"{path}: damaged kiln artifact: cannot read {name} ({e})") from None
 
 
@@ -285,7 +297,7 @@ def _hash_member(z: zipfile.ZipFile, name: str, sums: dict, path, sink=None) -> 
                 h.update(block)
                 if sink is not None:
                     sink.write(block)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
+    except _ZIP_ERRORS as e:
         raise KilnError(f"{path}: damaged kiln artifact: cannot read {name} ({e})") from None
     if h.hexdigest() != sums[name]:
         raise KilnError(f"{path}: {name} does not match its SHA256SUMS line (damaged or replaced)")
@@ -293,6 +305,9 @@ def _hash_member(z: zipfile.ZipFile, name: str, sums: dict, path, sink=None) -> 
 
 
 def _weights(z: zipfile.ZipFile, m: dict, sums: dict, path) -> np.ndarray:
+    if m["weights_offset"] != len(npy_header(m["weights_bytes"])):
+        raise KilnError(f"{path}: weights_offset {m['weights_offset']} is not where the raw bytes of a "
+                        f"{m['weights_bytes']}-byte weights.npy start ({len(npy_header(m['weights_bytes']))})")
     expected = m["weights_offset"] + m["weights_bytes"]
     if z.getinfo(WEIGHTS).file_size != expected:
         raise KilnError(f"{path}: {WEIGHTS} is {z.getinfo(WEIGHTS).file_size} bytes; the manifest's "
@@ -300,10 +315,7 @@ def _weights(z: zipfile.ZipFile, m: dict, sums: dict, path) -> np.ndarray:
     data = _read(z, WEIGHTS, expected, path)
     if hashlib.sha256(data).hexdigest() != sums[WEIGHTS]:
         raise KilnError(f"{path}: {WEIGHTS} does not match its SHA256SUMS line (damaged or replaced)")
-    weights = read_weights_npy(data, path)
-    if weights.size != m["weights_bytes"] or len(data) - weights.size != m["weights_offset"]:
-        raise KilnError(f"{path}: weights are {weights.size} bytes at offset {len(data) - weights.size}, "
-                        f"the manifest says {m['weights_bytes']} at {m['weights_offset']}")
+    weights = read_weights_npy(data, m["weights_bytes"], path)
     if hashlib.sha256(weights.tobytes()).hexdigest() != m["weights_sha256"]:
         raise KilnError(f"{path}: the weights do not hash to the manifest's weights_sha256")
     return weights

@@ -19,6 +19,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.runtime import strings
+from kiln.runtime.elf import check_elf
 
 
 # OpenMP threads that spin between kernels steal the cores they share with other
@@ -36,20 +37,20 @@ class LibraryLoadError(KilnError):
     """The dynamic loader refused a (verified) library."""
 
 
-def load_library(path: str | os.PathLike, sha256: str) -> ctypes.CDLL:
-    """dlopen `path` once its bytes are checked to hash to `sha256`. Nothing unverified is
-    mapped: a library cut short crashes the process (SIGBUS) at its first missing page,
-    and a replaced one runs whatever it holds."""
-    h = hashlib.sha256()
+def load_library(path: str | os.PathLike, sha256: str, where=None) -> ctypes.CDLL:
+    """dlopen `path` once its bytes are checked to hash to `sha256` and to be a whole ELF
+    shared object. Nothing unverified is mapped: a library cut short crashes the process
+    (SIGBUS) at its first missing page, and a replaced one runs whatever it holds."""
     try:
         with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+            data = f.read()
     except OSError as e:
         raise LibraryMismatch(f"cannot read native library {path} ({e})") from None
-    if h.hexdigest() != sha256:
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
         raise LibraryMismatch(f"native library {path} is not the one recorded for it (sha256 "
-                              f"{h.hexdigest()}, expected {sha256}): truncated, damaged or replaced")
+                              f"{digest}, expected {sha256}): truncated, damaged or replaced")
+    check_elf(data, where or path)
     try:
         return ctypes.CDLL(os.fspath(path))
     except OSError as e:
@@ -86,6 +87,8 @@ def library_interface(lib: ctypes.CDLL, symbol: str, where) -> dict:
 def interface_mismatch(reported: dict, expected: dict) -> str | None:
     """The first way `expected` (what the caller will pass) differs from what the library
     reports, in words; None if they agree."""
+    if not isinstance(reported, dict):
+        return "the library's interface is not a description"
     for kind in ("inputs", "outputs"):
         got, want = reported.get(kind), expected[kind]
         if not isinstance(got, list) or len(got) != len(want):
@@ -123,12 +126,15 @@ class NativeModule:
         where = where or library_path
         if not entry_symbol.endswith("_main"):
             raise KilnError(f"{where}: entry {entry_symbol!r} is not a kiln entry (<prefix>_main)")
-        self.lib = load_library(library_path, library_sha256)
+        self.lib = load_library(library_path, library_sha256, where)
         expected = json.loads(interface_text(input_types, output_types, workspace_bytes, np.size(weights)))
         why = interface_mismatch(library_interface(self.lib, entry_symbol[:-4] + "interface", where), expected)
         if why:
             raise KilnError(f"{where}: the manifest disagrees with its library ({why}); refusing to run it")
-        self.entry = getattr(self.lib, entry_symbol)
+        try:
+            self.entry = getattr(self.lib, entry_symbol)
+        except AttributeError:
+            raise KilnError(f"{where}: the library has no entry {entry_symbol}") from None
         self.entry.restype = ctypes.c_int32
         self.output_types = [(tuple(s), DType.from_name(d).np) for s, d in output_types]
         self._release = strings.release_function(self.lib)

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -21,7 +22,7 @@ from kiln import KilnError
 from kiln.cli import main
 from kiln.runtime import artifact as art
 from tests.runtime.models import inputs, reference
-from tests.runtime.test_artifact import rewrite_manifest
+from tests.runtime.test_artifact import ROOT, rewrite_manifest
 
 
 def members(path) -> dict[str, bytes]:
@@ -252,3 +253,26 @@ def test_weights_are_read_without_pickle(artifact, tmp_path):
     rewrite_manifest(artifact[0], bad, weights_npy=buf.getvalue())
     with pytest.raises(KilnError, match="weights"):
         kiln.load(bad)
+
+
+def test_every_truncation_of_a_library_is_caught_before_dlopen(artifact):
+    """A hash proves the bytes are the recorded ones, not that they are a whole library:
+    the ELF check refuses each cut (mapped, it would SIGBUS at the first missing page)."""
+    from kiln.runtime.elf import check_elf
+    lib = members(artifact[0])[art.LIBRARY]
+    check_elf(lib, "whole")
+    for cut in range(0, len(lib), max(1, len(lib) // 997)):
+        with pytest.raises(KilnError, match="not a loadable shared library"):
+            check_elf(lib[:cut], "cut")
+
+
+def test_a_cut_library_with_matching_sums_is_refused_not_a_crash(artifact, tmp_path):
+    """The fuzzer's case: model.so cut in half and SHA256SUMS rewritten to match."""
+    files = members(artifact[0])
+    files[art.LIBRARY] = files[art.LIBRARY][:len(files[art.LIBRARY]) // 2]
+    bad = tmp_path / "cut.kiln"
+    rewrite_manifest(artifact[0], bad, model_so=files[art.LIBRARY])
+    script = (f"import kiln, sys\ntry:\n    kiln.load({str(bad)!r})\nexcept kiln.KilnError as e:\n"
+              f"    print('refused:', e)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "not a loadable shared library" in r.stdout, (r.returncode, r.stderr)
