@@ -136,3 +136,20 @@ def c_post_transform(ctx, kind, n: int) -> str:
       for (int64_t t = 0; t < {n}; ++t) a[t] = a[t] / s;
     }}
 """
+
+
+def c_labels(ctx, labels: list, strings: bool) -> str:
+    """`static const T labels[]`: int64 class labels, or string ones as kiln_str."""
+    if strings:
+        from kiln.codegen.strings import str_table
+        return str_table("labels", labels)
+    return c_table(ctx, "labels", "int64_t", labels, DType.int64)
+
+
+def label_extern(ctx, body: str, inputs: list, outputs: list, strings: bool, preamble: str = "", **kw):
+    """ctx.extern for a classifier kernel; with string labels its label output is kiln_str
+    and the string helpers join its preamble."""
+    if strings:
+        from kiln.ops.strings_lower import string_extern
+        return string_extern(ctx, body, inputs, outputs, preamble=preamble, **kw)
+    return ctx.extern(body, inputs, outputs, preamble=preamble, **kw)

@@ -7,8 +7,9 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.ml_common import (ML, c_post_transform as _c_post_transform, c_table as _table, c_type as _c_type,
-                                numeric_input, post_name, post_transform, rows_type, rows_width)
+from kiln.ops.ml_common import (ML, c_labels, c_post_transform as _c_post_transform, c_table as _table,
+                                c_type as _c_type, label_extern, numeric_input, post_name, post_transform, rows_type,
+                                rows_width)
 from kiln.ops.registry import lowering, op
 from kiln.ops.strings import string_array
 
@@ -119,14 +120,12 @@ def _linear_classifier_lower(ctx, x):
     _c_type(ctx, xt.dtype)
     rows, width = rows_width(ctx, xt)
     coef, icpt, labels, strings, post, add_second = _classifier_parts(ctx, width)
-    if strings:
-        ctx.fail("string class labels (classlabels_strings) need string tensors, which native code "
-                 "does not hold yet; export with integer labels", stage="lower")
     n = len(icpt)
     body = (_table(ctx, "coef", "float", coef, DType.float32) + _table(ctx, "icpt", "float", icpt, DType.float32) +
-            _table(ctx, "labels", "int64_t", labels, DType.int64))
+            c_labels(ctx, labels, strings))
     if n == 1:
-        pos, neg = ("labels[1]", "labels[0]") if len(labels) == 2 else ("1", "0")
+        pos, neg = ("labels[1]", "labels[0]") if len(labels) == 2 else (
+            ('(kiln_str){"1", 1}', '(kiln_str){"0", 1}') if strings else ("1", "0"))
         tail = f"""    out0[row] = s[0] > 0 ? {pos} : {neg};
     {("const float p1 = " + ("(float)(1.0 / (1.0 + exp(-(double)s[0])));" if post == "LOGISTIC" else "s[0];")
       + " out1[row * 2] = 1.0f - p1; out1[row * 2 + 1] = p1;") if add_second else
@@ -150,4 +149,5 @@ def _linear_classifier_lower(ctx, x):
 {tail}
   }}
   return 0;"""
-    return ctx.extern(body, [x], [(ctx.out_shape(0), DType.int64), (ctx.out_shape(1), DType.float32)])
+    return label_extern(ctx, body, [x], [(ctx.out_shape(0), DType.string if strings else DType.int64),
+                                         (ctx.out_shape(1), DType.float32)], strings)

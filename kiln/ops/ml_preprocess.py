@@ -273,29 +273,37 @@ def one_hot_encoder(ctx, x):
 @lowering("OneHotEncoder", domain=ML)
 def _one_hot_encoder_lower(ctx, x):
     xt = ctx.input_types[0]
-    if xt.dtype == DType.string:
-        ctx.fail("string categories need string tensors, which native code does not hold yet", stage="lower")
-    t = _c_type(ctx, xt.dtype)
     cats, index = _categories(ctx, xt.dtype)
-    keys = sorted(index)
     n, nc = math.prod(xt.shape), len(cats)
     zeros = int(ctx.attr("zeros", 1))
-    if xt.dtype.is_float:
-        key = (f"const double d = (double)in0[i];\n    if (!(d > -9.2e18 && d < 9.2e18)) {{ if (!{zeros}) return 1; continue; }}\n"
-               "    const int64_t v = (int64_t)d;")
+    errors = {1: "a value is not among OneHotEncoder's categories and zeros=0"}
+    if xt.dtype == DType.string:
+        from kiln.codegen.strings import str_table, utf8_key
+        from kiln.ops.strings_lower import string_extern
+        keys = sorted(index, key=utf8_key)
+        head = str_table("keys", keys)
+        find = f"const int64_t lo = kiln_str_find(keys, {len(keys)}, in0[i]);\n    if (lo >= 0)"
     else:
-        key = "const int64_t v = (int64_t)in0[i];"
-    body = (_table(ctx, "keys", "int64_t", keys, DType.int64) +
-            _table(ctx, "cols", "int64_t", [index[k] for k in keys], DType.int64) +
-            f"""  memset(out0, 0, sizeof(float) * {n * nc});
-  for (int64_t i = 0; i < {n}; ++i) {{
-    {key}
+        _c_type(ctx, xt.dtype)
+        keys = sorted(index)
+        head = _table(ctx, "keys", "int64_t", keys, DType.int64)
+        if xt.dtype.is_float:  # NaN and values beyond int64 match no category
+            key = ("const double d = (double)in0[i];\n"
+                   f"    if (!(d > -9.2e18 && d < 9.2e18)) {{ if (!{zeros}) return 1; continue; }}\n"
+                   "    const int64_t v = (int64_t)d;")
+        else:
+            key = "const int64_t v = (int64_t)in0[i];"
+        find = f"""{key}
     int64_t lo = 0, hi = {len(keys)};
     while (lo < hi) {{ const int64_t mid = lo + (hi - lo) / 2; if (keys[mid] < v) lo = mid + 1; else hi = mid; }}
-    if (lo < {len(keys)} && keys[lo] == v) out0[i * {nc} + cols[lo]] = 1.0f;
+    if (lo < {len(keys)} && keys[lo] == v)"""
+    body = (head + _table(ctx, "cols", "int64_t", [index[k] for k in keys], DType.int64) +
+            f"""  memset(out0, 0, sizeof(float) * {n * nc});
+  for (int64_t i = 0; i < {n}; ++i) {{
+    {find} out0[i * {nc} + cols[lo]] = 1.0f;
     else if (!{zeros}) return 1;
   }}
-  (void)sizeof({t});
   return 0;""")
-    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)],
-                      errors={1: "a value is not among OneHotEncoder's categories and zeros=0"})
+    if xt.dtype == DType.string:
+        return string_extern(ctx, body, [x], [(ctx.out_shape(), DType.float32)], errors=errors)
+    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)], errors=errors)

@@ -19,8 +19,8 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.ml_common import (ML, c_post_transform, c_table, c_type, numeric_input, post_name, post_transform,
-                                rows_type, rows_width)
+from kiln.ops.ml_common import (ML, c_labels, c_post_transform, c_table, c_type, label_extern, numeric_input,
+                                post_name, post_transform, rows_type, rows_width)
 from kiln.ops.registry import lowering, op
 from kiln.ops.strings import string_array
 
@@ -326,12 +326,9 @@ def _svm_classifier_lower(ctx, x):
     c_type(ctx, xt.dtype)
     rows, width = rows_width(ctx, xt)
     p = _classifier_parts(ctx, width)
-    if p["strings"]:
-        ctx.fail("string class labels (classlabels_strings) need string tensors, which native code "
-                 "does not hold yet; export with integer labels", stage="lower")
     labels, nc, cols = p["labels"], len(p["labels"]), p["columns"]
     tab = lambda name, v, dt=DType.float32, ct="float": c_table(ctx, name, ct, v, dt)  # noqa: E731
-    body = [tab("coef", p["coef"]), tab("rho", p["rho"]), tab("labels", labels, DType.int64, "int64_t")]
+    body = [tab("coef", p["coef"]), tab("rho", p["rho"]), c_labels(ctx, labels, p["strings"])]
     if p["mode"] == "linear":
         if nc == 2 and not p["proba"]:
             choose = ("if (top >= 0.5f) best = 1;" if p["all_positive"] else "if (top > 0) best = 1;")
@@ -412,5 +409,5 @@ def _svm_classifier_lower(ctx, x):
 {row}
   }}
   return 0;""")
-    return ctx.extern("".join(body), [x], [(ctx.out_shape(0), DType.int64), (ctx.out_shape(1), DType.float32)],
-                      preamble=pre)
+    return label_extern(ctx, "".join(body), [x], [(ctx.out_shape(0), DType.string if p["strings"] else DType.int64),
+                                                  (ctx.out_shape(1), DType.float32)], p["strings"], preamble=pre)

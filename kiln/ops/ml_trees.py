@@ -22,8 +22,8 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.ml_common import (ML, c_blob, c_table, c_type, numeric_input, post_name, post_transform,
-                                rows_type, rows_width, c_post_transform)
+from kiln.ops.ml_common import (ML, c_blob, c_labels, c_post_transform, c_table, c_type, label_extern, numeric_input,
+                                post_name, post_transform, rows_type, rows_width)
 from kiln.ops.registry import lowering, op
 from kiln.ops.strings import string_array
 
@@ -478,7 +478,7 @@ def pack(ctx, f: Forest, a: np.dtype) -> dict:
                 lw=f.weight_of[entries].astype(a))
 
 
-def _kernel(ctx, x, f: Forest, finish: str, outputs: list) -> object:
+def _kernel(ctx, x, f: Forest, finish: str, outputs: list, strings: bool = False) -> object:
     """The engine over X, then `finish` (C run per row with `s`/`h`: the row's scores, 0
     where no leaf fed them, and fed flags) writing the outputs.
 
@@ -518,7 +518,7 @@ def _kernel(ctx, x, f: Forest, finish: str, outputs: list) -> object:
     }}
   free(acc); free(has); free(xc);
   return rc;""")
-    return ctx.extern("".join(body), [x], outputs, preamble=_engine())
+    return label_extern(ctx, "".join(body), [x], outputs, strings, preamble=_engine())
 
 
 def _c_finish_scores(ctx, f: Forest, ct: str, base, post, out_c: str) -> str:
@@ -555,14 +555,12 @@ def _tree_regressor_lower(ctx, x):
 @lowering("TreeEnsembleClassifier", domain=ML)
 def _tree_classifier_lower(ctx, x):
     f, c = _classifier_forest(ctx)
-    if c.strings:
-        ctx.fail("string class labels (classlabels_strings) need string tensors, which native code "
-                 "does not hold yet; export with integer labels", stage="lower")
     a = acc_dtype(ctx.input_types[0].dtype.np)
     ct = "double" if a == np.float64 else "float"
     adt = DType.float64 if a == np.float64 else DType.float32
     nc, nb = len(c.labels), len(c.base)
-    tables = (c_table(ctx, "labels", "int64_t", c.labels, DType.int64) +
+    lt = DType.string if c.strings else DType.int64
+    tables = (c_labels(ctx, c.labels, c.strings) +
               c_table(ctx, "base", ct, c.base if nb else [0.0], adt)).replace("  static", "      static")
     if nc > 2:
         finish = tables + f"""      double a[{nc}];
@@ -576,7 +574,7 @@ def _tree_classifier_lower(ctx, x):
       }}
       out0[row] = labels[best < 0 ? 0 : best];
 {c_post_transform(ctx, c.post, nc)}      for (int64_t k = 0; k < {nc}; ++k) out1[row * {nc} + k] = (float)a[k];"""
-        return _kernel(ctx, x, f, finish, [(ctx.out_shape(0), DType.int64), (ctx.out_shape(1), DType.float32)])
+        return _kernel(ctx, x, f, finish, [(ctx.out_shape(0), lt), (ctx.out_shape(1), DType.float32)], c.strings)
     if nb == 2:
         adjust = """if (h[1]) { s[1] = base[1] + s[0]; s[0] = -s[1]; } else { s[1] = s[1] + base[1]; s[0] = s[0] + base[0]; }
       one = 0;"""
@@ -591,7 +589,7 @@ def _tree_classifier_lower(ctx, x):
       wa = win ? {wa_win} : {wa_lose};
       out0[row] = labels[win];"""
     else:
-        decide = "out0[row] = pos > 0 ? 1 : 0;"
+        decide = "out0[row] = labels[pos > 0 ? 1 : 0];" if c.strings else "out0[row] = pos > 0 ? 1 : 0;"
     lg = "1.0 / (1.0 + exp(-(v)))"
     lg = "a[0] = 1.0 / (1.0 + exp((double)sc)); a[1] = 1.0 / (1.0 + exp(-(double)sc));"
     single = f"""const {ct} sc = s[0];
@@ -609,4 +607,4 @@ def _tree_classifier_lower(ctx, x):
         {single}
       }}
       out1[row * 2] = (float)a[0]; out1[row * 2 + 1] = (float)a[1];"""
-    return _kernel(ctx, x, f, finish, [(ctx.out_shape(0), DType.int64), (ctx.out_shape(1), DType.float32)])
+    return _kernel(ctx, x, f, finish, [(ctx.out_shape(0), lt), (ctx.out_shape(1), DType.float32)], c.strings)

@@ -390,6 +390,8 @@ ML_CASES = [
     case("OneHotEncoder", [_XI], {"cats_int64s": [2, -3, 0, 2, 7]}, domain=ML, opset=1, id="OneHotEncoder-int"),
     case("OneHotEncoder", [np.array([[0.5, -2.7, np.nan], [3.9, 1e30, 0.0]], np.float32)],
          {"cats_int64s": [0, 3, -2]}, domain=ML, opset=1, id="OneHotEncoder-float"),
+    case("OneHotEncoder", [np.array([["a", "b\u00e9"], ["zz", ""]], dtype=object)],
+         {"cats_strings": ["b\u00e9", "", "a", "q"]}, domain=ML, opset=1, id="OneHotEncoder-str"),
 ]
 
 

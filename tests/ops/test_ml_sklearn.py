@@ -45,7 +45,7 @@ def _compare(onx, feeds, rtol=1e-5, atol=1e-6):
         for name, w in want.items():
             g = got[name]
             assert g.shape == w.shape and g.dtype == w.dtype, (target, name, g.shape, w.shape, g.dtype, w.dtype)
-            if w.dtype.kind in "iub":
+            if w.dtype.kind in "iubO":
                 np.testing.assert_array_equal(g, w, err_msg=f"{target} {name}")
             else:
                 np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"{target} {name}")
@@ -153,6 +153,22 @@ def test_tree_one_row_and_batches():
         np.testing.assert_array_equal(one["label"], many["label"][i:i + 1])
         np.testing.assert_array_equal(one["probabilities"], many["probabilities"][i:i + 1])
     _compare(onx, {"X": rows})
+
+
+@pytest.mark.parametrize("kind", ["rf", "gb2", "logistic", "svc"])
+def test_string_class_labels(kind):
+    """Classes named by strings (classlabels_strings): labels come back as str, as from ORT."""
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.svm import SVC
+    x, y3, _ = _data(200)
+    names = np.array(["setosa", "virginica", "été"], dtype=object)
+    y = names[_classes(y3, 2 if kind == "gb2" else 3)]
+    m = {"rf": RandomForestClassifier(n_estimators=6, max_depth=5, random_state=0),
+         "gb2": GradientBoostingClassifier(n_estimators=8, max_depth=2, random_state=0),
+         "logistic": LogisticRegression(), "svc": SVC(probability=True, random_state=0)}[kind].fit(x, y)
+    want = _compare(_convert(m, x), {"X": _fresh()})
+    assert len(set(want["label"].tolist())) > 1
 
 
 def test_zipmap_refused_clearly():
