@@ -203,6 +203,7 @@ class Kernel:
         self.cfunc.argtypes = [ctypes.c_void_p] * len(func.params)
         self.cfunc.restype = ctypes.c_int32
         self.release = _strings.release_function(lib)
+        self.gather = _strings.gather_function(lib)
 
     def __call__(self, *arrays):
         ps = self.func.params
@@ -229,7 +230,7 @@ class Kernel:
             rc = self.cfunc(*ptrs)
             if rc == 0:
                 for a, native in strs:
-                    a[...] = _strings.from_native(native)
+                    a[...] = _strings.from_native(native, self.gather)
         finally:
             if self.release is not None and keep:
                 self.release()

@@ -74,6 +74,11 @@ PRELUDE = (UNIT_START + """
   (s_ != 0 && ((s_ < 0) != (e_ < 0))) ? s_ + e_ : s_; })
 /* a string tensor's element: UTF-8 bytes, not NUL-terminated (kiln.runtime.strings) */
 typedef struct { const char* ptr; int64_t len; } kiln_str;
+/* copies n strings' bytes back to back into dst: how the runtime reads string outputs */
+__attribute__((weak)) void kiln_str_gather(const kiln_str* s, int64_t n, char* dst) {
+  for (int64_t i = 0; i < n; ++i)
+    if (s[i].len > 0) { memcpy(dst, s[i].ptr, (size_t)s[i].len); dst += s[i].len; }
+}
 static inline void* kiln_alloc(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 /* exp_floored's floor, an argument whose exp is still a normal number. Variables, not
    literals: with a constant the compiler folds exp(floor) and turns exp(max(x, floor))

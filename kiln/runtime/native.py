@@ -138,6 +138,7 @@ class NativeModule:
         self.entry.restype = ctypes.c_int32
         self.output_types = [(tuple(s), DType.from_name(d).np) for s, d in output_types]
         self._release = strings.release_function(self.lib)
+        self._gather = strings.gather_function(self.lib)
         self.weights = np.ascontiguousarray(weights, dtype=np.uint8)
         self.workspace_bytes = int(workspace_bytes)  # what the entry needs (an artifact's header says it)
         self.workspace = np.zeros(max(int(workspace_bytes), 64) + 64, dtype=np.uint8)
@@ -161,7 +162,7 @@ class NativeModule:
             try:
                 rc = self.entry(*ptrs)
                 if rc == 0:  # strings are read before the arena (and the inputs' bytes) go
-                    outs = [strings.from_native(o) if o.dtype == strings.KILN_STR else o for o in outs]
+                    outs = [strings.from_native(o, self._gather) if o.dtype == strings.KILN_STR else o for o in outs]
             finally:
                 if self._release is not None:
                     self._release()
@@ -199,7 +200,7 @@ class NativeModule:
                             self._release()
                         raise KilnError(self._failure(-(k + 2 + ((rc if 0 < rc < 1023 else 1023) << 20))),
                                         stage="run")
-            outs = [strings.from_native(o) if o.dtype == strings.KILN_STR else o for o in outs]
+            outs = [strings.from_native(o, self._gather) if o.dtype == strings.KILN_STR else o for o in outs]
             if self._release is not None:
                 self._release()
         del keep

@@ -18,6 +18,8 @@ import ctypes
 
 import numpy as np
 
+from kiln.errors import KilnError
+
 KILN_STR = np.dtype([("ptr", np.uintp), ("len", np.int64)])  # matches the C struct (16 bytes)
 RELEASE_SYMBOL = "kiln_str_release"
 
@@ -57,14 +59,52 @@ def to_native(x: np.ndarray) -> tuple[np.ndarray, object]:
     return out, blob
 
 
-def from_native(a: np.ndarray) -> np.ndarray:
-    """A NumPy object array of `str` from a kiln_str array (the bytes are copied)."""
-    flat = a.reshape(-1)
-    out = np.empty(flat.size, dtype=object)
+def from_native(a: np.ndarray, gather=None) -> np.ndarray:
+    """A NumPy object array of `str` from a kiln_str array (the bytes are copied).
+
+    `gather` (the library's kiln_str_gather, see `gather_function`) copies every string's
+    bytes into one buffer in one call; they are then decoded at once and sliced by code
+    point offsets (a string's code points are its bytes that are not UTF-8 continuation
+    bytes). Without it, or for text that is not valid UTF-8, each string is read alone."""
+    flat = np.ascontiguousarray(a.reshape(-1))
+    n = flat.size
+    out = np.empty(n, dtype=object)
+    lens = flat["len"].astype(np.int64)
+    if n and (lens < 0).any():
+        raise KilnError("native code returned a string of negative length", stage="run")
+    total = int(lens.sum()) if n else 0
+    if gather is not None and n:
+        buf = np.empty(max(total, 1), dtype=np.uint8)
+        gather(flat.ctypes.data, n, buf.ctypes.data)
+        data = buf[:total]
+        text = data.tobytes().decode("utf-8", "surrogateescape")
+        ends = np.cumsum(lens)
+        starts = ends - lens
+        if len(text) != total:  # non-ASCII: byte offsets -> code point offsets
+            cum = np.zeros(total + 1, dtype=np.int64)
+            np.cumsum((data & 0xC0) != 0x80, out=cum[1:])
+            if cum[-1] != len(text):
+                gather = None  # invalid UTF-8: decode string by string below
+            else:
+                starts, ends = cum[starts], cum[ends]
+        if gather is not None:
+            out[:] = [text[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
+            return out.reshape(a.shape)
     string_at = ctypes.string_at
-    for k, (p, n) in enumerate(zip(flat["ptr"].tolist(), flat["len"].tolist())):
-        out[k] = string_at(p, n).decode("utf-8", "surrogateescape") if n else ""
+    for k, (p, m) in enumerate(zip(flat["ptr"].tolist(), lens.tolist())):
+        out[k] = string_at(p, m).decode("utf-8", "surrogateescape") if m else ""
     return out.reshape(a.shape)
+
+
+def gather_function(lib: ctypes.CDLL):
+    """The library's kiln_str_gather (None for a library built before it existed)."""
+    try:
+        fn = getattr(lib, "kiln_str_gather")
+    except AttributeError:
+        return None
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    return fn
 
 
 def release_function(lib: ctypes.CDLL):

@@ -354,7 +354,7 @@ class Staged:
                 shape = tuple(int(d) for d in dims[pos:pos + buf.ndim])
                 pos += buf.ndim
                 got = buf.reshape(-1)[:int(np.prod(shape))].reshape(shape)
-                sized.append(strings.from_native(got) if buf.dtype == strings.KILN_STR else got.copy())
+                sized.append(strings.from_native(got, self.kernel.gather) if buf.dtype == strings.KILN_STR else got.copy())
         finally:
             if self.kernel.release is not None:
                 self.kernel.release()
