@@ -36,7 +36,8 @@ ORT_TOLERANCE = {"f2": (3e-2, 3e-2), "f4": (1e-3, 1e-4), "f8": (1e-6, 1e-8)}
 @dataclass
 class Finding:
     """One disagreement or failure: kind is 'mismatch' (cpu or an -O level of the interpreter
-    vs the reference), 'ort-mismatch' (the reference vs ONNX Runtime), 'error' (kiln raised,
+    vs the reference), 'rerun-differs' (a second run of the same compiled model on the same
+    inputs gave other bits), 'ort-mismatch' (the reference vs ONNX Runtime), 'error' (kiln raised,
     KilnError or not), 'crash' (the worker died: a signal), 'timeout'."""
     kind: str
     target: str            # "cpu", "interpreter", "ort"
@@ -174,13 +175,20 @@ def check_case(model_bytes: bytes, feeds: dict, levels=(0, 1, 2, 3), *, use_ort:
                 continue
             phase(f"{target} -O{level}")
             try:
-                got = list(kiln.compile(model, target=target, opt_level=level).run(feeds).values())
+                compiled = kiln.compile(model, target=target, opt_level=level)
+                got = list(compiled.run(feeds).values())
+                # a second run on the same inputs must repeat the first bit for bit (state
+                # left in the arena, outputs accumulated into rather than written)
+                again = list(compiled.run(feeds).values()) if target == "cpu" else got
             except Exception as e:  # noqa: BLE001
                 findings.append(_error_finding(e, target, level))
                 continue
             why = _compare_all(got, want, names, TOLERANCE)
             if why:
                 findings.append(Finding("mismatch", target, level, why))
+            elif _compare_all(again, got, names, {k: (0.0, 0.0) for k in TOLERANCE}):
+                findings.append(Finding("rerun-differs", target, level,
+                                        _compare_all(again, got, names, {k: (0.0, 0.0) for k in TOLERANCE})))
     return findings
 
 

@@ -938,6 +938,9 @@ def resize(b: GraphBuilder, x: Val) -> Val:
         out = [int(math.floor(d * s)) for d, s in zip(x.shape, sc)]
         if min(out) < 1:
             sc, out = [1.0, 1.0, 2.0, 2.0], [x.shape[0], x.shape[1], 2 * h, 2 * w]
+        if ctm == "align_corners" and any(d * s != o for d, s, o in zip(x.shape, sc, out)):
+            # the spec's length_resized is length * scale (2.5), ORT's the floored size (2)
+            attrs["coordinate_transformation_mode"] = ctm = "half_pixel"
         ins = [x, roi if roi is not None else "", b.const(np.array(sc, np.float32), "scales")]
     else:
         out = list(x.shape[:2]) + [int(rng.integers(1, 9)) for _ in range(2)]
@@ -1153,7 +1156,8 @@ def motif(b: GraphBuilder, x: Val, pool: list) -> tuple[Val, list]:
     Shape->Gather->Concat->Reshape idiom of dynamic exporters."""
     rng = b.rng
     names = ["layernorm", "gelu", "attention", "conv_bn", "matmul_add", "transposes", "nops",
-             "duplicate", "const_subgraph", "dynamic_reshape", "residual", "softmax_spelled"]
+             "duplicate", "const_subgraph", "dynamic_reshape", "residual", "softmax_spelled",
+             "mobile_block", "mobile_block"]
     kind = str(rng.choice(names))
     x = x if x.is_float else b.cast(x, F32)
     if x.rank == 0:
@@ -1161,6 +1165,8 @@ def motif(b: GraphBuilder, x: Val, pool: list) -> tuple[Val, list]:
     x = b.scale_to(x, 4.0)
     dt = x.dtype
     c = lambda v: b.const(np.array(v, dtype=dt))  # noqa: E731
+    if kind == "mobile_block":
+        return mobile_block(b, x), []
     if kind == "layernorm":
         axis = -1 if rng.random() < 0.7 else -x.rank
         axes = [axis] if axis == -1 else list(range(x.rank))
@@ -1297,6 +1303,72 @@ def motif(b: GraphBuilder, x: Val, pool: list) -> tuple[Val, list]:
     return b.op1("Div", [e, sm], dt, x.shape, 0, 1), []
 
 
+def _conv2d(b: GraphBuilder, x: Val, cout: int, k: int, stride: int = 1, group: int = 1,
+            bias: bool = True) -> Val:
+    """A 2-D conv with 'same' padding (k odd) and constant weights."""
+    n, cin, h, w = x.shape
+    wt = _weight(b, (cout, cin // group, k, k), cin // group * k * k, x.dtype)
+    ins = [x, wt]
+    bv = None
+    if bias:
+        bv = b.const(b.random_array((cout,), x.dtype, -0.5, 0.5), "bias")
+        ins.append(bv)
+    p = k // 2
+    out = (n, cout, (h + 2 * p - k) // stride + 1, (w + 2 * p - k) // stride + 1)
+    lo, hi = _lin_range(x, _arr(b, wt), (1, 2, 3), None if bv is None else _arr(b, bv))
+    attrs = {"kernel_shape": [k, k], "pads": [p] * 4}
+    if stride > 1:
+        attrs["strides"] = [stride, stride]
+    if group > 1:
+        attrs["group"] = group
+    return b.op1("Conv", ins, x.dtype, out, lo, hi, **attrs)
+
+
+def _act(b: GraphBuilder, x: Val) -> Val:
+    """ReLU, ReLU6 (Clip 0..6) or HardSwish, as mobile nets write them."""
+    r = b.rng.random()
+    if r < 0.4:
+        return b.op1("Relu", [x], x.dtype, x.shape, max(x.lo, 0), max(x.hi, 0))
+    if r < 0.8 or b.opset < 14:
+        if b.opset < 11:
+            return b.op1("Clip", [x], x.dtype, x.shape, 0, 6, min=0.0, max=6.0)
+        z, six = b.const(np.array(0, x.dtype)), b.const(np.array(6, x.dtype))
+        return b.op1("Clip", [x, z, six], x.dtype, x.shape, 0, 6)
+    return unary(b, x, "HardSwish")
+
+
+def mobile_block(b: GraphBuilder, x: Val) -> Val:
+    """A MobileNet-style block on float32 NCHW with channel counts that fill vector blocks:
+    (stem 3x3 from 3 channels |) 1x1 expand -> act -> 3x3 depthwise -> act -> 1x1 project
+    (+ residual), maybe a MaxPool: what the NCHWc layout pass rewrites at -O3."""
+    rng = b.rng
+    if x.dtype != F32:
+        x = b.cast(x, F32)
+    h, w = int(rng.integers(3, 11)), int(rng.integers(3, 11))
+    if rng.random() < 0.4:
+        x = _fit(b, x, 4, [1, 3, h, w])
+        x = b.scale_to(x, 4.0)
+        x = _act(b, _conv2d(b, x, int(rng.choice([8, 16, 32])), 3, int(rng.choice([1, 2]))))
+    else:
+        x = _fit(b, x, 4, [1, int(rng.choice([8, 16, 24, 32])), h, w])
+        x = b.scale_to(x, 4.0)
+    for _ in range(int(rng.integers(1, 3))):
+        c = x.shape[1]
+        e = int(rng.choice([16, 32, 48]))
+        y = _act(b, _conv2d(b, x, e, 1, bias=rng.random() < 0.8))
+        y = _act(b, _conv2d(b, y, e, 3, int(rng.choice([1, 1, 2])), group=e))
+        y = b.scale_to(y, 8.0)
+        cout = c if rng.random() < 0.6 else int(rng.choice([16, 24, 32]))
+        y = _conv2d(b, y, cout, 1, bias=rng.random() < 0.8)
+        if y.shape == x.shape and rng.random() < 0.7:
+            y = b.op1("Add", [x, y], F32, y.shape, x.lo + y.lo, x.hi + y.hi)
+        x = b.scale_to(y, 8.0)
+    if rng.random() < 0.3 and min(x.shape[2:]) >= 2:
+        out = (1, x.shape[1], (x.shape[2] - 2) // 2 + 1, (x.shape[3] - 2) // 2 + 1)
+        x = b.op1("MaxPool", [x], F32, out, x.lo, x.hi, kernel_shape=[2, 2], strides=[2, 2])
+    return x
+
+
 def _reduce(b: GraphBuilder, op: str, x: Val, axes: list) -> Val:
     """op over `axes` with keepdims (axes an input from the opset where it is one)."""
     red = {a % x.rank for a in axes}
@@ -1312,6 +1384,85 @@ def _reduce_mean(b: GraphBuilder, x: Val, axes: list) -> Val:
     return _reduce(b, "ReduceMean", x, axes)
 
 
+# ---------------------------------------------------------------- control flow, data-dependent sizes
+
+
+def if_block(b: GraphBuilder, x: Val, pool: list) -> Val:
+    """If(cond) with an anchor and its epilogue in the then-branch (reading x from the outer
+    scope) and a small elementwise branch of the same type as the else-branch; cond is a
+    graph input."""
+    rng = b.rng
+    start = len(b.nodes)
+    names = [n for n in ANCHORS if n != "Resize" or b.opset >= 11]
+    t = ANCHORS[str(rng.choice(names))](b, x)
+    t, _ = epilogue(b, t, [], int(rng.integers(0, 3)))
+    if not t.is_float:
+        t = b.cast(t, F32)
+    then_nodes = b.nodes[start:]
+    del b.nodes[start:]
+    then_out = unary(b, t, "Identity") if not then_nodes else t
+    then_nodes += b.nodes[start:]
+    del b.nodes[start:]
+    other = b.input(t.shape, t.dtype, -1, 1) if rng.random() < 0.5 else \
+        b.const(b.random_array(t.shape, t.dtype, -1, 1))
+    e = unary(b, other, str(rng.choice(["Neg", "Sigmoid", "Abs", "Relu"])))
+    else_nodes = b.nodes[start:]
+    del b.nodes[start:]
+    vi = lambda v: helper.make_tensor_value_info(v.name, _NP[v.dtype], list(v.shape))  # noqa: E731
+    then_g = helper.make_graph(then_nodes, b.fresh("then"), [], [vi(then_out)])
+    else_g = helper.make_graph(else_nodes, b.fresh("else"), [], [vi(e)])
+    cond = b.input((), BOOL)
+    b.feeds[cond.name] = np.array(rng.random() < 0.75)
+    return b.node("If", [cond], [(t.dtype, t.shape, min(then_out.lo, e.lo), max(then_out.hi, e.hi))],
+                  then_branch=then_g, else_branch=else_g)[0]
+
+
+def data_dependent(b: GraphBuilder, x: Val, pool: list) -> Val:
+    """Ops whose output size depends on the data (NonZero -> GatherND, Compress) or on a
+    run-time k (TopK), then an epilogue: what the cpu target runs in stages."""
+    rng = b.rng
+    x = x if x.is_float else b.cast(x, F32)
+    if x.rank == 0:
+        x = _fit(b, x, 2)
+    kind = str(rng.choice(["nonzero", "compress", "topk"]))
+    if kind == "nonzero":
+        thr = b.const(np.array(float(rng.uniform(x.lo, x.hi)) if x.hi > x.lo else 0.0, dtype=x.dtype))
+        m = b.op1("Greater", [x, thr], BOOL, x.shape, 0, 1)
+        nz = b.node("NonZero", [m], [(I64, (x.rank, x.size), 0, max(x.shape))])[0]
+        idx = b.op1("Transpose", [nz], I64, (x.size, x.rank), 0, max(x.shape), perm=[1, 0])
+        y = b.op1("GatherND", [x, idx], x.dtype, (x.size,), x.lo, x.hi)
+    elif kind == "compress":
+        axis = int(rng.integers(0, x.rank))
+        n = x.shape[axis]
+        cond = b.input((n,), BOOL)
+        shape = list(x.shape)
+        y = b.op1("Compress", [x, cond], x.dtype, tuple(shape), x.lo, x.hi, axis=axis)
+    else:
+        axis = int(rng.integers(-x.rank, x.rank))
+        n = x.shape[axis % x.rank]
+        k = int(rng.integers(1, n + 1))
+        attrs = {"axis": axis}
+        if rng.random() < 0.3:
+            attrs["largest"] = 0
+        shape = list(x.shape)
+        shape[axis % x.rank] = k
+        vals, idx = b.node("TopK", [x, b.ints([k])], [(x.dtype, tuple(shape), x.lo, x.hi),
+                                                      (I64, tuple(shape), 0, n - 1)], **attrs)
+        fi = b.cast(idx, x.dtype)
+        y = b.op1("Add", [vals, fi], x.dtype, vals.shape, vals.lo, vals.hi + n)
+    # shapes of NonZero/Compress results are data-dependent: the builder's shape is an upper
+    # bound, so what follows is elementwise with scalar constants, then a reduction to ()
+    for _ in range(int(rng.integers(0, 3))):
+        op = str(rng.choice(["Relu", "Sigmoid", "Tanh", "Neg", "Abs"]))
+        y = unary(b, y, op)
+        if rng.random() < 0.4:
+            y = b.op1("Mul", [y, b.const(np.array(rng.uniform(0.5, 2), dtype=y.dtype))], y.dtype,
+                      y.shape, y.lo * 2 if y.lo < 0 else y.lo * 0.5, y.hi * 2)
+    if kind == "topk":
+        return y
+    return b.op1("ReduceSum", [y], y.dtype, (), -y.mag * y.size, y.mag * y.size, keepdims=0)
+
+
 # ---------------------------------------------------------------- whole graphs
 
 
@@ -1325,7 +1476,13 @@ def random_model(rng: np.random.Generator, opset: int | None = None) -> tuple[Gr
     pool, outputs = [x], []
     for _ in range(int(rng.integers(1, 5))):
         r = rng.random()
-        if r < 0.2:
+        if r < 0.05:
+            x = if_block(b, x, pool)
+            pool.append(x)
+        elif r < 0.09:
+            x = data_dependent(b, x, pool)
+            pool.append(x)
+        elif r < 0.24:
             x, extra = motif(b, x, pool)
             outputs += extra
             pool.append(x)
