@@ -549,8 +549,9 @@ def show_manifest(path: str, m: dict) -> None:
 @click.option("--artifacts", type=click.IntRange(0), default=0, show_default=True,
               help="Mutated .kiln artifacts to run.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the mutations.")
-@click.option("--corpus", type=click.Choice(["builtin", "onnx", "all"]), default="builtin", show_default=True,
-              help="Seed models: kiln's small built-in set, the ONNX backend node tests, or both.")
+@click.option("--corpus", type=click.Choice(["builtin", "onnx", "generated", "all"]), default="builtin",
+              show_default=True, help="Seed models: kiln's small built-in set, the ONNX backend node tests, "
+                                      "the differential fuzzer's random graphs, or all three.")
 @click.option("--hours", type=float, default=None,
               help="Long mode: repeat rounds (new seeds) of --models/--artifacts for this long.")
 @click.option("--jobs", "-j", type=click.IntRange(1), default=2, show_default=True, help="Sandboxes at once.")

@@ -18,7 +18,11 @@ runs it, or loads and runs the artifact. The outcome must be `ok` or a
 `KilnError`; an other exception, a crash (signal) or a hang fails.
 
     kiln fuzz-mutate --models 200 --artifacts 50 --seed 0      # a quick budget
-    kiln fuzz-mutate --hours 4 --corpus onnx --out fuzz-out     # a long run
+    kiln fuzz-mutate --hours 4 --corpus all --out fuzz-out      # a long run
+
+Seed corpora: `builtin` (23 small models over the ops an attacker aims at), `onnx`
+(the ~1,900 ONNX backend node models), `generated` (100 random valid graphs of the
+differential fuzzer, kiln.testing.fuzz_graphs), `all` (the three).
 
 Failing cases are written to `--out` (the mutated .onnx or .kiln plus a JSON
 line saying which seed, which mutations and what happened), so each one can be
@@ -219,14 +223,20 @@ def onnx_seeds() -> list[Seed]:
     return out
 
 
+def generated_seeds(count: int = 100) -> list[Seed]:
+    """Random valid graphs of the differential fuzzer (kiln.testing.fuzz_graphs), seeds 0..count-1."""
+    from kiln.testing.fuzz_graphs import generate
+    return [Seed(f"generated_{c.seed}", c.model, dict(c.feeds)) for c in map(generate, range(count))]
+
+
+CORPORA = {"builtin": lambda: builtin_seeds(), "onnx": lambda: onnx_seeds(), "generated": lambda: generated_seeds(),
+           "all": lambda: builtin_seeds() + onnx_seeds() + generated_seeds()}
+
+
 def seeds_for(corpus: str) -> list[Seed]:
-    if corpus == "builtin":
-        return builtin_seeds()
-    if corpus == "onnx":
-        return onnx_seeds()
-    if corpus == "all":
-        return builtin_seeds() + onnx_seeds()
-    raise ValueError(f"unknown corpus {corpus!r}: builtin, onnx or all")
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown corpus {corpus!r}: one of {sorted(CORPORA)}")
+    return CORPORA[corpus]()
 
 
 # ---------------------------------------------------------------- model mutations

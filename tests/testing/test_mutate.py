@@ -62,3 +62,10 @@ def test_fixed_budget_of_mutated_models(tmp_path):
     assert rep.total("model") == 150
     assert rep.counts[("model", "ok")] > 10 and rep.counts[("model", "kiln_error")] > 10
     assert not rep.failures, str(rep)
+
+
+def test_generated_corpus_mutates_the_differential_fuzzers_graphs():
+    seeds = mutate.generated_seeds(3)
+    assert len(seeds) == 3 and all(s.model.graph.node and s.feeds for s in seeds)
+    data, feeds, done = mutate.mutate_model(seeds[0], np.random.default_rng(0))
+    assert data and done
