@@ -40,6 +40,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+from kiln.limits import physical_memory
+
 PASSING = ("ok", "kiln_error")
 OUTCOMES = ("ok", "kiln_error", "exception", "crash", "hang")
 
@@ -110,8 +112,8 @@ class Sandbox:
         path_env = os.pathsep.join(p for p in (root, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, "PYTHONPATH": path_env,  # the worker imports this kiln, not another
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
-               "KILN_MAX_MEMORY": str(self.memory_bytes // 4),
-               "KILN_MAX_CONSTANT": str(self.memory_bytes // 8),
+               "KILN_MAX_MEMORY": str(min(self.memory_bytes, physical_memory()) // 4),
+               "KILN_MAX_CONSTANT": str(min(self.memory_bytes, physical_memory()) // 8),
                "KILN_MAX_TRIP_COUNT": "10000", **(self.env or {})}
         with open(err_path, "wb") as err:
             proc = subprocess.Popen(
