@@ -469,6 +469,8 @@ def fuzz(seed, count, levels_per_graph, out_dir, time_budget, workers, timeout, 
         done[0] += 1
         for f in found:
             err.print(Text(f"seed {s}: {f}"[:400], style="red"))
+        if done[0] % 100 == 0:
+            err.print(Text(f"{done[0]} graphs checked", style="dim"))
     with err.status("fuzzing ..."):
         rep = run_fuzz(range(seed, seed + count), levels_per_graph=levels_per_graph, workers=workers,
                        use_ort=use_ort, timeout=timeout, time_budget=time_budget, out_dir=out_dir,

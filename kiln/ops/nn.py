@@ -190,7 +190,8 @@ def conv_core(ctx, x, w, group, win: Window):
     cols = windows(pad_spatial(x, win, 0), win)                      # N, C, *O, *K
     outs = cols.shape[2:2 + nd]
     cols = cols.reshape((n, group, c // group) + cols.shape[2:])
-    cols = np.moveaxis(cols, 2, 2 + nd).reshape(n, group, math.prod(outs), -1)
+    # explicit sizes, not -1: an empty batch (n = 0) leaves -1 undetermined
+    cols = np.moveaxis(cols, 2, 2 + nd).reshape(n, group, math.prod(outs), c // group * math.prod(w.shape[2:]))
     wm = w.reshape(group, m // group, -1).transpose(0, 2, 1)          # g, C/g*K, M/g
     y = np.matmul(cols, wm[None])                                      # N, g, P, M/g
     return y.transpose(0, 1, 3, 2).reshape((n, m) + tuple(outs))
@@ -336,7 +337,7 @@ def conv_transpose(ctx, x, w, b=None):
     kern = list(ctx.attr("kernel_shape", w.shape[2:]))
     m = w.shape[1] * group
     ins = x.shape[2:]
-    xm = xc.reshape(n, group, c // group, -1)
+    xm = xc.reshape(n, group, c // group, math.prod(ins))
     wm = wc.reshape(group, c // group, -1).transpose(0, 2, 1)           # g, M/g*K, C/g
     cols = np.matmul(wm[None], xm).reshape((n, m) + tuple(kern) + tuple(ins))
     s = _int_list(ctx, "strides", nd, 1)
@@ -509,7 +510,7 @@ def max_pool(ctx, x):
     nd = x.ndim - 2
     xc = compute_dtype(x)
     v = windows(pad_spatial(xc, win, _lowest(xc.dtype)), win)
-    flat = v.reshape(v.shape[:2 + nd] + (-1,))
+    flat = v.reshape(v.shape[:2 + nd] + (math.prod(v.shape[2 + nd:]),))   # not -1: N may be 0
     y = flat.max(axis=-1).astype(x.dtype)
     if not ctx.output_used(1):
         return y, np.zeros(y.shape, np.int64)
@@ -712,7 +713,7 @@ def group_norm(ctx, x, scale, bias):
     if c % g:
         ctx.fail(f"channels {c} not divisible by num_groups {g}")
     xc = x.astype(_stash(ctx).np) if ctx.opset >= 21 else compute_dtype(x)
-    xn = _normalize(xc.reshape(n, g, -1), (2,), float(ctx.attr("epsilon", 1e-5)))[2].reshape(x.shape)
+    xn = _normalize(xc.reshape(n, g, c // g * math.prod(x.shape[2:])), (2,), float(ctx.attr("epsilon", 1e-5)))[2].reshape(x.shape)
 
     def per_channel(p):
         p = compute_dtype(p)

@@ -234,6 +234,10 @@ class GraphBuilder:
         if shape == v.shape:
             return v
         target = list(shape)
+        if 0 in shape:      # a literal 0 means "copy the dim" unless allowzero (opset 14)
+            if self.opset < 14:
+                return self.input(shape, v.dtype)
+            return self.op1("Reshape", [v, self.ints(target)], v.dtype, shape, v.lo, v.hi, allowzero=1)
         if self.rng.random() < 0.3:     # ONNX's 0 (copy the dim) and -1 (infer it)
             k = int(self.rng.integers(len(target)))
             if k < v.rank and v.shape[k] == target[k] and self.rng.random() < 0.5:
@@ -599,7 +603,7 @@ def _fit(b: GraphBuilder, v: Val, rank: int, want=None) -> Val:
     if v.rank == rank and rng.random() < 0.8:
         return v
     shape = _factor(rng, v.size, rank)
-    if shape is not None and rng.random() < 0.8:
+    if shape is not None and v.size and rng.random() < 0.8:
         return b.reshape(v, shape)
     return b.input(_dims(rng, rank), v.dtype if v.is_float else F32)
 
@@ -608,6 +612,10 @@ def _factor(rng, n: int, rank: int):
     """A random shape of `rank` dims with product n (None when rank == 0 and n != 1)."""
     if rank == 0:
         return () if n == 1 else None
+    if n == 0:      # an empty tensor: some dim 0, the others anything
+        dims = [int(rng.integers(1, 4)) for _ in range(rank)]
+        dims[int(rng.integers(rank))] = 0
+        return tuple(dims)
     dims = [1] * rank
     m = n
     for p in _primes(n):
@@ -629,6 +637,11 @@ def _primes(n: int) -> list:
 
 
 _SIZES = {False: [1, 2, 3, 5, 7, 8, 16], True: [1, 4, 9, 16, 17, 24, 31, 33, 40]}
+
+
+def _batch(rng) -> int:
+    """A batch size: mostly 1, sometimes 2, now and then 0 (an empty batch)."""
+    return int(rng.choice([1] * 12 + [2] * 5 + [0]))
 
 
 def _weight(b: GraphBuilder, shape, fan_in: int, dtype) -> Val:
@@ -670,7 +683,7 @@ def conv(b: GraphBuilder, x: Val) -> Val:
     pads = [int(rng.integers(0, k)) if rng.random() < 0.5 else 0 for k in ksz] * 2
     sp_most = (5 if nd == 3 else 8 if nd == 2 else 12) * (2 if b.big else 1)
     spatial = [max(int(rng.integers(1, sp_most + 1)), (k - 1) * d + 1) for k, d in zip(ksz, dil)]
-    n = int(rng.choice([1, 1, 2]))
+    n = _batch(rng)
     x = _fit(b, x, nd + 2, [n, cin] + spatial)
     x = b.scale_to(x, 4.0)
     w = _weight(b, (cout, cin // group, *ksz), cin // group * math.prod(ksz), x.dtype)
@@ -721,7 +734,8 @@ def conv_transpose(b: GraphBuilder, x: Val) -> Val:
     if any(o < 1 for o in out):
         pads = [0] * (2 * nd)
         out = [st * (s - 1) + op + ((k - 1) * d + 1) for s, st, op, k, d in zip(spatial, strides, opad, ksz, dil)]
-    x = _fit(b, x, nd + 2, [1, cin] + spatial)
+    nb = _batch(rng)
+    x = _fit(b, x, nd + 2, [nb, cin] + spatial)
     x = b.scale_to(x, 4.0)
     w = _weight(b, (cin, cout_g, *ksz), cin // group * math.prod(ksz), x.dtype)
     ins = [x, w]
@@ -737,7 +751,7 @@ def conv_transpose(b: GraphBuilder, x: Val) -> Val:
     if group > 1:
         attrs["group"] = group
     m = x.mag * float(np.abs(_arr(b, w)).sum()) + 0.5
-    return b.op1("ConvTranspose", ins, x.dtype, (1, cout_g * group, *out), -m, m, **attrs)
+    return b.op1("ConvTranspose", ins, x.dtype, (nb, cout_g * group, *out), -m, m, **attrs)
 
 
 def matmul(b: GraphBuilder, x: Val) -> Val:
@@ -852,8 +866,8 @@ def reduce(b: GraphBuilder, x: Val) -> Val:
     mag = x.mag
     lo, hi = {"ReduceSum": (-n * mag, n * mag), "ReduceMean": (-mag, mag), "ReduceMax": (x.lo, x.hi),
               "ReduceMin": (x.lo, x.hi), "ReduceProd": (-1, 1), "ReduceL1": (0, n * mag),
-              "ReduceL2": (0, math.sqrt(n) * mag), "ReduceLogSumExp": (x.lo, x.hi + math.log(n) + 1e-3),
-              "ReduceSumSquare": (0, n * mag * mag), "ReduceLogSum": (math.log(max(x.lo, 1e-3)), math.log(n * mag) + 1)}[op]
+              "ReduceL2": (0, math.sqrt(n) * mag), "ReduceLogSumExp": (x.lo, x.hi + math.log(max(n, 1)) + 1e-3),
+              "ReduceSumSquare": (0, n * mag * mag), "ReduceLogSum": (math.log(max(x.lo, 1e-3)), math.log(max(n * mag, 1e-3)) + 1)}[op]
     attrs = {"keepdims": keep}
     ins = [x]
     axes_as_input = b.opset >= 18 or (op == "ReduceSum" and b.opset >= 13)
@@ -873,10 +887,11 @@ def pool(b: GraphBuilder, x: Val) -> Val:
     op = str(rng.choice(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool"]))
     c = int(rng.integers(1, 5))
     spatial = [int(rng.integers(1, 8 if nd < 3 else 5)) for _ in range(nd)]
-    x = _fit(b, x, nd + 2, [1, c] + spatial)
+    nb = _batch(rng)
+    x = _fit(b, x, nd + 2, [nb, c] + spatial)
     x = b.scale_to(x, 4.0)
     if op.startswith("Global"):
-        return b.op1(op, [x], x.dtype, (1, c) + (1,) * nd, x.lo, x.hi)
+        return b.op1(op, [x], x.dtype, (nb, c) + (1,) * nd, x.lo, x.hi)
     ksz = [int(rng.integers(1, s + 1)) for s in spatial]
     strides = [int(rng.choice([1, 1, 2])) for _ in range(nd)]
     pads = [int(rng.integers(0, k)) if rng.random() < 0.4 else 0 for k in ksz] * 2
@@ -914,7 +929,7 @@ def pool(b: GraphBuilder, x: Val) -> Val:
         lo, hi = 0, x.mag * math.prod(ksz)
     if op == "MaxPool" and any(pads):
         lo, hi = min(lo, x.lo), hi
-    return b.op1(op, [x], x.dtype, (1, c, *out), lo, hi, **attrs)
+    return b.op1(op, [x], x.dtype, (nb, c, *out), lo, hi, **attrs)
 
 
 def resize(b: GraphBuilder, x: Val) -> Val:
@@ -957,6 +972,8 @@ def gather(b: GraphBuilder, x: Val) -> Val:
     rng = b.rng
     if x.rank == 0:
         x = _fit(b, x, 2)
+    if x.size == 0:
+        x = b.input(_dims(rng, x.rank), x.dtype)
     axis = int(rng.integers(-x.rank, x.rank))
     n = x.shape[axis % x.rank]
     ishape = tuple(_dims(rng, int(rng.integers(0, 3)), 4))
@@ -1124,7 +1141,7 @@ def view(b: GraphBuilder, x: Val, pool: list) -> tuple[Val, list]:
         mode = str(rng.choice(["constant", "reflect", "edge"]))
         pads = [int(rng.integers(0, 3)) if rng.random() < 0.5 else 0 for _ in range(2 * r)]
         if mode == "reflect":
-            pads = [min(p, x.shape[k % r] - 1) for k, p in enumerate(pads)]
+            pads = [max(0, min(p, x.shape[k % r] - 1)) for k, p in enumerate(pads)]
         out = tuple(d + pads[k] + pads[k + r] for k, d in enumerate(x.shape))
         if math.prod(out) > MAX_ELEMS:
             return x, []
@@ -1424,6 +1441,8 @@ def data_dependent(b: GraphBuilder, x: Val, pool: list) -> Val:
     x = x if x.is_float else b.cast(x, F32)
     if x.rank == 0:
         x = _fit(b, x, 2)
+    if x.size == 0:
+        x = b.input(_dims(rng, x.rank), x.dtype)
     kind = str(rng.choice(["nonzero", "compress", "topk"]))
     if kind == "nonzero":
         thr = b.const(np.array(float(rng.uniform(x.lo, x.hi)) if x.hi > x.lo else 0.0, dtype=x.dtype))
@@ -1472,7 +1491,10 @@ def random_model(rng: np.random.Generator, opset: int | None = None) -> tuple[Gr
     sym_prob = float(rng.choice([0.0, 0.0, 0.3, 0.6]))
     b = GraphBuilder(rng, opset, sym_prob, big=rng.random() < 0.25)
     dtype = np.dtype(rng.choice([F32] * 8 + [F64, F16]))
-    x = b.input(_dims(rng, int(rng.integers(1, 5))), dtype)
+    dims = _dims(rng, int(rng.integers(1, 5)))
+    if rng.random() < 0.02:
+        dims[int(rng.integers(len(dims)))] = 0      # an empty tensor
+    x = b.input(dims, dtype)
     pool, outputs = [x], []
     for _ in range(int(rng.integers(1, 5))):
         r = rng.random()

@@ -1,0 +1,51 @@
+"""Found by the fuzzer: an empty batch (N = 0) made the NumPy references of Conv, ConvTranspose,
+MaxPool and GroupNormalization fail (`reshape(..., -1)` cannot infer -1 from 0 elements).
+Every op here is checked on N = 0 at every -O level, cpu against the interpreter."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from kiln.testing.differential import check_case
+
+F = TensorProto.FLOAT
+
+
+def _model(node, x_shape, y_shape, inits=(), opset=18):
+    g = helper.make_graph([node], "m", [helper.make_tensor_value_info("x", F, x_shape)],
+                          [helper.make_tensor_value_info("y", F, y_shape)], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _c(name, arr):
+    return numpy_helper.from_array(np.asarray(arr, np.float32), name)
+
+
+rng = np.random.default_rng(0)
+CASES = {
+    "Conv": (helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]), [0, 3, 5, 5], [0, 4, 5, 5],
+             [_c("w", rng.standard_normal((4, 3, 3, 3)))]),
+    "Conv1d_grouped": (helper.make_node("Conv", ["x", "w"], ["y"], group=2), [0, 4, 6], [0, 2, 4],
+                       [_c("w", rng.standard_normal((2, 2, 3)))]),
+    "ConvTranspose": (helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2]), [0, 3, 4, 4],
+                      [0, 2, 9, 9], [_c("w", rng.standard_normal((3, 2, 3, 3)))]),
+    "MaxPool": (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2]), [0, 2, 4, 4], [0, 2, 3, 3], []),
+    "AveragePool": (helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2]), [0, 2, 4, 4],
+                    [0, 2, 3, 3], []),
+    "GroupNormalization": (helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2),
+                           [0, 4, 3, 3], [0, 4, 3, 3], [_c("s", np.ones(2)), _c("b", np.zeros(2))]),
+    "InstanceNormalization": (helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"]), [0, 2, 3, 3],
+                              [0, 2, 3, 3], [_c("s", np.ones(2)), _c("b", np.zeros(2))]),
+    "Resize": (helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="linear"), [0, 2, 3, 3], [0, 2, 6, 6],
+               [_c("sc", [1, 1, 2, 2])]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_empty_batch(name):
+    node, xs, ys, inits = CASES[name]
+    m = _model(node, xs, ys, inits)
+    found = check_case(m.SerializeToString(), {"x": np.zeros(xs, np.float32)}, (0, 1, 2, 3), use_ort=False)
+    assert not found, "\n".join(map(str, found))
