@@ -315,11 +315,16 @@ class WorkerPool:
         while pending or any(w.job is not None for w in self.workers):
             while len(self.workers) < self.n:
                 self.workers.append(Worker(self.memory_limit, self.env))
-            for w in self.workers:
+            for w in list(self.workers):
                 if w.job is None and pending:
                     key, job = pending.pop()
                     retry_ort[key] = job
-                    w.start_job(key, job)
+                    try:
+                        w.start_job(key, job)
+                    except OSError:         # the idle worker had died: a new one takes the job
+                        w.kill()
+                        self.workers.remove(w)
+                        pending.append((key, job))
             busy = [w for w in self.workers if w.job is not None]
             if not busy:
                 continue
