@@ -456,7 +456,7 @@ class _Emitter:
 
     # -- functions ------------------------------------------------------------------------
     def signature(self, f: S.PrimFunc, n: _Names) -> str:
-        written = _written(f.body)
+        written = S.written_buffers(f.body)
         restrict = " restrict" if f.noalias else ""
         params = ", ".join(f"{'' if p in written else 'const '}{ctype(p.dtype)}*{restrict} {n(p, p.name, 'b')}"
                            for p in f.params)
@@ -485,22 +485,6 @@ def _has_loops(s: S.Stmt) -> bool:
         return True
     kids = list(getattr(s, "stmts", ())) + [getattr(s, k, None) for k in ("body", "then", "else_")]
     return any(k is not None and isinstance(k, S.Stmt) and _has_loops(k) for k in kids)
-
-
-def _written(s: S.Stmt) -> set:
-    out: set = set()
-
-    def go(s):
-        if isinstance(s, S.Store):
-            out.add(s.buffer)
-        elif isinstance(s, S.Call):
-            out.update(a.buffer if isinstance(a, S.View) else a for a in s.args)
-        for k in list(getattr(s, "stmts", ())) + [getattr(s, k, None) for k in ("body", "then", "else_")]:
-            if isinstance(k, S.Stmt):
-                go(k)
-
-    go(s)
-    return out
 
 
 def _extern_signature(f: S.ExternFunc) -> str:

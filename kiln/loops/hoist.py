@@ -87,27 +87,10 @@ def _evaluated_checks(s: S.Stmt) -> list:
 
 
 def _bound_and_written(s: S.Stmt) -> tuple[set, set]:
-    """Variables bound inside `s` (loop and let variables) and buffers it stores to,
-    allocates or passes to a call."""
-    bound, written = set(), set()
-
-    def go(s):
-        if isinstance(s, S.For):
-            bound.add(s.var)
-        elif isinstance(s, S.Let):
-            bound.add(s.var)
-        elif isinstance(s, S.Store):
-            written.add(s.buffer)
-        elif isinstance(s, S.Allocate):
-            written.add(s.buffer)
-        elif isinstance(s, S.Call):
-            written.update(a.buffer if isinstance(a, S.View) else a for a in s.args)
-        for k in list(getattr(s, "stmts", ())) + [getattr(s, f, None) for f in ("body", "then", "else_")]:
-            if isinstance(k, S.Stmt):
-                go(k)
-
-    go(s)
-    return bound, written
+    """Variables bound inside `s` (loop and let variables) and buffers it writes or allocates."""
+    inside = list(S.walk_stmts(s))
+    bound = {t.var for t in inside if isinstance(t, (S.For, S.Let))}
+    return bound, S.written_buffers(s) | {t.buffer for t in inside if isinstance(t, S.Allocate)}
 
 
 def _loaded(e: Expr) -> set:

@@ -140,23 +140,34 @@ def seq(*stmts) -> Stmt:
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
 
 
+def walk_stmts(s: Stmt):
+    """`s` and every statement inside it, parents before children, in program order."""
+    yield s
+    for k in list(getattr(s, "stmts", ())) + [getattr(s, f, None) for f in ("body", "then", "else_")]:
+        if isinstance(k, Stmt):
+            yield from walk_stmts(k)
+
+
+def written_buffers(s: Stmt) -> set:
+    """Buffers `s` stores to or passes to a call (which may write them)."""
+    out: set = set()
+    for t in walk_stmts(s):
+        if isinstance(t, Store):
+            out.add(t.buffer)
+        elif isinstance(t, Call):
+            out.update(a.buffer if isinstance(a, View) else a for a in t.args)
+    return out
+
+
 def stmt_checks(s: Stmt) -> list:
     """The messages of every `check` in `s`, in a fixed order: check k (0-based) fails
     its kernel with status k + 1."""
     out: dict = {}
-
-    def go(s):
-        for f in ("min", "extent", "cond", "value", "expr"):
-            e = getattr(s, f, None)
+    for t in walk_stmts(s):
+        exprs = [getattr(t, f, None) for f in ("min", "extent", "cond", "value", "expr")]
+        for e in [*exprs, *getattr(t, "indices", ())]:
             if isinstance(e, Expr):
                 out.update(dict.fromkeys(checks(e)))
-        for e in getattr(s, "indices", ()):
-            out.update(dict.fromkeys(checks(e)))
-        for k in list(getattr(s, "stmts", ())) + [getattr(s, f, None) for f in ("body", "then", "else_")]:
-            if isinstance(k, Stmt):
-                go(k)
-
-    go(s)
     return list(out)
 
 
