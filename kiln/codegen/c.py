@@ -435,7 +435,7 @@ class _Emitter:
         elif isinstance(s, S.Evaluate):
             out(f"{pad}(void){self.expr(s.expr, ctx, n)};")
         elif isinstance(s, S.Call):
-            # remember the first failing call: the runtime names its node (status -(k+2))
+            # the first failing call ends the run: the runtime names its node and what failed
             out(f"{pad}if (!kiln_failed) {{ int32_t s_ = {func_symbol(s.func)}({self.call_args(s, n)}); "
                 f"if (s_ != 0) kiln_failed = KILN_CALL_STATUS({self.calls}, s_); }}")
             self.calls += 1
