@@ -504,7 +504,7 @@ def _div_e(c, a, b):
         return _nonzero_check(c, a, b, L.select(b.eq(0), zero, q), "division")
     q = L.truncdiv(a, L.select(b.eq(0) | b.eq(-1), L.const(1, b.dtype), b))
     q = L.select(b.eq(0), zero, L.select(b.eq(-1), zero - a, q))
-    low = L.const(int(np.iinfo(a.dtype.np).min), a.dtype)
+    low = L.const(int(ml_dtypes.iinfo(a.dtype.np).min), a.dtype)   # (int4/int2 too)
     q = c.check(q, b.ne(-1) | a.ne(low), L.cast(L.INDEX, a),
                 f"integer division overflows: {{value}} / -1 does not fit {a.dtype}")
     return _nonzero_check(c, a, b, q, "division")
