@@ -243,7 +243,9 @@ def lower(sch: Schedule, params, name: str = "kernel") -> S.PrimFunc:
             raise KilnError(f"output {t.name!r} must be one of the params", stage="lower")
     low = _Lowering(sch, params)
     body = low.run()
-    body = hoist_checks(simplify_stmt(body, low.ranges) or S.Seq(()))
+    body = simplify_stmt(body, low.ranges) or S.Seq(())
+    if S.stmt_checks(body):
+        body = hoist_checks(body)
     _check_buffers(body, params, name)
     return S.PrimFunc(name, tuple(params), body)
 
