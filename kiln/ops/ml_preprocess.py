@@ -64,6 +64,8 @@ def scaler(ctx, x):
 
 @op("Normalizer", infer=_infer_float_like, domain=ML)
 def normalizer(ctx, x):
+    """MAX divides by the greatest magnitude, as the ONNX reference and scikit-learn do
+    (ONNX Runtime divides by the signed max: they differ on rows of negative values)."""
     x = x.astype(np.float32)
     norm = ctx.attr("norm", "MAX")
     fn = {"MAX": lambda r: np.abs(r).max(-1, keepdims=True), "L1": lambda r: np.abs(r).sum(-1, keepdims=True),

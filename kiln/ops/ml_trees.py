@@ -195,7 +195,9 @@ def _descend(ctx, f: Forest, x: np.ndarray, split: np.ndarray, root: int, root_i
             return idx
         n = idx[live]
         v, s = x[live, f.feat[n]], split[n]
-        member = np.array([val in f.sets.get(k, ()) for val, k in zip(v.tolist(), n.tolist())], bool)
+        member = np.zeros(len(n), bool)
+        for j in np.flatnonzero(f.mode[n] == 6).tolist():  # BRANCH_MEMBER nodes only
+            member[j] = v[j] in f.sets.get(int(n[j]), ())
         go = np.choose(f.mode[n], [v <= s, v < s, v >= s, v > s, v == s, v != s, member])
         go |= f.nan_true[n] & np.isnan(v)
         idx[live] = np.where(go, f.true_id[n], f.false_id[n])

@@ -188,3 +188,51 @@ def test_one_hot_encoder_unknown_with_zeros_0_fails():
             compiled.run({"X": x})
         ok = compiled.run({"X": np.array([[1, 2], [3, 1]], np.int64)})["Y"]
         np.testing.assert_array_equal(ok.argmax(-1), [[0, 1], [2, 0]])
+
+
+def _small(op, attrs, x, out=TensorProto.FLOAT, ml_opset=1):
+    node = helper.make_node(op, ["X"], ["Y"], domain=ML, **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", helper.np_dtype_to_tensor_dtype(x.dtype),
+                                                                      list(x.shape))],
+                          [helper.make_tensor_value_info("Y", out, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19), helper.make_opsetid(ML, ml_opset)],
+                             ir_version=9)
+
+
+@pytest.mark.parametrize("op,attrs,x", [
+    # MAX on non-negative rows only: ONNX Runtime divides by the signed max, the ONNX reference
+    # and scikit-learn (and kiln) by the greatest magnitude
+    ("Normalizer", {"norm": "MAX"}, np.abs(RNG.standard_normal((6, 5))).astype(np.float32)),
+    ("Normalizer", {"norm": "L1"}, RNG.standard_normal((6, 5)).astype(np.float32)),
+    ("Normalizer", {"norm": "L2"}, RNG.standard_normal((6, 5)).astype(np.float32)),
+    ("Scaler", {"offset": [0.5, -1.0, 0.0, 2.0], "scale": [2.0, 0.5, -1.0, 3.0]},
+     RNG.standard_normal((5, 4)).astype(np.float32)),
+    ("Binarizer", {"threshold": 0.25}, RNG.standard_normal((5, 4)).astype(np.float32)),
+    ("Imputer", {"imputed_value_floats": [1.0, 2.0, 3.0], "replaced_value_float": float("nan")},
+     np.where(RNG.random((6, 3)) < 0.3, np.nan, RNG.standard_normal((6, 3))).astype(np.float32)),
+    ("ArrayFeatureExtractor", None, RNG.standard_normal((4, 6)).astype(np.float32)),
+])
+def test_small_ops(op, attrs, x):
+    if op == "ArrayFeatureExtractor":
+        node = helper.make_node(op, ["X", "I"], ["Y"], domain=ML)
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([5, 0, 2], np.int64), "I")])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19), helper.make_opsetid(ML, 1)],
+                                  ir_version=9)
+    else:
+        model = _small(op, attrs, x)
+    _compare(model, x)
+
+
+def test_feature_vectorizer():
+    a, b = RNG.standard_normal((4, 3)).astype(np.float32), RNG.standard_normal((4, 2)).astype(np.float32)
+    node = helper.make_node("FeatureVectorizer", ["A", "B"], ["Y"], domain=ML, inputdimensions=[3, 2])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [4, 3]),
+                                        helper.make_tensor_value_info("B", TensorProto.FLOAT, [4, 2])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19), helper.make_opsetid(ML, 1)],
+                             ir_version=9).SerializeToString()
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"A": a, "B": b})[0]
+    for target in ("cpu", "interpreter"):
+        np.testing.assert_allclose(kiln.compile(data, target=target).run({"A": a, "B": b})["Y"], want, rtol=1e-6)
