@@ -326,7 +326,7 @@ def _svm_classifier_lower(ctx, x):
     c_type(ctx, xt.dtype)
     rows, width = rows_width(ctx, xt)
     p = _classifier_parts(ctx, width)
-    labels, nc, cols = p["labels"], len(p["labels"]), p["columns"]
+    labels, nc = p["labels"], len(p["labels"])
     tab = lambda name, v, dt=DType.float32, ct="float": c_table(ctx, name, ct, v, dt)  # noqa: E731
     body = [tab("coef", p["coef"]), tab("rho", p["rho"]), c_labels(ctx, labels, p["strings"])]
     if p["mode"] == "linear":

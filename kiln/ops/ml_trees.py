@@ -570,7 +570,7 @@ def _tree_classifier_lower(ctx, x):
       {ct} bw = 0;
       for (int64_t k = 0; k < {nc}; ++k) {{
         {ct} v = s[k];
-        if (k < {nb}) {{ v = h[k] ? v + base[k] : base[k]; h[k] = 1; }}
+        if (k < {nb}) {{ v = v + base[k]; h[k] = 1; }}  /* unfed: 0 + base */
         if (h[k] && (best < 0 || v > bw)) {{ best = k; bw = v; }}
         a[k] = (double)v;
       }}
@@ -592,7 +592,6 @@ def _tree_classifier_lower(ctx, x):
       out0[row] = labels[win];"""
     else:
         decide = "out0[row] = labels[pos > 0 ? 1 : 0];" if c.strings else "out0[row] = pos > 0 ? 1 : 0;"
-    lg = "1.0 / (1.0 + exp(-(v)))"
     lg = "a[0] = 1.0 / (1.0 + exp((double)sc)); a[1] = 1.0 / (1.0 + exp(-(double)sc));"
     single = f"""const {ct} sc = s[0];
         if (wa == 0 || wa == 1) {{ a[0] = (double)(({ct})1 - sc); a[1] = (double)sc; }}
