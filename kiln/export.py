@@ -18,7 +18,8 @@ import numpy as np
 
 import kiln
 from kiln.codegen.build import cached_source, compile_c, default_cflags
-from kiln.codegen.c import DEFAULT_PREFIX, c_identifier, single_unit, split_units, with_prefix
+from kiln.codegen.c import (DEFAULT_PREFIX, c_identifier, single_unit, split_units, with_interface_fields,
+                            with_prefix)
 from kiln.codegen.header import Port, emit_header
 from kiln.dtypes import DType
 from kiln.errors import KilnError
@@ -96,10 +97,12 @@ def symbol_prefix(name: str | None, source=None) -> str:
     return "model"
 
 
-def renamed(native: NativeModule, prefix: str) -> tuple[str, Path, str]:
+def renamed(native: NativeModule, prefix: str, **interface: str) -> tuple[str, Path, str]:
     """(C source as one unit, library, entry symbol) of `native` with its symbols
-    prefixed `prefix`_: rebuilt from the renamed source (cached by content hash)."""
-    units = [with_prefix(u, prefix) for u in split_units(c_source_of(native))]
+    prefixed `prefix`_ and `interface` fields added to what `prefix`_interface reports:
+    rebuilt from the renamed source (cached by content hash)."""
+    units = [with_interface_fields(with_prefix(u, prefix), prefix, **interface)
+             for u in split_units(c_source_of(native))]
     library = compile_c(units)
     entry = prefix + native.entry.__name__.removeprefix(DEFAULT_PREFIX)
     return single_unit("".join(units)), library, entry
@@ -116,8 +119,9 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
     prefix = symbol_prefix(name, source)
     shapes = bind_shapes(model, dims)
     native = native_module(model, shapes)
-    c_source, library, entry = renamed(native, prefix)
     weights = native.weights.tobytes()
+    # the library reports its weights' hash: other weights under a rewritten manifest are refused
+    c_source, library, entry = renamed(native, prefix, weights_sha256=hashlib.sha256(weights).hexdigest())
     ins = [Port(s.name, DType.from_name(s.dtype), shape) for s, shape in zip(model.inputs, shapes)]
     outs = [Port(s.name, DType.from_numpy(dt), shape)
             for s, (shape, dt) in zip(model.outputs, native.output_types)]

@@ -528,6 +528,19 @@ def _interface(text: str) -> tuple[str, list[str]]:
     return proto, [proto + " {", f'  *out = "{literal}";', "  return 0;", "}"]
 
 
+def with_interface_fields(source: str, prefix: str, **fields: str) -> str:
+    """`source` with `fields` (hex or identifier strings) added to the description its
+    `prefix`_interface reports: an artifact binds its library to its weights' sha256."""
+    for k, v in fields.items():
+        if not (re.fullmatch(r"[a-z][a-z0-9_]*", k) and re.fullmatch(r"[A-Za-z0-9_]*", v)):
+            raise KilnError(f"interface field {k!r} = {v!r} is not a name and a plain value", stage="codegen")
+    extra = "".join(f'\\"{k}\\":\\"{v}\\",' for k, v in fields.items())
+    head = f'int32_t {prefix}_{INTERFACE}(const char** out) {{\n  *out = "{{'
+    if source.count(head) > 1:
+        raise KilnError(f"{prefix}_{INTERFACE} is defined twice", stage="codegen")
+    return source.replace(head, head + extra)
+
+
 def emit_c(module: S.LoopModule) -> str:
     """The C source of a whole module: prelude, helpers, prototypes, kernels."""
     header, bodies = _emit(module)

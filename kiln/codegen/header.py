@@ -67,7 +67,8 @@ def emit_header(source: str, symbol: str, inputs: list[Port], outputs: list[Port
     lines += ["/* The entry as the library defines it. */", entry_prototype(source, symbol), ""]
     if symbol.endswith("_main") and re.search(rf"^int32_t {re.escape(symbol[:-4])}interface\(", source, re.M):
         lines += ["/* Points *out at the library's static description, JSON: its inputs' and outputs'",
-                  " * [dtype, shape], workspace_bytes and weights_bytes (what kiln.load checks). */",
+                  " * [dtype, shape], workspace_bytes, weights_bytes and weights_sha256 (what kiln.load",
+                  " * checks). */",
                   entry_prototype(source, symbol[:-4] + "interface"), ""]
     params = [f"const {_ctype(p)}* in_{k}" for k, p in enumerate(inputs)]
     params += [f"{_ctype(p)}* out_{k}" for k, p in enumerate(outputs)]

@@ -24,8 +24,9 @@ are exactly these, each matches its SHA256SUMS line, the manifest matches its sc
 (every field: type, range, pattern), the entry is `NAME_main` of the artifact's own
 NAME, the weights hash to `weights_sha256`, and the architecture and CPU features
 match this machine. After dlopen, before the first call: the library's own
-`NAME_interface()` (input/output dtypes and shapes, workspace and weights sizes) must
-equal the manifest's, so a manifest that asks for smaller buffers is refused.
+`NAME_interface()` (input/output dtypes and shapes, workspace and weights sizes, and
+the weights' sha256) must equal the manifest's, so a manifest that asks for smaller
+buffers, or other weights under a rewritten manifest, is refused.
 
 This module reads and writes the container and loads it; `kiln.export` makes
 one from a compiled model. It imports nothing of the compiler.
@@ -327,7 +328,7 @@ def _dlopen(so: str, digest: str, weights: np.ndarray, manifest: dict, path) -> 
     try:
         return NativeModule(so, digest, manifest["entry"], ports[0], ports[1], weights,
                             manifest["workspace_bytes"], manifest["kernels"], manifest["kernel_errors"],
-                            where=path)
+                            where=path, interface={"weights_sha256": manifest["weights_sha256"]})
     except LibraryLoadError as e:
         raise KilnError(f"{path}: cannot load its native library ({e}); if {tempfile.gettempdir()} "
                         "does not allow executables (noexec), set TMPDIR to a folder that does") from None

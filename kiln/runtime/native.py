@@ -97,7 +97,7 @@ def interface_mismatch(reported: dict, expected: dict) -> str | None:
         for k, (g, w) in enumerate(zip(got, want)):
             if g != w:
                 return f"{kind[:-1]} {k}: the library's is {_port(g)}, the manifest says {_port(w)}"
-    for key in ("workspace_bytes", "weights_bytes"):
+    for key in [k for k in expected if k not in ("inputs", "outputs")]:
         if reported.get(key) != expected[key]:
             return f"{key}: the library was built for {reported.get(key)!r}, the manifest says {expected[key]}"
     return None
@@ -117,17 +117,19 @@ class NativeModule:
     def __init__(self, library_path: str, library_sha256: str, entry_symbol: str,
                  input_types: list[tuple[tuple, str]], output_types: list[tuple[tuple, str]],
                  weights: np.ndarray, workspace_bytes: int, call_nodes: list[str],
-                 call_errors: list | None = None, where=None):
+                 call_errors: list | None = None, where=None, interface: dict | None = None):
         """Loads the library (verified against `library_sha256`) and refuses it, before any
         call, unless the interface it reports is exactly `input_types`, `output_types`
         (shape, dtype name), `workspace_bytes` and the weights' size. `entry_symbol` is
-        `<prefix>_main`; the interface is `<prefix>_interface`."""
+        `<prefix>_main`; the interface is `<prefix>_interface`. `interface`: more fields it
+        must report (an artifact's library reports its weights' sha256)."""
         self.library_path = library_path
         where = where or library_path
         if not entry_symbol.endswith("_main"):
             raise KilnError(f"{where}: entry {entry_symbol!r} is not a kiln entry (<prefix>_main)")
         self.lib = load_library(library_path, library_sha256, where)
-        expected = json.loads(interface_text(input_types, output_types, workspace_bytes, np.size(weights)))
+        expected = {**json.loads(interface_text(input_types, output_types, workspace_bytes, np.size(weights))),
+                    **(interface or {})}
         why = interface_mismatch(library_interface(self.lib, entry_symbol[:-4] + "interface", where), expected)
         if why:
             raise KilnError(f"{where}: the manifest disagrees with its library ({why}); refusing to run it")

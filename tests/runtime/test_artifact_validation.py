@@ -185,7 +185,8 @@ def test_the_library_reports_its_interface(artifact):
     assert json.loads(out.value) == {
         "inputs": [[p["dtype"], p["shape"]] for p in m["inputs"]],
         "outputs": [[p["dtype"], p["shape"]] for p in m["outputs"]],
-        "workspace_bytes": m["workspace_bytes"], "weights_bytes": m["weights_bytes"]}
+        "workspace_bytes": m["workspace_bytes"], "weights_bytes": m["weights_bytes"],
+        "weights_sha256": m["weights_sha256"]}
     header = members(artifact[0])[art.HEADER].decode()
     assert f"int32_t {name}_interface(const char** out);" in header
 
@@ -244,6 +245,21 @@ def test_a_good_artifact_still_runs(artifact):
     got = kiln.load(artifact[0]).run(feeds)
     for name, want in reference(**feeds).items():
         np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6)
+
+
+def test_other_weights_under_a_rewritten_manifest_are_refused(artifact, tmp_path):
+    """Same-size weights of another model, with weights_sha256 and SHA256SUMS rewritten to
+    match: the library itself reports the hash of the weights it was built with."""
+    files = members(artifact[0])
+    m = artifact[1]
+    raw = bytearray(files[art.WEIGHTS][m["weights_offset"]:])
+    raw[0] ^= 0xFF
+    new_npy, _ = art.weights_npy(bytes(raw))
+    bad = tmp_path / "swapped.kiln"
+    rewrite_manifest(artifact[0], bad, lambda man: man.update(weights_sha256=hashlib.sha256(raw).hexdigest()),
+                     weights_npy=new_npy)
+    with pytest.raises(KilnError, match="weights_sha256: the library was built for"):
+        kiln.load(bad)
 
 
 def test_weights_are_read_without_pickle(artifact, tmp_path):
