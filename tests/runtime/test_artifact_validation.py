@@ -19,8 +19,8 @@ from onnx import helper, numpy_helper
 
 import kiln
 from kiln import KilnError
-from kiln.cli import main
 from kiln.runtime import artifact as art
+from tests.cli.test_cli_inprocess import kiln as cli
 from tests.runtime.models import inputs, reference
 from tests.runtime.test_artifact import ROOT, rewrite_manifest
 
@@ -38,16 +38,6 @@ def write_raw(path, entries: dict[str, bytes], extra: list[tuple[str, bytes]] = 
         with zipfile.ZipFile(path, "w") as z:
             for name, data in [*entries.items(), *extra]:
                 z.writestr(name, data)
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        main([str(a) for a in args])
-        rc = 0
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def edited(artifact, tmp_path, edit, name="edited.kiln"):
