@@ -783,8 +783,9 @@ def _pad_plan(ctx, shape, both):
         return mode, plan
     if mode not in ("reflect", "edge", "wrap"):
         ctx.fail(f"mode must be constant, reflect, edge or wrap, got {mode!r}")
-    if 0 in kept and any(map(any, width)):
-        ctx.fail(f"cannot {mode}-pad an empty tensor of shape {kept}")
+    empty = [k for k, (n, w) in enumerate(zip(kept, width)) if n == 0 and any(w)]
+    if empty:   # an empty axis has nothing to mirror or repeat; padding other axes is fine
+        ctx.fail(f"cannot {mode}-pad axis {empty[0]} of an empty tensor of shape {kept}")
     if mode == "reflect" and any(max(w) >= d for d, w in zip(kept, width) if max(w)):
         ctx.fail(f"reflect pads {width} must be smaller than the dims {kept} they mirror")
     return mode, plan

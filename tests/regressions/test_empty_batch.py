@@ -1,4 +1,4 @@
-"""Found by the fuzzer: an empty batch (N = 0) made the NumPy references of Conv, ConvTranspose,
+"""Found by the fuzzer: empty tensors. An empty batch (N = 0) made the NumPy references of Conv, ConvTranspose,
 MaxPool and GroupNormalization fail (`reshape(..., -1)` cannot infer -1 from 0 elements).
 Every op here is checked on N = 0 at every -O level, cpu against the interpreter."""
 
@@ -49,3 +49,18 @@ def test_empty_batch(name):
     m = _model(node, xs, ys, inits)
     found = check_case(m.SerializeToString(), {"x": np.zeros(xs, np.float32)}, (0, 1, 2, 3), use_ort=False)
     assert not found, "\n".join(map(str, found))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+def test_pad_empty_tensor_along_other_axes(mode):
+    """Found by the fuzzer: reflect/edge Pad of a (3, 2, 0) tensor along axis 1 was refused
+    ('cannot reflect-pad an empty tensor'); only padding the empty axis itself has nothing to
+    mirror (ONNX Runtime refuses that too)."""
+    pads = numpy_helper.from_array(np.array([1, 1, 0, 0, 1, 0]), "p")
+    m = _model(helper.make_node("Pad", ["x", "p"], ["y"], mode=mode), [3, 2, 0], [4, 4, 0], [pads])
+    found = check_case(m.SerializeToString(), {"x": np.zeros((3, 2, 0), np.float32)}, (0, 1, 2, 3))
+    assert not found, "\n".join(map(str, found))
+    bad = numpy_helper.from_array(np.array([0, 0, 1, 0, 0, 0]), "p")
+    m = _model(helper.make_node("Pad", ["x", "p"], ["y"], mode=mode), [3, 2, 0], [3, 2, 1], [bad])
+    (f,) = check_case(m.SerializeToString(), {"x": np.zeros((3, 2, 0), np.float32)}, (0,), use_ort=False)
+    assert f.kind == "error" and f"cannot {mode}-pad axis 2" in f.message
