@@ -180,6 +180,8 @@ _NORMALIZE = {"Softmax": softmax, "LogSoftmax": log_softmax, "Hardmax": _hardmax
 def _normalize_run(ctx: RunCtx, x):
     """Opset < 13 coerces the input to 2-D at `axis` (default 1); from 13 one axis (default -1)."""
     fn = _NORMALIZE[ctx.node.op]
+    if x.size == 0:   # nothing to normalize (and no max of an empty slice to take)
+        return x.copy()
     if ctx.opset >= 13:
         axis = normalize_axis(ctx, ctx.attr("axis", -1), max(x.ndim, 1))
         y = fn(wide(x), axis)
@@ -189,7 +191,7 @@ def _normalize_run(ctx: RunCtx, x):
         if not 0 <= axis <= x.ndim:
             ctx.fail(f"axis {ctx.attr('axis')} is out of range for rank {x.ndim}")
         rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-        y = fn(wide(x).reshape(rows, -1), 1).reshape(x.shape)
+        y = fn(wide(x).reshape(rows, int(np.prod(x.shape[axis:], dtype=np.int64))), 1).reshape(x.shape)
     return as_dtype(y, x.dtype)
 
 

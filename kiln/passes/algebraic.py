@@ -38,8 +38,8 @@ def _one_reshape(m, b):
     if same_type(x.type, root.type):
         return x
     shape = static_shape(root)
-    if shape is not None:
-        return b.op("Reshape", [x, b.const(np.array(shape, np.int64))])
+    if shape is not None:   # a literal 0 is an empty dim here, not "copy the input's dim"
+        return b.op("Reshape", [x, b.const(np.array(shape, np.int64))], {"allowzero": 1} if 0 in shape else {})
     outer = m.root_node
     target = outer.inputs[1] if outer.op == "Reshape" and len(outer.inputs) > 1 else None
     if target is not None and target.const is not None and (

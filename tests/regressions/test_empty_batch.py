@@ -64,3 +64,27 @@ def test_pad_empty_tensor_along_other_axes(mode):
     m = _model(helper.make_node("Pad", ["x", "p"], ["y"], mode=mode), [3, 2, 0], [3, 2, 1], [bad])
     (f,) = check_case(m.SerializeToString(), {"x": np.zeros((3, 2, 0), np.float32)}, (0,), use_ort=False)
     assert f.kind == "error" and f"cannot {mode}-pad axis 2" in f.message
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("opset,axis,shape", [(13, -1, [3, 0]), (13, 0, [0, 4]), (11, 1, [2, 0, 3]), (11, 0, [0, 3])])
+def test_normalizations_of_empty_tensors(op, opset, axis, shape):
+    """Found by the fuzzer: LogSoftmax (and Softmax) of an empty tensor failed in the reference
+    (np.max of a zero-size slice; opset < 13's 2-D coercion reshaped with -1)."""
+    m = _model(helper.make_node(op, ["x"], ["y"], axis=axis), shape, shape, opset=opset)
+    found = check_case(m.SerializeToString(), {"x": np.zeros(shape, np.float32)}, (0, 1, 2, 3), use_ort=False)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_squeeze_of_empty_tensor_simplified_to_reshape():
+    """Found by the fuzzer: -O2's simplify_algebra turned Squeeze(1, 0, 5) into Reshape to [0, 5],
+    where ONNX's 0 means 'copy the input's dim' (1): 'cannot reshape (1, 0, 5) to [0, 5]'. The
+    rewrite now sets allowzero when the static shape holds an empty dim."""
+    axes = numpy_helper.from_array(np.array([0]), "a")
+    g = helper.make_graph([helper.make_node("Squeeze", ["x", "a"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+                          "m", [helper.make_tensor_value_info("x", F, [1, 0, 5])],
+                          [helper.make_tensor_value_info("z", F, [0, 5])], [axes])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    found = check_case(m.SerializeToString(), {"x": np.zeros((1, 0, 5), np.float32)}, (0, 1, 2, 3), use_ort=False)
+    assert not found, "\n".join(map(str, found))
