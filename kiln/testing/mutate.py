@@ -667,7 +667,7 @@ def mutate_artifact(data: bytes, rng: np.random.Generator) -> tuple[bytes, list[
             del members[name]
             done.append(f"member {name} dropped")
         else:
-            other = _pick(rng, sorted(members))
+            other = _pick(rng, sorted(set(members) - {name})) or name
             members[name] = members[other]
             done.append(f"member {name} replaced by {other}")
     buf = io.BytesIO()
@@ -751,14 +751,17 @@ def model_cases(count: int, seed: int, corpus: str = "builtin", targets=("cpu", 
     return cases
 
 
-def artifact_cases(count: int, seed: int, folder: Path) -> list[dict]:
+ARTIFACT_BASES = ("relu_add", "conv", "gather", "int_div_mod", "reshape_transpose", "scatter_nd")
+
+
+def artifact_cases(count: int, seed: int, folder: Path, bases: tuple = ARTIFACT_BASES) -> list[dict]:
     """Mutated copies of artifacts of a few built-in seeds (compiled here, for cpu)."""
     import kiln
     rng = np.random.default_rng(seed + 7)
     folder.mkdir(parents=True, exist_ok=True)
-    bases = []
+    names, bases = bases, []
     for s in builtin_seeds():
-        if s.name not in ("relu_add", "conv", "gather", "int_div_mod", "reshape_transpose", "scatter_nd"):
+        if s.name not in names:
             continue
         path = folder / f"seed_{s.name}.kiln"
         m = kiln.compile(s.model, target="cpu")
@@ -779,8 +782,8 @@ def artifact_cases(count: int, seed: int, folder: Path) -> list[dict]:
 def run_campaign(models: int = 200, artifacts: int = 0, seed: int = 0, *, corpus: str = "builtin",
                  jobs: int = 2, timeout_s: float = 60.0, memory_bytes: int = 4 << 30, batch: int = 50,
                  out: str | os.PathLike | None = None, targets=("cpu", "interpreter"),
-                 progress: Callable[[int, int], None] | None = None, workdir: str | os.PathLike | None = None
-                 ) -> Report:
+                 progress: Callable[[int, int], None] | None = None, workdir: str | os.PathLike | None = None,
+                 artifact_bases: tuple = ARTIFACT_BASES) -> Report:
     """Make and run `models` mutated models and `artifacts` mutated artifacts; failing cases are
     saved under `out` (when given) for replay."""
     import tempfile
@@ -789,7 +792,7 @@ def run_campaign(models: int = 200, artifacts: int = 0, seed: int = 0, *, corpus
     with tempfile.TemporaryDirectory(prefix="kiln-mutate-", dir=workdir) as tmp:
         cases = model_cases(models, seed, corpus, targets) if models else []
         if artifacts:
-            cases += artifact_cases(artifacts, seed, Path(tmp))
+            cases += artifact_cases(artifacts, seed, Path(tmp), artifact_bases)
         box = Sandbox("kiln.testing.mutate:run_case", timeout_s=timeout_s, memory_bytes=memory_bytes,
                       jobs=jobs, batch=batch)
         done = [0]

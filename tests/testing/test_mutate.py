@@ -69,3 +69,16 @@ def test_generated_corpus_mutates_the_differential_fuzzers_graphs():
     assert len(seeds) == 3 and all(s.model.graph.node and s.feeds for s in seeds)
     data, feeds, done = mutate.mutate_model(seeds[0], np.random.default_rng(0))
     assert data and done
+
+
+def test_fixed_budget_of_mutated_artifacts(tmp_path):
+    rep = mutate.run_campaign(models=0, artifacts=40, seed=0, jobs=2, timeout_s=120, out=tmp_path,
+                              artifact_bases=("relu_add", "gather"))
+    assert rep.total("artifact") == 40
+    assert not rep.failures, str(rep)
+
+
+def test_artifact_mutations_change_the_file(tmp_path):
+    cases = mutate.artifact_cases(20, 1, tmp_path, bases=("relu_add",))
+    base = (tmp_path / "seed_relu_add.kiln").read_bytes()
+    assert all(open(c["path"], "rb").read() != base for c in cases)
