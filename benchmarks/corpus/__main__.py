@@ -32,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--json", metavar="PATH", help="write the rows and geometric means as JSON")
     r.add_argument("--profile", action="store_true",
                    help="kiln's per-kernel times beside ORT's per-node profile, per op kind")
+    r.add_argument("--check-only", action="store_true",
+                   help="compile and check kiln against ORT at every shape; time nothing")
     r.add_argument("--no-openvino", dest="openvino", action="store_false", help="leave OpenVINO out")
     return p
 

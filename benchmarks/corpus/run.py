@@ -102,6 +102,9 @@ def bench_model(meta: dict, args) -> list[dict]:
                 fns["kiln"] = lambda: compiled.run(feeds)
             except Exception as e:
                 row["error"] = f"run: {type(e).__name__}: {first_line(e)}"
+        if args.check_only:
+            rows.append(row)
+            continue
         fns["ort"] = lambda: sess.run(None, feeds)
         if args.openvino:
             try:
