@@ -70,22 +70,27 @@ class InvertedResidual(nn.Module):
         return x + y if self.residual else y
 
 
-class MobileNetV2(nn.Module):
-    def __init__(self, classes=1000):
+class Pooled(nn.Module):
+    """features -> global average pool -> head: the classifier ending of the mobile nets."""
+
+    def __init__(self, features, head):
         super().__init__()
-        cfg = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
-               (6, 320, 1, 1)]
-        layers, cin = [conv_bn(3, 32, 3, 2, act=nn.ReLU6)], 32
-        for t, c, n, s in cfg:
-            for i in range(n):
-                layers.append(InvertedResidual(cin, c, 3, s if i == 0 else 1, cin * t))
-                cin = c
-        layers.append(conv_bn(cin, 1280, 1, act=nn.ReLU6))
-        self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(1280, classes)
+        self.features, self.head = features, head
 
     def forward(self, x):
-        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+def mobilenet_v2(classes=1000):
+    cfg = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+           (6, 320, 1, 1)]
+    layers, cin = [conv_bn(3, 32, 3, 2, act=nn.ReLU6)], 32
+    for t, c, n, s in cfg:
+        for i in range(n):
+            layers.append(InvertedResidual(cin, c, 3, s if i == 0 else 1, cin * t))
+            cin = c
+    layers.append(conv_bn(cin, 1280, 1, act=nn.ReLU6))
+    return Pooled(nn.Sequential(*layers), nn.Linear(1280, classes))
 
 
 # ---- MobileNetV3 (hard-swish, squeeze-excite with hard-sigmoid) -------------------------------
@@ -114,42 +119,30 @@ MBV3_SMALL = [
     (5, 576, 96, True, "HS", 1), (5, 576, 96, True, "HS", 1)]
 
 
-class MobileNetV3(nn.Module):
-    def __init__(self, cfg, last, head, classes=1000):
-        super().__init__()
-        layers, cin = [conv_bn(3, 16, 3, 2, act=nn.Hardswish)], 16
-        for k, exp, out, se, act, s in cfg:
-            layers.append(InvertedResidual(cin, out, k, s, exp, nn.ReLU if act == "RE" else nn.Hardswish,
-                                           SqueezeExcite if se else None))
-            cin = out
-        layers.append(conv_bn(cin, last, 1, act=nn.Hardswish))
-        self.features = nn.Sequential(*layers)
-        self.head = nn.Sequential(nn.Linear(last, head), nn.Hardswish(), nn.Linear(head, classes))
-
-    def forward(self, x):
-        return self.head(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+def mobilenet_v3(cfg, last, head, classes=1000):
+    layers, cin = [conv_bn(3, 16, 3, 2, act=nn.Hardswish)], 16
+    for k, exp, out, se, act, s in cfg:
+        layers.append(InvertedResidual(cin, out, k, s, exp, nn.ReLU if act == "RE" else nn.Hardswish,
+                                       SqueezeExcite if se else None))
+        cin = out
+    layers.append(conv_bn(cin, last, 1, act=nn.Hardswish))
+    return Pooled(nn.Sequential(*layers), nn.Sequential(nn.Linear(last, head), nn.Hardswish(),
+                                                        nn.Linear(head, classes)))
 
 
 # ---- EfficientNet-B0 (SiLU, squeeze-excite with sigmoid) --------------------------------------
 
-class EfficientNetB0(nn.Module):
-    def __init__(self, classes=1000):
-        super().__init__()
-        cfg = [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3), (6, 5, 1, 112, 3),
-               (6, 5, 2, 192, 4), (6, 3, 1, 320, 1)]  # expand, k, stride, out, repeats
-        layers, cin = [conv_bn(3, 32, 3, 2, act=nn.SiLU)], 32
-        for t, k, s, c, n in cfg:
-            for i in range(n):
-                se = (lambda ch, cin=cin: SqueezeExcite(ch, act=nn.SiLU, gate=nn.Sigmoid,
-                                                         squeeze=max(1, cin // 4)))
-                layers.append(InvertedResidual(cin, c, k, s if i == 0 else 1, cin * t, nn.SiLU, se))
-                cin = c
-        layers.append(conv_bn(cin, 1280, 1, act=nn.SiLU))
-        self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(1280, classes)
-
-    def forward(self, x):
-        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+def efficientnet_b0(classes=1000):
+    cfg = [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3), (6, 5, 1, 112, 3),
+           (6, 5, 2, 192, 4), (6, 3, 1, 320, 1)]  # expand, k, stride, out, repeats
+    layers, cin = [conv_bn(3, 32, 3, 2, act=nn.SiLU)], 32
+    for t, k, s, c, n in cfg:
+        for i in range(n):
+            se = (lambda ch, cin=cin: SqueezeExcite(ch, act=nn.SiLU, gate=nn.Sigmoid, squeeze=max(1, cin // 4)))
+            layers.append(InvertedResidual(cin, c, k, s if i == 0 else 1, cin * t, nn.SiLU, se))
+            cin = c
+    layers.append(conv_bn(cin, 1280, 1, act=nn.SiLU))
+    return Pooled(nn.Sequential(*layers), nn.Linear(1280, classes))
 
 
 # ---- ConvNeXt-Tiny (depthwise 7x7, channels-last LayerNorm, GELU, layer scale) ---------------
@@ -375,14 +368,14 @@ MODELS = [
     Spec("resnet50", "cnn", lambda: ResNet(), IMG224, ({"batch": 1}, {"batch": 4}), {"batch": 2}, opset=17),
     Spec("resnext50_32x4d", "cnn", lambda: ResNet(groups=32, width_per_group=4), IMG224,
          ({"batch": 1}, {"batch": 4}), {"batch": 2}, opset=13),
-    Spec("mobilenet_v2", "cnn", MobileNetV2, IMG,
+    Spec("mobilenet_v2", "cnn", mobilenet_v2, IMG,
          ({"batch": 1, "height": 224, "width": 224}, {"batch": 8, "height": 224, "width": 224},
           {"batch": 1, "height": 320, "width": 320}), {"batch": 2, "height": 224, "width": 224}, opset=15),
-    Spec("mobilenet_v3_large", "cnn", lambda: MobileNetV3(MBV3_LARGE, 960, 1280), IMG224,
+    Spec("mobilenet_v3_large", "cnn", lambda: mobilenet_v3(MBV3_LARGE, 960, 1280), IMG224,
          ({"batch": 1}, {"batch": 8}), {"batch": 2}, opset=14),
-    Spec("mobilenet_v3_small", "cnn", lambda: MobileNetV3(MBV3_SMALL, 576, 1024), IMG224,
+    Spec("mobilenet_v3_small", "cnn", lambda: mobilenet_v3(MBV3_SMALL, 576, 1024), IMG224,
          ({"batch": 1}, {"batch": 8}), {"batch": 2}, exporter="dynamo", opset=18),
-    Spec("efficientnet_b0", "cnn", EfficientNetB0, IMG,
+    Spec("efficientnet_b0", "cnn", efficientnet_b0, IMG,
          ({"batch": 1, "height": 224, "width": 224}, {"batch": 4, "height": 224, "width": 224},
           {"batch": 1, "height": 256, "width": 256}), {"batch": 2, "height": 224, "width": 224}, opset=16),
     Spec("convnext_tiny", "cnn", lambda: ConvNeXt(depths=(3, 3, 3, 3)), IMG224, ({"batch": 1}, {"batch": 4}),
