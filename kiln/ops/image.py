@@ -330,7 +330,7 @@ def grid_sample(ctx, x, grid):
                 idx = np.clip(idx, 0, L - 1)
             else:
                 idx = _reflect(idx, *bounds[i]).astype(np.int64)   # truncates, as the reference does
-            lin = lin * L + np.clip(idx, 0, L - 1).astype(np.int64)
+            lin = lin * L + np.clip(np.nan_to_num(idx, nan=0.0), 0, L - 1).astype(np.int64)  # NaN: 0
             wt = wt * w
         vals = np.take_along_axis(flat, lin[:, None, :].repeat(c, axis=1), axis=2)
         out += vals * wt[:, None, :]
@@ -680,12 +680,13 @@ def _cubic_expr(t, a: float):
 def _grid_sample_lower(ctx, x, grid):
     import itertools
     from kiln.loops import cast, compute, const, floor, max_, min_, round_, select
+    from kiln.ops.tensor import float_index
     mode, pad, align = _grid_attrs(ctx)
     n, c = x.shape[:2]
     dims = list(x.shape[2:])
     nd = len(dims)
     out_sp = list(grid.shape[1:-1])
-    f64, i64 = DType.float64, DType.int64
+    f64 = DType.float64
     one, zero = const(1.0, f64), const(0.0, f64)
 
     def clip(v, lo, hi):
@@ -737,7 +738,7 @@ def _grid_sample_lower(ctx, x, grid):
                     iv = clip(iv, 0.0, L - 1.0)
                 else:
                     iv = _reflect_expr(iv, *((0.0, L - 1.0) if align else (-0.5, L - 0.5)))
-                ii = clip(cast(i64, iv), 0, L - 1)
+                ii = float_index(iv, 0, L - 1)
                 idx.append(ii)
                 if w is not None:
                     wt = w if wt is None else wt * w

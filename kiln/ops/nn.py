@@ -1893,6 +1893,7 @@ def _max_unpool_lower(ctx, x, idx, out_shape=None):
 @lowering("DeformConv")
 def _deform_conv_lower(ctx, x, w, offset, b=None, mask=None):
     from kiln.loops import fabs, floor
+    from kiln.ops.tensor import float_index
     if len(x.shape) != 4:
         ctx.fail(f"only 2-D DeformConv is supported, input has rank {len(x.shape)}")
     n, c, h, wd = x.shape
@@ -1924,7 +1925,7 @@ def _deform_conv_lower(ctx, x, w, offset, b=None, mask=None):
             for dx in (0, 1):
                 yi, xi = y0 + const(float(dy), f64), x0 + const(float(dx), f64)
                 wt = (const(1.0, f64) - fabs(yy - yi)) * (const(1.0, f64) - fabs(xx - xi))
-                iy, ix = cast(DType.int64, yi), cast(DType.int64, xi)
+                iy, ix = float_index(yi, -1, h), float_index(xi, -1, wd)   # NaN / huge offsets: -1 / h
                 ok = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < wd)
                 v = cast(f64, x[b_, cin, min_(max_(iy, 0), h - 1), min_(max_(ix, 0), wd - 1)])
                 term = select(ok, v * wt, const(0.0, f64))

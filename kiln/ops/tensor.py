@@ -100,6 +100,14 @@ def checked_index(ctx, e, lo: int, hi: int, message: str):
     return ctx.check(clamp(e, lo, hi), (e >= lo) & (e <= hi), e, message)
 
 
+def float_index(v, lo: int, hi: int):
+    """Float expr `v` as an int64 index in [lo, hi] (NaN: lo), clamped before the cast: C's
+    cast of NaN or of a value out of int64's range is undefined (x86 gives INT64_MIN)."""
+    f = v.dtype
+    inside = min_(max_(v, const(float(lo), f)), const(float(hi), f))
+    return cast(INDEX, select(v.eq(v), inside, const(float(lo), f)))
+
+
 def flat_index(idx, shape):
     """Row-major position of index exprs `idx` in `shape`."""
     f = ZERO

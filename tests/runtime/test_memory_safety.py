@@ -335,3 +335,16 @@ def test_a_saved_artifact_raises_the_same_error(tmp_path):
     loaded = kiln.load(path)
     with pytest.raises(KilnError, match=r"Gather node 'g2'.*index 7 is out of range"):
         loaded.run(x=rand(4, 5), i=np.array([0, 1, 3]), j=np.array([0, 7]))
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
+def test_grid_sample_non_finite_grid_is_defined(mode):
+    """NaN / huge sampling coordinates are clamped before the cast to an index (casting them
+    is undefined behaviour in C; -fsanitize=float-cast-overflow reported it)."""
+    m = model([h.make_node("GridSample", ["x", "g"], ["y"], mode=mode)],
+              [vi("x", T.FLOAT, [1, 1, 4, 4]), vi("g", T.FLOAT, [1, 2, 2, 2])], [vi("y", T.FLOAT, None)], opset=20)
+    g = np.array([np.nan, 0.5, 1e30, -1e30, -np.inf, np.inf, 0.2, 0.1], np.float32).reshape(1, 2, 2, 2)
+    x = rand(1, 1, 4, 4)
+    got = kiln.compile(m, target="cpu").run(x=x, g=g)["y"]
+    want = kiln.compile(m, target="interpreter").run(x=x, g=g)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -15,6 +15,8 @@ Measured on a shared 2-core machine (load 12-18), 2026-11-25: the 203 cpu confor
 of the ops with hand-written kernels or data-driven indexing took 34 min (about 10 s a case,
 mostly compiling with the sanitizers), so all 2,034 take several hours there; the fuzzer's
 150-model budget 75 s; tests/runtime/test_memory_safety.py 51 s. None gave a report.
+KILN_SANITIZE=address,undefined,float-cast-overflow (not part of "undefined" in GCC) found
+GridSample and DeformConv casting NaN coordinates to indices (now clamped first).
 """
 
 from __future__ import annotations
