@@ -118,15 +118,22 @@ def set_default(limits: Limits | dict | None) -> None:
     _DEFAULT[0] = None if limits is None else Limits.of(limits)
 
 
-@contextlib.contextmanager
-def use(limits: Limits | None):
-    """Make `limits` the ones in force, and turn a MemoryError into a KilnResourceError."""
-    token = _CURRENT.set(limits or current())
-    try:
-        with resource_guard():
-            yield
-    finally:
-        _CURRENT.reset(token)
+class use:
+    """`with use(limits):` makes `limits` the ones in force, and turns a MemoryError into a
+    KilnResourceError. A class, not a generator: every model run enters it, and a generator
+    context manager cost several µs of a tiny model's call."""
+    __slots__ = ("limits", "token")
+
+    def __init__(self, limits: Limits | None):
+        self.limits = limits
+
+    def __enter__(self) -> None:
+        self.token = _CURRENT.set(self.limits or current())
+
+    def __exit__(self, kind, exc, tb) -> None:
+        _CURRENT.reset(self.token)
+        if kind is not None and issubclass(kind, MemoryError):
+            raise _out_of_memory(exc, None) from None
 
 
 @contextlib.contextmanager
@@ -135,9 +142,13 @@ def resource_guard(stage: str | None = None):
     try:
         yield
     except MemoryError as e:
-        raise KilnResourceError(f"out of memory ({e or 'MemoryError'}); the model asks for more "
-                                "memory than this machine has: lower the limits "
-                                "(KILN_MAX_MEMORY) or use smaller inputs", stage=stage) from None
+        raise _out_of_memory(e, stage) from None
+
+
+def _out_of_memory(e: MemoryError, stage: str | None) -> KilnResourceError:
+    return KilnResourceError(f"out of memory ({e or 'MemoryError'}); the model asks for more "
+                             "memory than this machine has: lower the limits "
+                             "(KILN_MAX_MEMORY) or use smaller inputs", stage=stage)
 
 
 def nbytes(shape, itemsize: int) -> int | None:

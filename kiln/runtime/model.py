@@ -46,6 +46,12 @@ class CompiledModel:
         self.outputs = outputs
         self.target = target
         self.limits = None  # kiln.limits.Limits in force while it runs (None: the defaults)
+        self._names = [s.name for s in inputs]
+        self._out_names = [s.name for s in outputs]
+        # per input, the exact numpy dtype an array must have for the fast check (None: the
+        # full check always runs: containers, strings, unknown dtype or shape)
+        self._fast_dtypes = [_fast_dtype(s) for s in inputs]
+        self._valid_shapes: set = set()   # shape tuples the full check accepted
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.inputs))
@@ -55,12 +61,19 @@ class CompiledModel:
     def run(self, feeds: Mapping[str, Any] | None = None, **kw) -> dict[str, Any]:
         """Run on named inputs; returns {output name: array}."""
         with use_limits(self.limits):
-            outs = self._run(self.ordered(dict(feeds or {}, **kw)))
-        return {s.name: o for s, o in zip(self.outputs, outs)}
+            outs = self._run(self.ordered(feeds if feeds is not None and not kw else dict(feeds or {}, **kw)))
+        return dict(zip(self._out_names, outs))
 
     def ordered(self, feeds: Mapping[str, Any]) -> list:
         """The named inputs in the model's order, validated (names, dtypes, shapes)."""
-        names = [s.name for s in self.inputs]
+        names = self._names
+        if len(feeds) == len(names):
+            try:
+                values = [feeds[n] for n in names]
+            except (KeyError, TypeError):
+                pass
+            else:
+                return self.validate(values)
         unknown = sorted(set(feeds) - set(names))
         if unknown:
             raise KilnError(f"unknown input name(s) {unknown}; the model's inputs are {names}")
@@ -80,6 +93,27 @@ class CompiledModel:
 
     def validate(self, values: list) -> list:
         """Check dtype and shape of each input against its spec; bind symbols consistently."""
+        # Fast check: arrays of exactly the spec's numpy dtype whose shapes (all of them together,
+        # so symbol bindings agree) the full check accepted before pass unchanged, as the full
+        # check would pass them. Anything else takes the full check, which names what is wrong.
+        if len(values) == len(self._fast_dtypes):
+            shapes = []
+            for x, dt in zip(values, self._fast_dtypes):
+                if dt is None or type(x) is not np.ndarray or (x.dtype is not dt and x.dtype != dt):
+                    break
+                shapes.append(x.shape)
+            else:
+                key = tuple(shapes)
+                if key in self._valid_shapes:
+                    return values
+                out = self._validate(values)
+                if len(self._valid_shapes) < 256:
+                    self._valid_shapes.add(key)
+                return out
+        return self._validate(values)
+
+    def _validate(self, values: list) -> list:
+        """The full check (see validate)."""
         bound: dict[str, tuple[int, str]] = {}
         out = []
         for spec, x in zip(self.inputs, values):
@@ -89,6 +123,16 @@ class CompiledModel:
 
     def _run(self, inputs: list) -> list:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def _fast_dtype(spec: TensorSpec):
+    """The numpy dtype an input must have exactly for validate's fast check (None: never fast)."""
+    if spec.kind != "tensor" or spec.shape is None or spec.dtype in ("unknown", "string"):
+        return None
+    try:
+        return np.dtype(DType.from_name(spec.dtype).np)
+    except (KilnError, TypeError):
+        return None
 
 
 def _check_value(spec: TensorSpec, x, kinds: list[str], bound: dict):
