@@ -313,7 +313,8 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
         raise ValueError(f"gemm: inner dims differ: {tuple(a.shape)} x {tuple(b.shape)} "
                          f"(trans_a={trans_a}, trans_b={trans_b})")
     nb = max(len(ba), len(bb))
-    batch = [max(x, y) for x, y in zip([1] * (nb - len(ba)) + ba, [1] * (nb - len(bb)) + bb)]
+    # broadcast: a 1 takes the other's size (0 included: max(0, 1) would be 1, not 0)
+    batch = [y if x == 1 else x for x, y in zip([1] * (nb - len(ba)) + ba, [1] * (nb - len(bb)) + bb)]
     acc_dtype = acc_dtype or accumulator_dtype(a.dtype)
     out_dtype = out_dtype or a.dtype
 

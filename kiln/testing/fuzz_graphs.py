@@ -1292,7 +1292,7 @@ def motif(b: GraphBuilder, x: Val, pool: list) -> tuple[Val, list]:
         lo, hi = -x.mag * kdim * wt.mag, x.mag * kdim * wt.mag
         out = x.shape[:-1] + (n,) if x.rank > 1 else (n,)
         return b.op1("MatMul", [x, wt], dt, out, lo, hi), []
-    if kind == "dynamic_reshape" and x.rank >= 2:
+    if kind == "dynamic_reshape" and x.rank >= 2 and x.size:   # [d0, -1] of 0 elements is ambiguous
         # Shape -> Gather(0) -> Unsqueeze -> Concat([-1]) -> Reshape: flatten all but dim 0
         sh = b.op1("Shape", [x], I64, (x.rank,), 0, max(x.shape))
         d0 = b.op1("Gather", [sh, b.ints(0)], I64, (), 0, x.shape[0], axis=0)

@@ -88,3 +88,15 @@ def test_squeeze_of_empty_tensor_simplified_to_reshape():
     m.ir_version = 8
     found = check_case(m.SerializeToString(), {"x": np.zeros((1, 0, 5), np.float32)}, (0, 1, 2, 3), use_ort=False)
     assert not found, "\n".join(map(str, found))
+
+
+@pytest.mark.parametrize("a,b", [((0, 7, 3), (3, 2)), ((0, 7, 3), (1, 3, 2)), ((1, 7, 3), (0, 3, 2)),
+                                 ((2, 0, 7, 3), (1, 1, 3, 2)), ((7, 3), (0, 3, 2))])
+def test_matmul_with_an_empty_batch(a, b):
+    """Found by the fuzzer: the GEMM lowering broadcast batch dims with max(), so an empty batch
+    against 1 (or a missing dim) gave 1: 'lowering of output 0 gives float32[1, 7, 2],
+    inference says float32[0,7,2]'."""
+    w = numpy_helper.from_array(np.ones(b, np.float32), "w")
+    m = _model(helper.make_node("MatMul", ["x", "w"], ["y"]), list(a), None, [w])
+    found = check_case(m.SerializeToString(), {"x": np.zeros(a, np.float32)}, (0, 1, 2, 3), use_ort=False)
+    assert not found, "\n".join(map(str, found))
