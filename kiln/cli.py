@@ -353,8 +353,9 @@ def save_outputs(outs: dict, folder: Path) -> list[Path]:
 
 @cli.command()
 @click.argument("model")
-@click.option("--against", default="ort", show_default=True, metavar="PEERS",
-              help="Comma-separated peers to time alongside: ort, torch (or 'none').")
+@click.option("--against", default=None, metavar="PEERS",
+              help="Comma-separated peers to time alongside: ort, torch (or 'none'); for a .py "
+                   "torch model: torch, inductor. Default: ort (torch for a .py file).")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="Threads for kiln (OpenMP) and every peer (default: all cores).")
 @click.option("--runs", type=click.IntRange(1), default=50, show_default=True, help="Timed runs per engine.")
@@ -365,7 +366,8 @@ def save_outputs(outs: dict, folder: Path) -> list[Path]:
 @opt_option
 @dim_option
 def bench(model, against, threads, runs, seed, profile, target, opt_level, dims):
-    """Time MODEL (.onnx) compiled by kiln against peers, interleaved in one process.
+    """Time MODEL (.onnx, or a .py file defining a torch `model` and `example_inputs`) compiled
+    by kiln against peers, interleaved in one process.
 
     Reports median, p10 and p90 latency, each peer's ratio to kiln, kiln's cold
     (empty cache) and warm (cached) compile time, and kiln's error against each
@@ -373,10 +375,17 @@ def bench(model, against, threads, runs, seed, profile, target, opt_level, dims)
     torch extra: pip install -e ".[torch]".
     """
     from kiln.bench import bench_model
+    is_torch = model.endswith(".py")
+    against = against or ("torch" if is_torch else "ort")
     peers = [] if against == "none" else [p.strip() for p in against.split(",") if p.strip()]
-    res = bench_model(model, peers=peers, threads=threads, runs=runs, seed=seed, target=target or "cpu",
-                      dims=dims, options={} if opt_level is None else {"opt_level": opt_level},
-                      step=progress, profile=profile > 0)
+    options = {} if opt_level is None else {"opt_level": opt_level}
+    if is_torch:
+        from kiln.bench_torch import bench_torch_file
+        res = bench_torch_file(model, peers=peers, threads=threads, runs=runs, target=target or "cpu",
+                               options=options, step=progress)
+    else:
+        res = bench_model(model, peers=peers, threads=threads, runs=runs, seed=seed, target=target or "cpu",
+                          dims=dims, options=options, step=progress, profile=profile > 0)
     for p, why in res.skipped.items():
         err.print(Text(f"{p} skipped: {why}", style="yellow"))
     click.echo(f"{Path(model).name}: target {res.target}, {res.threads} threads, {runs} runs each")

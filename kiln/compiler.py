@@ -27,8 +27,13 @@ def to_graph(model: Any) -> Graph:
 
 
 def compile(model: Any, target: str = "cpu", *, opt_level: int = 2, report: bool = False,  # noqa: A001
-            limits: Limits | dict | None = None, **options) -> CompiledModel:
+            limits: Limits | dict | None = None, example_inputs=None, dynamic_shapes=None,
+            **options) -> CompiledModel:
     """Compile a model for `target` and return a runnable CompiledModel.
+
+    A torch.nn.Module (or torch.export.ExportedProgram) is exported with
+    `example_inputs` (and torch.export's `dynamic_shapes`) and translated by
+    kiln.frontends.torch; the result is a TorchModel, callable like the module.
 
     `opt_level` picks the graph passes (kiln.passes.pipeline: 0 none ... 3 all);
     `report=True` attaches `model.report`, a CompileReport of what was done;
@@ -39,11 +44,27 @@ def compile(model: Any, target: str = "cpu", *, opt_level: int = 2, report: bool
         raise KilnError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
     if options:
         raise KilnError(f"unknown compile option(s) {sorted(options)}")
+    if _is_torch(model):
+        from kiln.frontends.torch import compile_torch  # noqa: PLC0415
+        return compile_torch(model, target, example_inputs=example_inputs, dynamic_shapes=dynamic_shapes,
+                             opt_level=opt_level, report=report, limits=limits)
+    if example_inputs is not None or dynamic_shapes is not None:
+        raise KilnError("example_inputs and dynamic_shapes are for torch modules; an ONNX model "
+                        "declares its own input shapes")
     lim = Limits.of(limits)
     with use_limits(lim):
         compiled = _compile(model, target, opt_level, report)
     compiled.limits = lim
     return compiled
+
+
+def _is_torch(model: Any) -> bool:
+    """A torch module or exported program (checked without importing torch for ONNX users)."""
+    import sys  # noqa: PLC0415
+    if "torch" not in sys.modules:
+        return False
+    from kiln.frontends.torch import is_torch_model  # noqa: PLC0415
+    return is_torch_model(model)
 
 
 def _compile(model: Any, target: str, opt_level: int, report: bool) -> CompiledModel:

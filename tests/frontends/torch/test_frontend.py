@@ -1,0 +1,178 @@
+"""The torch entry points' contracts: symbols, structure, errors, zero copy, Dynamo caching."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kiln  # noqa: E402
+from kiln.errors import KilnError  # noqa: E402
+from kiln.frontends import torch_dynamo  # noqa: E402
+from kiln.frontends.torch import from_array, to_array  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+class TwoOut(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+        self.register_buffer("shift", torch.randn(4))
+
+    def forward(self, x, y):
+        h = self.lin(x) + self.shift
+        return {"h": h, "pair": (h.sum(-1), y * 2)}
+
+
+def test_dims_become_named_symbols_and_structure_is_kept():
+    torch.manual_seed(0)
+    m = TwoOut().eval()
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=64)
+    x, y = torch.randn(2, 5, 8), torch.randn(2, 3)
+    cm = kiln.compile(m, example_inputs=(x, y),
+                      dynamic_shapes={"x": {0: batch, 1: seq}, "y": {0: batch}})
+    assert cm.inputs[0].shape == ("batch", "seq", 8)
+    assert cm.inputs[1].shape == ("batch", 3)
+    assert all(v.is_const for v in cm.graph.constants())  # weights and buffer: constants, not inputs
+    assert len(cm.graph.inputs) == 2
+    for b, s in [(2, 5), (3, 7), (1, 1)]:
+        x, y = torch.randn(b, s, 8), torch.randn(b, 3)
+        got = cm(x, y)
+        want = m(x, y)
+        assert set(got) == {"h", "pair"} and isinstance(got["pair"], tuple)
+        torch.testing.assert_close(got["h"], want["h"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got["pair"][0], want["pair"][0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got["pair"][1], want["pair"][1])
+    got = cm(x.numpy(), y.numpy())  # numpy in: numpy out, same structure
+    assert isinstance(got["h"], np.ndarray)
+
+
+def test_tensors_pass_without_copies():
+    x = torch.randn(3, 4)
+    a = to_array(x)
+    assert np.shares_memory(a, x.numpy())
+    arr = np.arange(6, dtype=np.float32)
+    t = from_array(arr)
+    assert t.data_ptr() == arr.ctypes.data
+
+
+class Unsupported(torch.nn.Module):
+    def forward(self, x):
+        y = torch.lgamma(x)
+        return torch.digamma(y) + torch.special.i0(x)
+
+
+def test_every_untranslatable_op_is_listed_with_its_source_line():
+    with pytest.raises(KilnError) as e:
+        kiln.compile(Unsupported(), example_inputs=(torch.rand(3) + 1,))
+    msg = str(e.value)
+    assert "3 torch op(s)" in msg
+    for op in ("aten.lgamma", "aten.digamma", "aten.special_i0"):
+        assert op in msg or op.replace("special_", "") in msg
+    assert "test_frontend.py" in msg and "torch.lgamma(x)" in msg
+
+
+def test_needs_example_inputs():
+    with pytest.raises(KilnError, match="example_inputs"):
+        kiln.compile(TwoOut())
+
+
+def test_entry_point_is_declared():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    ep = meta["project"]["entry-points"]["torch_dynamo_backends"]["kiln"]
+    module, fn = ep.split(":")
+    import importlib
+    assert getattr(importlib.import_module(module), fn) is torch_dynamo.kiln_backend
+    from importlib.metadata import entry_points
+    installed = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "kiln"]
+    if installed:  # the installed kiln declares it too (an editable install made before it may not)
+        assert installed[0].value == ep
+
+
+class Recorder:
+    """A Dynamo backend that hands each graph to kiln and keeps the KilnGraph objects."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        g = torch_dynamo.kiln_backend(gm, example_inputs)
+        self.graphs.append(g)
+        return g
+
+
+class Breaks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 6), torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        if h.sum() > 0:  # data-dependent branch: a graph break
+            h = h * 2
+        print(end="")  # another graph break
+        return self.b(h).softmax(-1)
+
+
+def test_graph_breaks_run_eager_between_kiln_graphs():
+    torch.manual_seed(0)
+    m = Breaks().eval()
+    rec = Recorder()
+    cm = torch.compile(m, backend=rec)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(4, 6)
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    assert len(rec.graphs) >= 2
+    assert all(g.compiles >= 1 for g in rec.graphs)
+
+
+def test_dynamic_shapes_no_recompile_on_return():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2)).eval()
+    rec = Recorder()
+    cm = torch.compile(m, backend=rec, dynamic=True)
+    with torch.no_grad():
+        for n in (3, 5, 3, 5):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    assert len(rec.graphs) == 1  # Dynamo compiled once (symbolic batch)
+    assert rec.graphs[0].compiles == 2  # kiln: once per shape, none on return to a shape seen
+
+
+def test_parameters_changed_in_place_are_seen():
+    m = torch.nn.Linear(4, 2).eval()
+    cm = torch.compile(m, backend="kiln")
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        cm(x)
+        m.weight.mul_(2)
+        torch.testing.assert_close(cm(x), m(x))
+
+
+def test_autograd_is_refused_with_the_fix_named():
+    m = torch.nn.Linear(4, 2)
+    cm = torch.compile(m, backend="kiln")
+    with pytest.raises(Exception, match="torch.no_grad"):
+        cm(torch.randn(3, 4))
+    with torch.inference_mode():
+        assert cm(torch.randn(3, 4)).shape == (3, 2)
+
+
+def test_symbolic_batch_and_sequence_through_a_transformer():
+    from tests.frontends.torch.zoo import MODELS
+    torch.manual_seed(0)
+    m, ins = MODELS["gpt"]()
+    m.eval()
+    b, s = torch.export.Dim("b"), torch.export.Dim("s", max=32)
+    cm = kiln.compile(m, example_inputs=ins, dynamic_shapes=({0: b, 1: s},))
+    assert cm.inputs[0].shape == ("b", "s")
+    for shape in [(1, 5), (3, 11)]:
+        ids = torch.randint(0, 100, shape)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(ids), m(ids), rtol=1e-3, atol=1e-4)
