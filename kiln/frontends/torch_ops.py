@@ -300,7 +300,7 @@ def _bitwise_not(t, n, x):
     return t.b.op("Not" if t.b.dtype(x) == DType.bool else "BitwiseNot", [x])
 
 
-@reg(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
+@reg(aten.where.self)
 def _where(t, n, c, a, b):
     dt = t.out_dtype(n)
     return t.b.op("Where", [_truth(t, c), t.tensor(a, dt), t.tensor(b, dt)])
