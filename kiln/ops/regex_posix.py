@@ -183,6 +183,12 @@ def _set_to_ere(ranges, what: str) -> str:
     return alts[0] if len(alts) == 1 and len(seqs[0]) == 1 else "(" + "|".join(alts) + ")"
 
 
+def _class(ranges, negated: bool, flags) -> tuple:
+    """A class's ranges: folded under (?i), then negated if asked (RE2's order)."""
+    rs = _fold(ranges) if flags.i else _norm(ranges)
+    return _negate(rs) if negated else rs
+
+
 # ---- the parser ----
 
 _PERL = {"d": ((0x30, 0x39),), "s": ((9, 10), (12, 13), (32, 32)),
@@ -374,18 +380,18 @@ class _Parser:
             self.k = min(end + 2, len(self.p))
             return ("(" + text + ")" if text else "()"), True
         self.k -= 1
-        rs = self.class_escape()
+        rs = self.class_escape(flags)
         if rs is not None:
-            return _set_to_ere(_fold(rs) if flags.i else rs, f"\\{c}"), True
+            return _set_to_ere(rs, f"\\{c}"), True
         return self.literal(self.char_escape(), flags), True
 
-    def class_escape(self):
-        """Ranges of a Perl class escape at the cursor (\\d \\D \\s \\S \\w \\W), or None."""
+    def class_escape(self, flags: _Flags):
+        """Ranges of a Perl class escape at the cursor (\\d \\D \\s \\S \\w \\W), or None.
+        Under (?i) the positive class is folded before a negation, as RE2 does."""
         c = self.peek()
         if c.lower() in _PERL:
             self.k += 1
-            rs = _PERL[c.lower()]
-            return _negate(rs) if c.isupper() else rs
+            return _class(_PERL[c.lower()], c.isupper(), flags)
         if c in "pP":
             self.fail(f"the Unicode class \\{c}, which this translator does not support")
         return None
@@ -427,7 +433,8 @@ class _Parser:
     def char_class(self, flags: _Flags) -> tuple:
         self.k += 1  # [
         negated = self.eat("^")
-        ranges: list = []
+        ranges: list = []   # folded below under (?i)
+        final: list = []    # negated members, already folded
         first = True
         while True:
             if self.k >= len(self.p):
@@ -444,14 +451,15 @@ class _Parser:
                 if end < 0 or name.lstrip("^") not in _POSIX:
                     self.fail(f"an unknown POSIX class [:{name}:]")
                 rs = _POSIX[name.lstrip("^")]
-                ranges += _negate(rs) if neg else rs
+                (final if neg else ranges).extend(_class(rs, neg, flags))
                 self.k = end + 2
                 continue
             if c == "\\":
                 self.k += 1
-                rs = self.class_escape()
+                was = self.peek()
+                rs = self.class_escape(flags)
                 if rs is not None:
-                    ranges += rs
+                    (final if was.isupper() else ranges).extend(rs)
                     continue
                 if self.peek() in "pP":
                     self.fail("a Unicode class in brackets")
@@ -470,7 +478,7 @@ class _Parser:
                 if hi < lo:
                     self.fail(f"a bad character class range {chr(lo)}-{chr(hi)}")
             ranges.append((lo, hi))
-        ranges = _fold(ranges) if flags.i else _norm(ranges)
+        ranges = _norm(list(_fold(ranges) if flags.i else ranges) + final)
         return _negate(ranges) if negated else ranges
 
 

@@ -103,16 +103,28 @@ _POSIX = {"alnum": "0-9A-Za-z", "alpha": "A-Za-z", "ascii": "\\x00-\\x7f", "blan
           "upper": "A-Z", "word": "0-9A-Za-z_", "xdigit": "0-9A-Fa-f"}
 
 
+_PERL = {"d": "0-9", "w": "0-9A-Za-z_", "s": "\\t\\n\\f\\r "}
+_WORD = "[0-9A-Za-z_]"
+_BOUNDARY = {"b": f"(?:(?<={_WORD})(?!{_WORD})|(?<!{_WORD})(?={_WORD}))",
+             "B": f"(?:(?<={_WORD})(?={_WORD})|(?<!{_WORD})(?!{_WORD}))"}
+
+
 def re2_to_python(ctx, pattern: str) -> re.Pattern:
     """Compile an RE2 pattern with Python's `re`, translating the RE2-only syntax.
 
-    RE2's `\\d \\w \\s \\b` are ASCII-only, hence `re.ASCII`. RE2 rejects
-    backreferences and lookaround; so do we, rather than silently accepting
+    RE2's `\\d \\w \\s \\b` are ASCII-only, so they become explicit ASCII classes (and
+    lookarounds for \\b), while the pattern stays Unicode: `(?i)` folds non-ASCII letters as
+    RE2 does. A flag group `(?i)` applies to the rest of its group in RE2 (Python wants
+    global flags first): it becomes a scoped `(?i:...)`, closed and reopened around `|`.
+    RE2 rejects backreferences and lookaround; so do we, rather than silently accepting
     patterns another runtime would refuse.
     """
     if re.search(r"\(\?<?[=!]", pattern):
         ctx.fail(f"pattern {pattern!r} uses lookaround, which RE2 syntax does not allow")
     out, i = [], 0
+    multiline = re.search(r"\(\?[a-zA-Z]*m", pattern) is not None
+    scoped: list[list[str]] = [[]]   # per open group: the flag groups opened inside it
+    in_class = class_start = False
     while i < len(pattern):
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
@@ -133,20 +145,70 @@ def re2_to_python(ctx, pattern: str) -> re.Pattern:
                 continue
             if n.isdigit() and n != "0" and not (len(pattern) > i + 3 and pattern[i + 2:i + 4].isdigit()):
                 ctx.fail(f"pattern {pattern!r} uses a backreference, which RE2 syntax does not allow")
-            out.append("\\Z" if n == "z" else c + n)
+            if n.lower() in _PERL:
+                if in_class and n.isupper():
+                    ctx.fail(f"pattern {pattern!r}: a negated class \\{n} inside brackets is not supported")
+                body = _PERL[n.lower()]
+                out.append(body if in_class else f"[{'^' if n.isupper() else ''}{body}]")
+            elif n in _BOUNDARY and not in_class:
+                out.append(_BOUNDARY[n])
+            else:
+                out.append("\\Z" if n == "z" else c + n)
+            class_start = False
             i += 2
             continue
-        m = re.match(r"\[:(\^?)(\w+):\]", pattern[i:])
-        if m and m.group(2) in _POSIX:
-            if m.group(1):
-                ctx.fail(f"negated POSIX class in {pattern!r} is not supported")
-            out.append(_POSIX[m.group(2)])
-            i += m.end()
+        if in_class:
+            m = re.match(r"\[:(\^?)(\w+):\]", pattern[i:])
+            if m and m.group(2) in _POSIX:
+                if m.group(1):
+                    ctx.fail(f"negated POSIX class in {pattern!r} is not supported")
+                out.append(_POSIX[m.group(2)])
+                i += m.end()
+            else:
+                in_class = not (c == "]" and not class_start)
+                out.append(c)
+                i += 1
+            class_start = False
+            continue
+        if c == "[":
+            in_class = class_start = True
+            out.append("[^" if pattern[i + 1:i + 2] == "^" else "[")
+            i += 2 if pattern[i + 1:i + 2] == "^" else 1
+            continue
+        flag = re.match(r"\(\?([imsU-]+)(\)|:)", pattern[i:]) if c == "(" else None
+        if flag:
+            flags = flag.group(1).replace("U", "")  # ungreedy: a full match does not depend on it
+            if flag.group(2) == ")":
+                if flags.strip("-"):
+                    out.append(f"(?{flags}:")
+                    scoped[-1].append(flags)
+            else:
+                out.append(f"(?{flags}:" if flags.strip("-") else "(?:")
+                scoped.append([])
+            i += flag.end()
+            continue
+        if c == "(":
+            scoped.append([])
+            if pattern.startswith("(?<", i) and not pattern.startswith("(?<=", i) \
+                    and not pattern.startswith("(?<!", i):
+                out.append("(?P<")  # RE2's (?<name>...) is Python's (?P<name>...)
+                i += 3
+                continue
+        elif c == ")" and len(scoped) > 1:
+            out.append(")" * len(scoped.pop()))
+        elif c == "|":
+            out.append(")" * len(scoped[-1]) + "|" + "".join(f"(?{f}:" for f in scoped[-1]))
+            i += 1
+            continue
+        elif c == "$" and not multiline:  # RE2's $ is the end of the text; Python's also before a final \n
+            out.append("\\Z")
+            i += 1
             continue
         out.append(c)
         i += 1
+    out.append(")" * len(scoped[0]))
     try:
-        return re.compile("".join(out), re.ASCII)
+        return re.compile("".join(out))
     except re.error as e:
         ctx.fail(f"invalid regular expression {pattern!r}: {e}")
 
