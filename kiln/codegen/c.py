@@ -74,11 +74,34 @@ PRELUDE = (UNIT_START + """
   (s_ != 0 && ((s_ < 0) != (e_ < 0))) ? s_ + e_ : s_; })
 /* a string tensor's element: UTF-8 bytes, not NUL-terminated (kiln.runtime.strings) */
 typedef struct { const char* ptr; int64_t len; } kiln_str;
-/* copies n strings' bytes back to back into dst: how the runtime reads string outputs */
-__attribute__((weak)) void kiln_str_gather(const kiln_str* s, int64_t n, char* dst) {
-  for (int64_t i = 0; i < n; ++i)
-    if (s[i].len > 0) { memcpy(dst, s[i].ptr, (size_t)s[i].len); dst += s[i].len; }
+/* the bytes of strings kernels make: a per-thread arena, freed by <prefix>_strings_release
+   (weak and hidden: one copy per library, whatever its translation units) */
+typedef struct kiln_str_chunk { struct kiln_str_chunk* next; size_t used, cap; } kiln_str_chunk;
+#pragma GCC visibility push(hidden)
+__attribute__((weak)) __thread kiln_str_chunk* kiln_str_chunks = 0;
+/* n bytes that stay valid until the arena is released; NULL when out of memory */
+__attribute__((weak)) char* kiln_str_alloc(int64_t n) {
+  if (n < 0) return 0;
+  size_t need = n > 0 ? (size_t)n : 1;
+  kiln_str_chunk* c = kiln_str_chunks;
+  if (!c || c->cap - c->used < need) {
+    size_t cap = need > ((size_t)1 << 16) ? need : ((size_t)1 << 16);
+    if (cap > SIZE_MAX - sizeof(kiln_str_chunk)) return 0;
+    c = (kiln_str_chunk*)malloc(sizeof(kiln_str_chunk) + cap);
+    if (!c) return 0;
+    c->next = kiln_str_chunks; c->used = 0; c->cap = cap;
+    kiln_str_chunks = c;
+  }
+  char* p = (char*)(c + 1) + c->used;
+  c->used += need;
+  return p;
 }
+__attribute__((weak)) void kiln_str_free_all(void) {
+  kiln_str_chunk* c = kiln_str_chunks;
+  while (c) { kiln_str_chunk* next = c->next; free(c); c = next; }
+  kiln_str_chunks = 0;
+}
+#pragma GCC visibility pop
 static inline void* kiln_alloc(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 /* exp_floored's floor, an argument whose exp is still a normal number. Variables, not
    literals: with a constant the compiler folds exp(floor) and turns exp(max(x, floor))
@@ -509,6 +532,9 @@ def _emit(module: S.LoopModule) -> tuple[str, list[str]]:
         proto, body = _interface(module.interface)
         protos.append(proto + ";")
         bodies.append(body)
+    for proto, body in _string_functions():
+        protos.append(proto + ";")
+        bodies.append(body)
     preambles = dict.fromkeys(f.preamble for f in module.funcs if isinstance(f, S.ExternFunc) and f.preamble)
     header = "\n".join([PRELUDE, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
                         FUNCTIONS])
@@ -516,6 +542,20 @@ def _emit(module: S.LoopModule) -> tuple[str, list[str]]:
 
 
 INTERFACE = "interface"
+STRINGS_GATHER, STRINGS_RELEASE = "strings_gather", "strings_release"
+
+
+def _string_functions() -> list[tuple[str, list[str]]]:
+    """Every module's two exported string functions (renamed with its symbol prefix, so
+    several libraries in one program never share them): `gather` copies n strings' bytes
+    back to back into dst (how the runtime reads string outputs), `release` frees the
+    calling thread's string arena (after the outputs have been read)."""
+    gather = f"int32_t {func_symbol(STRINGS_GATHER)}(const kiln_str* s, int64_t n, char* dst)"
+    release = f"int32_t {func_symbol(STRINGS_RELEASE)}(void)"
+    return [(gather, [gather + " {", "  for (int64_t i = 0; i < n; ++i)",
+                      "    if (s[i].len > 0) { memcpy(dst, s[i].ptr, (size_t)s[i].len); dst += s[i].len; }",
+                      "  return 0;", "}"]),
+            (release, [release + " {", "  kiln_str_free_all();", "  return 0;", "}"])]
 
 
 def _interface(text: str) -> tuple[str, list[str]]:

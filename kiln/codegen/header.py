@@ -51,7 +51,7 @@ def emit_header(source: str, symbol: str, inputs: list[Port], outputs: list[Port
              f"#define {up}_NUM_INPUTS {len(inputs)}",
              f"#define {up}_NUM_OUTPUTS {len(outputs)}", ""]
     if any(p.dtype is DType.string for _, _, p in ports):
-        lines += [_STRINGS, ""]
+        lines += [_STRINGS.format(prefix=prefix), ""]
     for kind, k, p in ports:
         elems = 1
         for d in p.shape:
@@ -124,14 +124,14 @@ extern "C" {{
 
 _STRINGS = """\
 /* String tensors are arrays of kiln_str: UTF-8 bytes (not NUL-terminated) and their
- * length. Output strings the model makes live in a per-thread arena of the library:
- * read (copy) them, then from the same thread: if (kiln_str_release) kiln_str_release();
- * (a library whose kernels make no strings has no arena and no such function). */
+ * length. Output strings may point into the inputs, into the library, or into a
+ * per-thread arena of the library: read (copy) them, then call {prefix}_strings_release()
+ * from the same thread, which frees that arena. */
 #ifndef KILN_STR_DEFINED
 #define KILN_STR_DEFINED
-typedef struct { const char* ptr; int64_t len; } kiln_str;
-__attribute__((weak)) void kiln_str_release(void);
-#endif"""
+typedef struct {{ const char* ptr; int64_t len; }} kiln_str;
+#endif
+int32_t {prefix}_strings_release(void);"""
 
 _RUN_DOC = """\
 /* Runs the model once. Returns 0 on success, -1 when native code could not allocate

@@ -1,14 +1,14 @@
 """C for string kernels: the `kiln_str` helpers and safe literals of user strings.
 
-A string tensor's element is `kiln_str` {const char* ptr; int64_t len} (declared in
-the C prelude; see kiln.runtime.strings for the NumPy side). Kernels that make new
-strings take bytes from a per-thread arena (`kiln_str_alloc`), freed all at once by
-`kiln_str_release()` after the caller has copied the outputs out. String kernels are
-single-threaded, so the arena is always the calling thread's.
+A string tensor's element is `kiln_str` {const char* ptr; int64_t len}; it and the
+per-thread arena that kernels making new strings allocate from (`kiln_str_alloc`) are
+declared in the C prelude (kiln.codegen.c), which also gives every module its exported
+`<prefix>_strings_gather` / `<prefix>_strings_release` (see kiln.runtime.strings for the
+NumPy side). String kernels are single-threaded, so the arena is always the calling
+thread's.
 
 `HELPERS` is guarded, so every string kernel may list it in its preamble: a module
-holds one copy per translation unit. The arena and release function are weak symbols
-so that the copies in several translation units link into one.
+holds one copy per translation unit.
 """
 
 from __future__ import annotations
@@ -18,31 +18,6 @@ import functools
 HELPERS = r"""
 #ifndef KILN_STRINGS_HELPERS
 #define KILN_STRINGS_HELPERS
-typedef struct kiln_str_chunk { struct kiln_str_chunk* next; size_t used, cap; } kiln_str_chunk;
-__attribute__((weak, visibility("hidden"))) __thread kiln_str_chunk* kiln_str_chunks = 0;
-/* n bytes that stay valid until kiln_str_release(); NULL when out of memory */
-__attribute__((weak, visibility("hidden"))) char* kiln_str_alloc(int64_t n) {
-  if (n < 0) return 0;
-  size_t need = n > 0 ? (size_t)n : 1;
-  kiln_str_chunk* c = kiln_str_chunks;
-  if (!c || c->cap - c->used < need) {
-    size_t cap = need > ((size_t)1 << 16) ? need : ((size_t)1 << 16);
-    if (cap > SIZE_MAX - sizeof(kiln_str_chunk)) return 0;
-    c = (kiln_str_chunk*)malloc(sizeof(kiln_str_chunk) + cap);
-    if (!c) return 0;
-    c->next = kiln_str_chunks; c->used = 0; c->cap = cap;
-    kiln_str_chunks = c;
-  }
-  char* p = (char*)(c + 1) + c->used;
-  c->used += need;
-  return p;
-}
-/* frees every string the calling thread's kernels made */
-__attribute__((weak)) void kiln_str_release(void) {
-  kiln_str_chunk* c = kiln_str_chunks;
-  while (c) { kiln_str_chunk* next = c->next; free(c); c = next; }
-  kiln_str_chunks = 0;
-}
 static inline int kiln_str_ok(kiln_str s) { return s.len >= 0 && (s.len == 0 || s.ptr != 0); }
 static inline int kiln_str_eq(kiln_str a, kiln_str b) {
   return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, (size_t)a.len) == 0);

@@ -171,8 +171,8 @@ class NativeModule:
         self.output_types = [(tuple(s), DType.from_name(d).np) for s, d in output_types]
         # no strings in or out: the fast call path (see __call__)
         self._plain = all(d != "string" for _, d in list(input_types) + list(output_types))
-        self._release = strings.release_function(self.lib)
-        self._gather = strings.gather_function(self.lib)
+        self._release = strings.release_function(self.lib, entry_symbol[:-4])
+        self._gather = strings.gather_function(self.lib, entry_symbol[:-4])
         self.weights = np.ascontiguousarray(weights, dtype=np.uint8)
         self.workspace_bytes = int(workspace_bytes)  # what the entry needs (an artifact's header says it)
         self.workspace = np.zeros(max(int(workspace_bytes), 64) + 64, dtype=np.uint8)

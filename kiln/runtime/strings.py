@@ -4,7 +4,8 @@ Native code holds a string as `typedef struct { const char* ptr; int64_t len; } 
 (UTF-8 bytes, not NUL-terminated). An input's strings are encoded into one byte blob
 that lives as long as the call; kernels that make new strings (StringConcat, case
 changes) take their bytes from a per-thread arena in the module (`kiln_str_alloc`),
-which `release` frees once the outputs have been copied back into Python strings.
+which the library's `strings_release` frees once the outputs have been copied back into
+Python strings.
 Outputs may also point into the inputs (StringSplit's pieces) or into the library's
 own constants: every output is decoded before the inputs' blob is dropped.
 
@@ -21,7 +22,6 @@ import numpy as np
 from kiln.errors import KilnError
 
 KILN_STR = np.dtype([("ptr", np.uintp), ("len", np.int64)])  # matches the C struct (16 bytes)
-RELEASE_SYMBOL = "kiln_str_release"
 
 
 def _utf8(v) -> bytes:
@@ -62,7 +62,7 @@ def to_native(x: np.ndarray) -> tuple[np.ndarray, object]:
 def from_native(a: np.ndarray, gather=None) -> np.ndarray:
     """A NumPy object array of `str` from a kiln_str array (the bytes are copied).
 
-    `gather` (the library's kiln_str_gather, see `gather_function`) copies every string's
+    `gather` (the library's strings_gather, see `gather_function`) copies every string's
     bytes into one buffer in one call; they are then decoded at once and sliced by code
     point offsets (a string's code points are its bytes that are not UTF-8 continuation
     bytes). Without it, or for text that is not valid UTF-8, each string is read alone."""
@@ -96,23 +96,21 @@ def from_native(a: np.ndarray, gather=None) -> np.ndarray:
     return out.reshape(a.shape)
 
 
-def gather_function(lib: ctypes.CDLL):
-    """The library's kiln_str_gather (None for a library built before it existed)."""
-    try:
-        fn = getattr(lib, "kiln_str_gather")
-    except AttributeError:
-        return None
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-    return fn
+def gather_function(lib: ctypes.CDLL, prefix: str = "kiln_"):
+    """The library's `<prefix>strings_gather` (None for a library that has none)."""
+    return _function(lib, prefix + "strings_gather", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p])
 
 
-def release_function(lib: ctypes.CDLL):
-    """The library's arena release (None when it has no string kernels)."""
+def release_function(lib: ctypes.CDLL, prefix: str = "kiln_"):
+    """The library's `<prefix>strings_release`, which frees the calling thread's string arena."""
+    return _function(lib, prefix + "strings_release", [])
+
+
+def _function(lib: ctypes.CDLL, symbol: str, argtypes: list):
     try:
-        fn = getattr(lib, RELEASE_SYMBOL)
+        fn = getattr(lib, symbol)
     except AttributeError:
         return None
-    fn.restype = None
-    fn.argtypes = []
+    fn.restype = ctypes.c_int32
+    fn.argtypes = argtypes
     return fn

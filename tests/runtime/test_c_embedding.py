@@ -179,3 +179,39 @@ def test_narrow_dtypes_in_the_header(tmp_path):
     r = subprocess.run([CC, "-std=gnu11", "-Wall", "-Werror", "-fsyntax-only", "t.c"], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_c_program_runs_a_string_model(tmp_path):
+    """String tensors through the header: kiln_str inputs, made strings read back, then
+    <name>_strings_release() frees the library's arena."""
+    from onnx import TensorProto as TP, helper as oh, numpy_helper
+    nodes = [oh.make_node("StringNormalizer", ["x"], ["u"], case_change_action="UPPER"),
+             oh.make_node("StringConcat", ["u", "k"], ["y"])]
+    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TP.STRING, [3])],
+                      [oh.make_tensor_value_info("y", TP.STRING, [3])],
+                      [numpy_helper.from_array(np.array(["!"], dtype=object), "k")])
+    path = tmp_path / "s.kiln"
+    kiln.save(kiln.compile(oh.make_model(g, opset_imports=[oh.make_opsetid("", 20)])), path, name="words")
+    with zipfile.ZipFile(path) as z:
+        z.extractall(tmp_path / "words")
+    shutil.copy(tmp_path / "words" / "model.so", tmp_path / "libwords.so")
+    (tmp_path / "app.c").write_text('#include "words/model.h"\n' + HELPERS + r"""
+#include <string.h>
+int main(void) {
+    const uint8_t* w = slurp_at("words/weights.npy", WORDS_WEIGHTS_OFFSET, WORDS_WEIGHTS_BYTES);
+    uint8_t* ws = buffer(WORDS_WORKSPACE_BYTES);
+    kiln_str in[3] = {{"ab", 2}, {"\xc3\x9f", 2}, {"", 0}};
+    kiln_str out[3];
+    int32_t rc = words_run(in, out, w, ws);
+    if (rc != 0) { fprintf(stderr, "words_run: %d\n", rc); return 3; }
+    for (int i = 0; i < 3; ++i) printf("[%.*s]\n", (int)out[i].len, out[i].ptr);
+    (void)slurp; (void)dump;
+    return words_strings_release();
+}
+""")
+    build = subprocess.run([CC, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "app.c", "-L.", "-lwords",
+                            "-Wl,-rpath,$ORIGIN", "-o", "app"], cwd=tmp_path, capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run(["./app"], cwd=tmp_path, capture_output=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.decode().split() == ["[AB!]", "[SS!]", "[!]"]
