@@ -532,9 +532,10 @@ def _emit(module: S.LoopModule) -> tuple[str, list[str]]:
         proto, body = _interface(module.interface)
         protos.append(proto + ";")
         bodies.append(body)
-    for proto, body in _string_functions():
-        protos.append(proto + ";")
-        bodies.append(body)
+    if any(p.dtype is DType.string for f in module.funcs for p in f.params):  # it may make strings
+        for proto, body in _string_functions():
+            protos.append(proto + ";")
+            bodies.append(body)
     preambles = dict.fromkeys(f.preamble for f in module.funcs if isinstance(f, S.ExternFunc) and f.preamble)
     header = "\n".join([PRELUDE, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
                         FUNCTIONS])

@@ -50,8 +50,12 @@ def emit_header(source: str, symbol: str, inputs: list[Port], outputs: list[Port
              f"#define {up}_WORKSPACE_BYTES {workspace_bytes}",
              f"#define {up}_NUM_INPUTS {len(inputs)}",
              f"#define {up}_NUM_OUTPUTS {len(outputs)}", ""]
+    # strings: the kiln_str type when a port holds them; the arena's release when the
+    # library makes strings (then it defines <symbol prefix>_strings_release)
     if any(p.dtype is DType.string for _, _, p in ports):
-        lines += [_STRINGS.format(prefix=prefix), ""]
+        lines += [_STRINGS, ""]
+    if re.search(rf"\b{re.escape(symbol[:-len('main')])}strings_release\(", source):
+        lines += [_RELEASE.format(symbol=symbol[:-len("main")] + "strings_release"), ""]
     for kind, k, p in ports:
         elems = 1
         for d in p.shape:
@@ -123,15 +127,17 @@ extern "C" {{
 """
 
 _STRINGS = """\
-/* String tensors are arrays of kiln_str: UTF-8 bytes (not NUL-terminated) and their
- * length. Output strings may point into the inputs, into the library, or into a
- * per-thread arena of the library: read (copy) them, then call {prefix}_strings_release()
- * from the same thread, which frees that arena. */
+/* String tensors are arrays of kiln_str: UTF-8 bytes (not NUL-terminated) and their length. */
 #ifndef KILN_STR_DEFINED
 #define KILN_STR_DEFINED
-typedef struct {{ const char* ptr; int64_t len; }} kiln_str;
-#endif
-int32_t {prefix}_strings_release(void);"""
+typedef struct { const char* ptr; int64_t len; } kiln_str;
+#endif"""
+
+_RELEASE = """\
+/* Strings the model makes live in a per-thread arena of the library; output strings may
+ * point there (or into the inputs, or into the library): read (copy) them, then call
+ * {symbol}() from the same thread, which frees that arena. */
+int32_t {symbol}(void);"""
 
 _RUN_DOC = """\
 /* Runs the model once. Returns 0 on success, -1 when native code could not allocate
