@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -100,6 +101,37 @@ def _load_all() -> None:
         import kiln.ops  # noqa: F401  (its __init__ imports every family)
 
 
+def _kind(v) -> str:
+    if isinstance(v, numbers.Integral):
+        return "an int"
+    if isinstance(v, numbers.Real):
+        return "a float"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return "a list"
+    return f"a {type(v).__name__}"
+
+
+def _same_kind(value, default) -> bool:
+    """An attribute of another kind than its default (a list where an int is meant: what a
+    malformed model gives) would fail somewhere inside the op; say so by name instead."""
+    if isinstance(default, numbers.Integral):
+        return isinstance(value, numbers.Integral)
+    if isinstance(default, numbers.Real):
+        return isinstance(value, numbers.Real)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple, np.ndarray))
+    return True
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class _Ctx:
     """What both inference and the reference can see of a node."""
 
@@ -123,7 +155,11 @@ class _Ctx:
 
     def attr(self, name: str, default: Any = _REQUIRED) -> Any:
         if name in self.node.attrs:
-            return self.node.attrs[name]
+            value = self.node.attrs[name]
+            if default is not _REQUIRED and default is not None and not _same_kind(value, default):
+                self.fail(f"attribute {name!r} must be {_kind(default)} like its default {default!r}, "
+                          f"got {_kind(value)} {_short(value)}")
+            return value
         if default is _REQUIRED:
             self.fail(f"missing required attribute {name!r}")
         return default

@@ -218,3 +218,15 @@ def test_a_lowering_that_fails_is_a_kiln_error(monkeypatch, tmp_path):
                [helper.make_tensor_value_info("y", F, [7])])
     with pytest.raises(KilnError, match=r"\[lower\] Relu node 'r': lowering failed: ValueError: a bug"):
         kiln.compile(m, target="cpu")
+
+
+@pytest.mark.parametrize("op, attrs, match", [
+    ("Softmax", {"axis": [1, 2]}, r"attribute 'axis' must be an int like its default -1, got a list \[1, 2\]"),
+    ("LeakyRelu", {"alpha": "x"}, r"attribute 'alpha' must be a float .*got a string 'x'"),
+])
+def test_attribute_of_the_wrong_kind_is_named(op, attrs, match):
+    """A list where an int is meant used to fail inside the op (TypeError, wrapped)."""
+    m = _model([helper.make_node(op, ["x"], ["y"], name="n", **attrs)],
+               [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, [2, 3])])
+    with pytest.raises(KilnError, match=match):
+        kiln.compile(m, target="interpreter").run(x=np.ones((2, 3), np.float32))
