@@ -267,7 +267,8 @@ def bug_class(model: onnx.ModelProto, signature: str) -> str:
 
 
 def save_regression(model: onnx.ModelProto, feeds: dict, folder: str, *, signature: str,
-                    message: str, seed=None, levels=(), xfail: str = "", key: str | None = None) -> str:
+                    message: str, seed=None, levels=(), xfail: str = "", xfail_strict: bool = True,
+                    key: str | None = None) -> str:
     """Write `<name>.onnx` (the finding in its metadata) and `<name>.npz` (its inputs);
     returns the .onnx path. The name is the hash of `key` (default: the bug class)."""
     os.makedirs(folder, exist_ok=True)
@@ -278,7 +279,8 @@ def save_regression(model: onnx.ModelProto, feeds: dict, folder: str, *, signatu
     m.CopyFrom(model)
     meta = {"kiln.fuzz.signature": signature, "kiln.fuzz.finding": message[:2000],
             "kiln.fuzz.seed": "" if seed is None else str(seed),
-            "kiln.fuzz.levels": ",".join(str(x) for x in levels), "kiln.fuzz.xfail": xfail}
+            "kiln.fuzz.levels": ",".join(str(x) for x in levels), "kiln.fuzz.xfail": xfail,
+            "kiln.fuzz.xfail_strict": "1" if xfail_strict else "0"}
     del m.metadata_props[:]
     for k, v in meta.items():
         m.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
