@@ -33,30 +33,38 @@ def _slow_pointer(a: np.ndarray) -> ctypes.c_void_p:
     return ctypes.c_void_p(a.ctypes.data)
 
 
-def _pointer_reader():
-    """The cheapest correct way to get an ndarray's data pointer as a ctypes argument.
+def _data_offset() -> int | None:
+    """Where an ndarray's data pointer lies in its object, if it can be read there directly.
 
     `a.ctypes.data` builds a helper object per call (about 1 µs, the largest part of a tiny
     model's call). On CPython an ndarray's data pointer is the first field after the object
-    header (numpy's PyArrayObject_fields, stable ABI), so a c_void_p at `id(a) + header` reads it
-    directly. The layout is verified here on arrays of several kinds (views with offsets, empty,
-    strided); if any disagrees with `a.ctypes.data`, the slow way is used."""
+    header (numpy's PyArrayObject_fields, stable ABI), so a c_void_p at `id(a) + header` reads it.
+    The layout is verified here on arrays of several kinds (views with offsets, empty, strided);
+    if any disagrees with `a.ctypes.data`, None: the slow way is used."""
     import sys
     if sys.implementation.name != "cpython":
-        return _slow_pointer
-    at, header = ctypes.c_void_p.from_address, object.__basicsize__
+        return None
+    header = object.__basicsize__
     base = np.arange(64, dtype=np.float32)
     probes = [base, base[3:19], base.reshape(8, 8)[2:], base[::2], np.zeros(0), np.zeros((2, 0, 3)),
               np.empty((1, 16), np.int64), np.ones((), np.uint8)]
     for p in probes:
-        if (at(id(p) + header).value or 0) != p.ctypes.data:
-            return _slow_pointer
-    return lambda a: at(id(a) + header)
+        if (ctypes.c_void_p.from_address(id(p) + header).value or 0) != p.ctypes.data:
+            return None
+    return header
 
 
-# data_pointer(a) -> a ctypes c_void_p holding a's data pointer; `a` must be an np.ndarray that
-# outlives the call the pointer is passed to
-data_pointer = _pointer_reader()
+_DATA_OFFSET = _data_offset()
+_AT = ctypes.c_void_p.from_address
+
+
+def data_pointers(arrays: list[np.ndarray]) -> list[ctypes.c_void_p]:
+    """ctypes c_void_p arguments holding each array's data pointer; the arrays must be
+    np.ndarray objects that outlive the call the pointers are passed to."""
+    if _DATA_OFFSET is None:
+        return [_slow_pointer(a) for a in arrays]
+    at, off = _AT, _DATA_OFFSET
+    return [at(id(a) + off) for a in arrays]
 
 
 class LibraryMismatch(KilnError):
@@ -190,13 +198,12 @@ class NativeModule:
         if not self._plain:
             return self._call_strings(inputs)
         # numbers only (the common case): contiguous inputs as they are, fresh outputs, one
-        # call with each array's data pointer (read cheaply, see data_pointer)
+        # call with each array's data pointer (read cheaply, see data_pointers)
         ins = [np.ascontiguousarray(x) for x in inputs]
         outs = [np.empty(shape, dt) for shape, dt in self.output_types]
         with self._lock:
             try:
-                rc = self.entry(*[data_pointer(a) for a in ins], *[data_pointer(o) for o in outs],
-                                *self._fixed_ptrs)
+                rc = self.entry(*data_pointers(ins + outs), *self._fixed_ptrs)
             finally:
                 if self._release is not None:
                     self._release()
@@ -209,8 +216,7 @@ class NativeModule:
         ins, keep = _native_arrays(inputs)
         outs = [(np.zeros(shape, strings.KILN_STR) if dt == object else np.empty(shape, dt))
                 for shape, dt in self.output_types]
-        ptrs = [ctypes.c_void_p(a.ctypes.data) for a in ins + outs]
-        ptrs += self._fixed_ptrs
+        ptrs = data_pointers(ins + outs) + self._fixed_ptrs
         with self._lock:
             try:
                 rc = self.entry(*ptrs)
