@@ -1142,6 +1142,8 @@ def view(b: GraphBuilder, x: Val, pool: list) -> tuple[Val, list]:
         pads = [int(rng.integers(0, 3)) if rng.random() < 0.5 else 0 for _ in range(2 * r)]
         if mode == "reflect":
             pads = [max(0, min(p, x.shape[k % r] - 1)) for k, p in enumerate(pads)]
+        if mode != "constant":   # an empty axis has nothing to mirror or repeat
+            pads = [0 if x.shape[k % r] == 0 else p for k, p in enumerate(pads)]
         out = tuple(d + pads[k] + pads[k + r] for k, d in enumerate(x.shape))
         if math.prod(out) > MAX_ELEMS:
             return x, []
