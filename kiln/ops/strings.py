@@ -269,9 +269,13 @@ def tfidf_vectorizer(ctx, x):
     max_skip = int(ctx.attr("max_skip_count"))
     rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
     counts = np.zeros((rows.shape[0], len(grams)), dtype=np.float32)
+    # only lengths the pool holds can match, and a skip wider than the row matches nothing:
+    # bounding both keeps the loops to the data (max_gram_length 10^12 ran for ever)
+    lengths = sorted({len(g) for g in grams if lo <= len(g) <= hi})
+    max_skip = min(max_skip, rows.shape[1])
     for r, row in enumerate(rows):
         row = [v if isinstance(v, str) else int(v) for v in row]
-        for n in range(lo, hi + 1):
+        for n in lengths:
             for skip in range(max_skip + 1 if n > 1 else 1):  # unigrams have no skips to vary
                 step = skip + 1
                 for start in range(len(row) - (n - 1) * step):

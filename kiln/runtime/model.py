@@ -164,6 +164,11 @@ def _check_tensor(spec: TensorSpec, x, bound: dict) -> np.ndarray:
         raise KilnError(f"input {spec.name!r}: expected dtype {want}, given {got}")
     if spec.dtype == "string" and x.dtype != object:
         x = x.astype(object)
+    if spec.dtype == "string":
+        bad = next((v for v in x.reshape(-1) if not isinstance(v, (str, bytes))), None) if x.size else None
+        if bad is not None:
+            raise KilnError(f"input {spec.name!r}: a string tensor must hold str (or bytes) values, "
+                            f"given a {type(bad).__name__} ({bad!r:.40})")
     if spec.shape is not None:
         if x.ndim != len(spec.shape):
             raise KilnError(f"input {spec.name!r}: expected shape {_fmt(spec.shape)} "

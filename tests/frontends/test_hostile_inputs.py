@@ -230,3 +230,27 @@ def test_attribute_of_the_wrong_kind_is_named(op, attrs, match):
                [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, [2, 3])])
     with pytest.raises(KilnError, match=match):
         kiln.compile(m, target="interpreter").run(x=np.ones((2, 3), np.float32))
+
+
+def test_string_input_holding_floats_is_refused():
+    m = _model([helper.make_node("StringNormalizer", ["x"], ["y"], case_change_action="UPPER")],
+               [helper.make_tensor_value_info("x", onnx.TensorProto.STRING, [2])],
+               [helper.make_tensor_value_info("y", onnx.TensorProto.STRING, None)])
+    for target in ("interpreter", "cpu"):
+        c = kiln.compile(m, target=target)
+        assert list(c.run(x=np.array(["a", "b"], dtype=object))["y"]) == ["A", "B"]
+        with pytest.raises(KilnError, match=r"input 'x': a string tensor must hold str .*given a float"):
+            c.run(x=np.array([1.5, "b"], dtype=object))
+
+
+def test_tfidf_with_a_huge_max_gram_length_ends():
+    """The reference looped over every n up to max_gram_length (10^12): only pooled lengths count."""
+    m = _model([helper.make_node("TfIdfVectorizer", ["x"], ["y"], mode="TF", min_gram_length=1,
+                                 max_gram_length=10 ** 12, max_skip_count=1, ngram_counts=[0, 2],
+                                 ngram_indexes=[0, 1, 2], pool_int64s=[2, 3, 5, 4])],
+               [helper.make_tensor_value_info("x", onnx.TensorProto.INT64, [6])],
+               [helper.make_tensor_value_info("y", F, None)], opset=9)
+    x = np.array([2, 3, 5, 4, 5, 2], np.int64)
+    want = kiln.compile(m, target="interpreter").run(x=x)["y"]
+    np.testing.assert_array_equal(want, [2, 1, 1])  # unigram 2 twice, 3 once; bigram (5, 4) once
+    # (target cpu: the native kernel still loops to max_gram_length; not covered here)
