@@ -185,7 +185,9 @@ def _tfidf_lower(ctx, x):
     for g, k in grams.items():
         by_n.setdefault(len(g), []).append(([rank[s] for s in g] if is_str else [int(v) for v in g], k))
     lo, hi = int(ctx.attr("min_gram_length")), int(ctx.attr("max_gram_length"))
-    max_skip = int(ctx.attr("max_skip_count"))
+    # only lengths the pool holds can match, and a skip wider than the row matches nothing:
+    # bounding both keeps compile and run time to the data (max_gram_length 10^12 hung)
+    max_skip = max(0, min(int(ctx.attr("max_skip_count")), cols))
     mode = ctx.attr("mode", "TF")
     # weights are per pooled n-gram, as the spec says and ONNX Runtime does (the ONNX
     # reference evaluator indexes them by output column instead)
@@ -200,8 +202,8 @@ def _tfidf_lower(ctx, x):
             f"  static const float w[{max(weights.size, 1)}] = "
             f"{{{', '.join(c_literals(weights, DType.float32)) if weights.size else '0'}}};\n"]
     search = []
-    for n in range(max(lo, 1), hi + 1):
-        table = sorted(by_n.get(n, []))
+    for n in sorted(k for k in by_n if max(lo, 1) <= k <= hi):
+        table = sorted(by_n[n])
         if not table:
             continue
         flat = [v for g, _ in table for v in g]

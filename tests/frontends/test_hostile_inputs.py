@@ -243,14 +243,17 @@ def test_string_input_holding_floats_is_refused():
             c.run(x=np.array([1.5, "b"], dtype=object))
 
 
-def test_tfidf_with_a_huge_max_gram_length_ends():
-    """The reference looped over every n up to max_gram_length (10^12): only pooled lengths count."""
+@pytest.mark.parametrize("target", ["interpreter", "cpu"])
+@pytest.mark.parametrize("max_skip", [1, 10 ** 12])
+def test_tfidf_with_a_huge_max_gram_length_ends(target, max_skip):
+    """Both loops once ran over every n up to max_gram_length (10^12), and the kernel over
+    every skip up to max_skip_count: only pooled lengths and skips within the row count."""
     m = _model([helper.make_node("TfIdfVectorizer", ["x"], ["y"], mode="TF", min_gram_length=1,
-                                 max_gram_length=10 ** 12, max_skip_count=1, ngram_counts=[0, 2],
+                                 max_gram_length=10 ** 12, max_skip_count=max_skip, ngram_counts=[0, 2],
                                  ngram_indexes=[0, 1, 2], pool_int64s=[2, 3, 5, 4])],
                [helper.make_tensor_value_info("x", onnx.TensorProto.INT64, [6])],
                [helper.make_tensor_value_info("y", F, None)], opset=9)
     x = np.array([2, 3, 5, 4, 5, 2], np.int64)
-    want = kiln.compile(m, target="interpreter").run(x=x)["y"]
-    np.testing.assert_array_equal(want, [2, 1, 1])  # unigram 2 twice, 3 once; bigram (5, 4) once
-    # (target cpu: the native kernel still loops to max_gram_length; not covered here)
+    got = kiln.compile(m, target=target).run(x=x)["y"]
+    # unigram 2 twice, 3 once; bigram (5, 4) once at skip 0 (a wider skip finds no other)
+    np.testing.assert_array_equal(got, [2, 1, 1])
