@@ -71,7 +71,8 @@ def target_option(f):
 
 def opt_option(f):
     return click.option("-O", "opt_level", type=click.IntRange(0, 3), default=None, metavar="0..3",
-                        help="Graph optimization level, -O0 to -O3 (default: kiln's).")(f)
+                        help="Graph optimization level, -O0 to -O3 "
+                             "(default -O3, the fastest; lower levels are for debugging).")(f)
 
 
 # ---------------------------------------------------------------- helpers

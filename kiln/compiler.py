@@ -26,7 +26,7 @@ def to_graph(model: Any) -> Graph:
                     "an onnx.ModelProto or a kiln Graph")
 
 
-def compile(model: Any, target: str = "cpu", *, opt_level: int = 2, report: bool = False,  # noqa: A001
+def compile(model: Any, target: str = "cpu", *, opt_level: int | None = None, report: bool = False,  # noqa: A001
             limits: Limits | dict | None = None, example_inputs=None, dynamic_shapes=None,
             **options) -> CompiledModel:
     """Compile a model for `target` and return a runnable CompiledModel.
@@ -35,7 +35,8 @@ def compile(model: Any, target: str = "cpu", *, opt_level: int = 2, report: bool
     `example_inputs` (and torch.export's `dynamic_shapes`) and translated by
     kiln.frontends.torch; the result is a TorchModel, callable like the module.
 
-    `opt_level` picks the graph passes (kiln.passes.pipeline: 0 none ... 3 all);
+    `opt_level` picks the graph passes (kiln.passes.pipeline: 0 none ... 3 all;
+    None, the default, is the fastest level, -O3);
     `report=True` attaches `model.report`, a CompileReport of what was done;
     `limits` caps constants, planned memory and loop trip counts (kiln.limits:
     a Limits, or a dict overriding some of the defaults), at compile and run time.
@@ -44,6 +45,9 @@ def compile(model: Any, target: str = "cpu", *, opt_level: int = 2, report: bool
         raise KilnError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
     if options:
         raise KilnError(f"unknown compile option(s) {sorted(options)}")
+    if opt_level is None:
+        from kiln.passes.pipeline import DEFAULT_LEVEL  # noqa: PLC0415
+        opt_level = DEFAULT_LEVEL
     if _is_torch(model):
         from kiln.frontends.torch import compile_torch  # noqa: PLC0415
         return compile_torch(model, target, example_inputs=example_inputs, dynamic_shapes=dynamic_shapes,

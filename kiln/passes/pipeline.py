@@ -7,6 +7,10 @@
     -O3  -O2 + pattern recognition (LayerNorm, GELU, attention), NCHWc layout for convolutions,
          constant GEMM weights packed into panels at compile time
 
+The default (`DEFAULT_LEVEL`, used by kiln.compile and the CLI) is the fastest
+level, -O3: the lower levels are there to debug a rewrite, not to trade speed
+for anything.
+
 `run_passes` runs a level on a clone of the graph, records what each pass
 changed (`PassStats`), verifies the graph after each pass when asked (tests do;
 `KILN_VERIFY=1` turns it on elsewhere) and writes the text IR after each pass to
@@ -50,6 +54,7 @@ def level3() -> list[str]:
 
 
 LEVELS = {0: level0, 1: level1, 2: level2, 3: level3}
+DEFAULT_LEVEL = 3
 
 
 def passes_for(level: int) -> list[str]:
@@ -58,7 +63,7 @@ def passes_for(level: int) -> list[str]:
     return LEVELS[level]()
 
 
-def run_passes(graph: Graph, level: int = 2, *, passes: list[str] | None = None,
+def run_passes(graph: Graph, level: int = DEFAULT_LEVEL, *, passes: list[str] | None = None,
                dump_dir: str | None = None, verify: bool | None = None
                ) -> tuple[Graph, list[PassStats]]:
     """Run the passes of `level` (or the named `passes`) on a clone of `graph`.

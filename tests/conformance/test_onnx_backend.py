@@ -1,7 +1,7 @@
 """The ONNX backend test suite, run through `kiln.onnx_backend` as pytest cases.
 
 By default each case runs on the interpreter at -O0 and at -O3 (the graph passes
-must not change a single result), and on the cpu target at its default -O2 — that
+must not change a single result), and on the cpu target at its default (-O3) — that
 configuration compiles ~2,000 native modules, so it is marked slow. `KILN_TARGET`
 (and `KILN_OPT_LEVEL`) pick one configuration instead. Expected
 failures live in `expected_failures/<target>/*.txt` (`case_name  # reason`);
