@@ -73,14 +73,18 @@ def _is_torch(model: Any) -> bool:
 
 def _compile(model: Any, target: str, opt_level: int, report: bool) -> CompiledModel:
     from kiln.passes import CompileReport, run_passes  # noqa: PLC0415
-    graph, stats = run_passes(to_graph(model), opt_level)
+    source = to_graph(model)
+    graph, stats = run_passes(source, opt_level)
     if target == "interpreter":
         compiled = InterpretedModel(graph)
     else:
         from kiln.targets.cpu import CpuModel
-        compiled = CpuModel(graph, [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs])
+        compiled = CpuModel(graph, [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs],
+                            source, opt_level)
     if report:
-        compiled.report = CompileReport(opt_level, stats)
+        compiled.report = CompileReport(opt_level, stats,
+                                        per_shape=getattr(compiled, "program", None) is not None
+                                        and compiled.program.reoptimize is not None)
         info = compiled.build_info() if target == "cpu" else None
         if info is not None:
             r = compiled.report

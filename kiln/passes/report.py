@@ -21,6 +21,7 @@ class CompileReport:
     kernels: int | None = None                                # kernels launched per inference
     arena_peak_live_bytes: int | None = None                  # most bytes live at once (a lower bound)
     inplace_kernels: int | None = None                        # kernels writing over a dead input
+    per_shape: bool = False                                   # passes run again per input shape (cpu)
 
     @property
     def findings(self) -> list[Any]:
@@ -29,6 +30,9 @@ class CompileReport:
     def __str__(self) -> str:
         lines = [f"kiln compile report (-O{self.opt_level})"]
         lines += [f"  {p}" for p in self.passes]
+        if self.per_shape:
+            lines.append("  symbolic input dims: these passes run again on the source graph at each new "
+                         "input shape, with the sizes known")
         if self.kernels is not None:
             lines.append(f"  kernels per inference: {self.kernels}")
         if self.arena_bytes is not None:

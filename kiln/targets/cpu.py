@@ -7,6 +7,13 @@ depends on data (NonZero, Unique, NonMaxSuppression...), the graph runs in
 stages: a native module for the nodes before the first such node, that node's
 native kernel (which reports its outputs' actual sizes), then the rest as a
 new `Program` specialised to those sizes — cached like everything else.
+
+The graph passes that need static shapes (the NCHWc layout, LayerNorm
+recognition, some algebra) cannot fire on a graph with symbolic dims, so a
+model compiled with some input size unknown keeps its unoptimised source graph
+and, per new input shapes, runs its -O level's passes again on the source
+specialised to them: a symbolic batch gets the code the same model with the
+batch fixed would get.
 """
 
 from __future__ import annotations
@@ -20,14 +27,18 @@ from kiln.runtime.model import CompiledModel, TensorSpec
 
 
 class CpuModel(CompiledModel):
-    def __init__(self, graph: Graph, inputs: list[TensorSpec], outputs: list[TensorSpec]):
+    def __init__(self, graph: Graph, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                 source: Graph | None = None, level: int = 0):
+        """`graph` is `source` after the passes of -O`level`; the source is kept only when
+        some input size is unknown (the passes run again once the sizes are known)."""
         from kiln.lower.module import check_lowerable
         super().__init__(inputs, outputs, "cpu")
         check_lowerable(graph)
         self.graph = graph
-        self.program = Program(graph)
-        if all(s.kind == "tensor" and s.shape is not None and all(isinstance(d, int) for d in s.shape)
-               for s in inputs):
+        static = all(s.kind == "tensor" and s.shape is not None and all(isinstance(d, int) for d in s.shape)
+                     for s in inputs)
+        self.program = Program(graph, None if static or not level else (source, level))
+        if static:
             self.program.prepare([tuple(s.shape) for s in inputs])  # build now: compile time is compile()'s
 
     def build_info(self) -> dict | None:
@@ -59,8 +70,9 @@ class CpuModel(CompiledModel):
 class Program:
     """One graph, specialised and built per input shapes (and shape-giving input values)."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, reoptimize: tuple[Graph, int] | None = None):
         self.graph = graph
+        self.reoptimize = reoptimize   # (source graph, -O level) to optimise again per shapes
         self.value_inputs: dict[tuple, tuple[int, ...]] = {}
         self.runners: dict[tuple, object] = {}
         # input shapes -> runner, for calls of arrays only whose runner depends on shapes alone
@@ -72,9 +84,8 @@ class Program:
 
     def prepare(self, shapes: list[tuple]) -> None:
         """Build ahead of the first run when shapes alone determine everything."""
-        from kiln.lower.specialize import dynamic_values, specialize
         key = tuple(shapes)
-        g, known = specialize(self.graph, list(shapes), {})
+        g, known = self.specialize(list(shapes), {})
         if not needs_stages(g):
             self.value_inputs[key] = ()
             self.runners[(key, ())] = self.by_shapes[key] = build_static(g, known)
@@ -87,11 +98,11 @@ class Program:
         return self.runner_for(inputs)(inputs)
 
     def runner_for(self, inputs: list):
-        from kiln.lower.specialize import dynamic_values, specialize, value_inputs
+        from kiln.lower.specialize import dynamic_values, value_inputs
         shapes = tuple(_shape_key(x) for x in inputs)
         vidx = self.value_inputs.get(shapes)
         if vidx is None:
-            g, known = specialize(self.graph, list(shapes), {})
+            g, known = self.specialize(list(shapes), {})
             vidx = value_inputs(inputs) if dynamic_values(g) else ()
             self.value_inputs[shapes] = vidx
             if not vidx:
@@ -102,9 +113,22 @@ class Program:
         key = (shapes, tuple((inputs[i].dtype.str, inputs[i].tobytes()) for i in vidx))
         r = self.runners.get(key)
         if r is None:
-            g, known = specialize(self.graph, list(shapes), {i: inputs[i] for i in vidx})
+            g, known = self.specialize(list(shapes), {i: inputs[i] for i in vidx})
             r = self.runners[key] = build_runner(g, known)
         return r
+
+    def specialize(self, shapes: list, values: dict) -> tuple[Graph, dict]:
+        """The graph specialised to `shapes` (and `values`); with a source to re-optimise,
+        the source specialised, its passes run with the sizes known, then specialised again
+        (the passes make fresh values, and `known` is keyed by value)."""
+        from kiln.lower.specialize import specialize
+        if self.reoptimize is None:
+            return specialize(self.graph, shapes, values)
+        from kiln.passes.pipeline import run_passes
+        source, level = self.reoptimize
+        g, _ = specialize(source, shapes, values)
+        g, _ = run_passes(g, level)
+        return specialize(g, shapes, values)
 
 
 def _shape_key(x) -> tuple:

@@ -106,3 +106,26 @@ def test_profile_of_a_staged_model_is_a_clear_error():
                             [_vi("y", I64, None)]), target="cpu")
     with pytest.raises(kiln.KilnError, match="runs in stages"):
         m.profile({"x": np.ones((3, 5), np.float32)})
+
+
+def test_symbolic_batch_gets_the_code_of_the_fixed_batch():
+    """The shape-dependent -O3 rewrites (the NCHWc layout among them) cannot fire on a symbolic
+    batch at compile time: they run again once the first run fixes it, so a symbolic batch builds
+    the kernels the same model with the batch fixed builds, and each new batch size its own."""
+    from tests.helpers import small_cnn_model
+    sym = kiln.compile(small_cnn_model("N"), target="cpu", report=True)
+    assert not any("NCHWc" in n.op for n in sym.graph.nodes)   # nothing known at compile time
+    assert "run again" in str(sym.report)
+    assert "run again" not in str(kiln.compile(small_cnn_model(2), target="cpu", report=True).report)
+    ref = kiln.compile(small_cnn_model("N"), target="interpreter", opt_level=0)
+    rng = np.random.default_rng(11)
+    for batch in (2, 3):
+        x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        fixed = kiln.compile(small_cnn_model(batch), target="cpu")
+        got = sym.run({"x": x})["probs"]
+        calls = sym.program.runner_for([x]).info["calls"]
+        assert calls == fixed.build_info()["calls"]
+        assert any("NCHWc" in str(c) for c in calls)
+        np.testing.assert_array_equal(got, fixed.run({"x": x})["probs"])
+        np.testing.assert_allclose(got, ref.run({"x": x})["probs"], rtol=1e-4, atol=1e-5)
+    assert sym.specializations == 2
