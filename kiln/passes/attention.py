@@ -46,8 +46,9 @@ def _attention_at(graph: Graph, sm: Node, producers, consumers):
     rank = getattr(sm.inputs[0].type, "rank", None)
     axis = sm.attrs.get("axis", -1 if graph.opset() >= 13 else 1)
     readers = consumers.get(sm.outputs[0].id, [])
-    if (rank is None or axis % rank != rank - 1 or len(readers) != 1 or readers[0].op != "MatMul"
-            or readers[0].inputs[0] is not sm.outputs[0]):
+    # a malformed axis (a list, a string) is not attention: the op's own check names it
+    if (rank is None or not isinstance(axis, int) or axis % rank != rank - 1 or len(readers) != 1
+            or readers[0].op != "MatMul" or readers[0].inputs[0] is not sm.outputs[0]):
         return None
     s, p = sm.inputs[0], producers.get(sm.inputs[0].id)
     candidates = [(s, None, [])]
