@@ -61,7 +61,21 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
 
     `opsets`/`values` are keyed by id(node) (values: per input, compile-time data or None);
     `needed_outside(value)` says whether a value produced here is read after the kernel.
+    A lowering's own failure is still a KilnError naming the node (on every path that lowers:
+    whole graphs, and the single-node kernels built at run time for data-dependent shapes).
     """
+    try:
+        return _lower_group(nodes, opsets, values, needed_outside, name)
+    except (KilnError, MemoryError):
+        raise
+    except Exception as e:
+        others = f" (fused with {len(nodes) - 1} other node(s))" if len(nodes) > 1 else ""
+        raise KilnError(f"lowering failed{others}: {type(e).__name__}: {e}", node=nodes[-1].name,
+                        op=nodes[-1].op, stage="lower") from e
+
+
+def _lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, list],
+                 needed_outside, name: str) -> Kernel:
     tensors: dict[int, Tensor] = {}
     group_inputs: list[Value] = []
     produced: list[tuple[Value | None, Tensor]] = []

@@ -258,14 +258,7 @@ def _lower_group_or_split(graph: Graph, nodes: list[Node], known, needed_outside
         values = {id(n): [None if v is None else (v.const if v.const is not None else known.get(v.id))
                           for v in n.inputs] for n in ns}
         opsets = {id(n): graph.opset(n.domain) for n in ns}
-        try:
-            return lower_group(ns, opsets, values, needed_outside, f"k{k}_{ns[-1].op}")
-        except (KilnError, MemoryError):
-            raise
-        except Exception as e:  # a lowering's own failure: still a KilnError naming the node
-            others = f" (fused with {len(ns) - 1} other node(s))" if len(ns) > 1 else ""
-            raise KilnError(f"lowering failed{others}: {type(e).__name__}: {e}", node=ns[-1].name,
-                            op=ns[-1].op, stage="lower") from e
+        return lower_group(ns, opsets, values, needed_outside, f"k{k}_{ns[-1].op}")
     try:
         return [one(nodes, start)]
     except Unfusable:

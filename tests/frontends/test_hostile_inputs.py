@@ -208,12 +208,12 @@ def test_argmax_of_int4_compiles_and_agrees():
 
 
 def test_a_lowering_that_fails_is_a_kiln_error(monkeypatch, tmp_path):
-    import kiln.lower.module as module
+    import kiln.lower.kernel as kernel
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))  # a cold cache: lowering runs
 
     def broken(*a, **k):
         raise ValueError("a bug in a lowering")
-    monkeypatch.setattr(module, "lower_group", broken)
+    monkeypatch.setattr(kernel, "_lower_group", broken)
     m = _model([helper.make_node("Relu", ["x"], ["y"], name="r")], [helper.make_tensor_value_info("x", F, [7])],
                [helper.make_tensor_value_info("y", F, [7])])
     with pytest.raises(KilnError, match=r"\[lower\] Relu node 'r': lowering failed: ValueError: a bug"):
@@ -257,3 +257,17 @@ def test_tfidf_with_a_huge_max_gram_length_ends(target, max_skip):
     got = kiln.compile(m, target=target).run(x=x)["y"]
     # unigram 2 twice, 3 once; bigram (5, 4) once at skip 0 (a wider skip finds no other)
     np.testing.assert_array_equal(got, [2, 1, 1])
+
+
+def test_stft_with_the_signal_as_its_frame_step_is_a_kilnerror():
+    """Found by `kiln fuzz-mutate --seed 500` (input 1 rewired to the signal): the run-time kernel
+    that sizes a data-dependent output raised ValueError from inside lowering."""
+    m = _model([helper.make_node("STFT", ["signal", "signal", "", "frame_length"], ["y"])],
+               [helper.make_tensor_value_info("signal", F, [1, 128, 1]),
+                helper.make_tensor_value_info("frame_length", onnx.TensorProto.INT64, [])],
+               [helper.make_tensor_value_info("y", F, None)], opset=17)
+    feeds = {"signal": np.arange(128, dtype=np.float32).reshape(1, 128, 1),
+             "frame_length": np.array(16, np.int64)}
+    for target in ("interpreter", "cpu"):
+        with pytest.raises(KilnError, match="STFT"):
+            kiln.compile(m, target=target).run(feeds)
