@@ -14,6 +14,10 @@ holds one copy per translation unit.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kiln.loops.stmt import ExternFunc
 
 HELPERS = r"""
 #ifndef KILN_STRINGS_HELPERS
@@ -279,3 +283,18 @@ static int kiln_final_sigma(const unsigned char* u, int64_t n, int64_t i, int w)
 }
 """)
     return "".join(parts)
+
+
+def constant_kernel(name: str, data) -> "ExternFunc":
+    """A kernel writing a string constant's `kiln_str` views into its one output (out0);
+    the bytes are literals in the library itself. String constants cannot live in the
+    weights blob, which holds bytes only (a pointer there would need fixing up at load)."""
+    import numpy as np
+
+    from kiln.dtypes import DType
+    from kiln.loops.stmt import Buffer, ExternFunc
+    data = np.asarray(data, dtype=object)
+    n = int(data.size)
+    body = (str_table("k", list(data.reshape(-1))) +
+            f"  memcpy(out0, k, {n}ULL * sizeof(kiln_str));\n  return 0;") if n else "  return 0;"
+    return ExternFunc(name, (Buffer("out0", DType.string, tuple(data.shape)),), body)

@@ -29,7 +29,7 @@ from kiln.lower.kernel import Unfusable, lower_group, lowerable
 from kiln.passes.fusion import VIEW_OPS, FusionPlan, partition
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
-from kiln.ops.strings_lower import constant_kernel
+from kiln.codegen.strings import constant_kernel
 from kiln.runtime.native import interface_text
 
 ALIGN = 64

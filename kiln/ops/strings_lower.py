@@ -64,21 +64,6 @@ def string_equal(ctx, a, b):
     return string_extern(ctx, body, [a, b], [(out, DType.bool)])
 
 
-def constant_kernel(name: str, data) -> "ExternFunc":
-    """A kernel writing a string constant's `kiln_str` views into its one output (out0);
-    the bytes are literals in the library itself. String constants cannot live in the
-    weights blob, which holds bytes only (a pointer there would need fixing up at load)."""
-    import numpy as np
-
-    from kiln.codegen.strings import str_table
-    from kiln.loops.stmt import Buffer, ExternFunc
-    data = np.asarray(data, dtype=object)
-    n = int(data.size)
-    body = (str_table("k", list(data.reshape(-1))) +
-            f"  memcpy(out0, k, {n}ULL * sizeof(kiln_str));\n  return 0;") if n else "  return 0;"
-    return ExternFunc(name, (Buffer("out0", DType.string, tuple(data.shape)),), body)
-
-
 # ---- StringSplit ----
 
 # A split's piece count is known only at run time: the kernel's output has room for this
