@@ -203,8 +203,8 @@ class ExternFunc:
     #                        reporting a bad value uses KILN_FAIL(status, value) ({value} in the text)
 
     def __str__(self):
-        ps = ", ".join(f"{p.dtype} {p.name}{list(p.shape)}" for p in self.params)
-        return f"extern func {self.name}({ps}) {{\n{self.c_body}\n}}"
+        from kiln.loops.printer import extern_str
+        return extern_str(self)
 
 
 @dataclass
@@ -229,4 +229,5 @@ class LoopModule:
         raise KilnError(f"no function {name!r} in module")
 
     def __str__(self):
-        return "\n\n".join(str(f) for f in self.funcs)
+        from kiln.loops.printer import module_str
+        return module_str(self)
