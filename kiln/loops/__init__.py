@@ -29,6 +29,10 @@ schedule for a freshly built compute (how templated and tuned schedules are stor
 Other primitives: fuse, unroll, compute_at (compute a producer inside a consumer's
 loop, just the region it needs), compute_inline, cache_read / cache_write (copy into
 a local buffer; with compute_at this gives packing and register blocking).
+
+`str(func)` is C-like pseudocode that parses back (`parse_func`, `parse_module`,
+`parse_stmt`, `parse_expr` in kiln.loops.parse) to IR `structural_equal` to the
+original: tests write the loop nest a schedule should give as text.
 """
 
 from kiln.loops.compute import ComputeOp, Tensor, compute, placeholder, reduce_axis
@@ -39,9 +43,11 @@ from kiln.loops.expr import (INDEX, Expr, abs_, acos, acosh, as_expr, asin, asin
                              sigmoid, sign, sin, sinh, sqrt, substitute, sum_, tan, tanh, truncdiv, truncmod,
                              var)
 from kiln.loops.lower import lower
+from kiln.loops.parse import parse_expr, parse_func, parse_module, parse_stmt
 from kiln.loops.schedule import Inst, Schedule, Stage, Trace
 from kiln.loops.simplify import Ctx, prove, simplify, simplify_stmt
 from kiln.loops.stmt import (Allocate, Buffer, Call, Evaluate, For, IfThenElse, Let, LoopModule, PrimFunc, Seq,
                              Stmt, Store, View, seq)
+from kiln.loops.structural import assert_structural_equal, structural_equal
 
 __all__ = [n for n in dir() if not n.startswith("_")]
