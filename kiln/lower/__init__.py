@@ -1,1 +1,23 @@
-"""The bridge from a partitioned graph to one loop-level module (arena plan, call sequence)."""
+"""The bridge from a partitioned graph to one loop-level module (arena plan, call sequence),
+and how each op becomes loops: one lowering module per op family, attached to the op's
+definition in kiln.ops with `@lowering(name)`.
+
+Importing this package registers every family's lowerings (one import per line, sorted).
+"""
+
+from kiln.lower import data_dependent  # noqa: F401
+from kiln.lower import detection  # noqa: F401
+from kiln.lower import image  # noqa: F401
+from kiln.lower import indexing  # noqa: F401
+from kiln.lower import loss  # noqa: F401
+from kiln.lower import ml  # noqa: F401
+from kiln.lower import ml_linear  # noqa: F401
+from kiln.lower import ml_preprocess  # noqa: F401
+from kiln.lower import ml_svm  # noqa: F401
+from kiln.lower import ml_trees  # noqa: F401
+from kiln.lower import quant  # noqa: F401
+from kiln.lower import random  # noqa: F401
+from kiln.lower import signal  # noqa: F401
+from kiln.lower import strings  # noqa: F401
+from kiln.lower import tensor  # noqa: F401
+from kiln.lower import training  # noqa: F401

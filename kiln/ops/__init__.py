@@ -28,9 +28,7 @@ from kiln.ops import (  # noqa: F401
     ml_linear,
     ml_svm,
     ml_preprocess,
-    strings_lower,
     training,
-    data_dependent,
     layout,
     packed,
 )

@@ -21,7 +21,7 @@ from kiln.loops import call, cast, compute, const, max_, min_, reduce_axis, rmax
 from kiln.ops.reduce import PARALLEL_MIN_WORK, as_dtype, exp_shifted, schedule_injective, schedule_reduction, text, wide
 from kiln.ops.registry import InferCtx, LowerCtx, RunCtx, lowering, op
 from kiln.ops.shapes import dim_mul, expect_shape
-from kiln.ops.tensor import checked_index
+from kiln.lower.tensor import checked_index
 
 
 # ---- shared helpers ----
@@ -603,11 +603,11 @@ def _rotary_lower(ctx: LowerCtx, x, cos_cache, sin_cache, position_ids=None):
 
 
 def _flex_mod(ctx: LowerCtx, name: str, x, dt: DType):
-    """`x` through the `name` subgraph, inlined as expressions (kiln.ops.subgraph), in `dt`;
+    """`x` through the `name` subgraph, inlined as expressions (kiln.lower.subgraph), in `dt`;
     `x` itself when the node has no such subgraph."""
     if not ctx.has_attr(name):
         return x
-    from kiln.ops.subgraph import inline_body
+    from kiln.lower.subgraph import inline_body
     outs = inline_body(ctx, ctx.attr(name), [x], name)
     if len(outs) != 1 or tuple(outs[0].shape) != tuple(x.shape):
         ctx.fail(f"{name} must give one tensor of shape {tuple(x.shape)}, got "

@@ -197,7 +197,7 @@ def _lowers(*names):
     def deco(fn):
         def lower(ctx, *ins):
             if ctx.node.op == "Equal" and ctx.input_types[0].dtype is DType.string:
-                from kiln.ops.strings_lower import string_equal  # a C kernel over kiln_str
+                from kiln.lower.strings import string_equal  # a C kernel over kiln_str
                 return string_equal(ctx, *ins)
             _native(ctx)
             return fn(ctx, *ins)
@@ -966,7 +966,7 @@ def _dropout_lower(ctx, x, ratio=None, training=None):
 
 
 def _dropout_training(ctx, x, ratio, training):
-    from kiln.ops.random import mt19937_init
+    from kiln.lower.random import mt19937_init
     for k, what in ((0, "data"), (1, "ratio")):
         if ctx.has_input(k) and ctx.input_types[k].dtype.c is None:
             ctx.fail(f"{what} of type {ctx.input_types[k].dtype} has no C type for the training-mode "

@@ -11,6 +11,8 @@ Semantics follow ONNX Runtime, in float32 as it computes:
   classes: written as [-s, s] under NONE, [1 - s, s] otherwise);
 - without support vectors (liblinear mode) each class scores x.coef[c] + rho[0];
 - SVMRegressor ignores post_transform, as ONNX Runtime does; one_class maps to +-1.
+
+Their native lowerings live in kiln.lower.ml_svm.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.ml_common import (ML, c_labels, c_post_transform, c_table, c_type, label_extern, numeric_input,
-                                post_name, post_transform, rows_type, rows_width)
-from kiln.ops.registry import lowering, op
+from kiln.ops.ml_common import ML, numeric_input, post_name, post_transform, rows_type
+from kiln.ops.registry import op
 from kiln.ops.strings import string_array
+
 
 _KERNELS = ("LINEAR", "POLY", "RBF", "SIGMOID")
 F32 = np.float32
@@ -56,25 +58,6 @@ def _kernel(x: np.ndarray, v: np.ndarray, kind: str, gamma, coef0, degree, c=F32
     if kind == "SIGMOID":
         return np.tanh(d).astype(F32)
     return (d * d if degree == 2 else d * d * d if degree == 3 else np.power(d, degree)).astype(F32)
-
-
-def _c_kernel(kind: str, gamma, coef0, degree, c: str = "0.0f") -> str:
-    """C: `k` = the kernel of row `xr` against vector `v` (`nf` features), in float."""
-    if kind == "RBF":
-        return f"""{{ float acc = 0.0f;
-        for (int64_t f = 0; f < nf; ++f) {{ const float d = xr[f] - v[f]; acc = acc + d * d; }}
-        k = expf(-{_f(gamma)} * acc); }}"""
-    dot = "{ double acc = 0; for (int64_t f = 0; f < nf; ++f) acc += (double)xr[f] * (double)v[f]; k = (float)acc; }"
-    if kind == "LINEAR":
-        return dot + f" k = k + {c};"
-    d = f"{dot} k = {_f(gamma)} * k + {_f(coef0)};"
-    if kind == "SIGMOID":
-        return d + " k = tanhf(k);"
-    return d + (" k = k * k;" if degree == 2 else " k = k * k * k;" if degree == 3 else f" k = powf(k, {_f(degree)});")
-
-
-def _f(v) -> str:
-    return f"{float(v)!r}f" if np.isfinite(v) else ("INFINITY" if v > 0 else "-INFINITY" if v < 0 else "NAN")
 
 
 # ---- SVMRegressor ----
@@ -113,38 +96,6 @@ def svm_regressor(ctx, x):
     if int(ctx.attr("one_class", 0)):
         y = np.where(y > 0, F32(1), F32(-1))
     return y.astype(F32)
-
-
-@lowering("SVMRegressor", domain=ML)
-def _svm_regressor_lower(ctx, x):
-    xt = ctx.input_types[0]
-    c_type(ctx, xt.dtype)
-    rows, width = rows_width(ctx, xt)
-    kind, gamma, coef0, degree, sv, coef, rho = _regressor_parts(ctx, width)
-    one_class = int(ctx.attr("one_class", 0))
-    body = [c_table(ctx, "coef", "float", coef, DType.float32), c_table(ctx, "rho", "float", rho, DType.float32)]
-    if sv is None:
-        score = f"""const float* v = coef; float k; {_c_kernel("LINEAR", gamma, coef0, degree, "rho[0]")}
-    float y = k;"""
-    else:
-        body.append(c_table(ctx, "sv", "float", sv, DType.float32))
-        score = f"""double sum = 0;
-    for (int64_t j = 0; j < {len(sv)}; ++j) {{
-      const float* v = sv + j * nf; float k; {_c_kernel(kind, gamma, coef0, degree)}
-      sum += (double)(coef[j] * k);
-    }}
-    float y = (float)sum + rho[0];"""
-    body.append(f"""  const int64_t nf = {width};
-  #pragma omp parallel for schedule(static) if ({rows} * {1 if sv is None else len(sv)} >= 4096)
-  for (int64_t row = 0; row < {rows}; ++row) {{
-    float xr[{max(width, 1)}];
-    for (int64_t f = 0; f < nf; ++f) xr[f] = (float)in0[row * nf + f];
-    {score}
-    {"y = y > 0 ? 1.0f : -1.0f;" if one_class else ""}
-    out0[row] = y;
-  }}
-  return 0;""")
-    return ctx.extern("".join(body), [x], [(ctx.out_shape(), DType.float32)])
 
 
 # ---- SVMClassifier ----
@@ -288,126 +239,3 @@ def svm_classifier(ctx, x):
             z = post_transform(ctx, scores.astype(np.float64), p["post"])
     y = string_array(y, (n,)) if p["strings"] else np.asarray(y, np.int64)
     return y, np.asarray(z, F32)
-
-
-_C_COUPLE = """static void kiln_svm_couple(int64_t nc, const float* r, float* q, float* qp, float* p) {
-  /* libsvm's multiclass_probability in float (as ONNX Runtime runs it) */
-  for (int64_t k = 0; k < nc * nc; ++k) q[k] = 0.0f;
-  for (int64_t i = 0; i < nc; ++i) {
-    p[i] = 1.0f / (float)nc;
-    for (int64_t j = 0; j < i; ++j) { q[i * nc + i] += r[j * nc + i] * r[j * nc + i]; q[i * nc + j] = q[j * nc + i]; }
-    for (int64_t j = i + 1; j < nc; ++j) { q[i * nc + i] += r[j * nc + i] * r[j * nc + i];
-                                           q[i * nc + j] = -r[j * nc + i] * r[i * nc + j]; }
-  }
-  const float eps = 0.005f / (float)nc;
-  for (int loop = 0; loop < 100; ++loop) {
-    float pqp = 0.0f, err = 0.0f;
-    for (int64_t i = 0; i < nc; ++i) {
-      qp[i] = 0.0f;
-      for (int64_t j = 0; j < nc; ++j) qp[i] += q[i * nc + j] * p[j];
-      pqp += p[i] * qp[i];
-    }
-    for (int64_t i = 0; i < nc; ++i) { const float e = fabsf(qp[i] - pqp); if (e > err) err = e; }
-    if (err < eps) break;
-    for (int64_t i = 0; i < nc; ++i) {
-      const float diff = (-qp[i] + pqp) / q[i * nc + i];
-      p[i] += diff;
-      pqp = (pqp + diff * (diff * q[i * nc + i] + 2.0f * qp[i])) / (1.0f + diff) / (1.0f + diff);
-      for (int64_t j = 0; j < nc; ++j) { qp[j] = (qp[j] + diff * q[i * nc + j]) / (1.0f + diff); p[j] /= (1.0f + diff); }
-    }
-  }
-}
-"""
-
-
-@lowering("SVMClassifier", domain=ML)
-def _svm_classifier_lower(ctx, x):
-    xt = ctx.input_types[0]
-    c_type(ctx, xt.dtype)
-    rows, width = rows_width(ctx, xt)
-    p = _classifier_parts(ctx, width)
-    labels, nc = p["labels"], len(p["labels"])
-    tab = lambda name, v, dt=DType.float32, ct="float": c_table(ctx, name, ct, v, dt)  # noqa: E731
-    body = [tab("coef", p["coef"]), tab("rho", p["rho"]), c_labels(ctx, labels, p["strings"])]
-    if p["mode"] == "linear":
-        if nc == 2 and not p["proba"]:
-            choose = ("if (top >= 0.5f) best = 1;" if p["all_positive"] else "if (top > 0) best = 1;")
-        else:
-            choose = ""
-        row = f"""    double a[{nc}];
-    int64_t best = 0;
-    for (int64_t c = 0; c < {nc}; ++c) {{
-      const float* v = coef + c * nf; float k; {_c_kernel("LINEAR", 0, 0, 0, "rho[0]")}
-      a[c] = (double)k;
-      if (k > (float)a[best]) best = c;
-    }}
-    const float top = (float)a[best];
-    {choose}
-    out0[row] = labels[best];
-{c_post_transform(ctx, p["post"], nc)}    for (int64_t c = 0; c < {nc}; ++c) out1[row * {nc} + c] = (float)a[c];"""
-        pre = ""
-    else:
-        nv = len(p["sv"])
-        start = np.concatenate([[0], np.cumsum(p["per_class"])]).astype(np.int64)
-        body += [tab("sv", p["sv"]), tab("vstart", start, DType.int64, "int64_t"), tab("pa", p["pa"] if p["proba"] else [0]),
-                 tab("pb", p["pb"] if p["proba"] else [0])]
-        pairs = nc * (nc - 1) // 2
-        if p["proba"]:
-            final = f"""    float r[{nc * nc}], q[{nc * nc}], qp[{nc}], pr[{nc}];
-    for (int64_t t = 0; t < {nc * nc}; ++t) r[t] = 0.0f;
-    idx = 0;
-    for (int64_t i = 0; i < {nc - 1}; ++i)
-      for (int64_t j = i + 1; j < {nc}; ++j, ++idx) {{
-        const float val = sc[idx] * pa[idx] + pb[idx];
-        const float e = 1.0f / (1.0f + expf(-fabsf(val)));
-        float v = 1.0f - (val < 0 ? 1.0f - e : e);
-        v = v < 1.0e-7f ? 1.0e-7f : v;
-        v = v > 1.0f - 1.0e-7f ? 1.0f - 1.0e-7f : v;
-        r[i * {nc} + j] = v; r[j * {nc} + i] = 1.0f - v;
-      }}
-    kiln_svm_couple({nc}, r, q, qp, pr);
-    double a[{nc}];
-    for (int64_t c = 0; c < {nc}; ++c) a[c] = (double)pr[c];
-{c_post_transform(ctx, p["post"], nc)}    for (int64_t c = 0; c < {nc}; ++c) out1[row * {nc} + c] = (float)a[c];"""
-        elif nc == 2:
-            if p["post"] == "PROBIT":
-                final = ("    double a[1] = {(double)sc[0]};\n" + c_post_transform(ctx, "PROBIT", 1) +
-                         "    out1[row * 2] = (float)a[0]; out1[row * 2 + 1] = 0.0f;")
-            elif p["post"] == "NONE":
-                final = "    out1[row * 2] = -sc[0]; out1[row * 2 + 1] = sc[0];"
-            else:
-                final = "    out1[row * 2] = 1.0f - sc[0]; out1[row * 2 + 1] = sc[0];"
-        else:
-            final = f"""    double a[{pairs}];
-    for (int64_t c = 0; c < {pairs}; ++c) a[c] = (double)sc[c];
-{c_post_transform(ctx, p["post"], pairs)}    for (int64_t c = 0; c < {pairs}; ++c) out1[row * {pairs} + c] = (float)a[c];"""
-        row = f"""    float kv[{nv}], sc[{pairs}];
-    int64_t votes[{nc}];
-    for (int64_t j = 0; j < {nv}; ++j) {{ const float* v = sv + j * nf; float k; {_c_kernel(p["kind"], p["gamma"], p["coef0"], p["degree"])} kv[j] = k; }}
-    for (int64_t c = 0; c < {nc}; ++c) votes[c] = 0;
-    int64_t idx = 0;
-    for (int64_t i = 0; i < {nc - 1}; ++i)
-      for (int64_t j = i + 1; j < {nc}; ++j) {{
-        double sum = 0;
-        for (int64_t m = vstart[i]; m < vstart[i + 1]; ++m) sum += (double)(coef[(j - 1) * {nv} + m] * kv[m]);
-        for (int64_t m = vstart[j]; m < vstart[j + 1]; ++m) sum += (double)(coef[i * {nv} + m] * kv[m]);
-        sum += (double)rho[idx];
-        sc[idx++] = (float)sum;
-        ++votes[sum > 0 ? i : j];
-      }}
-    int64_t best = 0;
-    for (int64_t c = 1; c < {nc}; ++c) if (votes[c] > votes[best]) best = c;
-    out0[row] = labels[best];
-{final}"""
-        pre = _C_COUPLE if p["proba"] else ""
-    work = rows * (len(p["sv"]) if p["mode"] == "svc" else nc)
-    body.append(f"""  const int64_t nf = {width};
-  #pragma omp parallel for schedule(static) if ({work} >= 4096)
-  for (int64_t row = 0; row < {rows}; ++row) {{
-    float xr[{max(width, 1)}];
-    for (int64_t f = 0; f < nf; ++f) xr[f] = (float)in0[row * nf + f];
-{row}
-  }}
-  return 0;""")
-    return label_extern(ctx, "".join(body), [x], [(ctx.out_shape(0), DType.string if p["strings"] else DType.int64),
-                                                  (ctx.out_shape(1), DType.float32)], p["strings"], preamble=pre)

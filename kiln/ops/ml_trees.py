@@ -2,9 +2,9 @@
 TreeEnsembleClassifier (what scikit-learn forests and boosting become through skl2onnx).
 
 All three encodings are read into one `Forest` (node arrays, roots, leaf contributions).
-The reference walks every row down each tree with NumPy; the native kernel packs the
-forest into per-tree node records and runs kiln/ops/ml_trees.c (a branch-light walk,
-rows in parallel, or trees for few rows).
+The reference walks every row down each tree with NumPy; the native kernel
+(kiln.lower.ml_trees) packs the forest into per-tree node records and runs
+kiln/lower/c/ml_trees.c (a branch-light walk, rows in parallel, or trees for few rows).
 
 Scores are summed per row in tree order in float32 (float64 for float64 input), as ONNX
 Runtime does, so labels at exact ties agree with it. TreeEnsembleClassifier follows ONNX
@@ -15,17 +15,17 @@ of size 1 or 2, the label of a binary model); the docstring of `_classify` says 
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
 
 import numpy as np
 
+from dataclasses import dataclass
+
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.ml_common import (ML, c_blob, c_labels, c_post_transform, c_table, c_type, label_extern, numeric_input,
-                                post_name, post_transform, rows_type, rows_width)
-from kiln.ops.registry import lowering, op
+from kiln.ops.ml_common import ML, numeric_input, post_name, post_transform, rows_type
+from kiln.ops.registry import op
 from kiln.ops.strings import string_array
+
 
 _MODES = ("LEQ", "LT", "GTE", "GT", "EQ", "NEQ", "MEMBER")
 _LEGACY_MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4,
@@ -393,219 +393,3 @@ def tree_ensemble_classifier(ctx, x):
         labels = [c.labels[i] for i in label.tolist()] if c.strings else label.tolist()
     y = string_array(labels, (len(labels),)) if c.strings else np.asarray(labels, np.int64)
     return y, scores.astype(np.float32)
-
-
-# ---- the native kernel ----
-
-_ENGINE = os.path.join(os.path.dirname(__file__), "ml_trees.c")
-
-
-def _engine() -> str:
-    with open(_ENGINE) as fh:
-        return fh.read()
-
-
-def pack(ctx, f: Forest, a: np.dtype) -> dict:
-    """The forest as the engine's records: each tree's reachable nodes and leaves, depth first
-    from its root (a leaf's two children are itself), with per-tree root and depth (the most
-    steps to a leaf). Fails on a tree with a cycle."""
-    keys: list = []                  # record -> (is_leaf, id)
-    kids_of: dict = {}               # internal record -> (true record, false record)
-    roots, depths = [], []
-
-    def kids(key):
-        i = key[1]
-        return (bool(f.true_leaf[i]), int(f.true_id[i])), (bool(f.false_leaf[i]), int(f.false_id[i]))
-
-    for rid, rleaf in f.roots:
-        root = (bool(rleaf), int(rid))
-        memo: dict = {}              # per tree: a node shared by two trees gets a record in each
-
-        def rec(key):
-            if key not in memo:
-                memo[key] = len(keys)
-                keys.append(key)
-            return memo[key]
-
-        roots.append(rec(root))
-        depth: dict = {}
-        gray: set = set()
-        stack = [(root, False)]
-        while stack:
-            key, done = stack.pop()
-            if done:
-                gray.discard(key)
-                depth[key] = 1 + max(depth[k] for k in kids(key))
-                continue
-            if key in depth:
-                continue
-            if key in gray:
-                ctx.fail(f"the tree rooted at node {root[1]} has a cycle")
-            if key[0]:
-                depth[key] = 0
-                continue
-            gray.add(key)
-            stack.append((key, True))
-            kids_of[memo[key]] = tuple(rec(k) for k in kids(key))
-            stack.extend((k, False) for k in kids(key) if k not in depth)
-        depths.append(depth[root])
-    n = len(keys)
-    is_leaf = np.array([k[0] for k in keys], bool).reshape(n)
-    ids = np.array([k[1] for k in keys], np.int64).reshape(n)
-    node = np.where(is_leaf, 0, ids)
-    internal = ~is_leaf
-    rec_ = np.zeros(n, np.dtype([("t", a), ("f", np.int32), ("ch", np.int32, 2)], align=True))
-    rec_["ch"] = np.arange(n)[:, None]
-    for r, ch in kids_of.items():
-        rec_["ch"][r] = ch
-    pick = lambda arr: np.where(internal, arr[node], 0) if len(arr) else np.zeros(n)  # noqa: E731
-    rec_["t"] = pick(f.split).astype(a)
-    rec_["f"] = pick(f.feat)
-    mode = pick(f.mode).astype(np.int64) | 8 * pick(f.nan_true).astype(np.int64)
-    mstart, mval = [0], []
-    for r in np.flatnonzero(internal & (pick(f.mode) == 6)).tolist():
-        mstart += [len(mval)] * (r + 1 - len(mstart))
-        mval += sorted(f.sets.get(int(ids[r]), ()))
-    mstart += [len(mval)] * (n + 1 - len(mstart))
-    order = np.argsort(f.leaf_of, kind="stable")
-    starts = np.searchsorted(f.leaf_of[order], np.arange(f.n_leaves + 1))
-    lid = np.where(is_leaf, ids, 0)
-    counts = np.where(is_leaf, starts[lid + 1] - starts[lid], 0)
-    lstart = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    entries = order[np.repeat(starts[lid] - lstart[:-1], counts) + np.arange(lstart[-1])]
-    return dict(nodes=rec_, root=np.asarray(roots, np.int32), depth=np.asarray(depths, np.int32),
-                mode=mode.astype(np.uint8) if mode.any() else None,
-                mstart=np.asarray(mstart, np.int32), mval=np.asarray(mval, a),
-                lstart=lstart.astype(np.int32), ltgt=f.target_of[entries].astype(np.int32),
-                lw=f.weight_of[entries].astype(a))
-
-
-def _kernel(ctx, x, f: Forest, finish: str, outputs: list, strings: bool = False) -> object:
-    """The engine over X, then `finish` (C run per row with `s`/`h`: the row's scores, 0
-    where no leaf fed them, and fed flags) writing the outputs.
-
-    `finish` must not pick scores with `h[t] ? s[t] : 0`: GCC 12 (-O2 -march=native)
-    vectorizes that loop into wrong code here; the engine's zeros make it needless."""
-    xt = ctx.input_types[0]
-    c_type(ctx, xt.dtype)
-    rows, width = rows_width(ctx, xt)
-    _check(ctx, f, width)
-    a = acc_dtype(xt.dtype.np)
-    s, ct = ("f64", "double") if a == np.float64 else ("f32", "float")
-    p = pack(ctx, f, a)
-    blob = lambda name, arr: c_blob(name, np.ascontiguousarray(arr).tobytes())  # noqa: E731
-    nt = f.n_targets
-    body = [blob("nodes", p["nodes"]), blob("roots", p["root"]), blob("depths", p["depth"]),
-            blob("mstart", p["mstart"]), blob("mval", p["mval"]), blob("lstart", p["lstart"]),
-            blob("ltgt", p["ltgt"]), blob("lw", p["lw"])]
-    if p["mode"] is not None:
-        body.append(blob("modes", p["mode"]))
-    work = int(p["depth"].astype(np.int64).sum())
-    same = xt.dtype.np == a
-    body.append(f"""  const kiln_forest_{s} F = {{(const kiln_tn_{s}*)nodes, (const kiln_a_i32*)roots, (const kiln_a_i32*)depths,
-    {len(f.roots)}, {work}, {"modes" if p["mode"] is not None else "NULL"}, (const kiln_a_i32*)mstart,
-    (const kiln_a_{s}*)mval, (const kiln_a_i32*)lstart, (const kiln_a_i32*)ltgt, (const kiln_a_{s}*)lw, {nt}, {f.agg}}};
-  const int64_t rows = {rows}, width = {width};
-  {ct}* acc = ({ct}*)malloc(sizeof({ct}) * (size_t)(rows * {nt} + 1));
-  uint8_t* has = (uint8_t*)malloc((size_t)(rows * {nt} + 1));
-  {ct}* xc = {"NULL" if same else f"({ct}*)malloc(sizeof({ct}) * (size_t)(rows * width + 1))"};
-  if (!acc || !has || {"0" if same else "!xc"}) {{ free(acc); free(has); free(xc); return -1; }}
-  {"" if same else f"for (int64_t i = 0; i < rows * width; ++i) xc[i] = ({ct})in0[i];"}
-  const int rc = kiln_forest_eval_{s}(&F, {"in0" if same else "xc"}, rows, width, acc, has);
-  if (!rc)
-    for (int64_t row = 0; row < rows; ++row) {{
-      {ct}* s = acc + row * {nt};
-      uint8_t* h = has + row * {nt};
-{finish}
-    }}
-  free(acc); free(has); free(xc);
-  return rc;""")
-    return label_extern(ctx, "".join(body), [x], outputs, strings, preamble=_engine())
-
-
-def _c_finish_scores(ctx, f: Forest, ct: str, base, post, out_c: str) -> str:
-    """Per row: unfed targets 0, AVERAGE divided, base added; post transform in double."""
-    nt, nb = f.n_targets, len(base)
-    tables = c_table(ctx, "base", ct, base if nb else [0.0], DType.float64 if ct == "double" else DType.float32)
-    return tables.replace("  static", "      static") + f"""      double a[{max(nt, 1)}];
-      for (int64_t t = 0; t < {nt}; ++t) {{
-        {ct} v = s[t];  /* 0 where no leaf fed it (the engine's contract) */
-        {f"v = v / ({ct}){len(f.roots)};" if f.agg == 0 else ""}
-        {f"v = v + base[{'0' if nb == 1 else 't'}];" if nb else ""}
-        a[t] = (double)v{" * (double)h[t]" if nt > 1 else ""};
-      }}
-{c_post_transform(ctx, post, nt)}      for (int64_t t = 0; t < {nt}; ++t) out0[row * {nt} + t] = ({out_c})a[t];"""
-
-
-@lowering("TreeEnsemble", domain=ML)
-def _tree_ensemble_lower(ctx, x):
-    f = _ensemble_forest(ctx)
-    dt = ctx.input_types[0].dtype
-    ct = "double" if acc_dtype(dt.np) == np.float64 else "float"
-    finish = _c_finish_scores(ctx, f, ct, [], int(ctx.attr("post_transform", 0)), dt.c or "float")
-    return _kernel(ctx, x, f, finish, [(ctx.out_shape(), dt)])
-
-
-@lowering("TreeEnsembleRegressor", domain=ML)
-def _tree_regressor_lower(ctx, x):
-    f, base = _regressor_forest(ctx)
-    ct = "double" if acc_dtype(ctx.input_types[0].dtype.np) == np.float64 else "float"
-    finish = _c_finish_scores(ctx, f, ct, base, _attr_str(ctx, "post_transform", "NONE"), "float")
-    return _kernel(ctx, x, f, finish, [(ctx.out_shape(), DType.float32)])
-
-
-@lowering("TreeEnsembleClassifier", domain=ML)
-def _tree_classifier_lower(ctx, x):
-    f, c = _classifier_forest(ctx)
-    a = acc_dtype(ctx.input_types[0].dtype.np)
-    ct = "double" if a == np.float64 else "float"
-    adt = DType.float64 if a == np.float64 else DType.float32
-    nc, nb = len(c.labels), len(c.base)
-    lt = DType.string if c.strings else DType.int64
-    tables = (c_labels(ctx, c.labels, c.strings) +
-              c_table(ctx, "base", ct, c.base if nb else [0.0], adt)).replace("  static", "      static")
-    if nc > 2:
-        finish = tables + f"""      double a[{nc}];
-      int64_t best = -1;
-      {ct} bw = 0;
-      for (int64_t k = 0; k < {nc}; ++k) {{
-        {ct} v = s[k];
-        if (k < {nb}) {{ v = v + base[k]; h[k] = 1; }}  /* unfed: 0 + base */
-        if (h[k] && (best < 0 || v > bw)) {{ best = k; bw = v; }}
-        a[k] = (double)v;
-      }}
-      out0[row] = labels[best < 0 ? 0 : best];
-{c_post_transform(ctx, c.post, nc)}      for (int64_t k = 0; k < {nc}; ++k) out1[row * {nc} + k] = (float)a[k];"""
-        return _kernel(ctx, x, f, finish, [(ctx.out_shape(0), lt), (ctx.out_shape(1), DType.float32)], c.strings)
-    if nb == 2:
-        adjust = """if (h[1]) { s[1] = base[1] + s[0]; s[0] = -s[1]; } else { s[1] = s[1] + base[1]; s[0] = s[0] + base[0]; }
-      one = 0;"""
-    elif nb == 1:
-        adjust = "s[0] = s[0] + base[0];"
-    else:
-        adjust = ""
-    thr = "0.5" if c.all_positive else "0"
-    wa_win, wa_lose = (0, 1) if c.all_positive else (2, 3)
-    if c.binary:
-        decide = f"""const int win = pos > ({ct}){thr};
-      wa = win ? {wa_win} : {wa_lose};
-      out0[row] = labels[win];"""
-    else:
-        decide = "out0[row] = labels[pos > 0 ? 1 : 0];" if c.strings else "out0[row] = pos > 0 ? 1 : 0;"
-    lg = "a[0] = 1.0 / (1.0 + exp((double)sc)); a[1] = 1.0 / (1.0 + exp(-(double)sc));"
-    single = f"""const {ct} sc = s[0];
-        if (wa == 0 || wa == 1) {{ a[0] = (double)(({ct})1 - sc); a[1] = (double)sc; }}
-        else if (wa == 2 || wa == 3) {{ {lg if c.post == "LOGISTIC" else "a[0] = -(double)sc; a[1] = (double)sc;"} }}
-        else {{ a[0] = (double)sc; a[1] = 0; }}"""
-    finish = tables + f"""      int one = !h[1], wa = {3 if nb == 0 else -1};
-      {adjust}
-      const {ct} pos = (!one && h[1]) ? s[1] : (h[0] ? s[0] : ({ct})0);
-      {decide}
-      double a[2];
-      if (!one) {{
-        a[0] = (double)s[0] * (double)h[0]; a[1] = (double)s[1] * (double)h[1];  /* unfed: 0 */
-{c_post_transform(ctx, c.post, 2)}      }} else {{
-        {single}
-      }}
-      out1[row * 2] = (float)a[0]; out1[row * 2 + 1] = (float)a[1];"""
-    return _kernel(ctx, x, f, finish, [(ctx.out_shape(0), lt), (ctx.out_shape(1), DType.float32)], c.strings)

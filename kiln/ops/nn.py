@@ -1893,7 +1893,7 @@ def _max_unpool_lower(ctx, x, idx, out_shape=None):
 @lowering("DeformConv")
 def _deform_conv_lower(ctx, x, w, offset, b=None, mask=None):
     from kiln.loops import fabs, floor
-    from kiln.ops.tensor import float_index
+    from kiln.lower.tensor import float_index
     if len(x.shape) != 4:
         ctx.fail(f"only 2-D DeformConv is supported, input has rank {len(x.shape)}")
     n, c, h, wd = x.shape

@@ -294,7 +294,7 @@ REGEX_TEXTS = ["abc", "aXc", "aéc", "a\nc", "ab12", "ab123", "STRASSE", "Straß
 def test_regex_full_match_translation_table():
     """Each RE2 pattern natively (glibc regex over the translated POSIX pattern) against
     ONNX Runtime (RE2 itself); patterns RE2 or the translator refuse fail clearly."""
-    from kiln.ops.regex_posix import RegexError, re2_to_ere
+    from kiln.lower.regex_posix import RegexError, re2_to_ere
     x = np.array(REGEX_TEXTS, dtype=object)
     ok = []
     for p in REGEX_PATTERNS:

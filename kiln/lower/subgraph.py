@@ -28,7 +28,7 @@ def inline_body(ctx: LowerCtx, graph: Graph, args: list[Tensor], what: str) -> l
     """The outputs of `graph` applied to `args`, as compute Tensors (see the module doc).
     `what` names the body in errors (e.g. "score_mod")."""
     from kiln.lower.kernel import ExternKernel
-    from kiln.ops.tensor import const_compute
+    from kiln.lower.tensor import const_compute
     g = graph.clone()
     if len(g.inputs) != len(args):
         ctx.fail(f"{what} takes {len(g.inputs)} inputs, given {len(args)}", stage="lower")

@@ -158,7 +158,7 @@ def _tfidf_lower(ctx, x):
 
     from kiln.codegen.strings import str_table, utf8_key
     from kiln.ops.strings import _tfidf_pool
-    from kiln.ops.tensor import c_literals
+    from kiln.lower.tensor import c_literals
     grams, width = _tfidf_pool(ctx)
     xt = ctx.input_types[0]
     shape = tuple(xt.shape)
@@ -235,13 +235,13 @@ def _tfidf_lower(ctx, x):
 @lowering("RegexFullMatch")
 def _regex_full_match_lower(ctx, x):
     """glibc's POSIX regex engine (<regex.h>) on the pattern translated from RE2 syntax
-    (kiln.ops.regex_posix): compiled once per kernel (pthread_once), in the "C" locale so
+    (kiln.lower.regex_posix): compiled once per kernel (pthread_once), in the "C" locale so
     the engine matches the translation's UTF-8 byte sequences whatever the process locale;
     REG_STARTEND lets it read kiln_str bytes without a terminating NUL."""
     import hashlib
 
     from kiln.codegen.strings import c_bytes
-    from kiln.ops.regex_posix import RegexError, re2_to_ere
+    from kiln.lower.regex_posix import RegexError, re2_to_ere
     pattern = ctx.attr("pattern")
     pattern = pattern.decode("utf-8", "surrogateescape") if isinstance(pattern, bytes) else str(pattern)
     try:

@@ -1,0 +1,364 @@
+"""Native lowerings of the resampling and geometry ops (kiln.ops.image).
+
+Resize/Upsample is a C kernel whose per-axis tap tables (`_axis_taps`, shared with the
+reference) are computed at compile time and baked into the source; RoiAlign is a C
+kernel (its sample counts depend on the boxes); Col2Im, AffineGrid and GridSample are
+compute definitions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.ops.image import _ROI_GRID_MAX, _axis_taps, _grid_attrs, _params, _passes, _plan, _resize_inputs
+from kiln.ops.nn import attr_str, window
+from kiln.ops.registry import lowering
+
+
+def c_double(v: float) -> str:
+    """A C literal for a double (hex, exact)."""
+    v = float(v)
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    return v.hex()
+
+
+def c_table(name: str, ctype: str, values) -> str:
+    vals = list(values)
+    lits = [c_double(v) if ctype == "double" else str(int(v)) for v in vals] or ["0"]
+    rows = [", ".join(lits[i:i + 16]) for i in range(0, len(lits), 16)]
+    return f"  static const {ctype} {name}[{max(len(vals), 1)}] = {{\n    " + ",\n    ".join(rows) + "};\n"
+
+
+def c_store_cast(dt: DType, expr: str) -> str:
+    """C expression converting double `expr` to dtype `dt` as `_cast_back` does."""
+    if dt.is_float:
+        return f"({dt.c})({expr})"
+    info = np.iinfo(dt.np)
+    lo, hi = c_double(float(info.min)), c_double(float(info.max))
+    return f"({dt.c})fmin(fmax(rint({expr}), {lo}), {hi})"
+
+
+def _resize_value_getter(ctx, p):
+    def get(i):
+        if not ctx.has_input(i):
+            return None
+        v = ctx.value(i)
+        if v is not None:
+            return v
+        t = ctx.input_types[i]
+        if t is not None and t.shape is not None and math.prod(t.shape) == 0:
+            return np.zeros(0, np.float32)
+        is_roi = ctx.node.op == "Resize" and ctx.opset >= 11 and i == 1
+        if is_roi and p["ctm"] != "tf_crop_and_resize":
+            return None
+        what = {1: "roi" if is_roi else "scales", 2: "scales", 3: "sizes"}.get(i, f"input {i}")
+        ctx.fail(f"{ctx.node.op} needs its {what} known at compile time for native code "
+                 f"(input {i} is computed at run time)")
+    return get
+
+
+def _resize_lower(ctx, x, *rest):
+    p = _params(ctx)
+    scales, sizes, roi = _resize_inputs(ctx, _resize_value_getter(ctx, p))
+    plan = _plan(ctx, list(x.shape), scales, sizes, roi)
+    if plan is None:
+        ctx.fail("neither scales nor sizes given")
+    shape = list(x.shape)
+    if [int(v) for v in plan[0]] != list(ctx.out_shape(0)):
+        ctx.fail(f"resize plan gives shape {plan[0]}, inference says {ctx.out_shape(0)}")
+    n_in = math.prod(shape)
+    body = [f"  const int64_t n0 = {n_in};\n",
+            f"  double* cur = (double*)malloc((size_t)(n0 > 0 ? n0 : 1) * sizeof(double));\n",
+            "  if (!cur) return -1;\n",
+            "  for (int64_t i = 0; i < n0; ++i) cur[i] = (double)in0[i];\n"]
+    for k, (a, out_len, s, axis_roi) in enumerate(_passes(ctx, plan, shape, p)):
+        in_len = shape[a]
+        idx, w, outside = _axis_taps(in_len, out_len, s, axis_roi, p)
+        taps = idx.shape[1]
+        outer, inner = math.prod(shape[:a]), math.prod(shape[a + 1:])
+        shape[a] = out_len
+        n_out = math.prod(shape)
+        body.append(c_table(f"I{k}", "int64_t", idx.ravel()))
+        if w is not None:
+            body.append(c_table(f"W{k}", "double", w.ravel()))
+        has_out = outside is not None and bool(outside.any())
+        if has_out:
+            body.append(c_table(f"O{k}", "uint8_t", outside.astype(np.uint8)))
+        if w is None:
+            val = f"cur[(o * {in_len} + I{k}[j]) * {inner} + i]"
+        else:
+            terms = [f"W{k}[j * {taps} + {t}] * cur[(o * {in_len} + I{k}[j * {taps} + {t}]) * {inner} + i]"
+                     for t in range(taps)]
+            val = " + ".join(terms) if taps <= 8 else None
+        if has_out:
+            ext = c_double(p["extrapolation"])
+        body.append(f"  {{ double* nxt = (double*)malloc((size_t){max(n_out, 1)} * sizeof(double));\n"
+                    f"  if (!nxt) {{ free(cur); return -1; }}\n"
+                    + ("  #pragma omp parallel for schedule(static)\n" if n_out * taps >= 1 << 15 else "")
+                    + f"  for (int64_t oj = 0; oj < {outer * out_len}; ++oj) {{\n"
+                    f"    const int64_t o = oj / {out_len}, j = oj % {out_len};\n"
+                    f"    double* dst = nxt + oj * {inner};\n"
+                    f"    for (int64_t i = 0; i < {inner}; ++i) {{\n")
+        if val is None:
+            body.append(f"      double acc = 0.0;\n"
+                        f"      for (int64_t t = 0; t < {taps}; ++t)\n"
+                        f"        acc += W{k}[j * {taps} + t]\n"
+                        f"               * cur[(o * {in_len} + I{k}[j * {taps} + t]) * {inner} + i];\n")
+            val = "acc"
+        if has_out:
+            val = f"(O{k}[j] ? {ext} : ({val}))"
+        body.append(f"      dst[i] = {val};\n    }}\n  }}\n  free(cur); cur = nxt; }}\n")
+    body.append(f"  for (int64_t i = 0; i < {math.prod(shape)}; ++i) out0[i] = {c_store_cast(x.dtype, 'cur[i]')};\n"
+                "  free(cur);\n  return 0;\n")
+    if x.dtype.c is None:
+        ctx.fail(f"dtype {x.dtype} has no native type")
+    return ctx.extern("".join(body), [x, *rest], [(ctx.out_shape(0), ctx.out_dtype(0))])
+
+
+lowering("Resize")(_resize_lower)
+lowering("Upsample")(_resize_lower)
+
+
+@lowering("Col2Im")
+def _col2im_lower(ctx, x, image_shape, block_shape):
+    from kiln.loops import compute, const, max_, min_, reduce_axis, select, sum_
+    from kiln.ops.nn import _conj, _pool_schedule
+    img_v, blk_v = ctx.value(1), ctx.value(2)
+    if img_v is None or blk_v is None:
+        ctx.fail("Col2Im needs image_shape and block_shape known at compile time for native code")
+    img = [int(v) for v in img_v]
+    blk = [int(v) for v in blk_v]
+    win = window(ctx, img, blk)
+    n = x.shape[0]
+    k = math.prod(blk)
+    nd = len(img)
+    if x.shape[1] % k or x.shape[2] != math.prod(win.out):
+        ctx.fail(f"input shape {tuple(x.shape)} does not fit blocks {blk} over image {img}: "
+                 f"expected dim 1 a multiple of {k} and {math.prod(win.out)} blocks")
+    c = x.shape[1] // k
+    ks = [reduce_axis(b, f"k{i}") for i, b in enumerate(blk)]
+    kstr = [math.prod(blk[i + 1:]) for i in range(nd)]
+    ostr = [math.prod(win.out[i + 1:]) for i in range(nd)]
+
+    def body(b_, ch, *p):
+        conds, lin = [], None
+        for i in range(nd):
+            t = p[i] + win.begin[i] - ks[i] * win.dilations[i]
+            conds += [t >= 0, t < win.out[i] * win.strides[i]] + ([(t % win.strides[i]).eq(0)]
+                                                                  if win.strides[i] > 1 else [])
+            o = min_(max_(t // win.strides[i], 0), win.out[i] - 1)
+            lin = o * ostr[i] if lin is None else lin + o * ostr[i]
+        kl = sum(kv * st for kv, st in zip(ks, kstr))
+        return sum_(select(_conj(conds), x[b_, ch * k + kl, lin], const(0, x.dtype)), ks)
+    y = compute((n, c, *img), body, "col2im")
+    ctx.schedule(_pool_schedule([y], [], nd, n * c * math.prod(img) * k))
+    return y
+
+
+@lowering("AffineGrid")
+def _affine_grid_lower(ctx, theta, size):
+    from kiln.loops import cast, compute, const, select, sum_, reduce_axis
+    sz_v = ctx.value(1)
+    if sz_v is None:
+        ctx.fail("AffineGrid needs its size known at compile time for native code")
+    sz = [int(v) for v in sz_v]
+    n, sp = sz[0], sz[2:]
+    nd = len(sp)
+    if tuple(theta.shape) != (n, nd, nd + 1):
+        ctx.fail(f"theta shape {tuple(theta.shape)} given, expected {(n, nd, nd + 1)} for size {sz}")
+    align = bool(ctx.attr("align_corners", 0))
+    f64 = DType.float64
+
+    def coord(i, L):
+        fi = cast(f64, i)
+        if align:
+            if L == 1:
+                return const(-1.0, f64)
+            v = fi * const(2.0 / (L - 1), f64) + const(-1.0, f64)
+            return select(i.eq(L - 1), const(1.0, f64), v)
+        return (fi * const(2.0, f64) + const(1.0, f64)) / const(float(L), f64) - const(1.0, f64)
+
+    def body(b, *rest):
+        pos, j = rest[:nd], rest[nd]
+        base = [coord(pos[d], sp[d]) for d in reversed(range(nd))] + [const(1.0, f64)]
+        tot = None
+        for kk, bv in enumerate(base):
+            term = bv * cast(f64, theta[b, j, kk])
+            tot = term if tot is None else tot + term
+        return cast(theta.dtype, tot)
+    del sum_, reduce_axis
+    return compute((n, *sp, nd), body, "affine_grid")
+
+
+def _reflect_expr(v, lo: float, hi: float):
+    """Expr form of `_reflect` (float64)."""
+    from kiln.loops import const, floor, fmod, select
+    dt = v.dtype
+    rng = hi - lo
+    if rng <= 0:
+        return const(lo, dt)
+    below, above = v < const(lo, dt), v > const(hi, dt)
+    d = select(below, const(lo, dt) - v, v - const(hi, dt))
+    k = floor(d / const(rng, dt))
+    r = d - k * const(rng, dt)
+    even = fmod(k, const(2.0, dt)).eq(const(0.0, dt))
+    fb = select(even, const(lo, dt) + r, const(hi, dt) - r)
+    fa = select(even, const(hi, dt) - r, const(lo, dt) + r)
+    return select(below, fb, select(above, fa, v))
+
+
+def _cubic_expr(t, a: float):
+    from kiln.loops import const, fabs, select
+    dt = t.dtype
+    t = fabs(t)
+    A = const(a, dt)
+    near = ((A + const(2.0, dt)) * t - (A + const(3.0, dt))) * t * t + const(1.0, dt)
+    far = ((A * t - const(5.0, dt) * A) * t + const(8.0, dt) * A) * t - const(4.0, dt) * A
+    return select(t <= const(1.0, dt), near, select(t < const(2.0, dt), far, const(0.0, dt)))
+
+
+@lowering("GridSample")
+def _grid_sample_lower(ctx, x, grid):
+    import itertools
+    from kiln.loops import cast, compute, const, floor, max_, min_, round_, select
+    from kiln.lower.tensor import float_index
+    mode, pad, align = _grid_attrs(ctx)
+    n, c = x.shape[:2]
+    dims = list(x.shape[2:])
+    nd = len(dims)
+    out_sp = list(grid.shape[1:-1])
+    f64 = DType.float64
+    one, zero = const(1.0, f64), const(0.0, f64)
+
+    def clip(v, lo, hi):
+        return min_(max_(v, const(lo, v.dtype)), const(hi, v.dtype))
+
+    def coord(b, *rest):
+        """The sampling coordinate along spatial dim i, after unnormalizing, rounding and padding."""
+        o, i = rest[:-1], rest[-1]
+        out = None
+        for d, L in enumerate(dims):          # dim d reads grid component nd - 1 - d
+            v = cast(f64, grid[(b, *o, nd - 1 - d)])
+            v = (v + one) / const(2.0, f64) * const(L - 1.0, f64) if align else \
+                ((v + one) * const(float(L), f64) - one) / const(2.0, f64)
+            lo, hi = (0.0, L - 1.0) if align else (-0.5, L - 0.5)
+            if mode == "nearest":
+                v = round_(v)
+            if pad == "border" and mode != "cubic":
+                v = select((v < const(lo, f64)) | (v > const(hi, f64)), clip(v, 0.0, L - 1.0), v)
+            elif pad == "reflection":
+                v = _reflect_expr(v, lo, hi)
+            out = v if out is None else select(i.eq(d), v, out)
+        return out
+    coords = compute((n, *out_sp, nd), coord, "grid_coord")
+
+    def body(b, ch, *o):
+        taps = []
+        for i, L in enumerate(dims):
+            v = coords[(b, *o, i)]
+            if mode == "nearest":
+                taps.append([(v, None)])
+                continue
+            f = floor(v)
+            t = v - f
+            if mode == "linear":
+                taps.append([(f, one - t), (f + one, t)])
+            else:
+                taps.append([(f + const(float(off), f64), _cubic_expr(t - const(float(off), f64), -0.75))
+                             for off in (-1, 0, 1, 2)])
+        total = None
+        for combo in itertools.product(*[range(len(tp)) for tp in taps]):
+            wt, idx = None, []
+            for i, kk in enumerate(combo):
+                iv, w = taps[i][kk]
+                L = dims[i]
+                if pad == "zeros":
+                    ok = cast(f64, (iv >= zero) & (iv < const(float(L), f64)))
+                    w = ok if w is None else w * ok
+                elif pad == "border":
+                    iv = clip(iv, 0.0, L - 1.0)
+                else:
+                    iv = _reflect_expr(iv, *((0.0, L - 1.0) if align else (-0.5, L - 0.5)))
+                ii = float_index(iv, 0, L - 1)
+                idx.append(ii)
+                if w is not None:
+                    wt = w if wt is None else wt * w
+            val = cast(f64, x[(b, ch, *idx)])
+            term = val if wt is None else val * wt
+            total = term if total is None else total + term
+        return cast(x.dtype, total)
+    y = compute((n, c, *out_sp), body, "grid_sample")
+    return y
+
+
+@lowering("RoiAlign")
+def _roi_align_lower(ctx, x, rois, batch_indices):
+    mode = attr_str(ctx, "mode", "avg")
+    if mode not in ("avg", "max"):
+        ctx.fail(f"mode {mode!r} is not avg or max")
+    ph, pw = int(ctx.attr("output_height", 1)), int(ctx.attr("output_width", 1))
+    ratio = int(ctx.attr("sampling_ratio", 0))
+    scale = float(ctx.attr("spatial_scale", 1.0))
+    half = attr_str(ctx, "coordinate_transformation_mode", "half_pixel" if ctx.opset >= 16 else "output_half_pixel")
+    offset = 0.5 if half == "half_pixel" else 0.0
+    nb, c, h, w = x.shape
+    nr = rois.shape[0]
+    avg = mode == "avg"
+    body = f"""  const double scale = {c_double(scale)}, off = {c_double(offset)};
+  for (int64_t r = 0; r < {nr}; ++r) {{
+    const int64_t b = (int64_t)in2[r];
+    if (b < 0 || b >= {nb}) KILN_FAIL(1, b);
+    const double x0 = (double)in1[r * 4 + 0] * scale - off, y0 = (double)in1[r * 4 + 1] * scale - off;
+    const double x1 = (double)in1[r * 4 + 2] * scale - off, y1 = (double)in1[r * 4 + 3] * scale - off;
+    double rw = x1 - x0, rh = y1 - y0;
+    {"" if offset else "if (rw < 1.0) rw = 1.0; if (rh < 1.0) rh = 1.0;"}
+    /* the sampling grid per bin, from run-time coordinates: bounded before any cast (a NaN
+       or huge roi would cast to garbage, or loop for ever) */
+    const double ghd = {ratio} > 0 ? {ratio} : ceil(rh / {ph}), gwd = {ratio} > 0 ? {ratio} : ceil(rw / {pw});
+    if (!(ghd <= {_ROI_GRID_MAX} && gwd <= {_ROI_GRID_MAX})) KILN_FAIL(2, r);
+    const int64_t gh = ghd > 0 ? (int64_t)ghd : 0, gw = gwd > 0 ? (int64_t)gwd : 0;
+    const double cnt = gh * gw > 1 ? (double)(gh * gw) : 1.0;
+    for (int64_t ch = 0; ch < {c}; ++ch) {{
+      const {x.dtype.c}* img = in0 + (b * {c} + ch) * {h * w};
+      for (int64_t i = 0; i < {ph}; ++i) for (int64_t j = 0; j < {pw}; ++j) {{
+        double acc = {"0.0" if avg else "-INFINITY"};
+        for (int64_t iy = 0; iy < gh; ++iy) {{
+          double py = y0 + (i + (iy + 0.5) / gh) * (rh / {ph});
+          const double vy = (py >= -1.0 && py <= {h}) ? 1.0 : 0.0;
+          if (!(py >= 0)) py = 0; else if (py > {h}) py = {h};  /* NaN too: no cast overflow */
+          int64_t ylo = (int64_t)floor(py), yhi; double fy;
+          if (ylo >= {h - 1}) {{ ylo = yhi = {h - 1}; fy = 0.0; }} else {{ yhi = ylo + 1; fy = py - ylo; }}
+          const double wyl = (1 - fy) * vy, wyh = fy * vy;
+          for (int64_t ix = 0; ix < gw; ++ix) {{
+            double px = x0 + (j + (ix + 0.5) / gw) * (rw / {pw});
+            const double vx = (px >= -1.0 && px <= {w}) ? 1.0 : 0.0;
+            if (!(px >= 0)) px = 0; else if (px > {w}) px = {w};
+            int64_t xlo = (int64_t)floor(px), xhi; double fx;
+            if (xlo >= {w - 1}) {{ xlo = xhi = {w - 1}; fx = 0.0; }} else {{ xhi = xlo + 1; fx = px - xlo; }}
+            const double wxl = (1 - fx) * vx, wxh = fx * vx;
+            const double t00 = (double)img[ylo * {w} + xlo] * (wyl * wxl);
+            const double t01 = (double)img[ylo * {w} + xhi] * (wyl * wxh);
+            const double t10 = (double)img[yhi * {w} + xlo] * (wyh * wxl);
+            const double t11 = (double)img[yhi * {w} + xhi] * (wyh * wxh);
+            {"acc += ((t00 + t01) + t10) + t11;" if avg else
+             "double m = fmax(fmax(t00, t01), fmax(t10, t11)); if (m > acc) acc = m;"}
+          }}
+        }}
+        out0[((r * {c} + ch) * {ph} + i) * {pw} + j] =
+            ({x.dtype.c})({"acc / cnt" if avg else "(gh * gw > 0 ? acc : 0.0)"});
+      }}
+    }}
+  }}
+  return 0;
+"""
+    if x.dtype.c is None:
+        ctx.fail(f"dtype {x.dtype} has no native type")
+    errors = {1: f"batch_indices value {{value}} is out of range [0, {nb - 1}]",
+              2: f"roi {{value}} is too large or not finite: more than {_ROI_GRID_MAX} samples per bin side"}
+    return ctx.extern(body, [x, rois, batch_indices], [(ctx.out_shape(0), ctx.out_dtype(0))], errors=errors)

@@ -1,0 +1,169 @@
+"""Native lowerings of the random generators (kiln.ops.random), and the MT19937 seeding
+that elementwise ops' lowerings share.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.ops.registry import lowering
+import kiln.ops.random  # noqa: F401  (registers the ops lowered here)
+
+
+# ---- native lowerings ----
+#
+# A seeded node draws exactly the reference's numbers: the C kernel runs NumPy's PCG64
+# (128-bit LCG, XSL-RR output) from the state `default_rng(seed)` starts in (computed here,
+# at compile time) and turns draws into doubles as NumPy does ((u64 >> 11) * 2^-53). Each
+# call starts again from that state, as the reference does. Without a seed each call seeds
+# from a call counter, the library's load address and the time-stamp counter (x86), so
+# calls and processes draw fresh values. RandomNormal(Like) has no lowering: NumPy's
+# normals come from its ziggurat tables, which kiln does not reproduce.
+
+_PCG_MULT = (2549297995355413924, 4865540595714422341)  # NumPy's PCG64 multiplier (high, low)
+
+
+_ENTROPY = """  static uint64_t calls;
+  uint64_t z = 0x6b696c6e2d726e67ULL ^ (uint64_t)(uintptr_t)&calls
+               ^ (__atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ULL);
+#if defined(__x86_64__) || defined(__i386__)
+  z ^= (uint64_t)__builtin_ia32_rdtsc() * 0xBF58476D1CE4E5B9ULL;
+#endif
+  uint64_t w[4];
+  for (int q = 0; q < 4; ++q) {  /* splitmix64 */
+    uint64_t y = (z += 0x9E3779B97F4A7C15ULL);
+    y = (y ^ (y >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    y = (y ^ (y >> 27)) * 0x94D049BB133111EBULL;
+    w[q] = y ^ (y >> 31);
+  }
+"""  # C: w[0..3], fresh per call and per process (for nodes without a seed)
+
+
+def mt19937_init(seed: int | None) -> str:
+    """C declaring NumPy's legacy MT19937 as `np.random.RandomState(seed)` starts it (the
+    generator Dropout's reference draws its mask from; `seed` taken mod 2^32, None: fresh
+    entropy) and the KILN_MT_DRAW(u) macro: u = the next `random_sample()` double."""
+    init = (_ENTROPY + "  const uint32_t seed = (uint32_t)w[0];\n" if seed is None
+            else f"  const uint32_t seed = {int(seed) % 2 ** 32}U;\n")
+    return init + """  uint32_t mt[624];
+  int mti = 624;
+  mt[0] = seed;
+  for (int q = 1; q < 624; ++q) mt[q] = 1812433253U * (mt[q - 1] ^ (mt[q - 1] >> 30)) + (uint32_t)q;
+#define KILN_MT_NEXT(y) do { \\
+    if (mti >= 624) { \\
+      for (int q = 0; q < 624; ++q) { \\
+        const uint32_t v_ = (mt[q] & 0x80000000U) | (mt[(q + 1) % 624] & 0x7fffffffU); \\
+        mt[q] = mt[(q + 397) % 624] ^ (v_ >> 1) ^ ((v_ & 1U) ? 0x9908b0dfU : 0U); \\
+      } \\
+      mti = 0; \\
+    } \\
+    (y) = mt[mti++]; \\
+    (y) ^= (y) >> 11; (y) ^= ((y) << 7) & 0x9d2c5680U; \\
+    (y) ^= ((y) << 15) & 0xefc60000U; (y) ^= (y) >> 18; \\
+  } while (0)
+#define KILN_MT_DRAW(u) do { \\
+    uint32_t a_, b_; KILN_MT_NEXT(a_); KILN_MT_NEXT(b_); \\
+    (u) = ((double)(a_ >> 5) * 67108864.0 + (double)(b_ >> 6)) * (1.0 / 9007199254740992.0); \\
+  } while (0)
+"""
+
+
+def _pcg_init(ctx) -> str:
+    """C declaring `st`, `inc` (unsigned __int128) and the KILN_DRAW(u) macro (u = next double)."""
+    mask = (1 << 64) - 1
+    if ctx.has_attr("seed"):
+        try:
+            seed = int(np.float32(ctx.attr("seed")).view(np.int32))  # as RunCtx.rng() seeds
+            state = np.random.default_rng(seed).bit_generator.state["state"]
+        except (ValueError, TypeError) as e:
+            ctx.fail(f"seed {ctx.attr('seed')!r} does not seed NumPy's generator: {e}")
+        s, inc = int(state["state"]), int(state["inc"])
+        init = (f"  unsigned __int128 st = ((unsigned __int128){s >> 64}ULL << 64) | {s & mask}ULL;\n"
+                f"  const unsigned __int128 inc = ((unsigned __int128){inc >> 64}ULL << 64) | {inc & mask}ULL;\n")
+    else:
+        init = _ENTROPY + """  unsigned __int128 st = ((unsigned __int128)w[0] << 64) | w[1];
+  const unsigned __int128 inc = ((unsigned __int128)w[2] << 64) | w[3] | 1;
+"""
+    hi, lo = _PCG_MULT
+    return init + f"""  const unsigned __int128 mul = ((unsigned __int128){hi}ULL << 64) | {lo}ULL;
+#define KILN_DRAW(u) do {{ \\
+    st = st * mul + inc; \\
+    uint64_t x_ = (uint64_t)(st >> 64) ^ (uint64_t)st; \\
+    const unsigned r_ = (unsigned)(st >> 122); \\
+    x_ = (x_ >> r_) | (x_ << ((64 - r_) & 63)); \\
+    (u) = (double)(x_ >> 11) * (1.0 / 9007199254740992.0); \\
+  }} while (0)
+"""
+
+
+def _ctype(ctx, dt: DType) -> str:
+    if dt.c is None:
+        ctx.fail(f"output type {dt} has no native (C) type", stage="lower")
+    return dt.c
+
+
+def _uniform_lower(ctx, *inputs):
+    dt = ctx.out_dtype()
+    low, high = float(ctx.attr("low", 0.0)), float(ctx.attr("high", 1.0))
+    if not np.isfinite(high - low):
+        ctx.fail(f"high - low must be finite, got {high} - {low}")
+    n = int(np.prod(ctx.out_shape()))
+    # low + range * u, the product rounded on its own (no FMA), as NumPy computes it
+    body = _pcg_init(ctx) + f"""  for (int64_t i = 0; i < {n}; ++i) {{
+    double u;
+    KILN_DRAW(u);
+    volatile double p = {(high - low).hex()} * u;
+    out0[i] = ({_ctype(ctx, dt)})({low.hex()} + p);
+  }}
+  return 0;
+#undef KILN_DRAW"""
+    return ctx.extern(body, list(inputs), [(ctx.out_shape(), dt)])
+
+
+lowering("RandomUniform")(_uniform_lower)
+lowering("RandomUniformLike")(_uniform_lower)
+
+
+@lowering("Bernoulli")
+def _bernoulli_lower(ctx, p):
+    dt = ctx.out_dtype()
+    n = int(np.prod(ctx.out_shape()))
+    body = _pcg_init(ctx) + f"""  for (int64_t i = 0; i < {n}; ++i) {{
+    double u;
+    KILN_DRAW(u);
+    out0[i] = ({_ctype(ctx, dt)})(u < (double)in0[i]);
+  }}
+  return 0;
+#undef KILN_DRAW"""
+    return ctx.extern(body, [p], [(ctx.out_shape(), dt)])
+
+
+@lowering("Multinomial")
+def _multinomial_lower(ctx, logits):
+    dt = ctx.out_dtype()
+    rows, classes = ctx.input_types[0].shape
+    samples = int(ctx.attr("sample_size", 1))
+    if classes < 1:
+        ctx.fail("Multinomial needs at least one class")
+    body = _pcg_init(ctx) + f"""  double* cdf = (double*)malloc(sizeof(double) * ({classes} + 1));
+  if (!cdf) return -1;
+  for (int64_t r = 0; r < {rows}; ++r) {{
+    const {ctx.input_types[0].dtype.c}* z = in0 + r * {classes};
+    double m = -INFINITY, s = 0;
+    for (int64_t c = 0; c < {classes}; ++c) m = ((double)z[c] > m || z[c] != z[c] || m != m) ? (m != m ? m : (double)z[c]) : m;
+    for (int64_t c = 0; c < {classes}; ++c) {{ s += exp((double)z[c] - m); cdf[c] = s; }}
+    for (int64_t k = 0; k < {samples}; ++k) {{
+      double u;
+      KILN_DRAW(u);
+      u = u * cdf[{classes} - 1];
+      int64_t lo = 0, hi = {classes};
+      if (u != u) lo = {classes};
+      else while (lo < hi) {{ const int64_t mid = lo + (hi - lo) / 2; if (cdf[mid] <= u) lo = mid + 1; else hi = mid; }}
+      out0[r * {samples} + k] = ({_ctype(ctx, dt)})(lo < {classes - 1} ? lo : {classes - 1});
+    }}
+  }}
+  free(cdf);
+  return 0;
+#undef KILN_DRAW"""
+    return ctx.extern(body, [logits], [(ctx.out_shape(), dt)])
