@@ -485,6 +485,34 @@ for _ov in ("dim", "dims", "default"):
         TABLE[getattr(aten.all, _ov)] = _reduce("ReduceMin", via=DType.int32)
 
 
+@reg(aten.linalg_vector_norm.default)
+def _vector_norm(t, n, x, ord=2, dim=None, keepdim=False, dtype=None):
+    """The p-norm over `dim`: ReduceL1/ReduceL2 for p = 1, 2, max/min of |x| for +-inf, the
+    count of non-zeros for 0, and (sum |x|^p)^(1/p) otherwise."""
+    dt = t.out_dtype(n)
+    x = t.b.cast(x, dt)
+    if t.b.rank(x) == 0:
+        x = t.b.op("Unsqueeze", [x, t.b.i64([0])])
+        dim, keepdim, scalar = None, False, True
+    else:
+        scalar = False
+    ax = t.b.i64(_axes(t, x, dim))
+    keep = int(bool(keepdim))
+    p = float(ord)
+    if p == 2:
+        y = t.b.op("ReduceL2", [x, ax], keepdims=keep)
+    elif p == 1:
+        y = t.b.op("ReduceL1", [x, ax], keepdims=keep)
+    elif math.isinf(p):
+        y = t.b.op("ReduceMax" if p > 0 else "ReduceMin", [t.b.op("Abs", [x]), ax], keepdims=keep)
+    elif p == 0:
+        y = t.b.op("ReduceSum", [t.b.cast(_truth(t, x), dt), ax], keepdims=keep)
+    else:
+        s = t.b.op("ReduceSum", [t.b.op("Pow", [t.b.op("Abs", [x]), t.tensor(p, dt)]), ax], keepdims=keep)
+        y = t.b.op("Pow", [s, t.tensor(1 / p, dt)])
+    return y if not scalar or t.b.rank(y) == 0 else t.b.op("Squeeze", [y, t.b.i64([0])])
+
+
 @reg(aten.var.correction)
 def _var(t, n, x, dims=None, correction=None, keepdim=False, **kw):
     return _var_mean(t, n, x, dims, correction=correction, keepdim=keepdim)[0]

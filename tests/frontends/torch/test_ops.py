@@ -151,6 +151,10 @@ CASES = {
     "max_dim": (lambda x: x.max(1), lambda: (rnd(3, 5),)),
     "min_dim": (lambda x: x.min(0, keepdim=True), lambda: (rnd(3, 5),)),
     "argmax": (lambda x: torch.argmax(x, -1) + torch.argmin(x, 0).sum() + torch.argmax(x), lambda: (rnd(3, 5),)),
+    "vector_norm": (lambda x: torch.linalg.vector_norm(x, dim=-1) + torch.linalg.vector_norm(x, 1, dim=0).sum()
+                    + torch.linalg.vector_norm(x, float("inf")) + torch.linalg.vector_norm(x, -float("inf"), dim=1, keepdim=True)
+                    + torch.linalg.vector_norm(x, 3.0, dim=(0, 1)) + torch.linalg.vector_norm(x, 0), lambda: (rnd(3, 5),)),
+    "weight_norm_linear": (torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(5, 4), dim=0), lambda: (rnd(3, 5),)),
     "cumsum": (lambda x: torch.cumsum(x, 1), lambda: (rnd(3, 5),)),
     "cumsum_int": (lambda x: torch.cumsum(x, 0), lambda: (rnd(6, dtype=I32),)),
     "topk": (lambda x: torch.topk(x, 2, dim=1), lambda: (torch.randperm(20).float().view(4, 5),)),
