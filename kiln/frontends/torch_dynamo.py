@@ -2,13 +2,15 @@
 
 Registered through the `torch_dynamo_backends` entry point (pyproject.toml), so
 no import is needed. Dynamo hands over one FX graph per captured region;
-graph breaks run in eager torch between them. For each graph, kiln
-specialises and caches: on a call with input shapes (and values of symbolic
-ints) it has not seen, the graph is exported with those shapes (non-strict
-torch.export, decomposed to core ATen like `kiln.compile`'s path), translated
-and compiled; a later call with those shapes reuses it.
-So Dynamo's dynamic shapes never make Dynamo recompile, and returning to an
-earlier shape compiles nothing.
+graph breaks run in eager torch between them. Each graph is exported on its
+first call (non-strict torch.export, decomposed to core ATen like
+`kiln.compile`'s path), translated and compiled. The dims Dynamo made
+symbolic (dynamic=True, mark_dynamic, or its automatic dynamic shapes after a
+second size) are exported as symbolic dims and stay kiln symbols, and the
+sizes Dynamo passes as int inputs are read from the tensors' shapes: one kiln
+compile serves every size Dynamo's guards admit. A call outside what a
+compile assumed (`Signature`: a static dim torch.export specialised, another
+dtype, a changed parameter) compiles once more, cached.
 
 Parameters and buffers (Dynamo passes them as graph inputs) become kiln
 constants, and the cache key holds their identity and version counter, so an
@@ -62,31 +64,27 @@ def constant_inputs(gm: torch.fx.GraphModule) -> list[bool]:
 
 
 class KilnGraph:
-    """One Dynamo graph: kiln compiles per input signature, cached."""
+    """One Dynamo graph: kiln compiles once per input signature (`Signature`), cached.
+
+    Dims that Dynamo made symbolic (dynamic=True, mark_dynamic, or its automatic dynamic
+    shapes) are exported as symbolic dims and stay kiln symbols, so one kiln compile
+    serves every size Dynamo's guards let through."""
 
     def __init__(self, gm: torch.fx.GraphModule, const: list[bool], options: dict):
         self.gm = gm
         self.const = const
+        self.scalars = [wrapped_scalar(ph) for ph in placeholders(gm)]  # (Dynamo drops grapharg later)
         self.options = options
-        self.cache: dict[tuple, tuple] = {}
+        self.entries: list[tuple] = []  # (Signature, compiled, out spec, fed arg indices)
         self.compiles = 0  # kiln compiles made (tests read it: no recompile for a shape seen before)
-
-    def key(self, args) -> tuple:
-        k = []
-        for a, c in zip(args, self.const):
-            if isinstance(a, torch.Tensor):
-                k.append((id(a), a._version) if c else (tuple(a.shape), a.dtype))
-            else:
-                k.append(a)
-        return tuple(k)
 
     def __call__(self, *args):
         check_inference(args)
-        key = self.key(args)
-        entry = self.cache.get(key)
+        entry = next((e for e in self.entries if e[0].matches(args)), None)
         if entry is None:
-            entry = self.cache[key] = self.compile(args)
-        compiled, spec, feed = entry
+            entry = self.compile(args)
+            self.entries.append(entry)
+        _, compiled, spec, feed = entry
         from kiln.frontends.torch import from_array, to_array
         outs = compiled(*[to_array(args[i]) for i in feed]) if feed else compiled()
         outs = list(outs) if isinstance(outs, tuple) else [outs]
@@ -95,21 +93,143 @@ class KilnGraph:
     def compile(self, args) -> tuple:
         from kiln.compiler import compile as kiln_compile
         from kiln.frontends.torch import translate_exported
-        ep = export_graph(self.gm, args)
-        fixed = [a if c or not isinstance(a, torch.Tensor) else None for a, c in zip(args, self.const)]
+        gm, kept, values = simplify_inputs(self.gm, args, self.scalars)
+        args_k = [args[i] for i in kept]
+        const = [self.const[i] for i in kept]
+        dims = [symbolic_axes(ph) if isinstance(a, torch.Tensor) and not c else None
+                for ph, a, c in zip(placeholders(gm), args_k, const)]
+        ep = export_graph(gm, args_k, dims)
+        fixed = [a if c or not isinstance(a, torch.Tensor) else None for a, c in zip(args_k, const)]
         graph = translate_exported(ep, fixed=fixed)
         compiled = kiln_compile(graph, **self.options)
         self.compiles += 1
-        feed = [i for i, f in enumerate(fixed) if f is None]
-        return compiled, ep.call_spec.out_spec, feed
+        feed = [kept[i] for i, f in enumerate(fixed) if f is None]
+        sig = Signature.of(args, self.const, kept, {i: v.type.shape for i, v in zip(feed, graph.inputs)}, values)
+        return sig, compiled, ep.call_spec.out_spec, feed
 
 
-def export_graph(gm: torch.fx.GraphModule, args):
-    """`gm` exported with these concrete inputs (torch.export, non-strict: no second Dynamo
-    trace) and decomposed to core ATen, as kiln.compile does for a module."""
+class Signature:
+    """What a compiled graph assumes of its call: per fed tensor its dtype and kiln shape (ints,
+    and symbols that must bind consistently), per constant (parameter) its identity and version
+    (an in-place update or another module instance compiles afresh), per python number its value
+    (also of a number Dynamo wraps in a 0-d tensor).
+    Sizes Dynamo passes as ints but kiln reads from a tensor's shape are not part of it."""
+
+    def __init__(self, items: list):
+        self.items = items  # (arg index, kind, expected)
+
+    @classmethod
+    def of(cls, args, const, kept, shapes, values) -> "Signature":
+        items = [(i, "scalar", v) for i, v in values.items()]
+        for i in kept:
+            a = args[i]
+            if i in shapes:
+                items.append((i, "shape", (a.dtype, tuple(shapes[i]))))
+            elif isinstance(a, torch.Tensor):
+                items.append((i, "const" if const[i] else "tensor", (id(a), a._version)))
+            else:
+                items.append((i, "value", a))
+        return cls(items)
+
+    def matches(self, args) -> bool:
+        bound: dict = {}
+        for i, kind, want in self.items:
+            a = args[i]
+            if kind == "shape":
+                dtype, shape = want
+                if not isinstance(a, torch.Tensor) or a.dtype != dtype or a.dim() != len(shape):
+                    return False
+                for d, w in zip(a.shape, shape):
+                    if isinstance(w, int):
+                        if d != w:
+                            return False
+                    elif bound.setdefault(w, d) != d:
+                        return False
+            elif kind in ("const", "tensor"):
+                if not isinstance(a, torch.Tensor) or (id(a), a._version) != want:
+                    return False
+            elif kind == "scalar":
+                if not isinstance(a, torch.Tensor) or a.item() != want:
+                    return False
+            elif a != want or type(a) is not type(want):
+                return False
+        return True
+
+
+def placeholders(gm: torch.fx.GraphModule) -> list:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _example(n):
+    return n.meta.get("example_value", n.meta.get("val"))
+
+
+def symbolic_axes(ph) -> dict | None:
+    """{axis: Dim.AUTO} for the dims of a Dynamo graph input that Dynamo made symbolic."""
+    v = _example(ph)
+    if not isinstance(v, torch.Tensor):
+        return None
+    axes = {a: torch.export.Dim.AUTO for a, d in enumerate(v.shape)
+            if isinstance(d, torch.SymInt) and not d.node.expr.is_number}
+    return axes or None
+
+
+def _is_item(n) -> bool:
+    return (n.op == "call_method" and n.target == "item") or \
+        (n.op == "call_function" and n.target in (torch.ops.aten.item.default, torch.Tensor.item))
+
+
+def wrapped_scalar(ph) -> bool:
+    """A python number Dynamo passes as a 0-d tensor (dynamic=True leaves floats such as a
+    LayerNorm's eps unspecialised); the graph reads it with .item()."""
+    ga = ph.meta.get("grapharg")
+    return bool(getattr(ga, "pass_arg_as_tensor", False))
+
+
+def simplify_inputs(gm: torch.fx.GraphModule, args, scalars: list[bool]):
+    """A copy of `gm` that takes fewer non-tensor inputs; the indices of the inputs it keeps;
+    the values it fixed ({input index: python number}).
+
+    A size input (a SymInt placeholder that Dynamo passes next to the tensor it measures)
+    is read from that tensor's shape, so it stays symbolic and kiln's graph takes tensors
+    only. A wrapped python number's `.item()` becomes its value in this call (kiln
+    specialises on it: `Signature` holds the value)."""
+    phs = placeholders(gm)
+    dims = {}
+    for ph in phs:
+        v = _example(ph)
+        if isinstance(v, torch.Tensor):
+            for a, d in enumerate(v.shape):
+                if isinstance(d, torch.SymInt) and not d.node.expr.is_number:
+                    dims.setdefault(d.node.expr, (ph, a))
+    sizes = {ph: dims[_example(ph).node.expr] for ph in phs
+             if isinstance(_example(ph), torch.SymInt) and _example(ph).node.expr in dims}
+    values = {k: args[k].item() for k, ph in enumerate(phs)
+              if scalars[k] and any(_is_item(u) for u in ph.users)}
+    items = {u: values[k] for k, ph in enumerate(phs) if k in values for u in ph.users if _is_item(u)}
+    if not sizes and not items:
+        return gm, list(range(len(phs))), {}
+    dropped = set(sizes) | {ph for k, ph in enumerate(phs) if k in values and all(u in items for u in ph.users)}
+    g = torch.fx.Graph()
+    env = dict(items)
+    last = [ph for ph in phs if ph not in dropped][-1] if len(dropped) < len(phs) else None
+    for n in gm.graph.nodes:
+        if n in dropped or n in items:
+            continue
+        env[n] = g.node_copy(n, lambda x: env[x])
+        if n is last:
+            for ph, (src, axis) in sizes.items():
+                env[ph] = g.call_function(torch.ops.aten.sym_size.int, (env[src], axis))
+    return torch.fx.GraphModule(gm, g), [k for k, ph in enumerate(phs) if ph not in dropped], values
+
+
+def export_graph(gm: torch.fx.GraphModule, args, dynamic: list | None = None):
+    """`gm` exported with these inputs (torch.export, non-strict: no second Dynamo trace),
+    its symbolic dims as `dynamic` says, and decomposed to core ATen as kiln.compile does."""
+    shapes = tuple(dynamic) if dynamic and any(d is not None for d in dynamic) else None
     with torch.no_grad():
         try:
-            return torch.export.export(gm, tuple(args), strict=False).run_decompositions()
+            return torch.export.export(gm, tuple(args), dynamic_shapes=shapes, strict=False).run_decompositions()
         except Exception as e:
             raise KilnError(f"exporting the Dynamo graph failed: {type(e).__name__}: "
                             f"{str(e).strip()[:2000]}", stage=STAGE) from e

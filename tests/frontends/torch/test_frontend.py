@@ -142,7 +142,48 @@ def test_dynamic_shapes_no_recompile_on_return():
             x = torch.randn(n, 8)
             torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
     assert len(rec.graphs) == 1  # Dynamo compiled once (symbolic batch)
-    assert rec.graphs[0].compiles == 2  # kiln: once per shape, none on return to a shape seen
+    assert rec.graphs[0].compiles == 1  # kiln: once, with a symbolic batch
+
+
+@pytest.mark.parametrize("how", ["dynamic", "mark_dynamic", "automatic"])
+def test_symbolic_batch_and_sequence_compile_once(how):
+    """Dynamo's symbolic dims stay kiln symbols: one kiln compile serves every size."""
+    from tests.frontends.torch.zoo import MODELS
+    torch.manual_seed(0)
+    m, _ = MODELS["gpt"]()
+    m.eval()
+    rec = Recorder()
+    cm = torch.compile(m, backend=rec, dynamic=True if how == "dynamic" else None)
+    sizes = [(2, 5), (3, 9), (2, 12), (4, 7), (2, 5)]
+    with torch.no_grad():
+        for b, s in sizes:
+            ids = torch.randint(0, 100, (b, s))
+            if how == "mark_dynamic":
+                torch._dynamo.mark_dynamic(ids, 0)
+                torch._dynamo.mark_dynamic(ids, 1)
+            torch.testing.assert_close(cm(ids), m(ids), rtol=1e-3, atol=1e-4)
+    # automatic dynamic: Dynamo's first graph is static, its second symbolic (Dynamo's recompile)
+    assert len(rec.graphs) == (2 if how == "automatic" else 1)
+    assert [g.compiles for g in rec.graphs] == [1] * len(rec.graphs)
+    shape = rec.graphs[-1].entries[0][1].inputs[0].shape
+    assert all(isinstance(d, str) for d in shape), shape
+
+
+def test_size_inputs_are_read_from_shapes():
+    """A size Dynamo passes as an int input is read from its tensor: the kiln graph takes tensors."""
+    class Fold(torch.nn.Module):
+        def forward(self, x):
+            b, t, c = x.shape
+            return x.reshape(b * t, c).softmax(-1).reshape(b, t, c) * t
+    rec = Recorder()
+    cm = torch.compile(Fold(), backend=rec, dynamic=True)
+    for shape in [(2, 3, 4), (5, 2, 4)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(cm(x), Fold()(x))
+    (g,) = rec.graphs
+    assert g.compiles == 1
+    compiled = g.entries[0][1]
+    assert [i.kind for i in compiled.inputs] == ["tensor"]
 
 
 def test_parameters_changed_in_place_are_seen():
