@@ -17,6 +17,7 @@ _LAZY = {
     "load": "kiln.runtime.artifact",
     "CompiledModel": "kiln.runtime.model",
     "TensorSpec": "kiln.runtime.model",
+    "Target": "kiln.targets.target",
 }
 
 __all__ = ["KilnError", "UnsupportedOpsError", "__version__", *_LAZY]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.targets.target import host_cores
 
 PEERS = ("ort", "torch")
 
@@ -158,7 +159,7 @@ def bench_model(path: str, *, peers=("ort",), threads: int | None = None, runs: 
     bad = [p for p in peers if p not in PEERS]
     if bad:
         raise KilnError(f"unknown peer(s) {bad}; choose from {list(PEERS)}")
-    threads = threads or os.cpu_count() or 1
+    threads = threads or host_cores()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # read when kiln's first library loads libgomp
     with step(f"importing {path}"):
         graph = kiln.load_onnx(path)

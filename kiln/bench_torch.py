@@ -18,6 +18,7 @@ import numpy as np
 
 from kiln.bench import BenchResult, compare, compile_cold_warm, stats, time_interleaved
 from kiln.errors import KilnError
+from kiln.targets.target import host_cores
 
 TORCH_PEERS = ("torch", "inductor")
 
@@ -55,7 +56,7 @@ def bench_torch_file(path: str, *, peers=("torch",), threads: int | None = None,
     bad = [p for p in peers if p not in TORCH_PEERS]
     if bad:
         raise KilnError(f"peer(s) {bad} do not run a torch module; choose from {list(TORCH_PEERS)}")
-    threads = threads or os.cpu_count() or 1
+    threads = threads or host_cores()
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     with step(f"loading {path}"):

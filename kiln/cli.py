@@ -69,6 +69,14 @@ def target_option(f):
                         help="Where the code runs (default: cpu).")(f)
 
 
+def cpu_option(f):
+    from kiln.targets.target import NAMED
+    return click.option("--cpu", type=click.Choice(["host", *NAMED]), default=None, metavar="NAME",
+                        help="The CPU to generate code for (default: host, this machine): a name GCC's "
+                             "-march knows, e.g. x86-64-v3 (any AVX2 machine), x86-64-v4, znver4, "
+                             f"sapphirerapids. One of: host, {', '.join(NAMED)}.")(f)
+
+
 def opt_option(f):
     return click.option("-O", "opt_level", type=click.IntRange(0, 3), default=None, metavar="0..3",
                         help="Graph optimization level, -O0 to -O3 "
@@ -93,10 +101,12 @@ def load_graph(path: str):
         return kiln.load_onnx(path)
 
 
-def compile_graph(graph, target: str | None, opt_level: int | None):
+def compile_graph(graph, target: str | None, opt_level: int | None, cpu: str | None = None):
     options = {} if opt_level is None else {"opt_level": opt_level}
+    if cpu is not None:
+        options["cpu"] = cpu
     target = target or "cpu"
-    with progress(f"compiling {len(graph.nodes)} nodes for {target}"):
+    with progress(f"compiling {len(graph.nodes)} nodes for {target}" + (f" ({cpu})" if cpu else "")):
         return kiln.compile(graph, target=target, **options)
 
 
@@ -205,6 +215,7 @@ def cli(debug: bool, max_memory, max_constant, max_trip_count):
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Artifact to write (default: MODEL's name with .kiln, unless --emit is given).")
 @target_option
+@cpu_option
 @opt_option
 @dim_option
 @click.option("--emit", type=click.Choice(STAGES),
@@ -214,12 +225,13 @@ def cli(debug: bool, max_memory, max_constant, max_trip_count):
 @click.option("--name", metavar="NAME",
               help="The artifact's C name: its library's symbols and header macros start with it "
                    "(NAME_run, NAME_WEIGHTS_BYTES; default: MODEL's file name made a C identifier).")
-def compile_cmd(model, output, target, opt_level, dims, emit, emit_to, name):
+def compile_cmd(model, output, target, cpu, opt_level, dims, emit, emit_to, name):
     """Compile MODEL (.onnx) into a deployable .kiln artifact, or show one of its stages.
 
     The artifact is a zip holding the native library, its C header and source,
     the weights and a JSON manifest; `kiln run` and `kiln.load` run it. It holds one
-    specialisation: symbolic dims need --dim NAME=SIZE.
+    specialisation: symbolic dims need --dim NAME=SIZE. It runs on CPUs with the
+    features of --cpu (default: this machine's); the manifest records which.
     """
     from kiln.stages import stage_text
     if emit_to and not emit:
@@ -234,7 +246,7 @@ def compile_cmd(model, output, target, opt_level, dims, emit, emit_to, name):
         show(stage_text(graph, None, "graph", dims), emit_to)
         if output is None:
             return
-    compiled = compile_graph(graph, target, opt_level)
+    compiled = compile_graph(graph, target, opt_level, cpu)
     if emit not in (None, "graph"):
         with progress(f"making the {emit} stage"):
             text = stage_text(graph, compiled, emit, dims)
@@ -545,7 +557,7 @@ def show_manifest(path: str, m: dict) -> None:
         ["members", "each matches its SHA256SUMS line"],
         ["made by", f"kiln {m['kiln_version']}"],
         ["source", m["source"].get("file") or "-"], ["source sha256", m["source"].get("sha256") or "-"],
-        ["target", f"{t['name']} {t['arch']} ({t['cflags']})"],
+        ["target", f"{t['name']} {t.get('cpu', '')} {t['arch']} ({t['cflags']})"],
         ["needs cpu features", " ".join(t["features"]) or "-"],
         ["entry", m["entry"]], ["kernels", len(m["kernels"])],
         ["weights", fmt_bytes(m["weights_bytes"])], ["workspace arena", fmt_bytes(m["workspace_bytes"])]]))

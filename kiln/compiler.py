@@ -26,10 +26,15 @@ def to_graph(model: Any) -> Graph:
                     "an onnx.ModelProto or a kiln Graph")
 
 
-def compile(model: Any, target: str = "cpu", *, opt_level: int | None = None, report: bool = False,  # noqa: A001
-            limits: Limits | dict | None = None, example_inputs=None, dynamic_shapes=None,
-            **options) -> CompiledModel:
+def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int | None = None,  # noqa: A001
+            report: bool = False, limits: Limits | dict | None = None, example_inputs=None,
+            dynamic_shapes=None, **options) -> CompiledModel:
     """Compile a model for `target` and return a runnable CompiledModel.
+
+    `target`: "cpu" (native code), "interpreter" (the NumPy reference), or a CPU to build
+    native code for: a kiln.targets.Target or a CPU name (`x86-64-v3`, `znver4`, ...).
+    `cpu`: the same CPU choice with target "cpu" (default: this host, -march=native); the
+    code then runs on any CPU with that CPU's features.
 
     A torch.nn.Module (or torch.export.ExportedProgram) is exported with
     `example_inputs` (and torch.export's `dynamic_shapes`) and translated by
@@ -41,8 +46,7 @@ def compile(model: Any, target: str = "cpu", *, opt_level: int | None = None, re
     `limits` caps constants, planned memory and loop trip counts (kiln.limits:
     a Limits, or a dict overriding some of the defaults), at compile and run time.
     """
-    if target not in TARGETS:
-        raise KilnError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+    target, cpu = _split_target(target, cpu)
     if options:
         raise KilnError(f"unknown compile option(s) {sorted(options)}")
     if opt_level is None:
@@ -51,15 +55,30 @@ def compile(model: Any, target: str = "cpu", *, opt_level: int | None = None, re
     if _is_torch(model):
         from kiln.frontends.torch import compile_torch  # noqa: PLC0415
         return compile_torch(model, target, example_inputs=example_inputs, dynamic_shapes=dynamic_shapes,
-                             opt_level=opt_level, report=report, limits=limits)
+                             opt_level=opt_level, report=report, limits=limits, cpu=cpu)
     if example_inputs is not None or dynamic_shapes is not None:
         raise KilnError("example_inputs and dynamic_shapes are for torch modules; an ONNX model "
                         "declares its own input shapes")
     lim = Limits.of(limits)
     with use_limits(lim):
-        compiled = _compile(model, target, opt_level, report)
+        compiled = _compile(model, target, opt_level, report, cpu)
     compiled.limits = lim
     return compiled
+
+
+def _split_target(target: Any, cpu: Any):
+    """("cpu" | "interpreter", the CPU Target or None): a CPU given as `target` means "cpu"."""
+    from kiln.targets.target import NAMED, Target  # noqa: PLC0415
+    if isinstance(target, Target) or (isinstance(target, str) and target in (*NAMED, "host", "native")):
+        if cpu is not None:
+            raise KilnError(f"target {target!r} is already a CPU; leave cpu= out")
+        return "cpu", Target.of(target)
+    if target not in TARGETS:
+        raise KilnError(f"unknown target {target!r}; choose one of {list(TARGETS)} or a CPU name "
+                        f"({', '.join(sorted(NAMED))})")
+    if cpu is not None and target != "cpu":
+        raise KilnError(f"cpu={cpu!r} is for target 'cpu', not {target!r}")
+    return target, None if cpu is None else Target.of(cpu)
 
 
 def _is_torch(model: Any) -> bool:
@@ -71,16 +90,18 @@ def _is_torch(model: Any) -> bool:
     return is_torch_model(model)
 
 
-def _compile(model: Any, target: str, opt_level: int, report: bool) -> CompiledModel:
+def _compile(model: Any, target: str, opt_level: int, report: bool, cpu=None) -> CompiledModel:
     from kiln.passes import CompileReport, run_passes  # noqa: PLC0415
+    from kiln.targets.target import Target  # noqa: PLC0415
+    cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
     source = to_graph(model)
-    graph, stats = run_passes(source, opt_level)
+    graph, stats = run_passes(source, opt_level, target=cpu)
     if target == "interpreter":
         compiled = InterpretedModel(graph)
     else:
         from kiln.targets.cpu import CpuModel
         compiled = CpuModel(graph, [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs],
-                            source, opt_level)
+                            source, opt_level, cpu)
     if report:
         compiled.report = CompileReport(opt_level, stats,
                                         per_shape=getattr(compiled, "program", None) is not None

@@ -24,10 +24,10 @@ from kiln.codegen.header import Port, emit_header
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.runtime import artifact
-from kiln.runtime.cpu import cpu_features, machine
 from kiln.runtime.inputs import bind_dims, concrete_shape
 from kiln.runtime.model import CompiledModel
 from kiln.runtime.native import NativeModule
+from kiln.targets.target import Target
 
 
 def bind_shapes(model: CompiledModel, dims: dict[str, int] | None) -> list[tuple[int, ...]]:
@@ -97,13 +97,13 @@ def symbol_prefix(name: str | None, source=None) -> str:
     return "model"
 
 
-def renamed(native: NativeModule, prefix: str, **interface: str) -> tuple[str, Path, str]:
+def renamed(native: NativeModule, prefix: str, target: Target, **interface: str) -> tuple[str, Path, str]:
     """(C source as one unit, library, entry symbol) of `native` with its symbols
     prefixed `prefix`_ and `interface` fields added to what `prefix`_interface reports:
-    rebuilt from the renamed source (cached by content hash)."""
+    rebuilt for `target` from the renamed source (cached by content hash)."""
     units = [with_interface_fields(with_prefix(u, prefix), prefix, **interface)
              for u in split_units(c_source_of(native))]
-    library = compile_c(units)
+    library = compile_c(units, target)
     entry = prefix + native.entry.__name__.removeprefix(DEFAULT_PREFIX)
     return single_unit("".join(units)), library, entry
 
@@ -121,19 +121,19 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
     native = native_module(model, shapes)
     weights = native.weights.tobytes()
     # the library reports its weights' hash: other weights under a rewritten manifest are refused
-    c_source, library, entry = renamed(native, prefix, weights_sha256=hashlib.sha256(weights).hexdigest())
+    target = model.program.target   # the CPU its code was generated for
+    c_source, library, entry = renamed(native, prefix, target, weights_sha256=hashlib.sha256(weights).hexdigest())
     ins = [Port(s.name, DType.from_name(s.dtype), shape) for s, shape in zip(model.inputs, shapes)]
     outs = [Port(s.name, DType.from_numpy(dt), shape)
             for s, (shape, dt) in zip(model.outputs, native.output_types)]
     workspace = native.workspace_bytes
-    cflags = os.environ.get("KILN_CFLAGS") or default_cflags()
+    cflags = os.environ.get("KILN_CFLAGS") or default_cflags(target)
     manifest = {
         "format": artifact.FORMAT,
         "format_version": artifact.FORMAT_VERSION,
         "kiln_version": kiln.__version__,
         "source": _source_info(source),
-        "target": {"name": "cpu", "arch": machine(), "cflags": cflags,
-                   "features": sorted(cpu_features()) if "native" in cflags else []},
+        "target": target_json(target, cflags),
         "name": prefix,
         "entry": entry,
         "files": {"library": artifact.LIBRARY, "header": artifact.HEADER, "source": artifact.SOURCE,
@@ -158,6 +158,14 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
         artifact.WEIGHTS: weights_file,
     })
     return manifest
+
+
+def target_json(target: Target, cflags: str) -> dict:
+    """The manifest's `target`: what the library was built for, and the CPU features the
+    loader requires (the target's own unless $KILN_CFLAGS picked no -march: then none)."""
+    return {"name": "cpu", "arch": target.arch, "cflags": cflags,
+            "features": sorted(target.features) if "-march=" in cflags else [],
+            "cpu": target.name, "key": target.key()}
 
 
 def _port_json(p: Port) -> dict:

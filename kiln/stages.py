@@ -28,5 +28,5 @@ def stage_text(graph, compiled, stage: str, dims: dict[str, int] | None) -> str:
         from kiln.lower.module import lower_graph
         from kiln.lower.specialize import specialize
         g, known = specialize(compiled.graph, shapes, {})
-        return str(lower_graph(g, known).module) + "\n"
+        return str(lower_graph(g, known, compiled.program.target).module) + "\n"
     raise KilnError(f"unknown stage {stage!r}; choose graph, optimized, loops or c")

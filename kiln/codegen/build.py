@@ -1,7 +1,8 @@
 """Compile C source with the system compiler, cache the .so by content hash, load it.
 
-The cache key hashes the source, the compiler command and flags, the compiler's
-version banner and (for -march=native) this CPU's features, so a shared cache dir
+The code is built for a `Target` (kiln.targets.target: its -march and vector width);
+the cache key hashes the source, the compiler command and flags, the compiler's
+version banner and (for -march=native) the target's features, so a shared cache dir
 never serves a library built for another machine. Writes go to a temp file that is
 renamed into place, so concurrent builds of the same source cannot collide. Each
 library's sha256 is recorded beside it (`KEY.sha256`) and checked before the library is
@@ -26,28 +27,21 @@ from kiln.errors import KilnError
 from kiln.runtime import native as _native  # (importing it sets the OpenMP wait policy first)
 from kiln.runtime import strings as _strings
 from kiln.codegen.c import emit_c, emit_c_units, func_symbol
-from kiln.codegen.cpu import cpu_features
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
+from kiln.targets.target import Target, host_cores
 
-DEFAULT_CFLAGS = "-O3 -march=native -fopenmp -fwrapv -fno-math-errno"
+DEFAULT_CFLAGS = "-O3 -fopenmp -fwrapv -fno-math-errno"   # + the target's -march and vector width
 # -fwrapv: generated code relies on signed integer wrapping (index arithmetic on values
 # read from the inputs is range-checked, but may wrap before the check sees it)
 _REQUIRED = ["-shared", "-fPIC", "-std=gnu11", "-fwrapv"]
 
 
-def default_cflags() -> str:
-    """DEFAULT_CFLAGS plus what keeps kiln's register tiles as planned: on x86 the vector
-    width the schedules are sized for, and with GCC no loops turned into library calls.
-
-    -march=native also picks the compiler's tuning, and some tunings prefer narrower
-    vectors than the CPU has (GCC takes an AMD EPYC VM for znver1 and emits 128-bit code
-    for 256-bit register tiles: MLP GEMMs 46 vs 70 GFLOP/s on 2 cores); tiles are sized
-    from `vector_bytes()`, so the code must use that width."""
-    from kiln.codegen.cpu import vector_bytes
-    from kiln.runtime.cpu import machine
-    flags = DEFAULT_CFLAGS
-    if machine() in ("x86_64", "amd64", "i686", "x86"):
-        flags += f" -mprefer-vector-width={vector_bytes() * 8}"
+def default_cflags(target: Target) -> str:
+    """DEFAULT_CFLAGS plus the target's (-march, and on x86 the vector width the register
+    tiles are sized for: Target.arch_flags says why), and with GCC no loops turned into
+    library calls."""
+    march, *more = target.arch_flags()
+    flags = " ".join(["-O3", march, *DEFAULT_CFLAGS.split()[1:], *more])
     if "Free Software Foundation" in compiler_version(tuple(_cc(None))):
         # GCC turns a register tile's zeroing or copy-out loop into memset/memcpy, which
         # takes the tile's address and keeps 8 of a GEMM's 12 accumulators on the stack
@@ -60,9 +54,9 @@ def _cc(cc: str | None) -> list:
     return shlex.split(cc or os.environ.get("KILN_CC") or "cc")
 
 
-def _flags(cflags, cc: list | None = None) -> list:
+def _flags(cflags, target: Target, cc: list | None = None) -> list:
     if cflags is None:
-        cflags = os.environ.get("KILN_CFLAGS") or default_cflags()
+        cflags = os.environ.get("KILN_CFLAGS") or default_cflags(target)
     flags = shlex.split(cflags) if isinstance(cflags, str) else list(cflags)
     flags = flags + [f for f in _REQUIRED if f not in flags] + sanitizer_flags()
     if "-fopenmp" in flags and _has_libmvec(tuple(cc or _cc(None)), tuple(flags)):
@@ -116,17 +110,18 @@ def compiler_version(cc: tuple) -> str:
     return r.stdout.strip()
 
 
-def compile_c(source: str | list[str], cc: str | None = None, cflags=None, libs=()) -> Path:
+def compile_c(source: str | list[str], target: Target, cc: str | None = None, cflags=None,
+              libs=()) -> Path:
     """Build C source (one text, or several translation units compiled in parallel and
-    linked) into a shared library, or find it in the cache; returns its path. `libs`:
-    more libraries to link (names for -l)."""
+    linked) for `target` into a shared library, or find it in the cache; returns its path.
+    `libs`: more libraries to link (names for -l)."""
     units = [source] if isinstance(source, str) else list(source)
     cmd = _cc(cc)
-    flags = _flags(cflags, cmd)
+    flags = _flags(cflags, target, cmd)
     extra = [f"-l{name}" for name in libs]
     native = any("native" in f for f in flags)
     key = hashlib.sha256("\0".join([*units, *cmd, *flags, *extra, compiler_version(tuple(cmd)),
-                                    ",".join(sorted(cpu_features())) if native else ""]).encode()).hexdigest()[:40]
+                                    ",".join(sorted(target.features)) if native else ""]).encode()).hexdigest()[:40]
     out_dir = private_dir("c")
     so = out_dir / f"{key}.so"
     if verified_sha256(so) is not None:
@@ -263,15 +258,19 @@ class CModule:
         return self[name](*arrays)
 
 
-def build_c(module: LoopModule | PrimFunc, cc: str | None = None, cflags=None) -> CModule:
-    """Emit, compile (cached) and load a module; flags default to $KILN_CFLAGS or -O3 -march=native -fopenmp."""
+def build_c(module: LoopModule | PrimFunc, target: Target | None = None, cc: str | None = None,
+            cflags=None) -> CModule:
+    """Emit, compile (cached) and load a module built for `target` (None: this host, for
+    kernels built by hand); flags default to $KILN_CFLAGS or -O3 -march=<target> -fopenmp."""
+    target = Target.of(target)
     if isinstance(module, (PrimFunc, ExternFunc)):
         module = LoopModule([module])
     libs = sorted({lib for f in module.funcs if isinstance(f, ExternFunc) for lib in f.libs})
     for name, header, package in libs:
         require_c_library(name, header, package, tuple(_cc(cc)))
-    units = emit_c_units(module, os.cpu_count() or 1) if len(module.funcs) > 4 else [emit_c(module)]
-    return CModule(module, "\n".join(units), compile_c(units, cc, cflags, [name for name, _, _ in libs]))
+    # one translation unit per core of the building machine (compiled in parallel)
+    units = emit_c_units(module, host_cores()) if len(module.funcs) > 4 else [emit_c(module)]
+    return CModule(module, "\n".join(units), compile_c(units, target, cc, cflags, [name for name, _, _ in libs]))
 
 
 @functools.lru_cache(maxsize=None)

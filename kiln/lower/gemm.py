@@ -51,21 +51,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kiln.codegen.c import STACK_LIMIT
-from kiln.codegen.cpu import cpu_features, vector_lanes
 from kiln.dtypes import DType
 from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
 from kiln.loops.expr import walk
 from kiln.lower.schedules import PARALLEL_MIN_WORK
+from kiln.targets.target import Target
 
 
 PANEL_MAX_BLOCKS = 8  # S blocks per panel: each an unrolled copy of the micro-kernel (compile time)
 PANEL_MIN_BYTES = 1 << 20  # V smaller than this packs at the root: it stays in L2 anyway
-
-
-def vector_registers(features: frozenset | None = None) -> int:
-    """Architectural vector registers: 32 with AVX-512 (or on AArch64), else 16."""
-    f = cpu_features() if features is None else features
-    return 32 if "avx512f" in f or "asimd" in f or "neon" in f else 16
 
 
 def accumulator_dtype(dt: DType) -> DType:
@@ -73,17 +67,17 @@ def accumulator_dtype(dt: DType) -> DType:
     return DType.float32 if dt in (DType.float16, DType.bfloat16) else dt
 
 
-def choose_tile(rows: int, cols: int, dtype: DType, max_padded_rows: int | None = None,
+def choose_tile(rows: int, cols: int, dtype: DType, target: Target, max_padded_rows: int | None = None,
                 nvec: int | None = None, few_rows: bool = False, spill_one: bool = False
                 ) -> tuple[int, int] | None:
-    """(mr, nr) for a rows x cols product: nr = nvec vectors (default two, one when cols
+    """(mr, nr) for a rows x cols product on `target`: nr = nvec vectors (default two, one when cols
     is narrow, four with `few_rows`), mr = as many rows as the registers hold, lowered
     where that pads fewer rows. max_padded_rows: only tiles whose padded row count fits
     (None when none does). few_rows: the S rows alias in the L1 cache (their stride is a
     multiple of 4 KiB), so a dozen of them would evict each other: take fewer rows."""
-    lanes = vector_lanes(dtype.itemsize)
+    lanes, regs = target.vector_lanes(dtype.itemsize), target.vector_registers
     # four vectors only where the registers still hold a useful number of rows (6 of 32)
-    nvec = nvec or (1 if cols <= lanes else 4 if few_rows and cols >= 4 * lanes and vector_registers() >= 32 else 2)
+    nvec = nvec or (1 if cols <= lanes else 4 if few_rows and cols >= 4 * lanes and regs >= 32 else 2)
     # narrow products still use whole vectors (padded columns beat a scalar remainder),
     # unless nearly all lanes would be padding
     nr = lanes * nvec if 2 * cols > lanes else cols
@@ -92,8 +86,8 @@ def choose_tile(rows: int, cols: int, dtype: DType, max_padded_rows: int | None 
     # spill_one: one more row of four vectors all the same (7 x 4 on AVX-512), where fewer
     # row blocks (less B read from L2) pay for the spill: the stored accumulator's
     # load -> FMA -> store chain (~10 cycles) hides under the k step's 28 FMAs (14 cycles)
-    extra = nvec if spill_one and nvec >= 4 and vector_registers() >= 32 else 0
-    budget = max(1, (vector_registers() - nvec - 1 + extra) // nvec)
+    extra = nvec if spill_one and nvec >= 4 and regs >= 32 else 0
+    budget = max(1, (regs - nvec - 1 + extra) // nvec)
     cands = [rows] if rows <= budget else range(max(1, budget // 2), budget + 1)
     cost = {mr: -(-rows // mr) * (mr + 1) for mr in cands
             if max_padded_rows is None or -(-rows // mr) * mr <= max_padded_rows}
@@ -105,7 +99,7 @@ def weight_aliasing(k: int, dtype: DType) -> bool:
     return (k * dtype.itemsize) % 4096 == 0
 
 
-def weight_panel_width(cols: int, k: int, dtype: DType) -> int:
+def weight_panel_width(cols: int, k: int, dtype: DType, target: Target) -> int:
     """nr, the panel width of a B[K, cols] packed ahead of time (kiln::MatMulPacked): what
     `gemm` picks for an A read in place (it depends on the vector width, not on M).
 
@@ -116,7 +110,7 @@ def weight_panel_width(cols: int, k: int, dtype: DType) -> int:
     accumulator, a load and a store per k step: 128x2048 @ 2048x512 ran at 60% of the
     speed of 6 x 2).
     """
-    return choose_tile(1, cols, accumulator_dtype(dtype), few_rows=vector_registers() >= 32)[1]
+    return choose_tile(1, cols, accumulator_dtype(dtype), target, few_rows=target.vector_registers >= 32)[1]
 
 
 def pack_weight(w, nr: int):
@@ -129,12 +123,13 @@ def pack_weight(w, nr: int):
     return np.ascontiguousarray(wp.reshape(k, cp // nr, nr).transpose(1, 0, 2))
 
 
-def _panel_tile(rows: int, cols: int, dtype: DType, tile) -> tuple[int, int] | None:
+def _panel_tile(rows: int, cols: int, dtype: DType, tile, target: Target) -> tuple[int, int] | None:
     """A tile for panel-at-a-time packing: the panel's accumulators fit the stack and
     it has at most PANEL_MAX_BLOCKS row blocks (two-vector tiles first, then one)."""
     for nvec in (2, 1):
-        fit = tile or choose_tile(rows, cols, dtype, nvec=nvec,
-                                  max_padded_rows=STACK_LIMIT // (vector_lanes(dtype.itemsize) * nvec * dtype.itemsize))
+        fit = tile or choose_tile(rows, cols, dtype, target, nvec=nvec,
+                                  max_padded_rows=STACK_LIMIT // (target.vector_lanes(dtype.itemsize) * nvec
+                                                                  * dtype.itemsize))
         if fit is not None and -(-rows // fit[0]) <= PANEL_MAX_BLOCKS \
                 and -(-rows // fit[0]) * fit[0] * fit[1] * dtype.itemsize <= STACK_LIMIT:
             return fit
@@ -293,7 +288,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
          epilogue: Callable | None = None, out_dtype: DType | None = None,
          acc_dtype: DType | None = None, squeeze: tuple = (), name: str = "gemm",
          tile: tuple[int, int] | None = None, swap: bool | None = None, pack: bool | None = None,
-         panel: bool | None = None, prepacked: Tensor | None = None) -> Gemm:
+         panel: bool | None = None, prepacked: Tensor | None = None, target: Target | None = None) -> Gemm:
     """GEMM of a [*ba, M, K] and b [*bb, K, N], batch dims broadcast as numpy.matmul.
 
     trans_a / trans_b: a is stored [*ba, K, M] / b is stored [*bb, N, K] (read in place,
@@ -306,7 +301,10 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     (numpy.matmul's 1-D operands). tile = (mr, nr), swap, pack and panel override the
     heuristics (a tuner's knobs). prepacked: b already packed as panels [Cp // nr, K, nr]
     (see `pack_weight`; b then only gives the shape): read directly, nothing is packed.
+    target: the CPU whose vector width and registers size the tiles (None: this host, for
+    callers not yet handed a lowering context's target).
     """
+    target = Target.of(target)
     *ba, M, K = a.shape if not trans_a else (*a.shape[:-2], a.shape[-1], a.shape[-2])
     *bb, K2, N = b.shape if not trans_b else (*b.shape[:-2], b.shape[-1], b.shape[-2])
     if K != K2:
@@ -343,7 +341,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
 
         def s_at(bi, r, k):
             return s_packed[(*_bcast(bi, sb), r, k)]
-    lanes = vector_lanes(acc_dtype.itemsize)
+    lanes = target.vector_lanes(acc_dtype.itemsize)
     s_contiguous = trans_b if swap else not trans_a
     # matrix-vector: a single column to vectorize over is no use; vectorize k instead
     dot = lanes if tile is None and C == 1 and s_contiguous and K % lanes == 0 and K >= 2 * lanes else 0
@@ -354,10 +352,10 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
             raise ValueError(f"gemm: packed B {tuple(prepacked.shape)} does not fit K={K}, N={C}")
         # where S's rows alias in L1 (K = 2048 x fp32), 7 x 4 vectors with one accumulator
         # spilled beat 6 x 4: 128x2048 @ 2048x512 205 vs 180, 211 vs 183, 192 vs 172 GFLOP/s
-        tile = tile or (choose_tile(R, C, acc_dtype, nvec=max(1, nr // lanes),
+        tile = tile or (choose_tile(R, C, acc_dtype, target, nvec=max(1, nr // lanes),
                                     spill_one=s_contiguous and weight_aliasing(K, a.dtype))[0], nr)
-    mr, nr = tile or ((choose_tile(R, lanes, acc_dtype, nvec=1)[0], 1) if dot
-                      else choose_tile(R, C, acc_dtype, few_rows=aliasing))
+    mr, nr = tile or ((choose_tile(R, lanes, acc_dtype, target, nvec=1)[0], 1) if dot
+                      else choose_tile(R, C, acc_dtype, target, few_rows=aliasing))
     mr, nr = max(1, min(mr, R)), max(1, nr)
     v_contiguous = (trans_a if swap else not trans_b)
     if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
@@ -365,7 +363,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     if panel is None:
         # a V that stays in cache packs cheaply at the root (and compiles faster)
         panel = K * C * math.prod(vb) * b.dtype.itemsize >= PANEL_MIN_BYTES
-    fit = _panel_tile(R, C, acc_dtype, tile) if pack and panel else None
+    fit = _panel_tile(R, C, acc_dtype, tile, target) if pack and panel else None
     panel = fit is not None
     if panel:
         # few row blocks: pack V panel by panel (read once, no packed copy in memory)

@@ -23,6 +23,7 @@ from kiln.loops.stmt import ExternFunc
 from kiln.lower.schedules import default_schedule
 from kiln.ops.registry import LowerCtx, lookup
 from kiln.passes.fusion import Kind, group_anchor, kind_of
+from kiln.targets.target import Target
 
 
 def lowerable(node: Node) -> bool:
@@ -49,15 +50,17 @@ def _tensor_type(t: Type | None, what: str, node: Node, static: bool = True) -> 
     return t
 
 
-def lower_node(node: Node, opset: int, values: list, name: str) -> PrimFunc | ExternFunc:
-    """One node as one kernel; params are its present inputs, then all its outputs."""
-    k = lower_group([node], {id(node): opset}, {id(node): values}, lambda v: True, name)
+def lower_node(node: Node, opset: int, values: list, name: str, target: Target | None = None
+               ) -> PrimFunc | ExternFunc:
+    """One node as one kernel for `target` (None: this host); params are its present
+    inputs, then all its outputs."""
+    k = lower_group([node], {id(node): opset}, {id(node): values}, lambda v: True, name, Target.of(target))
     return k.func
 
 
 def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, list],
-                needed_outside, name: str) -> Kernel:
-    """Lower `nodes` (types concrete) into one kernel named `name`.
+                needed_outside, name: str, target: Target) -> Kernel:
+    """Lower `nodes` (types concrete) into one kernel named `name`, compiled for `target`.
 
     `opsets`/`values` are keyed by id(node) (values: per input, compile-time data or None);
     `needed_outside(value)` says whether a value produced here is read after the kernel.
@@ -65,7 +68,7 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
     whole graphs, and the single-node kernels built at run time for data-dependent shapes).
     """
     try:
-        return _lower_group(nodes, opsets, values, needed_outside, name)
+        return _lower_group(nodes, opsets, values, needed_outside, name, target)
     except (KilnError, MemoryError):
         raise
     except Exception as e:
@@ -75,7 +78,7 @@ def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, lis
 
 
 def _lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, list],
-                 needed_outside, name: str) -> Kernel:
+                 needed_outside, name: str, target: Target) -> Kernel:
     tensors: dict[int, Tensor] = {}
     group_inputs: list[Value] = []
     produced: list[tuple[Value | None, Tensor]] = []
@@ -101,7 +104,7 @@ def _lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, li
                     group_inputs.append(v)
                     tensors[v.id] = placeholder(t.shape, t.dtype, f"in{len(group_inputs) - 1}")
                 args.append(tensors[v.id])
-        ctx = LowerCtx(node, opsets[id(node)], in_types, out_types, values[id(node)])
+        ctx = LowerCtx(node, opsets[id(node)], in_types, out_types, values[id(node)], target)
         try:
             res = d.lower(ctx, *args)
         except KilnError:
@@ -151,7 +154,10 @@ def _lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, li
     # one node: its own schedule; a group: its anchor's, which then tiles the fused
     # epilogue's loops (kiln.passes.fusion only fuses into anchors that can), else default
     anchored = len(nodes) == 1 or kind_of(anchor) >= Kind.REDUCTION
-    (schedule_fn if schedule_fn is not None and anchored else default_schedule)(sch, out_tensors)
+    if schedule_fn is not None and anchored:
+        schedule_fn(sch, out_tensors)
+    else:
+        default_schedule(sch, out_tensors, target)
     params = [tensors[v.id] for v in group_inputs] + out_tensors
     return Kernel(lower(sch, params, name), group_inputs, [v for v, _ in outputs], list(nodes))
 

@@ -31,6 +31,7 @@ from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
 from kiln.codegen.strings import constant_kernel
 from kiln.runtime.native import interface_text
+from kiln.targets.target import Target
 
 ALIGN = 64
 ENTRY = "main"
@@ -92,10 +93,13 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> LoweredModule:
-    """Lower a graph whose values all have static tensor types (see kiln.compiler)."""
+def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None, target: Target | None = None
+                ) -> LoweredModule:
+    """Lower a graph whose values all have static tensor types (see kiln.compiler) for CPU
+    `target` (None: this host)."""
     check_lowerable(graph)
     known = known or {}
+    target = Target.of(target)
     for v in graph.inputs + graph.outputs:
         if not isinstance(v.type, TensorType) or not v.type.is_static:
             raise KilnError(f"graph value %{v.name} has type {v.type}; native code needs static tensor "
@@ -118,7 +122,7 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
         def needed_outside(v, inside=inside):
             return v.id in outputs_ids or any(id(c) not in inside for c in consumers.get(v.id, []))
 
-        for kernel in _lower_group_or_split(graph, group.nodes, known, needed_outside, len(funcs)):
+        for kernel in _lower_group_or_split(graph, group.nodes, known, needed_outside, len(funcs), target):
             name = _dedup(kernel.func, funcs, seen)
             n_in = len(kernel.inputs)
             outs = [v if v is not None else Buffer(f"scratch{len(funcs)}_{j}", p.dtype, tuple(p.shape))
@@ -142,7 +146,7 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None) -> Low
             v.id not in alias and v.id in kernel_written
         if not producer_writes or v.id in written:
             name = f"copy_out{i}"
-            funcs.append(_copy_kernel(name, v.type))
+            funcs.append(_copy_kernel(name, v.type, target))
             steps.append((name, [alias.get(v.id, v), p], f"copy to output {v.name!r}"))
         written.add(v.id)
 
@@ -252,22 +256,23 @@ def _is_view(node: Node) -> bool:
         len(node.outputs) == 1
 
 
-def _lower_group_or_split(graph: Graph, nodes: list[Node], known, needed_outside, start: int):
+def _lower_group_or_split(graph: Graph, nodes: list[Node], known, needed_outside, start: int,
+                          target: Target):
     """Lower a fusion group as one kernel; if a member can only stand alone, one kernel per node."""
     def one(ns, k):
         values = {id(n): [None if v is None else (v.const if v.const is not None else known.get(v.id))
                           for v in n.inputs] for n in ns}
         opsets = {id(n): graph.opset(n.domain) for n in ns}
-        return lower_group(ns, opsets, values, needed_outside, f"k{k}_{ns[-1].op}")
+        return lower_group(ns, opsets, values, needed_outside, f"k{k}_{ns[-1].op}", target)
     try:
         return [one(nodes, start)]
     except Unfusable:
         return [one([n], start + i) for i, n in enumerate(nodes)]
 
 
-def _copy_kernel(name: str, t: TensorType) -> PrimFunc:
+def _copy_kernel(name: str, t: TensorType, target: Target) -> PrimFunc:
     src = placeholder(t.shape, t.dtype, "src")
     dst = compute(t.shape, lambda *i: src[i], "dst") if t.shape else compute((), lambda: src[()], "dst")
     sch = Schedule(dst)
-    default_schedule(sch, [dst])
+    default_schedule(sch, [dst], target)
     return lower(sch, [src, dst], name)

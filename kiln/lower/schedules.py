@@ -1,6 +1,6 @@
 """Default schedules: what a kernel gets when its op's lowering does not choose one.
 
-Heuristics, hardware-aware through the vector width only; tuned schedules
+Heuristics, hardware-aware through the target's vector width only; tuned schedules
 (kiln.tune) replace them later. Small kernels stay serial: an OpenMP fork
 costs more than a few thousand multiply-adds.
 """
@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import math
 
-from kiln.codegen.cpu import vector_lanes
+from kiln.codegen.cpu import vector_lanes  # noqa: F401  (for ops/elementwise until its move; TODO target)
 from kiln.loops import Schedule
+from kiln.targets.target import Target
 
 PARALLEL_MIN_WORK = 1 << 15  # points x reduction size below which a kernel runs serially
 
 
-def default_schedule(sch: Schedule, outputs) -> None:
+def default_schedule(sch: Schedule, outputs, target: Target | None = None) -> None:
     """Injective stages: fuse, vectorize the inner lanes, parallelize the outer part.
-    Reduction stages: parallelize the outermost spatial loop when there is work."""
+    Reduction stages: parallelize the outermost spatial loop when there is work.
+    (`target` None: this host, for ops/ lowerings not yet handed their ctx.target.)"""
+    target = Target.of(target)
     for stage in sch.stages:
         if stage.attach is not None:
             continue
@@ -32,7 +35,7 @@ def default_schedule(sch: Schedule, outputs) -> None:
             if parallel and extents[0] > 1:
                 stage.parallel(axes[0])
             continue
-        lanes = vector_lanes(stage.tensor.dtype.itemsize)
+        lanes = target.vector_lanes(stage.tensor.dtype.itemsize)
         if len(axes) > 1 and extents[-1] >= 2 * lanes:
             # rows × vectorized last axis: index math on the outer dims happens once per row
             outer = stage.fuse(*axes[:-1]) if len(axes) > 2 else axes[0]

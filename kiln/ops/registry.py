@@ -253,8 +253,9 @@ class LowerCtx(_Ctx):
     """Lowering view of a node: concrete input/output types and compile-time input data."""
 
     def __init__(self, node: Node, opset: int, input_types: list[Type | None],
-                 output_types: list[Type | None], values: list[np.ndarray | None]):
+                 output_types: list[Type | None], values: list[np.ndarray | None], target=None):
         super().__init__(node, opset)
+        self.target = target     # the kiln.targets.Target the kernel is compiled for
         self.input_types = input_types
         self.output_types = output_types
         self.values = values

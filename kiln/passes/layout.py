@@ -57,6 +57,7 @@ from kiln.ops.registry import _Ctx
 from kiln.passes.edit import Namer, new_const, reads, static_shape
 from kiln.passes.fusion import Kind, register_kind
 from kiln.passes.registry import PassContext, graph_pass
+from kiln.targets.target import Target
 
 # elementwise ops that give the same result whatever the layout, and keep the padding
 # channels' zeros finite (so a consumer's zero weights keep ignoring them)
@@ -65,13 +66,12 @@ BINARY = {"Add", "Sub", "Mul", "Max", "Min", "Sum"}
 MAX_PAD_RATIO = 4 / 3   # padded channels / real channels at most this (24 -> 32 is fine; 3 -> 16 not)
 
 
-def default_block() -> int:
-    """The block for float32: the host's vector lanes; KILN_NCHWC overrides (0: off)."""
+def default_block(target: Target) -> int:
+    """The block for float32: the target's vector lanes; KILN_NCHWC overrides (0: off)."""
     env = os.environ.get("KILN_NCHWC", "").strip()
     if env:
         return int(env)
-    from kiln.codegen.cpu import vector_lanes
-    return vector_lanes(DType.float32.itemsize)
+    return target.vector_lanes(DType.float32.itemsize)
 
 
 def worth_blocking(channels: int, block: int) -> bool:
@@ -367,5 +367,5 @@ register_kind(DOMAIN, "MaxPoolNCHWc", Kind.OPAQUE)
 @graph_pass("transform_layout")
 def transform_layout(graph: Graph, ctx: PassContext) -> Graph:
     """Run convolutions (and the elementwise ops between them) on the blocked NCHW[c]c layout."""
-    ctx.tally(transform(graph, default_block()))
+    ctx.tally(transform(graph, default_block(ctx.target)))
     return graph

@@ -11,9 +11,9 @@ it once, here, and rewrites
     Gemm(a, W, c) {transB, alpha, beta}   transA = 0
 
 into `kiln::MatMulPacked(a, Wp[, c]) {n = N[, alpha, beta]}` (kiln.ops.packed).
-The panel width nr depends on the CPU's vector width (kiln.lower.gemm.
-weight_panel_width), so the packed graph is specific to the compiling machine,
-as the native code is. Float32 only (other dtypes keep their GEMM).
+The panel width nr depends on the target CPU's vector width (kiln.lower.gemm.
+weight_panel_width of the pass context's Target), so the packed graph is specific
+to the target, as the native code is. Float32 only (other dtypes keep their GEMM).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from kiln.ops.packed import DOMAIN, pack_weight, weight_panel_width
 from kiln.passes.edit import Namer, new_const, producers
 from kiln.passes.fusion import Kind, register_kind
 from kiln.passes.registry import PassContext, graph_pass
+from kiln.targets.target import Target
 
 # its schedule tiles fused epilogues (bias, GELU, residual Add) and reads a through
 # inlined index remapping (attention's head-merge Transpose + Reshape), as MatMul's does
@@ -67,8 +68,8 @@ def _packable(node: Node) -> bool:
     return True
 
 
-def pack(graph: Graph) -> int:
-    """Rewrite every packable MatMul/Gemm in place; the number rewritten."""
+def pack(graph: Graph, target: Target) -> int:
+    """Rewrite every packable MatMul/Gemm in place (panels for `target`); the number rewritten."""
     namer, prod, count, nodes = Namer(graph), producers(graph), 0, []
     for node in graph.nodes:
         w = _weight(node, prod) if _packable(node) else None
@@ -76,7 +77,7 @@ def pack(graph: Graph) -> int:
             nodes.append(node)
             continue
         k, n = w.shape
-        nr = weight_panel_width(n, k, DType.float32)
+        nr = weight_panel_width(n, k, DType.float32, target)
         wp = new_const(namer, f"{node.inputs[1].name}.panels{nr}", pack_weight(np.asarray(w), nr))
         ins, attrs = [node.inputs[0], wp], {"n": int(n)}
         if node.op == "Gemm":
@@ -94,7 +95,7 @@ def pack(graph: Graph) -> int:
 @graph_pass("pack_weights")
 def pack_weights(graph: Graph, ctx: PassContext) -> Graph:
     """Pack constant MatMul/Gemm weights into the GEMM's panel layout, once."""
-    n = pack(graph)
+    n = pack(graph, ctx.target)
     if n:
         ctx.tally({"MatMulPacked": n})
     return graph

@@ -27,6 +27,7 @@ from kiln.graph.ir import Graph
 from kiln.graph.text import print_graph
 from kiln.graph.verify import verify as verify_graph
 from kiln.passes.registry import PassContext, get_pass
+from kiln.targets.target import Target
 from kiln.passes.stats import PassStats, diff, snapshot
 
 
@@ -64,9 +65,10 @@ def passes_for(level: int) -> list[str]:
 
 
 def run_passes(graph: Graph, level: int = DEFAULT_LEVEL, *, passes: list[str] | None = None,
-               dump_dir: str | None = None, verify: bool | None = None
+               dump_dir: str | None = None, verify: bool | None = None, target: Target | None = None
                ) -> tuple[Graph, list[PassStats]]:
-    """Run the passes of `level` (or the named `passes`) on a clone of `graph`.
+    """Run the passes of `level` (or the named `passes`) on a clone of `graph`, for CPU
+    `target` (a kiln.targets.Target; None: this host).
 
     Returns the optimized graph and one PassStats per pass run; the given graph
     is never changed.
@@ -78,13 +80,14 @@ def run_passes(graph: Graph, level: int = DEFAULT_LEVEL, *, passes: list[str] | 
         verify = os.environ.get("KILN_VERIFY", "0") not in ("", "0")
     if not steps:
         return graph, []
+    target = Target.of(target)
     graph = graph.clone()
     if dump_dir:
         os.makedirs(dump_dir, exist_ok=True)
         _dump(dump_dir, "00_input.txt", graph)
     stats = []
     for i, p in enumerate(steps, 1):
-        before, ctx, t0 = snapshot(graph), PassContext(), time.perf_counter()
+        before, ctx, t0 = snapshot(graph), PassContext(target), time.perf_counter()
         try:
             graph = p(graph, ctx)
         except KilnError as e:

@@ -17,12 +17,16 @@ from typing import Any, Callable
 
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph
+from kiln.targets.target import Target
 
 
 @dataclass
 class PassContext:
-    """What a pass may report besides the rewritten graph: findings, and how often
-    each of its rules fired."""
+    """What a pass may read besides the graph (the CPU `target` the graph is compiled for:
+    the NCHWc block and packed-weight panels follow its vector width), and what it may
+    report: findings, and how often each of its rules fired. Made without a target (a
+    pass run alone), it is this host's."""
+    target: Target = field(default_factory=Target.host)
     findings: list[Any] = field(default_factory=list)
     fired: dict[str, int] = field(default_factory=dict)
 

@@ -22,6 +22,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node
+from kiln.targets.target import host_cores
 
 try:
     import torch
@@ -617,7 +618,7 @@ class TorchGraph:
         if bad:
             listed = ", ".join(f"{why} at node {n.name!r}" for n, why in bad)
             raise KilnError(f"the torch peer cannot run {len(bad)} node(s): {listed}")
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or host_cores()
         torch.set_num_threads(self.threads)
         self.env0 = {v.id: to_torch(v.const) for v in model.constants()}  # weights, once
         self.steps = []

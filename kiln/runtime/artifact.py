@@ -76,7 +76,10 @@ MANIFEST_SCHEMA = S.record({
     "source": S.record({"file": S.nullable(S.string(max_len=4096)), "sha256": S.nullable(S.string(S.SHA256))}),
     "target": S.record({"name": S.const("cpu"), "arch": S.string(r"[A-Za-z0-9_.-]+", max_len=64),
                         "cflags": S.string(max_len=4096),
-                        "features": S.list_of(S.string(r"[A-Za-z0-9_.]+", max_len=64), max_len=1024)}),
+                        "features": S.list_of(S.string(r"[A-Za-z0-9_.]+", max_len=64), max_len=1024),
+                        # the CPU it was compiled for (kiln.targets.Target: its name and key)
+                        "cpu": S.string(r"[A-Za-z0-9_.-]+", max_len=64), "key": S.string(max_len=4096)},
+                       optional=("cpu", "key")),
     "name": S.string(S.C_IDENTIFIER, max_len=128),
     "entry": S.string(S.C_IDENTIFIER, max_len=160),
     "files": S.record({"library": S.const(LIBRARY), "header": S.const(HEADER), "source": S.const(SOURCE),

@@ -4,7 +4,7 @@ Lowering a model in Python costs seconds; a warm compile should not. The key is 
 sha256 of the specialised graph's canonical form (kiln.graph.canonical: structure,
 types, names, opsets, every byte of every constant and tensor attribute, subgraphs
 included), the compile-time known values, kiln's own source (a changed lowering
-invalidates) and the C toolchain settings. An entry is a JSON manifest naming the
+invalidates), the Target (kiln.targets.target) and the C toolchain settings. An entry is a JSON manifest naming the
 C build cache's library by its key and sha256 (never by a path), the entry symbol,
 output types, arena size, call descriptions and where each constant goes in the
 weights blob (rebuilt from the graph on load). An entry that is unreadable, fails
@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
@@ -24,9 +23,10 @@ from kiln.codegen.cachedir import write_atomic
 from kiln.errors import KilnError
 from kiln.graph.canonical import digest
 from kiln.graph.ir import Graph
+from kiln.targets.target import Target
 from kiln.runtime.schema import SHA256, SchemaError, integer, list_of, pair, record, string, validate
 
-KEY_VERSION = "kiln-module-key 2"
+KEY_VERSION = "kiln-module-key 3"
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,16 +39,14 @@ def _kiln_source_digest() -> str:
     return h.hexdigest()
 
 
-def graph_key(graph: Graph, known: dict) -> str:
+def graph_key(graph: Graph, known: dict, target: Target) -> str:
     """sha256 of everything lowering reads from a specialised graph: its canonical form
     (every constant's and tensor attribute's bytes, subgraphs, names, types, opsets),
-    the compile-time known values, kiln's source and the C toolchain."""
+    the compile-time known values, kiln's source, the target (features, cores, caches,
+    wait policy: lowerings decide from them) and the C toolchain."""
     from kiln.codegen.build import _cc, _flags, compiler_version
-    from kiln.codegen.cpu import cpu_features
-    cc, flags = _cc(None), _flags(None)
-    toolchain = (_kiln_source_digest(), cc, flags, compiler_version(tuple(cc)), sorted(cpu_features()),
-                 # lowerings read these to decide when forking threads pays (kiln/ops/nn.py)
-                 os.environ.get("OMP_WAIT_POLICY", ""), os.environ.get("GOMP_SPINCOUNT", ""))
+    cc, flags = _cc(None), _flags(None, target)
+    toolchain = (_kiln_source_digest(), cc, flags, compiler_version(tuple(cc)), target.key())
     return digest(KEY_VERSION, toolchain, graph, known=known)
 
 

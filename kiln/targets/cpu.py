@@ -24,20 +24,23 @@ from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
 from kiln.runtime.model import CompiledModel, TensorSpec
+from kiln.targets.target import Target
 
 
 class CpuModel(CompiledModel):
     def __init__(self, graph: Graph, inputs: list[TensorSpec], outputs: list[TensorSpec],
-                 source: Graph | None = None, level: int = 0):
-        """`graph` is `source` after the passes of -O`level`; the source is kept only when
-        some input size is unknown (the passes run again once the sizes are known)."""
+                 source: Graph | None = None, level: int = 0, cpu: Target | None = None):
+        """`graph` is `source` after the passes of -O`level` for CPU target `cpu` (None: the
+        host); the source is kept only when some input size is unknown (the passes run
+        again once the sizes are known)."""
         from kiln.lower.module import check_lowerable
         super().__init__(inputs, outputs, "cpu")
         check_lowerable(graph)
         self.graph = graph
+        self.cpu = cpu = Target.of(cpu)
         static = all(s.kind == "tensor" and s.shape is not None and all(isinstance(d, int) for d in s.shape)
                      for s in inputs)
-        self.program = Program(graph, None if static or not level else (source, level))
+        self.program = Program(graph, cpu, None if static or not level else (source, level))
         if static:
             self.program.prepare([tuple(s.shape) for s in inputs])  # build now: compile time is compile()'s
 
@@ -70,8 +73,9 @@ class CpuModel(CompiledModel):
 class Program:
     """One graph, specialised and built per input shapes (and shape-giving input values)."""
 
-    def __init__(self, graph: Graph, reoptimize: tuple[Graph, int] | None = None):
+    def __init__(self, graph: Graph, target: Target, reoptimize: tuple[Graph, int] | None = None):
         self.graph = graph
+        self.target = target           # the CPU every module is built for
         self.reoptimize = reoptimize   # (source graph, -O level) to optimise again per shapes
         self.value_inputs: dict[tuple, tuple[int, ...]] = {}
         self.runners: dict[tuple, object] = {}
@@ -88,7 +92,7 @@ class Program:
         g, known = self.specialize(list(shapes), {})
         if not needs_stages(g):
             self.value_inputs[key] = ()
-            self.runners[(key, ())] = self.by_shapes[key] = build_static(g, known)
+            self.runners[(key, ())] = self.by_shapes[key] = build_static(g, known, self.target)
 
     def run(self, inputs: list) -> list:
         r = self.by_shapes.get(tuple([x.shape if type(x) is np.ndarray else None for x in inputs]))
@@ -106,7 +110,7 @@ class Program:
             vidx = value_inputs(inputs) if dynamic_values(g) else ()
             self.value_inputs[shapes] = vidx
             if not vidx:
-                r = self.runners[(shapes, ())] = build_runner(g, known)
+                r = self.runners[(shapes, ())] = build_runner(g, known, self.target)
                 if all(type(x) is np.ndarray for x in inputs):
                     self.by_shapes[shapes] = r
                 return r
@@ -114,7 +118,7 @@ class Program:
         r = self.runners.get(key)
         if r is None:
             g, known = self.specialize(list(shapes), {i: inputs[i] for i in vidx})
-            r = self.runners[key] = build_runner(g, known)
+            r = self.runners[key] = build_runner(g, known, self.target)
         return r
 
     def specialize(self, shapes: list, values: dict) -> tuple[Graph, dict]:
@@ -127,7 +131,7 @@ class Program:
         from kiln.passes.pipeline import run_passes
         source, level = self.reoptimize
         g, _ = specialize(source, shapes, values)
-        g, _ = run_passes(g, level)
+        g, _ = run_passes(g, level, target=self.target)
         return specialize(g, shapes, values)
 
 
@@ -140,11 +144,11 @@ def _shape_key(x) -> tuple:
     return ("none",) if x is None else ("?",)
 
 
-def build_static(graph: Graph, known):
+def build_static(graph: Graph, known, target: Target):
     """One native module for a graph whose sizes are all known (cached across processes;
     a damaged cache entry is built again)."""
     from kiln.targets import cache
-    key = cache.graph_key(graph, known)
+    key = cache.graph_key(graph, known, target)
     manifest = cache.load(key)
     if manifest is not None:
         check_planned(manifest["weights_bytes"], manifest["workspace_bytes"],
@@ -153,7 +157,7 @@ def build_static(graph: Graph, known):
             return _native_module(graph, manifest)
         except KilnError:
             pass   # a truncated, garbage or inconsistent entry: build it again
-    manifest = _lower_and_build(graph, known)
+    manifest = _lower_and_build(graph, known, target)
     cache.store(key, manifest)
     return _native_module(graph, manifest)
 
@@ -204,13 +208,13 @@ def check_planned(weights: int, workspace: int, outputs: list, graph: Graph | No
                  f"{int(workspace):,} + outputs {sum(sizes):,} bytes)", stage="lower", **where)
 
 
-def _lower_and_build(graph: Graph, known) -> dict:
+def _lower_and_build(graph: Graph, known, target: Target) -> dict:
     from kiln.codegen import build_c, func_symbol
     from kiln.lower.module import ENTRY, lower_graph
-    lm = lower_graph(graph, known)
+    lm = lower_graph(graph, known, target)
     check_planned(int(lm.weights.size), lm.workspace_bytes,
                   [(v.type.shape, v.type.dtype.name) for v in lm.outputs], graph, lm.arena)
-    lib = build_c(lm.module)
+    lib = build_c(lm.module, target)
     index = {v.id: i for i, v in enumerate(graph.constants())}
     return {"library_key": lib.path.stem, "library_sha256": lib.sha256,
             "entry": func_symbol(ENTRY),
@@ -257,26 +261,26 @@ def needs_stages(graph: Graph) -> bool:
                for n in graph.nodes)
 
 
-def build_runner(graph: Graph, known):
+def build_runner(graph: Graph, known, target: Target):
     """A static module, or stages when some node breaks the graph."""
     if needs_stages(graph):
-        return Staged(graph, known)
+        return Staged(graph, known, target)
     passthrough = [v for v in graph.outputs if not (isinstance(v.type, TensorType) and v.type.is_static)]
     if not passthrough:
-        return build_static(graph, known)
-    return Passthrough(graph, known)
+        return build_static(graph, known, target)
+    return Passthrough(graph, known, target)
 
 
 class Passthrough:
     """A graph whose non-tensor outputs are its own inputs (sequences handed on unchanged)."""
 
-    def __init__(self, g: Graph, known):
+    def __init__(self, g: Graph, known, target: Target):
         self.inputs = g.inputs
         self.outputs = g.outputs
         self.tensor_outs = [v for v in g.outputs if isinstance(v.type, TensorType) and v.type.is_static]
         ins = [v for v in g.inputs if isinstance(v.type, TensorType)]
         self.tensor_ins = ins
-        self.module = build_static(Graph("tensors", ins, self.tensor_outs, g.nodes, g.opsets), known) \
+        self.module = build_static(Graph("tensors", ins, self.tensor_outs, g.nodes, g.opsets), known, target) \
             if self.tensor_outs else None
 
     def count(self) -> int:
@@ -316,8 +320,9 @@ class Staged:
     SequenceMap, whose bodies run as native Programs) or a sequence/optional
     container op (which only moves references to arrays)."""
 
-    def __init__(self, g: Graph, known):
+    def __init__(self, g: Graph, known, target: Target):
         from kiln.lower.module import is_runtime_op
+        self.target = target
         k = _first_break(g)
         self.node = node = g.nodes[k]
         self.opset = g.opset(node.domain)
@@ -328,7 +333,7 @@ class Staged:
         self.inputs = g.inputs
         self.prefix_inputs = [v for v in g.inputs if any(v is x for x in _reads(prefix))]
         self.prefix = build_static(Graph("prefix", self.prefix_inputs, self.carry, prefix, g.opsets),
-                                   known) if self.carry else None
+                                   known, target) if self.carry else None
         self.runtime = is_runtime_op(node)
         self.bodies: dict[int, tuple[Program, list[Value]]] = {}
         if not self.runtime:
@@ -336,7 +341,7 @@ class Staged:
         made_after = {x.id for n in suffix for x in n.outputs if x is not None}
         self.rest_inputs = [v for v in _unique(_reads(suffix) + [v for v in g.outputs if v.const is None])
                             if v.id not in made_after]
-        self.rest = Program(Graph("rest", self.rest_inputs, list(g.outputs), suffix, g.opsets))
+        self.rest = Program(Graph("rest", self.rest_inputs, list(g.outputs), suffix, g.opsets), target)
 
     def _build_sizing_kernel(self, g: Graph, known) -> None:
         from kiln.codegen import build_c
@@ -344,11 +349,11 @@ class Staged:
         node = self.node
         values = [None if v is None else (v.const if v.const is not None else known.get(v.id))
                   for v in node.inputs]
-        func = lower_node(node, self.opset, values, f"dyn_{node.op}")
+        func = lower_node(node, self.opset, values, f"dyn_{node.op}", self.target)
         if not getattr(func, "dynamic", False):
             raise KilnError("output sizes depend on data, but the lowering made a static kernel",
                             node=node.name, op=node.op, stage="lower")
-        self.kernel = build_c(func)[func.name]
+        self.kernel = build_c(func, self.target)[func.name]
         self.func = func
 
     def count(self) -> int:
@@ -404,7 +409,7 @@ class Staged:
                 caps = _captures(body)
                 wrapped = Graph(body.name, list(body.inputs) + caps, list(body.outputs), body.nodes,
                                 {**body.opsets, **{"": self.opset}} if not body.opsets else body.opsets)
-                self.bodies[id(body)] = (Program(wrapped), caps)
+                self.bodies[id(body)] = (Program(wrapped, self.target), caps)
             prog, caps = self.bodies[id(body)]
             return prog.run(list(xs) + [env[v.id] for v in caps])
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kiln.testing import sandbox
+from kiln.targets.target import host_cores
 
 # tolerances by dtype: (rtol, atol relative to the output's magnitude)
 TOLERANCE = {"f2": (2e-2, 2e-2), "f4": (1e-4, 1e-5), "f8": (1e-9, 1e-12)}
@@ -282,7 +283,7 @@ class WorkerPool:
 
     def __init__(self, workers: int = 0, timeout: float = 120.0, memory_limit: int = 6 << 30,
                  threads: int = 1):
-        self.n = workers or max(1, os.cpu_count() or 1)
+        self.n = workers or max(1, host_cores())
         self.timeout, self.memory_limit = timeout, memory_limit
         self.env = dict(os.environ)
         self.env.setdefault("OMP_NUM_THREADS", str(threads))

@@ -200,11 +200,12 @@ def test_default_flags_emit_the_vector_width_tiles_are_planned_for(tmp_path, mon
     AVX2 EPYC VM: 128-bit); register tiles are sized from vector_bytes(), so the default
     flags must make the compiler use that width."""
     from kiln.codegen.build import _cc, _flags
+    from kiln.targets.target import Target
     monkeypatch.delenv("KILN_CFLAGS", raising=False)
     src = tmp_path / "v.c"
     src.write_text("void f(float* restrict a, const float* restrict b) {\n#pragma omp simd\n"
                    "  for (int i = 0; i < 1024; ++i) a[i] = a[i] * b[i] + 1.0f;\n}\n")
-    flags = [f for f in _flags(None) if f not in ("-shared", "-fPIC")]
+    flags = [f for f in _flags(None, Target.host()) if f not in ("-shared", "-fPIC")]
     r = subprocess.run([*_cc(None), *flags, "-S", "-o", str(tmp_path / "v.s"), str(src)],
                                      capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -9,33 +9,30 @@ from onnx import helper
 
 import kiln.lower.gemm as g
 from kiln.dtypes import DType
+from kiln.targets.target import Target
 from tests.ops.test_packed_lower import _check, _model
 
-AVX2 = frozenset({"avx", "avx2", "fma"})
-AVX512 = AVX2 | {"avx512f"}
+AVX2 = Target.named("x86-64-v3")
+AVX512 = Target.named("x86-64-v4")
 
 
-@pytest.mark.parametrize("feats,lanes", [(AVX2, 8), (AVX512, 16)])
+@pytest.mark.parametrize("target,lanes", [(AVX2, 8), (AVX512, 16)])
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 64, 128, 130])
 @pytest.mark.parametrize("nvec", [1, 2, 3, 4])
-def test_tile_fits_registers(monkeypatch, feats, lanes, rows, nvec):
-    monkeypatch.setattr(g, "cpu_features", lambda: feats)
-    monkeypatch.setattr(g, "vector_lanes", lambda itemsize, features=None: lanes * 4 // itemsize)
-    mr, nr = g.choose_tile(rows, 4096, DType.float32, nvec=nvec)
+def test_tile_fits_registers(target, lanes, rows, nvec):
+    mr, nr = g.choose_tile(rows, 4096, DType.float32, target, nvec=nvec)
     assert nr == lanes * nvec
-    assert mr * nvec + nvec + 1 <= g.vector_registers(), (mr, nr)
+    assert mr * nvec + nvec + 1 <= target.vector_registers, (mr, nr)
 
 
-@pytest.mark.parametrize("feats,nvec", [(AVX2, 2), (AVX512, 4)])
+@pytest.mark.parametrize("target,nvec", [(AVX2, 2), (AVX512, 4)])
 @pytest.mark.parametrize("k", [512, 2048])
-def test_weight_panel_width(monkeypatch, feats, nvec, k):
+def test_weight_panel_width(target, nvec, k):
     """Four-vector panels where 32 registers hold a 6-row tile of them; two with 16 (where
     four would leave room for 2 rows), whether or not the rows alias in L1."""
-    monkeypatch.setattr(g, "cpu_features", lambda: feats)
-    lanes = 16 if "avx512f" in feats else 8
-    monkeypatch.setattr(g, "vector_lanes", lambda itemsize, features=None: lanes * 4 // itemsize)
-    assert g.weight_panel_width(4096, k, DType.float32) == lanes * nvec
-    mr, _ = g.choose_tile(128, 4096, DType.float32, nvec=nvec)
+    lanes = 16 if "avx512f" in target.features else 8
+    assert g.weight_panel_width(4096, k, DType.float32, target) == lanes * nvec
+    mr, _ = g.choose_tile(128, 4096, DType.float32, target, nvec=nvec)
     assert mr == 6
 
 
@@ -52,12 +49,10 @@ def test_packed_odd_shapes(x_shape, n):
     _check(m, x, x @ w + b, rtol=1e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("feats,lanes,mr", [(AVX2, 8, 2), (AVX512, 16, 7)])
-def test_spill_one(monkeypatch, feats, lanes, mr):
+@pytest.mark.parametrize("target,mr", [(AVX2, 2), (AVX512, 7)])
+def test_spill_one(target, mr):
     """spill_one (rows aliasing in L1) allows one spilled accumulator of a 4-vector tile on
     32 registers (7 x 4), never on 16."""
-    monkeypatch.setattr(g, "cpu_features", lambda: feats)
-    monkeypatch.setattr(g, "vector_lanes", lambda itemsize, features=None: lanes * 4 // itemsize)
-    got, _ = g.choose_tile(128, 4096, DType.float32, nvec=4, spill_one=True)
+    got, _ = g.choose_tile(128, 4096, DType.float32, target, nvec=4, spill_one=True)
     assert got == mr
-    assert got * 4 + 4 + 1 <= g.vector_registers() + 1
+    assert got * 4 + 4 + 1 <= target.vector_registers + 1

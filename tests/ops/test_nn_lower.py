@@ -304,6 +304,7 @@ def test_conv_schedule_blocks_registers_and_vectorizes():
 def test_conv_takes_a_fused_elementwise_epilogue():
     """Conv -> Add(residual) -> Relu lowered as one group: the conv's schedule tiles the epilogue."""
     from kiln.lower.kernel import lower_group
+    from kiln.targets.target import Target
     x, w, b, r = R(1, 8, 10, 10), R(16, 8, 3, 3), R(16), R(1, 16, 10, 10)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=P1),
              helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
@@ -313,7 +314,7 @@ def test_conv_takes_a_fused_elementwise_epilogue():
     g = kiln.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     k = lower_group(g.nodes, {id(n): 17 for n in g.nodes},
                     {id(n): [None if v is None else v.const for v in n.inputs] for n in g.nodes},
-                    lambda v: False, "fused")
+                    lambda v: False, "fused", Target.host())
     text = str(k.func)
     assert "acc.local" in text and "vectorized for" in text
     args = {v.name: v.const if v.const is not None else {"x": x, "r": r}[v.name] for v in k.inputs}

@@ -214,8 +214,9 @@ def test_gemm_copies_an_operand_whose_prologue_divides_indices_once(case, packed
     """A merged-dims view read by the micro-kernel would divide indices at every k step;
     the GEMM copies it row-major first (kiln.lower.gemm's S packing), other views it reads in place."""
     from kiln.lower.kernel import lower_group
+    from kiln.targets.target import Target
     sig, body, spec = CASES[case]
     g = graph(prog(sig, "\n".join(body), opset=18), **_consts(spec))
     k = lower_group(g.nodes, {id(n): 18 for n in g.nodes}, {id(n): [v.const for v in n.inputs] for n in g.nodes},
-                    lambda v: False, "k")
+                    lambda v: False, "k", Target.host())
     assert ("s_packed" in str(k.func)) == packed

@@ -6,6 +6,7 @@ import pytest
 
 from kiln.dtypes import DType
 from kiln.ops.packed import pack_weight, unpack_weight, weight_panel_width
+from kiln.targets.target import Target
 from tests.passes.util import check, prog
 
 F = np.float32
@@ -19,7 +20,7 @@ def _after(sig, body, opset=17):
 @pytest.mark.parametrize("n,k", [(4, 3), (37, 5), (70, 1024)])
 def test_pack_unpack_roundtrip(n, k):
     w = rng.normal(size=(k, n)).astype(F)
-    nr = weight_panel_width(n, k, DType.float32)
+    nr = weight_panel_width(n, k, DType.float32, Target.host())
     wp = pack_weight(w, nr)
     assert wp.shape == (-(-n // nr), k, nr) and wp.flags.c_contiguous
     np.testing.assert_array_equal(unpack_weight(wp, n), w)
@@ -29,7 +30,7 @@ def test_pack_unpack_roundtrip(n, k):
 def test_matmul_constant_weight():
     sig = "(%x: float32[2,5,3]) -> (%y)"
     w = rng.normal(size=(3, 40)).astype(F)
-    nr = weight_panel_width(40, 3, DType.float32)
+    nr = weight_panel_width(40, 3, DType.float32, Target.host())
     before = '  %y: float32[2,5,40] = MatMul(%x, %w) name "mm"'
     after = f'  %y: float32[2,5,40] = "kiln"::MatMulPacked(%x, %w.panels{nr}) {{n = 40}} name "mm"'
     _, stats = check("pack_weights", prog(sig, before), _after(sig, after),

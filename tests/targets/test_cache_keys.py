@@ -10,6 +10,9 @@ import kiln
 from kiln import KilnError
 from kiln.graph.canonical import canonical_bytes
 from kiln.targets.cache import graph_key
+from kiln.targets.target import Target
+
+HOST = Target.host()
 
 F, I64, B = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.BOOL
 
@@ -67,20 +70,28 @@ def test_subgraph_constants_are_part_of_the_key():
 def test_keys_differ_by_one_element_and_repeat_exactly():
     a, b = kiln.load_onnx(_label_encoder(0.0)), kiln.load_onnx(_label_encoder(42.0))
     again = kiln.load_onnx(_label_encoder(0.0))          # fresh Values and ids, same model
-    ka, kb = graph_key(a, {}), graph_key(b, {})
-    assert ka != kb and graph_key(again, {}) == ka and len(ka) == 64
+    ka, kb = graph_key(a, {}, HOST), graph_key(b, {}, HOST)
+    assert ka != kb and graph_key(again, {}, HOST) == ka and len(ka) == 64
     sa, sb = kiln.load_onnx(_if_with_constant(0.0)), kiln.load_onnx(_if_with_constant(42.0))
-    assert graph_key(sa, {}) != graph_key(sb, {})
-    assert graph_key(sa, {}) == graph_key(kiln.load_onnx(_if_with_constant(0.0)), {})
+    assert graph_key(sa, {}, HOST) != graph_key(sb, {}, HOST)
+    assert graph_key(sa, {}, HOST) == graph_key(kiln.load_onnx(_if_with_constant(0.0)), {}, HOST)
 
 
 def test_known_values_are_part_of_the_key():
     g = kiln.load_onnx(_label_encoder(1.0))
     x = g.inputs[0]
-    k1 = graph_key(g, {x.id: np.array([1, 2, 3, 4], np.int64)})
-    k2 = graph_key(g, {x.id: np.array([1, 2, 3, 5], np.int64)})
-    k3 = graph_key(g, {x.id: np.array([1, 2, 3, 4], np.int32)})   # other dtype, same first bytes
-    assert len({k1, k2, k3, graph_key(g, {})}) == 4
+    k1 = graph_key(g, {x.id: np.array([1, 2, 3, 4], np.int64)}, HOST)
+    k2 = graph_key(g, {x.id: np.array([1, 2, 3, 5], np.int64)}, HOST)
+    k3 = graph_key(g, {x.id: np.array([1, 2, 3, 4], np.int32)}, HOST)   # other dtype, same first bytes
+    assert len({k1, k2, k3, graph_key(g, {}, HOST)}) == 4
+
+
+def test_target_is_part_of_the_key():
+    """A module built for another CPU (or with other cores: tiles per thread) is another entry."""
+    g = kiln.load_onnx(_label_encoder(1.0))
+    keys = {graph_key(g, {}, t) for t in (HOST, Target.named("x86-64-v3"), Target.named("x86-64-v4"),
+                                           Target.named("x86-64-v4", cores=HOST.cores + 1))}
+    assert len(keys) == 4
 
 
 @pytest.mark.parametrize("a, b", [
