@@ -6,14 +6,17 @@ bad text is a KilnError naming line:column and what was expected.
 """
 
 import math
+import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
-from kiln.loops.expr import (INDEX, Expr, call, cast, check, const, exp, isnan, logical_not, max_, min_, reduce,
-                             select, truncdiv, truncmod, var)
+from kiln.loops.expr import (INDEX, Expr, binary, call, cast, check, const, exp, isnan, logical_not, max_, min_,
+                             reduce, select, truncdiv, truncmod, var)
 from kiln.loops.parse import parse_expr, parse_func, parse_module, parse_stmt
 from kiln.loops.structural import assert_structural_equal, structural_equal
 
@@ -217,3 +220,58 @@ def test_hand_written_text_uses_c_precedence():
     assert parse_expr("n + 2 * n < 3 && n >= 0 || n == 7", {"n": n}) is \
         ((n + 2 * n < 3) & (n >= 0)) | n.eq(7)
     assert parse_expr("n - 1 - 2", {"n": n}) is (n - 1) - 2
+
+
+# -- random expressions: every op, dtype and literal the printer can meet ------------------
+
+_DT = [DType.int64, DType.int32, DType.uint8, DType.float32, DType.float64, DType.float16, DType.bool]
+_VARS = {dt: var(f"v_{dt.name}", dt) for dt in _DT}
+_BUF = {dt: S.Buffer(f"buf_{dt.name}", dt, (3, 5)) for dt in _DT}
+_ENV = {**{v.arg.name: v for v in _VARS.values()}, **{b.name: b for b in _BUF.values()}}
+_INT_OPS = ["add", "sub", "mul", "floordiv", "floormod", "truncdiv", "truncmod", "min", "max", "bitand", "bitor",
+            "bitxor", "shl", "shr"]
+_FLOAT_OPS = ["add", "sub", "mul", "div", "min", "max"]
+
+
+def _literal(draw, dt):
+    if dt is DType.bool:
+        return const(draw(st.booleans()), dt)
+    if dt.is_float:
+        return const(draw(st.floats(width=16 if dt is DType.float16 else 32 if dt is DType.float32 else 64)), dt)
+    lo, hi = (-(2 ** 63), 2 ** 63 - 1) if dt is DType.int64 else (-(2 ** 31), 2 ** 31 - 1) if dt is I32 else (0, 255)
+    return const(draw(st.integers(lo, hi)), dt)
+
+
+def _expr(draw, dt, depth):
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        return draw(st.sampled_from([_VARS[dt], _literal(draw, dt)]))
+    sub = lambda d=dt: _expr(draw, d, depth - 1)  # noqa: E731
+    kind = draw(st.sampled_from(["binary", "cast", "select", "load", "special"]))
+    if kind == "binary" and dt is DType.bool:
+        if draw(st.booleans()):
+            return binary(draw(st.sampled_from(["and", "or", "ne"])), sub(), sub())
+        other = draw(st.sampled_from([DType.int64, DType.float32, I32]))
+        return binary(draw(st.sampled_from(["lt", "le", "gt", "ge", "eq", "ne"])), sub(other), sub(other))
+    if kind == "binary":
+        return binary(draw(st.sampled_from(_FLOAT_OPS if dt.is_float else _INT_OPS)), sub(), sub())
+    if kind == "cast":
+        src = draw(st.sampled_from(_DT))
+        return Expr("cast", dt, (sub(src),), draw(st.sampled_from([None, None, "sat"]))) if src is not dt else sub()
+    if kind == "select":
+        return select(sub(DType.bool), sub(), sub())
+    if kind == "load":
+        return _BUF[dt][sub(DType.int64), sub(I32)]
+    if dt is DType.bool:
+        return logical_not(sub()) if draw(st.booleans()) else isnan(sub(DType.float32))
+    if dt.is_float:
+        name = draw(st.sampled_from(["exp", "sqrt", "pow", "atan2", "sigmoid", "fabs", "exp_floored"]))
+        return call(name, *[sub() for _ in range(2 if name in ("pow", "atan2") else 1)])
+    return check(sub(), sub(DType.bool), sub(DType.int64), draw(st.text(max_size=8)))
+
+
+@settings(max_examples=int(os.environ.get("KILN_PROPERTY_EXAMPLES", 60)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.sampled_from(_DT))
+def test_random_expressions_print_and_parse_to_the_same_node(data, dt):
+    e = _expr(data.draw, dt, 4)
+    assert parse_expr(str(e), _ENV) is e, str(e)

@@ -135,7 +135,8 @@ func f(float32 A[4, 6], float32 B[6, 8], float32 C[4, 8]) {
         for (j.i = 0; j.i < 4; ++j.i) {
           C[i.o * 2 + i.i, j.o * 4 + j.i] = 0.0f;
           for (k = 0; k < 6; ++k) {
-            C[i.o * 2 + i.i, j.o * 4 + j.i] = C[i.o * 2 + i.i, j.o * 4 + j.i] + A[i.o * 2 + i.i, k] * B[k, j.o * 4 + j.i];
+            C[i.o * 2 + i.i, j.o * 4 + j.i] = C[i.o * 2 + i.i, j.o * 4 + j.i]
+                                              + A[i.o * 2 + i.i, k] * B[k, j.o * 4 + j.i];
           }
         }
       }
