@@ -199,9 +199,11 @@ def check_target(manifest: dict, path) -> None:
                         "compile the model here (kiln compile) or rebuild its model.c")
     lacking = missing_features(target.get("features", []))
     if lacking:
-        raise KilnError(f"{path} was built for a CPU with {', '.join(lacking)}, which this CPU lacks "
-                        "(running it would crash with an illegal instruction); compile the model "
-                        "on this machine (kiln compile) or rebuild its model.c without -march=native")
+        built_for = f" ({target['cpu']})" if target.get("cpu") else ""
+        raise KilnError(f"{path} was built for a CPU{built_for} with {', '.join(lacking)}, which this CPU "
+                        "lacks (running it would crash with an illegal instruction); compile the model "
+                        "on this machine (kiln compile), for a CPU level it has (kiln compile --cpu "
+                        "x86-64-v3), or rebuild its model.c without -march=native")
 
 
 class ArtifactModel(CompiledModel):

@@ -153,6 +153,7 @@ def test_portable_artifact_runs_where_avx2_is_all_there_is(tmp_path):
     r = _load_as(v4, avx2, tmp_path)
     assert r.returncode != 0
     assert "KilnError" in r.stderr and "avx512" in r.stderr and "which this CPU lacks" in r.stderr, r.stderr
+    assert "built for a CPU (x86-64-v4)" in r.stderr and "--cpu x86-64-v3" in r.stderr
 
 
 def test_cli_compile_cpu(tmp_path):
