@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from kiln.graph.ir import Node, Value
 from kiln.graph.types import TensorType
-from kiln.passes.fusion import Kind, kind_of
+from kiln.lower.partition import Kind, kind_of
 
 
 def _shape(v: Value | None):

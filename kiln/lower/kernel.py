@@ -1,7 +1,7 @@
 """Graph nodes → one native kernel (a PrimFunc, or a hand-written ExternFunc).
 
 A kernel is a fused group of nodes (one node, or an elementwise/injective chain
-chosen by kiln.passes.fusion, possibly around an anchor: injective prologues, a
+chosen by kiln.lower.partition, possibly around an anchor: injective prologues, a
 MatMul/Gemm/Conv/reduction, elementwise epilogues): each node's lowering is called
 in order, reading the group's inputs as placeholders `in0, in1, ...` and earlier
 members' outputs as the compute Tensors those returned. Intermediate injective
@@ -22,7 +22,7 @@ from kiln.loops import Buffer, PrimFunc, Schedule, Tensor, compute, lower, place
 from kiln.loops.stmt import ExternFunc
 from kiln.lower.schedules import default_schedule
 from kiln.ops.registry import LowerCtx, lookup
-from kiln.passes.fusion import Kind, group_anchor, kind_of
+from kiln.lower.partition import Kind, group_anchor, kind_of
 from kiln.targets.target import Target
 
 
@@ -152,7 +152,7 @@ def _lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, li
                 and (any(st.tensor is t for _, t in produced) or st.tensor in helpers):
             st.compute_inline()
     # one node: its own schedule; a group: its anchor's, which then tiles the fused
-    # epilogue's loops (kiln.passes.fusion only fuses into anchors that can), else default
+    # epilogue's loops (kiln.lower.partition only fuses into anchors that can), else default
     anchored = len(nodes) == 1 or kind_of(anchor) >= Kind.REDUCTION
     if schedule_fn is not None and anchored:
         schedule_fn(sch, out_tensors)

@@ -26,7 +26,7 @@ from kiln.loops import Buffer, Call, LoopModule, PrimFunc, compute, lower, place
 from kiln.loops import Schedule, View
 from kiln.lower.inplace import inplace_candidates
 from kiln.lower.kernel import Unfusable, lower_group, lowerable
-from kiln.passes.fusion import VIEW_OPS, FusionPlan, partition
+from kiln.lower.partition import VIEW_OPS, FusionPlan, partition
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
 from kiln.codegen.strings import constant_kernel

@@ -55,7 +55,6 @@ from kiln.ops.layout import DOMAIN, pack_bias, pack_conv_weight, to_blocked
 from kiln.ops.nn import window
 from kiln.ops.registry import _Ctx
 from kiln.passes.edit import Namer, new_const, reads, static_shape
-from kiln.passes.fusion import Kind, register_kind
 from kiln.passes.registry import PassContext, graph_pass
 from kiln.targets.target import Target
 
@@ -354,14 +353,6 @@ def transform(graph: Graph, block: int, selective: bool | None = None) -> dict[s
     if r.fired["Conv"]:
         graph.opsets.setdefault(DOMAIN, 1)
     return {k: n for k, n in r.fired.items() if n}
-
-
-# Fusion kinds of the ops this pass introduces: layout conversions are index remappings;
-# the blocked conv takes an elementwise epilogue, as Conv does
-register_kind(DOMAIN, "ToNCHWc", Kind.INJECTIVE)
-register_kind(DOMAIN, "FromNCHWc", Kind.INJECTIVE)
-register_kind(DOMAIN, "ConvNCHWc", Kind.OUT_FUSABLE, epilogue_anchor=True)
-register_kind(DOMAIN, "MaxPoolNCHWc", Kind.OPAQUE)
 
 
 @graph_pass("transform_layout")

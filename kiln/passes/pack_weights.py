@@ -24,13 +24,8 @@ from kiln.dtypes import DType
 from kiln.graph.ir import Graph, Node
 from kiln.ops.packed import DOMAIN, pack_weight, weight_panel_width
 from kiln.passes.edit import Namer, new_const, producers
-from kiln.passes.fusion import Kind, register_kind
 from kiln.passes.registry import PassContext, graph_pass
 from kiln.targets.target import Target
-
-# its schedule tiles fused epilogues (bias, GELU, residual Add) and reads a through
-# inlined index remapping (attention's head-merge Transpose + Reshape), as MatMul's does
-register_kind(DOMAIN, "MatMulPacked", Kind.OUT_FUSABLE, epilogue_anchor=True, prologue_anchor=True)
 
 
 def _weight(node: Node, prod: dict) -> np.ndarray | None:

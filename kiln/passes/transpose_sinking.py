@@ -26,11 +26,11 @@ import numpy as np
 
 from kiln.graph.ir import Graph, Value
 from kiln.passes.algebraic import RULES as ALGEBRA_RULES, transpose_perm
-from kiln.passes.fusion import KINDS, Kind
+from kiln.ops.kinds import ELEMWISE_OPS
 from kiln.passes.pattern import Match, Op, Rule, Var, apply_rules
 from kiln.passes.registry import PassContext, graph_pass
 
-UNARY = tuple(sorted(op for (d, op), k in KINDS.items() if not d and k == Kind.ELEMWISE)) + (
+UNARY = tuple(sorted(ELEMWISE_OPS)) + (
     "Clip", "CastLike")
 BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu", "And", "Or", "Xor", "Equal", "Less",
           "LessOrEqual", "Greater", "GreaterOrEqual", "Max", "Min", "BitShift", "BitwiseAnd",

@@ -1,4 +1,4 @@
-"""Injective prologues folded into their consumer's kernel (kiln.passes.fusion).
+"""Injective prologues folded into their consumer's kernel (kiln.lower.partition).
 
 A Transpose/Reshape/Slice/Expand group whose only reader is a MatMul/Gemm or a
 reduction joins that reader's group, so lowering inlines it into the anchor's
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.passes.fusion import Kind, partition
+from kiln.lower.partition import Kind, partition
 from tests.passes.util import graph, prog, random_inputs
 
 F, I = np.float32, np.int64

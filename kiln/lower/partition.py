@@ -1,4 +1,8 @@
-"""Operator fusion: partition a graph into groups, each compiled as one kernel.
+"""Operator fusion: partition a (specialised) graph into groups, each lowered as one kernel.
+
+The first stage of lowering (kiln.compiler: partition -> lower each group -> plan memory
+-> emit). What each op is (its kind) is declared beside the op (kiln.ops.kinds); which
+anchors take epilogues and prologues is what lowering can schedule.
 
 Decisions follow op pattern kinds, as in TVM (elementwise < broadcast <
 injective < reduction < out-elementwise-fusable < opaque): a node joins the
@@ -16,75 +20,33 @@ Inductor's WhyNoFuse.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
+from kiln.ops.kinds import PROLOGUE_OPS, REDUCTION_OPS, VIEW_OPS, Kind, declared_kind
 
-
-class Kind(enum.IntEnum):
-    ELEMWISE = 0
-    BROADCAST = 1
-    INJECTIVE = 2
-    REDUCTION = 3
-    OUT_FUSABLE = 4
-    OPAQUE = 5
-
-
-_ELEMWISE = """Abs Acos Acosh Asin Asinh Atan Atanh Cast Ceil Celu Cos Cosh Elu Erf Exp Floor Gelu
-HardSigmoid HardSwish IsInf IsNaN LeakyRelu Log Mish Neg Not Reciprocal Relu Round Selu Shrink Sigmoid
-Sign Sin Sinh Softplus Softsign Sqrt Swish Tan Tanh ThresholdedRelu BitwiseNot""".split()
-_BROADCAST = """Add Sub Mul Div Pow Mod PRelu And Or Xor Equal Less LessOrEqual Greater GreaterOrEqual
-Where Max Min Sum Mean BitShift BitwiseAnd BitwiseOr BitwiseXor Clip CastLike""".split()
-_INJECTIVE = """Reshape Flatten Squeeze Unsqueeze Transpose Identity Expand Slice Tile Pad Concat
-DepthToSpace SpaceToDepth Gather""".split()
-_REDUCTION = """ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum
-ReduceLogSumExp ReduceSumSquare ArgMax ArgMin Softmax LogSoftmax LayerNormalization
-RMSNormalization GlobalAveragePool GlobalMaxPool""".split()
-_OUT_FUSABLE = "Conv ConvTranspose MatMul Gemm".split()
-
-# (domain, op) -> kind; ONNX ops have domain "". kiln's own ops add theirs with register_kind
-KINDS = {("", o): k for ops, k in ((_ELEMWISE, Kind.ELEMWISE), (_BROADCAST, Kind.BROADCAST),
-                                   (_INJECTIVE, Kind.INJECTIVE), (_REDUCTION, Kind.REDUCTION),
-                                   (_OUT_FUSABLE, Kind.OUT_FUSABLE)) for o in ops}
-
-# Anchors whose lowering's schedule tiles a fused elementwise epilogue (kiln.lower.gemm)
-EPILOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm"), ("", "Conv")}
+# Anchors whose lowering's schedule tiles a fused elementwise epilogue (kiln.lower.gemm,
+# the conv schedules; the packed MatMul's: bias, GELU, residual Add)
+EPILOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("kiln", "ConvNCHWc"), ("kiln", "MatMulPacked")}
 
 # Anchors whose lowering reads its inputs only through compute loads (so an inlined
 # prologue becomes index arithmetic) and whose schedule leaves inlined stages alone:
 # the GEMM (kiln.lower.gemm inlines operand producers, into B's packing) and the
-# reductions (kiln.ops.reduce / nn schedules skip inlined stages). Conv is not one:
-# its schedule builds padded planes of a placeholder input.
-PROLOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm")} | {("", o) for o in _REDUCTION}
+# reductions (their schedules skip inlined stages). Conv is not one: its schedule
+# builds padded planes of a placeholder input. The packed MatMul reads its activations
+# through inlined index remapping (attention's head-merge Transpose + Reshape).
+PROLOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm"), ("kiln", "MatMulPacked")} | {("", o) for o in REDUCTION_OPS}
 
-# Ops that only remap indices (no arithmetic on values), which may fold into a consumer
-PROLOGUE_OPS = {("", o) for o in "Transpose Reshape Flatten Squeeze Unsqueeze Identity Expand Slice".split()}
-
-# ... of which these only reinterpret a contiguous buffer: alone they cost no kernel
-# (lowering aliases them), so folding them gains nothing
-VIEW_OPS = {("", o) for o in "Reshape Flatten Squeeze Unsqueeze Identity".split()}
-
-
-def register_kind(domain: str, op: str, kind: Kind, epilogue_anchor: bool = False,
-                  prologue_anchor: bool = False) -> None:
-    """Give one of kiln's own ops (a packed-layout conv, a layout conversion) its fusion kind;
-    `epilogue_anchor`: its schedule tiles a fused elementwise epilogue, as Conv's does;
-    `prologue_anchor`: its lowering may read its inputs through inlined index remapping."""
-    KINDS[(domain, op)] = kind
-    if epilogue_anchor:
-        EPILOGUE_ANCHORS.add((domain, op))
-    if prologue_anchor:
-        PROLOGUE_ANCHORS.add((domain, op))
 
 MAX_GROUP = 16  # nodes per group: long chains compile slowly and gain little more
 
 
 def kind_of(node: Node) -> Kind:
+    """The node's fusion kind as its op declares it (a node with subgraphs is opaque)."""
     if list(node.subgraphs()):
         return Kind.OPAQUE
-    return KINDS.get((node.domain or "", node.op), Kind.OPAQUE)
+    return declared_kind(node.domain or "", node.op)
 
 
 def group_anchor(nodes: list[Node]) -> Node:
