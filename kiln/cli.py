@@ -25,7 +25,7 @@ from kiln.errors import KilnError
 from kiln.names import escape
 
 TARGETS = ("cpu", "interpreter")
-STAGES = ("graph", "optimized", "loops", "c")
+from kiln.compiler import STAGES  # noqa: E402
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -219,7 +219,8 @@ def cli(debug: bool, max_memory, max_constant, max_trip_count):
 @opt_option
 @dim_option
 @click.option("--emit", type=click.Choice(STAGES),
-              help="Print a stage: the imported graph, the optimized graph, the loop IR or the C source.")
+              help="Print a stage: the imported graph, the optimized graph, its fusion groups, the loop IR "
+                   "or the C source.")
 @click.option("--emit-to", type=click.Path(dir_okay=False),
               help="Write the --emit text to this file (full text; printed text elides weights).")
 @click.option("--name", metavar="NAME",
@@ -242,16 +243,12 @@ def compile_cmd(model, output, target, cpu, opt_level, dims, emit, emit_to, name
         from kiln.export import symbol_prefix
         symbol_prefix(name)  # a bad --name fails before the compile, not after
     graph = load_graph(model)
-    if emit == "graph":
-        show(stage_text(graph, None, "graph", dims), emit_to)
-        if output is None:
-            return
-    compiled = compile_graph(graph, target, opt_level, cpu)
-    if emit not in (None, "graph"):
+    if emit is not None:
         with progress(f"making the {emit} stage"):
-            text = stage_text(graph, compiled, emit, dims)
+            text = stage_text(graph, emit, dims, target=target or "cpu", opt_level=opt_level, cpu=cpu)
         show(text, emit_to)
     if output is not None:
+        compiled = compile_graph(graph, target, opt_level, cpu)
         from kiln.export import save
         with progress(f"writing {output}"):
             manifest = save(compiled, output, dims=dims, source=model, name=name)

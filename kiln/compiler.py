@@ -1,9 +1,32 @@
-"""`kiln.compile`: the one readable pipeline, frontend → (passes → lower → codegen) → runtime."""
+"""`kiln.compile`: the one readable pipeline. Read this file top to bottom.
+
+    model
+      │ frontend       an .onnx path, bytes, ModelProto (or a Graph) → Graph        kiln.frontends
+      │ optimize       the passes of the -O level → Optimized                       kiln.passes
+      ▼ per input shapes: at compile time when every input size is static, else at the
+        first run with each new shape key (kiln.targets.cpu keeps one runner per key)
+      │ specialize     shapes bound, types re-inferred (passes run again where sizes were
+      │                symbolic) → Specialized; its `breaks` (control flow, data-dependent
+      │                sizes) make the graph run in stages, each a module made as below
+      │ partition      fusion groups → FusionPlan                                   kiln.lower.partition
+      │ lower_groups   each group → a kernel, schedule trace and decisions kept     kiln.lower.kernel
+      │ plan_memory    weights blob, workspace arena → MemoryPlan                   kiln.lower.memory
+      │ emit_module    kernels + entry function → LoweredModule (loop IR)           kiln.lower.module
+      │ generate       loop IR → C translation units → CSource                      kiln.codegen
+      │ build          compile (cached), describe → Built (the module cache entry)  kiln.codegen.build
+      ▼ load           → NativeModule: one foreign call per inference               kiln.runtime
+
+`native` runs partition → build behind the module cache (kiln.targets.cache);
+`run_stages` runs the same functions, keeping each result, for `kiln compile --emit`.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Value
@@ -13,22 +36,12 @@ from kiln.limits import use as use_limits
 from kiln.runtime.model import CompiledModel, TensorSpec
 
 TARGETS = ("interpreter", "cpu")
-
-
-def to_graph(model: Any) -> Graph:
-    """Accept a path, bytes, an onnx.ModelProto or a Graph; return a typed Graph."""
-    if isinstance(model, Graph):
-        return model
-    from kiln.frontends.onnx import load_onnx  # noqa: PLC0415
-    if isinstance(model, (str, os.PathLike, bytes)) or type(model).__name__ == "ModelProto":
-        return load_onnx(model)
-    raise KilnError(f"cannot compile a {type(model).__name__}: pass a path to an .onnx file, "
-                    "an onnx.ModelProto or a kiln Graph")
+STAGES = ("graph", "optimized", "partition", "loops", "c")
 
 
 def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int | None = None,  # noqa: A001
             report: bool = False, limits: Limits | dict | None = None, example_inputs=None,
-            dynamic_shapes=None, **options) -> CompiledModel:
+            dynamic_shapes=None, decisions: dict | None = None, **options) -> CompiledModel:
     """Compile a model for `target` and return a runnable CompiledModel.
 
     `target`: "cpu" (native code), "interpreter" (the NumPy reference), or a CPU to build
@@ -44,7 +57,9 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     None, the default, is the fastest level, -O3);
     `report=True` attaches `model.report`, a CompileReport of what was done;
     `limits` caps constants, planned memory and loop trip counts (kiln.limits:
-    a Limits, or a dict overriding some of the defaults), at compile and run time.
+    a Limits, or a dict overriding some of the defaults), at compile and run time;
+    `decisions` overrides schedule decisions (kiln.lower.decisions: {name: value} for
+    every kernel, {kernel: {name: value}} for one).
     """
     target, cpu = _split_target(target, cpu)
     if options:
@@ -54,14 +69,18 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
         opt_level = DEFAULT_LEVEL
     if _is_torch(model):
         from kiln.frontends.torch import compile_torch  # noqa: PLC0415
+        if decisions:
+            raise KilnError("decisions are not passed through the torch frontend yet; export to ONNX")
         return compile_torch(model, target, example_inputs=example_inputs, dynamic_shapes=dynamic_shapes,
                              opt_level=opt_level, report=report, limits=limits, cpu=cpu)
     if example_inputs is not None or dynamic_shapes is not None:
         raise KilnError("example_inputs and dynamic_shapes are for torch modules; an ONNX model "
                         "declares its own input shapes")
+    from kiln.lower.decisions import normalize  # noqa: PLC0415
+    decisions = normalize(decisions)
     lim = Limits.of(limits)
     with use_limits(lim):
-        compiled = _compile(model, target, opt_level, report, cpu)
+        compiled = _compile(model, target, opt_level, report, cpu, decisions)
     compiled.limits = lim
     return compiled
 
@@ -90,34 +109,307 @@ def _is_torch(model: Any) -> bool:
     return is_torch_model(model)
 
 
-def _compile(model: Any, target: str, opt_level: int, report: bool, cpu=None) -> CompiledModel:
-    from kiln.passes import CompileReport, run_passes  # noqa: PLC0415
+def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisions: dict) -> CompiledModel:
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
-    source = to_graph(model)
-    graph, stats = run_passes(source, opt_level, target=cpu)
+    optimized = optimize(frontend(model), opt_level, cpu)
+    graph = optimized.graph
+    ins, outs = [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs]
     if target == "interpreter":
         compiled = InterpretedModel(graph)
     else:
-        from kiln.targets.cpu import CpuModel
-        compiled = CpuModel(graph, [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs],
-                            source, opt_level, cpu)
+        from kiln.targets.cpu import CpuModel  # noqa: PLC0415
+        compiled = CpuModel(ShapePipeline(optimized, decisions), ins, outs)
     if report:
-        compiled.report = CompileReport(opt_level, stats,
-                                        per_shape=getattr(compiled, "program", None) is not None
-                                        and compiled.program.reoptimize is not None)
-        info = compiled.build_info() if target == "cpu" else None
-        if info is not None:
-            r = compiled.report
-            r.fused_groups = list(info["calls"])
-            r.why_not_fused = list(info.get("why_not_fused", []))
-            r.kernels = len(info["calls"])
-            r.arena_bytes = info.get("arena_bytes")
-            r.intermediate_bytes = info.get("intermediate_bytes")
-            r.arena_peak_live_bytes = info.get("arena_peak_live_bytes")
-            r.inplace_kernels = info.get("inplace_kernels")
+        compiled.report = _report(optimized, compiled if target == "cpu" else None)
     return compiled
 
+
+# -- frontend, passes ----------------------------------------------------------------------
+
+def frontend(model: Any) -> Graph:
+    """Accept a path, bytes, an onnx.ModelProto or a Graph; return a typed Graph."""
+    if isinstance(model, Graph):
+        return model
+    from kiln.frontends.onnx import load_onnx  # noqa: PLC0415
+    if isinstance(model, (str, os.PathLike, bytes)) or type(model).__name__ == "ModelProto":
+        return load_onnx(model)
+    raise KilnError(f"cannot compile a {type(model).__name__}: pass a path to an .onnx file, "
+                    "an onnx.ModelProto or a kiln Graph")
+
+
+to_graph = frontend
+
+
+@dataclass(frozen=True)
+class Optimized:
+    """Stage "optimize": the graph after the passes of -O`level` for CPU `target`."""
+    graph: Graph
+    stats: list                  # kiln.passes PassStats, one per pass run
+    level: int
+    target: Any                  # kiln.targets.Target: the CPU the code is for
+    # the unoptimised graph, kept when some input size is unknown: the passes that need
+    # static shapes run again on it per input shapes (see `specialize`)
+    source: Graph | None = None
+
+
+def optimize(graph: Graph, level: int, target) -> Optimized:
+    from kiln.passes import run_passes  # noqa: PLC0415
+    optimized, stats = run_passes(graph, level, target=target)
+    static = all(isinstance(v.type, TensorType) and v.type.is_static for v in optimized.inputs)
+    return Optimized(optimized, stats, level, target, None if static or not level else graph)
+
+
+# -- per input shapes ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Specialized:
+    """Stage "specialize": the graph for one shape key, and what is known at compile time."""
+    graph: Graph
+    known: dict                  # value id -> compile-time data (constants' and shape inputs')
+    breaks: list                 # kiln.lower.specialize.Break: where it must run in stages
+
+
+def specialize(optimized: Optimized, shapes: list, values: dict | None = None) -> Specialized:
+    """`optimized` specialised to input `shapes` (and input `values`: small shape-giving inputs);
+    with a source to re-optimise, the source specialised, its passes run with the sizes known,
+    then specialised again (the passes make fresh values, and `known` is keyed by value).
+    The one specialisation path: compile, export and `kiln compile --emit` all come here."""
+    from kiln.lower.specialize import specialize as bind, stage_breaks  # noqa: PLC0415
+    values = values or {}
+    graph = optimized.graph
+    if optimized.source is not None:
+        from kiln.passes import run_passes  # noqa: PLC0415
+        graph, _ = run_passes(bind(optimized.source, shapes, values)[0], optimized.level,
+                              target=optimized.target)
+    g, known = bind(graph, list(shapes), values)
+    return Specialized(g, known, stage_breaks(g))
+
+
+@dataclass(frozen=True)
+class ShapePipeline:
+    """What one compiled graph runs per input shapes (kiln.targets.cpu calls it with each
+    new shape key): `specialize`, then `native` for each stage that is one static module."""
+    optimized: Optimized
+    decisions: dict = field(default_factory=dict)
+    whole: bool = True           # the whole model (else a stage or body: some kernels are elsewhere)
+
+    @property
+    def target(self):
+        """The CPU every module is built for (kiln.targets.Target)."""
+        return self.optimized.target
+
+    def specialize(self, shapes: list, values: dict | None = None) -> Specialized:
+        return specialize(self.optimized, shapes, values)
+
+    def native(self, graph: Graph, known: dict):
+        return native(graph, known, self.target, self.decisions, strict=self.whole)
+
+    def part(self, graph: Graph) -> ShapePipeline:
+        """The pipeline for a part of the graph (a stage before or after a break, a body)."""
+        return ShapePipeline(Optimized(graph, [], self.optimized.level, self.target), self.decisions, False)
+
+
+def lower(graph: Graph, known: dict | None = None, target=None, decisions: dict | None = None,
+          strict: bool = True):
+    """partition → lower_groups → plan_memory → emit_module: a static graph as loop IR for CPU
+    `target` (None: this host). `strict`: a decision override for a kernel the module does
+    not have is an error."""
+    from kiln.lower.module import check_static, emit_module, lower_groups, plan_memory  # noqa: PLC0415
+    from kiln.lower.partition import partition  # noqa: PLC0415
+    check_static(graph)
+    fusion = partition(graph, fuse_anchors=True)
+    groups = lower_groups(graph, fusion, known or {}, target, decisions)
+    if strict:
+        from kiln.lower.decisions import check_kernels  # noqa: PLC0415
+        check_kernels(decisions or {}, [k.func.name for k in groups.kernels])
+    memory = plan_memory(graph, groups)
+    lowered = emit_module(graph, groups, memory, fusion)
+    check_planned(int(lowered.weights.size), lowered.workspace_bytes,
+                  [(v.type.shape, v.type.dtype.name) for v in lowered.outputs], graph, lowered.arena)
+    return lowered
+
+
+@dataclass(frozen=True)
+class CSource:
+    """Stage "generate": the module's C, as translation units (compiled in parallel)."""
+    units: list
+
+    @property
+    def text(self) -> str:
+        from kiln.codegen.build import joined_source  # noqa: PLC0415
+        return joined_source(self.units)
+
+
+def generate(lowered) -> CSource:
+    from kiln.codegen.build import c_units  # noqa: PLC0415
+    return CSource(c_units(lowered.module))
+
+
+@dataclass(frozen=True)
+class Built:
+    """Stage "build": the library, described by the module cache entry (kiln.targets.cache's
+    MODULE_ENTRY: library key and hash, entry symbol, weights, arena, calls, decisions)."""
+    manifest: dict
+
+
+def build(graph: Graph, lowered, source: CSource, target) -> Built:
+    from kiln.codegen import build_c, func_symbol  # noqa: PLC0415
+    lib = build_c(lowered.module, target, units=source.units)
+    index = {v.id: i for i, v in enumerate(graph.constants())}
+    lm = lowered
+    return Built({
+        "library_key": lib.path.stem, "library_sha256": lib.sha256,
+        "entry": func_symbol(lm.module.entry),
+        "outputs": [[list(v.type.shape), v.type.dtype.name] for v in lm.outputs],
+        "weights_bytes": int(lm.weights.size),
+        "weights": [[index[vid], off] for vid, off in lm.weight_offsets.items()],
+        "workspace_bytes": lm.workspace_bytes, "calls": lm.call_nodes, "errors": lm.call_errors,
+        "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena),
+        "arena_bytes": lm.arena.total, "arena_peak_live_bytes": lm.arena.lower_bound,
+        "intermediate_bytes": lm.arena.unshared, "inplace_kernels": len(lm.arena.inplace),
+        "why_not_fused": lm.fusion.why_not if lm.fusion else [],
+        "call_args": _call_args(lm, func_symbol),
+        "decisions": lm.decisions})
+
+
+def load(graph: Graph, manifest: dict):
+    """Stage "load": a (schema-checked) module cache entry as the runtime's NativeModule,
+    the weights placed in a blob and the library verified."""
+    from kiln.runtime.native import NativeModule  # noqa: PLC0415
+    from kiln.targets.cache import library_path  # noqa: PLC0415
+    consts = graph.constants()
+    # string constants are not in the blob (a kernel of the library writes them)
+    raws = [np.zeros(0, np.uint8) if c.const.dtype == object else
+            np.ascontiguousarray(c.const).view(np.uint8).reshape(-1) for c in consts]
+    size = manifest["weights_bytes"]
+    if size > sum(r.size + 64 for r in raws) + 64:
+        raise KilnError(f"weights blob of {size} bytes for {len(consts)} constants", stage="cache")
+    blob = np.zeros(size, dtype=np.uint8)
+    for index, offset in manifest["weights"]:
+        if index >= len(raws) or offset + raws[index].size > size:
+            raise KilnError(f"constant {index} at offset {offset} lies outside the weights", stage="cache")
+        blob[offset:offset + raws[index].size] = raws[index]
+    module = NativeModule(str(library_path(manifest)), manifest["library_sha256"], manifest["entry"],
+                          [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
+                          [(tuple(s), d) for s, d in manifest["outputs"]], blob,
+                          manifest["workspace_bytes"], manifest["calls"], manifest.get("errors"))
+    module.info = manifest  # what was built: kernels, fused groups, arena (for reports)
+    return module
+
+
+def native(graph: Graph, known: dict, target, decisions: dict | None = None, strict: bool = True):
+    """One native module for a specialised graph whose sizes are all known: lower → generate
+    → build → load, cached across processes by everything that determines the module (a
+    damaged cache entry is built again)."""
+    from kiln.targets import cache  # noqa: PLC0415
+    key = cache.graph_key(graph, known, target, decisions)
+    manifest = cache.load(key)
+    if manifest is not None:
+        check_planned(manifest["weights_bytes"], manifest["workspace_bytes"],
+                      [(s, d) for s, d in manifest["outputs"]])   # a limit, not damage: raised as is
+        try:
+            return load(graph, manifest)
+        except KilnError:
+            pass   # a truncated, garbage or inconsistent entry: build it again
+    lowered = lower(graph, known, target, decisions, strict)
+    built = build(graph, lowered, generate(lowered), target)
+    cache.store(key, built.manifest)
+    return load(graph, built.manifest)
+
+
+def check_planned(weights: int, workspace: int, outputs: list, graph: Graph | None = None,
+                  arena=None) -> None:
+    """Before building or loading a module: weights + workspace arena + outputs within the
+    memory limit (the error names the largest output or arena buffer, when known)."""
+    from kiln.dtypes import DType  # noqa: PLC0415
+    from kiln.limits import check_memory, nbytes  # noqa: PLC0415
+    sizes = [nbytes(tuple(s), DType.from_name(d).itemsize) or 0 for s, d in outputs]
+    where = {}
+    if graph is not None:
+        made = {v.id: (n, v) for n in graph.nodes for v in n.outputs if v is not None}
+        big = [(size, graph.outputs[k].id) for k, size in enumerate(sizes)]
+        big += [(b.size, b.key) for b in (arena.buffers if arena is not None else ())]
+        if big:
+            size, key = max(big, key=lambda sk: sk[0])
+            if key in made:
+                n, v = made[key]
+                where = dict(node=n.name, op=n.op)
+    check_memory(int(weights) + int(workspace) + sum(sizes),
+                 f"the compiled module's planned memory (weights {int(weights):,} + workspace "
+                 f"{int(workspace):,} + outputs {sum(sizes):,} bytes)", stage="lower", **where)
+
+
+def _call_args(lm, func_symbol) -> list:
+    """Per call of the entry: [kernel symbol, [[base, byte offset], ...]], base being
+    "in<k>", "out<k>", "weights" or "workspace" (what NativeModule.profile replays)."""
+    from kiln.loops.stmt import Call, Seq, View  # noqa: PLC0415
+    body = lm.module.funcs[-1].body
+    calls = body.stmts if isinstance(body, Seq) else (body,)
+    return [[func_symbol(c.func), [[a.buffer.name, int(a.byte_offset)] if isinstance(a, View) else
+                                   [a.name.replace("_", ""), 0] for a in c.args]]
+            for c in calls if isinstance(c, Call)]
+
+
+# -- every stage kept, for `kiln compile --emit` --------------------------------------------
+
+@dataclass
+class Stages:
+    """What the pipeline made for one shape key, stage by stage (None: not run)."""
+    graph: Graph
+    optimized: Optimized | None = None
+    specialized: Specialized | None = None
+    lowered: Any = None          # kiln.lower.module.LoweredModule (its .fusion: the partition)
+    source: CSource | None = None
+
+    def text(self, stage: str) -> str:
+        if stage == "graph":
+            return str(self.graph)
+        if stage == "optimized":
+            return str(self.optimized.graph)
+        if stage == "partition":
+            return str(self.lowered.fusion) + "\n"
+        if stage == "loops":
+            return str(self.lowered.module) + "\n"
+        if stage == "c":
+            return self.source.text
+        raise KilnError(f"unknown stage {stage!r}; choose one of {list(STAGES)}")
+
+
+def run_stages(model: Any, until: str, *, opt_level: int | None = None, dims: dict | None = None,
+               decisions: dict | None = None, cpu=None) -> Stages:
+    """Run the pipeline up to stage `until` (one of STAGES) for CPU `cpu` (a Target or a
+    name; None: this host), keeping every result; symbolic input dims are bound from `dims`
+    for the stages past "optimized"."""
+    if until not in STAGES:
+        raise KilnError(f"unknown stage {until!r}; choose one of {list(STAGES)}")
+    from kiln.lower.decisions import normalize  # noqa: PLC0415
+    from kiln.runtime.inputs import bind_dims, concrete_shape  # noqa: PLC0415
+    if opt_level is None:
+        from kiln.passes.pipeline import DEFAULT_LEVEL  # noqa: PLC0415
+        opt_level = DEFAULT_LEVEL
+    from kiln.targets.target import Target  # noqa: PLC0415
+    st = Stages(frontend(model))
+    if until == "graph":
+        return st
+    st.optimized = optimize(st.graph, opt_level, Target.of(cpu))
+    if until == "optimized":
+        return st
+    ins = [spec_of(v) for v in st.optimized.graph.inputs]
+    bound = bind_dims(ins, {}, dict(dims or {}))
+    st.specialized = specialize(st.optimized, [concrete_shape(s, bound) for s in ins])
+    if st.specialized.breaks:
+        lines = "; ".join(str(b) for b in st.specialized.breaks if b.origin)
+        raise KilnError(f"--emit {until} shows one native module, but this model runs in stages: {lines}",
+                        stage="lower")
+    st.lowered = lower(st.specialized.graph, st.specialized.known, st.optimized.target, normalize(decisions))
+    if until in ("partition", "loops"):
+        return st
+    st.source = generate(st.lowered)
+    return st
+
+
+# -- runtime models and reports --------------------------------------------------------------
 
 def spec_of(v: Value) -> TensorSpec:
     """Describe a graph input/output: containers (outermost first) around a tensor type."""
@@ -135,7 +427,7 @@ class InterpretedModel(CompiledModel):
     """target="interpreter": the NumPy reference run node by node."""
 
     def __init__(self, graph: Graph):
-        from kiln.interpreter import Interpreter
+        from kiln.interpreter import Interpreter  # noqa: PLC0415
         super().__init__([spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs],
                          "interpreter")
         self.graph = graph
@@ -144,3 +436,18 @@ class InterpretedModel(CompiledModel):
     def _run(self, inputs: list) -> list:
         return self._interp.run(inputs)
 
+
+def _report(optimized: Optimized, compiled) -> Any:
+    """The CompileReport: the passes, and for the cpu target the first module built."""
+    from kiln.passes import CompileReport  # noqa: PLC0415
+    r = CompileReport(optimized.level, optimized.stats, per_shape=optimized.source is not None)
+    info = compiled.build_info() if compiled is not None else None
+    if info is not None:
+        r.fused_groups = list(info["calls"])
+        r.why_not_fused = list(info.get("why_not_fused", []))
+        r.kernels = len(info["calls"])
+        r.arena_bytes = info.get("arena_bytes")
+        r.intermediate_bytes = info.get("intermediate_bytes")
+        r.arena_peak_live_bytes = info.get("arena_peak_live_bytes")
+        r.inplace_kernels = info.get("inplace_kernels")
+    return r

@@ -42,7 +42,7 @@ def native_module(model: CompiledModel, shapes: list[tuple[int, ...]]) -> Native
     if model.target != "cpu" or program is None:
         raise KilnError(f"only target 'cpu' makes a deployable artifact; this model is target "
                         f"{model.target!r}")
-    breaks = stage_breaks(model.graph, shapes)
+    breaks = [str(b) for b in program.pipeline.specialize(list(shapes)).breaks if b.origin]
     if breaks:
         more = f" and {len(breaks) - 4} more" if len(breaks) > 4 else ""
         raise KilnError(f"cannot save an artifact: it holds one native module of fixed sizes, but "
@@ -54,24 +54,6 @@ def native_module(model: CompiledModel, shapes: list[tuple[int, ...]]) -> Native
         raise KilnError("cannot save an artifact: this model does not compile to one native module "
                         "for these shapes (it runs in stages)", stage="export")
     return runner
-
-
-def stage_breaks(graph, shapes: list[tuple[int, ...]]) -> list[str]:
-    """Why `graph` at `shapes` is not one native module: a line per node that starts the
-    trouble (control flow and sequence ops; ops whose output sizes depend on input values)."""
-    from kiln.lower.module import is_runtime_op
-    from kiln.lower.specialize import dynamic_values, specialize
-    g, _ = specialize(graph, list(shapes), {})
-    dyn = {v.id for v in dynamic_values(g)}
-    out = []
-    for n in g.nodes:
-        if is_runtime_op(n):
-            out.append(f"{n.op} node {n.name!r} is control flow or a sequence op (the cpu target runs "
-                       "it in stages)")
-        elif any(v is not None and v.id in dyn for v in n.outputs) and \
-                not any(v is not None and v.id in dyn for v in n.inputs):
-            out.append(f"{n.op} node {n.name!r} makes an output whose size depends on input values")
-    return out
 
 
 def c_source_of(native: NativeModule) -> str:

@@ -1,32 +1,25 @@
 """The text of one pipeline stage, for `kiln compile --emit`: every stage can be looked at.
 
-graph: the imported graph; optimized: the graph the compiled model runs (after
-the passes of its -O level); loops: the loop IR of its native module; c: the C
-source the library was built from (read back from the build, so it is exactly
-what runs).
+graph: the imported graph; optimized: the graph after the passes of its -O level;
+partition: its fusion groups; loops: the loop IR of its native module; c: the C
+source that module is built from. Each is the pipeline's own intermediate
+(kiln.compiler.run_stages runs the stages in order, keeping each result), not a
+second lowering.
 """
 
 from __future__ import annotations
 
+from kiln.compiler import STAGES, run_stages
 from kiln.errors import KilnError
-from kiln.export import bind_shapes, c_source_of, native_module
 
 
-def stage_text(graph, compiled, stage: str, dims: dict[str, int] | None) -> str:
-    """`graph` is the imported graph; `compiled` the CompiledModel made from it (None for 'graph')."""
-    if stage == "graph":
-        return str(graph)
-    if stage == "optimized":
-        return str(compiled.graph)
-    if compiled.target != "cpu":
-        raise KilnError(f"--emit {stage} shows native code, which target {compiled.target!r} has none "
+def stage_text(graph, stage: str, dims: dict[str, int] | None, *, target: str = "cpu",
+               opt_level: int | None = None, decisions: dict | None = None, cpu=None) -> str:
+    """`graph` is the imported graph (or anything kiln.compile accepts); `cpu` the CPU
+    (kiln.targets.Target or a name; None: this host) native stages are made for."""
+    if stage not in STAGES:
+        raise KilnError(f"unknown stage {stage!r}; choose one of {list(STAGES)}")
+    if stage not in ("graph", "optimized") and target != "cpu":
+        raise KilnError(f"--emit {stage} shows native code, which target {target!r} has none "
                         "of; use --target cpu")
-    shapes = bind_shapes(compiled, dims)
-    if stage == "c":
-        return c_source_of(native_module(compiled, shapes))
-    if stage == "loops":
-        from kiln.lower.module import lower_graph
-        from kiln.lower.specialize import specialize
-        g, known = specialize(compiled.graph, shapes, {})
-        return str(lower_graph(g, known, compiled.program.target).module) + "\n"
-    raise KilnError(f"unknown stage {stage!r}; choose graph, optimized, loops or c")
+    return run_stages(graph, stage, opt_level=opt_level, dims=dims, decisions=decisions, cpu=cpu).text(stage)

@@ -145,7 +145,7 @@ def compile_c(source: str | list[str], target: Target, cc: str | None = None, cf
                     raise KilnError(f"C compiler failed (exit {p.returncode}): {' '.join(cmd + flags)}\n"
                                     f"{(err or out)[-3000:]}", stage="codegen")
             _run([*cmd, *flags, "-o", so_tmp, *objs, *extra, *_libs(flags)], cmd + flags)
-        source = "\n/* ---- next translation unit ---- */\n".join(units).encode()
+        source = joined_source(units).encode()
         # the record goes first: whoever finds the new library also finds its hash (a
         # concurrent builder's record may win; a mismatch is then a rebuild, never a load)
         write_atomic(so.with_suffix(".sha256"),
@@ -258,18 +258,29 @@ class CModule:
         return self[name](*arrays)
 
 
+def c_units(module: LoopModule) -> list[str]:
+    """The module's C source as translation units: for a big module one per core of the
+    building machine (compiled in parallel)."""
+    return emit_c_units(module, host_cores()) if len(module.funcs) > 4 else [emit_c(module)]
+
+
+def joined_source(units: list[str]) -> str:
+    """Translation units as one text: what the build cache keeps beside the library."""
+    return "\n/* ---- next translation unit ---- */\n".join(units)
+
+
 def build_c(module: LoopModule | PrimFunc, target: Target | None = None, cc: str | None = None,
-            cflags=None) -> CModule:
-    """Emit, compile (cached) and load a module built for `target` (None: this host, for
-    kernels built by hand); flags default to $KILN_CFLAGS or -O3 -march=<target> -fopenmp."""
+            cflags=None, units: list[str] | None = None) -> CModule:
+    """Emit (unless its `units` are given: `c_units`), compile (cached) and load a module
+    built for `target` (None: this host, for kernels built by hand); flags default to
+    $KILN_CFLAGS or -O3 -march=<target> -fopenmp."""
     target = Target.of(target)
     if isinstance(module, (PrimFunc, ExternFunc)):
         module = LoopModule([module])
     libs = sorted({lib for f in module.funcs if isinstance(f, ExternFunc) for lib in f.libs})
     for name, header, package in libs:
         require_c_library(name, header, package, tuple(_cc(cc)))
-    # one translation unit per core of the building machine (compiled in parallel)
-    units = emit_c_units(module, host_cores()) if len(module.funcs) > 4 else [emit_c(module)]
+    units = c_units(module) if units is None else units
     return CModule(module, "\n".join(units), compile_c(units, target, cc, cflags, [name for name, _, _ in libs]))
 
 

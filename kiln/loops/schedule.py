@@ -67,16 +67,19 @@ class Inst:
 
 @dataclass(frozen=True)
 class Trace:
+    """Primitive calls in order, and the named decisions (kiln.lower.decisions) the
+    kernel's template took to make them: (name, value) pairs, in the order taken."""
     insts: tuple = ()
+    decisions: tuple = ()
 
     def __str__(self):
-        return "\n".join(map(str, self.insts))
+        return "\n".join([f"decide({n!r}, {v!r})" for n, v in self.decisions] + list(map(str, self.insts)))
 
     def with_args(self, index: int, args: tuple) -> "Trace":
         """The same trace with instruction `index` given new args (a tuner's mutation)."""
         insts = list(self.insts)
         insts[index] = replace(insts[index], args=tuple(args))
-        return Trace(tuple(insts))
+        return Trace(tuple(insts), self.decisions)
 
     def replay(self, outputs) -> "Schedule":
         sch = Schedule(outputs)

@@ -54,7 +54,7 @@ from kiln.codegen.c import STACK_LIMIT
 from kiln.dtypes import DType
 from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
 from kiln.loops.expr import walk
-from kiln.lower.schedules import PARALLEL_MIN_WORK
+from kiln.lower.decisions import parallel_min_work
 from kiln.targets.target import Target
 
 
@@ -189,7 +189,7 @@ class Gemm:
         fused = so.fuse(*tiles) if tiles else None
         if ji is not None and nj > 1:
             so.vectorize(ji)
-        if fused is not None and self.work >= PARALLEL_MIN_WORK:
+        if fused is not None and self.work >= parallel_min_work():
             so.parallel(fused)
         sa = sch[self.acc]
         if fused is not None:
@@ -221,7 +221,7 @@ class Gemm:
             outer = ss.fuse(*sb) if len(sb) > 1 else sb[0]
             if self.nr > 1 and self.s_packed.shape[-1] > 1:
                 ss.vectorize(sk)
-            if math.prod(self.s_packed.shape) >= PARALLEL_MIN_WORK:
+            if math.prod(self.s_packed.shape) >= parallel_min_work():
                 ss.parallel(outer)
         if self.packed is not None:
             sp = sch[self.packed]
@@ -232,7 +232,7 @@ class Gemm:
                 sp.compute_at(sa, co)
             else:
                 outer = sp.fuse(*pb, pco)
-                if math.prod(self.packed.shape) >= PARALLEL_MIN_WORK:
+                if math.prod(self.packed.shape) >= parallel_min_work():
                     sp.parallel(outer)
 
 

@@ -8,6 +8,10 @@ members' outputs as the compute Tensors those returned. Intermediate injective
 stages are inlined, so the chain becomes one loop nest and a prologue becomes index
 arithmetic in the anchor's loads. The anchor's schedule schedules the kernel.
 Parameters: the group's inputs (first-use order), then its outputs.
+
+The schedule is kept: `Kernel.trace` is its replayable trace, with the named
+decisions its template took (`Kernel.decisions`, kiln.lower.decisions); lowering
+again with `decisions={...}` gives the schedule for other values.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from kiln.errors import KilnError
 from kiln.graph.ir import Node, Value
 from kiln.graph.types import TensorType, Type
 from kiln.loops import Buffer, PrimFunc, Schedule, Tensor, compute, lower, placeholder
+from kiln.loops.schedule import Trace
 from kiln.loops.stmt import ExternFunc
+from kiln.lower.decisions import check_used, choosing, for_kernel
 from kiln.lower.schedules import default_schedule
 from kiln.ops.registry import LowerCtx, lookup
 from kiln.lower.partition import Kind, group_anchor, kind_of
@@ -41,6 +47,8 @@ class Kernel:
     inputs: list[Value]            # one per leading param
     outputs: list[Value | None]    # one per remaining param (None: an unused output, scratch)
     nodes: list[Node] = field(default_factory=list)
+    trace: Trace | None = None     # the schedule's trace (None: a hand-written kernel)
+    decisions: dict = field(default_factory=dict)  # the named decisions taken, name -> value
 
 
 def _tensor_type(t: Type | None, what: str, node: Node, static: bool = True) -> TensorType:
@@ -59,16 +67,25 @@ def lower_node(node: Node, opset: int, values: list, name: str, target: Target |
 
 
 def lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, list],
-                needed_outside, name: str, target: Target) -> Kernel:
+                needed_outside, name: str, target: Target, decisions: dict | None = None) -> Kernel:
     """Lower `nodes` (types concrete) into one kernel named `name`, compiled for `target`.
 
     `opsets`/`values` are keyed by id(node) (values: per input, compile-time data or None);
     `needed_outside(value)` says whether a value produced here is read after the kernel.
+    `decisions` overrides the templates' decisions (kiln.lower.decisions: global, or for
+    kernel `name`); `target` gives their defaults.
     A lowering's own failure is still a KilnError naming the node (on every path that lowers:
     whole graphs, and the single-node kernels built at run time for data-dependent shapes).
     """
+    decisions = decisions or {}
     try:
-        return _lower_group(nodes, opsets, values, needed_outside, name, target)
+        with choosing(name, for_kernel(decisions, name), target) as chosen:
+            kernel = _lower_group(nodes, opsets, values, needed_outside, name, target)
+        check_used(name, decisions.get(name, {}), chosen)
+        kernel.decisions = dict(chosen)
+        if kernel.trace is not None:
+            kernel.trace = Trace(kernel.trace.insts, tuple(chosen.items()))
+        return kernel
     except (KilnError, MemoryError):
         raise
     except Exception as e:
@@ -159,7 +176,7 @@ def _lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, li
     else:
         default_schedule(sch, out_tensors, target)
     params = [tensors[v.id] for v in group_inputs] + out_tensors
-    return Kernel(lower(sch, params, name), group_inputs, [v for v, _ in outputs], list(nodes))
+    return Kernel(lower(sch, params, name), group_inputs, [v for v, _ in outputs], list(nodes), sch.trace)
 
 
 def _created(outs: list, known: set) -> set:

@@ -1,5 +1,10 @@
 """A whole (specialised, statically shaped) graph → one loop-level module.
 
+Three stages of kiln.compiler's pipeline live here, each a function with a typed
+result: `lower_groups` (every fusion group of kiln.lower.partition as a kernel:
+LoweredGroups), `plan_memory` (weights blob and workspace arena: MemoryPlan) and
+`emit_module` (the kernels plus the entry function: LoweredModule).
+
 Every node becomes one kernel; one entry function `main` runs them in order:
 
     int32_t kiln_main(in_0.., out_0.., uint8 weights[], uint8 workspace[])
@@ -25,8 +30,8 @@ from kiln.graph.types import TensorType
 from kiln.loops import Buffer, Call, LoopModule, PrimFunc, compute, lower, placeholder, seq
 from kiln.loops import Schedule, View
 from kiln.lower.inplace import inplace_candidates
-from kiln.lower.kernel import Unfusable, lower_group, lowerable
-from kiln.lower.partition import VIEW_OPS, FusionPlan, partition
+from kiln.lower.kernel import Kernel, Unfusable, lower_group, lowerable
+from kiln.lower.partition import VIEW_OPS, FusionPlan
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
 from kiln.codegen.strings import constant_kernel
@@ -49,6 +54,12 @@ class LoweredModule:
     call_errors: list[list] = field(default_factory=list)  # call k -> its kernel's [[status, message]..]
     fusion: FusionPlan | None = None
     weight_offsets: dict[int, int] = field(default_factory=dict)  # constant value id -> blob offset
+    kernels: list[Kernel] = field(default_factory=list)  # the lowered kernels (traces, decisions)
+
+    @property
+    def decisions(self) -> dict[str, dict]:
+        """kernel name -> the named decisions its template took (kiln.lower.decisions)."""
+        return {k.func.name: dict(k.decisions) for k in self.kernels}
 
 
 # Executed by the cpu target's runtime rather than as kernels: control flow, whose
@@ -93,25 +104,64 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None, target: Target | None = None
-                ) -> LoweredModule:
-    """Lower a graph whose values all have static tensor types (see kiln.compiler) for CPU
-    `target` (None: this host)."""
+@dataclass
+class Step:
+    """One call of the entry function: kernel `func` on `args` (per param: a graph value,
+    or a scratch buffer for an output nobody reads)."""
+    func: str
+    args: list
+    what: str                    # "op node 'name' + ..." for errors and reports
+
+
+@dataclass
+class LoweredGroups:
+    """Stage "lower each group": every fusion group as kernels, in call order."""
+    kernels: list[Kernel]        # each kernel lowered, with its kept trace and decisions
+    funcs: list                  # the functions emitted (identical kernels once)
+    steps: list[Step]
+    alias: dict[int, Value]      # a view op's output id -> the value whose bytes it reuses
+    share: list[tuple[int, Value, Value]]   # (step, input, output) that may run in place
+    out_params: list[Buffer]
+    str_consts: dict[int, Value]  # string constants, written by a kernel of their own
+
+    @property
+    def decisions(self) -> dict[str, dict]:
+        """kernel name -> the named decisions its template took."""
+        return {k.func.name: dict(k.decisions) for k in self.kernels}
+
+
+@dataclass
+class MemoryPlan:
+    """Stage "plan memory": the weights blob and the workspace arena."""
+    weights: np.ndarray                 # uint8 blob, every constant at its offset
+    weight_offsets: dict[int, int]      # constant value id -> blob offset
+    arena: ArenaPlan                    # keys: value ids and id(scratch buffer)
+
+
+def check_static(graph: Graph) -> None:
+    """Native code needs every graph input and output a tensor of static shape."""
     check_lowerable(graph)
-    known = known or {}
-    target = Target.of(target)
     for v in graph.inputs + graph.outputs:
         if not isinstance(v.type, TensorType) or not v.type.is_static:
             raise KilnError(f"graph value %{v.name} has type {v.type}; native code needs static tensor "
                             "shapes (bind symbolic dims first)", stage="lower")
+
+
+def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] | None = None,
+                 target: Target | None = None, decisions: dict | None = None) -> LoweredGroups:
+    """Each fusion group as one kernel (or one per node, when a member must stand alone) for
+    CPU `target` (None: this host), view ops as aliases, then the copies into graph outputs
+    and the string constants; `decisions` overrides schedule decisions (kiln.lower.decisions)."""
+    known = known or {}
+    target = Target.of(target)
+    kernels: list[Kernel] = []
     funcs: list = []
-    steps: list[tuple[str, list[Value | Buffer], str]] = []  # (func, per-param value or scratch, what)
-    fusion = partition(graph, fuse_anchors=True)
+    steps: list[Step] = []
     consumers = graph.consumers()
     outputs_ids = {v.id for v in graph.outputs}
-    alias: dict[int, Value] = {}   # a view op's output -> the value whose bytes it reuses
+    alias: dict[int, Value] = {}
     seen: dict[str, str] = {}      # kernel text (name left out) -> the kernel already emitted
-    share: list[tuple[int, Value, Value]] = []  # (step, input, output): may run in place
+    share: list[tuple[int, Value, Value]] = []
     for group in fusion.groups:
         inside = {id(n) for n in group.nodes}
         if len(group.nodes) == 1 and _is_view(group.nodes[0]):
@@ -122,7 +172,9 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None, target
         def needed_outside(v, inside=inside):
             return v.id in outputs_ids or any(id(c) not in inside for c in consumers.get(v.id, []))
 
-        for kernel in _lower_group_or_split(graph, group.nodes, known, needed_outside, len(funcs), target):
+        for kernel in _lower_group_or_split(graph, group.nodes, known, needed_outside, len(funcs),
+                                            target, decisions or {}):
+            kernels.append(kernel)
             name = _dedup(kernel.func, funcs, seen)
             n_in = len(kernel.inputs)
             outs = [v if v is not None else Buffer(f"scratch{len(funcs)}_{j}", p.dtype, tuple(p.shape))
@@ -131,12 +183,12 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None, target
             if isinstance(kernel.func, PrimFunc):
                 share += [(len(steps), a, b) for a, b in
                           inplace_candidates(kernel.nodes, kernel.inputs, kernel.outputs)]
-            steps.append((name, list(kernel.inputs) + outs, what))
+            steps.append(Step(name, list(kernel.inputs) + outs, what))
     # steps read a view's root value instead of the view (same bytes, no copy)
-    steps = [(name, [alias.get(a.id, a) if isinstance(a, Value) else a for a in args], what)
-             for name, args, what in steps]
+    for st in steps:
+        st.args = [alias.get(a.id, a) if isinstance(a, Value) else a for a in st.args]
     # graph outputs not written by a kernel (inputs, constants, views, repeats) get a copy kernel
-    kernel_written = {a.id for _, args, _ in steps for a in args if isinstance(a, Value)}
+    kernel_written = {a.id for st in steps for a in st.args if isinstance(a, Value)}
     written: set[int] = set()
     out_params = []
     for i, v in enumerate(graph.outputs):
@@ -147,27 +199,30 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None, target
         if not producer_writes or v.id in written:
             name = f"copy_out{i}"
             funcs.append(_copy_kernel(name, v.type, target))
-            steps.append((name, [alias.get(v.id, v), p], f"copy to output {v.name!r}"))
+            steps.append(Step(name, [alias.get(v.id, v), p], f"copy to output {v.name!r}"))
         written.add(v.id)
 
     # string constants are written by a kernel of their own (pointers to literals in the
     # library), first thing in every run: the weights blob holds bytes, not pointers
-    str_consts = {a.id: a for _, args, _ in steps for a in args
+    str_consts = {a.id: a for st in steps for a in st.args
                   if isinstance(a, Value) and a.const is not None and a.type.dtype is DType.string}
     for k, v in enumerate(str_consts.values()):
         name = f"const_str{k}"
         funcs.append(constant_kernel(name, v.const))
-        steps.insert(k, (name, [v], f"string constant {v.name!r}"))
+        steps.insert(k, Step(name, [v], f"string constant {v.name!r}"))
+    # (share's step indices count kernels only, so with string constants in front no pair
+    # matches its step and nothing runs in place: conservative, as it always was)
+    return LoweredGroups(kernels, funcs, steps, alias, share, out_params, str_consts)
 
-    in_params = {v.id: Buffer(f"in_{i}", v.type.dtype, tuple(v.type.shape)) for i, v in enumerate(graph.inputs)}
-    out_of = {}
-    for i, v in enumerate(graph.outputs):
-        out_of.setdefault(v.id, out_params[i])
 
-    # weights blob
+def plan_memory(graph: Graph, lowered: LoweredGroups) -> MemoryPlan:
+    """Constants into one weights blob; every intermediate value and scratch output into one
+    workspace arena, by liveness over the steps (in place where a kernel may overwrite a dead
+    input). Inputs, constants and values written straight into output params need none."""
+    steps, str_consts, alias = lowered.steps, lowered.str_consts, lowered.alias
     offsets, blob = {}, bytearray()
-    for _, args, _ in steps:
-        for a in args:
+    for st in steps:
+        for a in st.args:
             if isinstance(a, Value) and a.const is not None and a.id not in offsets and a.id not in str_consts:
                 if a.type.dtype.c_storage is None:  # bfloat16, float8, int4.. are bytes as numpy's
                     raise KilnError(f"constant %{a.name} has dtype {a.type.dtype}, which the C backend "
@@ -177,16 +232,16 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None, target
                 blob += b"\0" * (_align(len(blob)) - len(blob))
     weights = np.frombuffer(bytes(blob) or b"\0" * ALIGN, dtype=np.uint8).copy()
 
-    # arena: every intermediate value and scratch output, by liveness over steps;
-    # inputs, constants and values written straight into output params need none
-    outs = set(out_params)
+    in_ids = {v.id for v in graph.inputs}
+    out_ids = {v.id for v in graph.outputs}
+    outs = set(lowered.out_params)
     first: dict = {}
     last: dict = {}
     size: dict = {}
-    for k, (_, args, _) in enumerate(steps):
-        for a in args:
+    for k, st in enumerate(steps):
+        for a in st.args:
             if isinstance(a, Value):
-                if a.id not in str_consts and (a.const is not None or a.id in in_params or a.id in out_of):
+                if a.id not in str_consts and (a.const is not None or a.id in in_ids or a.id in out_ids):
                     continue
                 key, nbytes = a.id, _nbytes(a.type)
             elif a in outs:
@@ -196,21 +251,34 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None, target
             first.setdefault(key, k)
             last[key] = k
             size[key] = nbytes
-    arena_keys = list(first)
 
     def root_id(v):
         return alias.get(v.id, v).id
 
     def read_once(k, rid):   # not also read through another view of the same bytes
-        return sum(isinstance(x, Value) and x.id == rid for x in steps[k][1]) == 1
-    pairs = [(root_id(a), b.id) for k, a, b in share
+        return sum(isinstance(x, Value) and x.id == rid for x in steps[k].args) == 1
+    pairs = [(root_id(a), b.id) for k, a, b in lowered.share
              if last.get(root_id(a)) == k and first.get(b.id) == k and read_once(k, root_id(a))]
-    plan = plan_arena([Lifetime(k, size[k], first[k], last[k]) for k in arena_keys], ALIGN, pairs)
+    arena = plan_arena([Lifetime(k, size[k], first[k], last[k]) for k in first], ALIGN, pairs)
+    return MemoryPlan(weights, offsets, arena)
+
+
+def emit_module(graph: Graph, lowered: LoweredGroups, memory: MemoryPlan,
+                fusion: FusionPlan | None = None) -> LoweredModule:
+    """The loop-level module: every kernel, and the entry function calling them in order on
+    the inputs, outputs, weights blob and workspace arena."""
+    steps, plan, offsets = lowered.steps, memory.arena, memory.weight_offsets
     # a kernel run in place reads and writes the same bytes: its params may not be restrict
-    inplace_funcs = {steps[k][0] for k, a, b in share if (root_id(a), b.id) in plan.inplace}
-    funcs = [dataclasses.replace(f, noalias=False) if f.name in inplace_funcs else f for f in funcs]
-    wbuf = Buffer("weights", DType.uint8, (max(len(weights), 1),))
+    inplace_funcs = {steps[k].func for k, a, b in lowered.share
+                     if (lowered.alias.get(a.id, a).id, b.id) in plan.inplace}
+    funcs = [dataclasses.replace(f, noalias=False) if f.name in inplace_funcs else f for f in lowered.funcs]
+    wbuf = Buffer("weights", DType.uint8, (max(len(memory.weights), 1),))
     abuf = Buffer("workspace", DType.uint8, (max(plan.total, ALIGN),))
+    in_params = {v.id: Buffer(f"in_{i}", v.type.dtype, tuple(v.type.shape)) for i, v in enumerate(graph.inputs)}
+    out_of: dict[int, Buffer] = {}
+    for i, v in enumerate(graph.outputs):
+        out_of.setdefault(v.id, lowered.out_params[i])
+    outs = set(lowered.out_params)
 
     def arg(a):
         if not isinstance(a, Value) and a in outs:
@@ -218,7 +286,7 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None, target
         if isinstance(a, Value):
             if a.id in in_params:
                 return in_params[a.id]
-            if a.id in str_consts:
+            if a.id in lowered.str_consts:
                 return View(abuf, plan.offsets[a.id])
             if a.const is not None:
                 return View(wbuf, offsets[a.id])
@@ -227,15 +295,16 @@ def lower_graph(graph: Graph, known: dict[int, np.ndarray] | None = None, target
             return View(abuf, plan.offsets[a.id])
         return View(abuf, plan.offsets[id(a)])
 
-    calls = [Call(name, tuple(arg(a) for a in args)) for name, args, _ in steps]
-    params = tuple(in_params[v.id] for v in graph.inputs) + tuple(out_params) + (wbuf, abuf)
+    calls = [Call(st.func, tuple(arg(a) for a in st.args)) for st in steps]
+    params = tuple(in_params[v.id] for v in graph.inputs) + tuple(lowered.out_params) + (wbuf, abuf)
     entry = PrimFunc(ENTRY, params, seq(*calls), noalias=False)
     module = LoopModule(funcs + [entry], entry=ENTRY, interface=interface_text(
         [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
-        [(v.type.shape, v.type.dtype.name) for v in graph.outputs], int(abuf.shape[0]), len(weights)))
-    errors = [[list(e) for e in module[name].errors] for name, _, _ in steps]
-    return LoweredModule(module, list(graph.inputs), list(graph.outputs), weights,
-                         int(abuf.shape[0]), plan, [d for _, _, d in steps], errors, fusion, offsets)
+        [(v.type.shape, v.type.dtype.name) for v in graph.outputs], int(abuf.shape[0]), len(memory.weights)))
+    errors = [[list(e) for e in module[st.func].errors] for st in steps]
+    return LoweredModule(module, list(graph.inputs), list(graph.outputs), memory.weights,
+                         int(abuf.shape[0]), plan, [st.what for st in steps], errors, fusion,
+                         memory.weight_offsets, lowered.kernels)
 
 
 def _dedup(func, funcs: list, seen: dict[str, str]) -> str:
@@ -257,13 +326,13 @@ def _is_view(node: Node) -> bool:
 
 
 def _lower_group_or_split(graph: Graph, nodes: list[Node], known, needed_outside, start: int,
-                          target: Target):
+                          target: Target, decisions: dict):
     """Lower a fusion group as one kernel; if a member can only stand alone, one kernel per node."""
     def one(ns, k):
         values = {id(n): [None if v is None else (v.const if v.const is not None else known.get(v.id))
                           for v in n.inputs] for n in ns}
         opsets = {id(n): graph.opset(n.domain) for n in ns}
-        return lower_group(ns, opsets, values, needed_outside, f"k{k}_{ns[-1].op}", target)
+        return lower_group(ns, opsets, values, needed_outside, f"k{k}_{ns[-1].op}", target, decisions)
     try:
         return [one(nodes, start)]
     except Unfusable:

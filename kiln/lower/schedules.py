@@ -2,7 +2,8 @@
 
 Heuristics, hardware-aware through the target's vector width only; tuned schedules
 (kiln.tune) replace them later. Small kernels stay serial: an OpenMP fork
-costs more than a few thousand multiply-adds.
+costs more than a few thousand multiply-adds (the `parallel_min_work` decision,
+kiln.lower.decisions).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import math
 
 from kiln.codegen.cpu import vector_lanes  # noqa: F401  (for ops/elementwise until its move; TODO target)
 from kiln.loops import Schedule
+from kiln.lower.decisions import SERIAL_WORK, parallel_min_work
 from kiln.targets.target import Target
 
-PARALLEL_MIN_WORK = 1 << 15  # points x reduction size below which a kernel runs serially
+PARALLEL_MIN_WORK = SERIAL_WORK  # for templates not yet reading the decision (kiln.ops.elementwise)
 
 
 def default_schedule(sch: Schedule, outputs, target: Target | None = None) -> None:
@@ -30,7 +32,7 @@ def default_schedule(sch: Schedule, outputs, target: Target | None = None) -> No
         extents = [v.arg.dom[1] - v.arg.dom[0] for v in axes]
         points = math.prod(extents)
         red = math.prod(v.arg.dom[1] - v.arg.dom[0] for v in stage.reduce_axis) if stage.reduce_axis else 1
-        parallel = points * red >= PARALLEL_MIN_WORK
+        parallel = points * red >= parallel_min_work()
         if stage.reduce_axis:
             if parallel and extents[0] > 1:
                 stage.parallel(axes[0])

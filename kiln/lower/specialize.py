@@ -9,12 +9,15 @@ inputs are specialised to their values too; the cache key then includes them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
-from kiln.graph.ir import Graph, Value
+from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
+from kiln.lower.module import is_runtime_op
 from kiln.ops.infer import Inferencer
 
 VALUE_INPUT_MAX_ELEMENTS = 64
@@ -60,6 +63,36 @@ def _numeric(dt: np.dtype) -> bool:
     except KilnError:
         return False
     return d.is_float or d.is_int
+
+
+@dataclass(frozen=True)
+class Break:
+    """A node that cannot join a static native module, so the graph runs in stages
+    (kiln.targets.cpu.Staged): a runtime op (control flow, sequence/optional containers)
+    or a node whose output sizes depend on data."""
+    index: int          # in graph.nodes
+    node: Node
+    runtime: bool       # a runtime op (else: data-dependent output sizes)
+    origin: bool        # the trouble starts here (a runtime op, or dynamic outputs from static inputs)
+
+    def __str__(self) -> str:
+        n = self.node
+        if self.runtime:
+            return f"{n.op} node {n.name!r} is control flow or a sequence op (the cpu target runs it in stages)"
+        return f"{n.op} node {n.name!r} makes an output whose size depends on input values"
+
+
+def stage_breaks(graph: Graph) -> list[Break]:
+    """Every node of a specialised graph that breaks it into stages (empty: one native
+    module runs it all). The one answer to "does this graph need stages?"."""
+    dyn = {v.id for v in dynamic_values(graph)}
+    out = []
+    for k, n in enumerate(graph.nodes):
+        runtime = is_runtime_op(n)
+        if runtime or any(v is not None and v.id in dyn for v in n.outputs):
+            origin = runtime or not any(v is not None and v.id in dyn for v in n.inputs)
+            out.append(Break(k, n, runtime, origin))
+    return out
 
 
 def require_static(graph: Graph) -> None:

@@ -23,10 +23,11 @@ from kiln.codegen.cachedir import write_atomic
 from kiln.errors import KilnError
 from kiln.graph.canonical import digest
 from kiln.graph.ir import Graph
+from kiln.runtime.schema import (SHA256, SchemaError, integer, list_of, mapping, pair, record, string,
+                                 validate)
 from kiln.targets.target import Target
-from kiln.runtime.schema import SHA256, SchemaError, integer, list_of, pair, record, string, validate
 
-KEY_VERSION = "kiln-module-key 3"
+KEY_VERSION = "kiln-module-key 4"
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,15 +40,24 @@ def _kiln_source_digest() -> str:
     return h.hexdigest()
 
 
-def graph_key(graph: Graph, known: dict, target: Target) -> str:
+def graph_key(graph: Graph, known: dict, target: Target, decisions: dict | None = None) -> str:
     """sha256 of everything lowering reads from a specialised graph: its canonical form
     (every constant's and tensor attribute's bytes, subgraphs, names, types, opsets),
     the compile-time known values, kiln's source, the target (features, cores, caches,
-    wait policy: lowerings decide from them) and the C toolchain."""
+    wait policy: lowerings decide from them), the C toolchain and the schedule decisions
+    asked for (kiln.lower.decisions: the values chosen are a function of these overrides
+    and the rest of the key, so a tuned build is never served an untuned module)."""
     from kiln.codegen.build import _cc, _flags, compiler_version
     cc, flags = _cc(None), _flags(None, target)
     toolchain = (_kiln_source_digest(), cc, flags, compiler_version(tuple(cc)), target.key())
-    return digest(KEY_VERSION, toolchain, graph, known=known)
+    asked = json.dumps(decisions or {}, sort_keys=True, default=repr)
+    return digest(KEY_VERSION, toolchain, asked, graph, known=known)
+
+
+def _decision_value(v, path) -> None:
+    if type(v) not in (int, str, bool) or (type(v) is str and len(v) > 256):
+        raise SchemaError(f"field {path}: expected a decision's value (an integer, a short string or "
+                          f"a bool), found {v!r:.60}")
 
 
 # what an entry must look like before any of it is used (kiln.runtime.schema)
@@ -68,6 +78,8 @@ MODULE_ENTRY = record({
     "why_not_fused": list_of(string(max_len=1 << 20)),
     "call_args": list_of(pair(string(r"kiln_[A-Za-z0-9_]+"),
                               list_of(pair(string(r"in[0-9]+|out[0-9]+|weights|workspace"), integer())))),
+    # kernel -> the schedule decisions its template took (kiln.lower.decisions)
+    "decisions": mapping(string(max_len=256), mapping(string(max_len=256), _decision_value), 1 << 20),
 })
 
 

@@ -1,8 +1,10 @@
 """target="cpu": native code for every node, specialised to concrete shapes.
 
-A `Program` runs one graph. Per new input shapes it specialises the graph
-(kiln.lower.specialize): if every size is then known, the whole graph is one
-native module and an inference is one foreign call. If some output size
+A `Program` runs one graph. Per new input shapes it specialises the graph and
+builds it through its `ShapePipeline` (kiln.compiler: specialize, then
+partition → lower → plan memory → emit → generate → build → load): if every
+size is then known, the whole graph is one native module and an inference is
+one foreign call. If some output size
 depends on data (NonZero, Unique, NonMaxSuppression...), the graph runs in
 stages: a native module for the nodes before the first such node, that node's
 native kernel (which reports its outputs' actual sizes), then the rest as a
@@ -24,25 +26,23 @@ from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
 from kiln.runtime.model import CompiledModel, TensorSpec
-from kiln.targets.target import Target
 
 
 class CpuModel(CompiledModel):
-    def __init__(self, graph: Graph, inputs: list[TensorSpec], outputs: list[TensorSpec],
-                 source: Graph | None = None, level: int = 0, cpu: Target | None = None):
-        """`graph` is `source` after the passes of -O`level` for CPU target `cpu` (None: the
-        host); the source is kept only when some input size is unknown (the passes run
-        again once the sizes are known)."""
+    def __init__(self, pipeline, inputs: list[TensorSpec], outputs: list[TensorSpec]):
+        """`pipeline` (kiln.compiler.ShapePipeline) specialises and builds per input shapes:
+        now, when every input size is static (compile time is compile()'s), else at the
+        first run with each new shape key."""
         from kiln.lower.module import check_lowerable
         super().__init__(inputs, outputs, "cpu")
-        check_lowerable(graph)
-        self.graph = graph
-        self.cpu = cpu = Target.of(cpu)
+        self.graph = pipeline.optimized.graph
+        self.cpu = pipeline.target     # the CPU its code is for (kiln.targets.Target)
+        check_lowerable(self.graph)
         static = all(s.kind == "tensor" and s.shape is not None and all(isinstance(d, int) for d in s.shape)
                      for s in inputs)
-        self.program = Program(graph, cpu, None if static or not level else (source, level))
+        self.program = Program(pipeline)
         if static:
-            self.program.prepare([tuple(s.shape) for s in inputs])  # build now: compile time is compile()'s
+            self.program.prepare([tuple(s.shape) for s in inputs])
 
     def build_info(self) -> dict | None:
         """The manifest of the first whole-graph native module built (None if none yet)."""
@@ -73,10 +73,10 @@ class CpuModel(CompiledModel):
 class Program:
     """One graph, specialised and built per input shapes (and shape-giving input values)."""
 
-    def __init__(self, graph: Graph, target: Target, reoptimize: tuple[Graph, int] | None = None):
-        self.graph = graph
-        self.target = target           # the CPU every module is built for
-        self.reoptimize = reoptimize   # (source graph, -O level) to optimise again per shapes
+    def __init__(self, pipeline):
+        self.pipeline = pipeline       # kiln.compiler.ShapePipeline: specialize, native
+        self.graph = pipeline.optimized.graph
+        self.target = pipeline.target  # the CPU every module is built for
         self.value_inputs: dict[tuple, tuple[int, ...]] = {}
         self.runners: dict[tuple, object] = {}
         # input shapes -> runner, for calls of arrays only whose runner depends on shapes alone
@@ -89,10 +89,10 @@ class Program:
     def prepare(self, shapes: list[tuple]) -> None:
         """Build ahead of the first run when shapes alone determine everything."""
         key = tuple(shapes)
-        g, known = self.specialize(list(shapes), {})
-        if not needs_stages(g):
+        spec = self.pipeline.specialize(list(shapes), {})
+        if not spec.breaks:
             self.value_inputs[key] = ()
-            self.runners[(key, ())] = self.by_shapes[key] = build_static(g, known, self.target)
+            self.runners[(key, ())] = self.by_shapes[key] = self.pipeline.native(spec.graph, spec.known)
 
     def run(self, inputs: list) -> list:
         r = self.by_shapes.get(tuple([x.shape if type(x) is np.ndarray else None for x in inputs]))
@@ -106,33 +106,30 @@ class Program:
         shapes = tuple(_shape_key(x) for x in inputs)
         vidx = self.value_inputs.get(shapes)
         if vidx is None:
-            g, known = self.specialize(list(shapes), {})
-            vidx = value_inputs(inputs) if dynamic_values(g) else ()
+            spec = self.pipeline.specialize(list(shapes), {})
+            vidx = value_inputs(inputs) if dynamic_values(spec.graph) else ()
             self.value_inputs[shapes] = vidx
             if not vidx:
-                r = self.runners[(shapes, ())] = build_runner(g, known, self.target)
+                r = self.runners[(shapes, ())] = self.build_runner(spec)
                 if all(type(x) is np.ndarray for x in inputs):
                     self.by_shapes[shapes] = r
                 return r
         key = (shapes, tuple((inputs[i].dtype.str, inputs[i].tobytes()) for i in vidx))
         r = self.runners.get(key)
         if r is None:
-            g, known = self.specialize(list(shapes), {i: inputs[i] for i in vidx})
-            r = self.runners[key] = build_runner(g, known, self.target)
+            spec = self.pipeline.specialize(list(shapes), {i: inputs[i] for i in vidx})
+            r = self.runners[key] = self.build_runner(spec)
         return r
 
-    def specialize(self, shapes: list, values: dict) -> tuple[Graph, dict]:
-        """The graph specialised to `shapes` (and `values`); with a source to re-optimise,
-        the source specialised, its passes run with the sizes known, then specialised again
-        (the passes make fresh values, and `known` is keyed by value)."""
-        from kiln.lower.specialize import specialize
-        if self.reoptimize is None:
-            return specialize(self.graph, shapes, values)
-        from kiln.passes.pipeline import run_passes
-        source, level = self.reoptimize
-        g, _ = specialize(source, shapes, values)
-        g, _ = run_passes(g, level, target=self.target)
-        return specialize(g, shapes, values)
+    def build_runner(self, spec):
+        """A static module, or stages when some node breaks the graph."""
+        if spec.breaks:
+            return Staged(spec, self.pipeline)
+        graph = spec.graph
+        passthrough = [v for v in graph.outputs if not (isinstance(v.type, TensorType) and v.type.is_static)]
+        if not passthrough:
+            return self.pipeline.native(graph, spec.known)
+        return Passthrough(graph, spec.known, self.pipeline)
 
 
 def _shape_key(x) -> tuple:
@@ -144,143 +141,16 @@ def _shape_key(x) -> tuple:
     return ("none",) if x is None else ("?",)
 
 
-def build_static(graph: Graph, known, target: Target):
-    """One native module for a graph whose sizes are all known (cached across processes;
-    a damaged cache entry is built again)."""
-    from kiln.targets import cache
-    key = cache.graph_key(graph, known, target)
-    manifest = cache.load(key)
-    if manifest is not None:
-        check_planned(manifest["weights_bytes"], manifest["workspace_bytes"],
-                      [(s, d) for s, d in manifest["outputs"]])   # a limit, not damage: raised as is
-        try:
-            return _native_module(graph, manifest)
-        except KilnError:
-            pass   # a truncated, garbage or inconsistent entry: build it again
-    manifest = _lower_and_build(graph, known, target)
-    cache.store(key, manifest)
-    return _native_module(graph, manifest)
-
-
-def _native_module(graph: Graph, manifest: dict):
-    """Load a (schema-checked) cache entry: weights placed in a blob, library verified."""
-    from kiln.runtime.native import NativeModule
-    from kiln.targets.cache import library_path
-    consts = graph.constants()
-    # string constants are not in the blob (a kernel of the library writes them)
-    raws = [np.zeros(0, np.uint8) if c.const.dtype == object else
-            np.ascontiguousarray(c.const).view(np.uint8).reshape(-1) for c in consts]
-    size = manifest["weights_bytes"]
-    if size > sum(r.size + 64 for r in raws) + 64:
-        raise KilnError(f"weights blob of {size} bytes for {len(consts)} constants", stage="cache")
-    blob = np.zeros(size, dtype=np.uint8)
-    for index, offset in manifest["weights"]:
-        if index >= len(raws) or offset + raws[index].size > size:
-            raise KilnError(f"constant {index} at offset {offset} lies outside the weights", stage="cache")
-        blob[offset:offset + raws[index].size] = raws[index]
-    module = NativeModule(str(library_path(manifest)), manifest["library_sha256"], manifest["entry"],
-                          [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
-                          [(tuple(s), d) for s, d in manifest["outputs"]], blob,
-                          manifest["workspace_bytes"], manifest["calls"], manifest.get("errors"))
-    module.info = manifest  # what was built: kernels, fused groups, arena (for reports)
-    return module
-
-
-def check_planned(weights: int, workspace: int, outputs: list, graph: Graph | None = None,
-                  arena=None) -> None:
-    """Before building or loading a module: weights + workspace arena + outputs within the
-    memory limit (the error names the largest output or arena buffer, when known)."""
-    from kiln.dtypes import DType
-    from kiln.limits import check_memory, nbytes
-    sizes = [nbytes(tuple(s), DType.from_name(d).itemsize) or 0 for s, d in outputs]
-    where = {}
-    if graph is not None:
-        made = {v.id: (n, v) for n in graph.nodes for v in n.outputs if v is not None}
-        big = [(size, graph.outputs[k].id) for k, size in enumerate(sizes)]
-        big += [(b.size, b.key) for b in (arena.buffers if arena is not None else ())]
-        if big:
-            size, key = max(big, key=lambda sk: sk[0])
-            if key in made:
-                n, v = made[key]
-                where = dict(node=n.name, op=n.op)
-    check_memory(int(weights) + int(workspace) + sum(sizes),
-                 f"the compiled module's planned memory (weights {int(weights):,} + workspace "
-                 f"{int(workspace):,} + outputs {sum(sizes):,} bytes)", stage="lower", **where)
-
-
-def _lower_and_build(graph: Graph, known, target: Target) -> dict:
-    from kiln.codegen import build_c, func_symbol
-    from kiln.lower.module import ENTRY, lower_graph
-    lm = lower_graph(graph, known, target)
-    check_planned(int(lm.weights.size), lm.workspace_bytes,
-                  [(v.type.shape, v.type.dtype.name) for v in lm.outputs], graph, lm.arena)
-    lib = build_c(lm.module, target)
-    index = {v.id: i for i, v in enumerate(graph.constants())}
-    return {"library_key": lib.path.stem, "library_sha256": lib.sha256,
-            "entry": func_symbol(ENTRY),
-            "outputs": [[list(v.type.shape), v.type.dtype.name] for v in lm.outputs],
-            "weights_bytes": int(lm.weights.size),
-            "weights": [[index[vid], off] for vid, off in lm.weight_offsets.items()],
-            "workspace_bytes": lm.workspace_bytes, "calls": lm.call_nodes, "errors": lm.call_errors,
-            "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena),
-            "arena_bytes": lm.arena.total, "arena_peak_live_bytes": lm.arena.lower_bound,
-            "intermediate_bytes": lm.arena.unshared, "inplace_kernels": len(lm.arena.inplace),
-            "why_not_fused": lm.fusion.why_not if lm.fusion else [],
-            "call_args": _call_args(lm, func_symbol)}
-
-
-def _call_args(lm, func_symbol) -> list:
-    """Per call of the entry: [kernel symbol, [[base, byte offset], ...]], base being
-    "in<k>", "out<k>", "weights" or "workspace" (what NativeModule.profile replays)."""
-    from kiln.loops.stmt import Call, Seq, View
-    body = lm.module.funcs[-1].body
-    calls = body.stmts if isinstance(body, Seq) else (body,)
-    return [[func_symbol(c.func), [[a.buffer.name, int(a.byte_offset)] if isinstance(a, View) else
-                                   [a.name.replace("_", ""), 0] for a in c.args]]
-            for c in calls if isinstance(c, Call)]
-
-
-def _first_break(graph: Graph) -> int:
-    """Index of the first node that cannot join a static native module: a runtime op
-    (control flow, containers) or a node whose output sizes depend on data."""
-    from kiln.lower.module import is_runtime_op
-    from kiln.lower.specialize import dynamic_values
-    dyn = {v.id for v in dynamic_values(graph)}
-    for k, n in enumerate(graph.nodes):
-        if is_runtime_op(n) or any(v is not None and v.id in dyn for v in n.outputs):
-            return k
-    raise KilnError("no node with data-dependent output sizes or control flow found", stage="specialize")
-
-
-def needs_stages(graph: Graph) -> bool:
-    """Whether some node breaks the graph into stages (see `_first_break`)."""
-    from kiln.lower.module import is_runtime_op
-    from kiln.lower.specialize import dynamic_values
-    dyn = {v.id for v in dynamic_values(graph)}
-    return any(is_runtime_op(n) or any(v is not None and v.id in dyn for v in n.outputs)
-               for n in graph.nodes)
-
-
-def build_runner(graph: Graph, known, target: Target):
-    """A static module, or stages when some node breaks the graph."""
-    if needs_stages(graph):
-        return Staged(graph, known, target)
-    passthrough = [v for v in graph.outputs if not (isinstance(v.type, TensorType) and v.type.is_static)]
-    if not passthrough:
-        return build_static(graph, known, target)
-    return Passthrough(graph, known, target)
-
-
 class Passthrough:
     """A graph whose non-tensor outputs are its own inputs (sequences handed on unchanged)."""
 
-    def __init__(self, g: Graph, known, target: Target):
+    def __init__(self, g: Graph, known, pipeline):
         self.inputs = g.inputs
         self.outputs = g.outputs
         self.tensor_outs = [v for v in g.outputs if isinstance(v.type, TensorType) and v.type.is_static]
         ins = [v for v in g.inputs if isinstance(v.type, TensorType)]
         self.tensor_ins = ins
-        self.module = build_static(Graph("tensors", ins, self.tensor_outs, g.nodes, g.opsets), known, target) \
+        self.module = pipeline.native(Graph("tensors", ins, self.tensor_outs, g.nodes, g.opsets), known) \
             if self.tensor_outs else None
 
     def count(self) -> int:
@@ -320,10 +190,11 @@ class Staged:
     SequenceMap, whose bodies run as native Programs) or a sequence/optional
     container op (which only moves references to arrays)."""
 
-    def __init__(self, g: Graph, known, target: Target):
-        from kiln.lower.module import is_runtime_op
-        self.target = target
-        k = _first_break(g)
+    def __init__(self, spec, pipeline):
+        g, known = spec.graph, spec.known
+        brk = spec.breaks[0]
+        k = brk.index
+        self.pipeline = pipeline = pipeline.part(g)
         self.node = node = g.nodes[k]
         self.opset = g.opset(node.domain)
         prefix, suffix = g.nodes[:k], g.nodes[k + 1:]
@@ -332,16 +203,16 @@ class Staged:
         self.carry = _unique([v for v in later if v.id in made_before])
         self.inputs = g.inputs
         self.prefix_inputs = [v for v in g.inputs if any(v is x for x in _reads(prefix))]
-        self.prefix = build_static(Graph("prefix", self.prefix_inputs, self.carry, prefix, g.opsets),
-                                   known, target) if self.carry else None
-        self.runtime = is_runtime_op(node)
+        self.prefix = pipeline.native(Graph("prefix", self.prefix_inputs, self.carry, prefix, g.opsets),
+                                      known) if self.carry else None
+        self.runtime = brk.runtime
         self.bodies: dict[int, tuple[Program, list[Value]]] = {}
         if not self.runtime:
             self._build_sizing_kernel(g, known)
         made_after = {x.id for n in suffix for x in n.outputs if x is not None}
         self.rest_inputs = [v for v in _unique(_reads(suffix) + [v for v in g.outputs if v.const is None])
                             if v.id not in made_after]
-        self.rest = Program(Graph("rest", self.rest_inputs, list(g.outputs), suffix, g.opsets), target)
+        self.rest = Program(pipeline.part(Graph("rest", self.rest_inputs, list(g.outputs), suffix, g.opsets)))
 
     def _build_sizing_kernel(self, g: Graph, known) -> None:
         from kiln.codegen import build_c
@@ -349,11 +220,11 @@ class Staged:
         node = self.node
         values = [None if v is None else (v.const if v.const is not None else known.get(v.id))
                   for v in node.inputs]
-        func = lower_node(node, self.opset, values, f"dyn_{node.op}", self.target)
+        func = lower_node(node, self.opset, values, f"dyn_{node.op}", self.pipeline.target)
         if not getattr(func, "dynamic", False):
             raise KilnError("output sizes depend on data, but the lowering made a static kernel",
                             node=node.name, op=node.op, stage="lower")
-        self.kernel = build_c(func, self.target)[func.name]
+        self.kernel = build_c(func, self.pipeline.target)[func.name]
         self.func = func
 
     def count(self) -> int:
@@ -409,7 +280,7 @@ class Staged:
                 caps = _captures(body)
                 wrapped = Graph(body.name, list(body.inputs) + caps, list(body.outputs), body.nodes,
                                 {**body.opsets, **{"": self.opset}} if not body.opsets else body.opsets)
-                self.bodies[id(body)] = (Program(wrapped, self.target), caps)
+                self.bodies[id(body)] = (Program(self.pipeline.part(wrapped)), caps)
             prog, caps = self.bodies[id(body)]
             return prog.run(list(xs) + [env[v.id] for v in caps])
 

@@ -10,7 +10,7 @@ import kiln
 from kiln.interpreter import Interpreter
 from kiln.lower.inplace import inplace_candidates
 from kiln.lower.memory import Lifetime, plan_arena
-from kiln.lower.module import lower_graph
+from kiln.compiler import lower as lower_graph
 from tests.passes.util import graph, prog, random_inputs
 
 F = np.float32

@@ -1,0 +1,84 @@
+"""Schedule decisions as data (kiln.lower.decisions): recorded in each kernel's kept trace,
+part of the module cache key, overridable per kernel or for all, checked against their domain."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import kiln
+from kiln import KilnError
+from kiln.compiler import run_stages
+from kiln.lower.decisions import DECISIONS, SERIAL_WORK
+from kiln.targets.cache import graph_key
+
+F = onnx.TensorProto.FLOAT
+rng = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def matmul_model(m=64, k=256, n=128):
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")], "mm",
+                          [helper.make_tensor_value_info("a", F, [m, k]), helper.make_tensor_value_info("b", F, [k, n])],
+                          [helper.make_tensor_value_info("y", F, [m, n])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def feeds():
+    return {"a": rng.standard_normal((64, 256)).astype(np.float32),
+            "b": rng.standard_normal((256, 128)).astype(np.float32)}
+
+
+def test_the_serial_threshold_is_one_declared_decision():
+    d = DECISIONS["parallel_min_work"]
+    assert d.default(None) == SERIAL_WORK == 1 << 15
+    assert -1 not in d.domain and 0 in d.domain and 1.5 not in d.domain
+
+
+def test_decisions_are_recorded_in_the_kept_trace():
+    st = run_stages(matmul_model(), "loops")
+    (kernel,) = [k for k in st.lowered.kernels if k.func.name.endswith("MatMul")]
+    assert kernel.decisions == {"parallel_min_work": SERIAL_WORK}
+    assert dict(kernel.trace.decisions) == kernel.decisions
+    assert str(kernel.trace).startswith(f"decide('parallel_min_work', {SERIAL_WORK})")
+    assert kernel.trace.insts   # the schedule's primitives are kept too
+    assert st.lowered.decisions[kernel.func.name] == kernel.decisions
+
+
+def test_another_value_gives_another_valid_schedule_and_its_own_cache_entry(tmp_path):
+    x = feeds()
+    want = x["a"] @ x["b"]
+    default = run_stages(matmul_model(), "c")
+    serial = run_stages(matmul_model(), "c", decisions={"parallel_min_work": 1 << 40})
+    assert "omp parallel" in default.source.text and "omp parallel" not in serial.source.text
+    (k,) = [k for k in serial.lowered.kernels if k.func.name.endswith("MatMul")]
+    assert k.decisions == {"parallel_min_work": 1 << 40}
+
+    spec = default.specialized
+    cpu = default.optimized.target
+    assert graph_key(spec.graph, spec.known, cpu) != graph_key(spec.graph, spec.known, cpu, {"parallel_min_work": 1 << 40})
+    modules = tmp_path / "cache" / "modules"
+    for decisions in (None, {"parallel_min_work": 1 << 40}, {k.func.name: {"parallel_min_work": 7}}):
+        got = kiln.compile(matmul_model(), decisions=decisions).run(x)["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert len(list(modules.glob("*.json"))) == 3
+    kiln.compile(matmul_model(), decisions={"parallel_min_work": 1 << 40})   # served from the cache
+    assert len(list(modules.glob("*.json"))) == 3
+
+
+def test_an_illegal_decision_is_a_kiln_error_naming_it():
+    with pytest.raises(KilnError, match=r"illegal value -1 for decision 'parallel_min_work' in kernel "
+                                        r"'k0_MatMul'.*integer >= 0"):
+        kiln.compile(matmul_model(), decisions={"parallel_min_work": -1})
+    with pytest.raises(KilnError, match="illegal value 'many'"):
+        kiln.compile(matmul_model(), decisions={"k0_MatMul": {"parallel_min_work": "many"}})
+    with pytest.raises(KilnError, match="unknown schedule decision 'tile_size'"):
+        kiln.compile(matmul_model(), decisions={"tile_size": 4})
+    with pytest.raises(KilnError, match="kernel\\(s\\) 'k9_Conv', which this module does not have"):
+        kiln.compile(matmul_model(), decisions={"k9_Conv": {"parallel_min_work": 1}})
