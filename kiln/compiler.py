@@ -248,9 +248,33 @@ def generate(lowered) -> CSource:
 
 @dataclass(frozen=True)
 class Built:
-    """Stage "build": the library, described by the module cache entry (kiln.targets.cache's
-    MODULE_ENTRY: library key and hash, entry symbol, weights, arena, calls, decisions)."""
-    manifest: dict
+    """Stage "build": the library and what the runtime and reports need of the module. Stored
+    as the module cache entry (`manifest()`, checked by kiln.targets.cache.MODULE_ENTRY)."""
+    library_key: str             # the C build cache's key (the library's file name)
+    library_sha256: str
+    entry: str                   # the entry function's symbol
+    outputs: list                # [[shape], dtype name] per graph output
+    weights_bytes: int
+    weights: list                # [[constant index, blob offset], ...]
+    workspace_bytes: int
+    calls: list                  # call k -> the nodes it computes
+    errors: list                 # call k -> its kernel's [[status, message], ...]
+    kernels: int
+    arena: str
+    arena_bytes: int
+    arena_peak_live_bytes: int
+    intermediate_bytes: int
+    inplace_kernels: int
+    why_not_fused: list
+    call_args: list              # per call: [kernel symbol, [[base, byte offset], ...]]
+    decisions: dict              # kernel -> the schedule decisions it took
+
+    def manifest(self) -> dict:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+    @staticmethod
+    def of(manifest: dict) -> Built:
+        return Built(**manifest)
 
 
 def build(graph: Graph, lowered, source: CSource, target) -> Built:
@@ -258,19 +282,17 @@ def build(graph: Graph, lowered, source: CSource, target) -> Built:
     lib = build_c(lowered.module, target, units=source.units)
     index = {v.id: i for i, v in enumerate(graph.constants())}
     lm = lowered
-    return Built({
-        "library_key": lib.path.stem, "library_sha256": lib.sha256,
-        "entry": func_symbol(lm.module.entry),
-        "outputs": [[list(v.type.shape), v.type.dtype.name] for v in lm.outputs],
-        "weights_bytes": int(lm.weights.size),
-        "weights": [[index[vid], off] for vid, off in lm.weight_offsets.items()],
-        "workspace_bytes": lm.workspace_bytes, "calls": lm.call_nodes, "errors": lm.call_errors,
-        "kernels": len(lm.module.funcs) - 1, "arena": str(lm.arena),
-        "arena_bytes": lm.arena.total, "arena_peak_live_bytes": lm.arena.lower_bound,
-        "intermediate_bytes": lm.arena.unshared, "inplace_kernels": len(lm.arena.inplace),
-        "why_not_fused": lm.fusion.why_not if lm.fusion else [],
-        "call_args": _call_args(lm, func_symbol),
-        "decisions": lm.decisions})
+    return Built(
+        library_key=lib.path.stem, library_sha256=lib.sha256, entry=func_symbol(lm.module.entry),
+        outputs=[[list(v.type.shape), v.type.dtype.name] for v in lm.outputs],
+        weights_bytes=int(lm.weights.size),
+        weights=[[index[vid], off] for vid, off in lm.weight_offsets.items()],
+        workspace_bytes=lm.workspace_bytes, calls=lm.call_nodes, errors=lm.call_errors,
+        kernels=len(lm.module.funcs) - 1, arena=str(lm.arena),
+        arena_bytes=lm.arena.total, arena_peak_live_bytes=lm.arena.lower_bound,
+        intermediate_bytes=lm.arena.unshared, inplace_kernels=len(lm.arena.inplace),
+        why_not_fused=lm.fusion.why_not if lm.fusion else [],
+        call_args=_call_args(lm, func_symbol), decisions=lm.decisions)
 
 
 def load(graph: Graph, manifest: dict):
@@ -314,8 +336,8 @@ def native(graph: Graph, known: dict, target, decisions: dict | None = None, str
             pass   # a truncated, garbage or inconsistent entry: build it again
     lowered = lower(graph, known, target, decisions, strict)
     built = build(graph, lowered, generate(lowered), target)
-    cache.store(key, built.manifest)
-    return load(graph, built.manifest)
+    cache.store(key, built.manifest())
+    return load(graph, built.manifest())
 
 
 def check_planned(weights: int, workspace: int, outputs: list, graph: Graph | None = None,
@@ -440,14 +462,16 @@ class InterpretedModel(CompiledModel):
 def _report(optimized: Optimized, compiled) -> Any:
     """The CompileReport: the passes, and for the cpu target the first module built."""
     from kiln.passes import CompileReport  # noqa: PLC0415
-    r = CompileReport(optimized.level, optimized.stats, per_shape=optimized.source is not None)
+    r = CompileReport(optimized.level, optimized.stats,
+                      per_shape=compiled is not None and optimized.source is not None)
     info = compiled.build_info() if compiled is not None else None
     if info is not None:
-        r.fused_groups = list(info["calls"])
-        r.why_not_fused = list(info.get("why_not_fused", []))
-        r.kernels = len(info["calls"])
-        r.arena_bytes = info.get("arena_bytes")
-        r.intermediate_bytes = info.get("intermediate_bytes")
-        r.arena_peak_live_bytes = info.get("arena_peak_live_bytes")
-        r.inplace_kernels = info.get("inplace_kernels")
+        built = Built.of(info)
+        r.fused_groups = list(built.calls)
+        r.why_not_fused = list(built.why_not_fused)
+        r.kernels = len(built.calls)
+        r.arena_bytes = built.arena_bytes
+        r.intermediate_bytes = built.intermediate_bytes
+        r.arena_peak_live_bytes = built.arena_peak_live_bytes
+        r.inplace_kernels = built.inplace_kernels
     return r
