@@ -73,17 +73,30 @@ class Decision:
         """The value for the kernel being lowered: its override if one was asked for,
         else `heuristic` (a template's shape-aware choice), else the target's default."""
         rec = _current.get()
-        if rec is not None and self.name in rec.overrides:
-            v = rec.overrides[self.name]
-            if v not in self.domain:
-                raise KilnError(f"illegal value {v!r} for decision {self.name!r}{rec.where()}: it must be "
-                                f"{self.domain}", stage="schedule")
-            rec.used.add(self.name)
-        else:
+        v = self.asked()
+        if v is None:
             v = heuristic if heuristic is not None else self.default(rec.target if rec else None)
         if rec is not None:
             rec.chosen[self.name] = v
         return v
+
+    def asked(self):
+        """The override asked for this decision in the kernel being lowered (checked against
+        the domain), or None: for a heuristic that searches around a fixed value."""
+        rec = _current.get()
+        if rec is None or self.name not in rec.overrides:
+            return None
+        v = rec.overrides[self.name]
+        if v not in self.domain:
+            raise KilnError(f"illegal value {v!r} for decision {self.name!r}{rec.where()}: it must be "
+                            f"{self.domain}", stage="schedule")
+        return v
+
+    def illegal(self, value, why: str) -> KilnError:
+        """The error for a value inside the domain that this kernel cannot take."""
+        rec = _current.get()
+        return KilnError(f"illegal value {value!r} for decision {self.name!r}{rec.where() if rec else ''}: "
+                         f"{why}", stage="schedule")
 
 
 DECISIONS: dict[str, Decision] = {}
@@ -107,7 +120,6 @@ class _Record:
     target: Any
     overrides: dict
     chosen: dict = field(default_factory=dict)
-    used: set = field(default_factory=set)
 
     def where(self) -> str:
         return f" in kernel {self.kernel!r}" if self.kernel else ""
