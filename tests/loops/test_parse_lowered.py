@@ -15,26 +15,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import kiln
 from benchmarks.models import MODELS
 from kiln.codegen.c import emit_c
+from kiln.compiler import run_stages
 from kiln.errors import KilnError
 from kiln.loops import lower
 from kiln.loops import stmt as S
 from kiln.loops.expr import BINARY, Expr, walk
 from kiln.loops.parse import parse_func, parse_module
 from kiln.loops.structural import assert_structural_equal
-from kiln.lower.module import lower_graph
-from kiln.lower.specialize import specialize
 from tests.conformance.cases import node_cases
 from tests.loops.test_properties import SETTINGS, elementwise, matmul, random_schedule, reduction
 
 
 def loop_module(model, opt_level=None) -> S.LoopModule:
-    """The LoopModule kiln builds for an ONNX model with static shapes."""
-    graph = kiln.compile(model, target="interpreter", opt_level=opt_level).graph
-    graph, known = specialize(graph, {}, {})
-    return lower_graph(graph, known).module
+    """The LoopModule kiln builds for an ONNX model with static shapes (the pipeline's own)."""
+    return run_stages(model, "loops", opt_level=opt_level).lowered.module
 
 
 def _numbered(c_source: str) -> str:
