@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from kiln.dtypes import DType
+from kiln.lower.decisions import parallel_min_work
 from kiln.ops.image import _ROI_GRID_MAX, _axis_taps, _grid_attrs, _params, _passes, _plan, _resize_inputs
 from kiln.ops.nn import attr_str, window
 from kiln.ops.registry import lowering
@@ -100,7 +101,7 @@ def _resize_lower(ctx, x, *rest):
             ext = c_double(p["extrapolation"])
         body.append(f"  {{ double* nxt = (double*)malloc((size_t){max(n_out, 1)} * sizeof(double));\n"
                     f"  if (!nxt) {{ free(cur); return -1; }}\n"
-                    + ("  #pragma omp parallel for schedule(static)\n" if n_out * taps >= 1 << 15 else "")
+                    + ("  #pragma omp parallel for schedule(static)\n" if n_out * taps >= parallel_min_work() else "")
                     + f"  for (int64_t oj = 0; oj < {outer * out_len}; ++oj) {{\n"
                     f"    const int64_t o = oj / {out_len}, j = oj % {out_len};\n"
                     f"    double* dst = nxt + oj * {inner};\n"

@@ -15,6 +15,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops import INDEX, cast, compute, const, select
+from kiln.lower.decisions import parallel_min_work
 from kiln.lower.tensor import clamp, rows_schedule, sized_by, unflat_index
 from kiln.ops.indexing import _axis, _indices, _nd_index, _onehot_axis
 from kiln.ops.registry import lowering
@@ -346,7 +347,7 @@ def _topk_lower(ctx, x, k=None):
 #define kiln_before_(A, B, p, q) \\
   ((A != A) ? ((B != B) ? p < q : {nan}) : (B != B) ? {1 - int(nan)} : (A {cmp} B || (A == B && p < q)))
   int32_t failed = 0;
-  #pragma omp parallel if ({lines * n} > {1 << 15})
+  #pragma omp parallel if ({lines * n} > {parallel_min_work()})
   {{
     int64_t* idx = (int64_t*)malloc(2 * {n} * sizeof(int64_t));
     #pragma omp for schedule(static)

@@ -16,6 +16,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops import INDEX, cast, compute, const, max_, min_, select
+from kiln.lower.decisions import parallel_min_work
 from kiln.ops.registry import lowering
 from kiln.ops.shapes import normalize_axis
 from kiln.ops.tensor import (_clamped, _concat_axis, _constant_data, _fill, _mode, _pad_plan, _pads, _perm,
@@ -24,7 +25,6 @@ from kiln.ops.tensor import (_clamped, _concat_axis, _constant_data, _fill, _mod
 
 # ---- lowering helpers shared with indexing.py ----
 
-PARALLEL_MIN = 1 << 15  # elements below which a copy kernel stays serial (a thread fork costs more)
 ZERO = const(0, INDEX)
 
 
@@ -172,7 +172,7 @@ def rows_schedule(max_inner: int | None = None, min_inner: int = 16):
             st.vectorize(inner)
             if k:
                 outer = st.fuse(*axes[:k])
-                if t.size >= PARALLEL_MIN and math.prod(t.shape[:k]) > 1:
+                if t.size >= parallel_min_work() and math.prod(t.shape[:k]) > 1:
                     st.parallel(outer)
     return fn
 
@@ -261,7 +261,7 @@ def _transpose_schedule(perm, shape, tile: int = 16):
         others = [v for k, v in enumerate(axes) if k not in (a, r - 1)]
         st.reorder(*others, ao, bo, ai, bi)
         outer = st.fuse(*others, ao, bo)
-        if t.size >= PARALLEL_MIN:
+        if t.size >= parallel_min_work():
             st.parallel(outer)
     return fn
 
