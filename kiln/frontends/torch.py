@@ -19,7 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from kiln.errors import KilnError
-from kiln.frontends.torch_fx import STAGE, Translator, kiln_dtype, to_numpy
+from kiln.frontends.torch_fx import STAGE, Translator, kiln_dtype, numpy_view, tensor_view, to_numpy
 from kiln.graph.ir import Graph
 
 
@@ -209,7 +209,7 @@ def to_array(a) -> np.ndarray:
             a = a.detach()
         if a.device.type != "cpu":
             a = a.cpu()
-        return a.resolve_conj().resolve_neg().numpy()
+        return numpy_view(a.resolve_conj().resolve_neg())
     return a
 
 
@@ -217,7 +217,7 @@ def from_array(a) -> torch.Tensor:
     a = np.asarray(a)
     if not a.flags.writeable or not a.flags.aligned or a.dtype.byteorder not in "=|":
         a = np.array(a)
-    return torch.from_numpy(a)
+    return tensor_view(a)
 
 
 def compile_torch(model, target: str, *, example_inputs=None, dynamic_shapes=None, **options) -> TorchModel:

@@ -16,6 +16,7 @@ import operator
 import re
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -30,6 +31,7 @@ STAGE = "torch import"
 
 _TORCH_TO_NP = {
     torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+    torch.bfloat16: ml_dtypes.bfloat16,
     torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
     torch.uint8: np.uint8, torch.bool: np.bool_,
 }
@@ -47,7 +49,22 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
     if t.dtype not in _TORCH_TO_NP:
         raise KilnError(f"constant of dtype {t.dtype} is not supported", stage=STAGE)
-    return np.array(t.cpu().resolve_conj().resolve_neg().numpy(), copy=True)
+    return np.array(numpy_view(t.cpu().resolve_conj().resolve_neg()), copy=True)
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a numpy array (no copy); bfloat16, which numpy lacks, as
+    ml_dtypes.bfloat16 (the dtype kiln uses)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def tensor_view(a: np.ndarray) -> torch.Tensor:
+    """numpy_view's inverse: a tensor sharing `a`'s memory."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def source_line(node: torch.fx.Node) -> str:

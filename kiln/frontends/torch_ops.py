@@ -734,6 +734,8 @@ def _index(t, n, x, indices):
     """x[..., i, j, ...] with index tensors: one index is a Gather; several adjacent ones from
     the first dim on are broadcast together and read with GatherND."""
     pos = [k for k, i in enumerate(indices) if i is not None]
+    if len(pos) == 1 and t.b.dtype(indices[pos[0]]) == DType.bool:
+        return _mask_index(t, x, indices[pos[0]], pos[0])
     idx = [_as_index(t, indices[k]) for k in pos]
     if len(pos) == 1:
         return t.b.op("Gather", [x, idx[0]], axis=pos[0])
@@ -750,11 +752,27 @@ def _index(t, n, x, indices):
     return t.b.op("GatherND", [x, t.b.op("Concat", cols, axis=-1)])
 
 
+def _mask_index(t, x: Value, mask: Value, k: int) -> Value:
+    """x[..., mask] (a bool mask over dims k .. k+r-1): those dims flattened into one, and the
+    entries where the mask is true kept (Compress; the result's size is a run-time symbol)."""
+    r = t.b.rank(mask)
+    if r != 1:
+        shape = t.b.op("Shape", [x])
+        parts = [t.b.i64([-1])]
+        if k:
+            parts.insert(0, t.b.op("Slice", [shape, t.b.i64([0]), t.b.i64([k])]))
+        if k + r < t.b.rank(x):
+            parts.append(t.b.op("Slice", [shape, t.b.i64([k + r]), t.b.i64([INT64_MAX])]))
+        x = t.b.op("Reshape", [x, t.b.op("Concat", parts, axis=0) if len(parts) > 1 else parts[0]])
+        mask = t.b.op("Reshape", [mask, t.b.i64([-1])])
+    return t.b.op("Compress", [x, mask], axis=k)
+
+
 def _as_index(t, i: Value) -> Value:
     if t.b.dtype(i) == DType.bool:
         from kiln.errors import KilnError
-        raise KilnError("boolean-mask indexing has a data-dependent shape; not supported",
-                        stage="torch import")
+        raise KilnError("a boolean mask next to other index tensors is not supported (index with "
+                        "the mask alone, or with mask.nonzero())", stage="torch import")
     return t.b.cast(i, DType.int64)
 
 
@@ -839,6 +857,12 @@ def _sym_binary(op, py):
 
 for _pyop, (_op, _py) in _SYM.items():
     TABLE[_pyop] = _sym_binary(_op, _py)
+
+# comparisons of sizes: the range checks torch.export adds for data-dependent sizes (their
+# _assert_scalar is dropped), or a python bool where both sides are known
+for _pyop, _op in [(operator.ge, "GreaterOrEqual"), (operator.gt, "Greater"), (operator.le, "LessOrEqual"),
+                   (operator.lt, "Less"), (operator.eq, "Equal")]:
+    TABLE[_pyop] = _sym_binary(_op, _pyop)
 
 
 @reg(operator.neg)

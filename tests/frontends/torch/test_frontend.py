@@ -61,6 +61,33 @@ def test_tensors_pass_without_copies():
     assert t.data_ptr() == arr.ctypes.data
 
 
+def test_bfloat16_tensors_pass_without_copies():
+    x = torch.randn(3, 4, dtype=torch.bfloat16)
+    a = to_array(x)
+    assert a.dtype.name == "bfloat16" and a.ctypes.data == x.data_ptr()
+    t = from_array(a)
+    assert t.dtype == torch.bfloat16 and t.data_ptr() == x.data_ptr()
+    assert torch.equal(t, x)
+
+
+@pytest.mark.parametrize("entry", ["export", "dynamo"])
+def test_bfloat16_module_and_inputs(entry):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                            torch.nn.Linear(32, 8)).eval().to(torch.bfloat16)
+    x, fresh = torch.randn(2, 5, 16, dtype=torch.bfloat16), torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        if entry == "export":
+            cm = kiln.compile(m, example_inputs=(x,))
+            assert cm.inputs[0].dtype == "bfloat16"
+        else:
+            cm = torch.compile(m, backend="kiln")
+            cm(x)
+        got, want = cm(fresh), m(fresh)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)  # bfloat16's own precision
+
+
 class Unsupported(torch.nn.Module):
     def forward(self, x):
         y = torch.lgamma(x)

@@ -181,6 +181,8 @@ CASES = {
     "gather": (lambda x, i: torch.gather(x, 1, i), lambda: (rnd(3, 5), torch.randint(0, 5, (3, 2)))),
     "index_one": (lambda x, i: x[:, i], lambda: (rnd(3, 5), torch.tensor([[4, -1], [0, 2]]))),
     "index_two": (lambda x, i, j: x[i, j], lambda: (rnd(3, 5, 2), torch.tensor([2, 0, -1]), torch.tensor([[4], [1]]))),
+    "mask_index": (lambda x, m: x[m] * 2, lambda: (rnd(3, 4, 2), rnd(3, 4, dtype=torch.bool))),
+    "mask_index_inner": (lambda x, m: x[:, m].sum(0), lambda: (rnd(3, 5, 2), rnd(5, dtype=torch.bool))),
     "full_arange": (lambda x: x + torch.full((3, 4), 2.0) + torch.arange(4) + torch.arange(1, 9, 2) * 0.5, lambda: (rnd(3, 4),)),
     "like": (lambda x: torch.zeros_like(x) + torch.ones_like(x) * 2 + torch.full_like(x, 3, dtype=torch.int64), lambda: (rnd(3, 4),)),
     "scalar_tensor": (lambda x: torch.where(x > 0, torch.tensor(1.5), x), lambda: (rnd(3),)),

@@ -182,10 +182,10 @@ class GPTBlock(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab=100, d=64, layers=2, ctx=32):
+    def __init__(self, vocab=100, d=64, layers=2, ctx=32, heads=4):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-        self.blocks = nn.Sequential(*[GPTBlock(d) for _ in range(layers)])
+        self.blocks = nn.Sequential(*[GPTBlock(d, heads) for _ in range(layers)])
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
 
@@ -197,7 +197,7 @@ class GPT(nn.Module):
 class BertLike(nn.Module):
     """BERT style: post-LN encoder with an attention mask, erf GELU, pooler, two outputs in a dict."""
 
-    def __init__(self, vocab=100, d=64, heads=4, layers=2, ctx=32):
+    def __init__(self, vocab=100, d=64, heads=4, layers=2, ctx=32, ff=2):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(ctx, d)
@@ -206,8 +206,8 @@ class BertLike(nn.Module):
         self.layers = nn.ModuleList()
         for _ in range(layers):
             self.layers.append(nn.ModuleDict(dict(q=nn.Linear(d, d), k=nn.Linear(d, d), v=nn.Linear(d, d),
-                                                  o=nn.Linear(d, d), ln1=nn.LayerNorm(d), ff1=nn.Linear(d, 2 * d),
-                                                  ff2=nn.Linear(2 * d, d), ln2=nn.LayerNorm(d))))
+                                                  o=nn.Linear(d, d), ln1=nn.LayerNorm(d), ff1=nn.Linear(d, ff * d),
+                                                  ff2=nn.Linear(ff * d, d), ln2=nn.LayerNorm(d))))
         self.pool = nn.Linear(d, d)
 
     def forward(self, ids, mask):
