@@ -1,13 +1,12 @@
 """Native lowerings of NonMaxSuppression and ImageDecoder (kiln.ops.detection): hand-written
-C kernels; ImageDecoder's is kiln/lower/c/image_decoder.c, linked against libjpeg and libpng.
+C kernels; ImageDecoder's is kiln/codegen/c_src/image_decoder.c, linked against libjpeg and libpng.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from kiln.codegen.csource import c_source
 from kiln.dtypes import DType
 from kiln.ops.detection import _FORMATS
 from kiln.ops.registry import lowering
@@ -129,7 +128,6 @@ def _nms_lower(ctx, boxes, scores, *rest):
 # kernel gets a buffer this large (untouched pages cost nothing) and fails beyond it.
 IMAGE_DECODER_MAX_BYTES = 1 << 28
 _IMAGE_LIBS = (("jpeg", "jpeglib.h", "libjpeg62-turbo-dev (or libjpeg-dev)"), ("png", "png.h", "libpng-dev"))
-_IMAGE_SOURCE = os.path.join(os.path.dirname(__file__), "c", "image_decoder.c")
 
 
 @lowering("ImageDecoder")
@@ -140,8 +138,7 @@ def _image_decoder_lower(ctx, stream):
     libraries; a machine without them gets an error naming the package to install."""
     fmt = _FORMATS.index(ctx.attr("pixel_format", "RGB"))
     channels = 1 if fmt == 2 else 3
-    with open(_IMAGE_SOURCE) as f:
-        preamble = f.read()
+    preamble = c_source("image_decoder.c")
     n = int(stream.shape[0])
     body = f"  return kiln_image_decode(in0, {n}, {fmt}, out0, {IMAGE_DECODER_MAX_BYTES}, out1);"
     errors = {2: "the encoded image is in a format the native ImageDecoder does not read (it reads "

@@ -1,14 +1,13 @@
 """Native lowerings of the tree ensembles (kiln.ops.ml_trees): the forest packed into
-per-tree node records, walked by kiln/lower/c/ml_trees.c (a branch-light walk, rows in
+per-tree node records, walked by kiln/codegen/c_src/ml_trees.c (a branch-light walk, rows in
 parallel, or trees for few rows).
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from kiln.codegen.csource import c_source
 from kiln.dtypes import DType
 from kiln.lower.ml_common import c_blob, c_labels, c_post_transform, c_table, c_type, label_extern, rows_width
 from kiln.ops.ml_common import ML
@@ -19,12 +18,8 @@ from kiln.ops.registry import lowering
 
 # ---- the native kernel ----
 
-_ENGINE = os.path.join(os.path.dirname(__file__), "c", "ml_trees.c")
-
-
 def _engine() -> str:
-    with open(_ENGINE) as fh:
-        return fh.read()
+    return c_source("ml_trees.c")
 
 
 def pack(ctx, f: Forest, a: np.dtype) -> dict:

@@ -3,7 +3,7 @@
 ImageDecoder's reference decodes with the standard library only (zlib for PNG): PNG,
 BMP, PNM and uncompressed TIFF. Lossy codecs (JPEG, WebP, JPEG 2000) would need an
 image library, which kiln's Python side does not depend on; they fail with a clear
-error. Its native kernel (kiln/lower/c/image_decoder.c) reads those formats too, and JPEG
+error. Its native kernel (kiln/codegen/c_src/image_decoder.c) reads those formats too, and JPEG
 through libjpeg and PNG through libpng, the two C libraries it links (kiln.lower.detection).
 """
 

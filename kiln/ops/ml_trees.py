@@ -4,7 +4,7 @@ TreeEnsembleClassifier (what scikit-learn forests and boosting become through sk
 All three encodings are read into one `Forest` (node arrays, roots, leaf contributions).
 The reference walks every row down each tree with NumPy; the native kernel
 (kiln.lower.ml_trees) packs the forest into per-tree node records and runs
-kiln/lower/c/ml_trees.c (a branch-light walk, rows in parallel, or trees for few rows).
+kiln/codegen/c_src/ml_trees.c (a branch-light walk, rows in parallel, or trees for few rows).
 
 Scores are summed per row in tree order in float32 (float64 for float64 input), as ONNX
 Runtime does, so labels at exact ties agree with it. TreeEnsembleClassifier follows ONNX
