@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from kiln.codegen.csource import c_source
 from kiln.dtypes import DType
 from kiln.lower.decisions import parallel_min_work
 from kiln.ops.image import _ROI_GRID_MAX, _axis_taps, _grid_attrs, _params, _passes, _plan, _resize_inputs
@@ -310,56 +311,18 @@ def _roi_align_lower(ctx, x, rois, batch_indices):
     offset = 0.5 if half == "half_pixel" else 0.0
     nb, c, h, w = x.shape
     nr = rois.shape[0]
-    avg = mode == "avg"
-    body = f"""  const double scale = {c_double(scale)}, off = {c_double(offset)};
-  for (int64_t r = 0; r < {nr}; ++r) {{
-    const int64_t b = (int64_t)in2[r];
-    if (b < 0 || b >= {nb}) KILN_FAIL(1, b);
-    const double x0 = (double)in1[r * 4 + 0] * scale - off, y0 = (double)in1[r * 4 + 1] * scale - off;
-    const double x1 = (double)in1[r * 4 + 2] * scale - off, y1 = (double)in1[r * 4 + 3] * scale - off;
-    double rw = x1 - x0, rh = y1 - y0;
-    {"" if offset else "if (rw < 1.0) rw = 1.0; if (rh < 1.0) rh = 1.0;"}
-    /* the sampling grid per bin, from run-time coordinates: bounded before any cast (a NaN
-       or huge roi would cast to garbage, or loop for ever) */
-    const double ghd = {ratio} > 0 ? {ratio} : ceil(rh / {ph}), gwd = {ratio} > 0 ? {ratio} : ceil(rw / {pw});
-    if (!(ghd <= {_ROI_GRID_MAX} && gwd <= {_ROI_GRID_MAX})) KILN_FAIL(2, r);
-    const int64_t gh = ghd > 0 ? (int64_t)ghd : 0, gw = gwd > 0 ? (int64_t)gwd : 0;
-    const double cnt = gh * gw > 1 ? (double)(gh * gw) : 1.0;
-    for (int64_t ch = 0; ch < {c}; ++ch) {{
-      const {x.dtype.c}* img = in0 + (b * {c} + ch) * {h * w};
-      for (int64_t i = 0; i < {ph}; ++i) for (int64_t j = 0; j < {pw}; ++j) {{
-        double acc = {"0.0" if avg else "-INFINITY"};
-        for (int64_t iy = 0; iy < gh; ++iy) {{
-          double py = y0 + (i + (iy + 0.5) / gh) * (rh / {ph});
-          const double vy = (py >= -1.0 && py <= {h}) ? 1.0 : 0.0;
-          if (!(py >= 0)) py = 0; else if (py > {h}) py = {h};  /* NaN too: no cast overflow */
-          int64_t ylo = (int64_t)floor(py), yhi; double fy;
-          if (ylo >= {h - 1}) {{ ylo = yhi = {h - 1}; fy = 0.0; }} else {{ yhi = ylo + 1; fy = py - ylo; }}
-          const double wyl = (1 - fy) * vy, wyh = fy * vy;
-          for (int64_t ix = 0; ix < gw; ++ix) {{
-            double px = x0 + (j + (ix + 0.5) / gw) * (rw / {pw});
-            const double vx = (px >= -1.0 && px <= {w}) ? 1.0 : 0.0;
-            if (!(px >= 0)) px = 0; else if (px > {w}) px = {w};
-            int64_t xlo = (int64_t)floor(px), xhi; double fx;
-            if (xlo >= {w - 1}) {{ xlo = xhi = {w - 1}; fx = 0.0; }} else {{ xhi = xlo + 1; fx = px - xlo; }}
-            const double wxl = (1 - fx) * vx, wxh = fx * vx;
-            const double t00 = (double)img[ylo * {w} + xlo] * (wyl * wxl);
-            const double t01 = (double)img[ylo * {w} + xhi] * (wyl * wxh);
-            const double t10 = (double)img[yhi * {w} + xlo] * (wyh * wxl);
-            const double t11 = (double)img[yhi * {w} + xhi] * (wyh * wxh);
-            {"acc += ((t00 + t01) + t10) + t11;" if avg else
-             "double m = fmax(fmax(t00, t01), fmax(t10, t11)); if (m > acc) acc = m;"}
-          }}
-        }}
-        out0[((r * {c} + ch) * {ph} + i) * {pw} + j] =
-            ({x.dtype.c})({"acc / cnt" if avg else "(gh * gw > 0 ? acc : 0.0)"});
-      }}
-    }}
-  }}
-  return 0;
-"""
-    if x.dtype.c is None:
-        ctx.fail(f"dtype {x.dtype} has no native type")
+    types = (x.dtype, ctx.input_types[1].dtype, ctx.input_types[2].dtype)
+    for name, t in zip(("X", "rois", "batch_indices"), types):
+        if t.c is None:
+            ctx.fail(f"{name} of dtype {t} has no native type")
+    fn = "kiln_roi_align_" + "_".join(t.name for t in types)
+    preamble = (f"#ifndef {fn.upper()}\n#define {fn.upper()}\n"
+                + "".join(f"#define KILN_ROI_{k} {t.c}\n" for k, t in zip("XRI", types))
+                + f"#define KILN_ROI_FN {fn}\n{c_source('roi_align.c')}"
+                + "".join(f"#undef KILN_ROI_{k}\n" for k in ("X", "R", "I", "FN")) + "#endif\n")
+    body = (f"  return {fn}(in0, in1, in2, out0, {nr}, {nb}, {c}, {h}, {w}, {ph}, {pw}, {ratio}, "
+            f"{_ROI_GRID_MAX}, {c_double(scale)}, {c_double(offset)}, {int(mode == 'avg')});")
     errors = {1: f"batch_indices value {{value}} is out of range [0, {nb - 1}]",
               2: f"roi {{value}} is too large or not finite: more than {_ROI_GRID_MAX} samples per bin side"}
-    return ctx.extern(body, [x, rois, batch_indices], [(ctx.out_shape(0), ctx.out_dtype(0))], errors=errors)
+    return ctx.extern(body, [x, rois, batch_indices], [(ctx.out_shape(0), ctx.out_dtype(0))], errors=errors,
+                      preamble=preamble)

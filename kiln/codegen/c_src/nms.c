@@ -1,6 +1,7 @@
 /* NonMaxSuppression (ONNX), the kernel behind kiln.lower.detection's lowering.
    Instantiated once per element type: define KILN_NMS_T (the boxes' and scores' C type)
-   and KILN_NMS_FN (the function's name) before this file.
+   and KILN_NMS_FN (the function's name) before this file. Always inlined: each call
+   site's literal sizes become constants again.
 
    Per (batch, class): candidates over the score threshold, merge-sorted by descending
    score (ties keep box order, NaN last), then the reference's greedy loop. The float
@@ -14,9 +15,9 @@
 #define KMIN(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
 #define KMAX(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
 #define BEFORE(p, q) (s[p] > s[q] || (s[q] != s[q] && s[p] == s[p]))
-static int32_t KILN_NMS_FN(const T* boxes, const T* scores, int64_t nb, int64_t nc, int64_t n,
-                           int64_t limit, T iou_t, int has_score, double score_t, int center,
-                           int64_t cap, int64_t* out, int64_t* selected) {
+__attribute__((always_inline)) static inline int32_t KILN_NMS_FN(
+    const T* boxes, const T* scores, int64_t nb, int64_t nc, int64_t n, int64_t limit, T iou_t,
+    int has_score, double score_t, int center, int64_t cap, int64_t* out, int64_t* selected) {
   *selected = 0;
   if (!(iou_t >= (T)0 && iou_t <= (T)1)) return 1;
   int64_t count = 0;
