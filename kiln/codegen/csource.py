@@ -27,3 +27,12 @@ def c_source(name: str) -> str:
     except FileNotFoundError:
         raise KilnError(f"kiln's C source {name!r} is missing from {C_SRC} (an incomplete install: "
                         "the package data under kiln/codegen/c_src was not shipped)", stage="codegen") from None
+
+
+def c_instance(name: str, macros: dict[str, str], guard: str) -> str:
+    """kiln/codegen/c_src/`name`, a kernel written against macros (its element types, its
+    function's name), instantiated: `macros` defined before the file and undefined after,
+    behind the include guard `guard` (so a unit holding several such nodes compiles one
+    copy; preambles are deduplicated by text)."""
+    return (f"#ifndef {guard}\n#define {guard}\n" + "".join(f"#define {k} {v}\n" for k, v in macros.items())
+            + c_source(name) + "".join(f"#undef {k}\n" for k in macros) + "#endif\n")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.codegen.csource import c_source
+from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.ops.detection import _FORMATS
 from kiln.ops.registry import lowering
@@ -42,9 +42,7 @@ def _nms_lower(ctx, boxes, scores, *rest):
     dynamic = ctx.dynamic()
     cap = (max(nb * nc * per, 1), 3) if dynamic else tuple(ctx.out_shape())
     fn = f"kiln_nms_{bt.dtype.name}"
-    preamble = (f"#ifndef KILN_NMS_{bt.dtype.name}\n#define KILN_NMS_{bt.dtype.name}\n"
-                f"#define KILN_NMS_T {t}\n#define KILN_NMS_FN {fn}\n{c_source('nms.c')}"
-                "#undef KILN_NMS_T\n#undef KILN_NMS_FN\n#endif\n")
+    preamble = c_instance("nms.c", {"KILN_NMS_T": t, "KILN_NMS_FN": fn}, fn.upper())
     limit = f"(int64_t){p['max_output']}[0]" if "max_output" in p else "0"
     iou = f"{p['iou']}[0]" if "iou" in p else "0"
     score = f"(double){p['score']}[0]" if "score" in p else "0.0"

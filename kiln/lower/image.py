@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from kiln.codegen.csource import c_source
+from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.lower.decisions import parallel_min_work
 from kiln.ops.image import _ROI_GRID_MAX, _axis_taps, _grid_attrs, _params, _passes, _plan, _resize_inputs
@@ -316,10 +316,8 @@ def _roi_align_lower(ctx, x, rois, batch_indices):
         if t.c is None:
             ctx.fail(f"{name} of dtype {t} has no native type")
     fn = "kiln_roi_align_" + "_".join(t.name for t in types)
-    preamble = (f"#ifndef {fn.upper()}\n#define {fn.upper()}\n"
-                + "".join(f"#define KILN_ROI_{k} {t.c}\n" for k, t in zip("XRI", types))
-                + f"#define KILN_ROI_FN {fn}\n{c_source('roi_align.c')}"
-                + "".join(f"#undef KILN_ROI_{k}\n" for k in ("X", "R", "I", "FN")) + "#endif\n")
+    macros = {f"KILN_ROI_{k}": t.c for k, t in zip("XRI", types)}
+    preamble = c_instance("roi_align.c", {**macros, "KILN_ROI_FN": fn}, fn.upper())
     body = (f"  return {fn}(in0, in1, in2, out0, {nr}, {nb}, {c}, {h}, {w}, {ph}, {pw}, {ratio}, "
             f"{_ROI_GRID_MAX}, {c_double(scale)}, {c_double(offset)}, {int(mode == 'avg')});")
     errors = {1: f"batch_indices value {{value}} is out of range [0, {nb - 1}]",

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.loops import INDEX, cast, compute, const, select
 from kiln.lower.decisions import parallel_min_work
@@ -331,9 +332,8 @@ def _unique_lower(ctx, x):
 @lowering("TopK")
 @sized_by("K")
 def _topk_lower(ctx, x, k=None):
-    """Per line along the axis, the positions ordered by (value, position), NaN the largest:
-    for small k an insertion into the k best so far (most elements are rejected by one
-    comparison with the k-th), else a merge sort. Lines run in parallel when there is work."""
+    """The kernel kiln/codegen/c_src/topk.c (its comment says how), instantiated for the
+    element type and called with this node's sizes."""
     shape, a = x.shape, _axis(ctx, len(x.shape), -1)
     n, kk = shape[a], ctx.out_shape()[a]
     inner = math.prod(shape[a + 1:])
@@ -342,58 +342,11 @@ def _topk_lower(ctx, x, k=None):
     y = shape[:a] + (kk,) + shape[a + 1:]
     if lines == 0 or kk == 0:
         return ctx.extern("  return 0;", [x, k], [(y, x.dtype), (y, DType.int64)])
-    nan, cmp = ("1", ">") if ctx.attr("largest", 1) else ("0", "<")
-    body = f"""#define KILN_BEFORE(p, q) kiln_before_(src[(p) * {inner}], src[(q) * {inner}], (p), (q))
-#define kiln_before_(A, B, p, q) \\
-  ((A != A) ? ((B != B) ? p < q : {nan}) : (B != B) ? {1 - int(nan)} : (A {cmp} B || (A == B && p < q)))
-  int32_t failed = 0;
-  #pragma omp parallel if ({lines * n} > {parallel_min_work()})
-  {{
-    int64_t* idx = (int64_t*)malloc(2 * {n} * sizeof(int64_t));
-    #pragma omp for schedule(static)
-    for (int64_t line = 0; line < {lines}; ++line) {{
-      if (!idx) {{
-        #pragma omp atomic write
-        failed = 1;
-        continue;
-      }}
-      const {t}* src = in0 + line / {inner} * {n * inner} + line % {inner};
-      int64_t* cur = idx;
-      {_TOPK_INSERT if kk <= 64 else _TOPK_MERGE}
-      const int64_t base = line / {inner} * {kk * inner} + line % {inner};
-      for (int64_t m = 0; m < {kk}; ++m) {{
-        out0[base + m * {inner}] = src[cur[m] * {inner}];
-        out1[base + m * {inner}] = cur[m];
-      }}
-    }}
-    free(idx);
-  }}
-  return failed ? -1 : 0;
-#undef kiln_before_
-#undef KILN_BEFORE"""
-    return ctx.extern(body.replace("N_", str(n)).replace("K_", str(kk)), [x, k], [(y, x.dtype), (y, DType.int64)])
-
-
-_TOPK_INSERT = """int64_t cnt = 0;
-      for (int64_t m = 0; m < N_; ++m) {
-        if (cnt == K_ && !KILN_BEFORE(m, cur[K_ - 1])) continue;
-        int64_t pos = cnt < K_ ? cnt++ : K_ - 1;
-        for (; pos > 0 && KILN_BEFORE(m, cur[pos - 1]); --pos) cur[pos] = cur[pos - 1];
-        cur[pos] = m;
-      }"""
-
-_TOPK_MERGE = """int64_t* nxt = idx + N_;
-      for (int64_t m = 0; m < N_; ++m) cur[m] = m;
-      for (int64_t w = 1; w < N_; w *= 2) {
-        for (int64_t lo = 0; lo < N_; lo += 2 * w) {
-          int64_t mid = lo + w < N_ ? lo + w : N_, hi = lo + 2 * w < N_ ? lo + 2 * w : N_;
-          int64_t i = lo, j = mid, o = lo;
-          while (i < mid && j < hi) nxt[o++] = KILN_BEFORE(cur[j], cur[i]) ? cur[j++] : cur[i++];
-          while (i < mid) nxt[o++] = cur[i++];
-          while (j < hi) nxt[o++] = cur[j++];
-        }
-        int64_t* tmp = cur; cur = nxt; nxt = tmp;
-      }"""
+    fn = f"kiln_topk_{x.dtype.name}"
+    preamble = c_instance("topk.c", {"KILN_TOPK_T": t, "KILN_TOPK_FN": fn}, fn.upper())
+    largest = int(bool(ctx.attr("largest", 1)))
+    body = f"  return {fn}(in0, out0, out1, {lines}, {n}, {kk}, {inner}, {largest}, {parallel_min_work()});"
+    return ctx.extern(body, [x, k], [(y, x.dtype), (y, DType.int64)], preamble=preamble)
 
 
 @lowering("OneHot")
