@@ -31,8 +31,8 @@ def c_source(name: str) -> str:
 
 def c_instance(name: str, macros: dict[str, str], guard: str) -> str:
     """kiln/codegen/c_src/`name`, a kernel written against macros (its element types, its
-    function's name), instantiated: `macros` defined before the file and undefined after,
+    function's name; a key `F(v)` defines a function-like macro), instantiated: `macros` defined before the file and undefined after,
     behind the include guard `guard` (so a unit holding several such nodes compiles one
     copy; preambles are deduplicated by text)."""
     return (f"#ifndef {guard}\n#define {guard}\n" + "".join(f"#define {k} {v}\n" for k, v in macros.items())
-            + c_source(name) + "".join(f"#undef {k}\n" for k in macros) + "#endif\n")
+            + c_source(name) + "".join(f"#undef {k.split('(')[0]}\n" for k in macros) + "#endif\n")

@@ -255,78 +255,27 @@ def _sort_key_type(ctx, dt: DType) -> tuple[str, str]:
 
 @lowering("Unique")
 def _unique_lower(ctx, x):
-    """Rows (the elements, or the slices along `axis`) merge-sorted by (value, position),
-    NaN the largest; runs of equal rows are the unique values (flattened, NaNs are one value,
-    as np.unique). Their number is data: a dynamic C kernel writes the outputs compactly and
-    reports the dims."""
+    """The kernel kiln/codegen/c_src/unique.c (its comment says how). The number of unique
+    rows is data: the kernel writes the outputs compactly and this body reports the dims."""
     d, nout = x.shape, ctx.num_outputs
     t, load = _sort_key_type(ctx, x.dtype)
     a = None if ctx.attr("axis", None) is None else _axis(ctx, len(d))
     rows = math.prod(d) if a is None else d[a]
     outer, inner = (1, 1) if a is None else (math.prod(d[:a]), math.prod(d[a + 1:]))
-    width, cap = outer * inner, max(rows, 1)
+    cap = max(rows, 1)
     y_dims = ["n"] if a is None else [str(v) if k != a else "n" for k, v in enumerate(d)]
     dims = (y_dims + ["n", str(rows), "n"])[:len(y_dims) + nout - 1]
-    if ctx.attr("sorted", 1):
-        rank = f"  for (int64_t g = 0; g < n; ++g) order[g] = g;\n"
-    else:  # by first occurrence
-        rank = (f"  int64_t k = 0;\n  for (int64_t r = 0; r < {rows}; ++r)\n"
-                f"    if (first[inv[r]] == r) {{ nxt[inv[r]] = k; order[k++] = inv[r]; }}\n"
-                f"  for (int64_t r = 0; r < {rows}; ++r) inv[r] = nxt[inv[r]];\n")
-    writes = [f"  for (int64_t o = 0; o < {outer}; ++o)\n    for (int64_t k = 0; k < n; ++k)\n"
-              f"      memcpy(out0 + (o * n + k) * {inner}, in0 + (o * {rows} + first[order[k]]) * {inner}, "
-              f"{inner} * sizeof({t}));\n",
-              "  for (int64_t k = 0; k < n; ++k) out1[k] = first[order[k]];\n",
-              f"  memcpy(out2, inv, {rows} * sizeof(int64_t));\n",
-              "  for (int64_t k = 0; k < n; ++k) out3[k] = count[order[k]];\n"][:nout]
-    same = "A == B || (A != A && B != B)" if a is None else "A == B"
-    writes += [f"  out{nout}[{k}] = {v};\n" for k, v in enumerate(dims)]
-    body = f"""#define KILN_AT(r, m) in0[(m) / {inner} * {rows * inner} + (r) * {inner} + (m) % {inner}]
-#define KILN_KEY(v) {_KEY_OF.get(x.dtype, "(v)")}
-  int64_t n = 0, *w = NULL;
-  if ({rows} > 0) {{
-    w = (int64_t*)malloc(6 * {rows} * sizeof(int64_t));
-    if (!w) return -1;
-  }}
-  int64_t *cur = w, *nxt = w + {rows}, *first = w + {2 * rows}, *count = w + {3 * rows};
-  int64_t *order = w + {4 * rows}, *inv = w + {5 * rows};
-  for (int64_t m = 0; m < {rows}; ++m) cur[m] = m;
-  for (int64_t span = 1; span < {rows}; span *= 2) {{
-    for (int64_t lo = 0; lo < {rows}; lo += 2 * span) {{
-      const int64_t mid = lo + span < {rows} ? lo + span : {rows};
-      const int64_t hi = lo + 2 * span < {rows} ? lo + 2 * span : {rows};
-      int64_t i = lo, j = mid, o = lo;
-      while (i < mid && j < hi) {{
-        const int64_t p = cur[j], q = cur[i];
-        int c = 0;
-        for (int64_t m = 0; m < {width} && !c; ++m) {{
-          const {load} A = KILN_KEY(KILN_AT(p, m)), B = KILN_KEY(KILN_AT(q, m));
-          c = (A < B || (B != B && A == A)) ? -1 : (A > B || (A != A && B == B)) ? 1 : 0;
-        }}
-        nxt[o++] = (c < 0 || (c == 0 && p < q)) ? cur[j++] : cur[i++];
-      }}
-      while (i < mid) nxt[o++] = cur[i++];
-      while (j < hi) nxt[o++] = cur[j++];
-    }}
-    int64_t* tmp = cur; cur = nxt; nxt = tmp;
-  }}
-  for (int64_t s = 0; s < {rows}; ++s) {{
-    int eq = s > 0;
-    for (int64_t m = 0; m < {width} && eq; ++m) {{
-      const {load} A = KILN_KEY(KILN_AT(cur[s - 1], m)), B = KILN_KEY(KILN_AT(cur[s], m));
-      eq = {same};
-    }}
-    if (!eq) {{ first[n] = cur[s]; count[n++] = 0; }}
-    ++count[n - 1];
-    inv[cur[s]] = n - 1;
-  }}
-{rank}{"".join(writes)}  free(w);
-  return 0;
-#undef KILN_AT
-#undef KILN_KEY"""
+    fn = f"kiln_unique_{x.dtype.name}"
+    preamble = c_instance("unique.c", {"KILN_UNIQUE_S": t, "KILN_UNIQUE_K": load,
+                                       "KILN_UNIQUE_KEY(v)": _KEY_OF.get(x.dtype, "(v)"), "KILN_UNIQUE_FN": fn},
+                          fn.upper())
+    outs = ", ".join(f"out{k}" if k < nout else "NULL" for k in range(1, 4))
+    body = (f"  int64_t n = 0;\n  const int32_t rc = {fn}(in0, {rows}, {inner}, {outer}, {int(a is None)}, "
+            f"{int(bool(ctx.attr('sorted', 1)))}, out0, {outs}, &n);\n  if (rc) return rc;\n"
+            + "".join(f"  out{nout}[{k}] = {v};\n" for k, v in enumerate(dims)) + "  return 0;")
     shapes = [(cap,) if a is None else d[:a] + (cap,) + d[a + 1:], (cap,), (cap,), (cap,)]
     return ctx.extern(body, [x], [(sh, x.dtype if k == 0 else DType.int64) for k, sh in enumerate(shapes[:nout])],
-                      dynamic=True)
+                      dynamic=True, preamble=preamble)
 
 
 @lowering("TopK")
