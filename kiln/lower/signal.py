@@ -10,6 +10,7 @@ import numpy as np
 
 import kiln.loops as L
 
+from kiln.codegen.csource import c_source
 from kiln.dtypes import DType
 from kiln.ops.registry import lowering
 from kiln.ops.signal import _dft_args, _run_scalar
@@ -38,13 +39,8 @@ def _present(ctx, names: list[str]) -> dict[str, str]:
     return out
 
 
-_TWIDDLES = """  double* tw = (double*)malloc(sizeof(double) * 2 * ({n} > 0 ? {n} : 1));
-  if (!tw) return -1;
-  for (int64_t j = 0; j < {n}; ++j) {{
-    const double th = 6.283185307179586 * (double)j / (double)({n});
-    tw[2 * j] = cos(th); tw[2 * j + 1] = sin(th);
-  }}
-"""
+# the cos/sin table (kiln_twiddles, kiln/codegen/c_src/twiddles.h) both transforms start with
+_TWIDDLES = "  double* tw = kiln_twiddles(n);\n  if (!tw) return -1;\n"
 
 
 @lowering("DFT")
@@ -111,7 +107,7 @@ def _dft_lower(ctx, x, *rest):
   const int64_t n = {f"(int64_t){p['dft_length']}[0]" if "dft_length" in p else default_n};
   if (n < 1 || {want_m} != m_out) return 1;
   if (outer * inner * m_out == 0) return 0;
-{_TWIDDLES.format(n="n")}  const int64_t step = inner * CIN, ostep = inner * {cout};
+{_TWIDDLES}  const int64_t step = inner * CIN, ostep = inner * {cout};
 {par}  for (int64_t line = 0; line < outer * inner; ++line) {{
     const int64_t o = line / inner, i = line % inner;
     const int64_t base = (o * nin * inner + i) * CIN, obase = (o * m_out * inner + i) * {cout};
@@ -122,7 +118,7 @@ def _dft_lower(ctx, x, *rest):
   return 0;
 #undef CIN
 #undef TO"""
-    return ctx.extern(body, [x, *rest], [(odims, ctx.out_dtype())])
+    return ctx.extern(body, [x, *rest], [(odims, ctx.out_dtype())], preamble=c_source("twiddles.h"))
 
 
 @lowering("STFT")
@@ -143,7 +139,7 @@ def _stft_lower(ctx, signal, *rest):
   if (fstep < 1 || n < 1 || n > {length} || {"n != " + str(wlen) if wlen is not None else "0"}) return 1;
   if ({frames} != ({length} - n) / fstep + 1 || {bins} != {"n / 2 + 1" if onesided else "n"}) return 1;
   if ({batch * frames * bins} == 0) return 0;
-{_TWIDDLES.format(n="n")}  for (int64_t bf = 0; bf < {batch * frames}; ++bf) {{
+{_TWIDDLES}  for (int64_t bf = 0; bf < {batch * frames}; ++bf) {{
     const int64_t b = bf / {frames}, f = bf % {frames};
     const {t}* z = in0 + (b * {length} + f * fstep) * {cin};
     for (int64_t m = 0; m < {bins}; ++m) {{
@@ -162,7 +158,7 @@ def _stft_lower(ctx, signal, *rest):
   }}
   free(tw);
   return 0;"""
-    return ctx.extern(body, [signal, *rest], [(ctx.out_shape(), ctx.out_dtype())])
+    return ctx.extern(body, [signal, *rest], [(ctx.out_shape(), ctx.out_dtype())], preamble=c_source("twiddles.h"))
 
 
 def _window_lower(coeffs: tuple[float, ...]):
