@@ -64,6 +64,27 @@ def dim_option(f):
                         help="Size of a symbolic dim, e.g. --dim batch=1 (repeatable).")(f)
 
 
+def _decisions(ctx, param, values) -> dict:
+    """--decision NAME=VALUE (every kernel) or KERNEL:NAME=VALUE (one kernel) → kiln.compile's
+    `decisions`; VALUE is an integer, true/false, or else a string."""
+    out: dict = {}
+    for key, text in _pairs(ctx, param, values).items():
+        value = int(text) if text.lstrip("-").isdigit() else {"true": True, "false": False}.get(text, text)
+        kernel, colon, name = key.rpartition(":")
+        if colon:
+            out.setdefault(kernel, {})[name] = value
+        else:
+            out[name] = value
+    return out
+
+
+def decision_option(f):
+    return click.option("--decision", "decisions", multiple=True, metavar="[KERNEL:]NAME=VALUE",
+                        callback=_decisions,
+                        help="Override a schedule decision (kiln.lower.decisions) for every kernel, or "
+                             "for one kernel (k3_Conv:parallel_min_work=0); repeatable.")(f)
+
+
 def target_option(f):
     return click.option("--target", "-t", type=click.Choice(TARGETS), default=None,
                         help="Where the code runs (default: cpu).")(f)
@@ -101,8 +122,11 @@ def load_graph(path: str):
         return kiln.load_onnx(path)
 
 
-def compile_graph(graph, target: str | None, opt_level: int | None, cpu: str | None = None):
+def compile_graph(graph, target: str | None, opt_level: int | None, cpu: str | None = None,
+                  decisions: dict | None = None):
     options = {} if opt_level is None else {"opt_level": opt_level}
+    if decisions:
+        options["decisions"] = decisions
     if cpu is not None:
         options["cpu"] = cpu
     target = target or "cpu"
@@ -218,6 +242,7 @@ def cli(debug: bool, max_memory, max_constant, max_trip_count):
 @cpu_option
 @opt_option
 @dim_option
+@decision_option
 @click.option("--emit", type=click.Choice(STAGES),
               help="Print a stage: the imported graph, the optimized graph, its fusion groups, the loop IR "
                    "or the C source.")
@@ -226,7 +251,7 @@ def cli(debug: bool, max_memory, max_constant, max_trip_count):
 @click.option("--name", metavar="NAME",
               help="The artifact's C name: its library's symbols and header macros start with it "
                    "(NAME_run, NAME_WEIGHTS_BYTES; default: MODEL's file name made a C identifier).")
-def compile_cmd(model, output, target, cpu, opt_level, dims, emit, emit_to, name):
+def compile_cmd(model, output, target, cpu, opt_level, dims, decisions, emit, emit_to, name):
     """Compile MODEL (.onnx) into a deployable .kiln artifact, or show one of its stages.
 
     The artifact is a zip holding the native library, its C header and source,
@@ -245,10 +270,11 @@ def compile_cmd(model, output, target, cpu, opt_level, dims, emit, emit_to, name
     graph = load_graph(model)
     if emit is not None:
         with progress(f"making the {emit} stage"):
-            text = stage_text(graph, emit, dims, target=target or "cpu", opt_level=opt_level, cpu=cpu)
+            text = stage_text(graph, emit, dims, target=target or "cpu", opt_level=opt_level, cpu=cpu,
+                              decisions=decisions)
         show(text, emit_to)
     if output is not None:
-        compiled = compile_graph(graph, target, opt_level, cpu)
+        compiled = compile_graph(graph, target, opt_level, cpu, decisions)
         from kiln.export import save
         with progress(f"writing {output}"):
             manifest = save(compiled, output, dims=dims, source=model, name=name)

@@ -86,3 +86,21 @@ def test_stage_breaks_are_answered_once_for_compile_export_and_emit(tmp_path):
         save(model, tmp_path / "m.kiln")
     with pytest.raises(KilnError, match="runs in stages: NonZero node 'nz'"):
         run_stages(_nonzero_model(), "loops")
+
+
+def test_cli_decision_overrides_reach_the_emitted_stage(capsys, tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(elementwise_model(), path)
+    out = tmp_path / "k.txt"
+
+    def emit(*more):
+        try:
+            main(["compile", str(path), "--emit", "loops", "--emit-to", str(out), "--dim", "batch=2", *more])
+        except SystemExit as e:
+            assert e.code == 0, capsys.readouterr().err
+        return out.read_text()
+    assert emit("--decision", "parallel_min_work=0") == run_stages(
+        str(path), "loops", dims={"batch": 2}, decisions={"parallel_min_work": 0}).text("loops")
+    with pytest.raises(SystemExit):
+        main(["compile", str(path), "--emit", "loops", "--dim", "batch=2", "--decision", "parallel_min_work=-3"])
+    assert "illegal value -3 for decision 'parallel_min_work'" in capsys.readouterr().err
