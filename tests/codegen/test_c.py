@@ -1,7 +1,6 @@
 """The C backend: dtypes and intrinsics vs numpy, the build cache, errors, entry calls, speed."""
 
 import math
-import os
 import platform
 import subprocess
 import time
@@ -9,7 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from kiln.codegen import build_c, cpu_features, emit_c, vector_bytes
+from kiln.codegen import build_c, emit_c
+from kiln.runtime.cpu import cpu_features
+from kiln.targets.target import Target
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import (Allocate, Buffer, Call, LoopModule, PrimFunc, Schedule, View, call, cast, compute, lower,
@@ -157,10 +158,12 @@ def test_entry_function_calls_kernels_on_arena_views():
 def test_cpu_features_never_assume_avx512():
     f = cpu_features()
     assert isinstance(f, frozenset)
-    assert vector_bytes(frozenset()) == 16
-    assert vector_bytes(frozenset({"avx2", "fma"})) == 32
-    assert vector_bytes(frozenset({"avx512f"})) == 64
-    assert vector_bytes() in (16, 32, 64)
+    def width(features):
+        return Target("t", "x86_64", frozenset(features), "x86-64", 1, 1, 1, 1).vector_bytes
+    assert width(()) == 16
+    assert width({"avx2", "fma"}) == 32
+    assert width({"avx512f"}) == 64
+    assert Target.host().vector_bytes in (16, 32, 64)
 
 
 def test_matmul_256_tiled_vectorized_parallel():
@@ -190,14 +193,14 @@ def test_matmul_256_tiled_vectorized_parallel():
         lib["matmul"](a, b, c)
     dt = (time.perf_counter() - t0) / reps
     print(f"\nmatmul 256^3: {2 * M * N * K / dt / 1e9:.1f} GFLOP/s ({dt * 1e3:.2f} ms, "
-          f"{os.cpu_count()} cpus, vector {vector_bytes()} B)")
+          f"{Target.host().cores} cpus, vector {Target.host().vector_bytes} B)")
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
                     reason="vector register names are x86's")
 def test_default_flags_emit_the_vector_width_tiles_are_planned_for(tmp_path, monkeypatch):
     """-march=native's tuning may prefer narrower vectors than the CPU has (znver1 on an
-    AVX2 EPYC VM: 128-bit); register tiles are sized from vector_bytes(), so the default
+    AVX2 EPYC VM: 128-bit); register tiles are sized from Target.vector_bytes, so the default
     flags must make the compiler use that width."""
     from kiln.codegen.build import _cc, _flags
     from kiln.targets.target import Target
@@ -210,7 +213,7 @@ def test_default_flags_emit_the_vector_width_tiles_are_planned_for(tmp_path, mon
                                      capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     asm = (tmp_path / "v.s").read_text()
-    want = {16: "%xmm", 32: "%ymm", 64: "%zmm"}[vector_bytes()]
+    want = {16: "%xmm", 32: "%ymm", 64: "%zmm"}[Target.host().vector_bytes]
     assert want in asm, f"expected {want} registers with {flags}"
 
 
