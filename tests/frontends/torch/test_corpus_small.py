@@ -10,9 +10,8 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-import kiln  # noqa: E402
 from benchmarks.corpus import cnn, rnn, transformer  # noqa: E402
-from tests.frontends.torch.test_models import assert_matches  # noqa: E402
+from tests.frontends.torch.test_models import dynamo_matches, export_matches  # noqa: E402
 
 
 def _mobilenet_v2():
@@ -66,20 +65,10 @@ PARAMS = [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in 
 
 @pytest.mark.parametrize("name", PARAMS)
 def test_export_entry_point(name):
-    m, example, fresh = build(name)
-    cm = kiln.compile(m, example_inputs=example)
-    with torch.no_grad():
-        want = m(*fresh)
-    assert_matches(cm(*fresh), want)
+    export_matches(*build(name))
 
 
 @pytest.mark.parametrize("name", PARAMS)
 def test_dynamo_entry_point(name, monkeypatch):
     monkeypatch.setattr(torch._dynamo.config, "allow_rnn", True)  # else nn.LSTM is a graph break
-    m, example, fresh = build(name)
-    cm = torch.compile(m, backend="kiln")
-    with torch.no_grad():
-        cm(*example)
-        got = cm(*fresh)
-        want = m(*fresh)
-    assert_matches(got, want)
+    dynamo_matches(*build(name))

@@ -53,23 +53,32 @@ def fresh_inputs(ins, seed=1):
 PARAMS = [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in MODELS]
 
 
+def export_matches(m, example, fresh):
+    """kiln.compile(m) traced on `example` gives eager's outputs on `fresh`."""
+    cm = kiln.compile(m, example_inputs=example)
+    with torch.no_grad():
+        want = m(*fresh)
+    assert_matches(cm(*fresh), want)
+
+
+def dynamo_matches(m, example, fresh):
+    """torch.compile(m, backend='kiln') called on `example`, then on `fresh`, gives eager's outputs."""
+    cm = torch.compile(m, backend="kiln")
+    with torch.no_grad():
+        cm(*example)
+        got = cm(*fresh)
+        want = m(*fresh)
+    assert_matches(got, want)
+
+
 @pytest.mark.parametrize("name", PARAMS)
 def test_export_entry_point(name):
     m, ins = build(name)
-    cm = kiln.compile(m, example_inputs=ins)
-    new = fresh_inputs(ins)
-    with torch.no_grad():
-        want = m(*new)
-    assert_matches(cm(*new), want)
+    export_matches(m, ins, fresh_inputs(ins))
 
 
 @pytest.mark.parametrize("name", PARAMS)
 def test_dynamo_entry_point(name, monkeypatch):
     monkeypatch.setattr(torch._dynamo.config, "allow_rnn", True)  # else nn.LSTM is a graph break
     m, ins = build(name)
-    cm = torch.compile(m, backend="kiln")
-    new = fresh_inputs(ins)
-    with torch.no_grad():
-        want = m(*new)
-        got = cm(*new)
-    assert_matches(got, want)
+    dynamo_matches(m, ins, fresh_inputs(ins))
