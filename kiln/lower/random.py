@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.codegen.csource import c_source
 from kiln.dtypes import DType
 from kiln.ops.registry import lowering
 import kiln.ops.random  # noqa: F401  (registers the ops lowered here)
@@ -70,8 +71,11 @@ def mt19937_init(seed: int | None) -> str:
 
 
 def _pcg_init(ctx) -> str:
-    """C declaring `st`, `inc` (unsigned __int128) and the KILN_DRAW(u) macro (u = next double)."""
+    """C declaring `pcg_` (kiln_pcg, kiln/codegen/c_src/kiln_random.h) in the state the node
+    starts from, and the KILN_DRAW(u) macro (u = next double)."""
     mask = (1 << 64) - 1
+    hi, lo = _PCG_MULT
+    mul = f"((unsigned __int128){hi}ULL << 64) | {lo}ULL"
     if ctx.has_attr("seed"):
         try:
             seed = int(np.float32(ctx.attr("seed")).view(np.int32))  # as RunCtx.rng() seeds
@@ -79,22 +83,13 @@ def _pcg_init(ctx) -> str:
         except (ValueError, TypeError) as e:
             ctx.fail(f"seed {ctx.attr('seed')!r} does not seed NumPy's generator: {e}")
         s, inc = int(state["state"]), int(state["inc"])
-        init = (f"  unsigned __int128 st = ((unsigned __int128){s >> 64}ULL << 64) | {s & mask}ULL;\n"
-                f"  const unsigned __int128 inc = ((unsigned __int128){inc >> 64}ULL << 64) | {inc & mask}ULL;\n")
+        init = (f"  kiln_pcg pcg_ = {{((unsigned __int128){s >> 64}ULL << 64) | {s & mask}ULL,\n"
+                f"                   ((unsigned __int128){inc >> 64}ULL << 64) | {inc & mask}ULL, {mul}}};\n")
     else:
-        init = _ENTROPY + """  unsigned __int128 st = ((unsigned __int128)w[0] << 64) | w[1];
-  const unsigned __int128 inc = ((unsigned __int128)w[2] << 64) | w[3] | 1;
-"""
-    hi, lo = _PCG_MULT
-    return init + f"""  const unsigned __int128 mul = ((unsigned __int128){hi}ULL << 64) | {lo}ULL;
-#define KILN_DRAW(u) do {{ \\
-    st = st * mul + inc; \\
-    uint64_t x_ = (uint64_t)(st >> 64) ^ (uint64_t)st; \\
-    const unsigned r_ = (unsigned)(st >> 122); \\
-    x_ = (x_ >> r_) | (x_ << ((64 - r_) & 63)); \\
-    (u) = (double)(x_ >> 11) * (1.0 / 9007199254740992.0); \\
-  }} while (0)
-"""
+        init = ("  uint64_t w[4];\n  kiln_entropy(w);\n"
+                "  kiln_pcg pcg_ = {((unsigned __int128)w[0] << 64) | w[1],\n"
+                f"                   ((unsigned __int128)w[2] << 64) | w[3] | 1, {mul}}};\n")
+    return init + "#define KILN_DRAW(u) ((u) = kiln_pcg_draw(&pcg_))\n"
 
 
 def _ctype(ctx, dt: DType) -> str:
@@ -118,7 +113,7 @@ def _uniform_lower(ctx, *inputs):
   }}
   return 0;
 #undef KILN_DRAW"""
-    return ctx.extern(body, list(inputs), [(ctx.out_shape(), dt)])
+    return ctx.extern(body, list(inputs), [(ctx.out_shape(), dt)], preamble=c_source("kiln_random.h"))
 
 
 lowering("RandomUniform")(_uniform_lower)
@@ -136,7 +131,7 @@ def _bernoulli_lower(ctx, p):
   }}
   return 0;
 #undef KILN_DRAW"""
-    return ctx.extern(body, [p], [(ctx.out_shape(), dt)])
+    return ctx.extern(body, [p], [(ctx.out_shape(), dt)], preamble=c_source("kiln_random.h"))
 
 
 @lowering("Multinomial")
@@ -166,4 +161,4 @@ def _multinomial_lower(ctx, logits):
   free(cdf);
   return 0;
 #undef KILN_DRAW"""
-    return ctx.extern(body, [logits], [(ctx.out_shape(), dt)])
+    return ctx.extern(body, [logits], [(ctx.out_shape(), dt)], preamble=c_source("kiln_random.h"))
