@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from kiln.codegen.csource import c_instance
 from kiln.codegen.strings import ERRORS, HELPERS
 from kiln.dtypes import DType
 from kiln.ops.registry import lowering
@@ -234,10 +235,8 @@ def _tfidf_lower(ctx, x):
 
 @lowering("RegexFullMatch")
 def _regex_full_match_lower(ctx, x):
-    """glibc's POSIX regex engine (<regex.h>) on the pattern translated from RE2 syntax
-    (kiln.lower.regex_posix): compiled once per kernel (pthread_once), in the "C" locale so
-    the engine matches the translation's UTF-8 byte sequences whatever the process locale;
-    REG_STARTEND lets it read kiln_str bytes without a terminating NUL."""
+    """The kernel kiln/codegen/c_src/regex_match.c (glibc's POSIX regex engine; its comment
+    says how), instantiated for the pattern translated from RE2 syntax (kiln.lower.regex_posix)."""
     import hashlib
 
     from kiln.codegen.strings import c_bytes
@@ -249,41 +248,8 @@ def _regex_full_match_lower(ctx, x):
     except RegexError as e:
         ctx.fail(f"pattern {pattern!r} cannot run natively: {e}", stage="lower")
     h = "kiln_rx_" + hashlib.sha256(ere).hexdigest()[:16]
-    preamble = f"""#include <regex.h>
-#include <locale.h>
-#include <limits.h>
-#include <pthread.h>
-#ifndef {h.upper()}
-#define {h.upper()}
-static regex_t {h};
-static int {h}_state;  /* 1: compiled, 2: no C locale, 3: regcomp failed */
-static locale_t {h}_loc;
-static pthread_once_t {h}_once = PTHREAD_ONCE_INIT;
-static void {h}_init(void) {{
-  {h}_loc = newlocale(LC_ALL_MASK, "C", (locale_t)0);
-  if (!{h}_loc) {{ {h}_state = 2; return; }}
-  const locale_t old = uselocale({h}_loc);
-  {h}_state = regcomp(&{h}, {c_bytes(ere)}, REG_EXTENDED | REG_NOSUB) == 0 ? 1 : 3;
-  uselocale(old);
-}}
-#endif
-"""
-    n = math.prod(ctx.input_types[0].shape)
-    body = f"""  pthread_once(&{h}_once, {h}_init);
-  if ({h}_state != 1) return {h}_state == 2 ? 1 : 3;
-  const locale_t old = uselocale({h}_loc);
-  int rc = 0;
-  for (int64_t i = 0; i < {n}LL && !rc; ++i) {{
-    const kiln_str s = in0[i];
-    if (!kiln_str_ok(s)) {{ rc = 2; break; }}
-    if (s.len > INT_MAX) {{ rc = 4; break; }}
-    regmatch_t m[1];
-    m[0].rm_so = 0;
-    m[0].rm_eo = (regoff_t)s.len;
-    out0[i] = regexec(&{h}, s.len ? s.ptr : "", 1, m, REG_STARTEND) == 0;
-  }}
-  uselocale(old);
-  return rc;"""
+    preamble = c_instance("regex_match.c", {"KILN_RX(name)": f"{h}_##name", "KILN_RX_ERE": c_bytes(ere)}, h.upper())
+    body = f"  return {h}_match(in0, out0, {math.prod(ctx.input_types[0].shape)});"
     errors = {3: "the C library's regcomp refused the pattern translated to POSIX syntax",
               4: "a string longer than 2**31 - 1 bytes, more than POSIX regexec can address"}
     return string_extern(ctx, body, [x], [(ctx.out_shape(), DType.bool)], preamble=preamble, errors=errors)
