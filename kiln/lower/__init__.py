@@ -2,21 +2,32 @@
 and how each op becomes loops: one lowering module per op family, attached to the op's
 definition in kiln.ops with `@lowering(name)`.
 
-Importing this package registers every family's lowerings (one import per line, sorted).
+Importing this package registers every family's lowerings (one import per line, sorted), so
+every lowering is registered wherever lowering happens (kiln.lower.kernel looks them up),
+whatever was imported before.
 """
 
+from kiln.lower import attention  # noqa: F401
+from kiln.lower import conv  # noqa: F401
+from kiln.lower import conv_window  # noqa: F401
 from kiln.lower import data_dependent  # noqa: F401
 from kiln.lower import detection  # noqa: F401
 from kiln.lower import image  # noqa: F401
 from kiln.lower import indexing  # noqa: F401
 from kiln.lower import loss  # noqa: F401
+from kiln.lower import matmul  # noqa: F401
 from kiln.lower import ml  # noqa: F401
 from kiln.lower import ml_linear  # noqa: F401
 from kiln.lower import ml_preprocess  # noqa: F401
 from kiln.lower import ml_svm  # noqa: F401
 from kiln.lower import ml_trees  # noqa: F401
+from kiln.lower import nchwc  # noqa: F401
+from kiln.lower import norm  # noqa: F401
+from kiln.lower import pool  # noqa: F401
 from kiln.lower import quant  # noqa: F401
 from kiln.lower import random  # noqa: F401
+from kiln.lower import reduce  # noqa: F401
+from kiln.lower import rnn  # noqa: F401
 from kiln.lower import signal  # noqa: F401
 from kiln.lower import strings  # noqa: F401
 from kiln.lower import tensor  # noqa: F401

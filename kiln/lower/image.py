@@ -15,6 +15,8 @@ import numpy as np
 from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.lower.decisions import parallel_min_work
+from kiln.lower.nnutil import _conj
+from kiln.lower.pool import _pool_schedule
 from kiln.ops.image import _ROI_GRID_MAX, _axis_taps, _grid_attrs, _params, _passes, _plan, _resize_inputs
 from kiln.ops.nn import attr_str, window
 from kiln.ops.registry import lowering
@@ -130,7 +132,6 @@ lowering("Upsample")(_resize_lower)
 @lowering("Col2Im")
 def _col2im_lower(ctx, x, image_shape, block_shape):
     from kiln.loops import compute, const, max_, min_, reduce_axis, select, sum_
-    from kiln.ops.nn import _conj, _pool_schedule
     img_v, blk_v = ctx.value(1), ctx.value(2)
     if img_v is None or blk_v is None:
         ctx.fail("Col2Im needs image_shape and block_shape known at compile time for native code")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+import kiln.ops.loss  # noqa: F401  (registers the ops lowered here)
 from kiln.dtypes import DType
 from kiln.loops import call, cast, compute, const, select
+from kiln.lower.reduce import bcast, const_output, exp_shifted, reduction, schedule_stages
 from kiln.lower.tensor import checked_index
-from kiln.ops.reduce import bcast, const_output, exp_shifted, reduction, schedule_stages, text
+from kiln.ops.reduce import text
 from kiln.ops.registry import LowerCtx, lowering
-import kiln.ops.loss  # noqa: F401  (registers the ops lowered here)
 
 
 # ==== native lowerings (target "cpu") ====

@@ -9,8 +9,8 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops import call, cast, compute, const, max_, min_, select
+from kiln.lower.reduce import reduction, schedule_stages
 from kiln.ops.quant import _expand
-from kiln.ops.reduce import reduction, schedule_stages
 from kiln.ops.registry import LowerCtx, lowering
 from kiln.ops.shapes import normalize_axis
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import kiln.loops as L
 from kiln.graph.types import TensorType
-from kiln.lower.gemm import accumulator_dtype, gemm as build_gemm, pack_weight, weight_panel_width  # noqa: F401
-from kiln.ops.linalg import _scheduled, gemm_epilogue, matmul_shape
+from kiln.ops.linalg import matmul_shape
 from kiln.ops.reduce import as_dtype, wide
-from kiln.ops.registry import lowering, op
+from kiln.ops.registry import op
 
 DOMAIN = "kiln"
 
@@ -63,16 +61,3 @@ def matmul_packed(ctx, a, wp, c=None):
     if c is not None:
         y = y + ctx.attr("beta", 1.0) * wide(c)
     return as_dtype(y, a.dtype)
-
-
-@lowering("MatMulPacked", domain=DOMAIN)
-def _lower(ctx, a, wp, c=None):
-    n = int(ctx.attr("n"))
-    _, k, nr = wp.shape
-    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
-    ep = accumulator_dtype(a.dtype)
-    # b only gives the GEMM its [K, n] shape: the kernel reads the panels
-    b = L.compute((k, n), lambda kk, j: wp[j // nr, kk, j % nr], "w")
-
-    g = build_gemm(a, b, epilogue=gemm_epilogue(alpha, beta, c, ep), name="matmul_packed", prepacked=wp)
-    return _scheduled(ctx, g)

@@ -22,7 +22,8 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.ir import Graph, Node
-from kiln.ops.packed import DOMAIN, pack_weight, weight_panel_width
+from kiln.lower.gemm import pack_weight, weight_panel_width
+from kiln.ops.packed import DOMAIN
 from kiln.passes.edit import Namer, new_const, producers
 from kiln.passes.registry import PassContext, graph_pass
 from kiln.targets.target import Target

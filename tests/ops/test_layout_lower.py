@@ -9,7 +9,8 @@ import pytest
 
 import kiln
 from kiln.interpreter import Interpreter
-from kiln.ops.layout import BlockedGeom, plan_tile
+from kiln.lower.nchwc import plan_tile
+from kiln.ops.layout import BlockedGeom
 from kiln.passes import layout
 from kiln.passes.layout import narrow_input, transform, worth_blocking
 from tests.passes.test_layout import R

@@ -291,7 +291,7 @@ def test_lowering_matches_reference(built, k):
 def test_conv_schedule_blocks_registers_and_vectorizes():
     """The conv kernel's reduction runs in a register block with the q loop vectorized;
     it forks only when the work pays for waking sleeping threads."""
-    from kiln.ops.nn import parallel_worth
+    from kiln.lower.nnutil import parallel_worth
     small = Case("Conv", dict(x=R(1, 16, 14, 14), w=R(32, 16, 3, 3)), ("w",), pads=P1)
     big = Case("Conv", dict(x=R(1, 64, 28, 28), w=R(64, 64, 3, 3)), ("w",), pads=P1)
     for case, macs in ((small, 32 * 16 * 9 * 196), (big, 64 * 64 * 9 * 784)):
@@ -330,7 +330,7 @@ def test_resize_needs_compile_time_scales():
 
 
 def test_lowering_rejects_bad_knob():
-    from kiln.ops import nn
+    from kiln.lower import conv as nn
     case = Case("Conv", dict(x=R(1, 6, 5, 5), w=R(6, 6, 3, 3)), ("w",))
     nn.CONV_KNOBS.update(oct=4)
     try:

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from kiln.dtypes import DType
-from kiln.ops.packed import pack_weight, unpack_weight, weight_panel_width
+from kiln.lower.gemm import pack_weight, weight_panel_width
+from kiln.ops.packed import unpack_weight
 from kiln.targets.target import Target
 from tests.passes.util import check, prog
 

@@ -1,0 +1,117 @@
+"""Helpers shared by the convolution, pooling and normalization lowerings: when a
+kernel is worth forking threads for (`parallel_worth`), row schedules, broadcast loads.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kiln.codegen.cpu import vector_bytes, vector_lanes
+from kiln.dtypes import DType
+from kiln.loops import const
+
+
+_PAR_MIN = 1 << 15       # work (points x reduction) below which a kernel stays serial
+
+# Serial time (estimated, microseconds) below which a kernel does not fork. A parallel region
+# with sleeping threads (OMP_WAIT_POLICY=PASSIVE, kiln's runtime default) first wakes them:
+# ~80 us measured on a 2-vCPU VM, so a kernel must run for a few times that to gain from a
+# second thread. With spinning threads the fork costs a microsecond or two.
+PARALLEL_MIN_US_PASSIVE = 150.0
+# multiply-adds (or ops) per us, serial, measured with AVX-512; vectorized kinds scale with
+# the vector width (an AVX2 EPYC runs 1x1 convs at ~15e3: with 60e3 a 0.5 ms conv looked
+# like 0.12 ms and stayed serial)
+RATES = {"conv": 60e3, "depthwise": 10e3, "window": 2e3}
+VECTOR_RATE_BYTES = 64
+
+
+def parallel_worth(work: int, kind: str = "window") -> bool:
+    """Whether a kernel doing `work` multiply-adds (window ops) should run in parallel."""
+    if work < _PAR_MIN:
+        return False
+    policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE").upper()
+    if policy != "PASSIVE" or os.environ.get("GOMP_SPINCOUNT"):
+        return True
+    rate = RATES[kind] * (vector_bytes() / VECTOR_RATE_BYTES if kind == "conv" else 1)
+    return work / rate >= PARALLEL_MIN_US_PASSIVE
+
+
+def _rup(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def _strides_of(shape) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
+
+
+def _acc_dtype(dt: DType) -> DType:
+    return DType.float32 if dt in (DType.float16, DType.bfloat16) else dt
+
+
+# ---------------------------------------------------------------- native: shared helpers
+
+def _lanes(dt: DType) -> int:
+    return vector_lanes(dt.itemsize)
+
+
+def _conj(conds):
+    out = None
+    for c in conds:
+        out = c if out is None else out & c
+    return const(1, DType.bool) if out is None else out
+
+
+def bcast_load(t, idx):
+    """Numpy-broadcast read of tensor t at the (right-aligned) output index idx."""
+    lead = len(idx) - len(t.shape)
+    return t[tuple(0 if n == 1 else idx[lead + k] for k, n in enumerate(t.shape))]
+
+
+def schedule_rows(stage, lead: int, work: int | None = None, vector: bool = True):
+    """Fuse the first `lead` axes into one (parallel when there is work) and the rest into one
+    vectorized loop: the shape of per-row/per-channel elementwise and pooling stages."""
+    axes = list(stage.axis)
+    if not axes:
+        return
+    lead = max(0, min(lead, len(axes) - 1))
+    outer = stage.fuse(*axes[:lead]) if lead > 1 else axes[0] if lead == 1 else None
+    inner_axes = axes[lead:]
+    if stage.reduce_axis:
+        if outer is not None and parallel_worth(work or 0) and outer.arg.dom[1] > 1:
+            stage.parallel(outer)
+        return
+    inner = stage.fuse(*inner_axes) if len(inner_axes) > 1 else inner_axes[0]
+    lanes = _lanes(stage.tensor.dtype)
+    if vector and inner.arg.dom[1] >= lanes:
+        stage.vectorize(inner)
+    if outer is not None and parallel_worth(work or 0) and outer.arg.dom[1] > 1:
+        stage.parallel(outer)
+
+
+def _default_then(extra):
+    """A schedule: the default one for every stage, then `extra(sch)` adjustments."""
+    from kiln.lower.schedules import default_schedule
+
+    def fn(sch, outputs):
+        extra(sch)
+        done = {s for s in sch.stages if s.relations or s.kinds or s.attach is not None}
+        rest = [s for s in sch.stages if s not in done]
+        saved = sch.stages
+        sch.stages = rest
+        try:
+            default_schedule(sch, outputs)
+        finally:
+            sch.stages = saved
+    return fn
+
+
+def _norm_schedule(out_tensors, lead: int, work: int):
+    """Statistics stages by default; the normalized outputs as rows (lead axes parallel)."""
+    def extra(sch):
+        for t in out_tensors:
+            schedule_rows(sch[t], lead, work)
+    return _default_then(extra)
