@@ -16,7 +16,7 @@ from kiln.ops.training import TRAINING, _groups, _momentum_attrs
 def _lower_optimizer(states: int, update):
     """`update(ctx, r, t, x, g, *state)` over loop expressions (float64) -> (x_new, *state_new)."""
     def lower(ctx, r, t, *tensors):
-        from kiln.ops.elementwise import _at
+        from kiln.lower.elementwise import _at
         n = _groups(ctx, states)
         for k, tt in enumerate(ctx.input_types):
             if tt.dtype.c is None or (k >= 2 and not tt.dtype.is_float):
