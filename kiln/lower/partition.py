@@ -1,8 +1,8 @@
 """Operator fusion: partition a (specialised) graph into groups, each lowered as one kernel.
 
 The first stage of lowering (kiln.compiler: partition -> lower each group -> plan memory
--> emit). What each op is (its kind) is declared beside the op (kiln.ops.kinds); which
-anchors take epilogues and prologues is what lowering can schedule.
+-> emit). What each op is (its kind) is declared with the op (OpDef.fusion, read through
+kiln.ops.kinds); which anchors take epilogues and prologues is what lowering can schedule.
 
 Decisions follow op pattern kinds, as in TVM (elementwise < broadcast <
 injective < reduction < out-elementwise-fusable < opaque): a node joins the
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
-from kiln.ops.kinds import PROLOGUE_OPS, REDUCTION_OPS, VIEW_OPS, Kind, declared_kind
+from kiln.ops.kinds import PROLOGUE_OPS, VIEW_OPS, Kind, declared_kind
 
 # Anchors whose lowering's schedule tiles a fused elementwise epilogue (kiln.lower.gemm,
 # the conv schedules; the packed MatMul's: bias, GELU, residual Add)
@@ -32,11 +32,12 @@ EPILOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("kiln", "ConvNC
 
 # Anchors whose lowering reads its inputs only through compute loads (so an inlined
 # prologue becomes index arithmetic) and whose schedule leaves inlined stages alone:
-# the GEMM (kiln.lower.gemm inlines operand producers, into B's packing) and the
-# reductions (their schedules skip inlined stages). Conv is not one: its schedule
-# builds padded planes of a placeholder input. The packed MatMul reads its activations
-# through inlined index remapping (attention's head-merge Transpose + Reshape).
-PROLOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm"), ("kiln", "MatMulPacked")} | {("", o) for o in REDUCTION_OPS}
+# the GEMM (kiln.lower.gemm inlines operand producers, into B's packing) and the ONNX
+# reductions (every op declaring REDUCTION: their schedules skip inlined stages; see
+# `prologue_anchor`). Conv is not one: its schedule builds padded planes of a placeholder
+# input. The packed MatMul reads its activations through inlined index remapping
+# (attention's head-merge Transpose + Reshape).
+PROLOGUE_ANCHORS = {("", "MatMul"), ("", "Gemm"), ("kiln", "MatMulPacked")}
 
 
 MAX_GROUP = 16  # nodes per group: long chains compile slowly and gain little more
@@ -47,6 +48,12 @@ def kind_of(node: Node) -> Kind:
     if list(node.subgraphs()):
         return Kind.OPAQUE
     return declared_kind(node.domain or "", node.op)
+
+
+def prologue_anchor(node: Node) -> bool:
+    """Whether `node`'s lowering may read its inputs through an inlined index-remapping prologue."""
+    key = _key(node)
+    return key in PROLOGUE_ANCHORS or (key[0] == "" and kind_of(node) == Kind.REDUCTION)
 
 
 def group_anchor(nodes: list[Node]) -> Node:
@@ -191,7 +198,7 @@ def _refuse_prologue(n: Node, g: Group, consumers, outputs, taken: int) -> str |
     """Why group `g` may not fold into `n`'s group as a prologue (None: it may)."""
     if g.kind > Kind.INJECTIVE:
         return f"the producer's group is {g.kind.name.lower()}"
-    if _key(n) not in PROLOGUE_ANCHORS:
+    if not prologue_anchor(n):
         return f"{n.op}'s lowering does not read through an inlined prologue"
     bad = next((m for m in g.nodes if _key(m) not in PROLOGUE_OPS), None)
     if bad is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.reduce import as_dtype, text, wide
-from kiln.ops.registry import InferCtx, RunCtx, op
+from kiln.ops.registry import OPAQUE, InferCtx, RunCtx, op
 from kiln.ops.shapes import dim_mul, expect_shape
 
 
@@ -149,7 +149,7 @@ def _attention_bias(ctx: RunCtx, mask, sq: int, total: int, offset, nonpad, dt) 
     return bias
 
 
-@op("Attention", infer=_attention_infer)
+@op("Attention", infer=_attention_infer, fusion=OPAQUE)
 def attention(ctx: RunCtx, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
     three_d = q.ndim == 3
     if three_d:
@@ -206,7 +206,7 @@ def _rotary_infer(ctx: InferCtx):
     return [ctx.tensor(0)]
 
 
-@op("RotaryEmbedding", infer=_rotary_infer)
+@op("RotaryEmbedding", infer=_rotary_infer, fusion=OPAQUE)
 def rotary_embedding(ctx: RunCtx, x, cos_cache, sin_cache, position_ids=None):
     """Rotate pairs of features (halves, or even/odd when interleaved) by position-dependent angles."""
     xs = np.swapaxes(x, 1, 2) if x.ndim == 4 else x.reshape(*x.shape[:2], ctx.attr("num_heads"), -1)
@@ -285,7 +285,7 @@ def _linear_attention_shapes(ctx: InferCtx, q, k, v, hq: int, hkv: int, dv) -> N
             ctx.fail(f"input {i} ({name}) has shape {tuple(got)}, expected ({b}, {t}, {sizes[0]} or {sizes[1]})")
 
 
-@op("LinearAttention", infer=_linear_attention_infer)
+@op("LinearAttention", infer=_linear_attention_infer, fusion=OPAQUE)
 def linear_attention(ctx: RunCtx, query, key, value, past_state=None, decay=None, beta=None):
     """The token-by-token recurrence over a (d_k, d_v) state per K/V head."""
     gated, delta = _linear_attention_rule(ctx)
@@ -334,7 +334,7 @@ def _flex_infer(ctx: InferCtx):
     return [TensorType(ctx.dtype(0), shape)]
 
 
-@op("FlexAttention", infer=_flex_infer, domain="ai.onnx.preview")
+@op("FlexAttention", infer=_flex_infer, domain="ai.onnx.preview", fusion=OPAQUE)
 def flex_attention(ctx: RunCtx, q, k, v):
     """Scaled dot-product attention with optional score/probability modifier subgraphs."""
     dt = _flex_softmax_dtype(ctx, q.dtype).np

@@ -15,7 +15,7 @@ from kiln.limits import check_memory, check_trips
 from kiln.limits import current as current_limits
 
 from kiln.graph.types import TensorType, Type
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 from kiln.ops.sequence import BOOL, I64, join_types
 from kiln.ops.shapes import normalize_axis
 
@@ -96,7 +96,7 @@ def _infer_if(ctx):
             for i, (a, b) in enumerate(zip(*types))]
 
 
-@op("If", infer=_infer_if)
+@op("If", infer=_infer_if, fusion=OPAQUE)
 def if_(ctx, cond):
     if np.size(cond) != 1:
         ctx.fail(f"condition must hold a single element, got shape {np.shape(cond)}")
@@ -129,7 +129,7 @@ def _infer_loop(ctx):
     return [*outs[1:1 + n], *(_stacked(ctx, t, trips) for t in outs[1 + n:])]
 
 
-@op("Loop", infer=_infer_loop)
+@op("Loop", infer=_infer_loop, fusion=OPAQUE)
 def loop(ctx, m=None, cond=None, *carried):
     """A for/while loop.
 
@@ -225,7 +225,7 @@ def _infer_scan(ctx):
     return [_stacked(ctx, t, batch) for t in res] if batched else res
 
 
-@op("Scan", infer=_infer_scan)
+@op("Scan", infer=_infer_scan, fusion=OPAQUE)
 def scan(ctx, *inputs):
     body, first, n, m, k = _scan_split(ctx)
     if ctx.opset >= 9:

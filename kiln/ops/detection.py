@@ -16,7 +16,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 
 
 # ---- NonMaxSuppression ----
@@ -56,7 +56,7 @@ def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
         return np.where((a > 0) & (b > 0) & (union > 0), inter / union, 0)
 
 
-@op("NonMaxSuppression", infer=_infer_nms)
+@op("NonMaxSuppression", infer=_infer_nms, fusion=OPAQUE)
 def non_max_suppression(ctx, boxes, scores, max_output=None, iou_threshold=None, score_threshold=None):
     """Greedy per-(batch, class) NMS: highest score first (ties keep box order);
     a box is dropped when its IoU with a kept one exceeds the threshold."""
@@ -98,7 +98,7 @@ def _infer_image_decoder(ctx):
     return [TensorType(DType.uint8, (ctx.new_dim(), ctx.new_dim(), 1 if fmt == "Grayscale" else 3))]
 
 
-@op("ImageDecoder", infer=_infer_image_decoder)
+@op("ImageDecoder", infer=_infer_image_decoder, fusion=OPAQUE)
 def image_decoder(ctx, stream):
     data = stream.tobytes()
     for magic, decode in _DECODERS:

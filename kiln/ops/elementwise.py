@@ -20,7 +20,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.types import TensorType
-from kiln.ops.registry import register, same_as
+from kiln.ops.registry import BROADCAST, ELEMWISE, INJECTIVE, OPAQUE, register, same_as
 from kiln.ops.shapes import broadcast_shapes
 
 
@@ -83,13 +83,13 @@ def _check_same_dtype(ctx, idx):
     return dts[0]
 
 
-def _reg(name, infer, run):
+def _reg(name, infer, run, fusion):
     """Register with the family's attribute checks run before `infer` (compile-time values are
     propagated by the generic inference, which runs `run` on small known inputs)."""
     def checked_infer(ctx):
         _check_choices(ctx)
         return infer(ctx)
-    register(name, infer=checked_infer, run=run)
+    register(name, infer=checked_infer, run=run, fusion=fusion)
 
 
 # ---------------------------------------------------------------- erf
@@ -201,7 +201,7 @@ def _register_unary(name, fn, defaults, kind):
         with np.errstate(all="ignore"):
             return _as(fn(_up(x), **kw), x.dtype)
 
-    _reg(name, infer, run)
+    _reg(name, infer, run, ELEMWISE)
 
 
 for _name, _spec in _UNARY.items():
@@ -226,11 +226,11 @@ def _is_inf(ctx, x):
     return _as((np.isposinf(x) & bool(pos)) | (np.isneginf(x) & bool(neg)), np.bool_)
 
 
-_reg("IsNaN", _predicate_infer, lambda ctx, x: _as(np.isnan(_up(x)), np.bool_))
-_reg("IsInf", _predicate_infer, _is_inf)
-_reg("Not", _kind_same_as("bool"), lambda ctx, x: _as(np.logical_not(x), np.bool_))
-_reg("BitwiseNot", _kind_same_as("int"), lambda ctx, x: _as(np.invert(x), x.dtype))
-_reg("Identity", same_as(0), lambda ctx, x: x)  # tensors, sequences (lists), optionals (None)
+_reg("IsNaN", _predicate_infer, lambda ctx, x: _as(np.isnan(_up(x)), np.bool_), ELEMWISE)
+_reg("IsInf", _predicate_infer, _is_inf, ELEMWISE)
+_reg("Not", _kind_same_as("bool"), lambda ctx, x: _as(np.logical_not(x), np.bool_), ELEMWISE)
+_reg("BitwiseNot", _kind_same_as("int"), lambda ctx, x: _as(np.invert(x), x.dtype), ELEMWISE)
+_reg("Identity", same_as(0), lambda ctx, x: x, INJECTIVE)  # tensors, sequences (lists), optionals (None)
 
 
 # ---------------------------------------------------------------- binary
@@ -337,7 +337,7 @@ def _register_binary(name, fn, kind, out):
             y = fn(ctx, _up(a), _up(b))
         return _as(y, np.bool_ if out == "bool" else a.dtype)
 
-    _reg(name, infer, run)
+    _reg(name, infer, run, BROADCAST)
 
 
 for _name, _spec in _BINARY.items():
@@ -362,7 +362,7 @@ def _swiglu(ctx, a, b):
         return _as(x * _sigmoid(alpha * x) * y, a.dtype)
 
 
-_reg("SwiGLU", _swiglu_infer, _swiglu)
+_reg("SwiGLU", _swiglu_infer, _swiglu, OPAQUE)
 
 # ---------------------------------------------------------------- variadic and ternary
 
@@ -386,10 +386,10 @@ def _variadic(fn, mean=False):
     return run
 
 
-_reg("Max", _variadic_infer, _variadic(np.maximum))
-_reg("Min", _variadic_infer, _variadic(np.minimum))
-_reg("Sum", _variadic_infer, _variadic(np.add))
-_reg("Mean", _variadic_infer, _variadic(np.add, mean=True))
+_reg("Max", _variadic_infer, _variadic(np.maximum), BROADCAST)
+_reg("Min", _variadic_infer, _variadic(np.minimum), BROADCAST)
+_reg("Sum", _variadic_infer, _variadic(np.add), BROADCAST)
+_reg("Mean", _variadic_infer, _variadic(np.add, mean=True), BROADCAST)
 
 def _where_infer(ctx):
     if ctx.dtype(0) is not DType.bool:
@@ -398,7 +398,7 @@ def _where_infer(ctx):
     return [TensorType(dt, broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1), ctx.shape(2)))]
 
 
-_reg("Where", _where_infer, lambda ctx, c, x, y: _as(np.where(c, x, y), x.dtype))
+_reg("Where", _where_infer, lambda ctx, c, x, y: _as(np.where(c, x, y), x.dtype), BROADCAST)
 
 
 def _clip_bounds(ctx, lo, hi):
@@ -426,7 +426,7 @@ def _clip(ctx, x, lo=None, hi=None):
     return _as(y, x.dtype)
 
 
-_reg("Clip", _clip_infer, _clip)
+_reg("Clip", _clip_infer, _clip, BROADCAST)
 
 # ---------------------------------------------------------------- casts
 
@@ -523,9 +523,9 @@ def _cast_infer(ctx, to: DType):
 
 
 _reg("Cast", lambda ctx: _cast_infer(ctx, _to_attr(ctx)),
-     lambda ctx, x: _cast(ctx, x, _to_attr(ctx)))
+     lambda ctx, x: _cast(ctx, x, _to_attr(ctx)), ELEMWISE)
 _reg("CastLike", lambda ctx: _cast_infer(ctx, ctx.dtype(1)),
-     lambda ctx, x, like: _cast(ctx, x, DType.from_numpy(like.dtype)))
+     lambda ctx, x, like: _cast(ctx, x, DType.from_numpy(like.dtype)), BROADCAST)
 
 def _bit_width(dt: DType) -> int:
     return _BITS.get(dt, dt.itemsize * 8)
@@ -546,7 +546,7 @@ def _bitcast(ctx, x):
     return np.ascontiguousarray(x).view(to.np).reshape(x.shape)
 
 
-_reg("BitCast", _bitcast_infer, _bitcast)
+_reg("BitCast", _bitcast_infer, _bitcast, OPAQUE)
 
 # ---------------------------------------------------------------- dropout
 
@@ -578,4 +578,4 @@ def _dropout(ctx, x, ratio=None, training=None):
     return _as(y, x.dtype), mask.astype(mask_dt)
 
 
-_reg("Dropout", _dropout_infer, _dropout)
+_reg("Dropout", _dropout_infer, _dropout, OPAQUE)

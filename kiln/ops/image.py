@@ -17,7 +17,7 @@ import numpy as np
 
 from kiln.graph.types import TensorType
 from kiln.ops.nn import attr_str, crop, scatter_windows, window
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 from kiln.ops.shapes import normalize_axes
 
 
@@ -241,7 +241,7 @@ def _passes(ctx, plan, shape, p):
     return out
 
 
-op("Resize", infer=_resize_infer, aliases=("Upsample",))(resize)
+op("Resize", infer=_resize_infer, aliases=("Upsample",), fusion=OPAQUE)(resize)
 
 
 # ---------------------------------------------------------------- GridSample
@@ -281,7 +281,7 @@ def _grid_attrs(ctx):
     return mode, pad, bool(ctx.attr("align_corners", 0))
 
 
-@op("GridSample", infer=_grid_infer)
+@op("GridSample", infer=_grid_infer, fusion=OPAQUE)
 def grid_sample(ctx, x, grid):
     """Sample X at normalized grid points: nearest / (multi)linear / cubic with zeros, border or reflection padding."""
     mode, pad, align = _grid_attrs(ctx)
@@ -349,7 +349,7 @@ def _affine_infer(ctx):
     return [TensorType(t, None if nd is None else (*ctx.unknown_shape(nd + 1), nd))]
 
 
-@op("AffineGrid", infer=_affine_infer)
+@op("AffineGrid", infer=_affine_infer, fusion=OPAQUE)
 def affine_grid(ctx, theta, size):
     """Normalized sampling grid (N, *spatial, nd) = base coordinates @ theta^T."""
     sz = [int(v) for v in size]
@@ -390,7 +390,7 @@ def _roi_axis(start, length, bins, grid, size):
     return low, high, (1 - frac) * valid, frac * valid
 
 
-@op("RoiAlign", infer=_roi_infer)
+@op("RoiAlign", infer=_roi_infer, fusion=OPAQUE)
 def roi_align(ctx, x, rois, batch_indices):
     """Average or max of bilinear samples on a regular grid inside each roi bin."""
     mode = attr_str(ctx, "mode", "avg")
@@ -447,7 +447,7 @@ def _col2im_infer(ctx):
     return [TensorType(ctx.dtype(0), None if sp is None else (xs[0], c, *sp))]
 
 
-@op("Col2Im", infer=_col2im_infer)
+@op("Col2Im", infer=_col2im_infer, fusion=OPAQUE)
 def col2im(ctx, x, image_shape, block_shape):
     """Sum sliding blocks (N, C*prod(block), L) back into an image (N, C, *image_shape)."""
     img = [int(v) for v in image_shape]

@@ -15,7 +15,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op
+from kiln.ops.registry import INJECTIVE, OPAQUE, op
 from kiln.ops.shapes import normalize_axis
 from kiln.ops.tensor import out, scalar
 
@@ -43,7 +43,7 @@ def _gather_infer(ctx):
     return out(ctx, ctx.dtype(0), s[:a] + i + s[a + 1:])
 
 
-@op("Gather", infer=_gather_infer)
+@op("Gather", infer=_gather_infer, fusion=INJECTIVE)
 def gather(ctx, data, indices):
     a = _axis(ctx, data.ndim)
     return np.asarray(np.take(data, _indices(ctx, indices, data.shape[a]), axis=a))
@@ -56,7 +56,7 @@ def _gather_elements_infer(ctx):
     return out(ctx, ctx.dtype(0), i)
 
 
-@op("GatherElements", infer=_gather_elements_infer)
+@op("GatherElements", infer=_gather_elements_infer, fusion=OPAQUE)
 def gather_elements(ctx, data, indices):
     if data.ndim != indices.ndim:
         ctx.fail(f"data {data.shape} and indices {indices.shape} must have the same rank")
@@ -87,7 +87,7 @@ def _nd_index(ctx, data_shape, indices, b: int):
     return np.where(idx < 0, idx + dims, idx)
 
 
-@op("GatherND", infer=_gather_nd_infer)
+@op("GatherND", infer=_gather_nd_infer, fusion=OPAQUE)
 def gather_nd(ctx, data, indices):
     b = ctx.attr("batch_dims", 0)
     idx = _nd_index(ctx, data.shape, indices, b)
@@ -133,14 +133,14 @@ def scatter_elements(ctx, data, indices, updates):
     return _scatter_into(ctx, data, tuple(index), updates)
 
 
-op("ScatterElements", infer=_scatter_elements_infer, aliases=("Scatter",))(scatter_elements)
+op("ScatterElements", infer=_scatter_elements_infer, aliases=("Scatter",), fusion=OPAQUE)(scatter_elements)
 
 
 def _scatter_nd_infer(ctx):
     return out(ctx, ctx.dtype(0), ctx.shape(0))
 
 
-@op("ScatterND", infer=_scatter_nd_infer)
+@op("ScatterND", infer=_scatter_nd_infer, fusion=OPAQUE)
 def scatter_nd(ctx, data, indices, updates):
     idx = _nd_index(ctx, data.shape, indices, 0)[0]
     want = indices.shape[:-1] + data.shape[indices.shape[-1]:]
@@ -155,7 +155,7 @@ def _tensor_scatter_infer(ctx):
     return out(ctx, ctx.dtype(0), ctx.shape(0))
 
 
-@op("TensorScatter", infer=_tensor_scatter_infer)
+@op("TensorScatter", infer=_tensor_scatter_infer, fusion=OPAQUE)
 def tensor_scatter(ctx, past, update, write_indices=None):
     a = _axis(ctx, past.ndim, -2)
     if a == 0 or update.ndim != past.ndim or any(
@@ -185,7 +185,7 @@ def _compress_infer(ctx):
     return out(ctx, ctx.dtype(0), None if s is None else s[:a] + (n,) + s[a + 1:])
 
 
-@op("Compress", infer=_compress_infer)
+@op("Compress", infer=_compress_infer, fusion=OPAQUE)
 def compress(ctx, x, condition):
     axis = ctx.attr("axis", None)
     axis = None if axis is None else _axis(ctx, x.ndim)
@@ -200,7 +200,7 @@ def _nonzero_infer(ctx):
     return out(ctx, DType.int64, (ctx.new_dim() if s is None else max(len(s), 1), ctx.new_dim()))
 
 
-@op("NonZero", infer=_nonzero_infer)
+@op("NonZero", infer=_nonzero_infer, fusion=OPAQUE)
 def nonzero(ctx, x):
     return np.array(np.nonzero(x.reshape(-1) if x.ndim == 0 else x), np.int64).reshape(max(x.ndim, 1), -1)
 
@@ -219,7 +219,7 @@ def _unique_infer(ctx):
     return [TensorType(ctx.dtype(0), y), vec, TensorType(DType.int64, (total,)), vec]
 
 
-@op("Unique", infer=_unique_infer)
+@op("Unique", infer=_unique_infer, fusion=OPAQUE)
 def unique(ctx, x):
     axis = ctx.attr("axis", None)
     axis = None if axis is None else _axis(ctx, x.ndim)
@@ -260,7 +260,7 @@ def _topk_infer(ctx):
     return [TensorType(ctx.dtype(0), y), TensorType(DType.int64, y)]
 
 
-@op("TopK", infer=_topk_infer)
+@op("TopK", infer=_topk_infer, fusion=OPAQUE)
 def topk(ctx, x, k=None):
     a, k = _axis(ctx, x.ndim, -1), _topk_k(ctx, k)
     n = x.shape[a]
@@ -289,7 +289,7 @@ def _onehot_infer(ctx):
     return out(ctx, ctx.dtype(2), s[:a] + (ctx.new_dim() if depth is None else int(depth),) + s[a:])
 
 
-@op("OneHot", infer=_onehot_infer)
+@op("OneHot", infer=_onehot_infer, fusion=OPAQUE)
 def onehot(ctx, indices, depth, values):
     depth, a = int(scalar(depth)), _onehot_axis(ctx, indices.ndim)
     if depth < 1 or values.size != 2:

@@ -32,7 +32,7 @@ import numpy as np
 
 from kiln.graph.types import TensorType
 from kiln.ops.nn import compute_dtype, conv_core, pad_spatial, window, windows
-from kiln.ops.registry import op
+from kiln.ops.registry import INJECTIVE, OPAQUE, OUT_FUSABLE, op
 
 DOMAIN = "kiln"
 
@@ -185,19 +185,19 @@ def _pool_infer(ctx):
 
 # ---------------------------------------------------------------- the ops
 
-@op("ToNCHWc", infer=_to_infer, domain=DOMAIN)
+@op("ToNCHWc", infer=_to_infer, domain=DOMAIN, fusion=INJECTIVE)
 def to_nchwc(ctx, x):
     """NCHW -> NCHW[block]c (zero padded channels)."""
     return to_blocked(x, _block_attr(ctx))
 
 
-@op("FromNCHWc", infer=_from_infer, domain=DOMAIN)
+@op("FromNCHWc", infer=_from_infer, domain=DOMAIN, fusion=INJECTIVE)
 def from_nchwc(ctx, x):
     """NCHW[block]c -> NCHW (the first `channels` channels)."""
     return from_blocked(x, int(ctx.attr("channels")))
 
 
-@op("ConvNCHWc", infer=_conv_infer, domain=DOMAIN)
+@op("ConvNCHWc", infer=_conv_infer, domain=DOMAIN, fusion=OUT_FUSABLE)
 def conv_nchwc(ctx, x, w, b=None):
     """Blocked 2-D convolution (dense or depthwise) with pre-packed weights."""
     g = blocked_geom(ctx, x.shape, w.shape)
@@ -211,7 +211,7 @@ def conv_nchwc(ctx, x, w, b=None):
     return to_blocked(y, g.ob).astype(x.dtype, copy=False)
 
 
-@op("MaxPoolNCHWc", infer=_pool_infer, domain=DOMAIN)
+@op("MaxPoolNCHWc", infer=_pool_infer, domain=DOMAIN, fusion=OPAQUE)
 def max_pool_nchwc(ctx, x):
     """2-D MaxPool {kernel_shape, strides, pads, dilations} of a blocked tensor, blocked out
     (the padding channels' zeros stay zeros)."""

@@ -13,7 +13,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.reduce import as_dtype, text, wide
-from kiln.ops.registry import InferCtx, RunCtx, op
+from kiln.ops.registry import OPAQUE, OUT_FUSABLE, InferCtx, RunCtx, op
 from kiln.ops.shapes import broadcast_shapes
 
 
@@ -42,7 +42,7 @@ def _matmul_infer(ctx: InferCtx, dtype=None):
     return [TensorType(dtype or ctx.dtype(0), matmul_shape(ctx, ctx.shape(0), ctx.shape(b)))]
 
 
-@op("MatMul", infer=_matmul_infer)
+@op("MatMul", infer=_matmul_infer, fusion=OUT_FUSABLE)
 def matmul(ctx: RunCtx, a, b):
     return as_dtype(np.matmul(wide(a), wide(b)), a.dtype)
 
@@ -59,7 +59,7 @@ def _zero_pointed(x, zp, per_row: bool):
     return x - zp
 
 
-@op("MatMulInteger", infer=lambda ctx: _matmul_infer(ctx, DType.int32))
+@op("MatMulInteger", infer=lambda ctx: _matmul_infer(ctx, DType.int32), fusion=OPAQUE)
 def matmul_integer(ctx: RunCtx, a, b, a_zero_point=None, b_zero_point=None):
     return np.matmul(_zero_pointed(a, a_zero_point, True), _zero_pointed(b, b_zero_point, False))
 
@@ -69,7 +69,7 @@ def _qlinear_matmul_infer(ctx: InferCtx):
     return _matmul_infer(ctx, out)
 
 
-@op("QLinearMatMul", infer=_qlinear_matmul_infer)
+@op("QLinearMatMul", infer=_qlinear_matmul_infer, fusion=OPAQUE)
 def qlinear_matmul(ctx: RunCtx, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
     from kiln.ops.quant import saturate_to
     acc = np.matmul(_zero_pointed(a, a_zero_point, True), _zero_pointed(b, b_zero_point, False))
@@ -100,7 +100,7 @@ def _gemm_infer(ctx: InferCtx):
     return [TensorType(ctx.dtype(0), (m, n))]
 
 
-@op("Gemm", infer=_gemm_infer)
+@op("Gemm", infer=_gemm_infer, fusion=OUT_FUSABLE)
 def gemm(ctx: RunCtx, a, b, c=None):
     a2 = wide(a).T if ctx.attr("transA", 0) else wide(a)
     b2 = wide(b).T if ctx.attr("transB", 0) else wide(b)
@@ -160,7 +160,7 @@ def _einsum_infer(ctx: InferCtx):
     return [TensorType(ctx.dtype(0), tuple(sizes.get(lab, 1) for lab in out))]
 
 
-@op("Einsum", infer=_einsum_infer)
+@op("Einsum", infer=_einsum_infer, fusion=OPAQUE)
 def einsum(ctx: RunCtx, *xs):
     return as_dtype(np.einsum(text(ctx.attr("equation")).replace(" ", ""), *map(wide, xs)), xs[0].dtype)
 
@@ -177,6 +177,6 @@ def _det_infer(ctx: InferCtx):
     return [TensorType(ctx.dtype(0), s)]
 
 
-@op("Det", infer=_det_infer)
+@op("Det", infer=_det_infer, fusion=OPAQUE)
 def det(ctx: RunCtx, x):
     return as_dtype(np.linalg.det(wide(x)), x.dtype)

@@ -13,7 +13,7 @@ import numpy as np
 
 from kiln.graph.types import TensorType
 from kiln.ops.reduce import as_dtype, log_softmax, text, wide
-from kiln.ops.registry import InferCtx, RunCtx, register
+from kiln.ops.registry import OPAQUE, InferCtx, RunCtx, register
 from kiln.ops.shapes import expect_shape
 
 
@@ -68,5 +68,5 @@ def _sce_run(ctx: RunCtx, scores, labels, weights=None):
     return (loss, as_dtype(logp, scores.dtype)) if ctx.output_used(1) else loss
 
 
-register("NegativeLogLikelihoodLoss", infer=_loss_infer, run=_nll_run)
-register("SoftmaxCrossEntropyLoss", infer=_loss_infer, run=_sce_run)
+register("NegativeLogLikelihoodLoss", infer=_loss_infer, run=_nll_run, fusion=OPAQUE)
+register("SoftmaxCrossEntropyLoss", infer=_loss_infer, run=_sce_run, fusion=OPAQUE)

@@ -16,7 +16,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.ml_common import ML
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 from kiln.ops.strings import string_array
 
 
@@ -63,7 +63,7 @@ def _key(v):
     return "nan" if isinstance(v, float) and math.isnan(v) else v
 
 
-@op("LabelEncoder", infer=_infer_label_encoder, domain=ML)
+@op("LabelEncoder", infer=_infer_label_encoder, domain=ML, fusion=OPAQUE)
 def label_encoder(ctx, x):
     if ctx.opset < 2:
         classes = list(ctx.attr("classes_strings", []))
@@ -88,7 +88,7 @@ def _infer_category_mapper(ctx):
     return [TensorType(DType.int64 if t.dtype == DType.string else DType.string, t.shape)]
 
 
-@op("CategoryMapper", infer=_infer_category_mapper, domain=ML)
+@op("CategoryMapper", infer=_infer_category_mapper, domain=ML, fusion=OPAQUE)
 def category_mapper(ctx, x):
     strings, ints = list(ctx.attr("cats_strings")), list(ctx.attr("cats_int64s"))
     if x.dtype == object:

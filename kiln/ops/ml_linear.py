@@ -10,7 +10,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.ml_common import ML, numeric_input, post_name, post_transform, rows_type
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 from kiln.ops.strings import string_array
 
 
@@ -19,7 +19,7 @@ def _infer_linear_regressor(ctx):
     return [rows_type(ctx, t, int(ctx.attr("targets", 1)))]
 
 
-@op("LinearRegressor", infer=_infer_linear_regressor, domain=ML)
+@op("LinearRegressor", infer=_infer_linear_regressor, domain=ML, fusion=OPAQUE)
 def linear_regressor(ctx, x):
     x = np.atleast_2d(x).astype(np.float32)
     n = int(ctx.attr("targets", 1))
@@ -68,7 +68,7 @@ def _infer_linear_classifier(ctx):
     return [TensorType(DType.string if strings else DType.int64, z.shape[:1]), z]
 
 
-@op("LinearClassifier", infer=_infer_linear_classifier, domain=ML)
+@op("LinearClassifier", infer=_infer_linear_classifier, domain=ML, fusion=OPAQUE)
 def linear_classifier(ctx, x):
     x = np.atleast_2d(x).astype(np.float32)
     coef, icpt, labels, strings, post, add_second = _classifier_parts(ctx, x.shape[1])

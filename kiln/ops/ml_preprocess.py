@@ -14,7 +14,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.ml_common import ML, numeric_input, rows_type
-from kiln.ops.registry import op, same_as
+from kiln.ops.registry import OPAQUE, op, same_as
 
 
 def _infer_feature_extractor(ctx):
@@ -28,7 +28,7 @@ def _infer_feature_extractor(ctx):
     return [TensorType(t.dtype, (1, k) if len(t.shape) == 1 else t.shape[:-1] + (k,))]
 
 
-@op("ArrayFeatureExtractor", infer=_infer_feature_extractor, domain=ML)
+@op("ArrayFeatureExtractor", infer=_infer_feature_extractor, domain=ML, fusion=OPAQUE)
 def array_feature_extractor(ctx, x, indices):
     """Gathers along the last axis; a 1-D input gives one row (as ONNX Runtime does)."""
     idx = indices.ravel()
@@ -38,7 +38,7 @@ def array_feature_extractor(ctx, x, indices):
     return out.reshape(1, -1) if x.ndim == 1 else out
 
 
-@op("Binarizer", infer=same_as(0), domain=ML)
+@op("Binarizer", infer=same_as(0), domain=ML, fusion=OPAQUE)
 def binarizer(ctx, x):
     return (x > ctx.attr("threshold", 0.0)).astype(x.dtype)
 
@@ -55,13 +55,13 @@ def _per_feature(ctx, name: str, default: float, width: int) -> np.ndarray:
     return v
 
 
-@op("Scaler", infer=_infer_float_like, domain=ML)
+@op("Scaler", infer=_infer_float_like, domain=ML, fusion=OPAQUE)
 def scaler(ctx, x):
     w = x.shape[-1] if x.ndim else 1
     return ((x.astype(np.float32) - _per_feature(ctx, "offset", 0.0, w)) * _per_feature(ctx, "scale", 1.0, w))
 
 
-@op("Normalizer", infer=_infer_float_like, domain=ML)
+@op("Normalizer", infer=_infer_float_like, domain=ML, fusion=OPAQUE)
 def normalizer(ctx, x):
     """MAX divides by the greatest magnitude, as the ONNX reference and scikit-learn do
     (ONNX Runtime divides by the signed max: they differ on rows of negative values)."""
@@ -75,7 +75,7 @@ def normalizer(ctx, x):
     return np.where(d == 0, x, x / np.where(d == 0, 1, d)).astype(np.float32)
 
 
-@op("Imputer", infer=same_as(0), domain=ML)
+@op("Imputer", infer=same_as(0), domain=ML, fusion=OPAQUE)
 def imputer(ctx, x):
     floats = x.dtype.kind == "f"
     fill = np.asarray(ctx.attr("imputed_value_floats" if floats else "imputed_value_int64s"), x.dtype)
@@ -91,7 +91,7 @@ def _infer_feature_vectorizer(ctx):
     return [rows_type(ctx, ctx.tensor(0), int(sum(dims)))]
 
 
-@op("FeatureVectorizer", infer=_infer_feature_vectorizer, domain=ML)
+@op("FeatureVectorizer", infer=_infer_feature_vectorizer, domain=ML, fusion=OPAQUE)
 def feature_vectorizer(ctx, *xs):
     """Concatenates the inputs' features, each cut or zero-padded to its inputdimensions entry."""
     parts = []
@@ -128,7 +128,7 @@ def _infer_one_hot_encoder(ctx):
     return [TensorType(DType.float32, None if t.shape is None else tuple(t.shape) + (len(cats),))]
 
 
-@op("OneHotEncoder", infer=_infer_one_hot_encoder, domain=ML)
+@op("OneHotEncoder", infer=_infer_one_hot_encoder, domain=ML, fusion=OPAQUE)
 def one_hot_encoder(ctx, x):
     cats, index = _categories(ctx, DType.string if x.dtype == object else DType.from_numpy(x.dtype))
     flat = x.ravel()

@@ -22,7 +22,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.ml_common import ML, numeric_input, post_name, post_transform, rows_type
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 from kiln.ops.strings import string_array
 
 
@@ -84,7 +84,7 @@ def _infer_svm_regressor(ctx):
     return [rows_type(ctx, numeric_input(ctx), 1)]
 
 
-@op("SVMRegressor", infer=_infer_svm_regressor, domain=ML)
+@op("SVMRegressor", infer=_infer_svm_regressor, domain=ML, fusion=OPAQUE)
 def svm_regressor(ctx, x):
     x = np.atleast_2d(x).astype(F32)
     kind, gamma, coef0, degree, sv, coef, rho = _regressor_parts(ctx, x.shape[1])
@@ -186,7 +186,7 @@ def _couple(nc: int, r: np.ndarray) -> np.ndarray:
     return p
 
 
-@op("SVMClassifier", infer=_infer_svm_classifier, domain=ML)
+@op("SVMClassifier", infer=_infer_svm_classifier, domain=ML, fusion=OPAQUE)
 def svm_classifier(ctx, x):
     x = np.atleast_2d(x).astype(F32)
     p = _classifier_parts(ctx, x.shape[1])

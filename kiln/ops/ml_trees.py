@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.ml_common import ML, numeric_input, post_name, post_transform, rows_type
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 from kiln.ops.strings import string_array
 
 
@@ -251,7 +251,7 @@ def _infer_tree_ensemble(ctx):
     return [TensorType(t.dtype, (t.shape[0] if t.shape else ctx.new_dim(), int(ctx.attr("n_targets"))))]
 
 
-@op("TreeEnsemble", infer=_infer_tree_ensemble, domain=ML)
+@op("TreeEnsemble", infer=_infer_tree_ensemble, domain=ML, fusion=OPAQUE)
 def tree_ensemble(ctx, x):
     f = _ensemble_forest(ctx)
     acc, has = forest_scores(ctx, f, x)
@@ -275,7 +275,7 @@ def _infer_tree_regressor(ctx):
     return [rows_type(ctx, numeric_input(ctx), int(ctx.attr("n_targets", 1)))]
 
 
-@op("TreeEnsembleRegressor", infer=_infer_tree_regressor, domain=ML)
+@op("TreeEnsembleRegressor", infer=_infer_tree_regressor, domain=ML, fusion=OPAQUE)
 def tree_ensemble_regressor(ctx, x):
     f, base = _regressor_forest(ctx)
     acc, has = forest_scores(ctx, f, x)
@@ -382,7 +382,7 @@ def _infer_tree_classifier(ctx):
     return [TensorType(lt, z.shape[:1]), z]
 
 
-@op("TreeEnsembleClassifier", infer=_infer_tree_classifier, domain=ML)
+@op("TreeEnsembleClassifier", infer=_infer_tree_classifier, domain=ML, fusion=OPAQUE)
 def tree_ensemble_classifier(ctx, x):
     f, c = _classifier_forest(ctx)
     acc, has = forest_scores(ctx, f, x)

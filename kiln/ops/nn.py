@@ -20,7 +20,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op, same_as
+from kiln.ops.registry import OPAQUE, OUT_FUSABLE, REDUCTION, op, same_as
 from kiln.ops.shapes import expect_shape, normalize_axis
 
 # ---------------------------------------------------------------- helpers
@@ -232,7 +232,7 @@ def _window_for(ctx, x, w_spatial, ceil_mode=False):
     return window(ctx, list(x.shape[2:]), list(ctx.attr("kernel_shape", w_spatial)), ceil_mode=ceil_mode)
 
 
-@op("Conv", infer=_conv_infer())
+@op("Conv", infer=_conv_infer(), fusion=OUT_FUSABLE)
 def conv(ctx, x, w, b=None):
     """Conv: float convolution with groups, dilations, strides, pads/auto_pad."""
     # accumulate in float64: the golden model's sums must not depend on where BLAS puts a
@@ -256,7 +256,7 @@ def _int_conv(ctx, x, xzp, w, wzp):
     return conv_core(ctx, xs, ws, int(ctx.attr("group", 1)), _window_for(ctx, x, w.shape[2:]))
 
 
-@op("ConvInteger", infer=_conv_infer(lambda ctx: DType.int32, bi=None, per_channel=((3, "w_zero_point"),)))
+@op("ConvInteger", infer=_conv_infer(lambda ctx: DType.int32, bi=None, per_channel=((3, "w_zero_point"),)), fusion=OPAQUE)
 def conv_integer(ctx, x, w, xzp=None, wzp=None):
     return np.rint(_int_conv(ctx, x, xzp, w, wzp)).astype(np.int32)
 
@@ -266,7 +266,7 @@ def _qlinear_dtype(ctx):
 
 
 @op("QLinearConv", infer=_conv_infer(_qlinear_dtype, xi=0, wi=3, bi=8,
-                                      per_channel=((4, "w_scale"), (5, "w_zero_point"))))
+                                      per_channel=((4, "w_scale"), (5, "w_zero_point"))), fusion=OPAQUE)
 def qlinear_conv(ctx, x, xs, xzp, w, ws, wzp, ys, yzp=None, b=None):
     acc = _int_conv(ctx, x, xzp, w, wzp)
     if b is not None:
@@ -324,7 +324,7 @@ def _transpose_geometry(ctx, ins, kernel):
     return begin, [t - b for t, b in zip(total, begin)], target
 
 
-@op("ConvTranspose", infer=_conv_transpose_infer)
+@op("ConvTranspose", infer=_conv_transpose_infer, fusion=OUT_FUSABLE)
 def conv_transpose(ctx, x, w, b=None):
     """ConvTranspose as matmul to per-window columns, then a strided scatter-add (col2im)."""
     xc = compute_dtype(x)
@@ -378,7 +378,7 @@ def _bilinear_zero(img, yy, xx):
     return out
 
 
-@op("DeformConv", infer=_conv_infer(bi=3))
+@op("DeformConv", infer=_conv_infer(bi=3), fusion=OPAQUE)
 def deform_conv(ctx, x, w, offset, b=None, mask=None):
     """2-D deformable convolution: bilinear samples at offset kernel taps, then a grouped matmul."""
     if x.ndim != 4:
@@ -426,7 +426,7 @@ def _causal_infer(ctx):
     return [TensorType(t, xs), TensorType(t, state)]
 
 
-@op("CausalConvWithState", infer=_causal_infer)
+@op("CausalConvWithState", infer=_causal_infer, fusion=OPAQUE)
 def causal_conv_with_state(ctx, x, w, b=None, past=None):
     """Depthwise causal conv over [past_state | input]; the last k-1 steps become the state."""
     act = attr_str(ctx, "activation", "none")
@@ -480,7 +480,7 @@ def _sum_windows(x, win, nd):
     return windows(pad_spatial(x, win, 0), win).sum(axis=tuple(range(-nd, 0)))
 
 
-@op("AveragePool", infer=_pool_infer())
+@op("AveragePool", infer=_pool_infer(), fusion=OPAQUE)
 def average_pool(ctx, x):
     """Mean over each window; the divisor counts real elements, or pads too with count_include_pad."""
     win = _pool_window(ctx, x)
@@ -502,7 +502,7 @@ def _lowest(dt):
     return -np.inf if dt.kind == "f" else np.iinfo(dt).min
 
 
-@op("MaxPool", infer=_pool_infer(extra_int64=True))
+@op("MaxPool", infer=_pool_infer(extra_int64=True), fusion=OPAQUE)
 def max_pool(ctx, x):
     """Max over each window; Indices are flat offsets into X (row- or column-major spatial)."""
     win = _pool_window(ctx, x)
@@ -531,7 +531,7 @@ def _lp_p(ctx):
     return float(ctx.attr("p", 2))
 
 
-@op("LpPool", infer=_pool_infer())
+@op("LpPool", infer=_pool_infer(), fusion=OPAQUE)
 def lp_pool(ctx, x):
     p = _lp_p(ctx)
     xc = compute_dtype(x)
@@ -551,9 +551,9 @@ def _global(fn):
     return run
 
 
-op("GlobalAveragePool", infer=_global_infer)(_global(lambda ctx, x, ax: x.mean(axis=ax, keepdims=True)))
-op("GlobalMaxPool", infer=_global_infer)(_global(lambda ctx, x, ax: x.max(axis=ax, keepdims=True)))
-op("GlobalLpPool", infer=_global_infer)(
+op("GlobalAveragePool", infer=_global_infer, fusion=REDUCTION)(_global(lambda ctx, x, ax: x.mean(axis=ax, keepdims=True)))
+op("GlobalMaxPool", infer=_global_infer, fusion=REDUCTION)(_global(lambda ctx, x, ax: x.max(axis=ax, keepdims=True)))
+op("GlobalLpPool", infer=_global_infer, fusion=OPAQUE)(
     _global(lambda ctx, x, ax: (np.abs(x) ** _lp_p(ctx)).sum(axis=ax, keepdims=True) ** (1 / _lp_p(ctx))))
 
 
@@ -582,7 +582,7 @@ def _max_unpool_infer(ctx):
     return [TensorType(ctx.dtype(0), shape)]
 
 
-@op("MaxUnpool", infer=_max_unpool_infer)
+@op("MaxUnpool", infer=_max_unpool_infer, fusion=OPAQUE)
 def max_unpool(ctx, x, idx, out_shape=None):
     """Scatter X at MaxPool's flat indices into the default shape, then fit it to output_shape."""
     shape = _unpool_shape(ctx, x.shape)
@@ -622,7 +622,7 @@ def _bn_training(ctx) -> bool:
     return ctx.num_outputs > 1
 
 
-@op("BatchNormalization", infer=_batchnorm_infer)
+@op("BatchNormalization", infer=_batchnorm_infer, fusion=OPAQUE)
 def batch_norm(ctx, x, scale, bias, mean, var):
     """Inference form with running stats; training form also returns updated running stats."""
     eps = float(ctx.attr("epsilon", 1e-5))
@@ -656,7 +656,7 @@ def _channel_params(ctx, t, names) -> None:
             expect_shape(ctx, i, (t.shape[1],), f"{name}: one value per channel")
 
 
-@op("InstanceNormalization", infer=_instance_norm_infer)
+@op("InstanceNormalization", infer=_instance_norm_infer, fusion=OPAQUE)
 def instance_norm(ctx, x, scale, bias):
     xc = compute_dtype(x)
     xn = _normalize(xc, tuple(range(2, x.ndim)), float(ctx.attr("epsilon", 1e-5)))[2]
@@ -678,7 +678,7 @@ def _layer_norm_infer(ctx):
     return [t, TensorType(u, stat), TensorType(u, stat)]
 
 
-@op("LayerNormalization", infer=_layer_norm_infer)
+@op("LayerNormalization", infer=_layer_norm_infer, fusion=REDUCTION)
 def layer_norm(ctx, x, scale, bias=None):
     axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), x.ndim)
     xc = x.astype(_stash(ctx).np)
@@ -695,7 +695,7 @@ def _rms_infer(ctx):
     return [TensorType(ctx.dtype(1), t.shape)]
 
 
-@op("RMSNormalization", infer=_rms_infer)
+@op("RMSNormalization", infer=_rms_infer, fusion=REDUCTION)
 def rms_norm(ctx, x, scale):
     axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), x.ndim)
     xc = x.astype(_stash(ctx).np)
@@ -704,7 +704,7 @@ def rms_norm(ctx, x, scale):
     return y.astype(scale.dtype)
 
 
-@op("GroupNormalization", infer=same_as(0))
+@op("GroupNormalization", infer=same_as(0), fusion=OPAQUE)
 def group_norm(ctx, x, scale, bias):
     """Statistics per (batch, group); scale/bias per group (opset 18) or per channel (21)."""
     g = int(ctx.attr("num_groups"))
@@ -724,7 +724,7 @@ def group_norm(ctx, x, scale, bias):
     return (xn * chan(per_channel(scale), x.ndim) + chan(per_channel(bias), x.ndim)).astype(x.dtype)
 
 
-@op("LRN", infer=same_as(0))
+@op("LRN", infer=same_as(0), fusion=OPAQUE)
 def lrn(ctx, x):
     """Local response normalization across channels."""
     size = int(ctx.attr("size"))
@@ -735,7 +735,7 @@ def lrn(ctx, x):
     return (xc / (bias + alpha / size * ssum) ** beta).astype(x.dtype)
 
 
-@op("LpNormalization", infer=same_as(0))
+@op("LpNormalization", infer=same_as(0), fusion=OPAQUE)
 def lp_normalization(ctx, x):
     p = int(ctx.attr("p", 2))
     if p not in (1, 2):
@@ -747,7 +747,7 @@ def lp_normalization(ctx, x):
     return np.where(norm == 0, 0, xc / safe).astype(x.dtype)
 
 
-@op("MeanVarianceNormalization", infer=same_as(0))
+@op("MeanVarianceNormalization", infer=same_as(0), fusion=OPAQUE)
 def mean_variance_normalization(ctx, x):
     axes = tuple(int(a) for a in ctx.attr("axes", [0, 2, 3]))
     xc = compute_dtype(x)

@@ -19,7 +19,7 @@ import numpy as np
 from kiln.graph.types import TensorType
 from kiln.ops.linalg import matmul_shape
 from kiln.ops.reduce import as_dtype, wide
-from kiln.ops.registry import op
+from kiln.ops.registry import OUT_FUSABLE, op
 
 DOMAIN = "kiln"
 
@@ -50,7 +50,7 @@ def _infer(ctx):
     return [TensorType(ctx.dtype(0), matmul_shape(ctx, a, (wp[1], n)))]
 
 
-@op("MatMulPacked", infer=_infer, domain=DOMAIN)
+@op("MatMulPacked", infer=_infer, domain=DOMAIN, fusion=OUT_FUSABLE)
 def matmul_packed(ctx, a, wp, c=None):
     """MatMul (no c) or Gemm (with c) of a and the unpacked weight, as their references."""
     w = unpack_weight(wp, int(ctx.attr("n")))

@@ -15,7 +15,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import InferCtx, RunCtx, op
+from kiln.ops.registry import OPAQUE, InferCtx, RunCtx, op
 from kiln.ops.shapes import normalize_axis
 
 
@@ -67,7 +67,7 @@ def _quantize_infer(ctx: InferCtx):
     return [TensorType(dtype, ctx.shape(0))]
 
 
-@op("QuantizeLinear", infer=_quantize_infer)
+@op("QuantizeLinear", infer=_quantize_infer, fusion=OPAQUE)
 def quantize_linear(ctx: RunCtx, x, y_scale, y_zero_point=None):
     args = (x.shape, ctx.attr("axis", 1), ctx.attr("block_size", 0))
     scale, zp = _expand(ctx, y_scale, *args), _expand(ctx, y_zero_point, *args)
@@ -85,7 +85,7 @@ def _dequantize_infer(ctx: InferCtx):
     return [TensorType(DType.from_onnx(attr) if attr else ctx.dtype(1), ctx.shape(0))]
 
 
-@op("DequantizeLinear", infer=_dequantize_infer)
+@op("DequantizeLinear", infer=_dequantize_infer, fusion=OPAQUE)
 def dequantize_linear(ctx: RunCtx, x, x_scale, x_zero_point=None):
     args = (x.shape, ctx.attr("axis", 1), ctx.attr("block_size", 0))
     dx = x.astype(np.float32)
@@ -98,7 +98,7 @@ def _dynamic_quantize_infer(ctx: InferCtx):
     return [TensorType(DType.uint8, ctx.shape(0)), TensorType(DType.float32, ()), TensorType(DType.uint8, ())]
 
 
-@op("DynamicQuantizeLinear", infer=_dynamic_quantize_infer)
+@op("DynamicQuantizeLinear", infer=_dynamic_quantize_infer, fusion=OPAQUE)
 def dynamic_quantize_linear(ctx: RunCtx, x):
     """uint8 quantization over [min(x, 0), max(x, 0)] with a rounded zero point."""
     hi = np.float32(max(0.0, float(np.max(x, initial=0.0))))

@@ -13,7 +13,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 
 
 def _dtype(ctx, default: DType | None, allowed=lambda d: d.is_float) -> DType:
@@ -52,8 +52,8 @@ def _register_sampler(name: str, draw) -> None:
     def like(ctx, x):
         return draw(ctx, x.shape).astype(_dtype(ctx, DType.from_numpy(x.dtype)).np)
 
-    op(name, infer=_infer_from_shape)(from_shape)
-    op(name + "Like", infer=_infer_like)(like)
+    op(name, infer=_infer_from_shape, fusion=OPAQUE)(from_shape)
+    op(name + "Like", infer=_infer_like, fusion=OPAQUE)(like)
 
 
 _register_sampler("RandomUniform", _uniform)
@@ -67,7 +67,7 @@ def _infer_bernoulli(ctx):
     return [TensorType(_dtype(ctx, t.dtype, lambda d: d.is_float or d.is_int or d == DType.bool), t.shape)]
 
 
-@op("Bernoulli", infer=_infer_bernoulli)
+@op("Bernoulli", infer=_infer_bernoulli, fusion=OPAQUE)
 def bernoulli(ctx, p):
     out = _dtype(ctx, DType.from_numpy(p.dtype), lambda d: True)
     return (ctx.rng().random(p.shape) < p).astype(out.np)
@@ -84,7 +84,7 @@ def _infer_multinomial(ctx):
     return [TensorType(out, (t.shape[0] if t.shape else ctx.new_dim(), n))]
 
 
-@op("Multinomial", infer=_infer_multinomial)
+@op("Multinomial", infer=_infer_multinomial, fusion=OPAQUE)
 def multinomial(ctx, logits):
     """Draws class indices from softmax(logits) per row, by inverse CDF."""
     z = logits.astype(np.float64)

@@ -13,7 +13,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import InferCtx, RunCtx, register, same_as
+from kiln.ops.registry import OPAQUE, REDUCTION, InferCtx, RunCtx, register, same_as
 from kiln.ops.shapes import normalize_axes, normalize_axis
 
 
@@ -134,7 +134,7 @@ def _reduce_run(ctx: RunCtx, x, axes_in=None):
 
 
 for _name in _REDUCE:
-    register(_name, infer=_reduce_infer, run=_reduce_run)
+    register(_name, infer=_reduce_infer, run=_reduce_run, fusion=REDUCTION)
 
 
 # ---- ArgMax / ArgMin ----
@@ -160,7 +160,7 @@ def _arg_run(ctx: RunCtx, x):
 
 
 for _name in ("ArgMax", "ArgMin"):
-    register(_name, infer=_arg_infer, run=_arg_run)
+    register(_name, infer=_arg_infer, run=_arg_run, fusion=REDUCTION)
 
 
 # ---- Softmax / LogSoftmax / Hardmax ----
@@ -194,7 +194,7 @@ def _normalize_run(ctx: RunCtx, x):
 
 
 for _name in _NORMALIZE:
-    register(_name, infer=same_as(0), run=_normalize_run)
+    register(_name, infer=same_as(0), run=_normalize_run, fusion=OPAQUE if _name == "Hardmax" else REDUCTION)
 
 
 # ---- CumSum / CumProd ----
@@ -217,4 +217,4 @@ def _cumulative_run(ctx: RunCtx, x, axis):
 
 
 for _name in ("CumSum", "CumProd"):
-    register(_name, infer=same_as(0), run=_cumulative_run)
+    register(_name, infer=same_as(0), run=_cumulative_run, fusion=OPAQUE)

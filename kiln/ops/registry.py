@@ -11,16 +11,22 @@ An op definition holds kiln's own semantics for an operator:
 - `value(ctx) -> list[ndarray | None]` (optional): output data derivable at
   compile time from types alone (e.g. `Shape` of a static tensor), used for
   shape propagation.
+- `fusion: FusionKind` (required, declared with the op): how the op may fuse
+  with its neighbours, by TVM's op pattern kinds (elementwise < broadcast <
+  injective < reduction < out-elementwise-fusable < opaque); the partitioner
+  reads it from here. An op that fuses with nothing declares OPAQUE.
 
 - `lower(ctx: LowerCtx, *inputs: loops.Tensor) -> Tensor | list[Tensor]`
-  (optional, attached with `@lowering(name)` next to the reference): the
-  compute definitions (kiln.loops) that say what the op computes for concrete
-  shapes; the cpu target compiles these, never the NumPy reference.
+  (optional, attached with `@lowering(name)` by the op family's module in
+  kiln.lower, which kiln.lower imports): the compute definitions (kiln.loops)
+  that say what the op computes for concrete shapes; the cpu target compiles
+  these, never the NumPy reference.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import numbers
 from dataclasses import dataclass
@@ -37,12 +43,30 @@ _REQUIRED = object()
 MAX_RANK = 64  # NumPy's limit on dims
 
 
+class FusionKind(enum.IntEnum):
+    """An op's fusion pattern kind (TVM's): a higher kind fuses less. ELEMWISE: one output
+    element from the same element of each input; BROADCAST: ... of broadcast inputs;
+    INJECTIVE: an index remapping (Transpose, Slice, Concat); REDUCTION: reduces axes
+    (ReduceSum, Softmax); OUT_FUSABLE: an anchor that takes an elementwise epilogue
+    (Conv, MatMul); OPAQUE: fuses with nothing."""
+    ELEMWISE = 0
+    BROADCAST = 1
+    INJECTIVE = 2
+    REDUCTION = 3
+    OUT_FUSABLE = 4
+    OPAQUE = 5
+
+
+ELEMWISE, BROADCAST, INJECTIVE, REDUCTION, OUT_FUSABLE, OPAQUE = FusionKind
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
     domain: str
     infer: Callable[["InferCtx"], list[Type]]
     run: Callable[..., Any]
+    fusion: FusionKind
     value: Callable[["InferCtx"], list] | None = None
     lower: Callable[..., Any] | None = None
 
@@ -54,20 +78,26 @@ def normalize_domain(domain: str) -> str:
     return "" if domain in ("", "ai.onnx") else domain
 
 
-def register(name: str, *, infer, run, domain: str = "", value=None) -> OpDef:
+def register(name: str, *, infer, run, fusion: FusionKind | None = None, domain: str = "",
+             value=None) -> OpDef:
     key = (normalize_domain(domain), name)
     if key in REGISTRY:
         raise RuntimeError(f"op {name!r} (domain {domain!r}) registered twice")
-    d = OpDef(name, key[0], infer, run, value)
+    if not isinstance(fusion, FusionKind):
+        # a forgotten kind must not quietly make the op OPAQUE: say so where it is declared
+        raise RuntimeError(f"op {name!r} (domain {domain!r}) registered without a fusion kind: "
+                           f"give fusion=FusionKind.<kind> (OPAQUE if it fuses with nothing), got {fusion!r}")
+    d = OpDef(name, key[0], infer, run, fusion, value)
     REGISTRY[key] = d
     return d
 
 
-def op(name: str, *, infer, domain: str = "", value=None, aliases: tuple[str, ...] = ()):
-    """Decorator form: `@op("Relu", infer=same_as(0))` over the reference function."""
+def op(name: str, *, infer, fusion: FusionKind | None = None, domain: str = "", value=None,
+       aliases: tuple[str, ...] = ()):
+    """Decorator form: `@op("Relu", infer=same_as(0), fusion=ELEMWISE)` over the reference function."""
     def deco(fn):
         for n in (name, *aliases):
-            register(n, infer=infer, run=fn, domain=domain, value=value)
+            register(n, infer=infer, run=fn, fusion=fusion, domain=domain, value=value)
         return fn
     return deco
 
@@ -86,14 +116,14 @@ def lowering(name: str, domain: str = ""):
 
 
 def lookup(domain: str, name: str) -> OpDef | None:
-    _load_all()
+    load_all()
     return REGISTRY.get((normalize_domain(domain), name))
 
 
 _loaded = False
 
 
-def _load_all() -> None:
+def load_all() -> None:
     """Import every op family module once, so their registrations run."""
     global _loaded
     if not _loaded:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 
 _DIRS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 # name -> (function of (x, alpha, beta), default alpha, default beta); alpha/beta
@@ -161,4 +161,4 @@ def _run(kind: str):
 
 
 for _kind in _GATES:
-    op(_kind, infer=_infer)(_run(_kind))
+    op(_kind, infer=_infer, fusion=OPAQUE)(_run(_kind))

@@ -11,7 +11,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import OptionalType, SequenceType, TensorType, Type
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 from kiln.ops.shapes import normalize_axis
 
 I64 = TensorType(DType.int64, ())
@@ -65,7 +65,7 @@ def _infer_empty(ctx):
     return [SequenceType(TensorType(DType.from_onnx(ctx.attr("dtype", 1)), None))]
 
 
-@op("SequenceEmpty", infer=_infer_empty)
+@op("SequenceEmpty", infer=_infer_empty, fusion=OPAQUE)
 def sequence_empty(ctx):
     return []
 
@@ -79,7 +79,7 @@ def _infer_construct(ctx):
     return [SequenceType(t)]
 
 
-@op("SequenceConstruct", infer=_infer_construct)
+@op("SequenceConstruct", infer=_infer_construct, fusion=OPAQUE)
 def sequence_construct(ctx, *xs):
     return list(xs)
 
@@ -88,19 +88,19 @@ def _infer_insert(ctx):
     return [SequenceType(join_types(ctx, seq_elem(ctx, 0), ctx.tensor(1), "inserted tensor"))]
 
 
-@op("SequenceInsert", infer=_infer_insert)
+@op("SequenceInsert", infer=_infer_insert, fusion=OPAQUE)
 def sequence_insert(ctx, seq, x, pos=None):
     out = list(seq)
     out.insert(len(seq) if pos is None else _position(ctx, pos, len(seq), True), x)
     return out
 
 
-@op("SequenceAt", infer=lambda ctx: [seq_elem(ctx, 0)])
+@op("SequenceAt", infer=lambda ctx: [seq_elem(ctx, 0)], fusion=OPAQUE)
 def sequence_at(ctx, seq, pos):
     return seq[_position(ctx, pos, len(seq), False)]
 
 
-@op("SequenceErase", infer=lambda ctx: [SequenceType(seq_elem(ctx, 0))])
+@op("SequenceErase", infer=lambda ctx: [SequenceType(seq_elem(ctx, 0))], fusion=OPAQUE)
 def sequence_erase(ctx, seq, pos=None):
     out = list(seq)
     if not out:
@@ -114,7 +114,7 @@ def _infer_length(ctx):
     return [I64]
 
 
-@op("SequenceLength", infer=_infer_length)
+@op("SequenceLength", infer=_infer_length, fusion=OPAQUE)
 def sequence_length(ctx, seq):
     return np.array(len(seq), np.int64)
 
@@ -155,7 +155,7 @@ def _infer_split_to_sequence(ctx):
     return [SequenceType(TensorType(t.dtype, tuple(dims)))]
 
 
-@op("SplitToSequence", infer=_infer_split_to_sequence)
+@op("SplitToSequence", infer=_infer_split_to_sequence, fusion=OPAQUE)
 def split_to_sequence(ctx, x, split=None):
     axis = normalize_axis(ctx, ctx.attr("axis", 0), x.ndim)
     sizes = _split_sizes(ctx, x.shape[axis], split)
@@ -181,7 +181,7 @@ def _infer_concat_from_sequence(ctx):
     return [TensorType(e.dtype, tuple(dims))]
 
 
-@op("ConcatFromSequence", infer=_infer_concat_from_sequence)
+@op("ConcatFromSequence", infer=_infer_concat_from_sequence, fusion=OPAQUE)
 def concat_from_sequence(ctx, seq):
     if not seq:
         ctx.fail("cannot concatenate an empty sequence")
@@ -208,7 +208,7 @@ def _infer_sequence_map(ctx):
     return [SequenceType(t) for t in outs]
 
 
-@op("SequenceMap", infer=_infer_sequence_map)
+@op("SequenceMap", infer=_infer_sequence_map, fusion=OPAQUE)
 def sequence_map(ctx, seq, *extra):
     ins = [seq, *extra]
     n = len(seq)
@@ -231,7 +231,7 @@ def _infer_optional(ctx):
     return [OptionalType(ctx.attr("type"))]
 
 
-@op("Optional", infer=_infer_optional)
+@op("Optional", infer=_infer_optional, fusion=OPAQUE)
 def optional(ctx, x=None):
     return x
 
@@ -241,13 +241,13 @@ def _infer_get_element(ctx):
     return [t.elem if isinstance(t, OptionalType) else t]
 
 
-@op("OptionalGetElement", infer=_infer_get_element)
+@op("OptionalGetElement", infer=_infer_get_element, fusion=OPAQUE)
 def optional_get_element(ctx, x):
     if x is None:
         ctx.fail("the optional input is empty")
     return x
 
 
-@op("OptionalHasElement", infer=lambda ctx: [BOOL])
+@op("OptionalHasElement", infer=lambda ctx: [BOOL], fusion=OPAQUE)
 def optional_has_element(ctx, x=None):
     return np.array(x is not None)

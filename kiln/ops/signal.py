@@ -12,7 +12,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 from kiln.ops.shapes import normalize_axis
 
 
@@ -100,7 +100,7 @@ def _infer_dft(ctx):
     return [TensorType(t.dtype, tuple(dims) + (last,))]
 
 
-@op("DFT", infer=_infer_dft)
+@op("DFT", infer=_infer_dft, fusion=OPAQUE)
 def dft(ctx, x, dft_length=None, axis=None):
     axis, inverse, onesided = _dft_args(ctx, _run_scalar(ctx, axis, "axis"), x.ndim)
     z = _to_complex(ctx, x)
@@ -147,7 +147,7 @@ def _infer_stft(ctx):
     return [TensorType(t.dtype, (t.shape[0], dim(frames), dim(bins), 2))]
 
 
-@op("STFT", infer=_infer_stft)
+@op("STFT", infer=_infer_stft, fusion=OPAQUE)
 def stft(ctx, signal, frame_step, window=None, frame_length=None):
     z = _to_complex(ctx, signal)
     fl, frames, bins = _stft_sizes(ctx, z.shape[1], _run_scalar(ctx, frame_step, "frame_step"),
@@ -191,7 +191,7 @@ def _window(coeffs: tuple[float, ...]):
 
 for _name, _coeffs in (("HannWindow", (0.5, 0.5)), ("HammingWindow", (25 / 46, 21 / 46)),
                        ("BlackmanWindow", (0.42, 0.5, 0.08))):
-    op(_name, infer=_infer_window)(_window(_coeffs))
+    op(_name, infer=_infer_window, fusion=OPAQUE)(_window(_coeffs))
 
 
 # ---- MelWeightMatrix ----
@@ -209,7 +209,7 @@ def _mel(hz):
     return 2595 * np.log1p(hz / 700) / np.log(10)
 
 
-@op("MelWeightMatrix", infer=_infer_mel)
+@op("MelWeightMatrix", infer=_infer_mel, fusion=OPAQUE)
 def mel_weight_matrix(ctx, num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz):
     """Triangular filters with peak 1 whose edges sit at whole DFT bins (as ONNX Runtime does)."""
     bins, length = _run_scalar(ctx, num_mel_bins, "num_mel_bins"), _run_scalar(ctx, dft_length, "dft_length")

@@ -13,7 +13,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 from kiln.ops.shapes import broadcast_shapes
 
 
@@ -42,7 +42,7 @@ def _infer_concat(ctx):
     return [TensorType(DType.string, broadcast_shapes(ctx, a.shape, b.shape))]
 
 
-@op("StringConcat", infer=_infer_concat)
+@op("StringConcat", infer=_infer_concat, fusion=OPAQUE)
 def string_concat(ctx, a, b):
     return np.asarray(np.add(a, b), dtype=object)
 
@@ -61,7 +61,7 @@ def _infer_normalizer(ctx):
     return [TensorType(DType.string, t.shape[:-1] + (ctx.new_dim(),))]
 
 
-@op("StringNormalizer", infer=_infer_normalizer)
+@op("StringNormalizer", infer=_infer_normalizer, fusion=OPAQUE)
 def string_normalizer(ctx, x):
     stop = [_text(w) for w in ctx.attr("stopwords", None) or []]
     fold = (lambda s: s) if ctx.attr("is_case_sensitive", 0) else str.lower
@@ -83,7 +83,7 @@ def _infer_split(ctx):
     return [TensorType(DType.string, subs), TensorType(DType.int64, t.shape)]
 
 
-@op("StringSplit", infer=_infer_split)
+@op("StringSplit", infer=_infer_split, fusion=OPAQUE)
 def string_split(ctx, x):
     delim = ctx.attr("delimiter", None) or None  # unset or "": split on runs of whitespace
     maxsplit = ctx.attr("maxsplit", None)
@@ -219,7 +219,7 @@ def _infer_regex(ctx):
     return [TensorType(DType.bool, t.shape)]
 
 
-@op("RegexFullMatch", infer=_infer_regex)
+@op("RegexFullMatch", infer=_infer_regex, fusion=OPAQUE)
 def regex_full_match(ctx, x):
     rx = re2_to_python(ctx, ctx.attr("pattern"))
     return np.array([rx.fullmatch(s) is not None for s in x.ravel()], dtype=bool).reshape(x.shape)
@@ -261,7 +261,7 @@ def _infer_tfidf(ctx):
     return [TensorType(DType.float32, shape)]
 
 
-@op("TfIdfVectorizer", infer=_infer_tfidf)
+@op("TfIdfVectorizer", infer=_infer_tfidf, fusion=OPAQUE)
 def tfidf_vectorizer(ctx, x):
     grams, width = _tfidf_pool(ctx)
     indexes = np.array(ctx.attr("ngram_indexes"), dtype=np.int64)

@@ -17,7 +17,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op
+from kiln.ops.registry import INJECTIVE, OPAQUE, op
 from kiln.ops.shapes import broadcast_shapes, dim_mul, normalize_axes, normalize_axis
 
 
@@ -102,7 +102,7 @@ def _constant_infer(ctx):
     return out(ctx, DType.from_numpy(v.dtype), v.shape)
 
 
-@op("Constant", infer=_constant_infer, value=lambda ctx: [_constant_data(ctx)])
+@op("Constant", infer=_constant_infer, value=lambda ctx: [_constant_data(ctx)], fusion=OPAQUE)
 def constant(ctx):
     return _constant_data(ctx).copy()
 
@@ -123,7 +123,7 @@ def _constant_of_shape_infer(ctx):
     return out(ctx, DType.from_numpy(_fill(ctx).dtype), shape)
 
 
-@op("ConstantOfShape", infer=_constant_of_shape_infer)
+@op("ConstantOfShape", infer=_constant_of_shape_infer, fusion=OPAQUE)
 def constant_of_shape(ctx, shape):
     if (shape < 0).any():
         ctx.fail(f"shape must be non-negative, got {ints(shape)}")
@@ -149,7 +149,7 @@ def _shape_value(ctx):
     return [np.array(dims, np.int64) if known else None]
 
 
-@op("Shape", infer=_shape_infer, value=_shape_value)
+@op("Shape", infer=_shape_infer, value=_shape_value, fusion=OPAQUE)
 def shape_op(ctx, x):
     return np.array(x.shape[_shape_range(ctx, x.ndim)], np.int64)
 
@@ -159,7 +159,7 @@ def _size_value(ctx):
     return [np.array(math.prod(t.shape), np.int64) if t.is_static else None]
 
 
-@op("Size", infer=lambda ctx: out(ctx, DType.int64, ()), value=_size_value)
+@op("Size", infer=lambda ctx: out(ctx, DType.int64, ()), value=_size_value, fusion=OPAQUE)
 def size_op(ctx, x):
     return np.array(x.size, np.int64)
 
@@ -212,7 +212,7 @@ def _reshape_infer(ctx):
     return out(ctx, ctx.dtype(0), _reshape_target(ctx, s, target))
 
 
-@op("Reshape", infer=_reshape_infer)
+@op("Reshape", infer=_reshape_infer, fusion=INJECTIVE)
 def reshape(ctx, x, shape=None):
     target = param(ctx, "shape", 1, 5, shape)
     if target is None:
@@ -243,7 +243,7 @@ def _dims_prod(ctx, dims):
     return p
 
 
-@op("Flatten", infer=_flatten_infer)
+@op("Flatten", infer=_flatten_infer, fusion=INJECTIVE)
 def flatten(ctx, x):
     a = _flatten_axis(ctx, x.ndim)
     return x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))
@@ -265,7 +265,7 @@ def _squeeze_infer(ctx):
     return out(ctx, ctx.dtype(0), [d for k, d in enumerate(s) if k not in axes])
 
 
-@op("Squeeze", infer=_squeeze_infer)
+@op("Squeeze", infer=_squeeze_infer, fusion=INJECTIVE)
 def squeeze(ctx, x, axes=None):
     axes = param(ctx, "axes", 1, 13, axes)
     return np.squeeze(x, axis=None if axes is None else tuple(_squeeze_axes(ctx, x.shape, axes)))
@@ -290,7 +290,7 @@ def _unsqueeze_infer(ctx):
     return out(ctx, ctx.dtype(0), _unsqueezed(ctx, s, axes))
 
 
-@op("Unsqueeze", infer=_unsqueeze_infer)
+@op("Unsqueeze", infer=_unsqueeze_infer, fusion=INJECTIVE)
 def unsqueeze(ctx, x, axes=None):
     return x.reshape(_unsqueezed(ctx, x.shape, param(ctx, "axes", 1, 13, axes)))
 
@@ -308,7 +308,7 @@ def _transpose_infer(ctx):
     return out(ctx, ctx.dtype(0), None if s is None else [s[p] for p in _perm(ctx, len(s))])
 
 
-@op("Transpose", infer=_transpose_infer)
+@op("Transpose", infer=_transpose_infer, fusion=INJECTIVE)
 def transpose(ctx, x):
     return np.transpose(x, _perm(ctx, x.ndim))
 
@@ -347,7 +347,7 @@ def _concat_infer(ctx):
     return out(ctx, dtype, dims)
 
 
-@op("Concat", infer=_concat_infer)
+@op("Concat", infer=_concat_infer, fusion=INJECTIVE)
 def concat(ctx, *xs):
     xs = [x for x in xs if x is not None]
     if len({x.ndim for x in xs}) > 1:
@@ -389,7 +389,7 @@ def _split_infer(ctx):
     return [TensorType(ctx.dtype(0), s[:axis] + (d,) + s[axis + 1:]) for d in dims]
 
 
-@op("Split", infer=_split_infer)
+@op("Split", infer=_split_infer, fusion=OPAQUE)
 def split(ctx, x, split=None):
     axis = normalize_axis(ctx, ctx.attr("axis", 0), x.ndim)
     sizes = _split_sizes(ctx, x.shape[axis], param(ctx, "split", 1, 13, split))
@@ -406,7 +406,7 @@ def _expand_infer(ctx):
     return out(ctx, ctx.dtype(0), broadcast_shapes(ctx, ctx.shape(0), tuple(shape)))
 
 
-@op("Expand", infer=_expand_infer)
+@op("Expand", infer=_expand_infer, fusion=INJECTIVE)
 def expand(ctx, x, shape):
     try:
         target = np.broadcast_shapes(x.shape, tuple(ints(shape)))
@@ -430,7 +430,7 @@ def _tile_reps(ctx, rank, repeats=None, axis=None):
     return reps
 
 
-@op("Tile", infer=lambda ctx: _per_axis_infer(ctx, _tile_reps, lambda d, r: dim_mul(d, r, ctx)))
+@op("Tile", infer=lambda ctx: _per_axis_infer(ctx, _tile_reps, lambda d, r: dim_mul(d, r, ctx)), fusion=INJECTIVE)
 def tile(ctx, x, repeats, axis=None):
     reps = _tile_reps(ctx, x.ndim, repeats, axis)
     ctx.check_size([d * r for d, r in zip(x.shape, reps)], x.dtype)
@@ -465,7 +465,7 @@ def _padded_dim(ctx, d, pads):
     return d + b + e
 
 
-@op("Pad", infer=lambda ctx: _per_axis_infer(ctx, _pads, lambda d, p: _padded_dim(ctx, d, p)))
+@op("Pad", infer=lambda ctx: _per_axis_infer(ctx, _pads, lambda d, p: _padded_dim(ctx, d, p)), fusion=INJECTIVE)
 def pad(ctx, x, pads=None, value=None, axes=None):
     both = _pads(ctx, x.ndim, pads if ctx.opset >= 11 else None, axes)
     if ctx.opset < 11:
@@ -515,7 +515,7 @@ def _center_crop_pad_infer(ctx):
     return out(ctx, ctx.dtype(0), dims)
 
 
-@op("CenterCropPad", infer=_center_crop_pad_infer)
+@op("CenterCropPad", infer=_center_crop_pad_infer, fusion=OPAQUE)
 def center_crop_pad(ctx, x, shape):
     axes = normalize_axes(ctx, ctx.attr("axes", range(x.ndim)), x.ndim)
     target = ints(shape)
@@ -576,7 +576,7 @@ def _sliced_dim(ctx, d, k: slice):
     return d if whole else ctx.new_dim()
 
 
-@op("Slice", infer=lambda ctx: _per_axis_infer(ctx, _slice_args, lambda d, k: _sliced_dim(ctx, d, k)))
+@op("Slice", infer=lambda ctx: _per_axis_infer(ctx, _slice_args, lambda d, k: _sliced_dim(ctx, d, k)), fusion=INJECTIVE)
 def slice_op(ctx, x, starts=None, ends=None, axes=None, steps=None):
     sl = _slice_args(ctx, x.ndim, starts, ends, axes, steps)
     return x[tuple(_clamped(d, k) for d, k in zip(x.shape, sl))].copy()
@@ -599,7 +599,7 @@ def _range_infer(ctx):
     return out(ctx, dtype, (n,))
 
 
-@op("Range", infer=_range_infer)
+@op("Range", infer=_range_infer, fusion=OPAQUE)
 def range_op(ctx, start, limit, delta):
     s, lim, d = (scalar(v) for v in (start, limit, delta))
     n = _range_count(ctx, s, lim, d)
@@ -621,7 +621,7 @@ def _eye_like_infer(ctx):
     return out(ctx, _eye_like_dtype(ctx), s)
 
 
-@op("EyeLike", infer=_eye_like_infer)
+@op("EyeLike", infer=_eye_like_infer, fusion=OPAQUE)
 def eye_like(ctx, x):
     if x.ndim != 2:
         ctx.fail(f"input must be 2-D, got shape {x.shape}")
@@ -636,7 +636,7 @@ def _trilu_infer(ctx):
     return out(ctx, ctx.dtype(0), ctx.shape(0))
 
 
-@op("Trilu", infer=_trilu_infer)
+@op("Trilu", infer=_trilu_infer, fusion=OPAQUE)
 def trilu(ctx, x, k=None):
     k = 0 if k is None else int(scalar(k))
     keep = (np.triu if ctx.attr("upper", 1) else np.tril)(np.ones(x.shape[-2:], bool), k)
@@ -669,7 +669,7 @@ def _mode(ctx):
     return mode
 
 
-@op("DepthToSpace", infer=lambda ctx: _blocks_infer(ctx, True))
+@op("DepthToSpace", infer=lambda ctx: _blocks_infer(ctx, True), fusion=INJECTIVE)
 def depth_to_space(ctx, x):
     b, c, h, w = x.shape
     bs = ctx.attr("blocksize")
@@ -680,7 +680,7 @@ def depth_to_space(ctx, x):
     return t.reshape(b, c // bs ** 2, h * bs, w * bs)
 
 
-@op("SpaceToDepth", infer=lambda ctx: _blocks_infer(ctx, False))
+@op("SpaceToDepth", infer=lambda ctx: _blocks_infer(ctx, False), fusion=INJECTIVE)
 def space_to_depth(ctx, x):
     b, c, h, w = x.shape
     bs = ctx.attr("blocksize")
@@ -693,7 +693,7 @@ def _reverse_sequence_axes(ctx):
     return ctx.attr("batch_axis", 1), ctx.attr("time_axis", 0)
 
 
-@op("ReverseSequence", infer=lambda ctx: out(ctx, ctx.dtype(0), ctx.shape(0)))
+@op("ReverseSequence", infer=lambda ctx: out(ctx, ctx.dtype(0), ctx.shape(0)), fusion=OPAQUE)
 def reverse_sequence(ctx, x, lens):
     b_ax, t_ax = _reverse_sequence_axes(ctx)
     if {b_ax, t_ax} != {0, 1}:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.graph.types import TensorType
-from kiln.ops.registry import op
+from kiln.ops.registry import OPAQUE, op
 
 
 TRAINING = "ai.onnx.preview.training"
@@ -46,7 +46,7 @@ def _optimizer_infer(n_state: int):
 
 def _optimizer(name: str, states: int, update):
     """Register `update(ctx, r, t, x, g, *state) -> (x_new, *state_new)` as a variadic op."""
-    @op(name, infer=_optimizer_infer(states), domain=TRAINING)
+    @op(name, infer=_optimizer_infer(states), domain=TRAINING, fusion=OPAQUE)
     def run(ctx, r, t, *tensors):
         n = _groups(ctx, states)
         groups = [tensors[k * n:(k + 1) * n] for k in range(2 + states)]

@@ -26,11 +26,11 @@ import numpy as np
 
 from kiln.graph.ir import Graph, Value
 from kiln.passes.algebraic import RULES as ALGEBRA_RULES, transpose_perm
-from kiln.ops.kinds import ELEMWISE_OPS
+from kiln.ops.kinds import Kind, ops_of_kind
 from kiln.passes.pattern import Match, Op, Rule, Var, apply_rules
 from kiln.passes.registry import PassContext, graph_pass
 
-UNARY = tuple(sorted(ELEMWISE_OPS)) + (
+UNARY = tuple(ops_of_kind(Kind.ELEMWISE)) + (
     "Clip", "CastLike")
 BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu", "And", "Or", "Xor", "Equal", "Less",
           "LessOrEqual", "Greater", "GreaterOrEqual", "Max", "Min", "BitShift", "BitwiseAnd",
