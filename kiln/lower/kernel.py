@@ -27,8 +27,8 @@ from kiln.loops.schedule import Trace
 from kiln.loops.stmt import ExternFunc
 from kiln.lower.decisions import check_used, choosing, for_kernel
 from kiln.lower.schedules import default_schedule
-from kiln.ops.registry import LowerCtx, lookup
 from kiln.lower.partition import Kind, group_anchor, kind_of
+from kiln.ops.registry import ExternKernel, LowerCtx, lookup
 from kiln.targets.target import Target
 
 
@@ -132,7 +132,7 @@ def _lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, li
         if isinstance(res, ExternKernel):
             if len(nodes) > 1:
                 raise Unfusable("lowers to a hand-written kernel", node=node.name, op=node.op)
-            return Kernel(res.func(name, node, out_types, [a for a in args if a is not None]),
+            return Kernel(extern_func(res, name, node, out_types, [a for a in args if a is not None]),
                           [v for v in node.inputs if v is not None], list(node.outputs), [node])
         if ctx.dynamic():
             ctx.fail("outputs have data-dependent sizes; the lowering must return "
@@ -193,34 +193,24 @@ def _created(outs: list, known: set) -> set:
     return seen
 
 
-@dataclass
-class ExternKernel:
-    """A lowering's hand-written C body (see LowerCtx.extern)."""
-    c_body: str
-    inputs: list
-    outputs: list
-    dynamic: bool = False
-    preamble: str = ""
-    libs: tuple = ()
-    errors: tuple = ()
-
-    def func(self, name: str, node: Node, out_types, params: list) -> ExternFunc:
-        outs = [Buffer(f"out{k}", dt, tuple(shape)) for k, (shape, dt) in enumerate(self.outputs)]
-        if len(outs) != len(node.outputs):
-            raise KilnError(f"extern kernel has {len(outs)} outputs, the node {len(node.outputs)}",
-                            node=node.name, op=node.op, stage="lower")
-        for k, (b, want) in enumerate(zip(outs, out_types)):
-            if want is None:
-                continue
-            ok = b.dtype == want.dtype and (
-                len(b.shape) == len(want.shape) if self.dynamic else b.shape == tuple(want.shape))
-            if not ok:
-                raise KilnError(f"extern kernel output {k} is {b.dtype}{list(b.shape)}, inference says "
-                                f"{want}", node=node.name, op=node.op, stage="lower")
-        if self.dynamic:
-            rank = sum(len(b.shape) for b in outs)
-            outs.append(Buffer(f"out{len(outs)}", DType.int64, (max(rank, 1),)))
-        # params: every present node input in node order, whatever subset the C body reads
-        ins = [Buffer(f"in{k}", p.dtype, tuple(p.shape)) for k, p in enumerate(params)]
-        return ExternFunc(name, tuple(ins + outs), self.c_body, self.dynamic, self.preamble,
-                          tuple(self.libs), tuple(self.errors))
+def extern_func(ext: ExternKernel, name: str, node: Node, out_types, params: list) -> ExternFunc:
+    """The loop-level function of a lowering's hand-written C kernel (see LowerCtx.extern)."""
+    outs = [Buffer(f"out{k}", dt, tuple(shape)) for k, (shape, dt) in enumerate(ext.outputs)]
+    if len(outs) != len(node.outputs):
+        raise KilnError(f"extern kernel has {len(outs)} outputs, the node {len(node.outputs)}",
+                        node=node.name, op=node.op, stage="lower")
+    for k, (b, want) in enumerate(zip(outs, out_types)):
+        if want is None:
+            continue
+        ok = b.dtype == want.dtype and (
+            len(b.shape) == len(want.shape) if ext.dynamic else b.shape == tuple(want.shape))
+        if not ok:
+            raise KilnError(f"extern kernel output {k} is {b.dtype}{list(b.shape)}, inference says "
+                            f"{want}", node=node.name, op=node.op, stage="lower")
+    if ext.dynamic:
+        rank = sum(len(b.shape) for b in outs)
+        outs.append(Buffer(f"out{len(outs)}", DType.int64, (max(rank, 1),)))
+    # params: every present node input in node order, whatever subset the C body reads
+    ins = [Buffer(f"in{k}", p.dtype, tuple(p.shape)) for k, p in enumerate(params)]
+    return ExternFunc(name, tuple(ins + outs), ext.c_body, ext.dynamic, ext.preamble,
+                      tuple(ext.libs), tuple(ext.errors))

@@ -17,7 +17,7 @@ from kiln.graph.ir import Graph
 from kiln.graph.types import TensorType
 from kiln.loops import Tensor
 from kiln.ops.infer import Inferencer
-from kiln.ops.registry import LowerCtx, lookup
+from kiln.ops.registry import ExternKernel, LowerCtx, lookup
 
 # Constants inlined as select chains over their elements: beyond this, a body would need
 # its own weights in the kernel, which inlining does not give.
@@ -27,7 +27,6 @@ MAX_INLINE_CONSTANT = 256
 def inline_body(ctx: LowerCtx, graph: Graph, args: list[Tensor], what: str) -> list[Tensor]:
     """The outputs of `graph` applied to `args`, as compute Tensors (see the module doc).
     `what` names the body in errors (e.g. "score_mod")."""
-    from kiln.lower.kernel import ExternKernel
     from kiln.lower.tensor import const_compute
     g = graph.clone()
     if len(g.inputs) != len(args):

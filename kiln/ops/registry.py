@@ -116,19 +116,9 @@ def lowering(name: str, domain: str = ""):
 
 
 def lookup(domain: str, name: str) -> OpDef | None:
-    load_all()
+    """The op's definition, or None. The registry is complete whenever this module is imported
+    from outside kiln.ops: Python runs kiln/ops/__init__.py, which imports every family, first."""
     return REGISTRY.get((normalize_domain(domain), name))
-
-
-_loaded = False
-
-
-def load_all() -> None:
-    """Import every op family module once, so their registrations run."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        import kiln.ops  # noqa: F401  (its __init__ imports every family)
 
 
 def _kind(v) -> str:
@@ -162,8 +152,8 @@ def _short(v) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class _Ctx:
-    """What both inference and the reference can see of a node."""
+class NodeCtx:
+    """What inference, the reference and the lowering can all see of a node."""
 
     def __init__(self, node: Node, opset: int):
         self.node = node
@@ -201,7 +191,7 @@ class _Ctx:
         raise KilnError(message, node=self.node.name, op=self.node.op, stage=stage)
 
 
-class InferCtx(_Ctx):
+class InferCtx(NodeCtx):
     """Inference view of a node: input types, known input values, fresh symbols."""
 
     _sym = itertools.count()
@@ -251,7 +241,7 @@ class InferCtx(_Ctx):
         return self._subgraph_infer(graph, input_types)
 
 
-class RunCtx(_Ctx):
+class RunCtx(NodeCtx):
     """Reference-execution view of a node."""
 
     def __init__(self, node: Node, opset: int, run_subgraph=None):
@@ -279,7 +269,20 @@ class RunCtx(_Ctx):
         return np.random.default_rng(None if seed is None else int(np.float32(seed).view(np.int32)))
 
 
-class LowerCtx(_Ctx):
+@dataclass
+class ExternKernel:
+    """A lowering's hand-written C kernel, as `LowerCtx.extern` describes it; kiln.lower.kernel
+    makes it a function of the module."""
+    c_body: str
+    inputs: list
+    outputs: list
+    dynamic: bool = False
+    preamble: str = ""
+    libs: tuple = ()
+    errors: tuple = ()
+
+
+class LowerCtx(NodeCtx):
     """Lowering view of a node: concrete input/output types and compile-time input data."""
 
     def __init__(self, node: Node, opset: int, input_types: list[Type | None],
@@ -318,7 +321,6 @@ class LowerCtx(_Ctx):
         install. `errors` maps the body's non-zero statuses to what they mean, for the
         error the runtime raises.
         """
-        from kiln.lower.kernel import ExternKernel
         return ExternKernel(c_body, [p for p in inputs if p is not None], list(outputs), dynamic,
                             preamble, tuple(libs), tuple(sorted((errors or {}).items())))
 

@@ -53,7 +53,7 @@ from kiln.graph.types import TensorType
 from kiln.ops.infer import Inferencer
 from kiln.ops.layout import DOMAIN, pack_bias, pack_conv_weight, to_blocked
 from kiln.ops.nn import window
-from kiln.ops.registry import _Ctx
+from kiln.ops.registry import NodeCtx
 from kiln.passes.edit import Namer, new_const, reads, static_shape
 from kiln.passes.registry import PassContext, graph_pass
 from kiln.targets.target import Target
@@ -81,7 +81,7 @@ def worth_blocking(channels: int, block: int) -> bool:
 
 def _conv_attrs(node: Node, opset: int, xshape) -> dict | None:
     """Explicit attributes of a blockable 2-D Conv, or None when it is not one."""
-    ctx = _Ctx(node, opset)
+    ctx = NodeCtx(node, opset)
     w = node.inputs[1].const
     try:
         win = window(ctx, list(xshape[2:]), [int(k) for k in node.attrs.get("kernel_shape", w.shape[2:])])
@@ -137,7 +137,7 @@ def blockable_pool(node: Node, opset: int) -> dict | None:
     if xs is None or len(xs) != 4 or node.inputs[0].type.dtype is not DType.float32:
         return None
     try:
-        win = window(_Ctx(node, opset), list(xs[2:]), [int(k) for k in node.attrs["kernel_shape"]])
+        win = window(NodeCtx(node, opset), list(xs[2:]), [int(k) for k in node.attrs["kernel_shape"]])
     except (KilnError, KeyError):
         return None
     return {"kernel_shape": list(win.kernel), "strides": list(win.strides),

@@ -25,7 +25,7 @@ import time
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph
 from kiln.graph.text import print_graph
-from kiln.graph.verify import verify as verify_graph
+from kiln.ops.verify import verify as verify_graph
 from kiln.passes.registry import PassContext, get_pass
 from kiln.targets.target import Target
 from kiln.passes.stats import PassStats, diff, snapshot

@@ -66,7 +66,8 @@ def graph_pass(name: str):
 
 
 def get_pass(name: str) -> GraphPass:
-    from kiln import passes  # noqa: F401  (importing the package registers every pass)
+    # PASSES is complete here: importing this module from outside ran kiln/passes/__init__.py,
+    # which imports every pass module, first
     if name not in PASSES:
         raise KilnError(f"unknown graph pass {name!r}; known: {sorted(PASSES)}")
     return PASSES[name]
