@@ -3,8 +3,9 @@ small files (issue 12).
 
 Every module under kiln/ is parsed (ast) for its imports, those inside functions included: a
 lazy import is still an arrow between rooms. A room is a top-level package or module of kiln
-(kiln.ops, kiln.lower, kiln.errors, ...). `from a.b import c` is an arrow to a.b.c when that is
-a module, else to a.b; importing a submodule is not counted as an arrow to its parent package.
+(kiln.ops, kiln.lower, kiln.errors, ...), or a module listed in OWN_ROOM. `from a.b import c`
+is an arrow to a.b.c when that is a module, else to a.b; importing a submodule is not counted
+as an arrow to its parent package.
 
 Known violations are listed below with the work that removes them. The lists only shrink: an
 entry that is no longer needed fails the test too, so whoever fixes one deletes its line.
@@ -87,8 +88,15 @@ GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 EDGES = {(a, b) for a, deps in GRAPH.items() for b in deps}
 
 
+# modules that are a room of their own though their package is another: a value every
+# stage is handed, sitting below all of them
+OWN_ROOM = {
+    "kiln.targets.target": "the Target value object (its package also holds the cpu target's driver)",
+}
+
+
 def room(module: str) -> str:
-    return ".".join(module.split(".")[:2])
+    return module if module in OWN_ROOM else ".".join(module.split(".")[:2])
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
