@@ -10,7 +10,7 @@ import numpy as np
 
 import kiln.loops as L
 
-from kiln.codegen.csource import c_source
+from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.ops.registry import lowering
 from kiln.ops.signal import _dft_args, _run_scalar
@@ -134,31 +134,13 @@ def _stft_lower(ctx, signal, *rest):
         fl = f"(int64_t){p['frame_length']}[0]"
     else:
         fl = str(wlen if wlen is not None else length)
-    win = f"(double){p['window']}[k]" if "window" in p else "1.0"
-    body = f"""  const int64_t fstep = (int64_t){p['frame_step']}[0], n = {fl};
-  if (fstep < 1 || n < 1 || n > {length} || {"n != " + str(wlen) if wlen is not None else "0"}) return 1;
-  if ({frames} != ({length} - n) / fstep + 1 || {bins} != {"n / 2 + 1" if onesided else "n"}) return 1;
-  if ({batch * frames * bins} == 0) return 0;
-{_TWIDDLES}  for (int64_t bf = 0; bf < {batch * frames}; ++bf) {{
-    const int64_t b = bf / {frames}, f = bf % {frames};
-    const {t}* z = in0 + (b * {length} + f * fstep) * {cin};
-    for (int64_t m = 0; m < {bins}; ++m) {{
-      double re = 0, im = 0;
-      for (int64_t k = 0; k < n; ++k) {{
-        const int64_t j = (k * m) % n;
-        const double w = {win};
-        const double zr = (double)z[k * {cin}] * w, zi = {f"(double)z[k * {cin} + 1] * w" if cin == 2 else "0.0"};
-        const double c = tw[2 * j], sn = tw[2 * j + 1];
-        re += zr * c + zi * sn;
-        im += zi * c - zr * sn;
-      }}
-      out0[(bf * {bins} + m) * 2] = ({to})re;
-      out0[(bf * {bins} + m) * 2 + 1] = ({to})im;
-    }}
-  }}
-  free(tw);
-  return 0;"""
-    return ctx.extern(body, [signal, *rest], [(ctx.out_shape(), ctx.out_dtype())], preamble=c_source("twiddles.h"))
+    wdt = ctx.input_types[2].dtype if "window" in p else st.dtype
+    fn = f"kiln_stft_{st.dtype.name}_{wdt.name}_{ctx.out_dtype().name}"
+    macros = {"KILN_STFT_T": t, "KILN_STFT_W": _ctype(ctx, wdt), "KILN_STFT_TO": to, "KILN_STFT_FN": fn}
+    preamble = c_source("twiddles.h") + c_instance("stft.c", macros, fn.upper())
+    body = (f"  return {fn}(in0, {p.get('window', 'NULL')}, out0, (int64_t){p['frame_step']}[0], {fl}, {batch}, "
+            f"{length}, {cin}, {frames}, {bins}, {-1 if wlen is None else wlen}, {int(onesided)});")
+    return ctx.extern(body, [signal, *rest], [(ctx.out_shape(), ctx.out_dtype())], preamble=preamble)
 
 
 def _window_lower(coeffs: tuple[float, ...]):
