@@ -483,6 +483,7 @@ def _dropout_lower(ctx, x, ratio=None, training=None):
 
 def _dropout_training(ctx, x, ratio, training):
     from kiln.lower.random import mt19937_init
+    preamble, init = mt19937_init(ctx.attr("seed", None))
     for k, what in ((0, "data"), (1, "ratio")):
         if ctx.has_input(k) and ctx.input_types[k].dtype.c is None:
             ctx.fail(f"{what} of type {ctx.input_types[k].dtype} has no C type for the training-mode "
@@ -500,16 +501,15 @@ def _dropout_training(ctx, x, ratio, training):
   }}
   if (!(r >= 0 && r < 1)) return 1;
   const {wide} scale = ({wide})(1.0 / (1.0 - r));
-{mt19937_init(ctx.attr("seed", None))}  for (int64_t i = 0; i < {n}; ++i) {{
+{init}  for (int64_t i = 0; i < {n}; ++i) {{
     double u;
     KILN_MT_DRAW(u);
     const bool keep = u >= r;
     out0[i] = ({t})(keep ? ({wide})in0[i] * scale : ({wide})0);
   {mask}  }}
   return 0;
-#undef KILN_MT_NEXT
 #undef KILN_MT_DRAW"""
     outs = [(ctx.out_shape(0), ctx.out_dtype(0))]
     if ctx.num_outputs > 1:  # opset >= 12: a bool mask
         outs.append((tuple(x.shape), DType.bool))
-    return ctx.extern(body, [x, ratio, training], outs)
+    return ctx.extern(body, [x, ratio, training], outs, preamble=preamble)

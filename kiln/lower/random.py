@@ -25,49 +25,15 @@ import kiln.ops.random  # noqa: F401  (registers the ops lowered here)
 _PCG_MULT = (2549297995355413924, 4865540595714422341)  # NumPy's PCG64 multiplier (high, low)
 
 
-_ENTROPY = """  static uint64_t calls;
-  uint64_t z = 0x6b696c6e2d726e67ULL ^ (uint64_t)(uintptr_t)&calls
-               ^ (__atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ULL);
-#if defined(__x86_64__) || defined(__i386__)
-  z ^= (uint64_t)__builtin_ia32_rdtsc() * 0xBF58476D1CE4E5B9ULL;
-#endif
-  uint64_t w[4];
-  for (int q = 0; q < 4; ++q) {  /* splitmix64 */
-    uint64_t y = (z += 0x9E3779B97F4A7C15ULL);
-    y = (y ^ (y >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    y = (y ^ (y >> 27)) * 0x94D049BB133111EBULL;
-    w[q] = y ^ (y >> 31);
-  }
-"""  # C: w[0..3], fresh per call and per process (for nodes without a seed)
-
-
-def mt19937_init(seed: int | None) -> str:
-    """C declaring NumPy's legacy MT19937 as `np.random.RandomState(seed)` starts it (the
-    generator Dropout's reference draws its mask from; `seed` taken mod 2^32, None: fresh
-    entropy) and the KILN_MT_DRAW(u) macro: u = the next `random_sample()` double."""
-    init = (_ENTROPY + "  const uint32_t seed = (uint32_t)w[0];\n" if seed is None
+def mt19937_init(seed: int | None) -> tuple[str, str]:
+    """(preamble, C) declaring `mt_`, NumPy's legacy MT19937 as `np.random.RandomState(seed)`
+    starts it (kiln_mt, kiln/codegen/c_src/kiln_random.h: the generator Dropout's reference
+    draws its mask from; `seed` taken mod 2^32, None: fresh entropy), and the KILN_MT_DRAW(u)
+    macro: u = the next `random_sample()` double."""
+    init = ("  uint64_t w[4];\n  kiln_entropy(w);\n  const uint32_t seed = (uint32_t)w[0];\n" if seed is None
             else f"  const uint32_t seed = {int(seed) % 2 ** 32}U;\n")
-    return init + """  uint32_t mt[624];
-  int mti = 624;
-  mt[0] = seed;
-  for (int q = 1; q < 624; ++q) mt[q] = 1812433253U * (mt[q - 1] ^ (mt[q - 1] >> 30)) + (uint32_t)q;
-#define KILN_MT_NEXT(y) do { \\
-    if (mti >= 624) { \\
-      for (int q = 0; q < 624; ++q) { \\
-        const uint32_t v_ = (mt[q] & 0x80000000U) | (mt[(q + 1) % 624] & 0x7fffffffU); \\
-        mt[q] = mt[(q + 397) % 624] ^ (v_ >> 1) ^ ((v_ & 1U) ? 0x9908b0dfU : 0U); \\
-      } \\
-      mti = 0; \\
-    } \\
-    (y) = mt[mti++]; \\
-    (y) ^= (y) >> 11; (y) ^= ((y) << 7) & 0x9d2c5680U; \\
-    (y) ^= ((y) << 15) & 0xefc60000U; (y) ^= (y) >> 18; \\
-  } while (0)
-#define KILN_MT_DRAW(u) do { \\
-    uint32_t a_, b_; KILN_MT_NEXT(a_); KILN_MT_NEXT(b_); \\
-    (u) = ((double)(a_ >> 5) * 67108864.0 + (double)(b_ >> 6)) * (1.0 / 9007199254740992.0); \\
-  } while (0)
-"""
+    return c_source("kiln_random.h"), (init + "  kiln_mt mt_;\n  kiln_mt_seed(&mt_, seed);\n"
+                                       "#define KILN_MT_DRAW(u) ((u) = kiln_mt_draw(&mt_))\n")
 
 
 def _pcg_init(ctx) -> str:
