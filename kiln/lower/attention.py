@@ -9,7 +9,8 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops import call, cast, compute, const, max_, min_, reduce_axis, rmax, select, sum_
-from kiln.lower.reduce import PARALLEL_MIN_WORK, exp_shifted, schedule_injective, schedule_reduction
+from kiln.lower.decisions import parallel_min_work
+from kiln.lower.reduce import exp_shifted, schedule_injective, schedule_reduction
 from kiln.lower.tensor import checked_index
 from kiln.ops.attention import _flex_softmax_dtype, _linear_attention_rule
 from kiln.ops.registry import LowerCtx, lowering
@@ -191,7 +192,7 @@ def _attention_schedule(sch, qs, ks, raw, m, ex, ssum, probs, y4) -> None:
     keys outside the value dim."""
     for t in (qs, ks):
         schedule_injective(sch[t])
-    work = math.prod(raw.shape) * qs.shape[3] >= PARALLEL_MIN_WORK
+    work = math.prod(raw.shape) * qs.shape[3] >= parallel_min_work()
 
     def rows(t, reduce_outside: bool = False):
         st = sch[t]
@@ -372,7 +373,7 @@ def _linear_attention_lower(ctx: LowerCtx, query, key, value, past_state=None, d
             ctx.fail(f"no native code for dtype {x.dtype}")
     scale = ctx.attr("scale", 0.0) or 1.0 / np.sqrt(dk)
     body = _LINEAR_ATTENTION_C.format(
-        b=nb, t=t, hq=hq, hkv=hkv, dk=dk, dv=dv, par=PARALLEL_MIN_WORK, scale=float(scale).hex(),
+        b=nb, t=t, hq=hq, hkv=hkv, dk=dk, dv=dv, par=parallel_min_work(), scale=float(scale).hex(),
         dw=decay.shape[-1] // hkv if gated else 1, bh=beta.shape[-1] if delta else 1,
         init=f"(double){name[id(past_state)]}[(b * HKV + g) * DK * DV + x]" if past_state is not None else "0.0",
         gated=int(gated), delta=int(delta), decay=name[id(decay)] if gated else name[id(query)],

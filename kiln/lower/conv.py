@@ -35,6 +35,7 @@ from kiln.codegen.cpu import vector_lanes
 from kiln.dtypes import DType
 from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
                         sum_)
+from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import _acc_dtype, _conj, _rup, _strides_of, parallel_worth
 from kiln.ops.nn import kernel_of, window
 from kiln.ops.registry import lowering
@@ -54,7 +55,12 @@ class ConvPlan:
 
 
 ACC_TILE_BYTES = 256 << 10   # a tile's accumulator block stays in L2
-CONV_KNOBS: dict = {}        # overrides for experiments and tests: oct, qv, rows, ocb
+# the planner's decisions (kiln.lower.decisions): its heuristic picks each; a tuner or a test
+# overrides them (kiln.compile(..., decisions={"conv.oct": 4}))
+CONV_OCT = declare("conv.oct", Ints(1, 64), None, "output channels per register block")
+CONV_QV = declare("conv.qv", Ints(1, 16), None, "vectors along the flat spatial axis per register block")
+CONV_ROWS = declare("conv.rows", Ints(1), None, "output rows (first spatial dim) per tile")
+CONV_OCB = declare("conv.ocb", Ints(1), None, "output channels per tile (a multiple of conv.oct)")
 PLANE_PARALLEL_MIN = 1 << 17  # padded-plane elements below which it is built serially
 
 
@@ -66,7 +72,10 @@ def plan_conv(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict | None = No
     local. Rows per tile are chosen so that the tile's q range is whole register blocks with
     little overlap; channels per tile so that there are a few tiles per thread.
     """
-    knobs = {**CONV_KNOBS, **(knobs or {})}
+    knobs = dict(knobs or {})
+    for key, d in (("oct", CONV_OCT), ("qv", CONV_QV), ("rows", CONV_ROWS), ("ocb", CONV_OCB)):
+        if d.asked() is not None:
+            knobs[key] = d.asked()
     big = lanes * acc_bytes >= 64           # AVX-512: 32 vector registers, else 16
     threads = threads or os.cpu_count() or 1
     rowlen, oh = g.pstr[0], g.out[0]
@@ -119,6 +128,19 @@ def plan_conv(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict | None = No
         while ocb % (2 * oct_) == 0 and (ocb * block * acc_bytes > ACC_TILE_BYTES
                                          or g.n * nb * g.group * (g.ocg // ocb) < 4 * threads):
             ocb //= 2
+    chosen = ((CONV_OCT, oct_), (CONV_QV, qv), (CONV_ROWS, r), (CONV_OCB, ocb))
+    for d, v in chosen:
+        if d.asked() is not None and d.asked() != v:
+            raise d.illegal(d.asked(), f"this convolution ({g.ocg} output channels per group) takes {v}")
+    if g.ocg % oct_ or g.ocg % ocb or ocb % oct_:
+        bad = CONV_OCT if CONV_OCT.asked() is not None and g.ocg % oct_ else CONV_OCB
+        raise bad.illegal(bad.asked() or (oct_ if bad is CONV_OCT else ocb),
+                          f"a register block of {oct_} channels must divide a tile of {ocb}, which must "
+                          f"divide the {g.ocg} output channels per group")
+    if r > oh:
+        raise CONV_ROWS.illegal(r, f"the convolution has {oh} output rows")
+    for d, v in chosen:
+        d.value(v)
     return ConvPlan(oct_, qv, qv * lanes, r, block, q_alloc, ocb, direct)
 
 

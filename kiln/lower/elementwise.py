@@ -15,6 +15,7 @@ import numpy as np
 import kiln.loops as L
 from kiln.dtypes import DType
 from kiln.loops.expr import walk
+from kiln.lower.decisions import parallel_min_work
 from kiln.ops.elementwise import _BINARY, _F8, _UNARY, _attrs, _b_pad, _str_attr
 from kiln.ops.registry import lowering
 
@@ -45,7 +46,7 @@ def _injective_schedule(sch, outputs) -> None:
     cannot fold back. The inner loop is split when the outer part is too short to give threads
     work, or to buffer `_let` stages a row (chunk) at a time inside the output's loop: a scalar
     loop of libm calls into a stack buffer, then a vector loop."""
-    from kiln.lower.schedules import PARALLEL_MIN_WORK, vector_lanes
+    from kiln.lower.schedules import vector_lanes
     lets = [st for st in sch.stages if st.tensor not in sch.outputs]
     rows = {}
     for st in sch.stages:
@@ -54,7 +55,7 @@ def _injective_schedule(sch, outputs) -> None:
             continue
         axes = list(st.axis)
         lanes = max(vector_lanes(st.tensor.dtype.itemsize), 1)
-        parallel = math.prod(ext) >= PARALLEL_MIN_WORK
+        parallel = math.prod(ext) >= parallel_min_work()
         inner, n = axes.pop(), ext[-1]
         chunk = _divisor_near(n, lanes * -(-n // (64 * lanes))) \
             if parallel and math.prod(ext[:-1]) < 64 and n >= 128 * lanes \

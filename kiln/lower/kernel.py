@@ -58,11 +58,12 @@ def _tensor_type(t: Type | None, what: str, node: Node, static: bool = True) -> 
     return t
 
 
-def lower_node(node: Node, opset: int, values: list, name: str, target: Target | None = None
-               ) -> PrimFunc | ExternFunc:
+def lower_node(node: Node, opset: int, values: list, name: str, target: Target | None = None,
+               decisions: dict | None = None) -> PrimFunc | ExternFunc:
     """One node as one kernel for `target` (None: this host); params are its present
     inputs, then all its outputs."""
-    k = lower_group([node], {id(node): opset}, {id(node): values}, lambda v: True, name, Target.of(target))
+    k = lower_group([node], {id(node): opset}, {id(node): values}, lambda v: True, name, Target.of(target),
+                    decisions)
     return k.func
 
 

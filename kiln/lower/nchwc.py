@@ -15,6 +15,7 @@ import math
 from kiln.codegen.cpu import vector_lanes
 from kiln.dtypes import DType
 from kiln.loops import cast, compute, const, reduce_axis, rmax, select, sum_
+from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import parallel_worth
 from kiln.ops.layout import _block_attr, blocked_geom, BlockedGeom, DOMAIN
 from kiln.ops.nn import window
@@ -91,7 +92,9 @@ def _from_lower(ctx, x):
 
 
 VECTOR_REGISTERS = {64: 32, 32: 16, 16: 16}    # architectural vector registers, by vector bytes
-BLOCKED_KNOBS: dict = {}                       # overrides for experiments and tests: reg_w, oc_v
+# the register tile's decisions (kiln.lower.decisions), picked by plan_tile's heuristic
+NCHWC_REG_W = declare("nchwc.reg_w", Ints(1), None, "output columns of one register tile (divides the width)")
+NCHWC_OC_V = declare("nchwc.oc_v", Ints(1, 8), None, "channel blocks of one register tile")
 DEPTHWISE_MAX_COLUMNS = 14                     # the widest depthwise tile measured (AVX-512)
 
 
@@ -109,7 +112,7 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None) -> tuple[i
     Columns divide the output width (no tail loop); the tile with the fewest loads per
     FMA wins (ties: more accumulators, to cover the FMA latency).
     """
-    knobs = {**BLOCKED_KNOBS, **(knobs or {})}
+    knobs = dict(knobs or {})
     regs = VECTOR_REGISTERS.get(vbytes, 16)
     ow = g.out[1]
     best = None
@@ -122,7 +125,13 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None) -> tuple[i
             if best is None or key < best[0]:
                 best = (key, r, v)
     _, r, v = best
-    return int(knobs.get("reg_w", r)), int(knobs.get("oc_v", v))
+    r, v = int(knobs.get("reg_w", NCHWC_REG_W.asked() or r)), int(knobs.get("oc_v", NCHWC_OC_V.asked() or v))
+    if ow % r:
+        raise NCHWC_REG_W.illegal(r, f"it must divide the output width {ow}")
+    if g.ocb % v or (g.depthwise and v != 1):
+        raise NCHWC_OC_V.illegal(v, f"it must divide the {g.ocb} channel blocks"
+                                    + (" and be 1 for a depthwise convolution" if g.depthwise else ""))
+    return NCHWC_REG_W.value(r), NCHWC_OC_V.value(v)
 
 
 @lowering("ConvNCHWc", domain=DOMAIN)

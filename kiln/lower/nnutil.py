@@ -9,9 +9,9 @@ import os
 from kiln.codegen.cpu import vector_bytes, vector_lanes
 from kiln.dtypes import DType
 from kiln.loops import const
+from kiln.lower.decisions import parallel_min_work
 
 
-_PAR_MIN = 1 << 15       # work (points x reduction) below which a kernel stays serial
 
 # Serial time (estimated, microseconds) below which a kernel does not fork. A parallel region
 # with sleeping threads (OMP_WAIT_POLICY=PASSIVE, kiln's runtime default) first wakes them:
@@ -27,7 +27,7 @@ VECTOR_RATE_BYTES = 64
 
 def parallel_worth(work: int, kind: str = "window") -> bool:
     """Whether a kernel doing `work` multiply-adds (window ops) should run in parallel."""
-    if work < _PAR_MIN:
+    if work < parallel_min_work():
         return False
     policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE").upper()
     if policy != "PASSIVE" or os.environ.get("GOMP_SPINCOUNT"):

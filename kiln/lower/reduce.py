@@ -16,12 +16,12 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops import call, cast, compute, const, reduce, reduce_axis, select
+from kiln.lower.decisions import parallel_min_work
 from kiln.ops.reduce import _NORMALIZE, _REDUCE, _reduce_axes, _reduce_run
 from kiln.ops.registry import LowerCtx, lowering
 from kiln.ops.shapes import normalize_axis
 
 
-PARALLEL_MIN_WORK = 1 << 15  # elements x reduction length below which a kernel stays serial
 BLOCK = 64                   # inner (vectorized) block of an injective loop
 LANES = 16                   # partial results of a vectorized innermost reduction
 
@@ -107,7 +107,7 @@ def schedule_injective(stage, inner: int | None = None) -> None:
         return
     inner = len(loops) if inner is None else inner
     points = math.prod(_ext(v) for v in loops)
-    par = points >= PARALLEL_MIN_WORK
+    par = points >= parallel_min_work()
     outer, tail = loops[:len(loops) - inner], loops[len(loops) - inner:]
     t = stage.fuse(*tail) if len(tail) > 1 else tail[0] if tail else None
     o = stage.fuse(*outer) if len(outer) > 1 else outer[0] if outer else None
@@ -148,9 +148,9 @@ def schedule_reduction(sch, tensor, inner: int = 0) -> None:
     sp, red = list(stage.axis), list(stage.reduce_axis)
     points = math.prod(_ext(v) for v in sp)
     size = math.prod(_ext(k) for k in red)
-    par = points * size >= PARALLEL_MIN_WORK
+    par = points * size >= parallel_min_work()
     outer, tail = sp[:len(sp) - inner], sp[len(sp) - inner:]
-    if red and par and points < 8 and size >= PARALLEL_MIN_WORK:
+    if red and par and points < 8 and size >= parallel_min_work():
         k = red[0] if _ext(red[0]) >= 16 else stage.fuse(*red)  # fused indices cost a div/mod
         ko, _ = stage.split(k, nparts=min(64, _ext(k), size // 4096))
         schedule_reduction(sch, sch.rfactor(tensor, ko))  # the chunks: parallel, vectorized
@@ -341,7 +341,7 @@ def schedule_per_row(sch, y, stages: list) -> None:
     sy = sch[y]
     *lead, last = sy.axis
     row = sy.fuse(*lead) if len(lead) > 1 else lead[0]
-    if math.prod(y.shape) * 3 >= PARALLEL_MIN_WORK and _ext(row) > 1:
+    if math.prod(y.shape) * 3 >= parallel_min_work() and _ext(row) > 1:
         sy.parallel(row)
     if _ext(last) > 1:
         sy.vectorize(last)
@@ -404,7 +404,7 @@ def _cumulative_lower(ctx: LowerCtx, x, axis_in):
         ctx.fail("input must have at least one dimension")
     if dt.c is None:
         ctx.fail(f"no native code for dtype {dt}")
-    body = _SCAN_C.format(rank=len(shape), dims=", ".join(map(str, shape)), par=PARALLEL_MIN_WORK,
+    body = _SCAN_C.format(rank=len(shape), dims=", ".join(map(str, shape)), par=parallel_min_work(),
                           acc="double" if dt.is_float else "uint64_t", t=dt.c,
                           unit=0 if ctx.node.op == "CumSum" else 1, op="+" if ctx.node.op == "CumSum" else "*",
                           rev=int(bool(ctx.attr("reverse", 0))), excl=int(bool(ctx.attr("exclusive", 0))))

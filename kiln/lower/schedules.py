@@ -12,10 +12,9 @@ import math
 
 from kiln.codegen.cpu import vector_lanes  # noqa: F401  (for ops/elementwise until its move; TODO target)
 from kiln.loops import Schedule
-from kiln.lower.decisions import SERIAL_WORK, parallel_min_work
+from kiln.lower.decisions import parallel_min_work
 from kiln.targets.target import Target
 
-PARALLEL_MIN_WORK = SERIAL_WORK  # for templates not yet reading the decision (kiln.ops.elementwise)
 
 
 def default_schedule(sch: Schedule, outputs, target: Target | None = None) -> None:

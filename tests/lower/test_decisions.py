@@ -82,3 +82,37 @@ def test_an_illegal_decision_is_a_kiln_error_naming_it():
         kiln.compile(matmul_model(), decisions={"tile_size": 4})
     with pytest.raises(KilnError, match="kernel\\(s\\) 'k9_Conv', which this module does not have"):
         kiln.compile(matmul_model(), decisions={"k9_Conv": {"parallel_min_work": 1}})
+
+
+def conv_model(c=8, oc=16, hw=12):
+    w = onnx.numpy_helper.from_array(rng.standard_normal((oc, c, 3, 3)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])], "conv",
+                          [helper.make_tensor_value_info("x", F, [1, c, hw, hw])],
+                          [helper.make_tensor_value_info("y", F, [1, oc, hw, hw])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("opt_level, decisions", [
+    (0, {"conv.oct": 2}), (0, {"conv.rows": 3, "conv.ocb": 8}), (3, {"conv.qv": 1})])
+def test_conv_planner_decisions_replay_to_the_reference_result(opt_level, decisions):
+    model = conv_model()
+    x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    want = kiln.compile(model, target="interpreter").run(x=x)["y"]
+    st = run_stages(model, "c", opt_level=opt_level)
+    (k,) = [k for k in st.lowered.kernels if "Conv" in k.func.name]
+    assert set(decisions) <= set(k.decisions), k.decisions      # the planner records its choices
+    other = run_stages(model, "c", opt_level=opt_level, decisions=decisions)
+    (k2,) = [k for k in other.lowered.kernels if "Conv" in k.func.name]
+    assert {n: k2.decisions[n] for n in decisions} == decisions and other.source.text != st.source.text
+    got = kiln.compile(model, opt_level=opt_level, decisions=decisions).run(x=x)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("opt_level, decisions, why", [
+    (0, {"conv.oct": 3}, "must divide the 16 output channels"),
+    (0, {"conv.ocb": 12}, "must divide the 16 output channels"),
+    (3, {"conv.rows": 13}, "has 12 output rows")])
+def test_a_conv_decision_the_kernel_cannot_take_is_named(opt_level, decisions, why):
+    (name, value), = decisions.items()
+    with pytest.raises(KilnError, match=rf"illegal value {value} for decision '{name}'.*{why}"):
+        kiln.compile(conv_model(), opt_level=opt_level, decisions=decisions)

@@ -330,11 +330,9 @@ def test_resize_needs_compile_time_scales():
 
 
 def test_lowering_rejects_bad_knob():
-    from kiln.lower import conv as nn
     case = Case("Conv", dict(x=R(1, 6, 5, 5), w=R(6, 6, 3, 3)), ("w",))
-    nn.CONV_KNOBS.update(oct=4)
-    try:
-        with pytest.raises(KilnError, match="do not divide"):
-            _lower(case, "bad")
-    finally:
-        nn.CONV_KNOBS.clear()
+    g = kiln.load_onnx(case.model())
+    node = g.nodes[0]
+    with pytest.raises(KilnError, match=r"illegal value 4 for decision 'conv.oct' in kernel 'bad'.*must "
+                                        r"divide the 6 output channels"):
+        lower_node(node, case.opset, [v.const for v in node.inputs], "bad", decisions={"bad": {"conv.oct": 4}})
