@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.loops import call, cast, compute, const, max_, min_, reduce_axis, rmax, select, sum_
 from kiln.lower.decisions import parallel_min_work
@@ -307,59 +308,11 @@ def _flex_lower(ctx: LowerCtx, q, k, v):
     return y
 
 
-_LINEAR_ATTENTION_C = """
-  const int64_t B = {b}, T = {t}, HQ = {hq}, HKV = {hkv}, DK = {dk}, DV = {dv}, G = {hq} / {hkv};
-  const int64_t DW = {dw}, BH = {bh};
-  const double scale = {scale};
-  int32_t failed = 0;
-  #pragma omp parallel for collapse(2) schedule(static) if (B * HKV > 1 && B * T * HQ * DK * DV >= {par})
-  for (int64_t b = 0; b < B; ++b)
-  for (int64_t g = 0; g < HKV; ++g) {{
-    double* S = (double*)malloc((size_t)(DK * DV + DV) * sizeof(double));
-    if (!S) {{
-      #pragma omp atomic write
-      failed = 1;
-      continue;
-    }}
-    double* u = S + DK * DV;
-    for (int64_t x = 0; x < DK * DV; ++x) S[x] = {init};
-    for (int64_t i = 0; i < T; ++i) {{
-      const int64_t bt = b * T + i;
-      if ({gated}) for (int64_t d = 0; d < DK; ++d) {{
-        const double a = exp((double){decay}[(bt * HKV + g) * DW + (DW == 1 ? 0 : d)]);
-        for (int64_t m = 0; m < DV; ++m) S[d * DV + m] *= a;
-      }}
-      for (int64_t m = 0; m < DV; ++m) u[m] = (double){v}[(bt * HKV + g) * DV + m];
-      if ({delta}) {{
-        const double r = (double){beta}[bt * BH + (BH == 1 ? 0 : g)];
-        for (int64_t m = 0; m < DV; ++m) {{
-          double kv = 0;
-          for (int64_t d = 0; d < DK; ++d) kv += S[d * DV + m] * (double){k}[(bt * HKV + g) * DK + d];
-          u[m] = r * (u[m] - kv);
-        }}
-      }}
-      for (int64_t d = 0; d < DK; ++d) {{
-        const double kd = (double){k}[(bt * HKV + g) * DK + d];
-        for (int64_t m = 0; m < DV; ++m) S[d * DV + m] += kd * u[m];
-      }}
-      for (int64_t h = g * G; h < (g + 1) * G; ++h)
-        for (int64_t m = 0; m < DV; ++m) {{
-          double acc = 0;
-          for (int64_t d = 0; d < DK; ++d) acc += (double){q}[(bt * HQ + h) * DK + d] * S[d * DV + m];
-          out0[(bt * HQ + h) * DV + m] = ({to})(scale * acc);
-        }}
-    }}
-    for (int64_t x = 0; x < DK * DV; ++x) out1[(b * HKV + g) * DK * DV + x] = ({ts})S[x];
-    free(S);
-  }}
-  return failed ? -1 : 0;
-"""
-
-
 @lowering("LinearAttention")
 def _linear_attention_lower(ctx: LowerCtx, query, key, value, past_state=None, decay=None, beta=None):
-    """The token-by-token recurrence as a C kernel: one (d_k, d_v) float64 state per
-    (batch, K/V head), updated in order over the sequence, in parallel over heads."""
+    """The token-by-token recurrence as a C kernel (kiln/codegen/c_src/linear_attention.c):
+    one (d_k, d_v) float64 state per (batch, K/V head), updated in order over the sequence,
+    in parallel over heads."""
     gated, delta = _linear_attention_rule(ctx)
     hq, hkv = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
     nb, t = query.shape[0], query.shape[1]
@@ -372,12 +325,14 @@ def _linear_attention_lower(ctx: LowerCtx, query, key, value, past_state=None, d
         if x.dtype.c is None:
             ctx.fail(f"no native code for dtype {x.dtype}")
     scale = ctx.attr("scale", 0.0) or 1.0 / np.sqrt(dk)
-    body = _LINEAR_ATTENTION_C.format(
-        b=nb, t=t, hq=hq, hkv=hkv, dk=dk, dv=dv, par=parallel_min_work(), scale=float(scale).hex(),
-        dw=decay.shape[-1] // hkv if gated else 1, bh=beta.shape[-1] if delta else 1,
-        init=f"(double){name[id(past_state)]}[(b * HKV + g) * DK * DV + x]" if past_state is not None else "0.0",
-        gated=int(gated), delta=int(delta), decay=name[id(decay)] if gated else name[id(query)],
-        beta=name[id(beta)] if delta else name[id(query)], q=name[id(query)], k=name[id(key)], v=name[id(value)],
-        to=ctx.out_dtype(0).c, ts=ctx.out_dtype(1).c)
+    args = (query, key, value, past_state, decay, beta)
+    types = [(x if x is not None else query).dtype for x in args] + [ctx.out_dtype(0), ctx.out_dtype(1)]
+    fn = "kiln_linear_attention_" + "_".join(t.name for t in types)
+    macros = {f"KILN_LA_{m}": t.c for m, t in zip(("Q", "K", "V", "S", "D", "B", "TO", "TS"), types)}
+    preamble = c_instance("linear_attention.c", {**macros, "KILN_LA_FN": fn}, fn.upper())
+    ptrs = ", ".join(name[id(x)] if x is not None else "NULL" for x in args)
+    body = (f"  return {fn}({ptrs}, out0, out1, {nb}, {t}, {hq}, {hkv}, {dk}, {dv}, "
+            f"{decay.shape[-1] // hkv if gated else 1}, {beta.shape[-1] if delta else 1}, {float(scale).hex()}, "
+            f"{int(gated)}, {int(delta)}, {parallel_min_work()});")
     outs = [(ctx.out_shape(0), ctx.out_dtype(0)), ((nb, hkv, dk, dv), ctx.out_dtype(1))]
-    return ctx.extern(body, present, outs)
+    return ctx.extern(body, present, outs, preamble=preamble)
