@@ -1,11 +1,12 @@
-"""BatchNorm folding: an inference BatchNormalization after a Conv, Gemm or MatMul(+Add)
-with constant weights becomes part of that op.
+"""BatchNorm folding: an inference BatchNormalization after a Conv, ConvTranspose, Gemm or
+MatMul(+Add) with constant weights becomes part of that op.
 
 Inference BN is `y*s + t` per channel, with s = scale/sqrt(var+eps) and
 t = bias - mean*s. When BN is the only reader of `y = x⊛W + b`, scaling W's
 output channels by s and taking b*s + t as the bias gives the same result with
 no BN (a missing bias is created). Channels are axis 1: the Conv's output
-channels (W's axis 0); for Gemm and 2-D MatMul the output columns.
+channels (W's axis 0; a ConvTranspose's W is (C, M/group, k...): its axis 1 within each
+group); for Gemm and 2-D MatMul the output columns.
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ def _fold_conv(m, b):
                          b.const(b2.astype(w.dtype), f"{conv.name}.bias")], dict(conv.attrs), conv.name)
 
 
+def _fold_conv_transpose(m, b):
+    """ConvTranspose's output channels are W's axis 1 within each group: W is (C, M/g, k...)."""
+    conv, w = m.node("y"), m.const("w")
+    has_bias, bias = _const_input(conv, 2)
+    group = int(conv.attrs.get("group", 1))
+    if w.ndim < 3 or w.shape[0] % group or not is_float(m["x"]) or (has_bias and bias is None):
+        return None
+    st = _scale_shift(m, w.shape[1] * group)
+    if st is None:
+        return None
+    s, t = st
+    wg = w.astype(np.float64).reshape(group, w.shape[0] // group, *w.shape[1:])
+    w2 = (wg * s.reshape(group, 1, w.shape[1], *(1,) * (w.ndim - 2))).reshape(w.shape)
+    b2 = (bias.astype(np.float64) if has_bias else 0.0) * s + t
+    return b.op("ConvTranspose", [m["x"], b.const(w2.astype(w.dtype), f"{m['w'].name}.bn"),
+                                  b.const(b2.astype(w.dtype), f"{conv.name}.bias")], dict(conv.attrs), conv.name)
+
+
 def _fold_gemm(m, b):
     gemm, w = m.node("y"), m.const("w")
     has_c, c = _const_input(gemm, 2)
@@ -94,6 +113,8 @@ MATMUL = Op("MatMul", Var("x"), Const("w"), name="mm")
 
 RULES = [
     Rule("Conv+BN", _bn(Op("Conv", Var("x"), Const("w"), name="y")), _fold_conv, private=True),
+    Rule("ConvTranspose+BN", _bn(Op("ConvTranspose", Var("x"), Const("w"), name="y")), _fold_conv_transpose,
+         private=True),
     Rule("Gemm+BN", _bn(Op("Gemm", Var("x"), Const("w"), name="y")), _fold_gemm, private=True),
     Rule("MatMul+Add+BN", _bn(Op("Add", MATMUL, Const("c"))), _fold_matmul, private=True),
     Rule("MatMul+BN", _bn(MATMUL), _fold_matmul, private=True),

@@ -3,7 +3,7 @@
     -O0  nothing
     -O1  cleanup: NOP elimination, constant folding, dead code elimination
     -O2  -O1 + CSE, algebraic simplification, transpose sinking, BatchNorm folding,
-         MatMul+Add → Gemm
+         non-overlapping ConvTranspose → 1x1 Conv + DepthToSpace, MatMul+Add → Gemm
     -O3  -O2 + pattern recognition (LayerNorm, GELU, attention), NCHWc layout for convolutions,
          constant GEMM weights packed into panels at compile time
 
@@ -41,8 +41,8 @@ def level1() -> list[str]:
 
 def level2() -> list[str]:
     return ["eliminate_nops", "fold_constants", "eliminate_common_subexpressions",
-            "simplify_algebra", "sink_transposes", "fold_batchnorm", "matmul_add_to_gemm",
-            "eliminate_nops", "eliminate_dead_code"]
+            "simplify_algebra", "sink_transposes", "fold_batchnorm", "conv_transpose_to_conv",
+            "matmul_add_to_gemm", "eliminate_nops", "eliminate_dead_code"]
 
 
 def level3() -> list[str]:
@@ -50,7 +50,8 @@ def level3() -> list[str]:
     # (it also accepts the simplified ones)
     return ["eliminate_nops", "fold_constants", "eliminate_common_subexpressions",
             "recognize_layernorm", "recognize_gelu",
-            "simplify_algebra", "sink_transposes", "fold_batchnorm", "matmul_add_to_gemm", "transform_layout",
+            "simplify_algebra", "sink_transposes", "fold_batchnorm", "conv_transpose_to_conv",
+            "matmul_add_to_gemm", "transform_layout",
             "pack_weights", "eliminate_nops", "eliminate_dead_code", "find_attention"]
 
 
