@@ -28,6 +28,7 @@ from kiln.codegen import build_c  # noqa: E402
 from kiln.dtypes import DType  # noqa: E402
 from kiln.loops import LoopModule, Schedule, lower, placeholder  # noqa: E402
 from kiln.lower.gemm import gemm  # noqa: E402
+from kiln.targets.target import Target  # noqa: E402
 
 SHAPES = "256x256x256,512x512x512,1024x1024x1024,64x784x2048,64x2048x2048,64x2048x10"
 
@@ -35,7 +36,7 @@ SHAPES = "256x256x256,512x512x512,1024x1024x1024,64x784x2048,64x2048x2048,64x204
 def kernel(M: int, K: int, N: int, trans_b: bool):
     a = placeholder((M, K), DType.float32, "a")
     b = placeholder((N, K) if trans_b else (K, N), DType.float32, "b")
-    g = gemm(a, b, trans_b=trans_b)
+    g = gemm(a, b, trans_b=trans_b, target=Target.host())
     sch = Schedule(g.out)
     g.schedule(sch)
     t = time.perf_counter()

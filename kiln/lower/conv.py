@@ -26,12 +26,10 @@ that channel's plane made in place. Pools read the same plane.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.codegen.cpu import vector_lanes
 from kiln.dtypes import DType
 from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
                         sum_)
@@ -39,6 +37,7 @@ from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import _acc_dtype, _conj, _rup, _strides_of, parallel_worth
 from kiln.ops.nn import kernel_of, window
 from kiln.ops.registry import lowering
+from kiln.targets.target import Target
 
 
 @dataclass
@@ -54,7 +53,6 @@ class ConvPlan:
     direct: bool      # read the input in place (no padded plane)
 
 
-ACC_TILE_BYTES = 256 << 10   # a tile's accumulator block stays in L2
 # the planner's decisions (kiln.lower.decisions): its heuristic picks each; a tuner or a test
 # overrides them (kiln.compile(..., decisions={"conv.oct": 4}))
 CONV_OCT = declare("conv.oct", Ints(1, 64), None, "output channels per register block")
@@ -64,9 +62,16 @@ CONV_OCB = declare("conv.ocb", Ints(1), None, "output channels per tile (a multi
 PLANE_PARALLEL_MIN = 1 << 17  # padded-plane elements below which it is built serially
 
 
-def plan_conv(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict | None = None,
-              threads: int | None = None) -> ConvPlan:
-    """Register block and tile sizes: heuristics over the register file and the shapes.
+def acc_tile_bytes(target: Target) -> int:
+    """The most a tile's accumulator block may take: a quarter of the target's L2, so it stays
+    there beside the input rows and weights it reads (256 KiB measured best on a 1 MiB-L2
+    EPYC, the host these tiles were tuned on)."""
+    return target.l2_bytes // 4
+
+
+def plan_conv(g: "ConvGeom", target: Target, acc_bytes: int, knobs: dict | None = None) -> ConvPlan:
+    """Register block and tile sizes for `target`: heuristics over its register file, L2,
+    cores and the shapes.
 
     A tile is (image, block of output rows, block of output channels); its accumulator is
     local. Rows per tile are chosen so that the tile's q range is whole register blocks with
@@ -76,8 +81,9 @@ def plan_conv(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict | None = No
     for key, d in (("oct", CONV_OCT), ("qv", CONV_QV), ("rows", CONV_ROWS), ("ocb", CONV_OCB)):
         if d.asked() is not None:
             knobs[key] = d.asked()
-    big = lanes * acc_bytes >= 64           # AVX-512: 32 vector registers, else 16
-    threads = threads or os.cpu_count() or 1
+    lanes = target.vector_lanes(acc_bytes)
+    big = target.vector_registers >= 32     # AVX-512: 32 vector registers, else 16
+    threads = target.cores
     rowlen, oh = g.pstr[0], g.out[0]
     inner_span = sum((o - 1) * p for o, p in zip(g.out[1:], g.pstr[1:])) + 1
 
@@ -125,7 +131,7 @@ def plan_conv(g: "ConvGeom", lanes: int, acc_bytes: int, knobs: dict | None = No
     else:
         # channels per tile: the accumulator fits L2, and there are a few tiles per thread
         ocb = g.ocg
-        while ocb % (2 * oct_) == 0 and (ocb * block * acc_bytes > ACC_TILE_BYTES
+        while ocb % (2 * oct_) == 0 and (ocb * block * acc_bytes > acc_tile_bytes(target)
                                          or g.n * nb * g.group * (g.ocg // ocb) < 4 * threads):
             ocb //= 2
     chosen = ((CONV_OCT, oct_), (CONV_QV, qv), (CONV_ROWS, r), (CONV_OCB, ocb))
@@ -219,8 +225,8 @@ def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt
     """
     g = geom
     nd = g.nd
-    lanes = vector_lanes(acc_dt.itemsize)
-    plan = plan_conv(g, lanes, acc_dt.itemsize, knobs)
+    lanes = ctx.target.vector_lanes(acc_dt.itemsize)
+    plan = plan_conv(g, ctx.target, acc_dt.itemsize, knobs)
     oct_, qt, q_alloc, direct = plan.oct, plan.qt, plan.q_alloc, plan.direct
     if g.ocg % oct_ or g.ocg % plan.ocb or plan.ocb % oct_:
         ctx.fail(f"conv plan: register block of {oct_} and tile of {plan.ocb} channels do not divide "
@@ -267,7 +273,7 @@ def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt
     depthwise = g.ocg < 4
 
     def schedule(sch, outputs):
-        par_ok = parallel_worth(work, "depthwise" if depthwise else "conv")
+        par_ok = parallel_worth(work, ctx.target, "depthwise" if depthwise else "conv")
         final = out
         if sch[out].attach == "inline" and outputs and tuple(outputs[0].shape) == tuple(out.shape):
             final = outputs[0]              # an elementwise epilogue fused after the conv

@@ -47,7 +47,7 @@ def _conv_transpose_lower(ctx, x, w, b=None):
     y = compute(out_shape, lambda b_, m, *o: cast(x.dtype, tot[(b_, m, *o)] + cast(acc, b[m]) if b is not None
                                                   else tot[(b_, m, *o)]), "convtranspose")
     work = math.prod(out_shape) * cg * math.prod(kern)
-    ctx.schedule(_pool_schedule([tot], [y], nd, work))
+    ctx.schedule(_pool_schedule([tot], [y], nd, work, ctx.target))
     return y
 
 
@@ -88,7 +88,7 @@ def _causal_conv_lower(ctx, x, w, b=None, past=None):
         return cast(x.dtype, v)
     y = compute((bsz, c, length), fin, "causal_out")
     state = compute((bsz, c, hist), lambda n, ch, t: padded(n, ch, t + length), "present_state")
-    ctx.schedule(_norm_schedule([y], 2, bsz * c * length * k))
+    ctx.schedule(_norm_schedule([y], 2, bsz * c * length * k, ctx.target))
     return [y, state]
 
 
@@ -138,5 +138,5 @@ def _deform_conv_lower(ctx, x, w, offset, b=None, mask=None):
     tot = compute((n, m, oh, ow), body, "deform")
     y = compute((n, m, oh, ow), lambda b_, o, i, j: cast(x.dtype, tot[b_, o, i, j] + cast(f64, b[o]) if b is not None
                                                          else tot[b_, o, i, j]), "deform_conv")
-    ctx.schedule(_pool_schedule([tot], [y], 2, n * m * oh * ow * cg * kk * 8))
+    ctx.schedule(_pool_schedule([tot], [y], 2, n * m * oh * ow * cg * kk * 8, ctx.target))
     return y

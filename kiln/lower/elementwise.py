@@ -40,13 +40,12 @@ def _up_e(e: L.Expr) -> L.Expr:
     return L.cast(_wide(e.dtype), e)
 
 
-def _injective_schedule(sch, outputs) -> None:
+def _injective_schedule(sch, outputs, target) -> None:
     """Outer loops fused and parallel, the innermost one vectorized and never fused: fusing it
     (as default_schedule does) leaves div/mod index math in the hot loop that the simplifier
     cannot fold back. The inner loop is split when the outer part is too short to give threads
     work, or to buffer `_let` stages a row (chunk) at a time inside the output's loop: a scalar
-    loop of libm calls into a stack buffer, then a vector loop."""
-    from kiln.lower.schedules import vector_lanes
+    loop of libm calls into a stack buffer, then a vector loop. Vectors are `target`'s."""
     lets = [st for st in sch.stages if st.tensor not in sch.outputs]
     rows = {}
     for st in sch.stages:
@@ -54,7 +53,7 @@ def _injective_schedule(sch, outputs) -> None:
         if st in lets or not ext or 0 in ext:
             continue
         axes = list(st.axis)
-        lanes = max(vector_lanes(st.tensor.dtype.itemsize), 1)
+        lanes = max(target.vector_lanes(st.tensor.dtype.itemsize), 1)
         parallel = math.prod(ext) >= parallel_min_work()
         inner, n = axes.pop(), ext[-1]
         chunk = _divisor_near(n, lanes * -(-n // (64 * lanes))) \
@@ -117,7 +116,7 @@ def _native(ctx) -> None:
                                   (t.dtype is DType.string and ctx.node.op not in _MOVES_STRINGS)):
                 ctx.fail(f"{what} {k} has element type {t.dtype}, which native code (C) cannot hold",
                          stage="lower")
-    ctx.schedule(_injective_schedule)
+    ctx.schedule(lambda sch, outputs: _injective_schedule(sch, outputs, ctx.target))
 
 
 def _lowers(*names):

@@ -288,7 +288,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
          epilogue: Callable | None = None, out_dtype: DType | None = None,
          acc_dtype: DType | None = None, squeeze: tuple = (), name: str = "gemm",
          tile: tuple[int, int] | None = None, swap: bool | None = None, pack: bool | None = None,
-         panel: bool | None = None, prepacked: Tensor | None = None, target: Target | None = None) -> Gemm:
+         panel: bool | None = None, prepacked: Tensor | None = None, target: Target) -> Gemm:
     """GEMM of a [*ba, M, K] and b [*bb, K, N], batch dims broadcast as numpy.matmul.
 
     trans_a / trans_b: a is stored [*ba, K, M] / b is stored [*bb, N, K] (read in place,
@@ -301,10 +301,8 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     (numpy.matmul's 1-D operands). tile = (mr, nr), swap, pack and panel override the
     heuristics (a tuner's knobs). prepacked: b already packed as panels [Cp // nr, K, nr]
     (see `pack_weight`; b then only gives the shape): read directly, nothing is packed.
-    target: the CPU whose vector width and registers size the tiles (None: this host, for
-    callers not yet handed a lowering context's target).
+    target: the CPU whose vector width and registers size the tiles (a lowering's ctx.target).
     """
-    target = Target.of(target)
     *ba, M, K = a.shape if not trans_a else (*a.shape[:-2], a.shape[-1], a.shape[-2])
     *bb, K2, N = b.shape if not trans_b else (*b.shape[:-2], b.shape[-1], b.shape[-2])
     if K != K2:

@@ -160,7 +160,7 @@ def _col2im_lower(ctx, x, image_shape, block_shape):
         kl = sum(kv * st for kv, st in zip(ks, kstr))
         return sum_(select(_conj(conds), x[b_, ch * k + kl, lin], const(0, x.dtype)), ks)
     y = compute((n, c, *img), body, "col2im")
-    ctx.schedule(_pool_schedule([y], [], nd, n * c * math.prod(img) * k))
+    ctx.schedule(_pool_schedule([y], [], nd, n * c * math.prod(img) * k, ctx.target))
     return y
 
 

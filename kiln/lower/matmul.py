@@ -43,7 +43,7 @@ def _as_matrices(a, b):
 @lowering("MatMul")
 def _lower_matmul(ctx: LowerCtx, a, b):
     a, b, squeeze = _as_matrices(a, b)
-    return _scheduled(ctx, build_gemm(a, b, squeeze=squeeze, name="matmul"))
+    return _scheduled(ctx, build_gemm(a, b, squeeze=squeeze, name="matmul", target=ctx.target))
 
 
 def _index_bcast(t, idx):
@@ -73,7 +73,7 @@ def _lower_gemm(ctx: LowerCtx, a, b, c=None):
     ep = acc if acc.is_float or (alpha == 1.0 and (c is None or beta == 1.0)) else DType.float64
 
     g = build_gemm(a, b, trans_a=bool(ctx.attr("transA", 0)), trans_b=bool(ctx.attr("transB", 0)),
-             epilogue=gemm_epilogue(alpha, beta, c, ep), name="gemm")
+             epilogue=gemm_epilogue(alpha, beta, c, ep), name="gemm", target=ctx.target)
     return _scheduled(ctx, g)
 
 
@@ -98,7 +98,7 @@ def _shifted(x, zp, per_row: bool, name: str):
 def _lower_matmul_integer(ctx: LowerCtx, a, b, a_zero_point=None, b_zero_point=None):
     a, b, squeeze = _as_matrices(_shifted(a, a_zero_point, True, "a_shifted"),
                                  _shifted(b, b_zero_point, False, "b_shifted"))
-    return _scheduled(ctx, build_gemm(a, b, squeeze=squeeze, out_dtype=DType.int32, name="matmul_integer"))
+    return _scheduled(ctx, build_gemm(a, b, squeeze=squeeze, out_dtype=DType.int32, name="matmul_integer", target=ctx.target))
 
 
 @lowering("QLinearMatMul")
@@ -126,7 +126,7 @@ def _lower_qlinear_matmul(ctx: LowerCtx, a, a_scale, a_zero_point, b, b_scale, b
     a, b, squeeze = _as_matrices(_shifted(a, a_zero_point, True, "a_shifted"),
                                  _shifted(b, b_zero_point, False, "b_shifted"))
     return _scheduled(ctx, build_gemm(a, b, squeeze=squeeze, epilogue=epilogue, acc_dtype=DType.int32,
-                                      out_dtype=out, name="qlinear_matmul"))
+                                      out_dtype=out, name="qlinear_matmul", target=ctx.target))
 
 
 @lowering("Einsum")
@@ -139,7 +139,7 @@ def _lower_einsum(ctx: LowerCtx, *xs):
         for lab, d in zip(labels, x.shape):
             sizes[lab] = d if sizes.get(lab, 1) == 1 else sizes[lab]
     shape, dt = ctx.out_shape(), ctx.out_dtype()
-    g = _einsum_as_gemm(ins, out, xs, sizes)
+    g = _einsum_as_gemm(ins, out, xs, sizes, ctx.target)
     if g is not None:
         return _scheduled(ctx, g)
     red = [lab for labels in ins for lab in labels if lab not in out]
@@ -161,7 +161,7 @@ def _lower_einsum(ctx: LowerCtx, *xs):
     return y if y.dtype == dt else L.compute(shape, lambda *i: L.cast(dt, y[i]), "einsum_cast")
 
 
-def _einsum_as_gemm(ins, out, xs, sizes) -> Gemm | None:
+def _einsum_as_gemm(ins, out, xs, sizes, target) -> Gemm | None:
     """The GEMM for `batch.. m, k` x `batch.. k, n` -> `batch.. m n` (any operand axis order;
     m, n may be absent), else None."""
     if len(ins) != 2 or any(len(set(t)) != len(t) for t in ins):
@@ -192,7 +192,7 @@ def _einsum_as_gemm(ins, out, xs, sizes) -> Gemm | None:
     a, ta = view(xa, la, ms, True)
     b, tb = view(xb, lb, ns, False)
     squeeze = ("m",) * (not ms) + ("n",) * (not ns)
-    return build_gemm(a, b, trans_a=ta, trans_b=tb, squeeze=squeeze, name="einsum")
+    return build_gemm(a, b, trans_a=ta, trans_b=tb, squeeze=squeeze, name="einsum", target=target)
 
 
 @lowering("Det")
@@ -239,5 +239,6 @@ def _lower(ctx, a, wp, c=None):
     # b only gives the GEMM its [K, n] shape: the kernel reads the panels
     b = L.compute((k, n), lambda kk, j: wp[j // nr, kk, j % nr], "w")
 
-    g = build_gemm(a, b, epilogue=gemm_epilogue(alpha, beta, c, ep), name="matmul_packed", prepacked=wp)
+    g = build_gemm(a, b, epilogue=gemm_epilogue(alpha, beta, c, ep), name="matmul_packed", prepacked=wp,
+                   target=ctx.target)
     return _scheduled(ctx, g)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-from kiln.codegen.cpu import vector_lanes
 from kiln.dtypes import DType
 from kiln.loops import cast, compute, const, reduce_axis, rmax, select, sum_
 from kiln.lower.decisions import Ints, declare
@@ -20,16 +19,17 @@ from kiln.lower.nnutil import parallel_worth
 from kiln.ops.layout import _block_attr, blocked_geom, BlockedGeom, DOMAIN
 from kiln.ops.nn import window
 from kiln.ops.registry import lowering
+from kiln.targets.target import Target
 
 
-def _rows_schedule(stage, work: int, lead: int) -> None:
+def _rows_schedule(stage, work: int, lead: int, target: Target) -> None:
     """Fuse the first `lead` axes (parallel when there is work) and vectorize the rest as one run."""
     axes = list(stage.axis)
     outer = stage.fuse(*axes[:lead])
     inner = stage.fuse(*axes[lead:])
     if inner.arg.dom[1] >= 4:
         stage.vectorize(inner)
-    if parallel_worth(work) and outer.arg.dom[1] > 1:
+    if parallel_worth(work, target) and outer.arg.dom[1] > 1:
         stage.parallel(outer)
 
 
@@ -46,7 +46,7 @@ def _to_lower(ctx, x):
     work = math.prod(out.shape)
     if block >= 4 or len(out.shape) < 4:
         # (n, block, rows) outer, a row of spatial x lanes inner: reads run along the row
-        ctx.schedule(lambda sch, outs: _rows_schedule(sch[outs[0]], work, len(out.shape) - 2))
+        ctx.schedule(lambda sch, outs: _rows_schedule(sch[outs[0]], work, len(out.shape) - 2, ctx.target))
         return out
 
     def narrow(sch, outs):
@@ -59,7 +59,7 @@ def _to_lower(ctx, x):
         st.reorder(axes[-1], axes[-2])
         st.unroll(axes[-1])
         st.vectorize(axes[-2])
-        if parallel_worth(work) and outer.arg.dom[1] > 1:
+        if parallel_worth(work, ctx.target) and outer.arg.dom[1] > 1:
             st.parallel(outer)
     ctx.schedule(narrow)
     return out
@@ -72,7 +72,7 @@ def _from_lower(ctx, x):
                   x.dtype)
     work = math.prod(out.shape)
     if len(out.shape) != 4 or out.shape[1] % block or out.shape[3] < 4:
-        ctx.schedule(lambda sch, outs: _rows_schedule(sch[outs[0]], work, 2))
+        ctx.schedule(lambda sch, outs: _rows_schedule(sch[outs[0]], work, 2, ctx.target))
         return out
 
     def rows(sch, outs):
@@ -85,20 +85,21 @@ def _from_lower(ctx, x):
         st.reorder(n, co, h, ci, w)
         top = st.fuse(n, co, h)
         st.vectorize(w)
-        if parallel_worth(work) and top.arg.dom[1] > 1:
+        if parallel_worth(work, ctx.target) and top.arg.dom[1] > 1:
             st.parallel(top)
     ctx.schedule(rows)
     return out
 
 
-VECTOR_REGISTERS = {64: 32, 32: 16, 16: 16}    # architectural vector registers, by vector bytes
+VECTOR_REGISTERS = {64: 32, 32: 16, 16: 16}    # x86 vector registers by vector bytes (no target given)
 # the register tile's decisions (kiln.lower.decisions), picked by plan_tile's heuristic
 NCHWC_REG_W = declare("nchwc.reg_w", Ints(1), None, "output columns of one register tile (divides the width)")
 NCHWC_OC_V = declare("nchwc.oc_v", Ints(1, 8), None, "channel blocks of one register tile")
 DEPTHWISE_MAX_COLUMNS = 14                     # the widest depthwise tile measured (AVX-512)
 
 
-def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None) -> tuple[int, int]:
+def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int | None = None
+              ) -> tuple[int, int]:
     """(reg_w, oc_v): output columns x channel blocks of one register tile.
 
     Per input channel the tile loads reg_w broadcasts and oc_v weight vectors for
@@ -110,10 +111,11 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None) -> tuple[i
     accumulators on 7- and 14-wide outputs: a chain of dependent FMAs at the FMA's
     latency (mobilenetv2's depthwise convs 3.31 -> 2.37 ms with 7 columns instead of 1).
     Columns divide the output width (no tail loop); the tile with the fewest loads per
-    FMA wins (ties: more accumulators, to cover the FMA latency).
+    FMA wins (ties: more accumulators, to cover the FMA latency). `regs`: the target's
+    vector registers (default: x86's for `vbytes`).
     """
     knobs = dict(knobs or {})
-    regs = VECTOR_REGISTERS.get(vbytes, 16)
+    regs = regs or VECTOR_REGISTERS.get(vbytes, 16)
     ow = g.out[1]
     best = None
     for r in (d for d in range(1, ow + 1) if ow % d == 0):
@@ -187,8 +189,8 @@ def _conv_lower(ctx, x, w, b=None):
             a = a + cast(acc_dt, b[(c, o)])
         return cast(dt, a)
     out = compute((g.n, g.ocb, *g.out, g.ob), out_body, "conv", dt)
-    vbytes = vector_lanes(acc_dt.itemsize) * acc_dt.itemsize
-    reg_w, oc_v = plan_tile(g, vbytes)
+    vbytes = ctx.target.vector_lanes(acc_dt.itemsize) * acc_dt.itemsize
+    reg_w, oc_v = plan_tile(g, vbytes, regs=ctx.target.vector_registers)
     work = g.macs()
 
     def schedule(sch, outputs):
@@ -201,7 +203,7 @@ def _conv_lower(ctx, x, w, b=None):
         wo, wi = so.split(ow, reg_w)
         so.reorder(n, co, oh, wo, ci, wi, o)
         top = so.fuse(n, co, oh)
-        if parallel_worth(work, "depthwise" if g.depthwise else "conv"):
+        if parallel_worth(work, ctx.target, "depthwise" if g.depthwise else "conv"):
             so.parallel(top)
         so.vectorize(o)
         # the register tile: the accumulators of (reg_w columns x oc_v channel blocks)
@@ -216,7 +218,7 @@ def _conv_lower(ctx, x, w, b=None):
         sa.unroll(ac)
         sa.vectorize(ao)
         if xpad is not None:
-            _rows_schedule(sch[xpad], math.prod(xpad.shape), 3)
+            _rows_schedule(sch[xpad], math.prod(xpad.shape), 3, ctx.target)
 
     ctx.schedule(schedule)
     return out
@@ -243,7 +245,7 @@ def _max_pool_lower(ctx, x):
         r_h, r_w = st.reduce_axis
         st.reorder(a_n, a_c, a_h, a_w, r_h, r_w, a_o)
         top = st.fuse(a_n, a_c, a_h)
-        if parallel_worth(work) and top.arg.dom[1] > 1:
+        if parallel_worth(work, ctx.target) and top.arg.dom[1] > 1:
             st.parallel(top)
         if win.kernel[0] * win.kernel[1] <= 16:
             st.unroll(r_h)

@@ -1,15 +1,14 @@
 """Helpers shared by the convolution, pooling and normalization lowerings: when a
 kernel is worth forking threads for (`parallel_worth`), row schedules, broadcast loads.
+Each asks the `Target` it is given (vector width, OpenMP wait policy), never the host.
 """
 
 from __future__ import annotations
 
-import os
-
-from kiln.codegen.cpu import vector_bytes, vector_lanes
 from kiln.dtypes import DType
 from kiln.loops import const
 from kiln.lower.decisions import parallel_min_work
+from kiln.targets.target import Target
 
 
 
@@ -18,22 +17,27 @@ from kiln.lower.decisions import parallel_min_work
 # ~80 us measured on a 2-vCPU VM, so a kernel must run for a few times that to gain from a
 # second thread. With spinning threads the fork costs a microsecond or two.
 PARALLEL_MIN_US_PASSIVE = 150.0
-# multiply-adds (or ops) per us, serial, measured with AVX-512; vectorized kinds scale with
-# the vector width (an AVX2 EPYC runs 1x1 convs at ~15e3: with 60e3 a 0.5 ms conv looked
-# like 0.12 ms and stayed serial)
+# multiply-adds (or ops) per us, serial, measured with AVX-512 (VECTOR_RATE_BYTES); the
+# vectorized kind scales with the target's vector width (an AVX2 EPYC runs 1x1 convs at
+# ~15e3: with 60e3 a 0.5 ms conv looked like 0.12 ms and stayed serial)
 RATES = {"conv": 60e3, "depthwise": 10e3, "window": 2e3}
 VECTOR_RATE_BYTES = 64
 
 
-def parallel_worth(work: int, kind: str = "window") -> bool:
-    """Whether a kernel doing `work` multiply-adds (window ops) should run in parallel."""
+def serial_rate(kind: str, target: Target) -> float:
+    """Multiply-adds per microsecond one core of `target` does in a kernel of `kind`."""
+    return RATES[kind] * (target.vector_bytes / VECTOR_RATE_BYTES if kind == "conv" else 1)
+
+
+def parallel_worth(work: int, target: Target, kind: str = "window") -> bool:
+    """Whether a kernel doing `work` multiply-adds (window ops) should run in parallel on
+    `target`: always past the serial threshold when its threads spin, else when the serial
+    run would outlast a sleeping thread's wake-up a few times over."""
     if work < parallel_min_work():
         return False
-    policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE").upper()
-    if policy != "PASSIVE" or os.environ.get("GOMP_SPINCOUNT"):
+    if target.threads_spin:
         return True
-    rate = RATES[kind] * (vector_bytes() / VECTOR_RATE_BYTES if kind == "conv" else 1)
-    return work / rate >= PARALLEL_MIN_US_PASSIVE
+    return work / serial_rate(kind, target) >= PARALLEL_MIN_US_PASSIVE
 
 
 def _rup(a: int, b: int) -> int:
@@ -54,8 +58,8 @@ def _acc_dtype(dt: DType) -> DType:
 
 # ---------------------------------------------------------------- native: shared helpers
 
-def _lanes(dt: DType) -> int:
-    return vector_lanes(dt.itemsize)
+def _lanes(dt: DType, target: Target) -> int:
+    return target.vector_lanes(dt.itemsize)
 
 
 def _conj(conds):
@@ -71,7 +75,7 @@ def bcast_load(t, idx):
     return t[tuple(0 if n == 1 else idx[lead + k] for k, n in enumerate(t.shape))]
 
 
-def schedule_rows(stage, lead: int, work: int | None = None, vector: bool = True):
+def schedule_rows(stage, lead: int, target: Target, work: int | None = None, vector: bool = True):
     """Fuse the first `lead` axes into one (parallel when there is work) and the rest into one
     vectorized loop: the shape of per-row/per-channel elementwise and pooling stages."""
     axes = list(stage.axis)
@@ -81,18 +85,18 @@ def schedule_rows(stage, lead: int, work: int | None = None, vector: bool = True
     outer = stage.fuse(*axes[:lead]) if lead > 1 else axes[0] if lead == 1 else None
     inner_axes = axes[lead:]
     if stage.reduce_axis:
-        if outer is not None and parallel_worth(work or 0) and outer.arg.dom[1] > 1:
+        if outer is not None and parallel_worth(work or 0, target) and outer.arg.dom[1] > 1:
             stage.parallel(outer)
         return
     inner = stage.fuse(*inner_axes) if len(inner_axes) > 1 else inner_axes[0]
-    lanes = _lanes(stage.tensor.dtype)
+    lanes = _lanes(stage.tensor.dtype, target)
     if vector and inner.arg.dom[1] >= lanes:
         stage.vectorize(inner)
-    if outer is not None and parallel_worth(work or 0) and outer.arg.dom[1] > 1:
+    if outer is not None and parallel_worth(work or 0, target) and outer.arg.dom[1] > 1:
         stage.parallel(outer)
 
 
-def _default_then(extra):
+def _default_then(extra, target: Target):
     """A schedule: the default one for every stage, then `extra(sch)` adjustments."""
     from kiln.lower.schedules import default_schedule
 
@@ -103,15 +107,15 @@ def _default_then(extra):
         saved = sch.stages
         sch.stages = rest
         try:
-            default_schedule(sch, outputs)
+            default_schedule(sch, outputs, target)
         finally:
             sch.stages = saved
     return fn
 
 
-def _norm_schedule(out_tensors, lead: int, work: int):
+def _norm_schedule(out_tensors, lead: int, work: int, target: Target):
     """Statistics stages by default; the normalized outputs as rows (lead axes parallel)."""
     def extra(sch):
         for t in out_tensors:
-            schedule_rows(sch[t], lead, work)
-    return _default_then(extra)
+            schedule_rows(sch[t], lead, target, work)
+    return _default_then(extra, target)

@@ -14,6 +14,7 @@ from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
                         sum_)
 from kiln.lower.conv import ConvGeom, padded_plane, schedule_plane
 from kiln.lower.nnutil import _acc_dtype, _conj, _default_then, _strides_of, parallel_worth, schedule_rows
+from kiln.targets.target import Target
 from kiln.ops.nn import _lp_p, _pool_window, _unpool_shape
 from kiln.ops.registry import lowering
 
@@ -46,7 +47,7 @@ def _window_count(win, o, spatial, lo, hi):
     return total
 
 
-def _pool_schedule(red_stages, out_stages, nd, work, planes=()):
+def _pool_schedule(red_stages, out_stages, nd, work, target: Target, planes=()):
     """Pool stages: (n, c) parallel, rows, the window's taps, then the vectorized last output dim."""
     def fn(sch, outputs):
         for t in red_stages:
@@ -56,7 +57,7 @@ def _pool_schedule(red_stages, out_stages, nd, work, planes=()):
             s = sch[t]
             ax = list(s.axis)
             nc = s.fuse(ax[0], ax[1])
-            if parallel_worth(work):
+            if parallel_worth(work, target):
                 s.parallel(nc)
             if ax[-1].arg.dom[1] >= 4:
                 s.vectorize(ax[-1])
@@ -72,9 +73,9 @@ def _pool_schedule(red_stages, out_stages, nd, work, planes=()):
             if lax[-1].arg.dom[1] >= 4:
                 sl.vectorize(lax[-1])
         for xs, g in planes:
-            schedule_plane(sch[xs], g, parallel_worth(work))
+            schedule_plane(sch[xs], g, parallel_worth(work, target))
         for t in out_stages:
-            schedule_rows(sch[t], 2, work)
+            schedule_rows(sch[t], 2, target, work)
     return fn
 
 
@@ -133,9 +134,9 @@ def _max_pool_lower(ctx, x):
                 flat = flat + p * st
             return flat
         ind = compute(out_shape, index, "indices", DType.int64)
-        ctx.schedule(_pool_schedule([y, kidx], [ind], nd, work, planes))
+        ctx.schedule(_pool_schedule([y, kidx], [ind], nd, work, ctx.target, planes))
         return [y, ind]
-    ctx.schedule(_pool_schedule([y], [], nd, work, planes))
+    ctx.schedule(_pool_schedule([y], [], nd, work, ctx.target, planes))
     if ctx.num_outputs > 1:
         return [y, compute(ctx.out_shape(1), lambda *i: const(0, DType.int64), "indices")]
     return y
@@ -169,7 +170,7 @@ def _average_pool_lower(ctx, x):
                                                  cast(acc, _window_count(win, o, spatial, lo, hi))),
                 "avgpool")
     ctx.schedule(_pool_schedule([total], [y], nd, math.prod(out_shape) * math.prod(win.kernel),
-                                [(xs, geom)]))
+                                ctx.target, [(xs, geom)]))
     return y
 
 
@@ -185,7 +186,7 @@ def _lp_pool_lower(ctx, x):
     total = compute(out_shape, lambda n, c, *o: sum_(_abs_pow(read(n, c, ks, o), p), ks), "winsum")
     y = compute(out_shape, lambda *i: cast(x.dtype, _root(total[i], p)), "lppool")
     ctx.schedule(_pool_schedule([total], [y], nd, math.prod(out_shape) * math.prod(win.kernel),
-                                [(xs, geom)]))
+                                ctx.target, [(xs, geom)]))
     return y
 
 
@@ -230,9 +231,9 @@ def _global_lower(kind):
         def sched(sch):
             s = sch[r]
             nc = s.fuse(*s.axis)
-            if parallel_worth(work):
+            if parallel_worth(work, ctx.target):
                 s.parallel(nc)
-        ctx.schedule(_default_then(sched))
+        ctx.schedule(_default_then(sched, ctx.target))
         return y
     return lower_fn
 

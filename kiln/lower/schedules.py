@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import math
 
-from kiln.codegen.cpu import vector_lanes  # noqa: F401  (for ops/elementwise until its move; TODO target)
 from kiln.loops import Schedule
 from kiln.lower.decisions import parallel_min_work
 from kiln.targets.target import Target
 
 
 
-def default_schedule(sch: Schedule, outputs, target: Target | None = None) -> None:
-    """Injective stages: fuse, vectorize the inner lanes, parallelize the outer part.
-    Reduction stages: parallelize the outermost spatial loop when there is work.
-    (`target` None: this host, for ops/ lowerings not yet handed their ctx.target.)"""
-    target = Target.of(target)
+def default_schedule(sch: Schedule, outputs, target: Target) -> None:
+    """Injective stages: fuse, vectorize the inner lanes (`target`'s), parallelize the outer
+    part. Reduction stages: parallelize the outermost spatial loop when there is work."""
     for stage in sch.stages:
         if stage.attach is not None:
             continue

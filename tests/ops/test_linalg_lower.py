@@ -16,6 +16,7 @@ from kiln.codegen import build_c
 from kiln.interpreter import Interpreter
 from kiln.loops import LoopModule
 from kiln.lower.kernel import lower_node
+from kiln.targets.target import Target
 
 rng = np.random.default_rng(0)
 
@@ -185,7 +186,7 @@ def test_gemm_builder_tiles_a_fused_epilogue():
     from kiln.lower.gemm import gemm
 
     a, b = placeholder((37, 19), DType.float32, "a"), placeholder((45, 19), DType.float32, "b")
-    g = gemm(a, b, trans_b=True)
+    g = gemm(a, b, trans_b=True, target=Target.host())
     y = compute(g.out.shape, lambda i, j: max_(g.out[i, j], 0.0), "relu")
     sch = Schedule(y)
     g.schedule(sch, y)
@@ -212,7 +213,7 @@ def test_gemm_builder_knobs_agree():
         for ba, bb, m, n, k, tb in [shapes[s % 2]]:
             a = placeholder((*ba, m, k), DType.float32, "a")
             b = placeholder((*bb, *((n, k) if tb else (k, n))), DType.float32, "b")
-            g = gemm(a, b, trans_b=tb, **kw)
+            g = gemm(a, b, trans_b=tb, **kw, target=Target.host())
             sch = Schedule(g.out)
             g.schedule(sch)
             cases.append((lower(sch, [a, b, g.out], f"k{len(cases)}"), tb))

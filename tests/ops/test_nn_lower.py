@@ -292,13 +292,15 @@ def test_conv_schedule_blocks_registers_and_vectorizes():
     """The conv kernel's reduction runs in a register block with the q loop vectorized;
     it forks only when the work pays for waking sleeping threads."""
     from kiln.lower.nnutil import parallel_worth
+    from kiln.targets.target import Target
+    host = Target.host()
     small = Case("Conv", dict(x=R(1, 16, 14, 14), w=R(32, 16, 3, 3)), ("w",), pads=P1)
     big = Case("Conv", dict(x=R(1, 64, 28, 28), w=R(64, 64, 3, 3)), ("w",), pads=P1)
     for case, macs in ((small, 32 * 16 * 9 * 196), (big, 64 * 64 * 9 * 784)):
         text = str(_lower(case, "c")[2])
         assert "acc.local" in text and "vectorized for" in text
-        assert ("parallel for" in text) == parallel_worth(macs, "conv")
-    assert parallel_worth(64 * 64 * 9 * 784, "conv") and not parallel_worth(1000, "conv")
+        assert ("parallel for" in text) == parallel_worth(macs, host, "conv")
+    assert parallel_worth(64 * 64 * 9 * 784, host, "conv") and not parallel_worth(1000, host, "conv")
 
 
 def test_conv_takes_a_fused_elementwise_epilogue():

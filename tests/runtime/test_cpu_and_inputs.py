@@ -11,12 +11,16 @@ from kiln.runtime.inputs import bind_dims, random_inputs
 from kiln.runtime.model import TensorSpec
 
 
-def test_cpu_features_are_shared_with_codegen():
-    from kiln.codegen import cpu_features
-    assert cpu_features() is cpu.cpu_features()
+def test_cpu_features_are_the_host_targets(monkeypatch):
+    from kiln.targets.target import Target
+    assert Target.host().features == cpu.cpu_features()
     assert cpu.machine()
     assert cpu.missing_features(sorted(cpu.cpu_features())) == []
     assert cpu.missing_features(["avx9000_quantum", *cpu.cpu_features()]) == ["avx9000_quantum"]
+    # the load check alone can be told what CPU to be (an AVX2 machine, say)
+    monkeypatch.setenv("KILN_CHECK_CPU_FEATURES", "avx,avx2, fma")
+    assert cpu.missing_features(["avx2", "fma", "avx512f"]) == ["avx512f"]
+    assert cpu.cpu_features() == Target.host().features     # detection itself is unchanged
 
 
 SPECS = [TensorSpec("x", "float32", ("batch", 4)), TensorSpec("ids", "int64", ("batch", "seq")),

@@ -104,6 +104,21 @@ def test_graph_decisions_follow_the_target_not_the_host():
     assert same.cpu == Target.named("x86-64-v3") and "{block = 8}" in str(same.graph)
 
 
+def test_lowering_decisions_follow_the_target_not_the_host():
+    """At -O0 the graph is the same for every CPU: what differs in the loops is the lowering's
+    (conv register blocks, GEMM tiles, vector loops sized from the target's vectors)."""
+    import re
+
+    from kiln.compiler import run_stages
+
+    def widths(cpu):
+        text = run_stages(_model(), "loops", opt_level=0, cpu=cpu).text("loops")
+        return text, [int(n) for n in re.findall(r"vectorized for \(\S+ = 0; \S+ < (\d+);", text)]
+    (t3, w3), (t4, w4) = widths("x86-64-v3"), widths("x86-64-v4")
+    assert t3 != t4 and max(w3) < max(w4)
+    assert t4 == widths(Target.named("x86-64-v4"))[0]
+
+
 @pytest.mark.skipif(not X86, reason="x86-64 CPU levels")
 def test_code_for_another_cpu_gives_the_reference_result():
     x = np.random.default_rng(1).standard_normal((2, 16, 8, 8)).astype(np.float32)
