@@ -179,7 +179,8 @@ def check_used(kernel: str, own: dict, chosen: dict) -> None:
 
 def check_kernels(decisions: dict, kernels: list[str]) -> None:
     """Overrides keyed by a kernel the module does not have are a mistake (a stale tuning record)."""
-    missing = sorted(k for k, v in decisions.items() if isinstance(v, dict) and k not in kernels)
+    missing = sorted(k for k, v in decisions.items() if isinstance(v, dict) and k not in kernels
+                     and not k.startswith("@"))   # "@<workload>": a tuning record's (kiln.tune.apply)
     if missing:
         raise KilnError(f"decisions for kernel(s) {', '.join(map(repr, missing))}, which this module does "
                         f"not have; its kernels: {kernels}", stage="schedule")

@@ -54,12 +54,22 @@ from kiln.codegen.c import STACK_LIMIT
 from kiln.dtypes import DType
 from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
 from kiln.loops.expr import walk
-from kiln.lower.decisions import parallel_min_work
+from kiln.lower.decisions import Ints, OneOf, declare, parallel_min_work
 from kiln.targets.target import Target
 
 
 PANEL_MAX_BLOCKS = 8  # S blocks per panel: each an unrolled copy of the micro-kernel (compile time)
 PANEL_MIN_BYTES = 1 << 20  # V smaller than this packs at the root: it stays in L2 anyway
+
+# The template's decisions (kiln.lower.decisions; the heuristics below give the defaults,
+# so an untuned build is unchanged): which operand is S, the micro-tile, packing, loop order.
+_BOOL = OneOf((False, True))
+GEMM_SWAP = declare("gemm.swap", _BOOL, lambda t: False, "S = B^T, V = A^T (the roles of the operands)")
+GEMM_MR = declare("gemm.mr", Ints(1, 32), lambda t: 1, "rows of S per micro-tile")
+GEMM_NVEC = declare("gemm.nvec", Ints(1, 4), lambda t: 2, "vectors of V per micro-tile row (nr = nvec x lanes)")
+GEMM_PACK = declare("gemm.pack", _BOOL, lambda t: True, "pack V into nr-wide panels")
+GEMM_PANEL = declare("gemm.panel", _BOOL, lambda t: False, "pack V panel by panel inside the parallel loop")
+GEMM_S_OUTER = declare("gemm.s_outer", _BOOL, lambda t: False, "loop over S blocks outside V panels")
 
 
 def accumulator_dtype(dt: DType) -> DType:
@@ -328,7 +338,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     if prepacked is not None:
         swap, pack, panel = False, False, False
     if swap is None:  # S = B^T read in place pays when it is stored k-contiguous and M is the small side
-        swap = trans_b and not trans_a and M < N
+        swap = GEMM_SWAP.value(heuristic=bool(trans_b and not trans_a and M < N))
     if swap:
         (R, C), s_at, v_at, vb, sb = (N, M), (lambda bi, r, k: b_at(bi, k, r)), a_at, ba, bb
     else:
@@ -350,17 +360,21 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
             raise ValueError(f"gemm: packed B {tuple(prepacked.shape)} does not fit K={K}, N={C}")
         # where S's rows alias in L1 (K = 2048 x fp32), 7 x 4 vectors with one accumulator
         # spilled beat 6 x 4: 128x2048 @ 2048x512 205 vs 180, 211 vs 183, 192 vs 172 GFLOP/s
-        tile = tile or (choose_tile(R, C, acc_dtype, target, nvec=max(1, nr // lanes),
-                                    spill_one=s_contiguous and weight_aliasing(K, a.dtype))[0], nr)
+        tile = tile or (GEMM_MR.value(heuristic=choose_tile(R, C, acc_dtype, target, nvec=max(1, nr // lanes),
+                                    spill_one=s_contiguous and weight_aliasing(K, a.dtype))[0]), nr)
     mr, nr = tile or ((choose_tile(R, lanes, acc_dtype, target, nvec=1)[0], 1) if dot
                       else choose_tile(R, C, acc_dtype, target, few_rows=aliasing))
     mr, nr = max(1, min(mr, R)), max(1, nr)
+    if tile is None and not dot and 2 * C > lanes:   # a tuner may pick another micro-tile
+        want = (GEMM_MR.value(heuristic=mr), lanes * GEMM_NVEC.value(heuristic=max(1, min(4, nr // lanes))))
+        if want != (mr, nr):
+            tile = (mr, nr) = (max(1, min(want[0], R)), want[1])
     v_contiguous = (trans_a if swap else not trans_b)
     if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
-        pack = nr > 1 and (-(-R // mr) > 1 or C % nr != 0 or not v_contiguous)
+        pack = GEMM_PACK.value(heuristic=bool(nr > 1 and (-(-R // mr) > 1 or C % nr != 0 or not v_contiguous)))
     if panel is None:
         # a V that stays in cache packs cheaply at the root (and compiles faster)
-        panel = K * C * math.prod(vb) * b.dtype.itemsize >= PANEL_MIN_BYTES
+        panel = GEMM_PANEL.value(heuristic=bool(K * C * math.prod(vb) * b.dtype.itemsize >= PANEL_MIN_BYTES))
     fit = _panel_tile(R, C, acc_dtype, tile, target) if pack and panel else None
     panel = fit is not None
     if panel:
@@ -406,4 +420,5 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     out = compute(shape, out_body, name)
     s_size, v_size = R * K * math.prod(ba if not swap else bb), C * K * math.prod(vb)
     return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
-                s_outer=s_size > v_size, panel=panel, dot=dot, s_packed=s_packed)
+                s_outer=GEMM_S_OUTER.value(heuristic=bool(s_size > v_size)), panel=panel, dot=dot,
+                s_packed=s_packed)

@@ -31,9 +31,10 @@ from kiln.loops import Buffer, Call, LoopModule, PrimFunc, compute, lower, place
 from kiln.loops import Schedule, View
 from kiln.lower.inplace import inplace_candidates
 from kiln.lower.kernel import Kernel, Unfusable, lower_group, lowerable
-from kiln.lower.partition import VIEW_OPS, FusionPlan
+from kiln.lower.partition import VIEW_OPS, FusionPlan, partition
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
+from kiln.lower.workload import lower_with_workload, workload_decisions, workload_key
 from kiln.codegen.strings import constant_kernel
 from kiln.runtime.native import interface_text
 from kiln.targets.target import Target
@@ -332,7 +333,13 @@ def _lower_group_or_split(graph: Graph, nodes: list[Node], known, needed_outside
         values = {id(n): [None if v is None else (v.const if v.const is not None else known.get(v.id))
                           for v in n.inputs] for n in ns}
         opsets = {id(n): graph.opset(n.domain) for n in ns}
-        return lower_group(ns, opsets, values, needed_outside, f"k{k}_{ns[-1].op}", target, decisions)
+        name = f"k{k}_{ns[-1].op}"
+        # overrides for this workload (a tuning record's, kiln.tune.apply), under the kernel's own
+        own = workload_decisions(decisions, ns, opsets, values, needed_outside)
+        if own is not None:
+            return lower_with_workload(lambda d: lower_group(ns, opsets, values, needed_outside, name, target, d),
+                                       name, decisions, own)
+        return lower_group(ns, opsets, values, needed_outside, name, target, decisions)
     try:
         return [one(nodes, start)]
     except Unfusable:
@@ -345,3 +352,46 @@ def _copy_kernel(name: str, t: TensorType, target: Target) -> PrimFunc:
     sch = Schedule(dst)
     default_schedule(sch, [dst], target)
     return lower(sch, [src, dst], name)
+
+
+@dataclass
+class GroupInputs:
+    """What lowering one fusion group again takes (kiln.tune re-lowers groups with other decisions)."""
+    index: int                   # the group's position in the partition
+    nodes: list[Node]
+    opsets: dict
+    values: dict
+    needed_outside: object
+
+    def key(self) -> str:
+        return workload_key(self.nodes, self.opsets, self.values, self.needed_outside)
+
+
+def group_inputs(graph: Graph, known: dict) -> list[GroupInputs]:
+    """Each fusion group of a static graph that becomes a kernel (views left out)."""
+    consumers = graph.consumers()
+    outputs = {v.id for v in graph.outputs}
+    out = []
+    for k, group in enumerate(partition(graph, fuse_anchors=True).groups):
+        if len(group.nodes) == 1 and _is_view(group.nodes[0]):
+            continue
+        inside = {id(n) for n in group.nodes}
+
+        def needed_outside(v, inside=inside):
+            return v.id in outputs or any(id(c) not in inside for c in consumers.get(v.id, []))
+        values = {id(n): [None if v is None else (v.const if v.const is not None else known.get(v.id))
+                          for v in n.inputs] for n in group.nodes}
+        opsets = {id(n): graph.opset(n.domain) for n in group.nodes}
+        out.append(GroupInputs(k, list(group.nodes), opsets, values, needed_outside))
+    return out
+
+
+def group_keys(graph: Graph, known: dict) -> list[str]:
+    """The workload keys a static graph's kernels may have: each fusion group's, and each
+    member's alone (a group whose member must stand alone is lowered node by node)."""
+    keys = []
+    for g in group_inputs(graph, known):
+        keys.append(g.key())
+        if len(g.nodes) > 1:
+            keys += [workload_key([n], g.opsets, g.values, g.needed_outside) for n in g.nodes]
+    return keys
