@@ -635,6 +635,77 @@ def fuzz_mutate(models, artifacts, seed, corpus, hours, jobs, timeout, memory, o
 
 # ---------------------------------------------------------------- entry point
 
+# ---------------------------------------------------------------- tune
+
+def _duration(ctx, param, value) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", value or "")
+    if not m or float(m.group(1)) <= 0:
+        raise click.BadParameter(f"expected a duration such as 90s, 10m or 1h, got {value!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+@cli.command("tune")
+@click.argument("model")
+@click.option("--budget", default="10m", show_default=True, callback=_duration, metavar="DURATION",
+              help="Tuning time, e.g. 90s, 10m, 1h (spread over the tasks by their weight).")
+@click.option("--db", "db_path", default="tuning.db", show_default=True, type=click.Path(dir_okay=False),
+              help="The records database (created; an existing one is resumed and added to).")
+@click.option("--trials-per-round", type=click.IntRange(1), default=8, show_default=True,
+              help="Candidates measured per round of search.")
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="Seconds a candidate may run before its measurement is abandoned.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the search.")
+@click.option("--end-to-end/--no-end-to-end", default=True, show_default=True,
+              help="Time the whole model untuned and tuned at the end.")
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
+              help="Measure on a Ray cluster: auto (the running one), ADDRESS, or local (start one here); pip install 'kiln[ray]'.")
+@dim_option
+def tune(model, budget, db_path, trials_per_round, timeout, seed, end_to_end, ray_address, dims):
+    """Search MODEL's schedules on this machine for --budget; keep the best in --db.
+
+    Interrupt with Ctrl-C at any time and run the same command again: it goes on from
+    the records. Then `kiln.compile(model, tuning=DB)` or KILN_TUNING_DB=DB uses them.
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn  # noqa: PLC0415
+    from kiln.tuning import tune_model  # noqa: PLC0415
+    if not Path(model).is_file():
+        raise KilnError(f"model file not found: {model}")
+    measurer = None
+    if ray_address:
+        from kiln.tune.distributed import RayMeasurer  # noqa: PLC0415
+        measurer = RayMeasurer(ray_address, timeout=timeout)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=err,
+                   transient=False)
+    tid = bar.add_task("extracting tasks", total=budget)
+
+    def on_progress(rep, elapsed):
+        live = [s for s in rep.tasks if s.default_s]
+        trials = sum(s.trials for s in rep.tasks)
+        best = max(live, key=lambda s: s.speedup, default=None)
+        bar.update(tid, completed=min(elapsed, budget), description=(
+            f"{len(rep.tasks)} tasks, {trials} trials, best task x{best.speedup if best else 1:.2f}, "
+            f"est. end-to-end x{rep.estimated_speedup:.2f}"))
+    with bar:
+        rep = tune_model(model, db_path, budget, dims=dims, trials_per_round=trials_per_round, timeout=timeout,
+                       seed=seed, end_to_end=end_to_end, on_progress=on_progress, measurer=measurer)
+    notes = any(s.note for s in rep.tasks)
+    rows = [[s.task.key[:8], s.task.description.split(" (")[0], str(s.task.weight),
+             f"{s.default_s * 1e6:.1f}" if s.default_s else "-", f"{s.best_s * 1e6:.1f}" if s.best_s else "-",
+             f"x{s.speedup:.2f}", str(s.trials), str(s.failures), *([s.note] if notes else [])] for s in rep.tasks]
+    out.print(table(f"kiln tune: {len(rep.tasks)} tasks, {rep.seconds:.0f} s, machine {rep.signature}",
+                    ["task", "kernel", "x", "default us", "best us", "speedup", "trials", "failed",
+                     *(["note"] if notes else [])], rows))
+    summary = [["estimated end-to-end (kernel times x weights)", f"x{rep.estimated_speedup:.2f}"],
+               ["cost model", f"Kendall tau {rep.mean_tau:.2f} on held-out batches ({len(rep.taus)} rounds)"]]
+    if rep.end_to_end:
+        e = rep.end_to_end
+        summary.append(["measured end-to-end (median)", f"{e['untuned'] * 1e3:.2f} ms -> {e['tuned'] * 1e3:.2f} ms "
+                        f"(x{e['speedup']:.2f}), outputs {'match' if e['outputs_match'] else 'DIFFER'}"])
+    if rep.interrupted:
+        summary.append(["interrupted", f"run `kiln tune {model} --db {db_path}` again to go on"])
+    out.print(kv_table("summary", summary))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry: click's errors as usual, KilnError as one message and exit status 1."""
     try:

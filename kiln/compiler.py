@@ -41,7 +41,8 @@ STAGES = ("graph", "optimized", "partition", "loops", "c")
 
 def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int | None = None,  # noqa: A001
             report: bool = False, limits: Limits | dict | None = None, example_inputs=None,
-            dynamic_shapes=None, decisions: dict | None = None, **options) -> CompiledModel:
+            dynamic_shapes=None, decisions: dict | None = None, tuning: str | None = None,
+            **options) -> CompiledModel:
     """Compile a model for `target` and return a runnable CompiledModel.
 
     `target`: "cpu" (native code), "interpreter" (the NumPy reference), or a CPU to build
@@ -59,7 +60,9 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     `limits` caps constants, planned memory and loop trip counts (kiln.limits:
     a Limits, or a dict overriding some of the defaults), at compile and run time;
     `decisions` overrides schedule decisions (kiln.lower.decisions: {name: value} for
-    every kernel, {kernel: {name: value}} for one).
+    every kernel, {kernel: {name: value}} for one);
+    `tuning`: a records database (`kiln tune`; default $KILN_TUNING_DB): each kernel gets the
+    best record of its workload measured on this machine (kiln.tune.apply).
     """
     target, cpu = _split_target(target, cpu)
     if options:
@@ -78,9 +81,11 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
                         "declares its own input shapes")
     from kiln.lower.decisions import normalize  # noqa: PLC0415
     decisions = normalize(decisions)
+    from kiln.tune.apply import tuning_path  # noqa: PLC0415
+    tuning = tuning_path(tuning)
     lim = Limits.of(limits)
     with use_limits(lim):
-        compiled = _compile(model, target, opt_level, report, cpu, decisions)
+        compiled = _compile(model, target, opt_level, report, cpu, decisions, tuning)
     compiled.limits = lim
     return compiled
 
@@ -109,7 +114,8 @@ def _is_torch(model: Any) -> bool:
     return is_torch_model(model)
 
 
-def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisions: dict) -> CompiledModel:
+def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisions: dict,
+             tuning: str | None = None) -> CompiledModel:
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
     optimized = optimize(frontend(model), opt_level, cpu)
@@ -119,7 +125,7 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
         compiled = InterpretedModel(graph)
     else:
         from kiln.targets.cpu import CpuModel  # noqa: PLC0415
-        compiled = CpuModel(ShapePipeline(optimized, decisions), ins, outs)
+        compiled = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs)
     if report:
         compiled.report = _report(optimized, compiled if target == "cpu" else None)
     return compiled
@@ -193,6 +199,7 @@ class ShapePipeline:
     optimized: Optimized
     decisions: dict = field(default_factory=dict)
     whole: bool = True           # the whole model (else a stage or body: some kernels are elsewhere)
+    tuning: str | None = None    # a tuning records database (kiln.tune.apply)
 
     @property
     def target(self):
@@ -203,11 +210,14 @@ class ShapePipeline:
         return specialize(self.optimized, shapes, values)
 
     def native(self, graph: Graph, known: dict):
-        return native(graph, known, self.target, self.decisions, strict=self.whole)
+        from kiln.tune.apply import with_records  # noqa: PLC0415
+        decisions = with_records(self.tuning, graph, known, self.decisions, self.target)
+        return native(graph, known, self.target, decisions, strict=self.whole)
 
     def part(self, graph: Graph) -> ShapePipeline:
         """The pipeline for a part of the graph (a stage before or after a break, a body)."""
-        return ShapePipeline(Optimized(graph, [], self.optimized.level, self.target), self.decisions, False)
+        return ShapePipeline(Optimized(graph, [], self.optimized.level, self.target), self.decisions, False,
+                             self.tuning)
 
 
 def lower(graph: Graph, known: dict | None = None, target=None, decisions: dict | None = None,

@@ -129,6 +129,10 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
         "kernels": list(native.call_nodes),
         "kernel_errors": [sorted([c, m] for c, m in e.items()) for e in native.call_errors],
     }
+    tuned = {k: d["#record"] for k, d in (getattr(native, "info", None) or {}).get("decisions", {}).items()
+             if "#record" in d}
+    if tuned:   # built with tuning records (kiln.compile(tuning=...)): which ones
+        manifest["tuning_records"] = tuned
     weights_file, weights_offset = artifact.weights_npy(weights)
     manifest["weights_offset"] = weights_offset
     header = emit_header(c_source, entry, ins, outs, len(weights), workspace, prefix,

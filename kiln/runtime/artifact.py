@@ -93,7 +93,9 @@ MANIFEST_SCHEMA = S.record({
     "workspace_bytes": S.integer(),
     "kernels": S.list_of(S.string(max_len=1 << 20)),
     "kernel_errors": S.list_of(S.list_of(S.pair(S.integer(-(1 << 31), 1 << 31), S.string(max_len=1 << 16)))),
-})
+    # kernel -> the tuning record (kiln.tune.records id) whose decisions built it
+    "tuning_records": S.mapping(S.string(max_len=256), S.integer()),
+}, optional=("tuning_records",))
 
 
 def weights_npy(blob: bytes) -> tuple[bytes, int]:

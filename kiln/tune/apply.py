@@ -1,0 +1,47 @@
+"""Tuned builds: the best record per workload for this machine, as decision overrides.
+
+`kiln.compile(model, tuning="tuning.db")` (or $KILN_TUNING_DB) looks up, before a
+specialised graph is lowered, the best record of each fusion group's workload
+(kiln.lower.workload) measured under this machine's signature. They travel with the
+other decision overrides as {"@<workload>": {decision: value, "#record": id}} entries
+(so the module cache key includes them, and the build's manifest lists the records),
+and lowering hands each kernel its own. Records of another machine signature are never
+applied. A record that no longer fits the kernel (kiln changed its template) is ignored
+with a warning: the default schedule is built.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kiln.errors import KilnError
+from kiln.lower.module import group_keys
+
+ENV = "KILN_TUNING_DB"
+
+
+def tuning_path(tuning) -> str | None:
+    """The database asked for: the argument, else $KILN_TUNING_DB, else none ("" : none)."""
+    path = (tuning if tuning is not None else os.environ.get(ENV)) or None   # "": no tuning
+    if path is not None and not os.path.exists(path):
+        raise KilnError(f"tuning database {path!r} does not exist (kiln tune writes one)")
+    return None if path is None else os.fspath(path)
+
+
+def with_records(path: str | None, graph, known: dict, decisions: dict, target=None) -> dict:
+    """`decisions` plus, per workload of `graph` with a record for this machine, the best one
+    (none when the code is built for another CPU than this one: `target`)."""
+    if path is None:
+        return decisions
+    from kiln.tune.records import Database  # noqa: PLC0415
+    from kiln.tune.signature import machine, signature  # noqa: PLC0415
+    if target is not None and target.key() != machine()["target"]:
+        return decisions
+    sig = signature()
+    out = dict(decisions)
+    with Database(path) as db:
+        for key in dict.fromkeys(group_keys(graph, known)):
+            best = db.best(key, sig)
+            if best is not None and not best.is_default:
+                out["@" + key] = {**best.decisions, "#record": best.id}
+    return out

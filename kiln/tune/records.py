@@ -1,0 +1,129 @@
+"""The tuning records database (SQLite): one row per measured candidate.
+
+A record is (workload, machine signature, decisions, seconds or the error that
+disqualified it). The database is the search's memory: a run that is interrupted
+and started again reads back what it measured (resume), and kiln.compile reads the
+best record per workload for this machine (kiln.tune.apply). Several tuners may write
+one file at once (WAL journal, a busy timeout, one short transaction per record).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.errors import KilnError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS machines (signature TEXT PRIMARY KEY, info TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS workloads (workload TEXT PRIMARY KEY, description TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    workload TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    decisions TEXT NOT NULL,          -- JSON, keys sorted
+    seconds REAL,                     -- NULL: the candidate failed (see error)
+    error TEXT,
+    is_default INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_by_task ON records (workload, signature);
+"""
+
+
+def encode(decisions: dict) -> str:
+    return json.dumps(decisions, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Record:
+    id: int
+    workload: str
+    signature: str
+    decisions: dict
+    seconds: float | None
+    error: str | None
+    is_default: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.seconds is not None
+
+
+class Database:
+    """A records file; every method is its own transaction (safe across processes)."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        try:
+            self._con = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+            self._con.execute("PRAGMA journal_mode=WAL")
+            self._con.executescript(SCHEMA)
+        except sqlite3.DatabaseError as e:
+            raise KilnError(f"tuning database {self.path!r} cannot be opened: {e}") from None
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _write(self, sql: str, args: tuple) -> int:
+        for attempt in range(50):   # a writer holding the lock past the busy timeout: try again
+            try:
+                return self._con.execute(sql, args).lastrowid
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        raise KilnError(f"tuning database {self.path!r} stayed locked")
+
+    def add_machine(self, signature: str, info: dict) -> None:
+        self._write("INSERT OR IGNORE INTO machines VALUES (?, ?)", (signature, json.dumps(info, sort_keys=True)))
+
+    def add_workload(self, workload: str, description: str) -> None:
+        self._write("INSERT OR IGNORE INTO workloads VALUES (?, ?)", (workload, description))
+
+    def add(self, workload: str, signature: str, decisions: dict, seconds: float | None,
+            error: str | None = None, is_default: bool = False) -> int:
+        if (seconds is None) == (error is None):
+            raise KilnError("a record has either a time or an error")
+        return self._write("INSERT INTO records (workload, signature, decisions, seconds, error, is_default, "
+                           "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (workload, signature, encode(decisions), seconds, error, int(is_default), time.time()))
+
+    def records(self, workload: str, signature: str | None = None) -> list[Record]:
+        """Records of `workload` (of one machine signature, or of all), oldest first."""
+        sql = "SELECT id, workload, signature, decisions, seconds, error, is_default FROM records WHERE workload = ?"
+        args: tuple = (workload,)
+        if signature is not None:
+            sql += " AND signature = ?"
+            args += (signature,)
+        rows = self._con.execute(sql + " ORDER BY id", args).fetchall()
+        return [Record(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], bool(r[6])) for r in rows]
+
+    def best(self, workload: str, signature: str) -> Record | None:
+        """The fastest valid record of `workload` measured on this machine signature."""
+        row = self._con.execute(
+            "SELECT id, workload, signature, decisions, seconds, error, is_default FROM records "
+            "WHERE workload = ? AND signature = ? AND seconds IS NOT NULL ORDER BY seconds, id LIMIT 1",
+            (workload, signature)).fetchone()
+        return None if row is None else Record(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], bool(row[6]))
+
+    def default_seconds(self, workload: str, signature: str) -> float | None:
+        """The default schedule's best time here (the baseline speedups are against)."""
+        row = self._con.execute("SELECT MIN(seconds) FROM records WHERE workload = ? AND signature = ? "
+                                "AND is_default = 1 AND seconds IS NOT NULL", (workload, signature)).fetchone()
+        return row[0]
+
+    def count(self, signature: str | None = None) -> int:
+        sql, args = "SELECT COUNT(*) FROM records", ()
+        if signature is not None:
+            sql, args = sql + " WHERE signature = ?", (signature,)
+        return self._con.execute(sql, args).fetchone()[0]

@@ -1,0 +1,77 @@
+"""`kiln tune` end to end on a small model: records written, resumed after an interrupt,
+applied by kiln.compile; the CLI's table."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import kiln
+from kiln.cli import main
+from kiln.tune.records import Database
+from kiln.tune.signature import signature
+from kiln.tuning import tune_model as tune
+from tests.tune.models import two_layers
+
+try:
+    from kiln.tune.costmodel import backend
+    backend()
+except Exception:  # noqa: BLE001
+    pytest.skip("no gradient-boosting library (pip install 'kiln[tune]')", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KILN_TUNING_DB", raising=False)
+
+
+def test_tune_interrupt_resume_and_apply(tmp_path):
+    model, db = two_layers(), str(tmp_path / "t.db")
+    calls = []
+
+    def interrupt_after_two_rounds(rep, elapsed):
+        calls.append(len(rep.taus))
+        if len(rep.taus) >= 2:
+            raise KeyboardInterrupt
+
+    rep = tune(model, db, 600, trials_per_round=3, on_progress=interrupt_after_two_rounds)
+    assert rep.interrupted and len(rep.tasks) == 2
+    with Database(db) as d:
+        first = d.count(signature())
+    assert first >= 2 + 2 * 3 - 3   # two defaults, two rounds (a candidate may fail)
+    # resumed: defaults are not measured again, the records are known to the search
+    rep2 = tune(model, db, 8, trials_per_round=3, end_to_end=True)
+    assert not rep2.interrupted
+    with Database(db) as d:
+        assert d.count(signature()) > first
+        # the defaults: measured when a task starts without records (twice), then once per round
+        # (the baseline, again), and not at the start of the resumed run
+        defaults = sum(r.is_default for t in rep2.tasks for r in d.records(t.task.key, signature()))
+        assert defaults == 2 + len(rep.taus) + len(rep2.taus)
+    assert all(len(s.search.measured) >= 1 for s in rep2.tasks)
+    e = rep2.end_to_end
+    assert e["outputs_match"] and e["untuned"] > 0 and e["tuned"] > 0
+    x = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    want = kiln.compile(model, target="interpreter").run({"x": x})
+    got = kiln.compile(model, tuning=db).run({"x": x})
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4)
+
+
+def test_cli_tune_prints_the_table(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(two_layers(), str(path))
+    with pytest.raises(SystemExit) as e:
+        main(["tune", str(path), "--budget", "5s", "--db", str(tmp_path / "t.db"), "--trials-per-round", "2",
+              "--no-end-to-end"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "kiln tune: 2 tasks" in out and "Kendall tau" in out and "MatMul" in out
+
+
+def test_cli_rejects_a_bad_budget(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "x.onnx", "--budget", "soon"])
+    assert e.value.code == 2
