@@ -1,7 +1,8 @@
 """Native lowerings of the resampling and geometry ops (kiln.ops.image).
 
 Resize/Upsample is a C kernel whose per-axis tap tables (`_axis_taps`, shared with the
-reference) are computed at compile time and baked into the source; RoiAlign is a C
+reference) are computed at compile time and baked into the source (nearest: one gather in
+the tensor's own type); RoiAlign is a C
 kernel (its sample counts depend on the boxes); Col2Im, AffineGrid and GridSample are
 compute definitions.
 """
@@ -76,12 +77,21 @@ def _resize_lower(ctx, x, *rest):
     shape = list(x.shape)
     if [int(v) for v in plan[0]] != list(ctx.out_shape(0)):
         ctx.fail(f"resize plan gives shape {plan[0]}, inference says {ctx.out_shape(0)}")
+    passes = _passes(ctx, plan, shape, p)
+    if x.dtype.c is None:
+        ctx.fail(f"dtype {x.dtype} has no native type")
+    if p["mode"] == "nearest" and x.dtype == ctx.out_dtype(0):
+        tables = {a: _axis_taps(shape[a], out_len, s, axis_roi, p) for a, out_len, s, axis_roi in passes}
+        if all(out is None or not out.any() for _, _, out in tables.values()):
+            return ctx.extern(_nearest_body(shape, list(ctx.out_shape(0)), {a: t[0][:, 0] for a, t in tables.items()},
+                                            x.dtype.c),
+                              [x, *rest], [(ctx.out_shape(0), ctx.out_dtype(0))])
     n_in = math.prod(shape)
     body = [f"  const int64_t n0 = {n_in};\n",
             f"  double* cur = (double*)malloc((size_t)(n0 > 0 ? n0 : 1) * sizeof(double));\n",
             "  if (!cur) return -1;\n",
             "  for (int64_t i = 0; i < n0; ++i) cur[i] = (double)in0[i];\n"]
-    for k, (a, out_len, s, axis_roi) in enumerate(_passes(ctx, plan, shape, p)):
+    for k, (a, out_len, s, axis_roi) in enumerate(passes):
         in_len = shape[a]
         idx, w, outside = _axis_taps(in_len, out_len, s, axis_roi, p)
         taps = idx.shape[1]
@@ -120,9 +130,30 @@ def _resize_lower(ctx, x, *rest):
         body.append(f"      dst[i] = {val};\n    }}\n  }}\n  free(cur); cur = nxt; }}\n")
     body.append(f"  for (int64_t i = 0; i < {math.prod(shape)}; ++i) out0[i] = {c_store_cast(x.dtype, 'cur[i]')};\n"
                 "  free(cur);\n  return 0;\n")
-    if x.dtype.c is None:
-        ctx.fail(f"dtype {x.dtype} has no native type")
     return ctx.extern("".join(body), [x, *rest], [(ctx.out_shape(0), ctx.out_dtype(0))])
+
+
+def _nearest_body(in_shape: list[int], out_shape: list[int], idx: dict, ctype: str) -> str:
+    """C body of a nearest-neighbour Resize: one gather in the tensor's own type, through a
+    source-index table per resampled axis (`idx`: axis -> input index per output index).
+    Why: nearest needs no arithmetic, so the separable double-precision passes (a converted
+    copy and a buffer per axis) only cost memory traffic; FPN upsampling is all nearest."""
+    r = len(out_shape)
+    body = [c_table(f"I{a}", "int64_t", t) for a, t in sorted(idx.items())]
+    strides = [math.prod(in_shape[d + 1:]) for d in range(r)]
+    rows, last = math.prod(out_shape[:-1]), out_shape[-1]
+    par = "  #pragma omp parallel for schedule(static)\n" if rows * last >= parallel_min_work() else ""
+    body.append(par + f"  for (int64_t row = 0; row < {rows}; ++row) {{\n"
+                "    int64_t rest = row, src = 0;\n")
+    for d in reversed(range(r - 1)):
+        pos = f"I{d}[c]" if d in idx else "c"
+        body.append(f"    {{ const int64_t c = rest % {out_shape[d]}; rest /= {out_shape[d]}; "
+                    f"src += {pos} * {strides[d]}; }}\n")
+    pos = f"I{r - 1}[j]" if r - 1 in idx else "j"
+    body.append(f"    const {ctype}* s = in0 + src;\n"
+                f"    {ctype}* dst = out0 + row * {last};\n"
+                f"    for (int64_t j = 0; j < {last}; ++j) dst[j] = s[{pos}];\n  }}\n  return 0;\n")
+    return "".join(body)
 
 
 lowering("Resize")(_resize_lower)
