@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kiln.bench import fresh_cache, stats, time_interleaved  # noqa: E402
+from kiln.bench_torch import torch_peer  # noqa: E402
 from kiln.frontends.torch_dynamo import register  # noqa: E402
 
 ENGINES = ("eager", "kiln", "inductor", "openvino")
@@ -86,20 +87,6 @@ def corpus_models(shape: dict):
     return out
 
 
-def engine(name: str, model, threads: int):
-    """The callable an engine runs (compiled lazily by torch.compile on its first call)."""
-    if name == "eager":
-        return model
-    if name == "kiln":
-        return torch.compile(model, backend="kiln")
-    if name == "inductor":
-        return torch.compile(model)
-    import openvino.torch  # noqa: F401  (registers the backend)
-    return torch.compile(model, backend="openvino",
-                         options={"device": "CPU", "config": {"INFERENCE_NUM_THREADS": str(threads),
-                                                             "INFERENCE_PRECISION_HINT": "f32"}})
-
-
 def call(fn, inputs):
     with torch.inference_mode():
         return fn(*inputs)
@@ -131,7 +118,7 @@ def bench_model(name, make, engines, args) -> dict:
     fns = {}
     for e in engines:
         try:
-            fn = engine(e, model, args.threads)
+            fn = torch_peer(e, model, args.threads)
             t = time.perf_counter()
             if e == "kiln":
                 with fresh_cache():

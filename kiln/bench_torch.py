@@ -4,7 +4,8 @@ The Python file defines `model` (a torch.nn.Module) and `example_inputs` (a
 tuple of tensors), optionally `dynamic_shapes` (torch.export's). kiln compiles
 the module through `kiln.compile` (torch.export → kiln), cold and warm; peers
 run the same module: "torch" is eager PyTorch under inference_mode,
-"inductor" is `torch.compile` with its default backend. Outputs are checked
+"inductor" is `torch.compile` with its default backend, "openvino" `torch.compile(backend=
+"openvino")` in f32 (where openvino is installed). Outputs are checked
 against each peer, and runs are interleaved as for ONNX models (kiln.bench).
 """
 
@@ -20,7 +21,25 @@ from kiln.bench import BenchResult, compare, compile_cold_warm, stats, time_inte
 from kiln.errors import KilnError
 from kiln.targets.target import host_cores
 
-TORCH_PEERS = ("torch", "inductor")
+TORCH_PEERS = ("torch", "inductor", "openvino")
+
+
+def torch_peer(name: str, model, threads: int):
+    """The callable a torch peer runs: the module itself (eager), or torch.compile'd with
+    Inductor, kiln or OpenVINO's backend (each compiles on its first call)."""
+    import torch
+    if name in ("torch", "eager"):
+        return model
+    if name == "inductor":
+        return torch.compile(model)
+    if name == "kiln":
+        return torch.compile(model, backend="kiln")
+    if name == "openvino":
+        import openvino.torch  # noqa: F401  (registers the backend)
+        return torch.compile(model, backend="openvino",
+                             options={"device": "CPU", "config": {"INFERENCE_NUM_THREADS": str(threads),
+                                                                  "INFERENCE_PRECISION_HINT": "f32"}})
+    raise KilnError(f"unknown torch peer {name!r}; choose from {list(TORCH_PEERS)}")
 
 
 def load_module_file(path: str):
@@ -73,10 +92,10 @@ def bench_torch_file(path: str, *, peers=("torch",), threads: int | None = None,
     for name in peers:
         with step(f"loading {name}"):
             try:
-                fn = model if name == "torch" else torch.compile(model)
+                fn = torch_peer(name, model, threads)
                 with torch.inference_mode():
                     want = _flat(fn(*inputs))  # (Inductor compiles here)
-            except Exception as e:  # Inductor needs a C++ toolchain; report, do not stop
+            except Exception as e:  # Inductor needs a C++ toolchain, openvino may be absent: report
                 res.skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 continue
         res.checks[name] = compare(got, want)

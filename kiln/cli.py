@@ -391,7 +391,7 @@ def save_outputs(outs: dict, folder: Path) -> list[Path]:
 @click.argument("model")
 @click.option("--against", default=None, metavar="PEERS",
               help="Comma-separated peers to time alongside: ort, torch (or 'none'); for a .py "
-                   "torch model: torch, inductor. Default: ort (torch for a .py file).")
+                   "torch model: torch, inductor, openvino. Default: ort (torch for a .py file).")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="Threads for kiln (OpenMP) and every peer (default: all cores).")
 @click.option("--runs", type=click.IntRange(1), default=50, show_default=True, help="Timed runs per engine.")

@@ -244,3 +244,16 @@ def test_symbolic_batch_and_sequence_through_a_transformer():
         ids = torch.randint(0, 100, shape)
         with torch.no_grad():
             torch.testing.assert_close(cm(ids), m(ids), rtol=1e-3, atol=1e-4)
+
+
+def test_kiln_bench_takes_a_python_file(tmp_path):
+    from kiln.bench_torch import bench_torch_file
+    path = tmp_path / "net.py"
+    path.write_text("import torch\n"
+                    "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))\n"
+                    "example_inputs = (torch.randn(3, 8),)\n")
+    res = bench_torch_file(str(path), peers=("torch",), threads=1, runs=2)
+    assert res.checks["torch"]["ok"]
+    assert set(res.times) == {"kiln", "torch"}
+    with pytest.raises(KilnError, match="choose from"):
+        bench_torch_file(str(path), peers=("ort",), runs=1)
