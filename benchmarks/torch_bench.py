@@ -193,11 +193,14 @@ def main(argv=None):
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-inductor-")
     register()
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    rows = [bench_model(n, makers[n], engines, args) for n in names]
+    rows = []
+    for n in names:
+        rows.append(bench_model(n, makers[n], engines, args))
+        if args.json:  # after every model: an interrupted run keeps the rows it measured
+            with open(args.json, "w") as f:
+                json.dump({"threads": args.threads, "runs": args.runs, "load_at_start": load, "rows": rows},
+                          f, indent=1)
     print("\n" + table(rows, engines, args.threads, load))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "runs": args.runs, "load_at_start": load, "rows": rows}, f, indent=1)
     return rows
 
 
