@@ -8,7 +8,7 @@
   it, Gemm(a, w, c) (alpha and beta default to 1).
 
 The panel width nr is the vector width times the micro-kernel's vectors per row
-(kiln.lower.gemm.weight_panel_width, from the CPU's features at compile time), so
+(kiln.lower.gemm.weight_panel_width, from the `Target` compiled for), so
 the native kernel reads the panels in place: no packing at run time.
 """
 

@@ -35,7 +35,8 @@ The rewrite, in one walk over the nodes in order:
 
 Padding channels hold zeros and the ops allowed to run blocked keep them finite,
 and the packed weights of a consumer are zero there, so results are unchanged.
-The block is the host's vector lanes for float32 (16 with AVX-512, 8 with AVX2);
+The block is the target's vector lanes for float32 (`default_block(target)`: 16 with
+AVX-512, 8 with AVX2; the pass reads the `Target` it is handed, never the host);
 `KILN_NCHWC=0` turns the pass off, `KILN_NCHWC=8` forces a block of 8 (tests
 call `transform(graph, block)`).
 """

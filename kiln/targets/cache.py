@@ -4,8 +4,9 @@ Lowering a model in Python costs seconds; a warm compile should not. The key is 
 sha256 of the specialised graph's canonical form (kiln.graph.canonical: structure,
 types, names, opsets, every byte of every constant and tensor attribute, subgraphs
 included), the compile-time known values, kiln's own source (a changed lowering
-invalidates), the Target (kiln.targets.target) and the C toolchain settings. An entry is a JSON manifest naming the
-C build cache's library by its key and sha256 (never by a path), the entry symbol,
+invalidates), the Target (kiln.targets.target), the schedule decision overrides asked for
+(kiln.lower.decisions; tuning records enter as such overrides) and the C toolchain
+settings. An entry is a JSON manifest naming the C build cache's library by its key and sha256 (never by a path), the entry symbol,
 output types, arena size, call descriptions and where each constant goes in the
 weights blob (rebuilt from the graph on load). An entry that is unreadable, fails
 its schema or whose library fails its hash is built again, never trusted.
