@@ -5,7 +5,8 @@ result: `lower_groups` (every fusion group of kiln.lower.partition as a kernel:
 LoweredGroups), `plan_memory` (weights blob and workspace arena: MemoryPlan) and
 `emit_module` (the kernels plus the entry function: LoweredModule).
 
-Every node becomes one kernel; one entry function `main` runs them in order:
+Every fusion group (often one node) becomes one kernel; one entry function `main` runs
+them in order:
 
     int32_t kiln_main(in_0.., out_0.., uint8 weights[], uint8 workspace[])
 

@@ -1,4 +1,7 @@
-"""Hardware-independent graph rewrites, one file per pass, and the pipeline per -O level.
+"""Graph rewrites, one file per pass, and the pipeline per -O level.
+
+The few rewrites that depend on the machine (the NCHWc layout's block, packed weight
+panels) read the `Target` in their PassContext, never the host.
 
 Importing this package registers every pass (`PASSES`, by name).
 """

@@ -1,9 +1,9 @@
 """Host CPU identity: architecture and ISA extensions (AVX2, AVX-512, NEON, ...).
 
 Lives in the runtime, not in codegen, because both sides need it: the compiler
-to pick vector widths and to record what a library was built for, and a loaded
-artifact to refuse a library this CPU cannot execute (a clear error instead of
-an illegal-instruction crash). Reads /proc/cpuinfo where there is one, else
+through `kiln.targets.target.Target.host()` (its one reader here: everything below
+`compile()` is handed a Target instead), and a loaded artifact to refuse a library
+this CPU cannot execute (a clear error instead of an illegal-instruction crash). Reads /proc/cpuinfo where there is one, else
 asks the C compiler what `-march=native` enables.
 """
 
