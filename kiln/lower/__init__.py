@@ -27,6 +27,7 @@ from kiln.lower import norm  # noqa: F401
 from kiln.lower import pool  # noqa: F401
 from kiln.lower import quant  # noqa: F401
 from kiln.lower import random  # noqa: F401
+from kiln.lower import recurrent  # noqa: F401
 from kiln.lower import reduce  # noqa: F401
 from kiln.lower import rnn  # noqa: F401
 from kiln.lower import signal  # noqa: F401

@@ -18,6 +18,7 @@ from kiln.ops import (  # noqa: F401
     control,
     sequence,
     rnn,
+    recurrent,
     strings,
     signal,
     random,

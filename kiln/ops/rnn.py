@@ -88,31 +88,56 @@ def _activations(ctx, kind: str, nd: int):
             for d in _activation_specs(ctx, kind, nd)]
 
 
-def _cell(kind: str, x, h, c, w, r, wb, rb, p, acts, clip, ctx):
-    """One time step of one direction: returns the new (h, c)."""
+def cell(kind: str, xw, h, c, r, rbh, p, acts, clip, lbr: bool, forget: bool):
+    """One step of one direction from xw = x @ W^T + biases (all but `rbh`): the new (h, c)."""
     f = acts[0]
     g = acts[1] if len(acts) > 1 else None
     pre = (lambda v: np.clip(v, -clip, clip)) if clip is not None else (lambda v: v)
     hs = r.shape[-1]
     if kind == "RNN":
-        return f(pre(x @ w.T + h @ r.T + wb + rb)), None
+        return f(pre(xw + h @ r.T)), None
     if kind == "GRU":
-        xw, hr = x @ w.T + wb, h @ r.T
-        z = f(pre(xw[:, :hs] + hr[:, :hs] + rb[:hs]))
-        rr = f(pre(xw[:, hs:2 * hs] + hr[:, hs:2 * hs] + rb[hs:2 * hs]))
-        if ctx.attr("linear_before_reset", 0):
-            hh = g(pre(xw[:, 2 * hs:] + rr * (hr[:, 2 * hs:] + rb[2 * hs:])))
+        hr = h @ r.T
+        z = f(pre(xw[:, :hs] + hr[:, :hs]))
+        rr = f(pre(xw[:, hs:2 * hs] + hr[:, hs:2 * hs]))
+        if lbr:
+            hh = g(pre(xw[:, 2 * hs:] + rr * (hr[:, 2 * hs:] + rbh)))
         else:
-            hh = g(pre(xw[:, 2 * hs:] + (rr * h) @ r[2 * hs:].T + rb[2 * hs:]))
+            hh = g(pre(xw[:, 2 * hs:] + (rr * h) @ r[2 * hs:].T))
         return (1 - z) * hh + z * h, None
-    gates = x @ w.T + h @ r.T + wb + rb
+    gates = xw + h @ r.T
     gi, go, gf, gc = (gates[:, k * hs:(k + 1) * hs] for k in range(4))
     pi, po, pf = (p[k * hs:(k + 1) * hs] for k in range(3))
     i = f(pre(gi + pi * c))
-    fg = 1 - i if ctx.attr("input_forget", 0) else f(pre(gf + pf * c))
+    fg = 1 - i if forget else f(pre(gf + pf * c))
     c = fg * c + i * g(pre(gc))
     o = f(pre(go + po * c))
     return o * acts[2](c), c
+
+
+def recur(kind: str, xw, r, rbh, lens, h0, c0, p, acts, clip, lbr: bool, forget: bool, direction: str):
+    """The time loop, time-major: xw [steps, nd, batch, G * H] (biases as `cell` wants),
+    r [nd, G * H, H], rbh [nd, H], lens [batch], h0 / c0 / out states [nd, batch, H],
+    p [nd, 3 * H]; returns (y [steps, nd, batch, H], h_n, c_n). Steps past a row's length
+    leave its state and write zeros; reverse runs each row from its own last step; an
+    empty row's final state is zero (as ONNX Runtime)."""
+    steps, nd, batch, _ = xw.shape
+    hs = r.shape[-1]
+    y = np.zeros((steps, nd, batch, hs), xw.dtype)
+    hn, cn = np.empty_like(h0), np.empty_like(c0)
+    cols = np.arange(batch)
+    for d in range(nd):
+        reverse = d == 1 or direction == "reverse"
+        h, c = h0[d], c0[d]
+        for t in range(steps):
+            live = t < lens
+            ti = np.where(live, lens - 1 - t if reverse else t, 0)
+            h2, c2 = cell(kind, xw[ti, d, cols], h, c, r[d], rbh[d], p[d], acts[d], clip, lbr, forget)
+            h = np.where(live[:, None], h2, h)
+            c = c if c2 is None else np.where(live[:, None], c2, c)
+            y[ti[live], d, cols[live]] = h[live]
+        hn[d], cn[d] = (np.where(lens[:, None] > 0, s, 0) for s in (h, c))  # as ORT
+    return y, hn, cn
 
 
 def _run(kind: str):
@@ -136,23 +161,17 @@ def _run(kind: str):
         if layout:
             h0, c0 = (None if s is None else s.swapaxes(0, 1) for s in (h0, c0))
         h0, c0 = (np.zeros((nd, batch, hs), ct) if s is None else s.astype(ct) for s in (h0, c0))
-        clip = ctx.attr("clip", None)
-        acts = _activations(ctx, kind, nd)
-        y = np.zeros((steps, nd, batch, hs), ct)
-        hn, cn = np.empty_like(h0), np.empty_like(c0)
-        cols = np.arange(batch)
-        for d in range(nd):
-            reverse = d == 1 or ctx.attr("direction", "forward") == "reverse"
-            h, c = h0[d], c0[d]
-            for t in range(steps):
-                live = t < lens
-                ti = np.where(live, lens - 1 - t if reverse else t, 0)
-                h2, c2 = _cell(kind, x[ti, cols], h, c, w[d].astype(ct), r[d].astype(ct),
-                               b[d, :g * hs], b[d, g * hs:], p[d], acts[d], clip, ctx)
-                h = np.where(live[:, None], h2, h)
-                c = c if c2 is None else np.where(live[:, None], c2, c)
-                y[ti[live], d, cols[live]] = h[live]
-            hn[d], cn[d] = (np.where(lens[:, None] > 0, s, 0) for s in (h, c))  # as ORT
+        # the input's share of every step and the biases (all but GRU's reset-gated one), as
+        # kiln::Recurrent receives them from its GEMM (kiln.passes.recurrent)
+        lbr = kind == "GRU" and bool(ctx.attr("linear_before_reset", 0))
+        wb, rb = b[:, :g * hs], b[:, g * hs:].copy()
+        rbh = rb[:, 2 * hs:].copy() if lbr else np.zeros((nd, hs), ct)
+        if lbr:
+            rb[:, 2 * hs:] = 0
+        xw = np.stack([x @ w[d].astype(ct).T + wb[d] + rb[d] for d in range(nd)], axis=1)
+        y, hn, cn = recur(kind, xw, r.astype(ct), rbh, lens, h0, c0, p, _activations(ctx, kind, nd),
+                          ctx.attr("clip", None), lbr, bool(ctx.attr("input_forget", 0)),
+                          ctx.attr("direction", "forward"))
         outs = [y, hn, cn][:3 if kind == "LSTM" else 2]
         if layout:
             outs = [y.transpose(2, 0, 1, 3)] + [s.swapaxes(0, 1) for s in outs[1:]]

@@ -5,7 +5,8 @@
     -O2  -O1 + CSE, algebraic simplification, transpose sinking, BatchNorm folding,
          non-overlapping ConvTranspose → 1x1 Conv + DepthToSpace, MatMul+Add → Gemm
     -O3  -O2 + pattern recognition (LayerNorm, GELU, attention), NCHWc layout for convolutions,
-         constant GEMM weights packed into panels at compile time
+         recurrent layers' input projections taken out of the time loop (one GEMM) and their
+         recurrent weights packed, constant GEMM weights packed into panels at compile time
 
 The default (`DEFAULT_LEVEL`, used by kiln.compile and the CLI) is the fastest
 level, -O3: the lower levels are there to debug a rewrite, not to trade speed
@@ -52,7 +53,7 @@ def level3() -> list[str]:
             "recognize_layernorm", "recognize_gelu",
             "simplify_algebra", "sink_transposes", "fold_batchnorm", "conv_transpose_to_conv",
             "matmul_add_to_gemm", "transform_layout",
-            "pack_weights", "eliminate_nops", "eliminate_dead_code", "find_attention"]
+            "decompose_recurrent", "pack_weights", "eliminate_nops", "eliminate_dead_code", "find_attention"]
 
 
 LEVELS = {0: level0, 1: level1, 2: level2, 3: level3}

@@ -1,0 +1,374 @@
+"""kiln::Recurrent's native kernel (cpu target): the state's GEMV per step, gates fused.
+
+Per time step and direction the state's product h @ R^T is the whole cost: it
+reads all of R (G * H * H floats, 1 MiB for an LSTM of 256 units) to do
+G * H * H multiply-adds per batch row, so at batch 1 it is bound by how fast R
+streams from cache. R arrives packed (kiln.ops.recurrent.pack_r) as panels of
+U = 16 hidden units x G gates: a panel is read front to back, its G * U sums (per
+batch row of a tile) stay in vector registers, and the panel's epilogue adds the
+projected input, applies the gate nonlinearities (vectorised through libmvec where
+the build has it) and updates c, h and Y for those U units at once: nothing of a
+step goes back to memory but the new state.
+
+Threads: a bidirectional layer runs its two directions at the same time, one
+thread (group) each, with no synchronisation between them. When a step is big
+enough (`SPLIT_MACS`) and threads are left over (a unidirectional layer at 2
+threads), a direction's panels are also shared out within its group, each thread
+streaming its part of R from its own core's cache; the group meets at a spin
+barrier once per step (twice for GRU without linear_before_reset, whose reset gate
+must be complete before the h gate's product). h is double-buffered so a step reads
+the previous state while writing the next. On a loaded machine a partner thread
+may not be running when the barrier waits: after a short spin the first thread
+of the group then carries on alone, and the next 16 calls do not split.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kiln.dtypes import DType
+from kiln.ops.recurrent import DOMAIN, GATES
+from kiln.lower.rnn import _lit
+from kiln.ops.registry import lowering
+from kiln.targets.target import Target
+
+# A direction's panels are split between threads only when a step has at least this many
+# multiply-adds (batch x G x H x H): a step then takes a microsecond or more (an LSTM of
+# 128 units at batch 1, 256 KiB of R: 3.5 us on one core of the 2-core Zen 4 dev machine)
+# against ~0.1-0.3 us for the spin barrier that ends it; an LSTM of 64 units at batch 1
+# steps in 1.2 us, where the barrier and the fork cost as much as they save.
+SPLIT_MACS = 1 << 16
+
+PREAMBLE = r"""#include <omp.h>
+#include <sched.h>
+/* kiln::Recurrent: a spin barrier for the threads sharing one direction, once per step.
+   A wait that outlasts KILN_REC_SPINS pauses means a partner is not running (a loaded
+   machine): the waiter yields its core, and the first to do so records the step in
+   `solo`; from the step after, the group's first thread goes on alone (see the kernel). */
+typedef struct { int count; int gen; int64_t solo; char pad[48]; } kiln_rec_barrier __attribute__((aligned(64)));
+#define KILN_REC_SPINS 2000
+static inline void kiln_rec_wait(kiln_rec_barrier* b, int n, int64_t step) {
+  const int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
+  if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
+    __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
+    return;
+  }
+  for (int spins = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; ++spins) {
+    if (spins < KILN_REC_SPINS) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      continue;
+    }
+    int64_t none = 0;
+    __atomic_compare_exchange_n(&b->solo, &none, step + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    sched_yield();
+  }
+}
+/* exp, sigmoid and tanh inline, so a simd loop over a panel's units vectorises them with no
+   call (a call would spill the live accumulators): exp as Cephes' expf (range reduction by
+   ln 2 in two parts, degree-6 polynomial; within 1e-7 relative of exp for x in [-87, 88]),
+   tanh as Eigen's rational 13/6 approximation (within 4e-7 of tanh, odd, exactly x near 0) */
+/* v clamped to [lo, hi], NaN kept (as numpy.clip) */
+static inline float kiln_rec_clamp(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
+static inline float kiln_rec_exp(float x) {
+  x = x < -87.3f ? -87.3f : x > 88.0f ? 88.0f : x;  /* (fminf / fmaxf would be calls) */
+  /* n = x / ln 2 rounded, by the 1.5 * 2^23 trick (floorf does not vectorise where the
+     rounding may trap); C keeps the sum's order, so the addition is not folded away */
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  union { int32_t i; float f; } scale = { ((int32_t)n + 127) << 23 };  /* 2^n */
+  return p * scale.f;
+}
+static inline float kiln_rec_sigmoid(float x) { return 1.0f / (1.0f + kiln_rec_exp(-x)); }
+static inline float kiln_rec_tanh(float x) {
+  const float m = 7.90531110763549805f, c = x < -m ? -m : x > m ? m : x, x2 = c * c;
+  float p = -2.76076847742355e-16f;
+  p = p * x2 + 2.00018790482477e-13f; p = p * x2 + -8.60467152213735e-11f;
+  p = p * x2 + 5.12229709037114e-08f; p = p * x2 + 1.48572235717979e-05f;
+  p = p * x2 + 6.37261928875436e-04f; p = p * x2 + 4.89352455891786e-03f;
+  float q = 1.19825839466702e-06f;
+  q = q * x2 + 1.18534705686654e-04f; q = q * x2 + 2.26843463243900e-03f; q = q * x2 + 4.89352518554385e-03f;
+  return fabsf(x) < 0.0004f ? x : c * p / q;
+}
+/* whether the group goes on with one thread after the barrier of `step`: a wait of an
+   earlier step was slow (its flag was set before every thread arrived here, so all agree) */
+static inline int kiln_rec_solo(kiln_rec_barrier* b, int64_t step) {
+  const int64_t f = __atomic_load_n(&b->solo, __ATOMIC_RELAXED);
+  return f != 0 && f - 1 < step;
+}
+"""
+
+
+def _act(name: str, a, b, v: str) -> str:
+    """C (float) for activation `name` of variable `v`, as the reference computes it."""
+    la = _lit(a, "float") if a is not None else None
+    lb = _lit(b, "float") if b is not None else None
+    return {
+        "relu": f"({v} < 0.0f ? 0.0f : {v})",
+        "tanh": f"kiln_rec_tanh({v})",
+        "sigmoid": f"kiln_rec_sigmoid({v})",
+        "affine": f"({la} * {v} + {lb})",
+        "leakyrelu": f"({v} >= 0.0f ? {v} : {la} * {v})",
+        "thresholdedrelu": f"({v} > {la} ? {v} : 0.0f)",
+        "scaledtanh": f"({la} * kiln_rec_tanh({lb} * {v}))",
+        "hardsigmoid": f"kiln_rec_clamp({la} * {v} + {lb}, 0.0f, 1.0f)",
+        "elu": f"({v} >= 0.0f ? {v} : {la} * (expf({v}) - 1.0f))",
+        "softsign": f"({v} / (1.0f + fabsf({v})))",
+        "softplus": f"log1pf(expf({v}))",
+    }[name]
+
+
+def _tile(batch: int, gates: int, target: Target) -> tuple[int, int]:
+    """(batch rows per tile, q-split): G * rows * split 64-byte vector sums held in registers,
+    half the register file (16 of AVX-512's 32 zmm; 4, i.e. 8 of AVX2's 16 ymm), the rest for
+    the panel row's G loads and the broadcasts. More rows per tile read R fewer times per step;
+    batch 1 sums even and odd q apart when that fits, for more independent FMA chains."""
+    budget = target.vector_registers // 2 * target.vector_bytes // 64
+    rows = max(1, min(batch, budget // gates))
+    split = 2 if rows * gates * 2 <= budget and batch == 1 else 1
+    return rows, split
+
+
+def _gemv(nrows: int, gates: list[int], g: int, split: int, src: str, target: Target) -> list[str]:
+    """C: acc_<row>_<k> (kv) = sum over q of src row's q-th float x panel row q, gate k."""
+    lines = [f"kv acc_{r}_{k} = {{0}};" for r in range(nrows) for k in gates]
+    if split == 2:
+        lines += [f"kv acc2_{r}_{k} = {{0}};" for r in range(nrows) for k in gates]
+    lines += [f"const float* s_{r} = {src}(b0 + {r} < B ? b0 + {r} : B - 1);" for r in range(nrows)]
+
+    # with several rows each panel vector feeds several FMAs: hold it in a register (GCC would
+    # fold a load into every FMA, and Zen 4 loads one 64-byte vector per cycle, one FMA too)
+    pin = nrows > 1 and target.vector_bytes == 64 and target.arch in ("x86_64", "amd64")
+
+    def body(q: str, acc: str) -> list[str]:
+        out = [f"const float* wq = wp + ({q}) * {g * 16};"]
+        out += [f"kv w_{k}; memcpy(&w_{k}, wq + {k * 16}, 64);" + (f' __asm__("" : "+v"(w_{k}));' if pin else "")
+                for k in gates]
+        for r in range(nrows):
+            out.append(f"{{ const float hv = s_{r}[{q}];")
+            out += [f"  {acc}_{r}_{k} += hv * w_{k};" for k in gates]
+            out.append("}")
+        return out
+
+    if split == 2:
+        lines += ["int64_t q = 0;", "for (; q + 1 < H; q += 2) {",
+                  *("  " + x for x in ["{", *body("q", "acc"), "}", "{", *body("q + 1", "acc2"), "}"]),
+                  "}", "if (q < H) {", *("  " + x for x in body("q", "acc")), "}"]
+        lines += [f"acc_{r}_{k} += acc2_{r}_{k};" for r in range(nrows) for k in gates]
+    else:
+        lines += ["for (int64_t q = 0; q < H; ++q) {", *("  " + x for x in body("q", "acc")), "}"]
+    return lines
+
+
+@lowering("Recurrent", domain=DOMAIN)
+def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
+    from kiln.ops.rnn import _activation_specs, _num_dirs
+    target = Target.of(ctx.target)
+    kind = ctx.attr("kind")
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    xt, rt = ctx.input_types[:2]
+    if xt.dtype is not DType.float32 or rt.dtype is not DType.float32:
+        ctx.fail(f"Recurrent's native kernel takes float32 xw and rp, got {xt.dtype} and {rt.dtype}",
+                 stage="lower")
+    layout = int(ctx.attr("layout", 0))
+    nd, g, hs = _num_dirs(ctx), GATES[kind], int(ctx.attr("hidden_size"))
+    steps, batch = (xt.shape[1], xt.shape[0]) if layout else xt.shape[:2]
+    n_p, lanes = rt.shape[1], rt.shape[4]
+    if tuple(rt.shape) != (nd, -(-hs // 16), hs, g, 16) or lanes != 16 or n_p * 16 < hs:
+        ctx.fail(f"rp must be packed [{nd}, {-(-hs // 16)}, {hs}, {g}, 16], got {tuple(rt.shape)}", stage="lower")
+    gh, pu = g * hs, n_p * 16
+    names = ["xw", "rp", "rbh", "lens", "h0", "c0", "P"][:len(ctx.node.inputs)]
+    arg, k = {}, 0
+    for i, name in enumerate(names):
+        if ctx.has_input(i):
+            arg[name], k = f"in{k}", k + 1
+    hshape = (batch, nd, hs) if layout else (nd, batch, hs)
+    want = {"rbh": (nd, hs), "lens": (batch,), "h0": hshape, "c0": hshape, "P": (nd, 3 * hs)}
+    for i, name in enumerate(names):
+        if ctx.has_input(i) and name in want and tuple(ctx.input_types[i].shape) != want[name]:
+            ctx.fail(f"{name} must have shape {want[name]}, got {tuple(ctx.input_types[i].shape)}", stage="lower")
+    specs = _activation_specs(ctx, kind, nd)
+    clip = ctx.attr("clip", None)
+    lbr = bool(ctx.attr("linear_before_reset", 0))
+    forget = bool(ctx.attr("input_forget", 0))
+    direction = ctx.attr("direction", "forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    n_out = len(ctx.node.outputs)
+    y_shape = (batch, steps, nd, hs) if layout else (steps, nd, batch, hs)
+    shapes = [y_shape, hshape, hshape][:n_out]
+
+    def act(slot: int, v: str) -> str:
+        alts = [_act(*specs[d][slot], v) for d in range(nd)]
+        return alts[0] if nd == 1 or alts[0] == alts[1] else f"(d == 0 ? {alts[0]} : {alts[1]})"
+
+    pre = (lambda v: v) if clip is None else \
+        (lambda v: f"kiln_rec_clamp({v}, -{_lit(float(clip), 'float')}, {_lit(float(clip), 'float')})")
+    def peep(w: int, c: str) -> str:  # + the peephole term, when there are peepholes
+        return f" + pp[{w * hs} + j] * {c}" if "P" in arg else ""
+    Y = (lambda: f"((b * {steps} + ti) * {nd} + d) * {hs}") if layout else \
+        (lambda: f"((ti * {nd} + d) * {batch} + b) * {hs}")
+    XW = (lambda: f"(b * {steps} + ti) * {nd * gh} + d * {gh}") if layout else \
+        (lambda: f"(ti * {batch} + b) * {nd * gh} + d * {gh}")
+    H = (lambda d_, b_: f"(({b_}) * {nd} + ({d_})) * {hs}") if layout else \
+        (lambda d_, b_: f"(({d_}) * {batch} + ({b_})) * {hs}")
+    lens_b = f"(int64_t){arg['lens']}[b]" if "lens" in arg else str(steps)
+    gru2 = kind == "GRU" and not lbr  # two products per step: (z, r) from h, then h-gate from r * h
+
+    # the state of one direction: h (2 buffers), c, and for gru2 r * h and z: [B][PU] each
+    per_dir = (2 + 1 + (2 if gru2 else 0)) * batch * pu
+
+    def epilogue(rows: int, gates: list[int], cell: list[str]) -> list[str]:
+        """Per live row of the tile: pre[k][jj] = the row's acc for gate k, then `cell` over the
+        panel's units (j = p * 16 + jj < H) with xr the row's projected input, hp / hq its state."""
+        out = []
+        for r in range(rows):
+            out += [f"if (b0 + {r} < B) {{",
+                    f"  const int64_t b = b0 + {r};",
+                    f"  const int64_t len = {lens_b};",
+                    "  float* hq = hn + b * PU + p * 16; const float* hp = hc + b * PU + p * 16;",
+                    "  if (!(s < len)) { if (copy_dead) memcpy(hq, hp, 64); } else {",
+                    "    const int64_t ti = rev ? len - 1 - s : s;",
+                    f"    const float* xr = xw + {XW()} + p * 16;",
+                    "    float* cc = cb + b * PU + p * 16; (void)cc;",
+                    f"    float* yo = out0 + {Y()} + p * 16; (void)yo;",
+                    "    float* rh = rhb + b * PU + p * 16; float* zz = zb + b * PU + p * 16; (void)rh; (void)zz;",
+                    f"    float pre[{g}][16];",
+                    *(f"    memcpy(pre[{k}], &acc_{r}_{k}, 64);" for k in gates),
+                    "    #pragma omp simd",
+                    "    for (int64_t jj = 0; jj < n; ++jj) {",
+                    "      const int64_t j = p * 16 + jj; (void)j;",
+                    *("      " + x for x in cell),
+                    "    }",
+                    "  }",
+                    "}"]
+        return out
+
+    h_gate = f"pre[2][jj] + rb[j]" if "rbh" in arg else "pre[2][jj]"
+    if kind == "RNN":
+        phases = [([0], "hc", ["float v = xr[jj] + pre[0][jj];",
+                               f"v = {pre('v')}; const float h = {act(0, 'v')};",
+                               "hq[jj] = h; yo[jj] = h;"])]
+    elif kind == "LSTM":
+        forget_gate = ("const float gf = 1.0f - gi;" if forget else
+                       f"v = xr[{2 * hs} + jj] + pre[2][jj]{peep(2, 'cc[jj]')}; v = {pre('v')}; "
+                       f"const float gf = {act(0, 'v')};")
+        phases = [([0, 1, 2, 3], "hc", [
+            f"float v = xr[jj] + pre[0][jj]{peep(0, 'cc[jj]')}; v = {pre('v')}; const float gi = {act(0, 'v')};",
+            forget_gate,
+            f"v = xr[{3 * hs} + jj] + pre[3][jj]; v = {pre('v')}; const float gc = {act(1, 'v')};",
+            "const float c = gf * cc[jj] + gi * gc; cc[jj] = c;",
+            f"v = xr[{hs} + jj] + pre[1][jj]{peep(1, 'c')}; v = {pre('v')}; const float go = {act(0, 'v')};",
+            f"const float h = go * {act(2, 'c')};",
+            "hq[jj] = h; yo[jj] = h;"])]
+    elif lbr:
+        phases = [([0, 1, 2], "hc", [
+            f"float v = xr[jj] + pre[0][jj]; v = {pre('v')}; const float z = {act(0, 'v')};",
+            f"v = xr[{hs} + jj] + pre[1][jj]; v = {pre('v')}; const float r = {act(0, 'v')};",
+            f"v = xr[{2 * hs} + jj] + r * ({h_gate}); v = {pre('v')}; const float hh = {act(1, 'v')};",
+            "const float h = (1.0f - z) * hh + z * hp[jj];",
+            "hq[jj] = h; yo[jj] = h;"])]
+    else:
+        phases = [([0, 1], "hc", [
+            f"float v = xr[jj] + pre[0][jj]; v = {pre('v')}; zz[jj] = {act(0, 'v')};",
+            f"v = xr[{hs} + jj] + pre[1][jj]; v = {pre('v')}; const float r = {act(0, 'v')};",
+            "rh[jj] = r * hp[jj];"]),
+            ([2], "rhb", [
+            f"float v = xr[{2 * hs} + jj] + pre[2][jj]; v = {pre('v')}; const float hh = {act(1, 'v')};",
+            "const float h = (1.0f - zz[jj]) * hh + zz[jj] * hp[jj];",
+            "hq[jj] = h; yo[jj] = h;"])]
+
+    step = []
+    for i, (gates, src, cell) in enumerate(phases):
+        last = i == len(phases) - 1
+        rows_i, split_i = _tile(batch, len(gates), target)
+        step += [f"for (int64_t p = p0; p < p1; ++p) {{",
+                 f"  const float* wp = rpd + p * {hs * g * 16};",
+                 "  const int64_t n = H - p * 16 < 16 ? H - p * 16 : 16;",
+                 f"  const int copy_dead = {int(last)};",
+                 f"  for (int64_t b0 = 0; b0 < B; b0 += {rows_i}) {{",
+                 *("    " + x for x in _gemv(rows_i, gates, g, split_i, f"{src} + PU * ", target)),
+                 *("    " + x for x in epilogue(rows_i, gates, cell)),
+                 "  }",
+                 "}",
+                 "if (per > 1) kiln_rec_wait(&bars[grp], per, s);"]
+
+    h_init = f"(float){arg['h0']}[{H('d', 'b')} + j]" if "h0" in arg else "0.0f"
+    c_init = f"(float){arg['c0']}[{H('d', 'b')} + j]" if "c0" in arg else "0.0f"
+    rev = "d == 1" if direction == "bidirectional" else str(int(direction == "reverse"))
+    macs = batch * g * hs * hs
+    body = [
+        "typedef float kv __attribute__((vector_size(64)));",
+        f"enum {{ B = {batch}, H = {hs}, PU = {pu}, ND = {nd} }};",
+        "const float* xw = in0;",
+        "int rc = 0;",
+        *([f"for (int64_t b = 0; b < B; ++b) if ({int(direction != 'forward')} && {lens_b} > {steps}) rc = 1;",
+           "if (rc) return 1;"] if "lens" in arg else []),
+        f"float* state = (float*)kiln_alloc(sizeof(float) * {nd * per_dir});",
+        "if (!state) return -1;",
+        f"memset(state, 0, sizeof(float) * {nd * per_dir});",
+        *([f"memset(out0, 0, sizeof(float) * {math.prod(y_shape)});"] if "lens" in arg else []),
+        "for (int64_t d = 0; d < ND; ++d)",
+        "  for (int64_t b = 0; b < B; ++b)",
+        "    for (int64_t j = 0; j < H; ++j) {",
+        f"      state[d * {per_dir} + b * PU + j] = {h_init};",
+        f"      state[d * {per_dir} + {2 * batch * pu} + b * PU + j] = {c_init};",
+        "    }",
+        "kiln_rec_barrier bars[ND];",
+        "memset(bars, 0, sizeof bars);",
+        "static int cooldown = 0;  /* calls left to run unsplit after a split run went solo */",
+        "const int avail = omp_get_max_threads();",
+        "const int calm = __atomic_load_n(&cooldown, __ATOMIC_RELAXED) <= 0;",
+        "if (!calm) __atomic_sub_fetch(&cooldown, 1, __ATOMIC_RELAXED);",
+        f"const int want_per = {int(macs >= SPLIT_MACS and steps > 1)} && calm && avail >= 2 * ND "
+        f"? (avail / ND < {n_p} ? avail / ND : {n_p}) : 1;",
+        "const int team = avail >= ND ? ND * want_per : 1;",
+        "#pragma omp parallel num_threads(team) if (team > 1)",
+        "{",
+        "  const int nt = omp_get_num_threads(), tid = omp_get_thread_num();",
+        "  int per = nt >= ND * want_per ? want_per : 1;  /* threads per direction */",
+        "  const int groups = nt / per < ND ? nt / per : ND;",
+        "  const int grp = tid / per, part = tid % per;",
+        f"  int64_t p0 = (int64_t)part * {n_p} / per, p1 = (int64_t)(part + 1) * {n_p} / per;",
+        "  for (int64_t d = grp; grp < groups && d < ND && (part == 0 || per > 1); d += groups) {",
+        f"    const int rev = {rev}; (void)rev;",
+        f"    const float* rpd = in1 + d * {n_p * hs * g * 16};",
+        *([f"    const float* rb = {arg['rbh']} + d * {hs};"] if "rbh" in arg else []),
+        *([f"    const float* pp = {arg['P']} + d * {3 * hs};"] if "P" in arg else []),
+        f"    float* sd = state + d * {per_dir};",
+        f"    float* cb = sd + {2 * batch * pu};",
+        f"    float* rhb = sd + {3 * batch * pu}; float* zb = sd + {4 * batch * pu}; (void)rhb; (void)zb;",
+        f"    for (int64_t s = 0; s < {steps}; ++s) {{",
+        f"      float* hc = sd + (s & 1) * {batch * pu}; float* hn = sd + ((s & 1) ^ 1) * {batch * pu};",
+        *("      " + x for x in step),
+        "      if (per > 1 && kiln_rec_solo(&bars[grp], s)) {  /* a partner stalled: go on alone */",
+        "        per = 1;",
+        "        if (part != 0) break;",
+        f"        p0 = 0; p1 = {n_p};",
+        "        __atomic_store_n(&cooldown, 16, __ATOMIC_RELAXED);",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+        *(["for (int64_t d = 0; d < ND; ++d)",
+           "  for (int64_t b = 0; b < B; ++b) {",
+           f"    const int live = {lens_b} > 0;",
+           f"    const float* hf = state + d * {per_dir} + ({steps} & 1) * {batch * pu} + b * PU;",
+           f"    const float* cf = state + d * {per_dir} + {2 * batch * pu} + b * PU; (void)cf;",
+           "    for (int64_t j = 0; j < H; ++j) {",
+           *([f"      out1[{H('d', 'b')} + j] = live ? hf[j] : 0.0f;"] if n_out > 1 else []),
+           *([f"      out2[{H('d', 'b')} + j] = live ? cf[j] : 0.0f;"] if n_out > 2 else []),
+           "    }",
+           "  }"] if n_out > 1 else []),
+        "free(state);",
+        "return 0;",
+    ]
+    return ctx.extern("\n".join("  " + x for x in body), [xw, rp, rbh, lens, h0, c0, p],
+                      [(s, DType.float32) for s in shapes], preamble=PREAMBLE,
+                      errors={1: f"a sequence_lens value exceeds the sequence length {steps}"})
