@@ -1,0 +1,125 @@
+"""The recurrent step at its limit: one LSTM / GRU / RNN layer, kiln vs ONNX Runtime, ns per step.
+
+    python benchmarks/recurrent.py [--threads 2] [--clock wall|cpu] [--json PATH]
+    python benchmarks/recurrent.py --case LSTM,bidirectional,80,256,128,1 [--case ...]
+
+At batch 1 a step of a recurrent layer multiplies the state by R (G * H * H floats: 1 MiB for an
+LSTM of 256 units) and does little else, so its time is set by how fast R streams from cache:
+per row this prints each engine's median ms per inference, kiln / ORT, kiln's ns per step and
+direction, and the bytes of R one step reads, as GB/s (R bytes / ns per step). The layers have
+constant random weights (as exported models do), so kiln runs them as -O3 does: the input
+projection as one GEMM, then kiln::Recurrent (kiln.lower.recurrent). Engines are timed
+interleaved (kiln.bench.time_interleaved). `--clock cpu` times the calling thread's CPU time
+with one thread for both engines (`--threads` is then 1): on a loaded machine that is the
+figure that still says something about the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+# (kind, direction, input size, hidden, steps, batch): the corpus' recurrent layers and their neighbours
+CASES = [("LSTM", "forward", 80, 64, 50, 1), ("LSTM", "forward", 80, 128, 128, 1),
+         ("LSTM", "forward", 80, 256, 128, 1), ("LSTM", "bidirectional", 80, 256, 128, 1),
+         ("LSTM", "bidirectional", 512, 256, 512, 1), ("LSTM", "forward", 256, 256, 128, 8),
+         ("GRU", "forward", 80, 256, 128, 1), ("GRU", "bidirectional", 80, 384, 128, 1),
+         ("RNN", "forward", 80, 512, 128, 1)]
+
+
+def layer_model(kind: str, direction: str, inp: int, hs: int, seq: int, batch: int, seed: int = 0):
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    nd, g = (2 if direction == "bidirectional" else 1), GATES[kind]
+    w = (rng.standard_normal((nd, g * hs, inp)) / np.sqrt(inp)).astype(np.float32)
+    r = (rng.standard_normal((nd, g * hs, hs)) / np.sqrt(hs)).astype(np.float32)
+    b = (rng.standard_normal((nd, 2 * g * hs)) * 0.1).astype(np.float32)
+    outs = ["Y", "Y_h"] + (["Y_c"] if kind == "LSTM" else [])
+    attrs = dict(direction=direction, hidden_size=hs, **({"linear_before_reset": 1} if kind == "GRU" else {}))
+    node = helper.make_node(kind, ["X", "W", "R", "B"], outs, **attrs)
+    graph = helper.make_graph(
+        [node], kind.lower(), [helper.make_tensor_value_info("X", TensorProto.FLOAT, [seq, batch, inp])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "W"), (r, "R"), (b, "B"))])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    m.ir_version = 8
+    return m
+
+
+def run_case(case, threads: int, clock: str, budget: float) -> dict:
+    import onnx
+    import onnxruntime as ort
+
+    import kiln
+    from kiln.bench import compare, stats, time_interleaved
+    kind, direction, inp, hs, seq, batch = case
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "layer.onnx")
+        onnx.save(layer_model(*case), path)
+        cm = kiln.compile(path)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((seq, batch, inp)).astype(np.float32)
+    feeds = {"X": x}
+    check = compare(cm.run(feeds), dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds))))
+    fns = {"kiln": lambda: cm.run(feeds), "ort": lambda: sess.run(None, feeds)}
+    if clock == "cpu":
+        times = {k: [] for k in fns}
+        end = time.perf_counter() + budget * 2
+        while time.perf_counter() < end or len(times["kiln"]) < 5:
+            for k, fn in fns.items():
+                t = time.thread_time()
+                fn()
+                times[k].append((time.thread_time() - t) * 1e3)
+    else:
+        t0 = time.perf_counter()
+        fns["kiln"]()
+        one = max(time.perf_counter() - t0, 1e-4)
+        n = int(min(50, max(5, budget / one)))
+        times = time_interleaved(fns, {"kiln": n, "ort": n}, 5)
+    k, o = stats(times["kiln"])["median_ms"], stats(times["ort"])["median_ms"]
+    nd = 2 if direction == "bidirectional" else 1
+    r_bytes = GATES[kind] * hs * hs * 4
+    ns_step = k * 1e6 / (seq * nd)
+    return {"case": f"{kind} {direction} in={inp} H={hs} seq={seq} batch={batch}", "kiln_ms": k, "ort_ms": o,
+            "ratio": k / o, "kiln_ns_per_step": ns_step, "r_bytes": r_bytes, "gb_per_s": r_bytes / ns_step,
+            "ok": bool(check["ok"]), "threads": threads, "clock": clock}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    ap.add_argument("--budget", type=float, default=1.0, help="seconds per engine per case (about)")
+    ap.add_argument("--case", action="append", help="kind,direction,input,hidden,steps,batch")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    threads = 1 if args.clock == "cpu" else args.threads
+    os.environ["OMP_NUM_THREADS"] = str(threads)   # before kiln's native code loads
+    cases = [tuple(int(v) if v.isdigit() else v for v in c.split(",")) for c in args.case] if args.case else CASES
+    print(f"{'layer':<48} {'kiln ms':>9} {'ort ms':>9} {'k/ort':>6} {'ns/step':>9} {'R KiB':>7} {'GB/s':>6}  ok"
+          f"   ({threads} thread{'s' * (threads > 1)}, {args.clock} clock, load {os.getloadavg()[0]:.1f})")
+    rows = []
+    for case in cases:
+        r = run_case(case, threads, args.clock, args.budget)
+        rows.append(r)
+        print(f"{r['case']:<48} {r['kiln_ms']:9.3f} {r['ort_ms']:9.3f} {r['ratio']:6.2f} {r['kiln_ns_per_step']:9.0f} "
+              f"{r['r_bytes'] / 1024:7.0f} {r['gb_per_s']:6.1f}  {'yes' if r['ok'] else 'NO'}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": rows}, f, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
