@@ -111,14 +111,20 @@ def _instance_norm_lower(ctx, x, scale, bias):
     return y
 
 
-@lowering("LayerNormalization")
-def _layer_norm_lower(ctx, x, scale, bias=None):
+def _trailing_norm(ctx, x):
+    """LayerNorm/RMSNorm normalise over the dims from `axis` on, accumulating in stash_type:
+    (rank, axis, accumulator dtype, normalised axes)."""
     rank = len(x.shape)
     axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), rank)
     acc = _stash(ctx)
     if acc.c is None:
         ctx.fail(f"stash_type {acc} has no native type")
-    axes = list(range(axis, rank))
+    return rank, axis, acc, list(range(axis, rank))
+
+
+@lowering("LayerNormalization")
+def _layer_norm_lower(ctx, x, scale, bias=None):
+    rank, axis, acc, axes = _trailing_norm(ctx, x)
     mean, var = moments(lambda i: cast(acc, x[tuple(i)]), x.shape, axes, acc, "ln")
     inv = _rsqrt_eps(var, float(ctx.attr("epsilon", 1e-5)), acc, "ln_inv")
     zi = (0,) * (rank - axis)
@@ -144,12 +150,7 @@ def _layer_norm_lower(ctx, x, scale, bias=None):
 @lowering("RMSNormalization")
 def _rms_norm_lower(ctx, x, scale):
     from kiln.loops import sqrt
-    rank = len(x.shape)
-    axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), rank)
-    acc = _stash(ctx)
-    if acc.c is None:
-        ctx.fail(f"stash_type {acc} has no native type")
-    axes = list(range(axis, rank))
+    rank, axis, acc, axes = _trailing_norm(ctx, x)
     keep = _keep_shape(x.shape, axes)
     red = {a: reduce_axis(x.shape[a], f"r{a}") for a in axes}
 
