@@ -18,30 +18,12 @@ import torch.nn.functional as F  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln.frontends.torch_ops import TABLE  # noqa: E402
+from tests.frontends.torch.opcheck import Fn, assert_same, pos, rnd  # noqa: E402
 
 SEEN: set = set()
 RAN: set = set()
 
 
-class Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
-def rnd(*shape, dtype=torch.float32, lo=-2.0, hi=2.0):
-    if dtype.is_floating_point:
-        return (torch.rand(*shape) * (hi - lo) + lo).to(dtype)
-    if dtype == torch.bool:
-        return torch.rand(*shape) > 0.5
-    return torch.randint(int(lo) - 3, int(hi) + 4, shape).to(dtype)
-
-
-def pos(*shape):
-    return torch.rand(*shape) + 0.1
 
 
 F32, F64, I64, I32 = torch.float32, torch.float64, torch.int64, torch.int32
@@ -201,17 +183,7 @@ def test_op_matches_eager(name):
     SEEN.update(n.target for n in ep.graph.nodes if n.op == "call_function")
     RAN.add(name)
     cm = kiln.compile(m, "interpreter", example_inputs=xs)
-    want = m(*xs)
-    got = cm(*xs)
-    want_l, got_l = torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got)
-    assert len(want_l) == len(got_l)
-    for w, g in zip(want_l, got_l):
-        assert g.dtype == w.dtype, (g.dtype, w.dtype)
-        assert g.shape == w.shape
-        if w.dtype.is_floating_point:
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
-        else:
-            assert torch.equal(g, w)
+    assert_same(cm(*xs), m(*xs))
     # numpy in, numpy out
     np_out = cm(*[x.numpy() for x in xs])
     first = torch.utils._pytree.tree_leaves(np_out)[0]
