@@ -36,13 +36,14 @@ from kiln.limits import use as use_limits
 from kiln.runtime.model import CompiledModel, TensorSpec
 
 TARGETS = ("interpreter", "cpu")
+SHAPES = ("specialize", "generic")
 STAGES = ("graph", "optimized", "partition", "loops", "c")
 
 
 def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int | None = None,  # noqa: A001
             report: bool = False, limits: Limits | dict | None = None, example_inputs=None,
             dynamic_shapes=None, decisions: dict | None = None, tuning: str | None = None,
-            **options) -> CompiledModel:
+            shapes: str = "specialize", **options) -> CompiledModel:
     """Compile a model for `target` and return a runnable CompiledModel.
 
     `target`: "cpu" (native code), "interpreter" (the NumPy reference), or a CPU to build
@@ -63,8 +64,15 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     every kernel, {kernel: {name: value}} for one);
     `tuning`: a records database (`kiln tune`; default $KILN_TUNING_DB): each kernel gets the
     best record of its workload measured on this machine (kiln.tune.apply).
+    `shapes` (models with symbolic input dims, target "cpu"): "specialize" (the default) builds
+    a module per new input shape at its first run; "generic" builds one module now that runs
+    every value of the symbols (kiln.lower.generic), or, where the model cannot be generic,
+    specialises as before: `model.shapes` says which ("generic" | "specialize" | "static") and
+    `model.shapes_reason` why not generic (also in the report).
     """
     target, cpu = _split_target(target, cpu)
+    if shapes not in SHAPES:
+        raise KilnError(f"unknown shapes={shapes!r}; choose one of {list(SHAPES)}")
     if options:
         raise KilnError(f"unknown compile option(s) {sorted(options)}")
     if opt_level is None:
@@ -74,6 +82,8 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
         from kiln.frontends.torch import compile_torch  # noqa: PLC0415
         if decisions:
             raise KilnError("decisions are not passed through the torch frontend yet; export to ONNX")
+        if shapes != "specialize":
+            raise KilnError("shapes= is not passed through the torch frontend yet; export to ONNX")
         return compile_torch(model, target, example_inputs=example_inputs, dynamic_shapes=dynamic_shapes,
                              opt_level=opt_level, report=report, limits=limits, cpu=cpu)
     if example_inputs is not None or dynamic_shapes is not None:
@@ -85,7 +95,7 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     tuning = tuning_path(tuning)
     lim = Limits.of(limits)
     with use_limits(lim):
-        compiled = _compile(model, target, opt_level, report, cpu, decisions, tuning)
+        compiled = _compile(model, target, opt_level, report, cpu, decisions, tuning, shapes)
     compiled.limits = lim
     return compiled
 
@@ -115,7 +125,7 @@ def _is_torch(model: Any) -> bool:
 
 
 def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisions: dict,
-             tuning: str | None = None) -> CompiledModel:
+             tuning: str | None = None, shapes: str = "specialize") -> CompiledModel:
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
     optimized = optimize(frontend(model), opt_level, cpu)
@@ -124,11 +134,53 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     if target == "interpreter":
         compiled = InterpretedModel(graph)
     else:
-        from kiln.targets.cpu import CpuModel  # noqa: PLC0415
-        compiled = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs)
+        compiled = _cpu_model(optimized, decisions, tuning, shapes, ins, outs)
     if report:
         compiled.report = _report(optimized, compiled if target == "cpu" else None)
     return compiled
+
+
+def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, outs) -> CompiledModel:
+    """The cpu target's model: one shape-generic module when asked and the graph allows it,
+    else specialised per input shape (static inputs: built now)."""
+    from kiln.targets.cpu import CpuModel  # noqa: PLC0415
+    static = optimized.source is None and all(s.shape is not None and all(isinstance(d, int) for d in s.shape)
+                                              for s in ins)
+    reason = None
+    if shapes == "generic" and not static:
+        from kiln.lower.generic import NotGeneric  # noqa: PLC0415
+        try:
+            from kiln.targets.generic import GenericModel  # noqa: PLC0415
+            return GenericModel(generic(optimized, decisions), optimized, ins, outs)
+        except NotGeneric as e:
+            reason = e.raw_message
+    model = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs)
+    model.shapes = "static" if static else "specialize"
+    model.shapes_reason = reason
+    return model
+
+
+def generic(optimized: Optimized, decisions: dict | None = None):
+    """The optimized graph (symbolic input dims) as one shape-generic native module:
+    lower_generic → generate → build → load (kiln.runtime.generic.GenericModule).
+    Raises kiln.lower.generic.NotGeneric saying why the graph cannot be one."""
+    from kiln.codegen import build_c, func_symbol  # noqa: PLC0415
+    from kiln.limits import check_memory  # noqa: PLC0415
+    from kiln.lower.generic import lower_generic  # noqa: PLC0415
+    from kiln.runtime.generic import GenericModule  # noqa: PLC0415
+    graph = optimized.graph
+    sg = lower_generic(graph, optimized.target, decisions)
+    lm = sg.lowered
+    source = generate(lm)
+    lib = build_c(lm.module, optimized.target, units=source.units)
+    module = GenericModule(str(lib.path), lib.sha256, func_symbol(lm.module.entry), sg.symbols,
+                           [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
+                           [(v.type.shape, v.type.dtype.name) for v in graph.outputs],
+                           lm.weights, sg.layout, lm.call_nodes, lm.call_errors,
+                           check_bytes=lambda n, what: check_memory(n, what, stage="run"))
+    module.info = {"kernels": len(lm.module.funcs) - 1, "calls": lm.call_nodes,
+                   "why_not_fused": lm.fusion.why_not if lm.fusion else [], "decisions": lm.decisions}
+    return module
 
 
 # -- frontend, passes ----------------------------------------------------------------------
@@ -472,8 +524,15 @@ class InterpretedModel(CompiledModel):
 def _report(optimized: Optimized, compiled) -> Any:
     """The CompileReport: the passes, and for the cpu target the first module built."""
     from kiln.passes import CompileReport  # noqa: PLC0415
+    shapes = getattr(compiled, "shapes", None)
     r = CompileReport(optimized.level, optimized.stats,
-                      per_shape=compiled is not None and optimized.source is not None)
+                      per_shape=compiled is not None and optimized.source is not None and shapes != "generic",
+                      shapes=shapes, shapes_reason=getattr(compiled, "shapes_reason", None))
+    if shapes == "generic":
+        info = compiled.module.info
+        r.fused_groups, r.kernels = list(info["calls"]), len(info["calls"])
+        r.why_not_fused = list(info["why_not_fused"])
+        return r
     info = compiled.build_info() if compiled is not None else None
     if info is not None:
         built = Built.of(info)

@@ -277,7 +277,8 @@ class _Emitter:
             return self.rounded(dt, f"({go(e.args[0])} {_INFIX[op]} {go(e.args[1])})")
         if op in ("floordiv", "floormod"):
             a, b = e.args
-            if ctx.bounds(a)[0] is not None and ctx.bounds(a)[0] >= 0 and b.op == "const" and b.arg > 0:
+            lo_b = ctx.bounds(b)[0]   # a positive divisor: a constant, or a symbolic size (>= 1)
+            if ctx.bounds(a)[0] is not None and ctx.bounds(a)[0] >= 0 and lo_b is not None and lo_b > 0:
                 return self.rounded(dt, f"({go(a)} {'/' if op == 'floordiv' else '%'} {go(b)})")
             return self.rounded(dt, f"KILN_{op.upper()}({vtype(dt)}, {go(a)}, {go(b)})")
         if op in ("min", "max"):
@@ -347,6 +348,8 @@ class _Emitter:
             ranges = dict(ctx.ranges)
             if lo.op == "const" and ext.op == "const":
                 ranges[s.var] = (lo.arg, lo.arg + ext.arg - 1)
+            elif lo.op == "const":   # a symbolic extent (kiln.loops.symbols)
+                ranges[s.var] = (lo.arg, ctx.simplify(lo + ext - 1))
             inner = Ctx(ranges)
             if s.kind == "parallel" and not in_par:
                 out(f"{pad}#pragma omp parallel for schedule(static)")
@@ -381,12 +384,14 @@ class _Emitter:
         elif isinstance(s, S.Allocate):
             b = s.buffer
             name, t = n(b, b.name, "b"), ctype(b.dtype)
-            if s.scope == "stack" or (s.scope == "auto" and b.nbytes <= STACK_LIMIT):
+            sized = not isinstance(b.size, Expr)     # else a symbolic size: on the heap
+            if sized and (s.scope == "stack" or (s.scope == "auto" and b.nbytes <= STACK_LIMIT)):
                 out(f"{pad}{{ {t} {name}[{max(b.size, 1)}] __attribute__((aligned(64)));")
                 self.stmt(s.body, ctx, n, d + 1, in_par)
                 out(pad + "}")
             else:
-                out(f"{pad}{{ {t}* restrict {name} = ({t}*)kiln_alloc({b.nbytes}ULL);")
+                nbytes = f"{b.nbytes}ULL" if sized else f"(uint64_t)({self.expr(ctx.simplify(b.nbytes), ctx, n)})"
+                out(f"{pad}{{ {t}* restrict {name} = ({t}*)kiln_alloc({nbytes});")
                 out(f"{pad}if ({name}) {{")
                 self.stmt(s.body, ctx, n, d + 1, in_par)
                 out(f"{pad}}} else {{")
@@ -415,7 +420,10 @@ class _Emitter:
         out = []
         for p, a in zip(callee.params, s.args):
             if isinstance(a, S.View):
-                out.append(f"({ctype(p.dtype)}*)((char*){n(a.buffer, a.buffer.name, 'b')} + {int(a.byte_offset)})")
+                off = a.byte_offset if not isinstance(a.byte_offset, Expr) or a.byte_offset.op == "const" else None
+                off = int(off if not isinstance(off, Expr) else off.arg) if off is not None else \
+                    self.expr(a.byte_offset, Ctx(), n)   # planned per shape (a symbolic module)
+                out.append(f"({ctype(p.dtype)}*)((char*){n(a.buffer, a.buffer.name, 'b')} + {off})")
             else:
                 out.append(n(a, a.name, "b"))
         return ", ".join(out)

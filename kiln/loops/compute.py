@@ -64,14 +64,23 @@ def reduce_axis(extent_or_range, name: str = "k") -> Expr:
         lo, hi = extent_or_range
     else:
         lo, hi = 0, extent_or_range
+    if isinstance(hi, Expr) or isinstance(lo, Expr):   # a symbolic extent (kiln.loops.symbols)
+        return var(name, dom=(lo, _size(hi - lo)), kind="reduce")
     if hi <= lo:
         raise KilnError(f"reduce_axis {name!r} has an empty range [{lo}, {hi})")
     return var(name, dom=(int(lo), int(hi - lo)), kind="reduce")
 
 
+def _size(s):
+    """A dim: an int, or a symbolic size Expr (a constant one as its int)."""
+    if isinstance(s, Expr):
+        return int(s.arg) if s.op == "const" else s
+    return int(s)
+
+
 def compute(shape, fn, name: str, dtype: DType | None = None) -> Tensor:
     """Tensor of `shape` whose element at (i, j, ...) is fn(i, j, ...)."""
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(_size(s) for s in shape)
     try:
         params = list(inspect.signature(fn).parameters.values())
         names = [p.name for p in params] if all(p.kind == p.POSITIONAL_OR_KEYWORD for p in params) \

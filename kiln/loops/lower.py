@@ -20,8 +20,10 @@ from kiln.loops.hoist import hoist_checks
 from kiln.loops.expr import Expr, const, map_loads, max_, min_, rebuild, reduce_identity, substitute, walk
 from kiln.loops.schedule import Schedule, Stage, iteration_structure
 from kiln.loops.simplify import Ctx, prove, simplify_stmt
+from kiln.loops.symbols import UNBOUNDED, static
 
 ZERO = const(0, DType.int64)
+TILE_MAX = 1 << 16   # a region of a symbolic dim bounded by this many elements is a static tile
 
 
 def combine(comb: str, acc: Expr, v: Expr) -> Expr:
@@ -110,7 +112,7 @@ class _Lowering:
             for d, idx in enumerate(e.args):
                 iv = sym_interval(idx, free)
                 if iv is None:
-                    los[d], his[d] = ZERO, const(shape[d] - 1, DType.int64)
+                    los[d], his[d] = ZERO, _ix(shape[d] - 1)
                     iv = (los[d], his[d])
                 los[d] = iv[0] if los[d] is None else min_(los[d], iv[0])
                 his[d] = iv[1] if his[d] is None else max_(his[d], iv[1])
@@ -120,10 +122,15 @@ class _Lowering:
         ctx = Ctx(self.ranges)
         for d, n in enumerate(shape):
             lo = ctx.simplify(max_(los[d], 0)) if los[d] is not None else ZERO
-            hi = ctx.simplify(min_(his[d], n - 1)) if his[d] is not None else const(n - 1, DType.int64)
+            if his[d] is not None and static(n) and n >= UNBOUNDED:   # never clamped (kiln.loops.symbols)
+                hi = ctx.simplify(his[d])
+            else:
+                hi = ctx.simplify(min_(his[d], n - 1)) if his[d] is not None else _ix(n - 1)
             e_hi = ctx.bounds(ctx.simplify(hi - lo + 1))[1]
-            if e_hi is None or e_hi >= n:
-                out.append((lo, n, hi) if e_hi is not None else (ZERO, n, const(n - 1, DType.int64)))
+            if not static(n):   # a symbolic dim: a tile's static bound, else the whole dim bounds it
+                out.append((lo, max(e_hi, 1), hi) if e_hi is not None and e_hi <= TILE_MAX else (lo, n, hi))
+            elif e_hi is None or e_hi >= n:
+                out.append((lo, n, hi) if e_hi is not None else (ZERO, n, _ix(n - 1)))
             else:
                 out.append((lo, max(e_hi, 1), hi))
         return out
@@ -175,8 +182,7 @@ class _Lowering:
                 self.local[p] = S.Buffer(p.name, p.tensor.dtype, tuple(r[1] for r in reg), "local")
                 self.domains[p] = {ax: (lo, n, ctx.simplify(hi - lo + 1)) for ax, (lo, n, hi) in zip(p.axis, reg)}
                 for rv in p.reduce_axis:
-                    self.domains[p][rv] = (const(rv.arg.dom[0], DType.int64), rv.arg.dom[1],
-                                           const(rv.arg.dom[1], DType.int64))
+                    self.domains[p][rv] = (_ix(rv.arg.dom[0]), rv.arg.dom[1], _ix(rv.arg.dom[1]))
                 buf, los = self.local[p], [r[0] for r in reg]
                 for c in readers:
                     self.sibling_reads.setdefault(c, []).append((p, buf, los))
@@ -188,7 +194,7 @@ class _Lowering:
                 if attach:
                     for p in reversed(self.attached.get((stage, leaf), [])):
                         inner = S.Allocate(self.local[p], S.seq(self.build(p, self.domains[p]), inner), "auto")
-                inner = S.For(leaf, ZERO, const(ext[leaf], DType.int64), stage.kinds.get(leaf, "serial"), inner)
+                inner = S.For(leaf, ZERO, _ix(ext[leaf]), stage.kinds.get(leaf, "serial"), inner)
             return inner
 
         sp_guard = guard(stage.axis)
@@ -207,10 +213,10 @@ class _Lowering:
         return nest(range(p0), S.seq(init_nest, upd_nest))
 
     def root_domain(self, stage: Stage) -> dict:
-        dom = {ax: (ZERO, n, const(n, DType.int64)) for ax, n in zip(stage.axis, stage.tensor.shape)}
+        dom = {ax: (ZERO, n, _ix(n)) for ax, n in zip(stage.axis, stage.tensor.shape)}
         for rv in stage.reduce_axis:
             lo, n = rv.arg.dom
-            dom[rv] = (const(lo, DType.int64), n, const(n, DType.int64))
+            dom[rv] = (_ix(lo), n, _ix(n))
         return dom
 
     def run(self) -> S.Stmt:
@@ -220,6 +226,11 @@ class _Lowering:
             if s.tensor not in self.params:
                 body = S.Allocate(s.tensor, body, "heap")
         return body
+
+
+def _ix(n) -> Expr:
+    """An index or extent as an Expr: an int as a constant, a symbolic size as it is."""
+    return n if isinstance(n, Expr) else const(n, DType.int64)
 
 
 def _reads(body: Expr, tensor) -> bool:
@@ -291,7 +302,7 @@ def sym_interval(e: Expr, free: dict):
     op = e.op
     if op == "var":
         lo, hi = free[e]
-        return const(lo, e.dtype), const(hi, e.dtype)
+        return _ix(lo), _ix(hi)
     if op == "cast" and not e.args[0].dtype.is_float:
         iv = sym_interval(e.args[0], free)
         return None if iv is None else (Expr("cast", e.dtype, (iv[0],)), Expr("cast", e.dtype, (iv[1],)))

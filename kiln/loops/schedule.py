@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from kiln.errors import KilnError
 from kiln.loops.compute import Tensor
 from kiln.loops.expr import Expr, map_loads, reduce, reduce_identity, select, substitute, var, walk
+from kiln.loops.symbols import ceildiv, static
 
 
 @dataclass(frozen=True)
@@ -174,9 +175,14 @@ class Stage:
             raise self._err(f"split needs exactly one positive integer factor or nparts, got "
                             f"factor={factor!r} nparts={nparts!r}", v)
         ext = v.arg.dom[1]
-        ext1 = max(ext, 1)  # a zero-length axis splits into empty loops
-        f = min(factor, ext1) if factor else -(-ext1 // min(nparts, ext1))
-        outer = self._new_var(f"{v.arg.name}.o", (0, -(-ext // f)), v.arg.kind)
+        if not static(ext):   # a symbolic extent: tiles of `factor`, the last one guarded
+            if factor is None:
+                raise self._err("a symbolic extent splits by factor, not nparts", v)
+            f = factor
+        else:
+            ext1 = max(ext, 1)  # a zero-length axis splits into empty loops
+            f = min(factor, ext1) if factor else -(-ext1 // min(nparts, ext1))
+        outer = self._new_var(f"{v.arg.name}.o", (0, ceildiv(ext, f)), v.arg.kind)
         inner = self._new_var(f"{v.arg.name}.i", (0, f), v.arg.kind)
         self.relations.append(Split(v, outer, inner, factor, nparts))
         i = self.leaves.index(v)
@@ -484,7 +490,9 @@ def iteration_structure(stage: Stage, root_ext: dict):
     for r in stage.relations:
         if isinstance(r, Split):
             n = ext[r.parent]
-            if r.factor is not None:
+            if not static(n):
+                ext[r.outer], ext[r.inner] = ceildiv(n, r.factor), r.factor
+            elif r.factor is not None:
                 f = min(r.factor, n)
                 ext[r.outer], ext[r.inner] = -(-n // f), f
             else:

@@ -18,6 +18,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops.expr import BINARY, Expr, const, max_, min_, rebuild, substitute
+from kiln.loops.symbols import SYMBOL_MAX
 from kiln.loops import stmt as S
 
 COMMUTATIVE = {"add", "mul", "min", "max", "eq", "ne", "and", "or", "bitand", "bitor", "bitxor"}
@@ -110,15 +111,29 @@ class Ctx:
         return node
 
 
+def _int_bound(b):
+    """A range end as an int, or None where it is symbolic (an Expr: unknown here)."""
+    if isinstance(b, Expr):
+        return b.arg if b.op == "const" and not b.dtype.is_float else None
+    return b
+
+
 def _bounds(ctx: Ctx, e: Expr):
     op = e.op
     if op == "const":
         return (e.arg, e.arg)
     if op == "var":
         if e in ctx.ranges:
-            return ctx.ranges[e]
+            lo, hi = ctx.ranges[e]
+            return (_int_bound(lo) if not isinstance(lo, Expr) else ctx.bounds(lo)[0],
+                    _int_bound(hi) if not isinstance(hi, Expr) else ctx.bounds(hi)[1])
+        if e.arg.kind == "symbol":     # a size known at run time (kiln.loops.symbols)
+            return (1, SYMBOL_MAX)
         dom = e.arg.dom
-        return (dom[0], dom[0] + dom[1] - 1) if dom else (None, None)
+        if not dom:
+            return (None, None)
+        lo, n = _int_bound(dom[0]), _int_bound(dom[1])
+        return (lo, None if lo is None or n is None else lo + n - 1)
     if e.dtype is DType.bool:
         return (0, 1)
     if op == "cast":
@@ -209,6 +224,10 @@ def _c(v, like: Expr) -> Expr:
 def _cmp_by_bounds(op):
     """x OP y decided by the bounds of x - y."""
     def rule(ctx, x, y):
+        if _sym_le(ctx, x, y, 1 if op == "lt" else 0):   # a loop over a symbolic extent
+            return const(1, DType.bool)
+        if op == "lt" and _sym_lt(ctx, x, y):
+            return const(1, DType.bool)
         lo, hi = ctx.bounds(x - y)
         decide = {"lt": (hi is not None and hi < 0, lo is not None and lo >= 0),
                   "le": (hi is not None and hi <= 0, lo is not None and lo > 0)}[op]
@@ -216,8 +235,38 @@ def _cmp_by_bounds(op):
     return rule
 
 
+def _sym_le(ctx, x, y, less: int = 0) -> bool:
+    """x <= y - less for a loop var x over a symbolic extent (kiln.loops.symbols): its last
+    index minus y folds to a constant <= -less."""
+    if x.op != "var" or not isinstance(ctx.ranges.get(x, (None, None))[1], Expr):
+        return False
+    gap = ctx.simplify(ctx.ranges[x][1] - y)
+    return gap.op == "const" and gap.arg <= -less
+
+
+_DIGITS = ("floormod", "floordiv")
+
+
+def _sym_lt(ctx, x, y) -> bool:
+    """x < y for the digits of a fused loop over symbolic extents: x % y < y (y >= 1), and
+    v // d < y where v's last index is below y * d (kiln.loops.symbols)."""
+    if x.op == "floormod" and x.args[1] is y:
+        lo = ctx.bounds(y)[0]
+        return lo is not None and lo >= 1
+    if x.op == "floordiv" and x.args[0].op == "var" and isinstance(ctx.ranges.get(x.args[0], (None, None))[1], Expr):
+        d = x.args[1]
+        lo = ctx.bounds(d)[0]
+        gap = ctx.simplify(ctx.ranges[x.args[0]][1] - y * d)
+        return lo is not None and lo >= 1 and gap.op == "const" and gap.arg < 0
+    return False
+
+
 def _minmax_by_bounds(op):
     def rule(ctx, x, y):
+        if _sym_le(ctx, x, y) or (x.op in _DIGITS and _sym_lt(ctx, x, ctx.simplify(y + 1))):
+            return x if op == "min" else y
+        if _sym_le(ctx, y, x) or (y.op in _DIGITS and _sym_lt(ctx, y, ctx.simplify(x + 1))):
+            return y if op == "min" else x
         (a, b), (c, d) = ctx.bounds(x), ctx.bounds(y)
         if b is not None and c is not None and b <= c:
             return x if op == "min" else y
@@ -371,6 +420,8 @@ def _simp_stmt(s, ranges):
             return _simp_stmt(substitute_stmt(s.body, {s.var: lo}), ranges)
         if lo.op == "const" and ext.op == "const":
             ranges = {**ranges, s.var: (lo.arg, lo.arg + ext.arg - 1)}
+        elif lo.op == "const":   # a symbolic extent: bounded by its symbols' range
+            ranges = {**ranges, s.var: (lo.arg, ctx.simplify(lo + ext - 1))}
         body = _simp_stmt(s.body, ranges)
         return None if body is None else S.For(s.var, lo, ext, s.kind, body)
     if isinstance(s, S.Store):

@@ -26,7 +26,9 @@ class Buffer:
     scope: str = "global"
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(s) if not isinstance(s, Expr) else s for s in self.shape))
+        # a dim is an int or a symbolic size Expr (kiln.loops.symbols)
+        object.__setattr__(self, "shape", tuple(int(s) if not isinstance(s, Expr) else
+                                                int(s.arg) if s.op == "const" else s for s in self.shape))
 
     def __getitem__(self, idx) -> Expr:
         return load(self, idx if isinstance(idx, tuple) else (idx,))

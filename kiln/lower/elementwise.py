@@ -15,6 +15,8 @@ import numpy as np
 import kiln.loops as L
 from kiln.dtypes import DType
 from kiln.loops.expr import walk
+from kiln.loops.symbols import extent, static
+from kiln.lower.schedules import symbolic_rows
 from kiln.lower.decisions import parallel_min_work
 from kiln.ops.elementwise import _BINARY, _F8, _UNARY, _attrs, _b_pad, _str_attr
 from kiln.ops.registry import lowering
@@ -48,9 +50,13 @@ def _injective_schedule(sch, outputs, target) -> None:
     loop of libm calls into a stack buffer, then a vector loop. Vectors are `target`'s."""
     lets = [st for st in sch.stages if st.tensor not in sch.outputs]
     rows = {}
+    symbolic = any(not static(v.arg.dom[1]) for st in sch.stages for v in st.axis)
     for st in sch.stages:
-        ext = [v.arg.dom[1] for v in st.axis]
+        ext = [extent(v) for v in st.axis]
         if st in lets or not ext or 0 in ext:
+            continue
+        if symbolic:   # kiln.loops.symbols: rows of a run-time length, no splits
+            symbolic_rows(st, math.prod(ext) >= parallel_min_work())
             continue
         axes = list(st.axis)
         lanes = max(target.vector_lanes(st.tensor.dtype.itemsize), 1)
@@ -70,9 +76,11 @@ def _injective_schedule(sch, outputs, target) -> None:
                 st.parallel(rows[st])
     for st in lets:
         users = sch.consumers(st)
-        if len(users) == 1 and users[0] in rows:
+        if symbolic:   # a row buffer of symbolic length would be a heap allocation per row
+            st.compute_inline()
+        elif len(users) == 1 and users[0] in rows:
             st.compute_at(users[0], rows[users[0]])
-            if st.axis[-1].arg.dom[1] > 1:
+            if extent(st.axis[-1]) > 1:
                 st.vectorize(st.axis[-1])
         else:  # a 0-d output, or a stage read by another: evaluated where used
             st.compute_inline()

@@ -52,8 +52,10 @@ from typing import Callable
 
 from kiln.codegen.c import STACK_LIMIT
 from kiln.dtypes import DType
+from kiln.errors import KilnError
 from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
 from kiln.loops.expr import walk
+from kiln.loops.symbols import UNBOUNDED, ceildiv, hint, size_hint, static
 from kiln.lower.decisions import Ints, OneOf, declare, parallel_min_work
 from kiln.targets.target import Target
 
@@ -199,7 +201,9 @@ class Gemm:
         fused = so.fuse(*tiles) if tiles else None
         if ji is not None and nj > 1:
             so.vectorize(ji)
-        if fused is not None and self.work >= parallel_min_work():
+        if fused is None and not static(math.prod(self.acc.shape)):
+            raise KilnError(f"{self.out.name}: a GEMM without tile loops needs static sizes", stage="lower")
+        if fused is not None and hint(self.work) >= parallel_min_work():
             so.parallel(fused)
         sa = sch[self.acc]
         if fused is not None:
@@ -231,7 +235,7 @@ class Gemm:
             outer = ss.fuse(*sb) if len(sb) > 1 else sb[0]
             if self.nr > 1 and self.s_packed.shape[-1] > 1:
                 ss.vectorize(sk)
-            if math.prod(self.s_packed.shape) >= parallel_min_work():
+            if size_hint(self.s_packed.shape) >= parallel_min_work():
                 ss.parallel(outer)
         if self.packed is not None:
             sp = sch[self.packed]
@@ -242,7 +246,7 @@ class Gemm:
                 sp.compute_at(sa, co)
             else:
                 outer = sp.fuse(*pb, pco)
-                if math.prod(self.packed.shape) >= parallel_min_work():
+                if size_hint(self.packed.shape) >= parallel_min_work():
                     sp.parallel(outer)
 
 
@@ -338,7 +342,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     if prepacked is not None:
         swap, pack, panel = False, False, False
     if swap is None:  # S = B^T read in place pays when it is stored k-contiguous and M is the small side
-        swap = GEMM_SWAP.value(heuristic=bool(trans_b and not trans_a and M < N))
+        swap = GEMM_SWAP.value(heuristic=bool(trans_b and not trans_a and hint(M) < hint(N)))
     if swap:
         (R, C), s_at, v_at, vb, sb = (N, M), (lambda bi, r, k: b_at(bi, k, r)), a_at, ba, bb
     else:
@@ -360,28 +364,33 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
             raise ValueError(f"gemm: packed B {tuple(prepacked.shape)} does not fit K={K}, N={C}")
         # where S's rows alias in L1 (K = 2048 x fp32), 7 x 4 vectors with one accumulator
         # spilled beat 6 x 4: 128x2048 @ 2048x512 205 vs 180, 211 vs 183, 192 vs 172 GFLOP/s
-        tile = tile or (GEMM_MR.value(heuristic=choose_tile(R, C, acc_dtype, target, nvec=max(1, nr // lanes),
+        tile = tile or (GEMM_MR.value(heuristic=choose_tile(hint(R), C, acc_dtype, target, nvec=max(1, nr // lanes),
                                     spill_one=s_contiguous and weight_aliasing(K, a.dtype))[0]), nr)
-    mr, nr = tile or ((choose_tile(R, lanes, acc_dtype, target, nvec=1)[0], 1) if dot
-                      else choose_tile(R, C, acc_dtype, target, few_rows=aliasing))
-    mr, nr = max(1, min(mr, R)), max(1, nr)
-    if tile is None and not dot and 2 * C > lanes:   # a tuner may pick another micro-tile
+    # symbolic sizes (kiln.loops.symbols): decisions at their hints, tiles padded as for any size
+    hR, hC = hint(R), hint(C)
+    mr, nr = tile or ((choose_tile(hR, lanes, acc_dtype, target, nvec=1)[0], 1) if dot
+                      else choose_tile(hR, hC, acc_dtype, target, few_rows=aliasing))
+    mr, nr = max(1, min(mr, hR) if static(R) else mr), max(1, nr)
+    if tile is None and not dot and 2 * hC > lanes:   # a tuner may pick another micro-tile
         want = (GEMM_MR.value(heuristic=mr), lanes * GEMM_NVEC.value(heuristic=max(1, min(4, nr // lanes))))
         if want != (mr, nr):
-            tile = (mr, nr) = (max(1, min(want[0], R)), want[1])
+            tile = (mr, nr) = (max(1, min(want[0], hR) if static(R) else want[0]), want[1])
     v_contiguous = (trans_a if swap else not trans_b)
     if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
-        pack = GEMM_PACK.value(heuristic=bool(nr > 1 and (-(-R // mr) > 1 or C % nr != 0 or not v_contiguous)))
+        pack = GEMM_PACK.value(heuristic=bool(nr > 1 and (-(-hR // mr) > 1 or not static(C) or C % nr != 0
+                                                          or not v_contiguous)))
     if panel is None:
         # a V that stays in cache packs cheaply at the root (and compiles faster)
-        panel = GEMM_PANEL.value(heuristic=bool(K * C * math.prod(vb) * b.dtype.itemsize >= PANEL_MIN_BYTES))
+        panel = GEMM_PANEL.value(heuristic=bool(hint(K * C * math.prod(vb)) * b.dtype.itemsize >= PANEL_MIN_BYTES))
+    if not static(R):   # a panel's accumulators cover all rows, on the stack: a static count
+        panel = False
     fit = _panel_tile(R, C, acc_dtype, tile, target) if pack and panel else None
     panel = fit is not None
     if panel:
         # few row blocks: pack V panel by panel (read once, no packed copy in memory)
         # with the whole panel's accumulators on the stack
         mr, nr = max(1, min(fit[0], R)), max(1, fit[1])
-    Rp, Cp = -(-R // mr) * mr, -(-C // nr) * nr
+    Rp, Cp = ceildiv(R, mr) * mr, ceildiv(C, nr) * nr
     k = reduce_axis(K, "k")
 
     if pack:
@@ -410,7 +419,12 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
 
     # the panel index is a dim of its own: no div/mod between the tile loops and the
     # accumulator, so bound inference sees exact one-panel regions
-    acc = compute((*batch, Cp // nr, Rp, nr), acc_body, f"{name}.acc")
+    # a symbolic dim of acc is declared UNBOUNDED: acc is only ever computed a tile at a time
+    # (at the output's tile loop) and reads clamped rows and columns, so no index of it
+    # needs clamping to the padded size (which the simplifier could not prove, leaving a
+    # guard in the micro-kernel)
+    acc = compute(tuple(d if static(d) else UNBOUNDED for d in (*batch, Cp // nr, Rp, nr)), acc_body,
+                  f"{name}.acc")
 
     def out_body(*ix):
         *bi, i, j = ix = _unsqueeze(ix, squeeze)
@@ -418,7 +432,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
         return cast(out_dtype, epi(acc[(*bi, c // nr, r, c % nr)], ix))
 
     out = compute(shape, out_body, name)
-    s_size, v_size = R * K * math.prod(ba if not swap else bb), C * K * math.prod(vb)
+    s_size, v_size = hint(R * K * math.prod(ba if not swap else bb)), hint(C * K * math.prod(vb))
     return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
                 s_outer=GEMM_S_OUTER.value(heuristic=bool(s_size > v_size)), panel=panel, dot=dot,
                 s_packed=s_packed)

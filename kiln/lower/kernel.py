@@ -52,7 +52,10 @@ class Kernel:
 
 
 def _tensor_type(t: Type | None, what: str, node: Node, static: bool = True) -> TensorType:
-    if not isinstance(t, TensorType) or (static and not t.is_static) or t.shape is None:
+    """`t` as a tensor type whose dims are sizes: ints, or (a shape-generic module,
+    kiln.lower.generic) symbolic size Exprs; a named symbol (str) is not lowerable."""
+    if not isinstance(t, TensorType) or t.shape is None or \
+            (static and any(isinstance(d, str) for d in t.shape)):
         raise KilnError(f"{what} must be a tensor of {'static shape' if static else 'known rank'} "
                         f"for native code, got {t}", node=node.name, op=node.op, stage="lower")
     return t

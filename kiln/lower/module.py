@@ -221,7 +221,24 @@ def plan_memory(graph: Graph, lowered: LoweredGroups) -> MemoryPlan:
     """Constants into one weights blob; every intermediate value and scratch output into one
     workspace arena, by liveness over the steps (in place where a kernel may overwrite a dead
     input). Inputs, constants and values written straight into output params need none."""
-    steps, str_consts, alias = lowered.steps, lowered.str_consts, lowered.alias
+    steps, alias = lowered.steps, lowered.alias
+    weights, offsets = weights_blob(lowered)
+    first, last, size = lifetimes(graph, lowered, _nbytes, lambda b: b.nbytes)
+
+    def root_id(v):
+        return alias.get(v.id, v).id
+
+    def read_once(k, rid):   # not also read through another view of the same bytes
+        return sum(isinstance(x, Value) and x.id == rid for x in steps[k].args) == 1
+    pairs = [(root_id(a), b.id) for k, a, b in lowered.share
+             if last.get(root_id(a)) == k and first.get(b.id) == k and read_once(k, root_id(a))]
+    arena = plan_arena([Lifetime(k, size[k], first[k], last[k]) for k in first], ALIGN, pairs)
+    return MemoryPlan(weights, offsets, arena)
+
+
+def weights_blob(lowered: LoweredGroups) -> tuple[np.ndarray, dict[int, int]]:
+    """Every constant the steps read, in one uint8 blob: (blob, value id -> byte offset)."""
+    steps, str_consts = lowered.steps, lowered.str_consts
     offsets, blob = {}, bytearray()
     for st in steps:
         for a in st.args:
@@ -232,8 +249,15 @@ def plan_memory(graph: Graph, lowered: LoweredGroups) -> MemoryPlan:
                 offsets[a.id] = len(blob)
                 blob += np.ascontiguousarray(a.const).tobytes()
                 blob += b"\0" * (_align(len(blob)) - len(blob))
-    weights = np.frombuffer(bytes(blob) or b"\0" * ALIGN, dtype=np.uint8).copy()
+    return np.frombuffer(bytes(blob) or b"\0" * ALIGN, dtype=np.uint8).copy(), offsets
 
+
+def lifetimes(graph: Graph, lowered: LoweredGroups, value_bytes, buffer_bytes) -> tuple[dict, dict, dict]:
+    """What the workspace arena holds: per key (a value id, or id() of a scratch buffer) its
+    first and last step and its size (`value_bytes(TensorType)`, `buffer_bytes(Buffer)`: ints,
+    or size expressions for a shape-generic module). Inputs, constants and values written
+    straight into output params are not in it."""
+    steps, str_consts = lowered.steps, lowered.str_consts
     in_ids = {v.id for v in graph.inputs}
     out_ids = {v.id for v in graph.outputs}
     outs = set(lowered.out_params)
@@ -245,24 +269,15 @@ def plan_memory(graph: Graph, lowered: LoweredGroups) -> MemoryPlan:
             if isinstance(a, Value):
                 if a.id not in str_consts and (a.const is not None or a.id in in_ids or a.id in out_ids):
                     continue
-                key, nbytes = a.id, _nbytes(a.type)
+                key, nbytes = a.id, value_bytes(a.type)
             elif a in outs:
                 continue
             else:
-                key, nbytes = id(a), a.nbytes
+                key, nbytes = id(a), buffer_bytes(a)
             first.setdefault(key, k)
             last[key] = k
             size[key] = nbytes
-
-    def root_id(v):
-        return alias.get(v.id, v).id
-
-    def read_once(k, rid):   # not also read through another view of the same bytes
-        return sum(isinstance(x, Value) and x.id == rid for x in steps[k].args) == 1
-    pairs = [(root_id(a), b.id) for k, a, b in lowered.share
-             if last.get(root_id(a)) == k and first.get(b.id) == k and read_once(k, root_id(a))]
-    arena = plan_arena([Lifetime(k, size[k], first[k], last[k]) for k in first], ALIGN, pairs)
-    return MemoryPlan(weights, offsets, arena)
+    return first, last, size
 
 
 def emit_module(graph: Graph, lowered: LoweredGroups, memory: MemoryPlan,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kiln.dtypes import DType
 from kiln.loops import const
+from kiln.loops.symbols import extent, hint
 from kiln.lower.decisions import parallel_min_work
 from kiln.targets.target import Target
 
@@ -32,7 +33,9 @@ def serial_rate(kind: str, target: Target) -> float:
 def parallel_worth(work: int, target: Target, kind: str = "window") -> bool:
     """Whether a kernel doing `work` multiply-adds (window ops) should run in parallel on
     `target`: always past the serial threshold when its threads spin, else when the serial
-    run would outlast a sleeping thread's wake-up a few times over."""
+    run would outlast a sleeping thread's wake-up a few times over. A symbolic `work` is
+    judged at its symbols' hints (kiln.loops.symbols)."""
+    work = hint(work)
     if work < parallel_min_work():
         return False
     if target.threads_spin:
@@ -85,14 +88,14 @@ def schedule_rows(stage, lead: int, target: Target, work: int | None = None, vec
     outer = stage.fuse(*axes[:lead]) if lead > 1 else axes[0] if lead == 1 else None
     inner_axes = axes[lead:]
     if stage.reduce_axis:
-        if outer is not None and parallel_worth(work or 0, target) and outer.arg.dom[1] > 1:
+        if outer is not None and parallel_worth(work or 0, target) and extent(outer) > 1:
             stage.parallel(outer)
         return
     inner = stage.fuse(*inner_axes) if len(inner_axes) > 1 else inner_axes[0]
     lanes = _lanes(stage.tensor.dtype, target)
-    if vector and inner.arg.dom[1] >= lanes:
+    if vector and extent(inner) >= lanes:
         stage.vectorize(inner)
-    if outer is not None and parallel_worth(work or 0, target) and outer.arg.dom[1] > 1:
+    if outer is not None and parallel_worth(work or 0, target) and extent(outer) > 1:
         stage.parallel(outer)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from kiln.dtypes import DType
-from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
+from kiln.loops import (Expr, cast, compute, const, max_, min_, reduce_axis, select,
                         sum_)
 from kiln.lower.nnutil import _acc_dtype, _norm_schedule, bcast_load
 from kiln.lower.pool import _abs_pow, _root
@@ -32,7 +32,8 @@ def moments(xval, shape, axes, acc: DType, name: str, centered: bool = True):
     """
     rank = len(shape)
     keep = _keep_shape(shape, axes)
-    cnt = const(math.prod(shape[a] for a in axes), acc)
+    n = math.prod(shape[a] for a in axes)
+    cnt = cast(acc, n) if isinstance(n, Expr) else const(n, acc)   # a symbolic count: its value at run time
 
     def over(i, red):
         return [red[a] if a in red else i[a] for a in range(rank)]

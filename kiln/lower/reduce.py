@@ -15,7 +15,8 @@ import math
 import numpy as np
 
 from kiln.dtypes import DType
-from kiln.loops import call, cast, compute, const, reduce, reduce_axis, select
+from kiln.loops import Expr, call, cast, compute, const, reduce, reduce_axis, select
+from kiln.loops.symbols import extent, size_hint
 from kiln.lower.decisions import parallel_min_work
 from kiln.ops.reduce import _NORMALIZE, _REDUCE, _reduce_axes, _reduce_run
 from kiln.ops.registry import LowerCtx, lowering
@@ -96,7 +97,7 @@ def const_output(ctx: LowerCtx, value: np.ndarray, k: int = 0):
 # ---- schedules shared by the reduction-like families ----
 
 def _ext(v) -> int:
-    return v.arg.dom[1]
+    return extent(v)
 
 
 def schedule_injective(stage, inner: int | None = None) -> None:
@@ -193,7 +194,7 @@ _F64 = DType.float64
 # name -> (reducer, per-element map, finishing map of (float64 value, element count))
 _REDUCE_LOWER = {
     "ReduceSum": ("sum", None, None),
-    "ReduceMean": ("sum", None, lambda v, n: v / const(n, _F64)),
+    "ReduceMean": ("sum", None, lambda v, n: v / (cast(_F64, n) if isinstance(n, Expr) else const(n, _F64))),
     "ReduceMax": ("max", None, None),
     "ReduceMin": ("min", None, None),
     "ReduceProd": ("prod", None, None),
@@ -341,7 +342,7 @@ def schedule_per_row(sch, y, stages: list) -> None:
     sy = sch[y]
     *lead, last = sy.axis
     row = sy.fuse(*lead) if len(lead) > 1 else lead[0]
-    if math.prod(y.shape) * 3 >= parallel_min_work() and _ext(row) > 1:
+    if size_hint(y.shape) * 3 >= parallel_min_work() and _ext(row) > 1:
         sy.parallel(row)
     if _ext(last) > 1:
         sy.vectorize(last)

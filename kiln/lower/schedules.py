@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from kiln.loops import Schedule
+from kiln.loops.symbols import extent, hint, static
 from kiln.lower.decisions import parallel_min_work
 from kiln.targets.target import Target
 
@@ -25,15 +26,18 @@ def default_schedule(sch: Schedule, outputs, target: Target) -> None:
         axes = list(stage.axis)
         if not axes:
             continue
-        extents = [v.arg.dom[1] - v.arg.dom[0] for v in axes]
+        extents = [hint(v.arg.dom[1] - v.arg.dom[0]) for v in axes]
         points = math.prod(extents)
-        red = math.prod(v.arg.dom[1] - v.arg.dom[0] for v in stage.reduce_axis) if stage.reduce_axis else 1
+        red = math.prod(hint(v.arg.dom[1] - v.arg.dom[0]) for v in stage.reduce_axis) if stage.reduce_axis else 1
         parallel = points * red >= parallel_min_work()
         if stage.reduce_axis:
             if parallel and extents[0] > 1:
                 stage.parallel(axes[0])
             continue
         lanes = target.vector_lanes(stage.tensor.dtype.itemsize)
+        if not all(static(v.arg.dom[1]) for v in axes):
+            symbolic_rows(stage, parallel)
+            continue
         if len(axes) > 1 and extents[-1] >= 2 * lanes:
             # rows × vectorized last axis: index math on the outer dims happens once per row
             outer = stage.fuse(*axes[:-1]) if len(axes) > 2 else axes[0]
@@ -50,3 +54,16 @@ def default_schedule(sch: Schedule, outputs, target: Target) -> None:
                 stage.parallel(outer)
         elif parallel:
             stage.parallel(fused)
+
+
+def symbolic_rows(stage, parallel: bool) -> None:
+    """An injective stage with a symbolic extent (kiln.loops.symbols): the outer loops fused
+    into one (parallel when there is work), the innermost vectorized whole, never split (a
+    split of a symbolic extent guards its last tile, a branch in the vector loop)."""
+    *outer, inner = stage.axis
+    if outer:
+        o = stage.fuse(*outer) if len(outer) > 1 else outer[0]
+        if parallel and extent(o) > 1:
+            stage.parallel(o)
+    if extent(inner) > 1:
+        stage.vectorize(inner)

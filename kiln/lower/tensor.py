@@ -16,6 +16,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops import INDEX, cast, compute, const, max_, min_, select
+from kiln.loops.symbols import hint, size_hint, static
 from kiln.lower.decisions import parallel_min_work
 from kiln.ops.registry import lowering
 from kiln.ops.shapes import normalize_axis
@@ -164,15 +165,15 @@ def rows_schedule(max_inner: int | None = None, min_inner: int = 16):
             if not axes:
                 continue
             cap = len(axes) if max_inner is None else min(max(max_inner, 1), len(axes))
-            k, span = len(axes) - 1, t.shape[-1]
-            while k > len(axes) - cap and span < min_inner:
+            k, span = len(axes) - 1, hint(t.shape[-1])   # symbolic sizes at their hints
+            while k > len(axes) - cap and span < min_inner and static(t.shape[k - 1]):
                 k -= 1
                 span *= t.shape[k]
             inner = st.fuse(*axes[k:])
             st.vectorize(inner)
             if k:
                 outer = st.fuse(*axes[:k])
-                if t.size >= parallel_min_work() and math.prod(t.shape[:k]) > 1:
+                if size_hint(t.shape) >= parallel_min_work() and size_hint(t.shape[:k]) > 1:
                     st.parallel(outer)
     return fn
 
@@ -261,7 +262,7 @@ def _transpose_schedule(perm, shape, tile: int = 16):
         others = [v for k, v in enumerate(axes) if k not in (a, r - 1)]
         st.reorder(*others, ao, bo, ai, bi)
         outer = st.fuse(*others, ao, bo)
-        if t.size >= parallel_min_work():
+        if size_hint(t.shape) >= parallel_min_work():
             st.parallel(outer)
     return fn
 

@@ -344,7 +344,9 @@ class LowerCtx(NodeCtx):
 
     def dynamic(self) -> bool:
         """Whether some output's shape is only known at run time (see `extern(dynamic=True)`)."""
-        return any(t is not None and not t.is_static for t in self.output_types)
+        # a symbolic size Expr (a shape-generic module, kiln.lower.generic) is not data-dependent
+        return any(t is not None and (t.shape is None or any(isinstance(d, str) for d in t.shape))
+                   for t in self.output_types)
 
 
 # ---- common inference helpers used by many families ----

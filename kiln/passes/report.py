@@ -22,6 +22,10 @@ class CompileReport:
     arena_peak_live_bytes: int | None = None                  # most bytes live at once (a lower bound)
     inplace_kernels: int | None = None                        # kernels writing over a dead input
     per_shape: bool = False                                   # passes run again per input shape (cpu)
+    # symbolic input dims (cpu): "generic" (one module runs every shape), "specialize" (a module
+    # per input shape) or "static" (none); `shapes_reason`: why generic was not taken
+    shapes: str | None = None
+    shapes_reason: str | None = None
 
     @property
     def findings(self) -> list[Any]:
@@ -30,6 +34,8 @@ class CompileReport:
     def __str__(self) -> str:
         lines = [f"kiln compile report (-O{self.opt_level})"]
         lines += [f"  {p}" for p in self.passes]
+        if self.shapes is not None:
+            lines.append(f"  shapes: {self.shapes}" + (f" ({self.shapes_reason})" if self.shapes_reason else ""))
         if self.per_shape:
             lines.append("  symbolic input dims: these passes run again on the source graph at each new "
                          "input shape, with the sizes known")

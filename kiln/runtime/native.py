@@ -98,10 +98,15 @@ def load_library(path: str | os.PathLike, sha256: str, where=None) -> ctypes.CDL
 def interface_text(inputs, outputs, workspace_bytes: int, weights_bytes: int) -> str:
     """What a module's `interface()` reports: its entry's inputs and outputs as
     [dtype, shape] pairs, the workspace and weights sizes it was planned with (JSON)."""
-    return json.dumps({"inputs": [[d, [int(x) for x in s]] for s, d in inputs],
-                       "outputs": [[d, [int(x) for x in s]] for s, d in outputs],
+    return json.dumps({"inputs": [[d, [_dim(x) for x in s]] for s, d in inputs],
+                       "outputs": [[d, [_dim(x) for x in s]] for s, d in outputs],
                        "workspace_bytes": int(workspace_bytes), "weights_bytes": int(weights_bytes)},
                       separators=(",", ":"))
+
+
+def _dim(x):
+    """A dim in an interface: an int, or a symbol's name (a shape-generic module)."""
+    return int(x) if isinstance(x, (int, np.integer)) else str(x)
 
 
 def library_interface(lib: ctypes.CDLL, symbol: str, where) -> dict:

@@ -1,0 +1,145 @@
+"""Shape-generic modules (issue 15 items 1 and 4): new shapes without a new compile.
+
+    python benchmarks/generic_shapes.py [--pairs 20] [--runs 20] [--corpus bert_base,distilbert]
+
+For a model with symbolic batch and sequence dims (examples/build_transformer.py's encoder,
+compiled with shapes="generic"): after the first run, each of `--pairs` new (batch, seq)
+pairs is run once (first use) and then `--runs` times; its extra latency on first use is the
+first call minus the median of the rest. The C compiler's runs are counted over all of it
+(kiln.codegen.build's subprocess calls). Then the steady-state latency of the generic module
+against the module specialised to each shape (shapes="specialize"), medians of interleaved
+runs. `--corpus`: the same comparison for corpus models (~/.cache/kiln-corpus), or what keeps
+each from being generic. Timings on a shared machine are noise: read them with its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
+
+import kiln  # noqa: E402
+from kiln.codegen import build as c_build  # noqa: E402
+
+
+class _Counting:
+    def __init__(self, real):
+        self.real, self.n = real, 0
+
+    def __getattr__(self, name):
+        attr = getattr(self.real, name)
+        if name in ("run", "Popen", "call", "check_call", "check_output"):
+            def counted(*a, **kw):
+                self.n += 1
+                return attr(*a, **kw)
+            return counted
+        return attr
+
+
+def _median_ms(fn, runs: int) -> float:
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)) * 1e3
+
+
+def _feeds(inputs, batch, seq, rng):
+    out = {}
+    for s in inputs:
+        shape = tuple(batch if d == "batch" else seq if d == "seq" else d for d in s.shape)
+        if s.dtype == "int64":
+            hi = 2 if "mask" in s.name else 2 if "type" in s.name else 100
+            out[s.name] = rng.integers(0 if "mask" not in s.name else 1, hi, shape).astype(np.int64)
+        else:
+            out[s.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def first_use(model, pairs, runs: int) -> list[tuple]:
+    rng = np.random.default_rng(0)
+    counter = _Counting(c_build.subprocess)
+    c_build.subprocess = counter
+    rows = []
+    try:
+        for b, s in pairs:
+            feeds = _feeds(model.inputs, b, s, rng)
+            t0 = time.perf_counter()
+            model.run(feeds)
+            first = (time.perf_counter() - t0) * 1e3
+            steady = _median_ms(lambda: model.run(feeds), runs)
+            rows.append((b, s, first, steady, first - steady))
+    finally:
+        c_build.subprocess = counter.real
+    return rows, counter.n
+
+
+def steady(generic, special, shapes, runs: int) -> list[tuple]:
+    rng = np.random.default_rng(1)
+    rows = []
+    for b, s in shapes:
+        feeds = _feeds(generic.inputs, b, s, rng)
+        special.run(feeds)
+        generic.run(feeds)
+        tg, ts = [], []
+        for _ in range(runs):
+            for fn, acc in ((generic, tg), (special, ts)):
+                t0 = time.perf_counter()
+                fn.run(feeds)
+                acc.append(time.perf_counter() - t0)
+        g, sp = float(np.median(tg)) * 1e3, float(np.median(ts)) * 1e3
+        rows.append((b, s, g, sp, g / sp))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--corpus", default="")
+    args = ap.parse_args(argv)
+    import build_transformer
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    model = build_transformer.build_encoder(hidden=256, heads=4, ffn=1024, layers=2, vocab=1000)
+    t0 = time.perf_counter()
+    g = kiln.compile(model, target="cpu", shapes="generic")
+    print(f"encoder (hidden 256, 2 layers): shapes={g.shapes}, compile {time.perf_counter() - t0:.2f} s")
+    rng = np.random.default_rng(7)
+    g.run(_feeds(g.inputs, 1, 8, rng))
+    pairs = []
+    while len(pairs) < args.pairs:
+        p = (int(rng.integers(1, 9)), int(rng.integers(1, 257)))
+        if p not in pairs and p != (1, 8):
+            pairs.append(p)
+    rows, compiles = first_use(g, pairs, args.runs)
+    print(f"{'batch':>5} {'seq':>4} {'first ms':>9} {'steady ms':>9} {'extra ms':>8}")
+    for b, s, f, st, extra in rows:
+        print(f"{b:5d} {s:4d} {f:9.2f} {st:9.2f} {extra:8.2f}")
+    extras = [r[-1] for r in rows]
+    print(f"first-use extra latency: median {np.median(extras):.2f} ms, max {max(extras):.2f} ms; "
+          f"C compiler runs: {compiles}")
+    sp = kiln.compile(model, target="cpu", shapes="specialize")
+    print(f"\nsteady state, generic vs specialised ({args.runs} interleaved runs, medians)")
+    for b, s, tg, ts, r in steady(g, sp, [(1, 16), (1, 128), (4, 64), (8, 128)], args.runs):
+        print(f"  encoder b={b} s={s}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}")
+    for name in [c for c in args.corpus.split(",") if c]:
+        path = os.path.expanduser(f"~/.cache/kiln-corpus/{name}.onnx")
+        m = kiln.compile(path, target="cpu", shapes="generic")
+        if m.shapes != "generic":
+            print(f"  {name}: not generic ({m.shapes_reason})")
+            continue
+        sp = kiln.compile(path, target="cpu", shapes="specialize")
+        for b, s, tg, ts, r in steady(m, sp, [(1, 128), (4, 128)], args.runs):
+            print(f"  {name} b={b} s={s}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Symbolic sizes in the loop IR: a Buffer dim or a loop extent may be an Expr over
+*symbol* vars (a model's `batch`, `seq`), whose values a kernel reads at run time.
+
+One compiled kernel then serves every value of the symbol (TVM Relax, Inductor
+dynamic=True). Schedules still take their decisions (tile sizes, serial or parallel)
+on ints: `hint(x)` is an int for any extent (a symbol's size hint stands in for its
+value), `static(x)` says whether a size is known. A decision taken on a hint must
+stay correct for every value: splits of symbolic extents are guarded by the lowering,
+tiles pad and clamp, so a hint only changes speed.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from kiln.errors import KilnError
+from kiln.loops.expr import INDEX, Expr, var, walk
+
+DEFAULT_HINT = 64
+SYMBOL_MAX = (1 << 31) - 1   # the largest value a symbol may take (the runtime refuses more)
+# the declared size of a dim that is never allocated whole and needs no clamping (a GEMM
+# accumulator's, computed a tile at a time): larger than any index a symbol can give
+UNBOUNDED = 1 << 40
+_HINTS: dict = {}    # symbol var -> its size hint
+
+
+def symbol(name: str, hint: int = DEFAULT_HINT) -> Expr:
+    """A fresh symbol var named `name` (a size >= 1 known at run time)."""
+    v = var(name, INDEX, None, "symbol")
+    _HINTS[v] = int(hint)
+    return v
+
+
+def is_symbol(e) -> bool:
+    return isinstance(e, Expr) and e.op == "var" and e.arg.kind == "symbol"
+
+
+def static(x) -> bool:
+    """Is size `x` known at compile time (an int, or a constant Expr)?"""
+    return not isinstance(x, Expr) or x.op == "const"
+
+
+def as_int(x) -> int | None:
+    """Size `x` as an int when static, else None."""
+    if not isinstance(x, Expr):
+        return int(x)
+    return int(x.arg) if x.op == "const" else None
+
+
+def symbols_in(e) -> list:
+    """The symbol vars size expression `e` (an int, an Expr, or a shape tuple) mentions."""
+    if isinstance(e, (tuple, list)):
+        out: list = []
+        for x in e:
+            out += [s for s in symbols_in(x) if s not in out]
+        return out
+    if not isinstance(e, Expr):
+        return []
+    return [x for x in walk(e) if is_symbol(x)]
+
+
+_EVAL = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+         "floormod": operator.mod, "min": min, "max": max}
+
+
+def evaluate(x, values: dict) -> int:
+    """Size `x` for symbol values {symbol var: int} (a direct walk: a new input shape plans
+    its arena by evaluating every buffer's size, so this must be quick)."""
+    if not isinstance(x, Expr):
+        return int(x)
+
+    def ev(e):
+        if e.op == "const":
+            return int(e.arg)
+        if e.op == "var":
+            if e not in values:
+                raise KilnError(f"size {x} names {e.name}, which has no value here", stage="run")
+            return int(values[e])
+        if e.op == "cast" and not e.dtype.is_float:
+            return ev(e.args[0])
+        f = _EVAL.get(e.op)
+        if f is None:
+            raise KilnError(f"size {x} is not integer arithmetic on symbols", stage="run")
+        return f(*(ev(a) for a in e.args))
+    return ev(x)
+
+
+def hint(x) -> int:
+    """An int standing in for size `x` in schedule decisions (a symbol's hint)."""
+    if not isinstance(x, Expr):
+        return int(x)
+    return max(evaluate(x, {s: _HINTS.get(s, DEFAULT_HINT) for s in symbols_in(x)}), 0)
+
+
+def smin(a, b):
+    """min of two sizes: an int when both are static, else the static one (an upper bound
+    used as a tile size) or a min Expr."""
+    if static(a) and static(b):
+        return min(as_int(a), as_int(b))
+    from kiln.loops.expr import min_
+    return min_(a, b)
+
+
+def ceildiv(n, f):
+    """ceil(n / f) for a size n (int or Expr) and a positive int f."""
+    if static(n):
+        return -(-as_int(n) // f)
+    return (n + (f - 1)) // f if f != 1 else n
+
+
+def extent(v: Expr) -> int:
+    """A loop var's extent for schedule decisions: its int, or its hint when symbolic."""
+    return hint(v.arg.dom[1])
+
+
+def size_hint(shape) -> int:
+    """The number of elements of `shape` (ints and symbolic sizes), symbols at their hints."""
+    out = 1
+    for d in shape:
+        out *= hint(d)
+    return out

@@ -1,0 +1,213 @@
+"""A graph with symbolic input dims as one shape-generic module (issue 15 item 1).
+
+The graph's symbols (`batch`, `seq`) stay symbolic down to the loops: every dim named by
+a symbol becomes a symbol var of the loop IR (kiln.loops.symbols), loop extents and
+strides are expressions over them, and each kernel reads their values from one more
+parameter, `dims` (int64[n symbols]), at its start. The workspace arena is planned per
+run-time shape (`ShapeGenericLowered.layout`): the liveness plan of kiln.lower.memory
+over the sizes those values give, its offsets handed to the entry in `offsets`
+(int64[n buffers]). One compiled module then runs every value of the symbols:
+
+    int32_t kiln_main(in_0.., out_0.., weights, workspace, int64 dims[], int64 offsets[])
+
+What cannot be generic says why (`generic_blockers`): a size only known from data (a
+Reshape to -1 of a symbolic tensor, NonZero), control flow, a hand-written C kernel
+whose sizes are baked in, a broadcast where a symbol meets another size (it could be 1
+at run time), a lowering whose schedule needs an int. The caller then specialises per
+shape, as before, and reports the reason: never a silently wrong module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.dtypes import DType
+from kiln.errors import KilnError
+from kiln.graph.ir import Graph, Value
+from kiln.graph.types import TensorType
+from kiln.loops import Buffer, Call, PrimFunc
+from kiln.loops.expr import Expr, load
+from kiln.loops.stmt import ExternFunc, Let, View
+from kiln.loops.symbols import evaluate, symbol, symbols_in
+from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
+from kiln.runtime.native import interface_text
+
+# ops that broadcast their inputs numpy-style: a symbol there must meet itself or a 1
+BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Mean", "Sum", "Where", "Equal",
+                "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "BitShift",
+                "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu", "Expand", "MatMul", "Gemm", "FusedMatMul"}
+
+
+class NotGeneric(KilnError):
+    """The graph cannot be one shape-generic module (the message says why)."""
+
+
+def graph_symbols(graph: Graph) -> list[str]:
+    """The symbols of the graph's inputs, in first-appearance order."""
+    out: list[str] = []
+    for v in graph.inputs:
+        if isinstance(v.type, TensorType) and v.type.shape is not None:
+            out += [d for d in v.type.shape if isinstance(d, str) and d not in out]
+    return out
+
+
+def generic_blockers(graph: Graph) -> list[str]:
+    """Why `graph` cannot be one shape-generic module (empty: it can, as far as types say;
+    a lowering may still refuse, see `lower_generic`)."""
+    from kiln.lower.module import is_runtime_op, missing_lowerings  # noqa: PLC0415
+    syms = set(graph_symbols(graph))
+    why = []
+    missing = missing_lowerings(graph)
+    if missing:
+        why.append(f"{len(missing)} node(s) have no native lowering ({missing[0][1]} {missing[0][2]!r}, ...)")
+    for v in list(graph.inputs) + list(graph.outputs):
+        if not isinstance(v.type, TensorType) or v.type.shape is None:
+            why.append(f"graph value %{v.name} is a {v.type}, not a tensor of known rank")
+    for n in graph.nodes:
+        if is_runtime_op(n) or list(n.subgraphs()):
+            why.append(f"{n.op} node {n.name!r} is control flow or a container op")
+            continue
+        for v in n.outputs:
+            if v is None:
+                continue
+            t = v.type
+            if not isinstance(t, TensorType) or t.shape is None:
+                why.append(f"{n.op} node {n.name!r}: output %{v.name} is {t}")
+            elif any(isinstance(d, str) and d not in syms for d in t.shape):
+                why.append(f"{n.op} node {n.name!r}: output %{v.name} {t} has a size known only from data")
+        if n.op in BROADCASTING and not n.domain or n.op == "FusedMatMul":
+            bad = _symbol_meets_other(n)
+            if bad:
+                why.append(f"{n.op} node {n.name!r}: {bad}")
+    return why
+
+
+def _symbol_meets_other(node) -> str | None:
+    """A broadcast where a symbol meets another size (which it could equal, or be 1 against):
+    the generic kernel could not tell which at run time."""
+    shapes = [v.type.shape for v in node.inputs if v is not None and isinstance(v.type, TensorType)
+              and v.type.shape is not None]
+    if node.op in ("MatMul", "FusedMatMul"):   # only the batch dims broadcast
+        shapes = [s[:-2] for s in shapes if len(s) >= 2]
+    if node.op == "Gemm":
+        return None if len(shapes) < 3 else _align_check([shapes[2], node.outputs[0].type.shape])
+    if node.op == "Expand":
+        shapes = shapes[:1] + [node.outputs[0].type.shape]
+    return _align_check(shapes)
+
+
+def _align_check(shapes) -> str | None:
+    rank = max((len(s) for s in shapes), default=0)
+    for d in range(1, rank + 1):
+        dims = {s[-d] for s in shapes if len(s) >= d}
+        syms = {x for x in dims if isinstance(x, str)}
+        if syms and (len(syms) > 1 or dims - syms - {1}):
+            return f"symbol {sorted(syms)[0]!r} broadcasts against {sorted(map(str, dims - syms))}"
+    return None
+
+
+@dataclass
+class ShapeGenericLowered:
+    """A shape-generic module: the loop IR, its symbols, and what per-shape planning needs."""
+    lowered: object                     # kiln.lower.module.LoweredModule (its entry takes dims, offsets)
+    symbols: list[str]                  # the entry's dims[k] is symbol k
+    vars: list[Expr]                    # the loop IR's symbol var per symbol
+    buffers: list[tuple[object, int, int]] = field(default_factory=list)  # (size Expr/int, first, last)
+
+    def layout(self, dims: tuple[int, ...]) -> tuple[int, np.ndarray]:
+        """(workspace bytes, byte offset per arena buffer) for symbol values `dims`: the
+        liveness plan over the sizes those values give."""
+        values = dict(zip(self.vars, dims))
+        plan = plan_arena([Lifetime(k, evaluate(size, values), a, b)
+                           for k, (size, a, b) in enumerate(self.buffers)], ALIGN)
+        return plan.total, np.array([plan.offsets[k] for k in range(len(self.buffers))] or [0], np.int64)
+
+
+ALIGN = 64
+
+
+def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> ShapeGenericLowered:
+    """`graph` (symbolic input dims) as one module generic in its symbols. Raises NotGeneric
+    naming the first reason it cannot be."""
+    from kiln.lower.module import (emit_module, lifetimes, lower_groups,  # noqa: PLC0415
+                                   weights_blob, MemoryPlan)
+    from kiln.lower.partition import partition  # noqa: PLC0415
+    why = generic_blockers(graph)
+    if why:
+        raise NotGeneric("; ".join(why[:3]) + (f" (and {len(why) - 3} more)" if len(why) > 3 else ""),
+                         stage="lower")
+    names = graph_symbols(graph)
+    syms = [symbol(s) for s in names]
+    g = _with_symbol_dims(graph, dict(zip(names, syms)))
+    fusion = partition(g, fuse_anchors=True)
+    try:
+        groups = lower_groups(g, fusion, {}, target, decisions)
+    except NotGeneric:
+        raise
+    except (KilnError, TypeError, ValueError) as e:   # a schedule decision or size that needs an int
+        raise NotGeneric(f"a lowering needs static sizes: {e}", stage="lower") from None
+    for f in groups.funcs:
+        if isinstance(f, ExternFunc) and symbols_in([d for p in f.params for d in p.shape]):
+            raise NotGeneric(f"kernel {f.name} is hand-written C with its sizes baked in", stage="lower")
+    groups.share = []     # in-place reuse is decided per plan; a generic module plans per shape
+    weights, woffsets = weights_blob(groups)
+    first, last, size = lifetimes(g, groups, _value_bytes, lambda b: b.nbytes)
+    keys = list(first)
+    dims = Buffer("dims", DType.int64, (max(len(syms), 1),))
+    offsets = Buffer("offsets", DType.int64, (max(len(keys), 1),))
+    plan = ArenaPlan({k: load(offsets, (j,)) for j, k in enumerate(keys)}, 0, 0, 0)
+    lm = emit_module(g, groups, MemoryPlan(weights, woffsets, plan), fusion)
+    lm.module.funcs = [_with_dims(f, dims, syms) for f in lm.module.funcs[:-1]] + \
+        [_entry(lm.module.funcs[-1], lm.module, dims, offsets)]
+    lm.module.interface = interface_text(
+        [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
+        [(v.type.shape, v.type.dtype.name) for v in graph.outputs], 0, len(weights))
+    lm.workspace_bytes = 0
+    return ShapeGenericLowered(lm, names, syms, [(size[k], first[k], last[k]) for k in keys])
+
+
+def _value_bytes(t: TensorType):
+    n = t.dtype.itemsize
+    for d in t.shape:
+        n = n * d
+    return n
+
+
+def _with_symbol_dims(graph: Graph, table: dict) -> Graph:
+    """A clone of `graph` whose tensor types name symbol vars instead of symbol names."""
+    g = graph.clone()
+    seen: set = set()
+    for v in [*g.inputs, *(x for n in g.nodes for x in (*n.inputs, *n.outputs)), *g.outputs]:
+        if v is None or v.id in seen:
+            continue
+        seen.add(v.id)
+        t = v.type
+        if isinstance(t, TensorType) and t.shape is not None and any(isinstance(d, str) for d in t.shape):
+            v.type = TensorType(t.dtype, tuple(table[d] if isinstance(d, str) else d for d in t.shape))
+    return g
+
+
+def _with_dims(f, dims: Buffer, syms: list):
+    """Kernel `f` taking the symbols' values as its last parameter, read once at its start."""
+    if not isinstance(f, PrimFunc):
+        return f
+    body = f.body
+    for k, s in reversed(list(enumerate(syms))):
+        body = Let(s, load(dims, (k,)), body)
+    return dataclasses.replace(f, params=f.params + (dims,), body=body)
+
+
+def _entry(entry: PrimFunc, module, dims: Buffer, offsets: Buffer) -> PrimFunc:
+    """The entry with `dims` and `offsets` parameters, passing `dims` on to every kernel."""
+    from kiln.loops.stmt import Seq  # noqa: PLC0415
+    calls = entry.body.stmts if isinstance(entry.body, Seq) else (entry.body,)
+    kinds = {f.name: isinstance(f, PrimFunc) for f in module.funcs}
+    new = tuple(Call(c.func, c.args + ((dims,) if kinds.get(c.func) else ())) if isinstance(c, Call) else c
+                for c in calls)
+    return dataclasses.replace(entry, params=entry.params + (dims, offsets), body=Seq(new))
+
+
+__all__ = ["NotGeneric", "ShapeGenericLowered", "generic_blockers", "graph_symbols", "lower_generic", "View"]

@@ -1,0 +1,100 @@
+"""Running a shape-generic native module: one library for every value of the symbols.
+
+The entry takes, after the usual (inputs.., outputs.., weights, workspace), the symbols'
+values `dims` (int64) and the workspace offset of each arena buffer `offsets` (int64),
+planned per shape by a `layout(dims) -> (workspace bytes, offsets)` the loader is given
+(the compiler's liveness planner; a saved artifact would carry the plan's inputs). The
+plan of each shape is kept, so a new shape costs one plan, never a compile.
+Needs numpy and ctypes only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.runtime.native import NativeModule, data_pointers
+
+SYMBOL_MAX = (1 << 31) - 1   # what the kernels assume of a symbol (kiln.loops.symbols.SYMBOL_MAX)
+
+
+class GenericModule(NativeModule):
+    """A loaded shape-generic library: `input_types`/`output_types` hold symbol names."""
+
+    def __init__(self, library_path: str, library_sha256: str, entry_symbol: str, symbols: list[str],
+                 input_types: list, output_types: list, weights: np.ndarray, layout,
+                 call_nodes: list[str], call_errors: list | None = None, check_bytes=None):
+        super().__init__(library_path, library_sha256, entry_symbol, input_types, output_types, weights, 0,
+                         call_nodes, call_errors)
+        self.symbols = list(symbols)
+        self.input_shapes = [tuple(s) for s, _ in input_types]
+        self.output_shapes = [tuple(s) for s, _ in output_types]
+        self._layout = layout
+        self._check_bytes = check_bytes     # (bytes, what) -> raises over the memory limit
+        # where each symbol is read: (input, axis) of its first appearance
+        self._where = {}
+        for i, shape in enumerate(self.input_shapes):
+            for a, d in enumerate(shape):
+                if isinstance(d, str):
+                    self._where.setdefault(d, (i, a))
+        missing = [s for s in self.symbols if s not in self._where]
+        if missing:
+            raise KilnError(f"symbol(s) {missing} appear in no input shape")
+        self.layouts: dict[tuple, tuple] = {}   # dims -> (dims array, offsets array, workspace bytes)
+        if not self._plain:
+            raise KilnError("a shape-generic module takes numeric tensors only")
+
+    def shape_plan(self, dims: tuple[int, ...]) -> tuple:
+        """The arena plan for symbol values `dims` (made once per new shape)."""
+        hit = self.layouts.get(dims)
+        if hit is None:
+            if any(d > SYMBOL_MAX for d in dims):
+                raise KilnError(f"symbolic dims {dict(zip(self.symbols, dims))}: the shape-generic module "
+                                f"runs sizes up to {SYMBOL_MAX}", stage="run")
+            if any(d < 1 for d in dims):
+                bad = [f"{s}={d}" for s, d in zip(self.symbols, dims) if d < 1]
+                raise KilnError(f"symbolic dim(s) {', '.join(bad)}: the shape-generic module runs sizes >= 1; "
+                                "compile with shapes='specialize' for empty tensors", stage="run")
+            ws, offsets = self._layout(dims)
+            if self._check_bytes is not None:
+                outs = sum(int(np.prod(self._shape(s, dims), dtype=np.int64)) * dt.itemsize
+                           for s, (_, dt) in zip(self.output_shapes, self.output_types))
+                self._check_bytes(int(np.size(self.weights)) + int(ws) + outs,
+                                  f"the module's planned memory at {dict(zip(self.symbols, dims))}")
+            hit = self.layouts[dims] = (np.array(dims or (0,), np.int64), np.ascontiguousarray(offsets, np.int64),
+                                        int(ws))
+        return hit
+
+    def _shape(self, shape: tuple, dims: tuple) -> tuple:
+        env = dict(zip(self.symbols, dims))
+        return tuple(env[d] if isinstance(d, str) else d for d in shape)
+
+    def dims_of(self, inputs: list) -> tuple[int, ...]:
+        """The symbols' values read off the inputs (shapes already validated and bound)."""
+        return tuple(int(inputs[i].shape[a]) for i, a in (self._where[s] for s in self.symbols))
+
+    def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        ins = [np.ascontiguousarray(x) for x in inputs]
+        dims = self.dims_of(ins)
+        for x, shape in zip(ins, self.input_shapes):
+            if x.shape != self._shape(shape, dims):
+                raise KilnError(f"input of shape {x.shape} does not match {shape} with "
+                                f"{dict(zip(self.symbols, dims))}", stage="run")
+        darr, offs, ws = self.shape_plan(dims)
+        outs = [np.empty(self._shape(shape, dims), dt) for shape, (_, dt) in zip(self.output_shapes, self.output_types)]
+        with self._lock:
+            if ws + 64 > self.workspace.size:
+                self.workspace = np.zeros(ws + 64, dtype=np.uint8)
+                self._ws_ptr = self.workspace.ctypes.data + (-self.workspace.ctypes.data) % 64
+                self._fixed_ptrs = [ctypes.c_void_p(self.weights.ctypes.data), ctypes.c_void_p(self._ws_ptr)]
+            try:
+                rc = self.entry(*data_pointers(ins + outs), *self._fixed_ptrs,
+                                ctypes.c_void_p(darr.ctypes.data), ctypes.c_void_p(offs.ctypes.data))
+            finally:
+                if self._release is not None:
+                    self._release()
+        if rc != 0:
+            raise KilnError(self._failure(rc), stage="run")
+        return outs

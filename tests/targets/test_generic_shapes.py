@@ -1,0 +1,144 @@
+"""shapes="generic": one native module runs every value of a model's symbolic dims
+(issue 15 items 1 and 4), matching the NumPy reference, with no C compiler run after
+the compile; models that cannot be generic are specialised per shape and say why."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import kiln
+from kiln.codegen import build as c_build
+
+F = onnx.TensorProto.FLOAT
+
+
+def _models():
+    from tests.helpers import ROOT  # noqa: F401  (puts examples/ on the path)
+    import build_transformer
+    return build_transformer
+
+
+class _CountingSubprocess:
+    """kiln.codegen.build's `subprocess`, counting every process it starts (the C compiler)."""
+
+    def __init__(self, real):
+        self.real, self.started = real, []
+
+    def __getattr__(self, name):
+        attr = getattr(self.real, name)
+        if name in ("run", "Popen", "call", "check_call", "check_output"):
+            def counted(*a, **kw):
+                self.started.append(a[0] if a else kw.get("args"))
+                return attr(*a, **kw)
+            return counted
+        return attr
+
+
+@pytest.fixture
+def compiler_runs(monkeypatch):
+    counter = _CountingSubprocess(c_build.subprocess)
+    monkeypatch.setattr(c_build, "subprocess", counter)
+    return counter.started
+
+
+def _check_runs(model, shapes_feeds, compiler_runs, rtol=1e-4, atol=1e-5):
+    """Run the generic `model` on every feed; each matches the reference, none compiles."""
+    ref = kiln.compile(model.source, target="interpreter", opt_level=0)
+    before = len(compiler_runs)
+    for feeds in shapes_feeds:
+        got = model.run(feeds)
+        want = ref.run(feeds)
+        for name in want:
+            assert got[name].shape == want[name].shape
+            np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol)
+    assert compiler_runs[before:] == []
+
+
+def _generic(onnx_model):
+    m = kiln.compile(onnx_model, target="cpu", shapes="generic", report=True)
+    m.source = onnx_model
+    assert m.shapes == "generic", m.report
+    assert "shapes: generic" in str(m.report)
+    return m
+
+
+def test_mlp_runs_every_batch_from_one_module(compiler_runs):
+    m = _generic(_models().build_mlp())
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((b, 64)).astype(np.float32)} for b in (1, 2, 3, 7, 13, 64, 97, 300)]
+    _check_runs(m, feeds, compiler_runs)
+    assert m.specializations == 1
+
+
+def test_encoder_runs_every_batch_and_sequence_from_one_module(compiler_runs):
+    m = _generic(_models().build_encoder())
+    rng = np.random.default_rng(1)
+    pairs = [(1, 1), (1, 7), (2, 13), (3, 5), (1, 64), (5, 31), (2, 129), (7, 3)]
+    feeds = [{"ids": rng.integers(0, 100, (b, s)).astype(np.int64)} for b, s in pairs]
+    _check_runs(m, feeds, compiler_runs, rtol=1e-3, atol=1e-4)
+
+
+def test_generic_matches_onnx_runtime():
+    ort = pytest.importorskip("onnxruntime")
+    model = _models().build_encoder(layers=1)
+    m = _generic(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    for b, s in ((1, 3), (4, 17)):
+        ids = rng.integers(0, 100, (b, s)).astype(np.int64)
+        np.testing.assert_allclose(m.run({"ids": ids})[m.outputs[0].name], sess.run(None, {"ids": ids})[0],
+                                   rtol=1e-3, atol=1e-4)
+
+
+def test_specialize_stays_the_default_and_reports_it():
+    m = kiln.compile(_models().build_mlp(), target="cpu", report=True)
+    assert m.shapes == "specialize" and "shapes: specialize" in str(m.report)
+    x = np.random.default_rng(3).standard_normal((3, 64)).astype(np.float32)
+    np.testing.assert_allclose(m.run({"x": x})["probs"],
+                               _generic(_models().build_mlp()).run({"x": x})["probs"], rtol=1e-5, atol=1e-6)
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "m", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_size_from_data_falls_back_to_specialising_and_says_why():
+    shape = onnx.numpy_helper.from_array(np.array([-1], np.int64), "flat")
+    model = _model([helper.make_node("Reshape", ["x", "flat"], ["f"], name="flatten"),
+                    helper.make_node("Relu", ["f"], ["y"], name="relu")],
+                   [helper.make_tensor_value_info("x", F, ["n", 3])],
+                   [helper.make_tensor_value_info("y", F, None)], [shape])
+    m = kiln.compile(model, target="cpu", shapes="generic", report=True)
+    assert m.shapes == "specialize"
+    assert "relu" in m.shapes_reason or "flatten" in m.shapes_reason
+    assert m.shapes_reason in str(m.report)
+    x = np.random.default_rng(4).standard_normal((5, 3)).astype(np.float32)
+    np.testing.assert_array_equal(m.run({"x": x})["y"], np.maximum(x.reshape(-1), 0))
+
+
+def test_a_symbol_broadcast_against_another_size_is_not_generic():
+    """x[n] + y[4]: n may be 1 or 4 at run time; a generic kernel could not tell."""
+    model = _model([helper.make_node("Add", ["x", "y"], ["z"], name="add")],
+                   [helper.make_tensor_value_info("x", F, ["n"]), helper.make_tensor_value_info("y", F, [4])],
+                   [helper.make_tensor_value_info("z", F, [4])])
+    m = kiln.compile(model, target="cpu", shapes="generic")
+    assert m.shapes == "specialize" and "broadcasts" in m.shapes_reason
+    y = np.arange(4, dtype=np.float32)
+    for n in (1, 4):
+        x = np.full(n, 2, np.float32)
+        np.testing.assert_array_equal(m.run({"x": x, "y": y})["z"], x + y)
+
+
+def test_bad_shapes_are_clear_errors():
+    m = _generic(_models().build_mlp())
+    with pytest.raises(kiln.KilnError, match="x"):
+        m.run({"x": np.zeros((2, 63), np.float32)})
+    with pytest.raises(kiln.KilnError, match="batch=0"):
+        m.run({"x": np.zeros((0, 64), np.float32)})
+
+
+def test_unknown_shapes_option_is_an_error():
+    with pytest.raises(kiln.KilnError, match="shapes"):
+        kiln.compile(_models().build_mlp(), target="cpu", shapes="dynamic")
