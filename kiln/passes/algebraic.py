@@ -7,7 +7,10 @@
 - canonical forms: x-c → x+(-c) (exact), x/c → x*(1/c) (floats, when 1/c is a
   normal number), 1/x → Reciprocal(x), x**2 → x*x, Neg(Neg(x)) → x;
 - strength reduction: x/y, where y is broadcast over x (LayerNorm's division by
-  the per-row std), → x*Reciprocal(y): one division per row instead of per element.
+  the per-row std), → x*Reciprocal(y): one division per row instead of per element;
+- x*Sigmoid(x) (SiLU as exporters write it) → Swish(x): one elementwise op, so it fuses
+  into the Conv/MatMul that makes x as an epilogue (x has two readers, so neither the
+  Sigmoid nor the Mul could join it) and the sigmoid's tensor is never written.
 
 Reassociating and replacing a division by a multiplication change float results
 by about an ulp, as every optimizing compiler's -O2 does.
@@ -117,6 +120,10 @@ def _input(m, b):
     return m["x"]
 
 
+def _swish(m, b):
+    return b.op("Swish", [m["x"]])
+
+
 def _scalar_is(value):
     return lambda a: a.size == 1 and a.dtype.kind in "iuf" and float(a.reshape(())) == value
 
@@ -136,6 +143,7 @@ RULES = [
          _div_by_broadcast),
     Rule("x**2", Op("Pow", Var("x", _float_kind), Const(when=_scalar_is(2))), _square),
     Rule("Neg(Neg(x))", Op("Neg", Op("Neg", Var("x"))), _input),
+    Rule("x*Sigmoid(x)", Op("Mul", Var("x", _float_kind), Op("Sigmoid", Var("x"))), _swish, private=True),
 ]
 
 

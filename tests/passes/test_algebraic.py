@@ -123,3 +123,20 @@ def test_chain_reaches_a_fixpoint():
                 '  %y: float32[2,3] = Mul(%a, %four) name "b"',
            '  %y: float32[2,3] = Mul(%x, %b.c) name "b.Mul"',
            two=F(2), four=F(4), **{"b.c": F(2)})
+
+
+@pytest.mark.parametrize("mul", ["Mul(%x, %s)", "Mul(%s, %x)"])
+def test_x_times_its_sigmoid_is_one_swish(mul):
+    sig = "(%x: float32[2,3,5]) -> (%y)"
+    _check(sig, '  %s: float32[2,3,5] = Sigmoid(%x) name "sig"\n'
+                f'  %y: float32[2,3,5] = {mul} name "m"',
+           '  %y: float32[2,3,5] = Swish(%x) name "m.Swish"')
+
+
+def test_sigmoid_read_elsewhere_or_of_another_value_stays():
+    sig = "(%x: float32[2,3], %z: float32[2,3]) -> (%y, %s)"
+    _check(sig, '  %s: float32[2,3] = Sigmoid(%x) name "sig"\n'
+                '  %y: float32[2,3] = Mul(%x, %s) name "m"', None)
+    sig = "(%x: float32[2,3], %z: float32[2,3]) -> (%y)"
+    _check(sig, '  %s: float32[2,3] = Sigmoid(%z) name "sig"\n'
+                '  %y: float32[2,3] = Mul(%x, %s) name "m"', None)
