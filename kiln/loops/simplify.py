@@ -253,12 +253,25 @@ def _sym_lt(ctx, x, y) -> bool:
     if x.op == "floormod" and x.args[1] is y:
         lo = ctx.bounds(y)[0]
         return lo is not None and lo >= 1
-    if x.op == "floordiv" and x.args[0].op == "var" and isinstance(ctx.ranges.get(x.args[0], (None, None))[1], Expr):
-        d = x.args[1]
+    if x.op == "floordiv":
+        d, hi = x.args[1], _sym_hi(ctx, x.args[0])
         lo = ctx.bounds(d)[0]
-        gap = ctx.simplify(ctx.ranges[x.args[0]][1] - y * d)
-        return lo is not None and lo >= 1 and gap.op == "const" and gap.arg < 0
+        if hi is None or lo is None or lo < 1:
+            return False
+        gap = ctx.simplify(hi - y * d)
+        return gap.op == "const" and gap.arg < 0
     return False
+
+
+def _sym_hi(ctx, e):
+    """A symbolic upper bound of index `e`: a loop var's last index (an Expr), or that of a
+    quotient of one by a positive constant; None when there is none."""
+    if e.op == "var" and isinstance(ctx.ranges.get(e, (None, None))[1], Expr):
+        return ctx.ranges[e][1]
+    if e.op == "floordiv" and (ctx.bounds(e.args[1])[0] or 0) >= 1:
+        hi = _sym_hi(ctx, e.args[0])
+        return None if hi is None else ctx.simplify(hi // e.args[1])
+    return None
 
 
 def _minmax_by_bounds(op):
@@ -350,6 +363,10 @@ INT_RULES: list[tuple[Pat, Any]] = [
     (P("min", x, y) - z, lambda ctx, x, y, z: min_(x - z, y - z)),
     (P("max", x, y) - z, lambda ctx, x, y, z: max_(x - z, y - z)),
     (P("min", x, y), _minmax_by_bounds("min")), (P("max", x, y), _minmax_by_bounds("max")),
+    (P("min", P("max", x, y), x), x), (P("max", P("min", x, y), x), x),
+    # a fused loop's digit by a symbolic extent (kiln.loops.symbols): (x*y - 1) // y == x - 1
+    ((x * y + c1) // y, lambda ctx, x, y, c1: x + (-1) if c1.arg == -1 and (ctx.bounds(y)[0] or 0) >= 1
+        else None),
     (P("min", x + c1, x + c2), lambda ctx, x, c1, c2: x + min(c1.arg, c2.arg)),
     (P("max", x + c1, x + c2), lambda ctx, x, c1, c2: x + max(c1.arg, c2.arg)),
     # logic
