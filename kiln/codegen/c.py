@@ -389,16 +389,19 @@ class _Emitter:
                 out(f"{pad}{{ {t} {name}[{max(b.size, 1)}] __attribute__((aligned(64)));")
                 self.stmt(s.body, ctx, n, d + 1, in_par)
                 out(pad + "}")
+            elif not sized and s.scope == "auto":
+                # a symbolic size (kiln.loops.symbols), often a row inside a parallel loop: on
+                # the stack (a VLA, gone at the block's end) when small, else on the heap
+                size = self.expr(ctx.simplify(b.size), ctx, n)
+                fits = f"({size}) * {b.dtype.itemsize} <= {STACK_LIMIT}"
+                out(f"{pad}{{ {t} {name}_s[{fits} && ({size}) > 0 ? ({size}) : 1] __attribute__((aligned(64)));")
+                out(f"{pad}{t}* restrict {name} = {fits} ? {name}_s : ({t}*)kiln_alloc((uint64_t)({size}) * "
+                    f"{b.dtype.itemsize});")
+                self._guarded(s.body, name, ctx, n, d, in_par, f"if ({name} != {name}_s) free({name}); }}")
             else:
                 nbytes = f"{b.nbytes}ULL" if sized else f"(uint64_t)({self.expr(ctx.simplify(b.nbytes), ctx, n)})"
                 out(f"{pad}{{ {t}* restrict {name} = ({t}*)kiln_alloc({nbytes});")
-                out(f"{pad}if ({name}) {{")
-                self.stmt(s.body, ctx, n, d + 1, in_par)
-                out(f"{pad}}} else {{")
-                out(f"{pad}  #pragma omp atomic write")
-                out(f"{pad}  kiln_failed = 1;")
-                out(f"{pad}}}")
-                out(f"{pad}free({name}); }}")
+                self._guarded(s.body, name, ctx, n, d, in_par, f"free({name}); }}")
         elif isinstance(s, S.Let):
             out(f"{pad}{{ const {vtype(s.var.dtype)} {n(s.var, s.var.arg.name, 'v')} = {self.expr(s.value, ctx, n)};")
             self.stmt(s.body, ctx, n, d + 1, in_par)
@@ -412,6 +415,17 @@ class _Emitter:
             self.calls += 1
         else:
             raise KilnError(f"cannot emit statement {type(s).__name__}", stage="codegen")
+
+    def _guarded(self, body, name: str, ctx, n, d: int, in_par: bool, end: str) -> None:
+        """`body` where buffer `name` was allocated (else the allocation failure), then `end`."""
+        pad, out = "  " * d, self.lines.append
+        out(f"{pad}if ({name}) {{")
+        self.stmt(body, ctx, n, d + 1, in_par)
+        out(f"{pad}}} else {{")
+        out(f"{pad}  #pragma omp atomic write")
+        out(f"{pad}  kiln_failed = 1;")
+        out(f"{pad}}}")
+        out(f"{pad}{end}")
 
     def call_args(self, s: S.Call, n: _Names) -> str:
         callee = self.module[s.func]

@@ -16,7 +16,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops import Expr, call, cast, compute, const, reduce, reduce_axis, select
-from kiln.loops.symbols import extent, size_hint
+from kiln.loops.symbols import extent, size_hint, static
 from kiln.lower.decisions import parallel_min_work
 from kiln.ops.reduce import _NORMALIZE, _REDUCE, _reduce_axes, _reduce_run
 from kiln.ops.registry import LowerCtx, lowering
@@ -151,7 +151,7 @@ def schedule_reduction(sch, tensor, inner: int = 0) -> None:
     size = math.prod(_ext(k) for k in red)
     par = points * size >= parallel_min_work()
     outer, tail = sp[:len(sp) - inner], sp[len(sp) - inner:]
-    if red and par and points < 8 and size >= parallel_min_work():
+    if red and par and points < 8 and size >= parallel_min_work() and all(static(k.arg.dom[1]) for k in red):
         k = red[0] if _ext(red[0]) >= 16 else stage.fuse(*red)  # fused indices cost a div/mod
         ko, _ = stage.split(k, nparts=min(64, _ext(k), size // 4096))
         schedule_reduction(sch, sch.rfactor(tensor, ko))  # the chunks: parallel, vectorized

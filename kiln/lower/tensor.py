@@ -384,7 +384,8 @@ def _slice_lower(ctx, x, *_):
     sl = _slice_args(ctx, len(x.shape))
     if sl is None:
         ctx.fail("starts, ends, axes and steps must be known at compile time for native code")
-    first_step = [_clamped(d, k).indices(d) for d, k in zip(x.shape, sl)]
+    # an axis left whole reads as it is (a symbolic size, kiln.loops.symbols, included)
+    first_step = [(0, d, 1) if k == slice(None) else _clamped(d, k).indices(d) for d, k in zip(x.shape, sl)]
     ctx.schedule(rows_schedule())
     return compute(ctx.out_shape(), lambda *i: x[tuple(b + v * st for v, (b, _, st) in zip(i, first_step))],
                    "slice")

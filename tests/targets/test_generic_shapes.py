@@ -142,3 +142,33 @@ def test_bad_shapes_are_clear_errors():
 def test_unknown_shapes_option_is_an_error():
     with pytest.raises(kiln.KilnError, match="shapes"):
         kiln.compile(_models().build_mlp(), target="cpu", shapes="dynamic")
+
+
+def test_more_op_families_run_generic(compiler_runs):
+    """Reductions over a symbolic axis, Concat/Slice along static axes, a standalone Transpose,
+    Where, Cast, Sigmoid (a formula with a per-element temporary) and a symbolic-by-symbolic
+    MatMul, at several (n, m) from one module."""
+    I = onnx.numpy_helper.from_array
+    inits = [I(np.array([1], np.int64), "ax1"), I(np.array([0], np.int64), "s0"), I(np.array([3], np.int64), "e3"),
+             I(np.array([2], np.int64), "ax2"), I(np.float32(0.5).reshape(()), "half")]
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "ax1"], ["mean"], keepdims=1, name="mean"),      # over m
+        helper.make_node("Sub", ["x", "mean"], ["xc"], name="center"),
+        helper.make_node("Sigmoid", ["xc"], ["sg"], name="sig"),
+        helper.make_node("Concat", ["sg", "x"], ["cat"], axis=2, name="cat"),              # [n, m, 8]
+        helper.make_node("Slice", ["cat", "s0", "e3", "ax2"], ["sl"], name="slice"),        # [n, m, 3]
+        helper.make_node("Transpose", ["sl"], ["tr"], perm=[0, 2, 1], name="transpose"),   # [n, 3, m]
+        helper.make_node("MatMul", ["sl", "tr"], ["gram"], name="gram"),                   # [n, m, m]
+        helper.make_node("Greater", ["gram", "half"], ["mask"], name="gt"),
+        helper.make_node("Where", ["mask", "gram", "half"], ["w"], name="where"),
+        helper.make_node("ReduceMax", ["w", "ax1"], ["rmax"], keepdims=0, name="rmax"),     # [n, m]
+        helper.make_node("Cast", ["rmax"], ["y"], to=onnx.TensorProto.DOUBLE, name="cast"),
+    ]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["n", "m", 4])],
+                   [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, ["n", "m"]),
+                    helper.make_tensor_value_info("tr", F, ["n", 3, "m"])], inits)
+    m = _generic(model)
+    rng = np.random.default_rng(5)
+    feeds = [{"x": rng.standard_normal((n, k, 4)).astype(np.float32)} for n, k in
+             ((1, 1), (1, 2), (3, 17), (2, 64), (5, 33))]
+    _check_runs(m, feeds, compiler_runs)
