@@ -1,5 +1,5 @@
 """Lowerings of the blocked-layout ops (kiln.ops.layout, cpu target): ToNCHWc, FromNCHWc,
-ConvNCHWc, MaxPoolNCHWc.
+ConvNCHWc, MaxPoolNCHWc, GlobalAveragePoolNCHWc.
 
 The native lowering vectorizes over the output-channel block (one vector
 register: ob = vector lanes, as TVM's conv2d_NCHWc and oneDNN's blocked
@@ -136,11 +136,27 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
     return NCHWC_REG_W.value(r), NCHWC_OC_V.value(v)
 
 
+def scaled_weights(g: BlockedGeom, w, scale):
+    """The packed weights times a per-image, per-input-channel scale: ws[n, *w's index].
+    Conv(x * s) is Conv with W * s (zero padding stays zero), and W is N x (OC x IC x taps)
+    where x is N x (IC x H x W): a squeeze-excite gate costs a pass over the weights
+    instead of one over the activation."""
+    if g.depthwise:
+        return compute((g.n, *w.shape), lambda n, c, i, kh, kw, ii, o: w[(c, i, kh, kw, ii, o)]
+                       * scale[(n, c, 0, 0, o)], "wscaled", w.dtype)
+    return compute((g.n, *w.shape), lambda n, c, i, kh, kw, ii, o: w[(c, i, kh, kw, ii, o)]
+                   * scale[(n, i, 0, 0, ii)], "wscaled", w.dtype)
+
+
 @lowering("ConvNCHWc", domain=DOMAIN)
-def _conv_lower(ctx, x, w, b=None):
+def _conv_lower(ctx, x, w, b=None, scale=None):
     g = blocked_geom(ctx, x.shape, w.shape)
     dt = x.dtype
     acc_dt = DType.float32 if dt.itemsize < 4 else dt
+    ws = scaled_weights(g, w, scale) if scale is not None else None
+
+    def wv(c, i, kh, kw, ii, o, n):
+        return w[(c, i, kh, kw, ii, o)] if ws is None else ws[(n, c, i, kh, kw, ii, o)]
     pt, pl = g.begin
     sh, sw = g.strides
     dh, dw = g.dil
@@ -173,14 +189,14 @@ def _conv_lower(ctx, x, w, b=None):
 
         def acc_body(n, c, oh, ow, o):
             return sum_(cast(acc_dt, xp((n, c, oh * sh + kh * dh, ow * sw + kw * dw, o)))
-                        * cast(acc_dt, w[(c, 0, kh, kw, 0, o)]), axis=red)
+                        * cast(acc_dt, wv(c, 0, kh, kw, 0, o, n)), axis=red)
     else:
         icb, ii = reduce_axis(g.icbg, "icb"), reduce_axis(g.ib, "ii")
         red = [icb, kh, kw, ii]
 
         def acc_body(n, c, oh, ow, o):
             return sum_(cast(acc_dt, xp((n, icb, oh * sh + kh * dh, ow * sw + kw * dw, ii)))
-                        * cast(acc_dt, w[(c, icb, kh, kw, ii, o)]), axis=red)
+                        * cast(acc_dt, wv(c, icb, kh, kw, ii, o, n)), axis=red)
     acc = compute((g.n, g.ocb, *g.out, g.ob), acc_body, "acc")
 
     def out_body(n, c, oh, ow, o):
@@ -219,7 +235,36 @@ def _conv_lower(ctx, x, w, b=None):
         sa.vectorize(ao)
         if xpad is not None:
             _rows_schedule(sch[xpad], math.prod(xpad.shape), 3, ctx.target)
+        if ws is not None:
+            _rows_schedule(sch[ws], math.prod(ws.shape), 5, ctx.target)
 
+    ctx.schedule(schedule)
+    return out
+
+
+@lowering("GlobalAveragePoolNCHWc", domain=DOMAIN)
+def _global_average_lower(ctx, x):
+    """Per (image, channel block): the plane's rows summed into one vector of the block's
+    channels (each row a contiguous run of pixels x lanes), then divided by the pixel count."""
+    n, cb, h, w, blk = x.shape
+    acc_dt = DType.float32 if x.dtype.itemsize < 4 else x.dtype
+    kh, kw = reduce_axis(h, "kh"), reduce_axis(w, "kw")
+    total = compute((n, cb, 1, 1, blk), lambda n_, c, i, j, o: sum_(cast(acc_dt, x[(n_, c, kh, kw, o)]), [kh, kw]),
+                    "gsum")
+    out = compute((n, cb, 1, 1, blk), lambda *i: cast(x.dtype, total[i] / const(h * w, acc_dt)), "gavg_nchwc",
+                  x.dtype)
+    work = math.prod(x.shape)
+
+    def schedule(sch, outputs):
+        st = sch[total]
+        a = list(st.axis)
+        st.reorder(*a[:4], *st.reduce_axis, a[4])
+        top = st.fuse(*a[:4])
+        if blk >= 4:
+            st.vectorize(a[4])
+        if parallel_worth(work, ctx.target) and top.arg.dom[1] > 1:
+            st.parallel(top)
+        _rows_schedule(sch[out], 0, 4, ctx.target)
     ctx.schedule(schedule)
     return out
 

@@ -11,12 +11,15 @@ result (kiln.passes.layout only lets such padding-preserving ops run blocked).
 
 - `ToNCHWc(x) {block}`: N,C,*S -> N,ceil(C/block),*S,block (zero padded channels);
 - `FromNCHWc(x) {channels}`: the inverse, keeping the first `channels` channels;
-- `ConvNCHWc(x, w, b) {kernel_shape, strides, pads, dilations, depthwise}`: 2-D
+- `ConvNCHWc(x, w, b, scale) {kernel_shape, strides, pads, dilations, depthwise}`: 2-D
   convolution of a blocked input with weights packed ahead of time as
   (OC/ob, IC/ib, KH, KW, ib, ob) (depthwise: (C/cb, 1, KH, KW, 1, cb), channel
   block k of the output reads channel block k of the input) and a bias packed
   as (OC/ob, ob); the output is N,OC/ob,OH,OW,ob.
   ib may be less than ob: a stem conv's few input channels as one block (channels-last);
+  the optional `scale` (N,IC/ib,1,1,ib, blocked like x) multiplies the input per image
+  and channel first (a squeeze-excite gate: the lowering scales the weights instead);
+- `GlobalAveragePoolNCHWc(x)`: the mean over the plane of a blocked tensor, N,CB,1,1,cb;
 - `MaxPoolNCHWc(x) {kernel_shape, strides, pads, dilations}`: 2-D max pooling of a
   blocked tensor, blocked out (zeros in the padding channels stay zeros).
 
@@ -32,7 +35,7 @@ import numpy as np
 
 from kiln.graph.types import TensorType
 from kiln.ops.nn import compute_dtype, conv_core, pad_spatial, window, windows
-from kiln.ops.registry import INJECTIVE, OPAQUE, OUT_FUSABLE, op
+from kiln.ops.registry import INJECTIVE, OPAQUE, OUT_FUSABLE, REDUCTION, op
 
 DOMAIN = "kiln"
 
@@ -172,7 +175,17 @@ def _conv_infer(ctx):
     g = blocked_geom(ctx, xs, ws)
     if ctx.has_input(2) and ctx.shape(2) != (g.ocb, g.ob):
         ctx.fail(f"ConvNCHWc bias {ctx.shape(2)} must be packed as {(g.ocb, g.ob)}")
+    if ctx.has_input(3) and ctx.shape(3) != (xs[0], xs[1], 1, 1, xs[4]):
+        ctx.fail(f"ConvNCHWc scale {ctx.shape(3)} must be one value per image and input channel, "
+                 f"{(xs[0], xs[1], 1, 1, xs[4])}")
     return [TensorType(ctx.dtype(0), (g.n, g.ocb, *g.out, g.ob))]
+
+
+def _global_pool_infer(ctx):
+    xs = ctx.shape(0)
+    if xs is None or len(xs) != 5 or not all(isinstance(d, int) for d in xs):
+        ctx.fail(f"GlobalAveragePoolNCHWc needs a static blocked input N,CB,H,W,cb, got {ctx.tensor(0)}")
+    return [TensorType(ctx.dtype(0), (xs[0], xs[1], 1, 1, xs[4]))]
 
 
 def _pool_infer(ctx):
@@ -198,10 +211,12 @@ def from_nchwc(ctx, x):
 
 
 @op("ConvNCHWc", infer=_conv_infer, domain=DOMAIN, fusion=OUT_FUSABLE)
-def conv_nchwc(ctx, x, w, b=None):
-    """Blocked 2-D convolution (dense or depthwise) with pre-packed weights."""
+def conv_nchwc(ctx, x, w, b=None, scale=None):
+    """Blocked 2-D convolution (dense or depthwise) with pre-packed weights, of x * scale."""
     g = blocked_geom(ctx, x.shape, w.shape)
     xc = compute_dtype(x)
+    if scale is not None:
+        xc = xc * compute_dtype(scale)
     xn = from_blocked(xc, x.shape[1] * x.shape[-1])
     wn = unpack_conv_weight(compute_dtype(w).astype(xc.dtype, copy=False), g.depthwise)
     win = window(ctx, list(xn.shape[2:]), g.kernel)
@@ -209,6 +224,12 @@ def conv_nchwc(ctx, x, w, b=None):
     if b is not None:
         y = y + compute_dtype(b).reshape(1, -1, 1, 1)
     return to_blocked(y, g.ob).astype(x.dtype, copy=False)
+
+
+@op("GlobalAveragePoolNCHWc", infer=_global_pool_infer, domain=DOMAIN, fusion=REDUCTION)
+def global_average_pool_nchwc(ctx, x):
+    """The mean over H,W of a blocked tensor, kept blocked (padding channels stay zero)."""
+    return compute_dtype(x).mean(axis=(2, 3), keepdims=True).astype(x.dtype, copy=False)
 
 
 @op("MaxPoolNCHWc", infer=_pool_infer, domain=DOMAIN, fusion=OPAQUE)

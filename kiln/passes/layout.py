@@ -26,6 +26,17 @@ The rewrite, in one walk over the nodes in order:
 - a 2-D MaxPool (no Indices, no ceil_mode) that reads a blocked value becomes
   `kiln::MaxPoolNCHWc` (ResNet's stem -> ReLU -> MaxPool runs blocked, its
   result converted to NCHW once, at a quarter of the stem output's size);
+- a global average over the plane (GlobalAveragePool, or a ReduceMean taking
+  N,C,H,W to N,C,1,1) of a blocked value becomes `kiln::GlobalAveragePoolNCHWc`,
+  and an elementwise op may read a computed per-image, per-channel operand
+  (N,C,1,1) through its blocked twin (N,C/c,1,1,c, broadcast): so a
+  squeeze-excite block (pool -> 1x1 -> act -> 1x1 -> gate -> scale) stays
+  blocked. Its 1x1 convs on a 1x1 plane are blocked whatever their channel
+  padding (a matrix-vector product: the padding costs nothing measurable);
+- such a per-channel scale Mul(x, s) whose only reader is a blocked conv is not
+  a kernel of its own: the conv takes s as its `scale` input and scales its
+  weights per image and input channel (W * s is N x the weights' size, x * s
+  would be a pass over the whole activation);
 - a value needed in NCHW (by any other op, or as a graph output) gets one
   `kiln::FromNCHWc` right before its first such reader, producing the very same
   Value; an NCHW value read by a blocked op gets one `kiln::ToNCHWc`. Each
@@ -55,13 +66,13 @@ from kiln.ops.infer import Inferencer
 from kiln.ops.layout import DOMAIN, pack_bias, pack_conv_weight, to_blocked
 from kiln.ops.nn import window
 from kiln.ops.registry import NodeCtx
-from kiln.passes.edit import Namer, new_const, reads, static_shape
+from kiln.passes.edit import Namer, new_const, reads, static_shape, use_counts
 from kiln.passes.registry import PassContext, graph_pass
 from kiln.targets.target import Target
 
 # elementwise ops that give the same result whatever the layout, and keep the padding
 # channels' zeros finite (so a consumer's zero weights keep ignoring them)
-UNARY = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Identity"}
+UNARY = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Swish", "Tanh", "Identity"}
 BINARY = {"Add", "Sub", "Mul", "Max", "Min", "Sum"}
 MAX_PAD_RATIO = 4 / 3   # padded channels / real channels at most this (24 -> 32 is fine; 3 -> 16 not)
 
@@ -92,6 +103,11 @@ def _conv_attrs(node: Node, opset: int, xshape) -> dict | None:
             "pads": [int(p) for p in win.begin + win.end], "dilations": list(win.dilations)}
 
 
+def one_pixel(shape) -> bool:
+    """A plane of one pixel (N,C,1,1): a conv on it is a matrix-vector product per image."""
+    return shape is not None and len(shape) == 4 and shape[2] == shape[3] == 1
+
+
 def blockable_conv(node: Node, opset: int, block: int) -> dict | None:
     """The ConvNCHWc attributes for `node`, or None when it stays NCHW (see the module doc)."""
     if node.op != "Conv" or node.domain or len(node.inputs) not in (2, 3) or len(node.outputs) != 1:
@@ -108,7 +124,8 @@ def blockable_conv(node: Node, opset: int, block: int) -> dict | None:
     depthwise = group > 1 and group == c == oc and w.const.shape[1] == 1
     if (group != 1 and not depthwise) or (group == 1 and w.const.shape[1] != c):
         return None
-    if not worth_blocking(oc, block) or not (worth_blocking(c, block) or narrow_input(c, block, depthwise)):
+    if not one_pixel(xs) and (not worth_blocking(oc, block)
+                              or not (worth_blocking(c, block) or narrow_input(c, block, depthwise))):
         return None
     attrs = _conv_attrs(node, opset, xs)
     if attrs is None:
@@ -125,7 +142,8 @@ def narrow_input(channels: int, block: int, depthwise: bool = False) -> bool:
 def input_block(node: Node, attrs: dict, block: int) -> int:
     """The channel block a blockable conv reads its input in."""
     c = node.inputs[1].const.shape[1]
-    return c if narrow_input(c, block, bool(attrs["depthwise"])) else block
+    narrow = narrow_input(c, block, bool(attrs["depthwise"])) and not one_pixel(static_shape(node.inputs[0]))
+    return c if narrow else block
 
 
 def blockable_pool(node: Node, opset: int) -> dict | None:
@@ -145,6 +163,22 @@ def blockable_pool(node: Node, opset: int) -> dict | None:
             "pads": [int(p) for p in win.begin + win.end], "dilations": list(win.dilations)}
 
 
+def global_average(node: Node) -> bool:
+    """A float32 mean over the whole plane of N,C,H,W: GlobalAveragePool, or a ReduceMean whose
+    result is N,C,1,1 (whatever its axes: a mean over a size-1 axis is the value itself)."""
+    if node.domain or node.op not in ("GlobalAveragePool", "ReduceMean") or len(node.outputs) != 1 \
+            or node.outputs[0] is None or node.inputs[0] is None:
+        return False
+    xs, ys = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+    return (xs is not None and ys is not None and len(xs) == 4 and ys == (*xs[:2], 1, 1)
+            and node.inputs[0].type.dtype is DType.float32)
+
+
+def per_channel(shape, out) -> bool:
+    """`shape` (N,C,1,1) broadcasts per image and channel over `out` (N,C,H,W)."""
+    return shape is not None and len(shape) == 4 and shape[:2] == out[:2] and shape[2:] == (1, 1)
+
+
 class _Rewriter:
     def __init__(self, graph: Graph, block: int, convs: dict[int, dict]):
         self.graph, self.block, self.convs = graph, block, convs
@@ -154,8 +188,12 @@ class _Rewriter:
         self.narrow: dict[int, Value] = {}    # NCHW value id -> its twin in one block of all channels
         self.pending: dict[int, Value] = {}   # NCHW values whose producer now makes only the twin
         self.nodes: list[Node] = []
-        self.fired = {"Conv": 0, "elementwise": 0, "MaxPool": 0, "ToNCHWc": 0, "FromNCHWc": 0}
+        self.fired = {"Conv": 0, "elementwise": 0, "MaxPool": 0, "GlobalAveragePool": 0, "scale": 0,
+                      "ToNCHWc": 0, "FromNCHWc": 0}
         self.opset = graph.opset("")
+        self.consumers = graph.consumers()
+        self.uses = use_counts(graph)       # reads at any depth, graph outputs included
+        self.scaled: dict[int, tuple[Value, Value]] = {}   # Mul output id -> (blocked x, blocked scale)
 
     def emit(self, op: str, inputs: list, outputs: list[Value], attrs: dict, name: str,
              domain: str = "") -> Node:
@@ -217,11 +255,17 @@ class _Rewriter:
         ib = input_block(node, attrs, self.block)
         wp = new_const(self.namer, f"{node.inputs[1].name}.nchwc{self.block}",
                        pack_conv_weight(w, self.block, dw, ib))
-        x = self.to_blocked(node.inputs[0]) if ib == self.block else self.to_narrow(node.inputs[0], ib)
+        scale = None
+        if node.inputs[0].id in self.scaled:
+            x, scale = self.scaled.pop(node.inputs[0].id)
+        else:
+            x = self.to_blocked(node.inputs[0]) if ib == self.block else self.to_narrow(node.inputs[0], ib)
         ins = [x, wp]
         if b is not None:
             ins.append(new_const(self.namer, f"{node.name}.bias.nchwc{self.block}",
                                  pack_bias(b, w.shape[0], self.block, w.dtype)))
+        if scale is not None:
+            ins += [None] * (3 - len(ins)) + [scale]
         y = node.outputs[0]
         yb = self.twin_value(y)
         self.emit("ConvNCHWc", ins, [yb], attrs, node.name, DOMAIN)
@@ -248,6 +292,8 @@ class _Rewriter:
                 # (a computed operand with no blocked twin keeps the op NCHW: converting it
                 # in, and the result back out, costs more than the op)
                 kinds.append("blocked")
+            elif v.const is None and v.id in self.blocked and per_channel(s, out):
+                kinds.append("blocked")         # its twin N,C/c,1,1,c broadcasts
             elif v.const is not None and v.const.size == 1:
                 kinds.append("keep")
             elif (v.const is not None and node.op in BINARY and s is not None and len(s) == 4
@@ -265,6 +311,29 @@ class _Rewriter:
         self.produce_blocked(y, yb)
         self.fired["elementwise"] += 1
 
+    def fold_scale(self, node: Node, kinds: list) -> bool:
+        """Mul(x, s), s per channel, read only by a blocked conv that reads x in full blocks:
+        record it for the conv to take s as its scale input (see the module doc)."""
+        if node.op != "Mul" or len(node.inputs) != 2 or kinds != ["blocked", "blocked"]:
+            return False
+        y = node.outputs[0]
+        out = static_shape(y)
+        shapes = [static_shape(v) for v in node.inputs]
+        if shapes[0] == out and per_channel(shapes[1], out):
+            x, s = node.inputs
+        elif shapes[1] == out and per_channel(shapes[0], out):
+            s, x = node.inputs
+        else:
+            return False
+        readers = self.consumers.get(y.id, [])
+        if self.uses[y.id] != 1 or len(readers) != 1 or id(readers[0]) not in self.convs \
+                or readers[0].inputs[0] is not y or any(v is y for v in readers[0].inputs[1:]) \
+                or input_block(readers[0], self.convs[id(readers[0])], self.block) != self.block:
+            return False
+        self.scaled[y.id] = (self.to_blocked(x), self.to_blocked(s))
+        self.fired["scale"] += 1
+        return True
+
     def run(self) -> None:
         for node in self.graph.nodes:
             attrs = self.convs.get(id(node))
@@ -280,7 +349,17 @@ class _Rewriter:
                 self.produce_blocked(y, yb)
                 self.fired["MaxPool"] += 1
                 continue
+            if global_average(node) and node.inputs[0].id in self.blocked:
+                y = node.outputs[0]
+                yb = self.twin_value(y)
+                self.emit("GlobalAveragePoolNCHWc", [self.blocked[node.inputs[0].id]], [yb], {}, node.name,
+                          DOMAIN)
+                self.produce_blocked(y, yb)
+                self.fired["GlobalAveragePool"] += 1
+                continue
             kinds = self.operands(node)
+            if kinds is not None and self.fold_scale(node, kinds):
+                continue
             if kinds is not None:
                 self.elementwise(node, kinds)
                 continue
@@ -318,8 +397,17 @@ def select_convs(graph: Graph, block: int, selective: bool) -> dict[int, dict]:
     producer = {v.id: n for n in graph.nodes for v in n.outputs if v is not None}
     consumers = graph.consumers()
 
-    def elementwise(n: Node) -> bool:   # a path through a binary op would need its other input converted
-        return not n.domain and n.op in UNARY
+    def elementwise(n: Node) -> bool:
+        # a path through a binary op would need its other input converted, unless that is one
+        # value per channel (a squeeze-excite gate: N,C,1,1)
+        if n.domain or len(n.outputs) != 1 or n.outputs[0] is None:
+            return False
+        if n.op in UNARY:
+            return True
+        out = static_shape(n.outputs[0])
+        shapes = [None if v is None else static_shape(v) for v in n.inputs]
+        return (n.op == "Mul" and out is not None and len(out) == 4 and len(shapes) == 2
+                and out in shapes and any(per_channel(s, out) for s in shapes))
 
     def reaches(start: Node, step, pools: bool = False) -> bool:
         seen, todo = set(), list(step(start))

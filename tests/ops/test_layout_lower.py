@@ -164,3 +164,58 @@ def test_blocked_max_pool_matches_reference(case, block):
     np.testing.assert_allclose(Interpreter(blocked).run(xs)[0], want, rtol=1e-5, atol=1e-5)
     got = kiln.compile(blocked, target="cpu", opt_level=0).run({"x": xs[0]})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+SE_CASES = {   # tests.passes.test_layout.se_block arguments
+    "v3_hardswish_residual": dict(c=8, h=9, m=24, r=4, o=8),
+    "stride2_5x5_reducemean": dict(n=2, c=8, h=11, m=20, r=6, o=12, k=5, s=2, pool="ReduceMean", opset=13),
+    "silu_sigmoid_batch3": dict(n=3, c=16, h=7, m=40, r=10, o=16, act="SiLU", gate="Sigmoid"),
+    "odd_everything": dict(n=1, c=5, h=13, m=18, r=3, o=7, k=5, s=1, act="Relu", gate="Sigmoid",
+                           pool="ReduceMean", opset=18),
+}
+
+
+def _se_random_cases(count=3, seed=7):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in range(count):
+        k, s = int(rng.choice([3, 5])), int(rng.choice([1, 2]))
+        out[f"random{i}"] = dict(n=int(rng.integers(1, 4)), c=int(rng.integers(3, 20)), h=int(rng.integers(5, 16)),
+                                 m=int(rng.integers(8, 48)), r=int(rng.integers(2, 12)), o=int(rng.integers(4, 24)),
+                                 k=k, s=s, act=str(rng.choice(["HardSwish", "SiLU", "Relu"])),
+                                 gate=str(rng.choice(["HardSigmoid", "Sigmoid"])))
+    return out
+
+
+SE_CASES.update(_se_random_cases())
+
+
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize("case", list(SE_CASES))
+def test_squeeze_excite_blocked_matches_reference(case, block):
+    """A whole inverted residual with squeeze-excite, every conv blocked: the blocked global
+    average, the per-channel gate broadcast, the gate folded into the project conv's weights."""
+    from tests.passes.test_layout import se_block
+    cfg = SE_CASES[case]
+    g = se_block(**cfg)
+    blocked = g.clone()
+    fired = transform(blocked, block, selective=False)
+    if worth_blocking(cfg["m"], block) and worth_blocking(cfg["o"], block):
+        assert fired.get("GlobalAveragePool") == 1 and fired.get("scale") == 1, fired
+    xs = random_inputs(g, 1)
+    want = Interpreter(g).run(xs)[0]
+    np.testing.assert_allclose(Interpreter(blocked).run(xs)[0], want, rtol=1e-4, atol=1e-4)
+    got = kiln.compile(blocked, target="cpu", opt_level=0).run({"x": xs[0]})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_squeeze_excite_symbolic_batch_at_O3():
+    """The default pipeline (SiLU recognised, selective blocking) on a symbolic batch: one
+    compiled model at batch 1 and 4 against the reference."""
+    from tests.passes.test_layout import se_block
+    g = se_block(n="N", c=16, h=10, m=48, r=12, o=24, k=5, s=2, act="SiLU", gate="Sigmoid")
+    m = kiln.compile(g, target="cpu")
+    ref = Interpreter(g)
+    for n in (1, 4):
+        x = np.random.default_rng(n).standard_normal((n, 16, 10, 10)).astype(F)
+        np.testing.assert_allclose(m.run({"x": x})["y"], ref.run([x])[0], rtol=1e-4, atol=1e-4)

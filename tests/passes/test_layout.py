@@ -243,3 +243,75 @@ def test_blocked_add_needs_both_operands_blocked():
     out, stats = run_pass("transform_layout", g)
     assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Neg", "kiln::FromNCHWc", "Add", "Sub"]
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+def se_block(n=1, c=8, h=9, m=24, r=4, o=8, k=3, s=1, pool="GlobalAveragePool", act="HardSwish",
+             gate="HardSigmoid", opset=17, outputs="%y"):
+    """A MobileNetV3/EfficientNet inverted residual with squeeze-excite, NCHW: 1x1 expand (c -> m)
+    -> act -> depthwise kxk stride s -> act -> pool -> 1x1 (m -> r) -> Relu -> 1x1 (r -> m)
+    -> gate -> Mul -> 1x1 project (m -> o) [-> Add of the input when the shapes allow].
+    `act` "SiLU" writes x * Sigmoid(x) out, as exporters do; `n` may be a symbol."""
+    p = k // 2
+    oh = (h + 2 * p - k) // s + 1
+
+    def ty(ch, hw):
+        return f"float32[{n},{ch},{hw},{hw}]"
+
+    def activation(src, dst, hw):
+        if act == "SiLU":
+            return (f'  %{dst}_s: {ty(m, hw)} = Sigmoid(%{src}) name "{dst}_sig"\n'
+                    f'  %{dst}: {ty(m, hw)} = Mul(%{src}, %{dst}_s) name "{dst}_mul"\n')
+        return f'  %{dst}: {ty(m, hw)} = {act}(%{src}) name "{dst}_act"\n'
+    if pool == "GlobalAveragePool":
+        pooled = f'  %p: {ty(m, 1)} = GlobalAveragePool(%a2) name "pool"\n'
+    elif opset >= 18:
+        pooled = f'  %p: {ty(m, 1)} = ReduceMean(%a2, %axes) {{keepdims = 1}} name "pool"\n'
+    else:
+        pooled = f'  %p: {ty(m, 1)} = ReduceMean(%a2) {{axes = [-1, -2], keepdims = 1}} name "pool"\n'
+    body = (f'  %e: {ty(m, h)} = Conv(%x, %we, %be) {{kernel_shape = [1, 1]}} name "expand"\n'
+            + activation("e", "a1", h)
+            + f'  %d: {ty(m, oh)} = Conv(%a1, %wd, %bd) {{kernel_shape = [{k}, {k}], strides = [{s}, {s}], '
+            f'pads = [{p}, {p}, {p}, {p}], group = {m}}} name "dw"\n'
+            + activation("d", "a2", oh)
+            + pooled
+            + f'  %q: {ty(r, 1)} = Conv(%p, %w1, %b1) {{kernel_shape = [1, 1]}} name "fc1"\n'
+            f'  %qr: {ty(r, 1)} = Relu(%q) name "fc1_relu"\n'
+            f'  %t: {ty(m, 1)} = Conv(%qr, %w2, %b2) {{kernel_shape = [1, 1]}} name "fc2"\n'
+            f'  %g: {ty(m, 1)} = {gate}(%t) name "gate"\n'
+            f'  %sc: {ty(m, oh)} = Mul(%a2, %g) name "scale"\n')
+    residual = s == 1 and o == c
+    body += f'  %{"j" if residual else "y"}: {ty(o, oh)} = Conv(%sc, %wp, %bp) {{kernel_shape = [1, 1]}} name "project"'
+    if residual:
+        body += f'\n  %y: {ty(o, oh)} = Add(%j, %x) name "residual"'
+    consts = dict(we=R(m, c, 1, 1), be=R(m), wd=R(m, 1, k, k), bd=R(m), w1=R(r, m, 1, 1) * 0.3, b1=R(r),
+                  w2=R(m, r, 1, 1) * 0.3, b2=R(m), wp=R(o, m, 1, 1) * 0.3, bp=R(o))
+    if pool != "GlobalAveragePool" and opset >= 18:
+        consts["axes"] = np.array([2, 3], np.int64)
+    return graph(prog(f"(%x: {ty(c, h)}) -> ({outputs})", body, opset), **consts)
+
+
+@pytest.mark.parametrize("pool,opset", [("GlobalAveragePool", 17), ("ReduceMean", 13), ("ReduceMean", 18)])
+def test_squeeze_excite_stays_blocked(pool, opset, monkeypatch):
+    """Pool, the two 1x1 convs on the pooled pixel (4 hidden channels padded to 8 all the same),
+    the gate and the scale run blocked; the scale folds into the project conv (no Mul kernel):
+    one conversion in, one out. Also by the selective default."""
+    monkeypatch.setattr(layout, "SELECTIVE", True)
+    g = se_block(pool=pool, opset=opset)
+    out, stats = run_pass("transform_layout", g)
+    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "HardSwish", "kiln::ConvNCHWc", "HardSwish",
+                         "kiln::GlobalAveragePoolNCHWc", "kiln::ConvNCHWc", "Relu", "kiln::ConvNCHWc",
+                         "HardSigmoid", "kiln::ConvNCHWc", "Add", "kiln::FromNCHWc"]
+    project = out.nodes[10]
+    assert len(project.inputs) == 4 and project.inputs[3].type.shape == (1, 3, 1, 1, 8)
+    assert stats.fired["scale"] == 1 and stats.fired["GlobalAveragePool"] == 1
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+def test_per_channel_gate_read_twice_is_a_blocked_mul():
+    """A gated value read by something else too keeps its (blocked, broadcasting) Mul."""
+    g2 = se_block(s=2, o=16, outputs="%y, %sc")
+    out, stats = run_pass("transform_layout", g2)
+    muls = [n for n in out.nodes if n.op == "Mul"]
+    assert len(muls) == 1 and muls[0].inputs[1].type.shape == (1, 3, 1, 1, 8)
+    assert "scale" not in stats.fired
+    assert_equivalent(g2, out, rtol=1e-4, atol=1e-5)
