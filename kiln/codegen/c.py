@@ -37,6 +37,7 @@ from kiln.errors import KilnError
 from kiln.loops import stmt as S
 from kiln.loops.expr import Expr
 from kiln.loops.simplify import Ctx
+from kiln.loops.symbols import SERIAL_WORK
 
 STACK_LIMIT = 16 * 1024  # bytes; larger "auto" allocations go to the heap
 
@@ -351,7 +352,12 @@ class _Emitter:
             elif lo.op == "const":   # a symbolic extent (kiln.loops.symbols)
                 ranges[s.var] = (lo.arg, ctx.simplify(lo + ext - 1))
             inner = Ctx(ranges)
-            if s.kind == "parallel" and not in_par:
+            if s.kind == "parallel" and not in_par and ext.op != "const":
+                # a symbolic extent (kiln.loops.symbols): serial below SERIAL_WORK iterations,
+                # decided at run time (a batch of 1 forks no threads)
+                work = self.expr(ctx.simplify(_work(s)), ctx, n)
+                out(f"{pad}#pragma omp parallel for schedule(static) if({work} >= {SERIAL_WORK})")
+            elif s.kind == "parallel" and not in_par:
                 out(f"{pad}#pragma omp parallel for schedule(static)")
             elif s.kind == "vectorized" and not _has_loops(s.body):
                 out(f"{pad}#pragma omp simd")
@@ -466,6 +472,23 @@ class _Emitter:
         self.lines.append("  return -kiln_failed;")
         self.lines.append("}")
         return self.lines
+
+
+def _work(s: S.Stmt):
+    """The iterations `s` runs (an index Expr over its loops' extents)."""
+    from kiln.loops.expr import const
+    if isinstance(s, S.For):
+        return s.extent * _work(s.body)
+    if isinstance(s, S.Seq):
+        total = const(0, DType.int64)
+        for t in s.stmts:
+            total = total + _work(t)
+        return total
+    if isinstance(s, S.IfThenElse):
+        return _work(s.then) + (_work(s.else_) if s.else_ is not None else 0)
+    if isinstance(s, (S.Allocate, S.Let)):
+        return _work(s.body)
+    return const(1, DType.int64)
 
 
 def _has_loops(s: S.Stmt) -> bool:

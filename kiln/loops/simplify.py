@@ -247,6 +247,12 @@ def _sym_le(ctx, x, y, less: int = 0) -> bool:
 _DIGITS = ("floormod", "floordiv")
 
 
+def _below(ctx, x, y) -> bool:
+    """0 <= x < y, x a loop var over a symbolic extent."""
+    lo = ctx.bounds(x)[0]
+    return lo is not None and lo >= 0 and _sym_le(ctx, x, y, 1)
+
+
 def _sym_lt(ctx, x, y) -> bool:
     """x < y for the digits of a fused loop over symbolic extents: x % y < y (y >= 1), and
     v // d < y where v's last index is below y * d (kiln.loops.symbols)."""
@@ -364,6 +370,9 @@ INT_RULES: list[tuple[Pat, Any]] = [
     (P("max", x, y) - z, lambda ctx, x, y, z: max_(x - z, y - z)),
     (P("min", x, y), _minmax_by_bounds("min")), (P("max", x, y), _minmax_by_bounds("max")),
     (P("min", P("max", x, y), x), x), (P("max", P("min", x, y), x), x),
+    # a loop var below a symbolic divisor (kiln.loops.symbols): x // y == 0, x % y == x
+    (x // y, lambda ctx, x, y: _c(0, x) if y.op != "const" and _below(ctx, x, y) else None),
+    (x % y, lambda ctx, x, y: x if y.op != "const" and _below(ctx, x, y) else None),
     # a fused loop's digit by a symbolic extent (kiln.loops.symbols): (x*y - 1) // y == x - 1
     ((x * y + c1) // y, lambda ctx, x, y, c1: x + (-1) if c1.arg == -1 and (ctx.bounds(y)[0] or 0) >= 1
         else None),

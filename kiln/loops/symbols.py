@@ -22,6 +22,9 @@ SYMBOL_MAX = (1 << 31) - 1   # the largest value a symbol may take (the runtime 
 # accumulator's, computed a tile at a time): larger than any index a symbol can give
 UNBOUNDED = 1 << 40
 _HINTS: dict = {}    # symbol var -> its size hint
+# work (loop iterations) below which a kernel runs serially: the default of kiln.lower.decisions'
+# parallel_min_work, and what a parallel loop over a symbolic extent checks at run time
+SERIAL_WORK = 1 << 15
 
 
 def symbol(name: str, hint: int = DEFAULT_HINT) -> Expr:

@@ -34,7 +34,7 @@ from kiln.errors import KilnError
 # Below this much work (points x reduction size) a kernel runs serially: an OpenMP fork
 # and join costs a few microseconds with spinning threads (more when they sleep), more
 # than a few thousand multiply-adds take. The one threshold every template shares.
-SERIAL_WORK = 1 << 15
+from kiln.loops.symbols import SERIAL_WORK  # noqa: E402  (one threshold for compile and run time)
 
 
 @dataclass(frozen=True)
