@@ -24,7 +24,11 @@ The schedule, in kiln's schedule language:
 - `acc` is padded to multiples of mr and nr and reads clamped indices, so the hot
   loop has no guards; only the copy-out (which applies the epilogue) checks edges;
 - all tile loops (batch, panels, blocks) are fused into one parallel loop, the loop
-  over the bigger operand's tiles outermost so that it streams from memory once.
+  over the bigger operand's tiles outermost so that it streams from memory once; a V
+  shared by the whole batch (a weight against batched activations) has its panel loop
+  outside the batch too, so each panel is read once, not once per batch item;
+- the loop forks when the time the threads save pays for the fork and join
+  (kiln.lower.nnutil.parallel_worth: the target's vector width and wait policy).
 
 Two ways to pack V. "Root": all of V once, before the tile loop (right when V is
 small or reused by many row blocks). "Panel" (few row blocks, e.g. M = 64 against
@@ -56,10 +60,17 @@ from kiln.errors import KilnError
 from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
 from kiln.loops.expr import walk
 from kiln.loops.symbols import UNBOUNDED, ceildiv, hint, size_hint, static
-from kiln.lower.decisions import Ints, OneOf, declare, parallel_min_work
+from kiln.lower.decisions import Ints, OneOf, declare
+from kiln.lower.nnutil import parallel_worth
 from kiln.targets.target import Target
 
 
+# GCC (12, -mtune=znver3, which -march=native picks on a Zen 4 VM) folds a V vector's load
+# into each FMA when the vector serves at most this many rows: 16 loads per 16 FMAs instead of
+# 4, so a 4-row tile ran at 60% of the speed of 5, 6 or 8 rows (1 thread, AVX-512, 32x256x768:
+# 30 vs 48-52 GMAC/s; 8x784x256: 26 vs 37.5 at 5 rows; 16x256x256: 26 vs 39 at 6 rows). Tiles
+# take more rows than this where the product has them, even at the cost of a padded row.
+FOLD_ROWS = 4
 PANEL_MAX_BLOCKS = 8  # S blocks per panel: each an unrolled copy of the micro-kernel (compile time)
 PANEL_MIN_BYTES = 1 << 20  # V smaller than this packs at the root: it stays in L2 anyway
 
@@ -100,7 +111,8 @@ def choose_tile(rows: int, cols: int, dtype: DType, target: Target, max_padded_r
     # load -> FMA -> store chain (~10 cycles) hides under the k step's 28 FMAs (14 cycles)
     extra = nvec if spill_one and nvec >= 4 and regs >= 32 else 0
     budget = max(1, (regs - nvec - 1 + extra) // nvec)
-    cands = [rows] if rows <= budget else range(max(1, budget // 2), budget + 1)
+    # and more than FOLD_ROWS rows where the product has more rows than the registers hold
+    cands = [rows] if rows <= budget else range(max(min(FOLD_ROWS + 1, budget), budget // 2), budget + 1)
     cost = {mr: -(-rows // mr) * (mr + 1) for mr in cands
             if max_padded_rows is None or -(-rows // mr) * mr <= max_padded_rows}
     return (min(cost, key=lambda mr: (cost[mr], -mr)), nr) if cost else None
@@ -164,6 +176,12 @@ class Gemm:
     panel: bool = False         # pack V one panel at a time, inside the parallel panel loop
     dot: int = 0                # single-column V: vectorize k in `dot` partial sums per row (rfactor)
     s_packed: Tensor | None = None  # S copied row-major at the root (its view divides indices)
+    target: Target | None = None    # sizes the fork decisions (None: the host)
+    v_shared: bool = False          # V has no batch dims of its own (one weight for the whole batch)
+
+    @property
+    def _target(self) -> Target:
+        return self.target or Target.host()
 
     def schedule(self, sch: Schedule, out: Tensor | None = None) -> None:
         """Schedule out, acc and the packed panels (see the module docstring); inline
@@ -195,6 +213,10 @@ class Gemm:
         s_o, v_o = (jo, io) if self.swapped else (io, jo)
         if self.panel:   # acc covers a whole V panel; the S blocks loop inside it
             tiles, inner = [v for v in (*axes, v_o) if v is not None], [s_o]
+        elif self.v_shared and not self.s_outer:
+            # V is one matrix for the whole batch (a weight): the batch is part of S's blocks,
+            # inside the panel loop, so each panel is read from memory once, not once per item
+            tiles, inner = [v for v in (v_o, *axes, s_o) if v is not None], []
         else:
             tiles, inner = [v for v in (*axes, *((s_o, v_o) if self.s_outer else (v_o, s_o))) if v is not None], []
         so.reorder(*tiles, *[v for v in (*inner, ii, ji) if v is not None])
@@ -203,7 +225,7 @@ class Gemm:
             so.vectorize(ji)
         if fused is None and not static(math.prod(self.acc.shape)):
             raise KilnError(f"{self.out.name}: a GEMM without tile loops needs static sizes", stage="lower")
-        if fused is not None and hint(self.work) >= parallel_min_work():
+        if fused is not None and parallel_worth(self.work, self._target, "gemm"):
             so.parallel(fused)
         sa = sch[self.acc]
         if fused is not None:
@@ -235,7 +257,7 @@ class Gemm:
             outer = ss.fuse(*sb) if len(sb) > 1 else sb[0]
             if self.nr > 1 and self.s_packed.shape[-1] > 1:
                 ss.vectorize(sk)
-            if size_hint(self.s_packed.shape) >= parallel_min_work():
+            if parallel_worth(size_hint(self.s_packed.shape), self._target, "copy"):
                 ss.parallel(outer)
         if self.packed is not None:
             sp = sch[self.packed]
@@ -246,7 +268,7 @@ class Gemm:
                 sp.compute_at(sa, co)
             else:
                 outer = sp.fuse(*pb, pco)
-                if size_hint(self.packed.shape) >= parallel_min_work():
+                if parallel_worth(size_hint(self.packed.shape), self._target, "copy"):
                     sp.parallel(outer)
 
 
@@ -435,4 +457,4 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     s_size, v_size = hint(R * K * math.prod(ba if not swap else bb)), hint(C * K * math.prod(vb))
     return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
                 s_outer=GEMM_S_OUTER.value(heuristic=bool(s_size > v_size)), panel=panel, dot=dot,
-                s_packed=s_packed)
+                s_packed=s_packed, target=target, v_shared=all(isinstance(d, int) and d == 1 for d in vb) and hint(math.prod(batch)) > 1)

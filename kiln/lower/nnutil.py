@@ -8,39 +8,44 @@ from __future__ import annotations
 from kiln.dtypes import DType
 from kiln.loops import const
 from kiln.loops.symbols import extent, hint
-from kiln.lower.decisions import parallel_min_work
+from kiln.lower.decisions import PARALLEL_MIN_WORK, parallel_min_work
 from kiln.targets.target import Target
 
 
 
-# Serial time (estimated, microseconds) below which a kernel does not fork. A parallel region
-# with sleeping threads (OMP_WAIT_POLICY=PASSIVE, kiln's runtime default) first wakes them:
-# ~80 us measured on a 2-vCPU VM, so a kernel must run for a few times that to gain from a
-# second thread. With spinning threads the fork costs a microsecond or two.
-PARALLEL_MIN_US_PASSIVE = 150.0
+# A kernel forks when the time its threads save (the serial run, estimated, less its share
+# per thread) is this many times the fork and join: the split is rarely even, and a thread
+# woken late costs the whole kernel. On 2 cores: a serial run of 4 forks (40 us when threads
+# sleep between kernels) or more.
+FORK_GAIN = 2.0
 # multiply-adds (or ops) per us, serial, measured with AVX-512 (VECTOR_RATE_BYTES); the
-# vectorized kind scales with the target's vector width (an AVX2 EPYC runs 1x1 convs at
-# ~15e3: with 60e3 a 0.5 ms conv looked like 0.12 ms and stayed serial)
-RATES = {"conv": 60e3, "depthwise": 10e3, "window": 2e3}
+# vectorized kinds scale with the target's vector width (an AVX2 EPYC runs 1x1 convs at
+# ~15e3: with 60e3 a 0.5 ms conv looked like 0.12 ms and stayed serial). "gemm": the packed
+# GEMM's micro-kernel (kiln.lower.gemm); "copy": packing and other vectorized data movement.
+RATES = {"conv": 60e3, "gemm": 60e3, "depthwise": 10e3, "window": 2e3, "copy": 4e3}
 VECTOR_RATE_BYTES = 64
+_VECTORIZED = ("conv", "gemm")
 
 
 def serial_rate(kind: str, target: Target) -> float:
     """Multiply-adds per microsecond one core of `target` does in a kernel of `kind`."""
-    return RATES[kind] * (target.vector_bytes / VECTOR_RATE_BYTES if kind == "conv" else 1)
+    return RATES[kind] * (target.vector_bytes / VECTOR_RATE_BYTES if kind in _VECTORIZED else 1)
 
 
 def parallel_worth(work: int, target: Target, kind: str = "window") -> bool:
-    """Whether a kernel doing `work` multiply-adds (window ops) should run in parallel on
-    `target`: always past the serial threshold when its threads spin, else when the serial
-    run would outlast a sleeping thread's wake-up a few times over. A symbolic `work` is
-    judged at its symbols' hints (kiln.loops.symbols)."""
+    """Whether a kernel doing `work` multiply-adds (window ops, elements copied) should run
+    in parallel on `target`: past the serial threshold (`parallel_min_work`, a decision a
+    tuner may set: then it alone decides), when the time `target.cores` threads save is
+    FORK_GAIN times the fork and join (`Target.fork_us`: a wake-up when threads sleep
+    between kernels, kiln's default; ~2 us when they spin). A symbolic `work` is judged
+    at its symbols' hints (kiln.loops.symbols)."""
     work = hint(work)
     if work < parallel_min_work():
         return False
-    if target.threads_spin:
+    if PARALLEL_MIN_WORK.asked() is not None:
         return True
-    return work / serial_rate(kind, target) >= PARALLEL_MIN_US_PASSIVE
+    saved = work / serial_rate(kind, target) * (1 - 1 / max(2, target.cores))
+    return saved >= FORK_GAIN * target.fork_us
 
 
 def _rup(a: int, b: int) -> int:

@@ -18,15 +18,13 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
-from kiln.runtime import strings
+from kiln.runtime import strings, threads
 from kiln.runtime.elf import check_elf
 
 
-# OpenMP threads that spin between kernels steal the cores they share with other
-# work; on a shared machine that made whole models 3-10x slower than sleeping
-# threads do (measured: resnet18 909 ms spinning vs 82 ms passive under load).
-# Set before libgomp starts (the first kernel library loaded); a user's choice wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# How OpenMP threads wait between kernels (a short spin, then sleep: kiln.runtime.threads),
+# set before libgomp starts (the first kernel library loaded); a user's choice wins.
+threads.apply_defaults()
 
 
 def _slow_pointer(a: np.ndarray) -> ctypes.c_void_p:

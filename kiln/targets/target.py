@@ -22,6 +22,7 @@ import platform
 from dataclasses import dataclass
 
 from kiln.errors import KilnError
+from kiln.runtime import threads
 from kiln.runtime.cpu import cpu_features, interesting
 
 # -- CPU names: features as GCC's -march defines them (gcc/config/i386/i386.h, the
@@ -69,8 +70,10 @@ class Target:
     l1d_bytes: int
     l2_bytes: int
     l3_bytes: int
-    omp_wait_policy: str = "PASSIVE"   # OMP_WAIT_POLICY the code runs under (kiln's default)
-    omp_spincount: str = ""            # GOMP_SPINCOUNT, where set
+    # OMP_WAIT_POLICY and GOMP_SPINCOUNT the code runs under (kiln.runtime.threads: by default
+    # a short spin, then sleep)
+    omp_wait_policy: str = threads.wait_settings({})[0]
+    omp_spincount: str = threads.wait_settings({})[1]
 
     # -- made from ... ----------------------------------------------------------------
     @staticmethod
@@ -79,9 +82,7 @@ class Target:
         """The machine running this process (cached: it does not change under us)."""
         l1, l2, l3 = host_caches()
         return Target("host", platform.machine().lower(), frozenset(cpu_features()), "native",
-                      host_cores(), l1, l2, l3,
-                      os.environ.get("OMP_WAIT_POLICY", "PASSIVE").upper(),
-                      os.environ.get("GOMP_SPINCOUNT", ""))
+                      host_cores(), l1, l2, l3, *threads.wait_settings())
 
     @staticmethod
     def named(name: str, **override) -> "Target":
@@ -128,8 +129,14 @@ class Target:
 
     @property
     def threads_spin(self) -> bool:
-        """Whether idle OpenMP threads spin (a fork costs ~1 us) rather than sleep (~80 us)."""
-        return self.omp_wait_policy != "PASSIVE" or bool(self.omp_spincount)
+        """Whether idle OpenMP threads spin a while before they sleep (kiln's default), so a
+        fork between the kernels of one inference needs no wake-up."""
+        return threads.spins(self.omp_wait_policy, self.omp_spincount)
+
+    @property
+    def fork_us(self) -> float:
+        """What forking a parallel kernel (and joining it) costs on this target, in us."""
+        return threads.fork_us(self.omp_wait_policy, self.omp_spincount)
 
     def arch_flags(self) -> list[str]:
         """The C compiler flags that pick this CPU: -march, and on x86 the vector width the

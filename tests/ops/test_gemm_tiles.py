@@ -56,3 +56,46 @@ def test_spill_one(target, mr):
     got, _ = g.choose_tile(128, 4096, DType.float32, target, nvec=4, spill_one=True)
     assert got == mr
     assert got * 4 + 4 + 1 <= target.vector_registers + 1
+
+
+# -- when the GEMM forks: its serial time (from the target's vector width) against the fork
+# and join (Target.fork_us: a wake-up when threads sleep between kernels, kiln's default)
+SPIN = Target.named("x86-64-v4", omp_spincount="10000")
+SLEEP = Target.named("x86-64-v4", omp_wait_policy="PASSIVE", omp_spincount="")
+
+
+def _forks(m, k, n, target, batch=(), overrides=None):
+    from kiln.loops import Schedule, lower, placeholder
+    from kiln.lower.decisions import choosing
+    with choosing("gemm", overrides or {}, target):
+        a = placeholder((*batch, m, k), DType.float32, "a")
+        b = placeholder((k, n), DType.float32, "b")
+        gm = g.gemm(a, b, target=target)
+        sch = Schedule(gm.out)
+        gm.schedule(sch)
+        return "parallel for" in str(lower(sch, [a, b, gm.out], "gemm"))
+
+
+def test_a_gemm_forks_when_its_serial_time_pays_for_it():
+    assert SPIN.fork_us < SLEEP.fork_us
+    assert not _forks(64, 32, 64, SPIN)          # 131K multiply-adds: ~2 us serial
+    assert _forks(32, 256, 768, SPIN)            # 6.3M: ~100 us
+    assert not _forks(16, 128, 256, SLEEP)       # 524K: ~9 us, less than waking a thread twice
+    assert _forks(16, 128, 256, SPIN)
+    assert _forks(256, 768, 768, SLEEP)
+    assert _forks(64, 32, 64, SPIN, overrides={"parallel_min_work": 0})   # a tuner's threshold decides alone
+    assert not _forks(256, 768, 768, SPIN, overrides={"parallel_min_work": 1 << 40})
+
+
+@pytest.mark.parametrize("x_shape,n", [((4, 32, 256), 300), ((3, 5, 40), 70), ((8, 2, 16, 96), 130)])
+def test_batched_activations_against_one_weight(x_shape, n):
+    """A weight shared by the whole batch (the panel loop outside the batch), with a bias and
+    a residual broadcast over the batch fused as the epilogue: against NumPy and the interpreter."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((x_shape[-1], n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    r = rng.standard_normal(x_shape[-2:-1] + (n,)).astype(np.float32)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["u"]),
+                helper.make_node("Add", ["u", "r"], ["y"])], x_shape, {"w": w, "b": b, "r": r})
+    _check(m, x, x @ w + b + r, rtol=1e-4, atol=2e-4)

@@ -21,7 +21,8 @@ HOST_TEXT = ("/proc/cpuinfo", "/sys/devices/system/cpu", "-march=native", "OMP_W
 ALLOWED = {
     "targets/target.py": "the Target module: Target.host(), host_cores(), host_caches()",
     "runtime/cpu.py": "the loader's check that a library's features exist on the CPU running it",
-    "runtime/native.py": "sets kiln's default OpenMP wait policy for the process that runs the code",
+    "runtime/threads.py": "kiln's default OpenMP wait policy, set for the process that runs the code, "
+                          "and the settings in force (which Target.host() records)",
     "runtime/artifact.py": "the loader: its error tells how to rebuild without -march=native",
     "limits.py": "run-time memory caps from the physical RAM of the machine that runs the model",
 }

@@ -1,0 +1,64 @@
+"""How kiln's OpenMP threads wait between parallel kernels: set before libgomp starts.
+
+One inference runs its kernels back to back, some parallel, some serial; between two
+parallel ones the team's threads wait, and how they wait decides what a fork costs.
+Measured with an empty 2-thread `omp parallel for` in a loop on the 2-vCPU AMD EPYC VM
+shared with other sessions (load average ~12), median / p90 per fork and join:
+
+- sleeping at once (OMP_WAIT_POLICY=PASSIVE, kiln's default): 8-11 us / 13-15 us;
+- a short spin first (GOMP_SPINCOUNT=3000): 1-3 us when the machine lets both threads run,
+  but 90-160 us / 2 ms in the same minutes, and GOMP_SPINCOUNT=10000 or 30000: 0.5-7 ms
+  median: a spinning thread burns the time slice the thread it waits for needs. Spinning
+  forever (ACTIVE) made resnet18 11x slower under load (909 ms vs 82 ms).
+
+So kiln's threads sleep between kernels unless the user says otherwise (either variable
+set: kiln sets neither), and the compiler counts the wake-up: the Target records the
+settings in force (`wait_settings`) and when forking pays follows from `fork_us`
+(kiln.lower.nnutil.parallel_worth).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+SPINCOUNT = ""   # GOMP_SPINCOUNT kiln sets ("": none; the threads sleep at once under PASSIVE)
+# What a fork and join of two threads costs (us), spinning or sleeping between kernels: the
+# medians above
+FORK_US_SPINNING = 2.0
+FORK_US_SLEEPING = 10.0
+
+
+def wait_settings(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(OMP_WAIT_POLICY, GOMP_SPINCOUNT) that native code loaded under `env` (default: this
+    process's environment) runs with, kiln's defaults applied where the user set neither."""
+    env = os.environ if env is None else env
+    if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
+        return "PASSIVE", SPINCOUNT
+    return env.get("OMP_WAIT_POLICY", "").upper(), env.get("GOMP_SPINCOUNT", "")
+
+
+def apply_defaults() -> None:
+    """Put kiln's wait settings in the environment unless the user chose theirs; must run
+    before the first kernel library loads libgomp (which reads them once)."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        policy, spin = wait_settings()
+        os.environ["OMP_WAIT_POLICY"] = policy
+        if spin:
+            os.environ["GOMP_SPINCOUNT"] = spin
+
+
+def spins(policy: str, spincount: str) -> bool:
+    """Whether threads under these settings spin before sleeping (a fork inside an
+    inference costs ~FORK_US_SPINNING, not a wake-up)."""
+    if spincount:
+        try:
+            return int(spincount) > 0
+        except ValueError:
+            return True   # libgomp accepts "infinity" and suffixes (k, M, ...)
+    return policy != "PASSIVE"
+
+
+def fork_us(policy: str, spincount: str) -> float:
+    """The cost of a fork and join under these settings, in microseconds."""
+    return FORK_US_SPINNING if spins(policy, spincount) else FORK_US_SLEEPING
