@@ -36,7 +36,7 @@ from kiln.limits import use as use_limits
 from kiln.runtime.model import CompiledModel, TensorSpec
 
 TARGETS = ("interpreter", "cpu")
-SHAPES = ("specialize", "generic")
+SHAPES = ("specialize", "generic", "tiered")
 STAGES = ("graph", "optimized", "partition", "loops", "c")
 
 
@@ -67,8 +67,10 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     `shapes` (models with symbolic input dims, target "cpu"): "specialize" (the default) builds
     a module per new input shape at its first run; "generic" builds one module now that runs
     every value of the symbols (kiln.lower.generic), or, where the model cannot be generic,
-    specialises as before: `model.shapes` says which ("generic" | "specialize" | "static") and
-    `model.shapes_reason` why not generic (also in the report).
+    specialises as before; "tiered": that generic module serves each new shape at once while
+    the module specialised to it is built in a background thread and swapped in when ready
+    (JIT tiering). `model.shapes` says which ("generic" | "tiered" | "specialize" | "static")
+    and `model.shapes_reason` why not generic (also in the report).
     """
     target, cpu = _split_target(target, cpu)
     if shapes not in SHAPES:
@@ -147,11 +149,15 @@ def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, 
     static = optimized.source is None and all(s.shape is not None and all(isinstance(d, int) for d in s.shape)
                                               for s in ins)
     reason = None
-    if shapes == "generic" and not static:
+    if shapes in ("generic", "tiered") and not static:
         from kiln.lower.generic import NotGeneric  # noqa: PLC0415
         try:
-            from kiln.targets.generic import GenericModel  # noqa: PLC0415
-            return GenericModel(generic(optimized, decisions), optimized, ins, outs)
+            from kiln.targets.generic import GenericModel, TieredModel  # noqa: PLC0415
+            module = generic(optimized, decisions)
+            if shapes == "tiered":
+                return TieredModel(module, optimized, ins, outs,
+                                   CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs))
+            return GenericModel(module, optimized, ins, outs)
         except NotGeneric as e:
             reason = e.raw_message
     model = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs)
@@ -526,9 +532,9 @@ def _report(optimized: Optimized, compiled) -> Any:
     from kiln.passes import CompileReport  # noqa: PLC0415
     shapes = getattr(compiled, "shapes", None)
     r = CompileReport(optimized.level, optimized.stats,
-                      per_shape=compiled is not None and optimized.source is not None and shapes != "generic",
+                      per_shape=compiled is not None and optimized.source is not None and shapes == "specialize",
                       shapes=shapes, shapes_reason=getattr(compiled, "shapes_reason", None))
-    if shapes == "generic":
+    if shapes in ("generic", "tiered"):
         info = compiled.module.info
         r.fused_groups, r.kernels = list(info["calls"]), len(info["calls"])
         r.why_not_fused = list(info["why_not_fused"])

@@ -1,10 +1,17 @@
-"""target="cpu", shapes="generic": one native module for every value of the symbolic dims.
+"""target="cpu", shapes="generic": one native module for every value of the symbolic dims;
+shapes="tiered": that module serves a new shape at once, while the module specialised to the
+shape is built in the background and then takes over (JIT tiering, as language VMs do).
 
 Built at compile time (kiln.compiler.generic); a new input shape costs one arena plan
-(kept per shape by the module), no specialisation and no C compiler run.
+(kept per shape by the module), no specialisation and no C compiler run on the caller's thread.
 """
 
 from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from kiln.runtime.model import CompiledModel, TensorSpec
 
@@ -30,3 +37,47 @@ class GenericModel(CompiledModel):
 
     def _run(self, inputs: list) -> list:
         return self.module(inputs)
+
+
+class TieredModel(GenericModel):
+    """The generic module serves; per new input shapes, one background thread specialises
+    and builds (`special`, a kiln.targets.cpu.CpuModel of the same graph) and the built
+    module serves that shape from then on. A failed specialisation leaves the generic
+    module serving it (its error is kept in `failed`)."""
+    shapes = "tiered"
+
+    def __init__(self, module, optimized, inputs: list[TensorSpec], outputs: list[TensorSpec], special):
+        super().__init__(module, optimized, inputs, outputs)
+        self.special = special
+        self.ready: dict[tuple, object] = {}     # input shapes -> the specialised runner
+        self.failed: dict[tuple, Exception] = {}
+        self._pending: dict[tuple, object] = {}  # input shapes -> its build's future
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kiln-specialize")
+
+    @property
+    def specializations(self) -> int:
+        """Native modules built: the generic one and each specialised one ready."""
+        return 1 + len(self.ready)
+
+    def _run(self, inputs: list) -> list:
+        key = tuple([x.shape for x in inputs])
+        r = self.ready.get(key)
+        if r is not None:
+            return r(inputs)
+        with self._lock:
+            if key not in self._pending and key not in self.failed:
+                shapes = [np.zeros(x.shape, x.dtype) for x in inputs]   # sizes alone decide it
+                self._pending[key] = self._pool.submit(self._specialize, key, shapes)
+        return self.module(inputs)
+
+    def _specialize(self, key: tuple, inputs: list) -> None:
+        try:
+            self.ready[key] = self.special.program.runner_for(inputs)
+        except Exception as e:  # noqa: BLE001 - the generic module keeps serving; kept for the caller
+            self.failed[key] = e
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every specialisation asked for so far is built (or failed)."""
+        for f in list(self._pending.values()):
+            f.result(timeout)

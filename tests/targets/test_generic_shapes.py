@@ -2,6 +2,8 @@
 (issue 15 items 1 and 4), matching the NumPy reference, with no C compiler run after
 the compile; models that cannot be generic are specialised per shape and say why."""
 
+import threading
+
 import numpy as np
 import onnx
 import pytest
@@ -29,7 +31,7 @@ class _CountingSubprocess:
         attr = getattr(self.real, name)
         if name in ("run", "Popen", "call", "check_call", "check_output"):
             def counted(*a, **kw):
-                self.started.append(a[0] if a else kw.get("args"))
+                self.started.append((threading.get_ident(), a[0] if a else kw.get("args")))
                 return attr(*a, **kw)
             return counted
         return attr
@@ -172,3 +174,24 @@ def test_more_op_families_run_generic(compiler_runs):
     feeds = [{"x": rng.standard_normal((n, k, 4)).astype(np.float32)} for n, k in
              ((1, 1), (1, 2), (3, 17), (2, 64), (5, 33))]
     _check_runs(m, feeds, compiler_runs)
+
+
+def test_tiered_serves_generic_then_the_specialised_module(compiler_runs):
+    """shapes="tiered": a new shape runs on the generic module at once (no compile on the
+    caller's thread), the specialised module is built in the background and then serves it."""
+    model = _models().build_mlp()
+    m = kiln.compile(model, target="cpu", shapes="tiered", report=True)
+    assert m.shapes == "tiered" and "shapes: tiered" in str(m.report)
+    ref = kiln.compile(model, target="interpreter")
+    rng = np.random.default_rng(6)
+    before = len(compiler_runs)
+    for b in (1, 5, 31):
+        x = rng.standard_normal((b, 64)).astype(np.float32)
+        np.testing.assert_allclose(m.run({"x": x})["probs"], ref.run({"x": x})["probs"], rtol=1e-4, atol=1e-6)
+    m.wait(600)
+    # whatever compiled, compiled in the background
+    assert threading.get_ident() not in [t for t, _ in compiler_runs[before:]]
+    assert not m.failed and len(m.ready) == 3 and m.specializations == 4
+    for b in (1, 5, 31):
+        x = rng.standard_normal((b, 64)).astype(np.float32)
+        np.testing.assert_allclose(m.run({"x": x})["probs"], ref.run({"x": x})["probs"], rtol=1e-4, atol=1e-6)
