@@ -154,10 +154,8 @@ def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, 
         try:
             from kiln.targets.generic import GenericModel, TieredModel  # noqa: PLC0415
             module = generic(optimized, decisions)
-            if shapes == "tiered":
-                return TieredModel(module, optimized, ins, outs,
-                                   CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs))
-            return GenericModel(module, optimized, ins, outs)
+            special = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs)
+            return (TieredModel if shapes == "tiered" else GenericModel)(module, optimized, ins, outs, special)
         except NotGeneric as e:
             reason = e.raw_message
     model = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs)

@@ -98,6 +98,11 @@ def save(model: CompiledModel, path: str | os.PathLike, *, dims: dict[str, int] 
     `name` (a C identifier; default: the source file's stem) prefixes every symbol of the
     artifact's library and header: `<name>_main`, `<name>_run`, `<NAME>_WEIGHTS_BYTES`...
     """
+    if getattr(model, "shapes", None) == "tiered":    # its specialised modules are the artifact's
+        model = model.special
+    elif getattr(model, "shapes", None) == "generic":
+        raise KilnError("a shapes='generic' model is not saved as an artifact yet (its arena is planned "
+                        "per shape by the compiler); compile with shapes='specialize' and save that")
     prefix = symbol_prefix(name, source)
     shapes = bind_shapes(model, dims)
     native = native_module(model, shapes)

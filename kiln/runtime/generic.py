@@ -20,6 +20,10 @@ from kiln.runtime.native import NativeModule, data_pointers
 SYMBOL_MAX = (1 << 31) - 1   # what the kernels assume of a symbol (kiln.loops.symbols.SYMBOL_MAX)
 
 
+class EmptyShape(KilnError):
+    """A symbol is 0: the generic kernels assume every symbol >= 1 (their tiles and clamps)."""
+
+
 class GenericModule(NativeModule):
     """A loaded shape-generic library: `input_types`/`output_types` hold symbol names."""
 
@@ -56,8 +60,8 @@ class GenericModule(NativeModule):
                                 f"runs sizes up to {SYMBOL_MAX}", stage="run")
             if any(d < 1 for d in dims):
                 bad = [f"{s}={d}" for s, d in zip(self.symbols, dims) if d < 1]
-                raise KilnError(f"symbolic dim(s) {', '.join(bad)}: the shape-generic module runs sizes >= 1; "
-                                "compile with shapes='specialize' for empty tensors", stage="run")
+                raise EmptyShape(f"symbolic dim(s) {', '.join(bad)}: the shape-generic module runs sizes >= 1",
+                                 stage="run")
             ws, offsets = self._layout(dims)
             if self._check_bytes is not None:
                 outs = sum(int(np.prod(self._shape(s, dims), dtype=np.int64)) * dt.itemsize

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from kiln.runtime.generic import EmptyShape
 from kiln.runtime.model import CompiledModel, TensorSpec
 
 
@@ -20,10 +21,13 @@ class GenericModel(CompiledModel):
     shapes = "generic"
     shapes_reason = None
 
-    def __init__(self, module, optimized, inputs: list[TensorSpec], outputs: list[TensorSpec]):
-        """`module`: a kiln.runtime.generic.GenericModule of `optimized`'s graph."""
+    def __init__(self, module, optimized, inputs: list[TensorSpec], outputs: list[TensorSpec], special):
+        """`module`: a kiln.runtime.generic.GenericModule of `optimized`'s graph; `special`: the
+        same graph specialised per shape (a kiln.targets.cpu.CpuModel), which runs the shapes
+        the generic module does not (a symbol of 0: empty tensors)."""
         super().__init__(inputs, outputs, "cpu")
         self.module = module
+        self.special = special
         self.graph = optimized.graph
         self.cpu = optimized.target
 
@@ -36,7 +40,10 @@ class GenericModel(CompiledModel):
         return None
 
     def _run(self, inputs: list) -> list:
-        return self.module(inputs)
+        try:
+            return self.module(inputs)
+        except EmptyShape:
+            return self.special.program.run(inputs)
 
 
 class TieredModel(GenericModel):
@@ -47,8 +54,7 @@ class TieredModel(GenericModel):
     shapes = "tiered"
 
     def __init__(self, module, optimized, inputs: list[TensorSpec], outputs: list[TensorSpec], special):
-        super().__init__(module, optimized, inputs, outputs)
-        self.special = special
+        super().__init__(module, optimized, inputs, outputs, special)
         self.ready: dict[tuple, object] = {}     # input shapes -> the specialised runner
         self.failed: dict[tuple, Exception] = {}
         self._pending: dict[tuple, object] = {}  # input shapes -> its build's future
@@ -69,7 +75,7 @@ class TieredModel(GenericModel):
             if key not in self._pending and key not in self.failed:
                 shapes = [np.zeros(x.shape, x.dtype) for x in inputs]   # sizes alone decide it
                 self._pending[key] = self._pool.submit(self._specialize, key, shapes)
-        return self.module(inputs)
+        return super()._run(inputs)
 
     def _specialize(self, key: tuple, inputs: list) -> None:
         try:

@@ -137,8 +137,10 @@ def test_bad_shapes_are_clear_errors():
     m = _generic(_models().build_mlp())
     with pytest.raises(kiln.KilnError, match="x"):
         m.run({"x": np.zeros((2, 63), np.float32)})
-    with pytest.raises(kiln.KilnError, match="batch=0"):
-        m.run({"x": np.zeros((0, 64), np.float32)})
+    # an empty batch is no size for the generic kernels: the model specialised to it runs it
+    assert m.run({"x": np.zeros((0, 64), np.float32)})["probs"].shape == (0, 10)
+    with pytest.raises(kiln.KilnError, match="generic"):
+        kiln.save(m, "unused.kiln")
 
 
 def test_unknown_shapes_option_is_an_error():
