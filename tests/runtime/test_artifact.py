@@ -99,7 +99,8 @@ def test_loads_without_any_compiler_module(artifact, tmp_path):
     assert r.returncode == 0, r.stderr
     assert set(r.stdout.split()) <= {"kiln", "kiln.errors", "kiln.names", "kiln.limits", "kiln.dtypes", "kiln.runtime", "kiln.runtime.model",
                                      "kiln.runtime.native", "kiln.runtime.cpu", "kiln.runtime.artifact",
-                                     "kiln.runtime.schema", "kiln.runtime.strings", "kiln.runtime.elf"}
+                                     "kiln.runtime.schema", "kiln.runtime.strings", "kiln.runtime.elf",
+                                     "kiln.runtime.threads"}
 
 
 def test_import_kiln_is_cheap():
