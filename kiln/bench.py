@@ -119,18 +119,24 @@ def fresh_cache():
                 os.environ["KILN_CACHE_DIR"] = old
 
 
-def compile_cold_warm(compile_fn):
+def compile_cold_warm(compile_fn, times: list | None = None):
     """Call `compile_fn()` on an empty kiln cache, then again on the cache it filled.
 
-    Returns (what the warm call returned, cold seconds, warm seconds).
+    Returns (what the warm call returned, cold seconds, warm seconds); `times`, if given,
+    receives the cold and the warm call's kiln.timing.StageTimes.
     """
+    from kiln.timing import recording
     with fresh_cache():
         t = time.perf_counter()
-        compile_fn()
+        with recording() as cold_times:
+            compile_fn()
         cold = time.perf_counter() - t
         t = time.perf_counter()
-        model = compile_fn()
+        with recording() as warm_times:
+            model = compile_fn()
         warm = time.perf_counter() - t
+    if times is not None:
+        times += [cold_times, warm_times]
     return model, cold, warm
 
 
@@ -145,6 +151,8 @@ class BenchResult:
     checks: dict = field(default_factory=dict)   # peer -> compare(kiln, peer), each peer that ran
     skipped: dict = field(default_factory=dict)  # peer -> why it did not run
     kernels: list = field(default_factory=list)  # (what, median s) per kernel call (profile=True)
+    cold_stages: object = None    # kiln.timing.StageTimes of the cold compile (and first run)
+    warm_stages: object = None    # ... and of the warm one
 
 
 def bench_model(path: str, *, peers=("ort",), threads: int | None = None, runs: int = 50, seed: int = 0,
@@ -169,8 +177,9 @@ def bench_model(path: str, *, peers=("ort",), threads: int | None = None, runs: 
         m = kiln.compile(kiln.load_onnx(path), target=target, **(options or {}))
         return m, m.run(feeds)
     with step(f"compiling {len(graph.nodes)} nodes for {target}, cold then warm"):
-        (model, got), cold, warm = compile_cold_warm(build)
-    res = BenchResult(target, threads, runs, cold, warm)
+        stages = []
+        (model, got), cold, warm = compile_cold_warm(build, stages)
+    res = BenchResult(target, threads, runs, cold, warm, cold_stages=stages[0], warm_stages=stages[1])
     fns = {"kiln": lambda: model.run(feeds)}
     for name in peers:
         try:

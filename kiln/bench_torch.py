@@ -85,8 +85,9 @@ def bench_torch_file(path: str, *, peers=("torch",), threads: int | None = None,
         m = kiln.compile(model, target=target, example_inputs=inputs, dynamic_shapes=dyn, **(options or {}))
         return m, m(*inputs)
     with step(f"compiling with kiln for {target}, cold then warm"):
-        (compiled, got), cold, warm = compile_cold_warm(build)
-    res = BenchResult(target, threads, runs, cold, warm)
+        stages = []
+        (compiled, got), cold, warm = compile_cold_warm(build, stages)
+    res = BenchResult(target, threads, runs, cold, warm, cold_stages=stages[0], warm_stages=stages[1])
     got = _flat(got)
     fns = {"kiln": lambda: compiled(*inputs)}
     for name in peers:

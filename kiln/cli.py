@@ -179,6 +179,17 @@ def table(title: str, columns: list[str], rows: list[list]) -> Table:
     return t
 
 
+def stage_table(cold, warm) -> Table:
+    """Compile time per pipeline stage (kiln.timing.StageTimes), cold and warm, wall and CPU ms."""
+    names = cold.stages() + [s for s in warm.stages() if s not in cold.wall]
+    ms = lambda d, s: f"{d[s] * 1e3:.1f}" if s in d else "-"  # noqa: E731
+    rows = [[s, ms(cold.wall, s), ms(cold.cpu, s), ms(warm.wall, s), ms(warm.cpu, s)] for s in names]
+    rows.append(["(all stages)", f"{cold.total_wall * 1e3:.1f}", f"{sum(cold.cpu.values()) * 1e3:.1f}",
+                 f"{warm.total_wall * 1e3:.1f}", f"{sum(warm.cpu.values()) * 1e3:.1f}"])
+    return table("compile time per stage (cpu: this process and the C compilers it ran)",
+                 ["stage", "cold wall ms", "cold cpu ms", "warm wall ms", "warm cpu ms"], rows)
+
+
 def kv_table(title: str, rows: list[list]) -> Table:
     """A two-column key/value table without a header row."""
     t = table(title, ["", ""], rows)
@@ -436,6 +447,8 @@ def bench(model, against, threads, runs, seed, profile, target, opt_level, dims)
             click.echo(f"kiln is {how} {p} (median, kiln/{p} = {ratio:.3f})")
     click.echo(f"kiln compile (and first run): cold {res.cold_s:.2f} s (empty cache), "
                    f"warm {res.warm_s:.2f} s (cached)")
+    if res.cold_stages is not None:
+        out.print(stage_table(res.cold_stages, res.warm_stages))
     for p, c in res.checks.items():
         click.echo(f"kiln vs {p}: max abs error {c['max_abs']:.2e}, max rel {c['max_rel']:.2e} "
                    f"-> {'agree' if c['ok'] else 'DISAGREE'}")

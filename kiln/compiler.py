@@ -34,6 +34,8 @@ from kiln.graph.types import OptionalType, SequenceType, TensorType
 from kiln.limits import Limits
 from kiln.limits import use as use_limits
 from kiln.runtime.model import CompiledModel, TensorSpec
+from kiln.timing import StageTimes, recording, stage
+from kiln.timing import current as current_times
 
 TARGETS = ("interpreter", "cpu")
 SHAPES = ("specialize", "generic", "tiered")
@@ -96,8 +98,8 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     from kiln.tune.apply import tuning_path  # noqa: PLC0415
     tuning = tuning_path(tuning)
     lim = Limits.of(limits)
-    with use_limits(lim):
-        compiled = _compile(model, target, opt_level, report, cpu, decisions, tuning, shapes)
+    with use_limits(lim), recording(current_times()) as times:   # (into the caller's, if open)
+        compiled = _compile(model, target, opt_level, report, cpu, decisions, tuning, shapes, times)
     compiled.limits = lim
     return compiled
 
@@ -127,7 +129,8 @@ def _is_torch(model: Any) -> bool:
 
 
 def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisions: dict,
-             tuning: str | None = None, shapes: str = "specialize") -> CompiledModel:
+             tuning: str | None = None, shapes: str = "specialize",
+             times: StageTimes | None = None) -> CompiledModel:
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
     optimized = optimize(frontend(model), opt_level, cpu)
@@ -138,7 +141,7 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     else:
         compiled = _cpu_model(optimized, decisions, tuning, shapes, ins, outs)
     if report:
-        compiled.report = _report(optimized, compiled if target == "cpu" else None)
+        compiled.report = _report(optimized, compiled if target == "cpu" else None, times)
     return compiled
 
 
@@ -173,15 +176,17 @@ def generic(optimized: Optimized, decisions: dict | None = None):
     from kiln.lower.generic import lower_generic  # noqa: PLC0415
     from kiln.runtime.generic import GenericModule  # noqa: PLC0415
     graph = optimized.graph
-    sg = lower_generic(graph, optimized.target, decisions)
+    with stage("lower"):
+        sg = lower_generic(graph, optimized.target, decisions)
     lm = sg.lowered
     source = generate(lm)
     lib = build_c(lm.module, optimized.target, units=source.units)
-    module = GenericModule(str(lib.path), lib.sha256, func_symbol(lm.module.entry), sg.symbols,
-                           [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
-                           [(v.type.shape, v.type.dtype.name) for v in graph.outputs],
-                           lm.weights, sg.layout, lm.call_nodes, lm.call_errors,
-                           check_bytes=lambda n, what: check_memory(n, what, stage="run"))
+    with stage("load"):
+        module = GenericModule(str(lib.path), lib.sha256, func_symbol(lm.module.entry), sg.symbols,
+                               [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
+                               [(v.type.shape, v.type.dtype.name) for v in graph.outputs],
+                               lm.weights, sg.layout, lm.call_nodes, lm.call_errors,
+                               check_bytes=lambda n, what: check_memory(n, what, stage="run"))
     module.info = {"kernels": len(lm.module.funcs) - 1, "calls": lm.call_nodes,
                    "why_not_fused": lm.fusion.why_not if lm.fusion else [], "decisions": lm.decisions}
     return module
@@ -195,7 +200,8 @@ def frontend(model: Any) -> Graph:
         return model
     from kiln.frontends.onnx import load_onnx  # noqa: PLC0415
     if isinstance(model, (str, os.PathLike, bytes)) or type(model).__name__ == "ModelProto":
-        return load_onnx(model)
+        with stage("frontend"):
+            return load_onnx(model)
     raise KilnError(f"cannot compile a {type(model).__name__}: pass a path to an .onnx file, "
                     "an onnx.ModelProto or a kiln Graph")
 
@@ -217,7 +223,8 @@ class Optimized:
 
 def optimize(graph: Graph, level: int, target) -> Optimized:
     from kiln.passes import run_passes  # noqa: PLC0415
-    optimized, stats = run_passes(graph, level, target=target)
+    with stage("optimize"):
+        optimized, stats = run_passes(graph, level, target=target)
     static = all(isinstance(v.type, TensorType) and v.type.is_static for v in optimized.inputs)
     return Optimized(optimized, stats, level, target, None if static or not level else graph)
 
@@ -240,12 +247,13 @@ def specialize(optimized: Optimized, shapes: list, values: dict | None = None) -
     from kiln.lower.specialize import specialize as bind, stage_breaks  # noqa: PLC0415
     values = values or {}
     graph = optimized.graph
-    if optimized.source is not None:
-        from kiln.passes import run_passes  # noqa: PLC0415
-        graph, _ = run_passes(bind(optimized.source, shapes, values)[0], optimized.level,
-                              target=optimized.target)
-    g, known = bind(graph, list(shapes), values)
-    return Specialized(g, known, stage_breaks(g))
+    with stage("specialize"):
+        if optimized.source is not None:
+            from kiln.passes import run_passes  # noqa: PLC0415
+            graph, _ = run_passes(bind(optimized.source, shapes, values)[0], optimized.level,
+                                  target=optimized.target)
+        g, known = bind(graph, list(shapes), values)
+        return Specialized(g, known, stage_breaks(g))
 
 
 @dataclass(frozen=True)
@@ -284,13 +292,17 @@ def lower(graph: Graph, known: dict | None = None, target=None, decisions: dict 
     from kiln.lower.module import check_static, emit_module, lower_groups, plan_memory  # noqa: PLC0415
     from kiln.lower.partition import partition  # noqa: PLC0415
     check_static(graph)
-    fusion = partition(graph, fuse_anchors=True)
-    groups = lower_groups(graph, fusion, known or {}, target, decisions)
+    with stage("partition"):
+        fusion = partition(graph, fuse_anchors=True)
+    with stage("lower"):
+        groups = lower_groups(graph, fusion, known or {}, target, decisions)
     if strict:
         from kiln.lower.decisions import check_kernels  # noqa: PLC0415
         check_kernels(decisions or {}, [k.func.name for k in groups.kernels])
-    memory = plan_memory(graph, groups)
-    lowered = emit_module(graph, groups, memory, fusion)
+    with stage("plan memory"):
+        memory = plan_memory(graph, groups)
+    with stage("emit module"):
+        lowered = emit_module(graph, groups, memory, fusion)
     check_planned(int(lowered.weights.size), lowered.workspace_bytes,
                   [(v.type.shape, v.type.dtype.name) for v in lowered.outputs], graph, lowered.arena)
     return lowered
@@ -309,7 +321,8 @@ class CSource:
 
 def generate(lowered) -> CSource:
     from kiln.codegen.build import c_units  # noqa: PLC0415
-    return CSource(c_units(lowered.module))
+    with stage("generate C"):
+        return CSource(c_units(lowered.module))
 
 
 @dataclass(frozen=True)
@@ -364,6 +377,11 @@ def build(graph: Graph, lowered, source: CSource, target) -> Built:
 def load(graph: Graph, manifest: dict):
     """Stage "load": a (schema-checked) module cache entry as the runtime's NativeModule,
     the weights placed in a blob and the library verified."""
+    with stage("load"):
+        return _load(graph, manifest)
+
+
+def _load(graph: Graph, manifest: dict):
     from kiln.runtime.native import NativeModule  # noqa: PLC0415
     from kiln.targets.cache import library_path  # noqa: PLC0415
     consts = graph.constants()
@@ -390,20 +408,36 @@ def native(graph: Graph, known: dict, target, decisions: dict | None = None, str
     """One native module for a specialised graph whose sizes are all known: lower → generate
     → build → load, cached across processes by everything that determines the module (a
     damaged cache entry is built again)."""
+    from kiln.codegen.cachedir import building  # noqa: PLC0415
     from kiln.targets import cache  # noqa: PLC0415
-    key = cache.graph_key(graph, known, target, decisions)
-    manifest = cache.load(key)
-    if manifest is not None:
-        check_planned(manifest["weights_bytes"], manifest["workspace_bytes"],
-                      [(s, d) for s, d in manifest["outputs"]])   # a limit, not damage: raised as is
-        try:
-            return load(graph, manifest)
-        except KilnError:
-            pass   # a truncated, garbage or inconsistent entry: build it again
-    lowered = lower(graph, known, target, decisions, strict)
-    built = build(graph, lowered, generate(lowered), target)
-    cache.store(key, built.manifest())
+    with stage("cache key"):
+        key = cache.graph_key(graph, known, target, decisions)
+    module = _cached(graph, key)
+    if module is not None:
+        return module
+    with building("modules", key):   # threads or processes meeting this module at once build it once
+        module = _cached(graph, key)   # built while this one waited
+        if module is not None:
+            return module
+        lowered = lower(graph, known, target, decisions, strict)
+        built = build(graph, lowered, generate(lowered), target)
+        cache.store(key, built.manifest())
     return load(graph, built.manifest())
+
+
+def _cached(graph: Graph, key: str):
+    """The module cache's entry `key` loaded, or None (none, or damaged: build it again)."""
+    from kiln.targets import cache  # noqa: PLC0415
+    with stage("cache load"):
+        manifest = cache.load(key)
+    if manifest is None:
+        return None
+    check_planned(manifest["weights_bytes"], manifest["workspace_bytes"],
+                  [(s, d) for s, d in manifest["outputs"]])   # a limit, not damage: raised as is
+    try:
+        return load(graph, manifest)
+    except KilnError:
+        return None   # a truncated, garbage or inconsistent entry: build it again
 
 
 def check_planned(weights: int, workspace: int, outputs: list, graph: Graph | None = None,
@@ -525,13 +559,14 @@ class InterpretedModel(CompiledModel):
         return self._interp.run(inputs)
 
 
-def _report(optimized: Optimized, compiled) -> Any:
-    """The CompileReport: the passes, and for the cpu target the first module built."""
+def _report(optimized: Optimized, compiled, times: StageTimes | None = None) -> Any:
+    """The CompileReport: the passes, compile time per stage, and for the cpu target the
+    first module built."""
     from kiln.passes import CompileReport  # noqa: PLC0415
     shapes = getattr(compiled, "shapes", None)
     r = CompileReport(optimized.level, optimized.stats,
                       per_shape=compiled is not None and optimized.source is not None and shapes == "specialize",
-                      shapes=shapes, shapes_reason=getattr(compiled, "shapes_reason", None))
+                      shapes=shapes, shapes_reason=getattr(compiled, "shapes_reason", None), stage_times=times)
     if shapes in ("generic", "tiered"):
         info = compiled.module.info
         r.fused_groups, r.kernels = list(info["calls"]), len(info["calls"])

@@ -18,12 +18,14 @@ import os
 import shlex
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
 
-from kiln.codegen.cachedir import cache_dir, private_dir, sha256_file, write_atomic
+from kiln.codegen.cachedir import building, cache_dir, private_dir, sha256_file, write_atomic
 from kiln.errors import KilnError
+from kiln.timing import stage
 from kiln.runtime import native as _native  # (importing it sets the OpenMP wait policy first)
 from kiln.runtime import strings as _strings
 from kiln.codegen.c import emit_c, emit_c_units, func_symbol
@@ -89,7 +91,7 @@ def _has_libmvec(cc: tuple, flags: tuple) -> bool:
     from kiln.codegen.c import PRELUDE
     src = PRELUDE + "void kiln_probe(float* restrict a, int n) {\n#pragma omp simd\n" \
         "  for (int i = 0; i < n; ++i) a[i] = expf(a[i]) + tanhf(a[i]);\n}\n"
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, stage("probe cc"):
         c = os.path.join(tmp, "probe.c")
         with open(c, "w") as f:
             f.write(src)
@@ -126,7 +128,14 @@ def compile_c(source: str | list[str], target: Target, cc: str | None = None, cf
     so = out_dir / f"{key}.so"
     if verified_sha256(so) is not None:
         return so
-    with tempfile.TemporaryDirectory(prefix=f".{key}.", dir=out_dir) as tmp:
+    with building("c", key):
+        if verified_sha256(so) is None:   # (else built while this one waited)
+            _build(units, cmd, flags, extra, so)
+    return so
+
+
+def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix=f".{so.stem}.", dir=so.parent) as tmp:
         srcs = []
         for i, text in enumerate(units):
             srcs.append(os.path.join(tmp, f"unit{i}.c"))
@@ -134,26 +143,22 @@ def compile_c(source: str | list[str], target: Target, cc: str | None = None, cf
                 f.write(text)
         so_tmp = os.path.join(tmp, "module.so")
         if len(srcs) == 1:
-            _run([*cmd, *flags, "-o", so_tmp, srcs[0], *extra, *_libs(flags)], cmd + flags)
+            with stage("cc"):
+                _run([*cmd, *flags, "-o", so_tmp, srcs[0], *extra, *_libs(flags)], cmd + flags)
         else:
             objs = [s[:-2] + ".o" for s in srcs]
-            procs = [(subprocess.Popen([*cmd, *flags, "-c", "-o", o, s], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True), s) for s, o in zip(srcs, objs)]
-            for p, _ in procs:
-                out, err = p.communicate()
-                if p.returncode != 0:
-                    raise KilnError(f"C compiler failed (exit {p.returncode}): {' '.join(cmd + flags)}\n"
-                                    f"{(err or out)[-3000:]}", stage="codegen")
-            _run([*cmd, *flags, "-o", so_tmp, *objs, *extra, *_libs(flags)], cmd + flags)
+            with stage("cc"):
+                _run_all([[*cmd, *flags, "-c", "-o", o, s] for s, o in zip(srcs, objs)], cmd + flags)
+            with stage("link"):
+                _run([*cmd, *flags, "-o", so_tmp, *objs, *extra, *_libs(flags)], cmd + flags)
         source = joined_source(units).encode()
         # the record goes first: whoever finds the new library also finds its hash (a
         # concurrent builder's record may win; a mismatch is then a rebuild, never a load)
         write_atomic(so.with_suffix(".sha256"),
                      f"{sha256_file(so_tmp)}  {so.name}\n{hashlib.sha256(source).hexdigest()}  "
-                     f"{key}.c\n".encode())
+                     f"{so.stem}.c\n".encode())
         write_atomic(so.with_suffix(".c"), source)
         os.replace(so_tmp, so)
-    return so
 
 
 def recorded_sha256(so: Path) -> tuple[str, str] | None:
@@ -181,12 +186,31 @@ def cached_source(so: Path) -> str | None:
     return c.read_text()
 
 
+_RUNS = [0]
+_RUNS_LOCK = threading.Lock()
+
+
+def compiler_runs() -> int:
+    """How many C compiler processes kiln's builds have started in this process (the
+    toolchain probes, run once per process, are not counted): tests check that what
+    should come from the cache compiles nothing."""
+    return _RUNS[0]
+
+
 def _run(argv: list, shown: list) -> None:
-    r = subprocess.run(argv, capture_output=True, text=True)
-    if r.returncode != 0:
-        tail = (r.stderr or r.stdout)[-3000:]
-        raise KilnError(f"C compiler failed (exit {r.returncode}): {' '.join(shown)}\n{tail}",
-                        stage="codegen")
+    _run_all([argv], shown)
+
+
+def _run_all(argvs: list[list], shown: list) -> None:
+    """Run compiler commands side by side; a failure is a KilnError with its output."""
+    with _RUNS_LOCK:
+        _RUNS[0] += len(argvs)
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argvs]
+    results = [p.communicate() + (p.returncode,) for p in procs]
+    for out, err, rc in results:
+        if rc != 0:
+            raise KilnError(f"C compiler failed (exit {rc}): {' '.join(shown)}\n{(err or out)[-3000:]}",
+                            stage="codegen")
 
 
 class Kernel:

@@ -1,5 +1,9 @@
 """The on-disk compile cache's safety: a private directory, atomic writes, hashed files.
 
+Two builders of one entry (threads of one process meeting a new input shape at once,
+or processes sharing the cache) take `building(kind, key)` in turn: the first builds,
+the others wait, then find the entry built.
+
 Whatever sits in the cache is loaded into this process as native code, so the
 directory must be this user's alone: kiln refuses one owned by another user or
 writable by group or others (anyone who can write there can run code as you), and
@@ -10,10 +14,13 @@ truncated, garbage or swapped file is rebuilt rather than mapped.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 from kiln.errors import KilnError
@@ -84,3 +91,28 @@ def write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def building(kind: str, key: str):
+    """Hold the right to build cache entry `key` of `kind` ("modules", "c"): a lock per key
+    within this process, and an exclusive file lock (flock) on cache_dir()/locks/kind-key
+    across processes. Whoever waited should look in the cache again before building."""
+    name = f"{kind}-{key}"
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault(name, threading.Lock())
+    with lock:
+        path = private_dir("locks") / f"{name}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise KilnError(f"cannot open the cache lock {path} ({e})", stage="cache") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)   # releases the flock

@@ -26,6 +26,7 @@ class CompileReport:
     # per input shape) or "static" (none); `shapes_reason`: why generic was not taken
     shapes: str | None = None
     shapes_reason: str | None = None
+    stage_times: Any = None                                   # kiln.timing.StageTimes of compile()
 
     @property
     def findings(self) -> list[Any]:
@@ -46,6 +47,9 @@ class CompileReport:
                          + (f" (peak live {self.arena_peak_live_bytes}; all intermediates: "
                             f"{self.intermediate_bytes})" if self.intermediate_bytes is not None else "")
                          + (f"; {self.inplace_kernels} kernels run in place" if self.inplace_kernels else ""))
+        if self.stage_times is not None and self.stage_times.wall:
+            lines.append("  compile time per stage (wall, cpu: this process and its C compilers):")
+            lines += [f"  {line}" for line in str(self.stage_times).split("\n")]
         if self.fused_groups:
             lines.append("  kernels (fused groups, in call order):")
             lines += [f"    {k:3d}  {g}" for k, g in enumerate(self.fused_groups)]

@@ -106,6 +106,10 @@ def test_bench_against_ort(work):
         assert word in out, word
     # the per-kernel table: every kernel call, with the nodes it computes
     assert "kernels: " in out and "called one by one" in out and "node '" in out, out
+    # compile time per stage, cold and warm: the C compiler ran cold only
+    assert "compile time per stage" in out, out
+    cc = next([c.strip() for c in line.split("│")] for line in out.splitlines() if line.split()[:1] == ["cc"])
+    assert float(cc[1]) > 0 and cc[3:5] == ["-", "-"], cc
 
 
 def test_bench_against_torch(work):

@@ -154,22 +154,27 @@ def test_new_cache_directories_are_private(cache):
 
 def test_processes_filling_the_same_entry_stay_safe(cache):
     """Several processes compile the same new model into one cache at once: each gets the
-    right numbers, and the cache ends with one verified library per key and no temp files."""
+    right numbers, one of them runs the C compiler (the others wait for its file lock, then
+    load what it built), and the cache ends with one verified library per key and no temp files."""
     script = textwrap.dedent("""
         import sys, numpy as np, kiln
+        from kiln.codegen.build import compiler_runs
         from tests.runtime.models import elementwise_model, inputs, reference
         feeds = inputs(batch=5, seed=int(sys.argv[1]))
         got = kiln.compile(elementwise_model(5)).run(feeds)
         for k, want in reference(**feeds).items():
             np.testing.assert_allclose(got[k], want, rtol=1e-6, atol=1e-6)
-        print("ok")
+        print("ok", compiler_runs())
     """)
     env = dict(os.environ, KILN_CACHE_DIR=str(cache), PYTHONPATH=ROOT)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(k)], cwd=ROOT, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for k in range(3)]
+    runs = []
     for p in procs:
         out, err = p.communicate(timeout=600)
-        assert p.returncode == 0 and out.strip() == "ok", err
+        assert p.returncode == 0 and out.split()[0] == "ok", err
+        runs.append(int(out.split()[1]))
+    assert sorted(runs)[:-1] == [0] * (len(runs) - 1) and runs != [0] * len(runs), runs
     libs = _libraries(cache)
     assert libs and all(verified_sha256(p) for p in libs)
     leftovers = [p.name for d in (cache / "c", cache / "modules") for p in d.iterdir() if p.name.startswith(".")]
