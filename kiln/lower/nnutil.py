@@ -15,7 +15,7 @@ from kiln.targets.target import Target
 
 # A kernel forks when the time its threads save (the serial run, estimated, less its share
 # per thread) is this many times the fork and join: the split is rarely even, and a thread
-# woken late costs the whole kernel. On 2 cores: a serial run of 4 forks (40 us when threads
+# woken late costs the whole kernel. On 2 cores: a serial run of 4 forks (80 us when threads
 # sleep between kernels) or more.
 FORK_GAIN = 2.0
 # multiply-adds (or ops) per us, serial, measured with AVX-512 (VECTOR_RATE_BYTES); the

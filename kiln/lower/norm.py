@@ -140,7 +140,7 @@ def _layer_norm_lower(ctx, x, scale, bias=None):
     if axis == rank - 1 and rank >= 2 and ctx.num_outputs <= 1:
         # one loop over rows: sum, mean, centred sum of squares, 1/std per row (consumers first)
         (s2,), (s1,) = var.inputs, mean.inputs
-        ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [inv, var, s2, mean, s1]))
+        ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [inv, var, s2, mean, s1], ctx.target))
         return y
     mean_out = compute(mean.shape, lambda *i: mean[i], "mean")
     inv_out = compute(inv.shape, lambda *i: inv[i], "invstd")
@@ -166,7 +166,7 @@ def _rms_norm_lower(ctx, x, scale):
     y = compute(x.shape, lambda *i: cast(scale.dtype, cast(acc, x[i]) / den[tuple(i[:axis]) + zi]
                                          * cast(acc, bcast_load(scale, i))), "rmsnorm")
     if axis == rank - 1 and rank >= 2:
-        ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [den, ss]))
+        ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [den, ss], ctx.target))
         return y
     ctx.schedule(_norm_schedule([y], axis, math.prod(x.shape), ctx.target))
     return y

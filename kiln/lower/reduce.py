@@ -18,6 +18,7 @@ from kiln.dtypes import DType
 from kiln.loops import Expr, call, cast, compute, const, reduce, reduce_axis, select
 from kiln.loops.symbols import extent, size_hint, static
 from kiln.lower.decisions import parallel_min_work
+from kiln.lower.nnutil import parallel_worth
 from kiln.ops.reduce import _NORMALIZE, _REDUCE, _reduce_axes, _reduce_run
 from kiln.ops.registry import LowerCtx, lowering
 from kiln.ops.shapes import normalize_axis
@@ -322,7 +323,7 @@ def _normalize_lower(ctx: LowerCtx, x):
         s = reduction(shape, axes, True, lambda i: exp_shifted(xv(i) - bcast(m, axes, i)), "sum", "sum")
         y = compute(shape, lambda *i: cast(dt, xv(i) - bcast(m, axes, i) - call("log", bcast(s, axes, i))), "y")
     if op != "Hardmax" and nd >= 2 and axes == [nd - 1]:
-        ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [s, e, m] if e is not None else [s, m]))
+        ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [s, e, m] if e is not None else [s, m], ctx.target))
         return y
     # trailing axes: rows, parallel over rows and vectorized along them (reductions across lanes)
     tail = nd - 1 - max(axes) if axes else 0
@@ -332,17 +333,19 @@ def _normalize_lower(ctx: LowerCtx, x):
     return y
 
 
-def schedule_per_row(sch, y, stages: list) -> None:
+def schedule_per_row(sch, y, stages: list, target) -> None:
     """A row-wise normalization over the last axis (softmax, layer norm) as one loop over
     rows: per row, every stage of `stages` (listed consumers first: each read only by y or
     by stages before it) in a local buffer, reductions across lane partials, row-long ones
     vectorized, then y's row, vectorized. One parallel region and no heap temporaries,
     instead of a pass over the whole tensor per stage (gpt2's softmax: four parallel
-    regions and a 512 KiB temporary on every call)."""
+    regions and a 512 KiB temporary on every call). The rows are split among threads when
+    the three passes over the tensor pay for the fork on `target` (short rows of a small
+    batch do not: a LayerNorm of 32 x 768 is a few microseconds)."""
     sy = sch[y]
     *lead, last = sy.axis
     row = sy.fuse(*lead) if len(lead) > 1 else lead[0]
-    if size_hint(y.shape) * 3 >= parallel_min_work() and _ext(row) > 1:
+    if parallel_worth(size_hint(y.shape) * 3, target, "copy") and _ext(row) > 1:
         sy.parallel(row)
     if _ext(last) > 1:
         sy.vectorize(last)
