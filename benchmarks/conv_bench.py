@@ -5,9 +5,13 @@ p10 ms and GFLOP/s of each, after checking both kiln kernels against ORT.
 
     python benchmarks/conv_bench.py --convs resnet18 --rounds 15 --per-round 5 [--only l1_3x3,l4_3x3]
     python benchmarks/conv_bench.py --convs depthwise      # MobileNet/EfficientNet depthwise convs
+    python benchmarks/conv_bench.py --convs conv1d         # 1-D convs: strided front ends, dilated
+    python benchmarks/conv_bench.py --convs strided        # a detector's 3x3 stride-2 convs
 
+A 1-D conv runs blocked as the 2-D ConvNCHWc of N,C,1,L (what transform_layout makes of it).
 The timings include each engine's per-call overhead (tens of microseconds); OMP_NUM_THREADS
-sets kiln's threads, --threads ORT's.
+sets kiln's threads, --threads ORT's. `--clock cpu` runs every engine on one thread and times the
+calling thread's CPU time (robust to a loaded machine; caches are still shared).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,7 +33,7 @@ from kiln.ops.layout import from_blocked, pack_bias, pack_conv_weight, to_blocke
 from kiln.passes.layout import default_block  # noqa: E402
 from kiln.targets.target import Target  # noqa: E402
 
-# name: (c, h, oc, k, stride, pad[, depthwise])
+# name: (c, h, oc, k, stride, pad[, depthwise[, dilation]]); h a tuple (L,) for a 1-D conv
 CONVS = {
     "resnet18": {
         "stem7x7s2": (3, 224, 64, 7, 2, 3),
@@ -55,29 +60,71 @@ CONVS = {
         "dw5x5s2_672x14": (672, 14, 672, 5, 2, 2, True),
         "dw3x3_960x7": (960, 7, 960, 3, 1, 1, True),
     },
+    "conv1d": {     # strided front ends and dilated residual convs of audio nets (1 s at 16 kHz)
+        "k10s5_1ch": (1, (16000,), 128, 10, 5, 0),
+        "k8s4": (128, (3199,), 128, 8, 4, 0),
+        "k4s2": (128, (798,), 128, 4, 2, 0),
+        "k3d1": (128, (398,), 128, 3, 1, 1),
+        "k3d4": (128, (398,), 128, 3, 1, 4, False, 4),
+        "k3d16": (128, (398,), 128, 3, 1, 16, False, 16),
+        "k1": (128, (398,), 128, 1, 1, 0),
+        "k10s5_512": (1, (16000,), 512, 10, 5, 0),
+        "k3s2_512": (512, (3199,), 512, 3, 2, 0),
+        "k2s2_512": (512, (99,), 512, 2, 2, 0),
+    },
+    "strided": {    # 3x3 stride-2 downsampling convs of detectors (320x320 input)
+        "s2_32_64": (32, 160, 64, 3, 2, 1),
+        "s2_64_128": (64, 80, 128, 3, 2, 1),
+        "s2_128_256": (128, 40, 256, 3, 2, 1),
+        "s2_256_512": (256, 20, 512, 3, 2, 1),
+        "3x3_64": (64, 80, 64, 3, 1, 1),
+        "1x1_128_64": (128, 40, 64, 1, 1, 0),
+    },
 }
 
 
-def onnx_conv(c, h, oc, k, s, p, w, b, dw=False):
-    o = (h + 2 * p - k) // s + 1
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4,
-                              group=c if dw else 1),
+def _dims(spec):
+    """(c, spatial dims, oc, k, s, p, depthwise, dilation) of a CONVS entry."""
+    c, h, oc, k, s, p, *rest = spec
+    rest = list(rest) + [False, 1][len(rest):]
+    return c, (h, h) if isinstance(h, int) else tuple(h), oc, k, s, p, bool(rest[0]), int(rest[1])
+
+
+def _out(h, k, s, p, d):
+    return (h + 2 * p - (k - 1) * d - 1) // s + 1
+
+
+def onnx_conv(c, sp, oc, k, s, p, w, b, dw=False, d=1):
+    nd = len(sp)
+    o = [_out(h, k, s, p, d) for h in sp]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k] * nd, strides=[s] * nd,
+                              pads=[p] * 2 * nd, dilations=[d] * nd, group=c if dw else 1),
              helper.make_node("Relu", ["c"], ["y"])]
-    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, oc, o, o])],
+    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, *sp])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, oc, *o])],
                           [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), o
 
 
-def blocked_graph(c, h, oc, k, s, p, w, b, block, dw=False):
+def blocked_graph(c, sp, oc, k, s, p, w, b, block, dw=False, d=1):
+    """The blocked conv + ReLU alone (a 1-D conv as 1 x L; a few input channels read as one
+    block); returns the graph and the input's channel block."""
+    from kiln.passes.layout import narrow_input
     from tests.passes.util import graph
-    cb, ocb = -(-c // block), -(-oc // block)
-    o = (h + 2 * p - k) // s + 1
-    text = (f'graph "g" (%x: float32[1,{cb},{h},{h},{block}]) -> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
-            f'  %c: float32[1,{ocb},{o},{o},{block}] = "kiln"::ConvNCHWc(%x, %w, %b) {{kernel_shape = [{k}, {k}], '
-            f'strides = [{s}, {s}], pads = [{p}, {p}, {p}, {p}], dilations = [1, 1], depthwise = {int(dw)}}} name "conv"\n'
-            f'  %y: float32[1,{ocb},{o},{o},{block}] = Relu(%c) name "relu"\n}}')
-    return graph(text, w=pack_conv_weight(w, block, dw), b=pack_bias(b, oc, block, np.float32))
+    one = len(sp) == 1
+    ib = c if narrow_input(c, block, dw) else block
+    cb, ocb = -(-c // ib), -(-oc // block)
+    h, wd = (1, sp[0]) if one else sp
+    oh, ow = (1 if one else _out(h, k, s, p, d)), _out(wd, k, s, p, d)
+    kh, sh, ph, dh = (1, 1, 0, 1) if one else (k, s, p, d)
+    text = (f'graph "g" (%x: float32[1,{cb},{h},{wd},{ib}]) -> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
+            f'  %c: float32[1,{ocb},{oh},{ow},{block}] = "kiln"::ConvNCHWc(%x, %w, %b) {{kernel_shape = [{kh}, {k}], '
+            f'strides = [{sh}, {s}], pads = [{ph}, {p}, {ph}, {p}], dilations = [{dh}, {d}], '
+            f'depthwise = {int(dw)}}} name "conv"\n'
+            f'  %y: float32[1,{ocb},{oh},{ow},{block}] = Relu(%c) name "relu"\n}}')
+    wp = w.reshape(w.shape[0], w.shape[1], kh, k)
+    return graph(text, w=pack_conv_weight(wp, block, dw, None if dw else ib),
+                 b=pack_bias(b, oc, block, np.float32)), ib
 
 
 def main(argv=None):
@@ -88,19 +135,24 @@ def main(argv=None):
     ap.add_argument("--per-round", type=int, default=5)
     ap.add_argument("--no-nchw", action="store_true")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ORT intra-op threads")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     args = ap.parse_args(argv)
+    if args.clock == "cpu":
+        os.environ["OMP_NUM_THREADS"] = "1"    # read when kiln's first module loads
+        args.threads = 1
     block = default_block(Target.host())
     rng = np.random.default_rng(0)
-    for name, (c, h, oc, k, s, p, *dw) in CONVS[args.convs].items():
+    for name, spec in CONVS[args.convs].items():
         if args.only and name not in args.only.split(","):
             continue
-        dw = bool(dw and dw[0])
+        c, sp, oc, k, s, p, dw, d = _dims(spec)
+        nd = len(sp)
         cg = 1 if dw else c
-        w = rng.standard_normal((oc, cg, k, k)).astype(np.float32) / np.float32(np.sqrt(cg * k * k))
+        w = rng.standard_normal((oc, cg) + (k,) * nd).astype(np.float32) / np.float32(np.sqrt(cg * k ** nd))
         b = rng.standard_normal(oc).astype(np.float32)
-        x = rng.standard_normal((1, c, h, h)).astype(np.float32)
-        model, o = onnx_conv(c, h, oc, k, s, p, w, b, dw)
-        flops = 2 * oc * cg * k * k * o * o
+        x = rng.standard_normal((1, c, *sp)).astype(np.float32)
+        model, o = onnx_conv(c, sp, oc, k, s, p, w, b, dw, d)
+        flops = 2 * oc * cg * k ** nd * int(np.prod(o))
         sess = ort_session(model, args.threads)
         want = sess.run(None, {"x": x})[0]
         fns = {"ort": lambda: sess.run(None, {"x": x})}
@@ -117,15 +169,24 @@ def main(argv=None):
             got = got["y"] if isinstance(got, dict) else got[0]
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
             fns["nchw"] = lambda: m0.run({"x": x})
-        mb = kiln.compile(blocked_graph(c, h, oc, k, s, p, w, b, block, dw), target="cpu", opt_level=3)
-        xb = to_blocked(x, block)
+        bg, ib = blocked_graph(c, sp, oc, k, s, p, w, b, block, dw, d)
+        mb = kiln.compile(bg, target="cpu", opt_level=3)
+        xb = to_blocked(x.reshape(1, c, 1, *sp) if nd == 1 else x, ib)
         got = mb.run({"x": xb})
         got = got["y"] if isinstance(got, dict) else got[0]
-        np.testing.assert_allclose(from_blocked(got, oc), want, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(from_blocked(got, oc).reshape(want.shape), want, rtol=1e-3, atol=1e-3)
         fns["nchwc"] = lambda: mb.run({"x": xb})
         for f in fns.values():
             f()
-        t = time_interleaved(fns, {kk: args.rounds * args.per_round for kk in fns}, args.rounds)
+        if args.clock == "cpu":
+            t = {kk: [] for kk in fns}
+            for _ in range(args.rounds * args.per_round):
+                for kk, f in fns.items():
+                    t0 = time.thread_time()
+                    f()
+                    t[kk].append((time.thread_time() - t0) * 1e3)
+        else:
+            t = time_interleaved(fns, {kk: args.rounds * args.per_round for kk in fns}, args.rounds)
         st = {kk: stats(v) for kk, v in t.items()}
         print(f"{name:12s} {flops / 1e9:.3f} GF | " + " | ".join(
             f"{kk} {v['median_ms']:.3f} ms (p10 {v['p10_ms']:.3f}) {flops / v['median_ms'] / 1e6:.0f} GF/s"

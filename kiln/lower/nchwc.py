@@ -93,13 +93,13 @@ def _from_lower(ctx, x):
 
 VECTOR_REGISTERS = {64: 32, 32: 16, 16: 16}    # x86 vector registers by vector bytes (no target given)
 # the register tile's decisions (kiln.lower.decisions), picked by plan_tile's heuristic
-NCHWC_REG_W = declare("nchwc.reg_w", Ints(1), None, "output columns of one register tile (divides the width)")
+NCHWC_REG_W = declare("nchwc.reg_w", Ints(1), None, "output columns of one register tile")
 NCHWC_OC_V = declare("nchwc.oc_v", Ints(1, 8), None, "channel blocks of one register tile")
 DEPTHWISE_MAX_COLUMNS = 14                     # the widest depthwise tile measured (AVX-512)
 
 
-def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int | None = None
-              ) -> tuple[int, int]:
+def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int | None = None,
+              in_place: bool = False) -> tuple[int, int]:
     """(reg_w, oc_v): output columns x channel blocks of one register tile.
 
     Per input channel the tile loads reg_w broadcasts and oc_v weight vectors for
@@ -110,26 +110,31 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
     of each FMA) rather than holding them in registers, which left AVX2 one or two
     accumulators on 7- and 14-wide outputs: a chain of dependent FMAs at the FMA's
     latency (mobilenetv2's depthwise convs 3.31 -> 2.37 ms with 7 columns instead of 1).
-    Columns divide the output width (no tail loop); the tile with the fewest loads per
-    FMA wins (ties: more accumulators, to cover the FMA latency). `regs`: the target's
-    vector registers (default: x86's for `vbytes`).
+    The last tile of a row may run past the output width into columns that are computed and
+    thrown away (a 1-D conv's 398 or 1599 columns would otherwise get 2- or 13-column tiles:
+    1599 = 3 x 13 x 41, its 13x2 tile measured 1.3x slower than 7x4), so a tile's cost is its
+    loads per FMA times the columns computed per column kept, and 2% more when the conv
+    could read its input in place but the tile needs a padded copy of it (`in_place`: a
+    copy of the input costs about 1/OC of the convolution). The cheapest wins (ties: more
+    accumulators, to cover the FMA latency). `regs`: the target's vector registers (default:
+    x86's for `vbytes`).
     """
     knobs = dict(knobs or {})
     regs = regs or VECTOR_REGISTERS.get(vbytes, 16)
     ow = g.out[1]
     best = None
-    for r in (d for d in range(1, ow + 1) if ow % d == 0):
+    for r in range(1, ow + 1):
         for v in [1] if g.depthwise else [v for v in range(1, 5) if g.ocb % v == 0]:
             fits = r * v <= regs - 4 and (r <= DEPTHWISE_MAX_COLUMNS or not g.depthwise)
             if not fits and r > 1:
                 continue
-            key = ((r + v) / (r * v), -r * v)
+            waste = -(-ow // r) * r / ow
+            copy = 1.02 if in_place and ow % r and not g.depthwise else 1.0
+            key = (copy * waste * (1 + 0.5 * (r + v) / (r * v)), -r * v)
             if best is None or key < best[0]:
                 best = (key, r, v)
     _, r, v = best
     r, v = int(knobs.get("reg_w", NCHWC_REG_W.asked() or r)), int(knobs.get("oc_v", NCHWC_OC_V.asked() or v))
-    if ow % r:
-        raise NCHWC_REG_W.illegal(r, f"it must divide the output width {ow}")
     if g.ocb % v or (g.depthwise and v != 1):
         raise NCHWC_OC_V.illegal(v, f"it must divide the {g.ocb} channel blocks"
                                     + (" and be 1 for a depthwise convolution" if g.depthwise else ""))
@@ -165,8 +170,17 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
     # Dense: a zero-padded copy of the input (the rows and columns the windows read), so the
     # register tile's inner loop has no conditions (a select there made it 2x slower for
     # some tiles, as the C compiler did not always unswitch it)
+    vbytes = ctx.target.vector_lanes(acc_dt.itemsize) * acc_dt.itemsize
     hp = (g.out[0] - 1) * sh + (g.kernel[0] - 1) * dh + 1
-    wp = (g.out[1] - 1) * sw + (g.kernel[1] - 1) * dw + 1
+
+    def cols_read(ow):
+        return (ow - 1) * sw + (g.kernel[1] - 1) * dw + 1
+    in_place = not (pt or pl or hp > g.h + pt or cols_read(g.out[1]) > g.w + pl)
+    # the register tile's columns; a row's last tile may run past the output (owp columns
+    # computed, ow kept: see plan_tile), reading a padded copy of the input
+    reg_w, oc_v = plan_tile(g, vbytes, regs=ctx.target.vector_registers, in_place=in_place)
+    owp = -(-g.out[1] // reg_w) * reg_w
+    wp = cols_read(owp)
     padded = bool(pt or pl or hp > g.h + pt or wp > g.w + pl)
 
     def border(n, c, r, s, i):
@@ -197,7 +211,7 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         def acc_body(n, c, oh, ow, o):
             return sum_(cast(acc_dt, xp((n, icb, oh * sh + kh * dh, ow * sw + kw * dw, ii)))
                         * cast(acc_dt, wv(c, icb, kh, kw, ii, o, n)), axis=red)
-    acc = compute((g.n, g.ocb, *g.out, g.ob), acc_body, "acc")
+    acc = compute((g.n, g.ocb, g.out[0], owp, g.ob), acc_body, "acc")
 
     def out_body(n, c, oh, ow, o):
         a = acc[(n, c, oh, ow, o)]
@@ -205,8 +219,6 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
             a = a + cast(acc_dt, b[(c, o)])
         return cast(dt, a)
     out = compute((g.n, g.ocb, *g.out, g.ob), out_body, "conv", dt)
-    vbytes = ctx.target.vector_lanes(acc_dt.itemsize) * acc_dt.itemsize
-    reg_w, oc_v = plan_tile(g, vbytes, regs=ctx.target.vector_registers)
     work = g.macs()
 
     def schedule(sch, outputs):

@@ -10,22 +10,25 @@ at compile time so those channel vectors are contiguous (see kiln.ops.layout).
 
 The rewrite, in one walk over the nodes in order:
 
-- a `Conv` whose weights (and bias) are constants, 2-D, float32, dense
+- a `Conv` whose weights (and bias) are constants, 1-D or 2-D, float32, dense
   (group 1) or depthwise (group = channels), and whose channel counts fill the
   blocks well (`worth_blocking`: padding the channels up to whole blocks adds at
   most a third) — except that a dense conv with fewer input channels than a
   block (the 3-channel stem) reads its input as one block of all of them
   (N,1,H,W,C: channels-last, `narrow_input`) — and, by default, only where
-  measured to help (`SELECTIVE`: 1x1, depthwise or such a stem, next to another
-  such conv through unary elementwise ops) — becomes `kiln::ConvNCHWc` with its
-  weights and bias packed here (numpy) as new constants;
+  measured to help (`SELECTIVE`: 1x1, depthwise, such a stem, strided or 1-D,
+  next to another such conv through layout-agnostic ops) — becomes
+  `kiln::ConvNCHWc` with its weights and bias packed here (numpy) as new
+  constants. A 1-D conv (N,C,L) runs as the 2-D one of N,C,1,L with a 1xK
+  window: its values' twins are N,C/c,1,L,c, converted through free Reshapes;
 - a layout-agnostic elementwise op (Relu, Clip, Add of two same-shape tensors,
   ...) that reads a blocked value runs on the blocked values instead when every
   other computed operand has a blocked twin too; a per-channel (1,C,1,1) or
   scalar constant operand is blocked (or kept) here;
-- a 2-D MaxPool (no Indices, no ceil_mode) that reads a blocked value becomes
+- a 1-D or 2-D MaxPool (no Indices, no ceil_mode) that reads a blocked value becomes
   `kiln::MaxPoolNCHWc` (ResNet's stem -> ReLU -> MaxPool runs blocked, its
-  result converted to NCHW once, at a quarter of the stem output's size);
+  result converted to NCHW once, at a quarter of the stem output's size; YOLO's
+  SPPF pools stay blocked between its convs);
 - a global average over the plane (GlobalAveragePool, or a ReduceMean taking
   N,C,H,W to N,C,1,1) of a blocked value becomes `kiln::GlobalAveragePoolNCHWc`,
   and an elementwise op may read a computed per-image, per-channel operand
@@ -37,6 +40,10 @@ The rewrite, in one walk over the nodes in order:
   a kernel of its own: the conv takes s as its `scale` input and scales its
   weights per image and input channel (W * s is N x the weights' size, x * s
   would be a pass over the whole activation);
+- a Concat along the channels of blocked values whose channel counts are whole
+  blocks concatenates their twins (CSP blocks, SPPF, FPN/PAN necks), and a
+  nearest-neighbour Resize of a blocked value (constant scales or sizes, batch
+  and channels kept) resizes its twin with scale 1 on the block axis;
 - a value needed in NCHW (by any other op, or as a graph output) gets one
   `kiln::FromNCHWc` right before its first such reader, producing the very same
   Value; an NCHW value read by a blocked op gets one `kiln::ToNCHWc`. Each
@@ -72,7 +79,7 @@ from kiln.targets.target import Target
 
 # elementwise ops that give the same result whatever the layout, and keep the padding
 # channels' zeros finite (so a consumer's zero weights keep ignoring them)
-UNARY = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Swish", "Tanh", "Identity"}
+UNARY = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Swish", "Gelu", "Tanh", "Identity"}
 BINARY = {"Add", "Sub", "Mul", "Max", "Min", "Sum"}
 MAX_PAD_RATIO = 4 / 3   # padded channels / real channels at most this (24 -> 32 is fine; 3 -> 16 not)
 
@@ -91,16 +98,22 @@ def worth_blocking(channels: int, block: int) -> bool:
     return padded <= MAX_PAD_RATIO * channels
 
 
-def _conv_attrs(node: Node, opset: int, xshape) -> dict | None:
-    """Explicit attributes of a blockable 2-D Conv, or None when it is not one."""
-    ctx = NodeCtx(node, opset)
-    w = node.inputs[1].const
+def planar(shape: tuple) -> tuple:
+    """A 1-D (N,C,L) shape as the 2-D one it runs blocked as, (N,C,1,L); others unchanged."""
+    return tuple(shape[:2]) + (1,) + tuple(shape[2:]) if len(shape) == 3 else tuple(shape)
+
+
+def _window_attrs(node: Node, opset: int, xshape, kernel) -> dict | None:
+    """Explicit 2-D window attributes of a 1-D or 2-D Conv/MaxPool (a 1-D window as a 1xK one,
+    its row untouched), or None when the window is invalid."""
     try:
-        win = window(ctx, list(xshape[2:]), [int(k) for k in node.attrs.get("kernel_shape", w.shape[2:])])
+        win = window(NodeCtx(node, opset), list(xshape[2:]), [int(k) for k in kernel])
     except KilnError:
         return None
-    return {"kernel_shape": list(win.kernel), "strides": list(win.strides),
-            "pads": [int(p) for p in win.begin + win.end], "dilations": list(win.dilations)}
+    one = len(xshape) == 3      # the row of a 1-D window: kernel 1, stride 1, no pads
+    return {"kernel_shape": [1] * one + list(win.kernel), "strides": [1] * one + list(win.strides),
+            "pads": [0] * one + [int(p) for p in win.begin] + [0] * one + [int(p) for p in win.end],
+            "dilations": [1] * one + list(win.dilations)}
 
 
 def one_pixel(shape) -> bool:
@@ -115,9 +128,9 @@ def blockable_conv(node: Node, opset: int, block: int) -> dict | None:
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
     xs = static_shape(x)
-    if (xs is None or len(xs) != 4 or x.type.dtype is not DType.float32 or w is None or w.const is None
-            or w.const.ndim != 4 or w.const.dtype != np.float32 or (b is not None and b.const is None)
-            or node.outputs[0] is None):
+    if (xs is None or len(xs) not in (3, 4) or x.type.dtype is not DType.float32 or w is None
+            or w.const is None or w.const.ndim != len(xs) or w.const.dtype != np.float32
+            or (b is not None and b.const is None) or node.outputs[0] is None):
         return None
     group = int(node.attrs.get("group", 1))
     oc, c = w.const.shape[0], xs[1]
@@ -127,7 +140,7 @@ def blockable_conv(node: Node, opset: int, block: int) -> dict | None:
     if not one_pixel(xs) and (not worth_blocking(oc, block)
                               or not (worth_blocking(c, block) or narrow_input(c, block, depthwise))):
         return None
-    attrs = _conv_attrs(node, opset, xs)
+    attrs = _window_attrs(node, opset, xs, node.attrs.get("kernel_shape", w.const.shape[2:]))
     if attrs is None:
         return None
     return {**attrs, "depthwise": int(depthwise)}
@@ -147,20 +160,16 @@ def input_block(node: Node, attrs: dict, block: int) -> int:
 
 
 def blockable_pool(node: Node, opset: int) -> dict | None:
-    """The MaxPoolNCHWc attributes for a 2-D float32 MaxPool (no Indices, no ceil_mode), or None."""
+    """The MaxPoolNCHWc attributes for a 1-D or 2-D float32 MaxPool (no Indices, no ceil_mode), or None."""
     if node.op != "MaxPool" or node.domain or len(node.inputs) != 1 or not node.outputs or node.outputs[0] is None:
         return None
     if any(v is not None for v in node.outputs[1:]) or int(node.attrs.get("ceil_mode", 0)):
         return None
     xs = static_shape(node.inputs[0])
-    if xs is None or len(xs) != 4 or node.inputs[0].type.dtype is not DType.float32:
+    if (xs is None or len(xs) not in (3, 4) or node.inputs[0].type.dtype is not DType.float32
+            or "kernel_shape" not in node.attrs):
         return None
-    try:
-        win = window(NodeCtx(node, opset), list(xs[2:]), [int(k) for k in node.attrs["kernel_shape"]])
-    except (KilnError, KeyError):
-        return None
-    return {"kernel_shape": list(win.kernel), "strides": list(win.strides),
-            "pads": [int(p) for p in win.begin + win.end], "dilations": list(win.dilations)}
+    return _window_attrs(node, opset, xs, node.attrs["kernel_shape"])
 
 
 def global_average(node: Node) -> bool:
@@ -189,7 +198,7 @@ class _Rewriter:
         self.pending: dict[int, Value] = {}   # NCHW values whose producer now makes only the twin
         self.nodes: list[Node] = []
         self.fired = {"Conv": 0, "elementwise": 0, "MaxPool": 0, "GlobalAveragePool": 0, "scale": 0,
-                      "ToNCHWc": 0, "FromNCHWc": 0}
+                      "Concat": 0, "Resize": 0, "ToNCHWc": 0, "FromNCHWc": 0}
         self.opset = graph.opset("")
         self.consumers = graph.consumers()
         self.uses = use_counts(graph)       # reads at any depth, graph outputs included
@@ -206,17 +215,31 @@ class _Rewriter:
     def twin_value(self, v: Value) -> Value:
         return Value(self.namer.fresh(f"{v.name}.nchwc"), None)
 
+    def reshape(self, v: Value, shape: tuple, out: Value | None = None) -> Value:
+        """v viewed as `shape` (a Reshape: no copy), into `out` (default: a fresh value)."""
+        out = out or Value(self.namer.fresh(f"{v.name}.2d"), None)
+        shp = new_const(self.namer, f"{v.name}.shape", np.array(shape, np.int64))
+        self.emit("Reshape", [v, shp], [out], {}, self.namer.fresh(f"{v.name}.reshape"))
+        return out
+
+    def convert_in(self, v: Value, block: int, suffix: str) -> Value:
+        """ToNCHWc of computed NCHW value v (a 1-D N,C,L value as N,C,1,L first)."""
+        shape = static_shape(v)
+        src = self.reshape(v, planar(shape)) if len(shape) == 3 else v
+        vb = Value(self.namer.fresh(f"{v.name}.{suffix}"), None)
+        self.emit("ToNCHWc", [src], [vb], {"block": block}, self.namer.fresh(f"{v.name}.to_{suffix}"), DOMAIN)
+        self.fired["ToNCHWc"] += 1
+        return vb
+
     def to_blocked(self, v: Value) -> Value:
         """v's blocked twin, converting (once) if there is none yet."""
         if v.id in self.blocked:
             return self.blocked[v.id]
         if v.const is not None:
-            vb = new_const(self.namer, f"{v.name}.nchwc", to_blocked(v.const, self.block))
+            vb = new_const(self.namer, f"{v.name}.nchwc", to_blocked(v.const.reshape(planar(v.const.shape)),
+                                                                     self.block))
         else:
-            vb = self.twin_value(v)
-            self.emit("ToNCHWc", [v], [vb], {"block": self.block}, self.namer.fresh(f"{v.name}.to_nchwc"),
-                      DOMAIN)
-            self.fired["ToNCHWc"] += 1
+            vb = self.convert_in(v, self.block, "nchwc")
         self.blocked[v.id] = vb
         return vb
 
@@ -227,12 +250,10 @@ class _Rewriter:
             return self.narrow[v.id]
         self.need_nchw(v)
         if v.const is not None:
-            vb = new_const(self.namer, f"{v.name}.nchw{block}c", to_blocked(v.const, block))
+            vb = new_const(self.namer, f"{v.name}.nchw{block}c",
+                           to_blocked(v.const.reshape(planar(v.const.shape)), block))
         else:
-            vb = Value(self.namer.fresh(f"{v.name}.nchw{block}c"), None)
-            self.emit("ToNCHWc", [v], [vb], {"block": block}, self.namer.fresh(f"{v.name}.to_nchw{block}c"),
-                      DOMAIN)
-            self.fired["ToNCHWc"] += 1
+            vb = self.convert_in(v, block, f"nchw{block}c")
         self.narrow[v.id] = vb
         return vb
 
@@ -240,8 +261,12 @@ class _Rewriter:
         """v is read in NCHW: make it from its twin (once) if its producer was rewritten."""
         if v is not None and v.id in self.pending:
             del self.pending[v.id]
-            self.emit("FromNCHWc", [self.blocked[v.id]], [v], {"channels": int(v.type.shape[1])},
+            shape = static_shape(v)
+            out = v if len(shape) == 4 else Value(self.namer.fresh(f"{v.name}.2d"), None)
+            self.emit("FromNCHWc", [self.blocked[v.id]], [out], {"channels": int(shape[1])},
                       self.namer.fresh(f"{v.name}.from_nchwc"), DOMAIN)
+            if out is not v:
+                self.reshape(out, shape, v)
             self.fired["FromNCHWc"] += 1
 
     def produce_blocked(self, old: Value, new: Value) -> None:
@@ -250,6 +275,7 @@ class _Rewriter:
 
     def conv(self, node: Node, attrs: dict) -> None:
         w = node.inputs[1].const
+        w = w.reshape(planar(w.shape))
         b = node.inputs[2].const if len(node.inputs) > 2 and node.inputs[2] is not None else None
         dw = bool(attrs["depthwise"])
         ib = input_block(node, attrs, self.block)
@@ -281,7 +307,8 @@ class _Rewriter:
         if node.op not in UNARY and node.op not in BINARY:
             return None
         out = static_shape(node.outputs[0])
-        if out is None or len(out) != 4 or not any(v is not None and v.id in self.blocked for v in node.inputs):
+        if out is None or len(out) not in (3, 4) or not any(v is not None and v.id in self.blocked
+                                                            for v in node.inputs):
             return None
         kinds = []
         for i, v in enumerate(node.inputs):
@@ -296,8 +323,8 @@ class _Rewriter:
                 kinds.append("blocked")         # its twin N,C/c,1,1,c broadcasts
             elif v.const is not None and v.const.size == 1:
                 kinds.append("keep")
-            elif (v.const is not None and node.op in BINARY and s is not None and len(s) == 4
-                  and s[0] == 1 and s[1] == out[1] and s[2:] == (1, 1)):
+            elif (v.const is not None and node.op in BINARY and s is not None and len(s) == len(out)
+                  and s[0] == 1 and s[1] == out[1] and all(d == 1 for d in s[2:])):
                 kinds.append("pack")
             else:
                 return None
@@ -334,6 +361,60 @@ class _Rewriter:
         self.fired["scale"] += 1
         return True
 
+    def concat(self, node: Node) -> bool:
+        """A Concat along the channels of blocked values whose channels fill whole blocks is a
+        Concat of their blocked twins along the block axis (no padding channels in between)."""
+        if node.op != "Concat" or node.domain or len(node.outputs) != 1 or not node.inputs:
+            return False
+        shapes = [None if v is None else static_shape(v) for v in node.inputs]
+        if any(s is None or len(s) not in (3, 4) or s[1] % self.block for s in shapes) \
+                or int(node.attrs.get("axis", 0)) not in (1, 1 - len(shapes[0])) \
+                or not all(v.id in self.blocked for v in node.inputs):
+            return False
+        y = node.outputs[0]
+        yb = self.twin_value(y)
+        self.emit("Concat", [self.blocked[v.id] for v in node.inputs], [yb], {"axis": 1}, node.name)
+        self.produce_blocked(y, yb)
+        self.fired["Concat"] += 1
+        return True
+
+    def resize(self, node: Node) -> bool:
+        """A nearest-neighbour Resize (opset 11+, constant scales or sizes, batch and channels
+        kept) of a blocked value resizes its blocked twin: the block axis gets scale 1, which
+        every coordinate transformation maps to itself."""
+        ins = node.inputs
+        if (node.op != "Resize" or node.domain or self.opset < 11 or len(node.outputs) != 1
+                or not ins or ins[0] is None or ins[0].id not in self.blocked or len(ins) > 4):
+            return False
+        def s(name, default):
+            v = node.attrs.get(name, default)
+            return v.decode() if isinstance(v, bytes) else str(v)
+        if (s("mode", "nearest") != "nearest" or s("coordinate_transformation_mode", "") == "tf_crop_and_resize"
+                or "axes" in node.attrs or s("keep_aspect_ratio_policy", "stretch") != "stretch"):
+            return False
+        xs, ys = static_shape(ins[0]), static_shape(node.outputs[0])
+        scales, sizes = (ins[i] if len(ins) > i else None for i in (2, 3))
+        scales = None if scales is None or scales.const is None or scales.const.size == 0 else scales.const
+        sizes = None if sizes is None or sizes.const is None or sizes.const.size == 0 else sizes.const
+        if xs is None or ys is None or len(xs) not in (3, 4) or ys[:2] != xs[:2] or (scales is None) == (sizes is None):
+            return False
+        xb = self.blocked[ins[0].id]
+        if scales is not None:
+            if scales.size != len(xs) or np.any(scales.ravel()[:2] != 1):
+                return False
+            scales = np.array(planar(tuple(scales.ravel().tolist())) + (1.0,), scales.dtype)
+            new = [xb, None, new_const(self.namer, f"{node.name}.scales.nchwc", scales)]
+        else:
+            sizes = np.array(planar(tuple(sizes.ravel().tolist()))[2:], np.int64)
+            full = np.array([xb.type.shape[0], xb.type.shape[1], *sizes, xb.type.shape[-1]], np.int64)
+            new = [xb, None, None, new_const(self.namer, f"{node.name}.sizes.nchwc", full)]
+        y = node.outputs[0]
+        yb = self.twin_value(y)
+        self.emit("Resize", new, [yb], dict(node.attrs), node.name)
+        self.produce_blocked(y, yb)
+        self.fired["Resize"] += 1
+        return True
+
     def run(self) -> None:
         for node in self.graph.nodes:
             attrs = self.convs.get(id(node))
@@ -363,6 +444,8 @@ class _Rewriter:
             if kinds is not None:
                 self.elementwise(node, kinds)
                 continue
+            if self.concat(node) or self.resize(node):
+                continue
             for v in reads(node):
                 self.need_nchw(v)
             self.nodes.append(node)
@@ -374,7 +457,10 @@ class _Rewriter:
 # Only where it measurably helps (2 cores, AVX-512, interleaved medians): blocked pointwise
 # convs run 1.2-1.9x and depthwise 2-3x faster than kiln's NCHW kernels, dense KxK convs
 # about the same (resnet18 at -O3: 25.6 ms NCHW vs 26.6 ms all blocked), and a conv whose
-# input and output both need converting gains less than the conversions cost. So by
+# input and output both need converting gains less than the conversions cost. Strided and
+# 1-D convs run faster blocked (benchmarks/conv_bench.py --clock cpu, one thread, load ~9:
+# 3x3 stride-2 convs of a 320x320 detector 1.05-1.31x; 1-D convs of an audio net 1.0-1.3x,
+# a one-channel strided stem 10x, its whole net 9.9 -> 7.4 ms). So by
 # default only 1x1 and depthwise convs that have a blocked neighbour (through unary
 # elementwise ops) are rewritten: MobileNet's blocks, not ResNet's. SELECTIVE = False blocks every
 # blockable conv (tests of the blocked kernels use it).
@@ -382,9 +468,24 @@ SELECTIVE = True
 
 
 def _selected_kind(node: Node, attrs: dict, block: int) -> bool:
-    """Pointwise, depthwise, or a stem conv reading few channels (channels-last)."""
+    """Pointwise, depthwise, a stem conv reading few channels (channels-last), a strided conv
+    or a 1-D one."""
     return (bool(attrs["depthwise"]) or attrs["kernel_shape"] == [1, 1]
-            or input_block(node, attrs, block) != block)
+            or input_block(node, attrs, block) != block or any(s > 1 for s in attrs["strides"])
+            or len(node.inputs[0].type.shape) == 3)
+
+
+def _layout_agnostic(node: Node, opset: int) -> bool:
+    """A node a path between blocked convs may run through blocked with no conversion: a unary
+    elementwise op, a MaxPool, a Concat along channels or a nearest Resize (a binary op would
+    need its other input blocked too)."""
+    if node.domain:
+        return False
+    if node.op in UNARY or blockable_pool(node, opset) is not None:
+        return True
+    mode = node.attrs.get("mode", "nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    return (node.op == "Concat" and int(node.attrs.get("axis", 0)) == 1) or (node.op == "Resize" and mode == "nearest")
 
 
 def select_convs(graph: Graph, block: int, selective: bool) -> dict[int, dict]:
@@ -402,7 +503,7 @@ def select_convs(graph: Graph, block: int, selective: bool) -> dict[int, dict]:
         # value per channel (a squeeze-excite gate: N,C,1,1)
         if n.domain or len(n.outputs) != 1 or n.outputs[0] is None:
             return False
-        if n.op in UNARY:
+        if _layout_agnostic(n, opset):
             return True
         out = static_shape(n.outputs[0])
         shapes = [None if v is None else static_shape(v) for v in n.inputs]

@@ -101,13 +101,17 @@ def test_plan_tile_fits_the_register_file():
         k = [3, 3] if dw else [1, 1]
         return BlockedGeom(1, 4, ow, ow, 16, ocb, 1 if dw else 4, k, 16, [1, 1], [1, 1], [0, 0], [ow, ow], dw)
     for vbytes, regs in ((64, 32), (32, 16)):
-        for ow in (7, 13, 14, 28, 56, 112):
+        for ow in (7, 13, 14, 28, 56, 112, 398):
             for ocb in (1, 4, 6, 9):
                 r, v = plan_tile(geom(ow, ocb), vbytes)
-                assert ow % r == 0 and ocb % v == 0 and (r * v <= regs - 4 or r == 1)
+                assert ocb % v == 0 and (r * v <= regs - 4 or r == 1) and r <= ow
                 r, v = plan_tile(geom(ow, ocb, True), vbytes)
-                assert ow % r == 0 and v == 1 and (r <= min(regs - 4, 14) or r == 1)
+                assert v == 1 and (r <= min(regs - 4, 14) or r == 1) and r <= ow
     assert plan_tile(geom(56, 4), 64) == (7, 4)
+    # widths with no good divisor: the last tile runs past the row (1599 = 3 x 13 x 41, 398 = 2 x 199)
+    assert plan_tile(geom(1599, 32), 64) == (7, 4) and plan_tile(geom(398, 8), 64) == (7, 4)
+    # ... but a conv reading its input in place keeps a divisor when one is nearly as good
+    assert plan_tile(geom(54, 4), 64, in_place=True) == (6, 4)
     # depthwise: enough independent accumulators to cover the FMA latency, AVX2 too
     assert plan_tile(geom(7, 4, True), 32) == (7, 1) and plan_tile(geom(14, 4, True), 32) == (7, 1)
     assert plan_tile(geom(56, 4, True), 64) == (14, 1)

@@ -189,20 +189,21 @@ def test_reference_conv_matches_onnx_conv():
 
 
 def test_selective_default_blocks_pointwise_depthwise_chains_only(monkeypatch):
-    """By default dense 3x3 convs stay NCHW (no faster blocked), and so does a 1x1 conv with
-    no blocked neighbour; a 1x1 -> Clip -> depthwise chain runs blocked."""
+    """By default dense 3x3 stride-1 convs stay NCHW (no faster blocked), and so does a 1x1 conv
+    with no blocked neighbour (an AveragePool runs NCHW); a 1x1 -> Clip -> depthwise chain runs
+    blocked."""
     monkeypatch.setattr(layout, "SELECTIVE", True)
     sig = "(%x: float32[1,8,6,6]) -> (%y)"
     body = ('  %a: float32[1,8,6,6] = Conv(%x, %w3) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} name "dense"\n'
             '  %b: float32[1,8,6,6] = Conv(%a, %w1) {kernel_shape = [1, 1]} name "lone_pw"\n'
-            '  %m: float32[1,8,3,3] = MaxPool(%b) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"\n'
+            '  %m: float32[1,8,3,3] = AveragePool(%b) {kernel_shape = [2, 2], strides = [2, 2]} name "pool"\n'
             '  %c: float32[1,8,3,3] = Conv(%m, %w1) {kernel_shape = [1, 1]} name "pw"\n'
             '  %r: float32[1,8,3,3] = Clip(%c, %lo, %hi) name "relu6"\n'
             '  %y: float32[1,8,3,3] = Conv(%r, %wd) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], group = 8} name "dw"')
     g = graph(prog(sig, body), w3=R(8, 8, 3, 3), w1=R(8, 8, 1, 1), wd=R(8, 1, 3, 3),
               lo=np.array(0, F), hi=np.array(6, F))
     out, stats = run_pass("transform_layout", g)
-    assert _ops(out) == ["Conv", "Conv", "MaxPool", "kiln::ToNCHWc", "kiln::ConvNCHWc", "Clip",
+    assert _ops(out) == ["Conv", "Conv", "AveragePool", "kiln::ToNCHWc", "kiln::ConvNCHWc", "Clip",
                          "kiln::ConvNCHWc", "kiln::FromNCHWc"]
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
 

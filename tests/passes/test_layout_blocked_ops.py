@@ -1,0 +1,140 @@
+"""transform_layout beyond convs and elementwise ops: Concat along channels and nearest Resize run
+on the blocked twins (no conversions between blocked convs), and where they must stay NCHW."""
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.interpreter import Interpreter
+from kiln.passes import layout
+from tests.passes.util import assert_equivalent, graph, prog, random_inputs, run_pass
+
+F = np.float32
+rng = np.random.default_rng(3)
+
+
+def R(*shape):
+    return rng.standard_normal(shape).astype(F)
+
+
+@pytest.fixture(autouse=True)
+def block8(monkeypatch):
+    monkeypatch.setenv("KILN_NCHWC", "8")
+    monkeypatch.setattr(layout, "SELECTIVE", False)
+
+
+def _ops(g):
+    return [n.qualified_op for n in g.nodes]
+
+
+def _compiled_matches(g, blocked, seed=0):
+    xs = random_inputs(g, seed)
+    want = Interpreter(g).run(xs)
+    got = kiln.compile(blocked, target="cpu", opt_level=0).run(dict(zip([v.name for v in g.inputs], xs)))
+    for v, w in zip(g.outputs, want):
+        np.testing.assert_allclose(got[v.name], w, rtol=1e-4, atol=1e-4)
+
+
+CSP = ('  %a: float32[1,8,{h},{w}] = Conv(%x, %wa, %ba) {{kernel_shape = [1, 1]}} name "a"\n'
+       '  %sa: float32[1,8,{h},{w}] = Swish(%a) name "sa"\n'
+       '  %b: float32[1,16,{h},{w}] = Conv(%x, %wb) {{kernel_shape = [3, 3], strides = [1, 1], pads = [1, 0, 1, 2]}} name "b"\n'
+       '  %sb: float32[1,16,{h},{w}] = Swish(%b) name "sb"\n'
+       '  %m: float32[1,16,{h},{w}] = MaxPool(%sb) {{kernel_shape = [5, 5], pads = [2, 2, 2, 2]}} name "pool"\n'
+       '  %cat: float32[1,40,{h},{w}] = Concat(%sa, %sb, %m) {{axis = 1}} name "cat"\n'
+       '  %y: float32[1,8,{h},{w}] = Conv(%cat, %wc) {{kernel_shape = [1, 1]}} name "c"')
+
+
+def test_concat_of_blocked_values_runs_blocked():
+    """CSP/SPPF: conv outputs (and a pool of one) concatenated along channels, read by a conv:
+    block multiples concatenate as blocks, so nothing is converted between the convs."""
+    g = graph(prog("(%x: float32[1,16,9,7]) -> (%y)", CSP.format(h=9, w=7)),
+              wa=R(8, 16, 1, 1), ba=R(8), wb=R(16, 16, 3, 3), wc=R(8, 40, 1, 1))
+    out, stats = run_pass("transform_layout", g)
+    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Swish", "kiln::ConvNCHWc", "Swish",
+                         "kiln::MaxPoolNCHWc", "Concat", "kiln::ConvNCHWc", "kiln::FromNCHWc"]
+    assert out.nodes[6].outputs[0].type.shape == (1, 5, 9, 7, 8)
+    assert stats.fired["Concat"] == 1
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+    _compiled_matches(g, out)
+
+
+def test_concat_with_a_partial_block_or_an_nchw_input_stays_nchw():
+    body = ('  %a: float32[1,12,5,5] = Conv(%x, %wa) {kernel_shape = [1, 1]} name "a"\n'
+            '  %b: float32[1,8,5,5] = Conv(%x, %wb) {kernel_shape = [1, 1]} name "b"\n'
+            '  %y: float32[1,20,5,5] = Concat(%a, %b) {axis = 1} name "cat"\n'
+            '  %n: float32[1,8,5,5] = Neg(%x) name "neg"\n'
+            '  %z: float32[1,16,5,5] = Concat(%b, %n) {axis = 1} name "cat2"')
+    g = graph(prog("(%x: float32[1,8,5,5]) -> (%y, %z)", body), wa=R(12, 8, 1, 1), wb=R(8, 8, 1, 1))
+    out, stats = run_pass("transform_layout", g)
+    assert "Concat" not in stats.fired
+    assert [n.op for n in out.nodes if n.op == "Concat"] == ["Concat", "Concat"]
+    assert all(n.inputs[0].type.rank == 4 for n in out.nodes if n.op == "Concat")
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["scales", "sizes"])
+def test_nearest_resize_of_a_blocked_value_runs_blocked(how):
+    """FPN/PAN upsampling between convs: the block axis gets scale 1 (or its own size)."""
+    ins = "%t, %roi, %sc" if how == "scales" else "%t, %roi, _, %sz"
+    body = ('  %t: float32[2,16,5,3] = Conv(%x, %w1) {kernel_shape = [1, 1]} name "lat"\n'
+            f'  %u: float32[2,16,10,9] = Resize({ins}) {{mode = "nearest", '
+            'coordinate_transformation_mode = "asymmetric", nearest_mode = "floor"} name "up"\n'
+            '  %y: float32[2,8,10,9] = Conv(%u, %w2) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} name "c"')
+    consts = dict(w1=R(16, 8, 1, 1), w2=R(8, 16, 3, 3), roi=np.zeros(0, F))
+    if how == "scales":
+        consts["sc"] = np.array([1, 1, 2, 3], F)
+    else:
+        consts["sz"] = np.array([2, 16, 10, 9], np.int64)
+    g = graph(prog("(%x: float32[2,8,5,3]) -> (%y)", body), **consts)
+    out, stats = run_pass("transform_layout", g)
+    assert stats.fired["Resize"] == 1
+    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Resize", "kiln::ConvNCHWc", "kiln::FromNCHWc"]
+    assert out.nodes[2].outputs[0].type.shape == (2, 2, 10, 9, 8)
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+    _compiled_matches(g, out)
+
+
+def test_linear_resize_stays_nchw():
+    body = ('  %t: float32[1,8,4,4] = Conv(%x, %w1) {kernel_shape = [1, 1]} name "lat"\n'
+            '  %y: float32[1,8,8,8] = Resize(%t, %roi, %sc) {mode = "linear"} name "up"')
+    g = graph(prog("(%x: float32[1,8,4,4]) -> (%y)", body), w1=R(8, 8, 1, 1), roi=np.zeros(0, F),
+              sc=np.array([1, 1, 2, 2], F))
+    out, stats = run_pass("transform_layout", g)
+    assert "Resize" not in stats.fired and _ops(out)[-1] == "Resize"
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+def test_selective_default_blocks_strided_and_1d_convs_through_pools_and_concats(monkeypatch):
+    """By default a strided conv and a 1x1 conv reached through a MaxPool and a channel Concat
+    run blocked (and the ops between them), as do 1-D convs next to each other; a dense 3x3
+    stride-1 conv stays NCHW."""
+    monkeypatch.setattr(layout, "SELECTIVE", True)
+    body = ('  %a: float32[1,16,4,4] = Conv(%x, %w2) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} name "down"\n'
+            '  %s: float32[1,16,4,4] = Swish(%a) name "act"\n'
+            '  %m: float32[1,16,4,4] = MaxPool(%s) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} name "pool"\n'
+            '  %c: float32[1,32,4,4] = Concat(%s, %m) {axis = 1} name "cat"\n'
+            '  %y: float32[1,8,4,4] = Conv(%c, %w1) {kernel_shape = [1, 1]} name "pw"\n'
+            '  %z: float32[1,8,4,4] = Conv(%y, %w3) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} name "dense"\n'
+            '  %t: float32[1,8,9] = Conv(%l, %wl1) {kernel_shape = [3], pads = [2, 2], dilations = [2]} name "c1d"\n'
+            '  %r: float32[1,8,9] = Relu(%t) name "relu"\n'
+            '  %u: float32[1,8,5] = Conv(%r, %wl2) {kernel_shape = [3], strides = [2], pads = [1, 1]} name "c1d_s2"')
+    g = graph(prog("(%x: float32[1,8,8,8], %l: float32[1,8,9]) -> (%z, %u)", body),
+              w2=R(16, 8, 3, 3), w1=R(8, 32, 1, 1), w3=R(8, 8, 3, 3), wl1=R(8, 8, 3), wl2=R(8, 8, 3))
+    out, stats = run_pass("transform_layout", g)
+    convs = {n.name: n.qualified_op for n in out.nodes if "Conv" in n.op}
+    assert convs == {"down": "kiln::ConvNCHWc", "pw": "kiln::ConvNCHWc", "dense": "Conv",
+                     "c1d": "kiln::ConvNCHWc", "c1d_s2": "kiln::ConvNCHWc"}
+    assert stats.fired["MaxPool"] == 1 and stats.fired["Concat"] == 1
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+def test_silu_fuses_into_its_conv_at_O3():
+    """Conv -> Sigmoid -> Mul(conv, sigmoid) is one kernel at -O3 (the Mul becomes a Swish)."""
+    body = ('  %c: float32[1,16,9,9] = Conv(%x, %w) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} name "conv"\n'
+            '  %s: float32[1,16,9,9] = Sigmoid(%c) name "sig"\n'
+            '  %y: float32[1,16,9,9] = Mul(%c, %s) name "mul"')
+    g = graph(prog("(%x: float32[1,8,9,9]) -> (%y)", body), w=R(16, 8, 3, 3))
+    m = kiln.compile(g, target="cpu", opt_level=3, report=True)
+    assert m.report.kernels == 1 or sum("Swish" in str(k) and "Conv" in str(k) for k in m.report.fused_groups) == 1
+    xs = random_inputs(g, 1)
+    np.testing.assert_allclose(m.run({"x": xs[0]})["y"], Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
