@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kiln.bench import fresh_cache, stats, time_interleaved  # noqa: E402
 from kiln.bench_torch import torch_peer  # noqa: E402
-from kiln.frontends.torch_dynamo import register  # noqa: E402
+from kiln.dynamo import register  # noqa: E402
 
 ENGINES = ("eager", "kiln", "inductor", "openvino")
 CORPUS = ("bert_base", "gpt2", "llama_gqa")

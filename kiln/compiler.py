@@ -82,14 +82,16 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     if opt_level is None:
         from kiln.passes.pipeline import DEFAULT_LEVEL  # noqa: PLC0415
         opt_level = DEFAULT_LEVEL
-    if _is_torch(model):
-        from kiln.frontends.torch import compile_torch  # noqa: PLC0415
+    if _is_torch(model):   # the torch frontend hands back a Graph, compiled as any other
+        from kiln.frontends.torch import TorchModel, export_module  # noqa: PLC0415
         if decisions:
             raise KilnError("decisions are not passed through the torch frontend yet; export to ONNX")
         if shapes != "specialize":
             raise KilnError("shapes= is not passed through the torch frontend yet; export to ONNX")
-        return compile_torch(model, target, example_inputs=example_inputs, dynamic_shapes=dynamic_shapes,
-                             opt_level=opt_level, report=report, limits=limits, cpu=cpu)
+        graph, spec = export_module(model, example_inputs, dynamic_shapes)
+        compiled = compile(graph, target, opt_level=opt_level, report=report, limits=limits, cpu=cpu,
+                           tuning=tuning)
+        return TorchModel(compiled, spec, graph)
     if example_inputs is not None or dynamic_shapes is not None:
         raise KilnError("example_inputs and dynamic_shapes are for torch modules; an ONNX model "
                         "declares its own input shapes")

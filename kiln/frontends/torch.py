@@ -218,11 +218,3 @@ def from_array(a) -> torch.Tensor:
     if not a.flags.writeable or not a.flags.aligned or a.dtype.byteorder not in "=|":
         a = np.array(a)
     return tensor_view(a)
-
-
-def compile_torch(model, target: str, *, example_inputs=None, dynamic_shapes=None, **options) -> TorchModel:
-    """kiln.compile's path for an nn.Module (or an ExportedProgram)."""
-    from kiln.compiler import compile as kiln_compile
-    graph, spec = export_module(model, example_inputs, dynamic_shapes)
-    compiled = kiln_compile(graph, target, **options)
-    return TorchModel(compiled, spec, graph)

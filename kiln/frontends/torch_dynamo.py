@@ -1,44 +1,28 @@
-"""`torch.compile(model, backend="kiln")`: kiln as a TorchDynamo backend.
+"""A Dynamo graph as a kiln Graph: what `torch.compile(model, backend="kiln")` (kiln.dynamo,
+the backend itself) translates each captured region with.
 
-Registered through the `torch_dynamo_backends` entry point (pyproject.toml), so
-no import is needed. Dynamo hands over one FX graph per captured region;
-graph breaks run in eager torch between them. Each graph is exported on its
-first call (non-strict torch.export, decomposed to core ATen like
-`kiln.compile`'s path), translated and compiled. The dims Dynamo made
-symbolic (dynamic=True, mark_dynamic, or its automatic dynamic shapes after a
-second size) are exported as symbolic dims and stay kiln symbols, and the
-sizes Dynamo passes as int inputs are read from the tensors' shapes: one kiln
-compile serves every size Dynamo's guards admit. A call outside what a
-compile assumed (`Signature`: a static dim torch.export specialised, another
-dtype, a changed parameter) compiles once more, cached.
+Each graph is exported on its first call (non-strict torch.export, decomposed to core ATen
+like `kiln.compile`'s path) and translated. The dims Dynamo made symbolic (dynamic=True,
+mark_dynamic, or its automatic dynamic shapes after a second size) are exported as symbolic
+dims and stay kiln symbols, and the sizes Dynamo passes as int inputs are read from the
+tensors' shapes (`simplify_inputs`). `Signature` is what one compile assumes of its call (a
+static dim torch.export specialised, a dtype, a parameter's identity and version).
 
-Parameters and buffers (Dynamo passes them as graph inputs) become kiln
-constants, and the cache key holds their identity and version counter, so an
-in-place update or another module instance gets a fresh compile.
-
-Inference only: a graph called with autograd recording (grad mode on and a
-tensor that requires grad) raises a KilnError naming the fix.
+Parameters and buffers (Dynamo passes them as graph inputs, `constant_inputs`) become kiln
+constants. Inference only: `check_inference` refuses a graph called with autograd recording.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
-import torch.utils._pytree as pytree
 
 from kiln.errors import KilnError
+from kiln.frontends.torch import translate_exported
 from kiln.frontends.torch_fx import STAGE
-
-_OPTIONS = ("target", "opt_level", "limits")
-
-
-def kiln_backend(gm: torch.fx.GraphModule, example_inputs, **options):
-    """The Dynamo backend: returns a callable that runs `gm` through kiln."""
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise KilnError(f"unknown kiln backend option(s) {unknown}; it takes {list(_OPTIONS)} "
-                        "(torch.compile(..., backend='kiln', options={...}))", stage=STAGE)
-    check_inference(example_inputs)
-    return KilnGraph(gm, constant_inputs(gm), options)
+from kiln.graph.ir import Graph
 
 
 def check_inference(args) -> None:
@@ -63,49 +47,32 @@ def constant_inputs(gm: torch.fx.GraphModule) -> list[bool]:
     return out
 
 
-class KilnGraph:
-    """One Dynamo graph: kiln compiles once per input signature (`Signature`), cached.
+@dataclass
+class Captured:
+    """One call of a Dynamo graph, translated: the kiln Graph to compile, what that compile
+    assumes of later calls, the output structure, and which call arguments it is fed."""
+    graph: Graph
+    signature: "Signature"
+    out_spec: Any                # torch.utils._pytree spec of the outputs
+    feed: list                   # indices of the call's arguments the graph takes, in order
 
-    Dims that Dynamo made symbolic (dynamic=True, mark_dynamic, or its automatic dynamic
-    shapes) are exported as symbolic dims and stay kiln symbols, so one kiln compile
-    serves every size Dynamo's guards let through."""
 
-    def __init__(self, gm: torch.fx.GraphModule, const: list[bool], options: dict):
-        self.gm = gm
-        self.const = const
-        self.scalars = [wrapped_scalar(ph) for ph in placeholders(gm)]  # (Dynamo drops grapharg later)
-        self.options = options
-        self.entries: list[tuple] = []  # (Signature, compiled, out spec, fed arg indices)
-        self.compiles = 0  # kiln compiles made (tests read it: no recompile for a shape seen before)
-
-    def __call__(self, *args):
-        check_inference(args)
-        entry = next((e for e in self.entries if e[0].matches(args)), None)
-        if entry is None:
-            entry = self.compile(args)
-            self.entries.append(entry)
-        _, compiled, spec, feed = entry
-        from kiln.frontends.torch import from_array, to_array
-        outs = compiled(*[to_array(args[i]) for i in feed]) if feed else compiled()
-        outs = list(outs) if isinstance(outs, tuple) else [outs]
-        return pytree.tree_unflatten([from_array(o) for o in outs], spec)
-
-    def compile(self, args) -> tuple:
-        from kiln.compiler import compile as kiln_compile
-        from kiln.frontends.torch import translate_exported
-        gm, kept, values = simplify_inputs(self.gm, args, self.scalars)
-        args_k = [args[i] for i in kept]
-        const = [self.const[i] for i in kept]
-        dims = [symbolic_axes(ph) if isinstance(a, torch.Tensor) and not c else None
-                for ph, a, c in zip(placeholders(gm), args_k, const)]
-        ep = export_graph(gm, args_k, dims)
-        fixed = [a if c or not isinstance(a, torch.Tensor) else None for a, c in zip(args_k, const)]
-        graph = translate_exported(ep, fixed=fixed)
-        compiled = kiln_compile(graph, **self.options)
-        self.compiles += 1
-        feed = [kept[i] for i, f in enumerate(fixed) if f is None]
-        sig = Signature.of(args, self.const, kept, {i: v.type.shape for i, v in zip(feed, graph.inputs)}, values)
-        return sig, compiled, ep.call_spec.out_spec, feed
+def translate_call(gm: torch.fx.GraphModule, args, const: list[bool], scalars: list[bool]) -> Captured:
+    """`gm` for these call arguments as a kiln Graph (`const`: which arguments are parameters or
+    buffers, `constant_inputs`; `scalars`: which are Python numbers Dynamo wrapped in a 0-d
+    tensor, `wrapped_scalar`): inputs simplified, exported with Dynamo's symbolic dims,
+    translated, parameters and Python values baked in as constants."""
+    gm, kept, values = simplify_inputs(gm, args, scalars)
+    args_k = [args[i] for i in kept]
+    const_k = [const[i] for i in kept]
+    dims = [symbolic_axes(ph) if isinstance(a, torch.Tensor) and not c else None
+            for ph, a, c in zip(placeholders(gm), args_k, const_k)]
+    ep = export_graph(gm, args_k, dims)
+    fixed = [a if c or not isinstance(a, torch.Tensor) else None for a, c in zip(args_k, const_k)]
+    graph = translate_exported(ep, fixed=fixed)
+    feed = [kept[i] for i, f in enumerate(fixed) if f is None]
+    sig = Signature.of(args, const, kept, {i: v.type.shape for i, v in zip(feed, graph.inputs)}, values)
+    return Captured(graph, sig, ep.call_spec.out_spec, feed)
 
 
 class Signature:
@@ -235,9 +202,11 @@ def export_graph(gm: torch.fx.GraphModule, args, dynamic: list | None = None):
                             f"{str(e).strip()[:2000]}", stage=STAGE) from e
 
 
-def register() -> None:
-    """Register the backend by hand (the entry point does it for an installed kiln)."""
-    from torch._dynamo import list_backends, register_backend
-    if "kiln" not in list_backends(exclude_tags=()):
-        register_backend(name="kiln")(kiln_backend)
-
+def __getattr__(name: str):
+    """An install whose entry point still names this module's old `kiln_backend` (it moved to
+    kiln.dynamo, which compiles; this module only translates) is told how to refresh it."""
+    if name == "kiln_backend":
+        raise AttributeError("kiln's Dynamo backend is kiln.dynamo:kiln_backend; this install's "
+                             "`torch_dynamo_backends` entry point is out of date: reinstall kiln "
+                             "(pip install -e .), or call kiln.dynamo.register()")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

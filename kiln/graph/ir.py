@@ -116,8 +116,18 @@ class Graph:
         return _clone(self, {})
 
     def __str__(self) -> str:
-        from kiln.graph.text import print_graph
-        return print_graph(self)
+        return _PRINTER[0](self)
+
+
+# How a Graph prints: kiln.graph.text, which imports this module, registers its printer here
+# (`register_printer`) when it is imported, and the kiln.graph package imports it first, so it
+# is in place whenever a Graph exists. The IR does not import its printer.
+_PRINTER: list = []
+
+
+def register_printer(fn) -> None:
+    """Make `fn(graph) -> str` what `str(graph)` returns (kiln.graph.text's print_graph)."""
+    _PRINTER[:] = [fn]
 
 
 def _clone(g: Graph, vmap: dict[int, Value]) -> Graph:

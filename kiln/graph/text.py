@@ -24,7 +24,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
-from kiln.graph.ir import Graph, Node, Value
+from kiln.graph.ir import Graph, Node, Value, register_printer
 from kiln.graph.types import OptionalType, SequenceType, TensorType, Type
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
@@ -105,6 +105,9 @@ def _node(n: Node, indent: str) -> str:
 
 def print_graph(g: Graph) -> str:
     return _graph(g, "", top=True) + "\n"
+
+
+register_printer(print_graph)   # str(graph) (the IR does not import its printer)
 
 
 # ---------------------------------------------------------------- parsing

@@ -35,6 +35,8 @@ a local buffer; with compute_at this gives packing and register blocking).
 original: tests write the loop nest a schedule should give as text.
 """
 
+# the printer first: importing it registers how loop IR prints (kiln.loops.expr.register_printer)
+from kiln.loops import printer  # noqa: F401
 from kiln.loops.compute import ComputeOp, Tensor, compute, placeholder, reduce_axis
 from kiln.loops.expr import (INDEX, Expr, abs_, acos, acosh, as_expr, asin, asinh, atan, atanh, call, cast,
                              check,

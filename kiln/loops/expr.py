@@ -22,6 +22,23 @@ from kiln.errors import KilnError
 
 INDEX = DType.int64
 
+# How loop IR prints (Expr here, statements, functions and modules in kiln.loops.stmt):
+# kiln.loops.printer, which imports the IR, registers its `text` here when imported, and the
+# kiln.loops package imports it first, so it is in place whenever loop IR exists. The IR does
+# not import its printer.
+_PRINTER: list = []
+
+
+def register_printer(fn) -> None:
+    """Make `fn(ir) -> str` what str() of loop IR returns (kiln.loops.printer's `text`)."""
+    _PRINTER[:] = [fn]
+
+
+def ir_text(ir) -> str:
+    """`ir` (an Expr, statement, function or module) as the registered printer writes it."""
+    return _PRINTER[0](ir)
+
+
 # op name -> C-like infix symbol, used by the printer and the C backend
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "floormod": "%",
           "truncdiv": "/", "truncmod": "%", "min": "min", "max": "max",
@@ -88,8 +105,7 @@ class Expr(metaclass=_Interned):
         return self.arg.name if self.op == "var" else str(self)
 
     def __repr__(self):
-        from kiln.loops.printer import expr_str
-        return expr_str(self)
+        return ir_text(self)
 
     __str__ = __repr__
 

@@ -34,7 +34,7 @@ import re
 
 from kiln.dtypes import DType
 from kiln.loops import stmt as S
-from kiln.loops.expr import BINARY, INDEX, Expr
+from kiln.loops.expr import BINARY, INDEX, Expr, register_printer
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 # words that start a statement or are literals: a name spelled like one is printed quoted
@@ -230,3 +230,19 @@ def module_str(m: S.LoopModule) -> str:
     head = ([f"entry {name_str(m.entry)}"] if m.entry is not None else []) + \
         ([f"interface {json.dumps(m.interface)}"] if m.interface else [])
     return "\n\n".join(["\n".join(head)] * bool(head) + [str(f) for f in m.funcs])
+
+
+def text(ir) -> str:
+    """Any loop IR object as text: what str() of it returns (registered below)."""
+    if isinstance(ir, Expr):
+        return expr_str(ir)
+    if isinstance(ir, S.PrimFunc):
+        return func_str(ir)
+    if isinstance(ir, S.ExternFunc):
+        return extern_str(ir)
+    if isinstance(ir, S.LoopModule):
+        return module_str(ir)
+    return stmt_str(ir)
+
+
+register_printer(text)   # str() of loop IR (the IR does not import its printer)

@@ -12,7 +12,7 @@ from math import prod
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
-from kiln.loops.expr import Expr, checks, load
+from kiln.loops.expr import Expr, checks, ir_text, load
 
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
 
@@ -62,8 +62,7 @@ class Stmt:
     """Base class of statements (for isinstance checks and printing)."""
 
     def __str__(self):
-        from kiln.loops.printer import stmt_str
-        return stmt_str(self)
+        return ir_text(self)
 
 
 @dataclass(frozen=True, repr=False)
@@ -187,8 +186,7 @@ class PrimFunc:
         return tuple((k + 1, m) for k, m in enumerate(stmt_checks(self.body)))
 
     def __str__(self):
-        from kiln.loops.printer import func_str
-        return func_str(self)
+        return ir_text(self)
 
 
 @dataclass(frozen=True, repr=False)
@@ -205,8 +203,7 @@ class ExternFunc:
     #                        reporting a bad value uses KILN_FAIL(status, value) ({value} in the text)
 
     def __str__(self):
-        from kiln.loops.printer import extern_str
-        return extern_str(self)
+        return ir_text(self)
 
 
 @dataclass
@@ -231,5 +228,4 @@ class LoopModule:
         raise KilnError(f"no function {name!r} in module")
 
     def __str__(self):
-        from kiln.loops.printer import module_str
-        return module_str(self)
+        return ir_text(self)

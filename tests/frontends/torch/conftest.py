@@ -12,7 +12,7 @@ def _fresh_dynamo():
     if torch is None:
         yield
         return
-    from kiln.frontends.torch_dynamo import register
+    from kiln.dynamo import register
     register()
     torch._dynamo.reset()
     yield

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import kiln  # noqa: E402
 from kiln.errors import KilnError  # noqa: E402
-from kiln.frontends import torch_dynamo  # noqa: E402
+from kiln import dynamo  # noqa: E402
 from kiln.frontends.torch import from_array, to_array  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -114,11 +114,15 @@ def test_entry_point_is_declared():
     ep = meta["project"]["entry-points"]["torch_dynamo_backends"]["kiln"]
     module, fn = ep.split(":")
     import importlib
-    assert getattr(importlib.import_module(module), fn) is torch_dynamo.kiln_backend
+    assert getattr(importlib.import_module(module), fn) is dynamo.kiln_backend
     from importlib.metadata import entry_points
     installed = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "kiln"]
-    if installed:  # the installed kiln declares it too (an editable install made before it may not)
-        assert installed[0].value == ep
+    if installed and installed[0].value != ep:
+        # an editable install made before the backend moved to kiln.dynamo still names the old
+        # place, which says how to refresh it (and kiln.dynamo.register() overrides it)
+        with pytest.raises(AttributeError, match="reinstall kiln"):
+            installed[0].load()
+        pytest.skip(f"the installed kiln's entry point {installed[0].value} is out of date: pip install -e .")
 
 
 class Recorder:
@@ -128,7 +132,7 @@ class Recorder:
         self.graphs = []
 
     def __call__(self, gm, example_inputs):
-        g = torch_dynamo.kiln_backend(gm, example_inputs)
+        g = dynamo.kiln_backend(gm, example_inputs)
         self.graphs.append(g)
         return g
 
