@@ -1,10 +1,11 @@
 """The bridge from a partitioned graph to one loop-level module (arena plan, call sequence),
-and how each op becomes loops: one lowering module per op family, attached to the op's
-definition in kiln.ops with `@lowering(name)`.
+and how each op becomes loops: one lowering module per op family, each lowering registered
+for an op of kiln.ops with `@lowering(name)` in the table of kiln.lower.context (kiln.ops
+knows nothing of it).
 
 Importing this package registers every family's lowerings (one import per line, sorted), so
-every lowering is registered wherever lowering happens (kiln.lower.kernel looks them up),
-whatever was imported before.
+every lowering is registered wherever lowering happens (kiln.lower.kernel looks them up with
+`lowering_of`), whatever was imported before.
 """
 
 from kiln.lower import attention  # noqa: F401

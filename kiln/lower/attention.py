@@ -14,7 +14,7 @@ from kiln.lower.decisions import parallel_min_work
 from kiln.lower.reduce import exp_shifted, schedule_injective, schedule_reduction
 from kiln.lower.tensor import checked_index
 from kiln.ops.attention import _flex_softmax_dtype, _linear_attention_rule
-from kiln.ops.registry import LowerCtx, lowering
+from kiln.lower.context import LowerCtx, lowering
 
 
 _I64 = DType.int64

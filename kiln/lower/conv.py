@@ -36,7 +36,7 @@ from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
 from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import _acc_dtype, _conj, _rup, _strides_of, parallel_worth
 from kiln.ops.nn import kernel_of, window
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 from kiln.targets.target import Target
 
 

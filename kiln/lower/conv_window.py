@@ -12,7 +12,7 @@ from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
 from kiln.lower.nnutil import _acc_dtype, _conj, _norm_schedule
 from kiln.lower.pool import _pool_schedule
 from kiln.ops.nn import _int_list, _transpose_geometry, attr_str, window
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 @lowering("ConvTranspose")

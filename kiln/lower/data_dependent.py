@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from kiln.dtypes import DType
-from kiln.ops.registry import LowerCtx, lowering
+from kiln.lower.context import LowerCtx, lowering
 
 
 @lowering("NonZero")

@@ -10,7 +10,7 @@ import numpy as np
 from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.ops.detection import _FORMATS
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 # ---- native lowering ----

@@ -13,13 +13,14 @@ import ml_dtypes
 import numpy as np
 
 import kiln.loops as L
+from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.loops.expr import walk
 from kiln.loops.symbols import extent, static
 from kiln.lower.schedules import symbolic_rows
 from kiln.lower.decisions import parallel_min_work
 from kiln.ops.elementwise import _BINARY, _F8, _UNARY, _attrs, _b_pad, _str_attr
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 # ---------------------------------------------------------------- native lowering helpers
@@ -476,7 +477,7 @@ def _bitcast_lower(ctx, x):
 def _dropout_lower(ctx, x, ratio=None, training=None):
     """Inference (training_mode absent or known false, or ratio known 0): a copy and a mask of
     ones. Otherwise a C kernel that reads training_mode (and ratio) at run time and, when
-    training, draws the mask from the reference's generator (kiln.lower.random.mt19937_init):
+    training, draws the mask from the reference's generator (MT19937, c_src/dropout.c):
     a seeded node gives exactly the reference's mask. Ratio outside [0, 1) fails (status 1)."""
     r = 0.5 if not ctx.has_input(1) else ctx.value(1)
     if ctx.opset >= 12 and ctx.has_input(2):
@@ -490,33 +491,20 @@ def _dropout_lower(ctx, x, ratio=None, training=None):
 
 
 def _dropout_training(ctx, x, ratio, training):
-    from kiln.lower.random import mt19937_init
-    preamble, init = mt19937_init(ctx.attr("seed", None))
+    """kiln/codegen/c_src/dropout.c: training_mode (and ratio) read at run time."""
     for k, what in ((0, "data"), (1, "ratio")):
         if ctx.has_input(k) and ctx.input_types[k].dtype.c is None:
             ctx.fail(f"{what} of type {ctx.input_types[k].dtype} has no C type for the training-mode "
                      "kernel", stage="lower")
-    n, t = math.prod(x.shape), x.dtype.c
-    wide = "double" if x.dtype == DType.float64 else "float"  # as the reference computes
+    seed = ctx.attr("seed", None)
+    fn = f"kiln_dropout_{x.dtype.name}"
+    macros = {"KILN_DROPOUT_T": x.dtype.c, "KILN_DROPOUT_W": "double" if x.dtype == DType.float64 else "float",
+              "KILN_DROPOUT_FN": fn}
+    preamble = c_source("kiln_random.h") + c_instance("dropout.c", macros, fn.upper())
     # the present inputs are in0 (data), in1 (ratio, if given), then training_mode
     r, train = ("(double)in1[0]", "in2") if ctx.has_input(1) else ("0.5", "in1")
-    mask = "  out1[i] = keep;\n" if ctx.num_outputs > 1 else ""
-    ones = "  for (int64_t i = 0; i < N; ++i) out1[i] = 1;\n".replace("N", str(n)) if mask else ""
-    body = f"""  const double r = {r};
-  if (!{train}[0] || r == 0) {{
-    memcpy(out0, in0, {n} * sizeof({t}));
-{ones}    return 0;
-  }}
-  if (!(r >= 0 && r < 1)) return 1;
-  const {wide} scale = ({wide})(1.0 / (1.0 - r));
-{init}  for (int64_t i = 0; i < {n}; ++i) {{
-    double u;
-    KILN_MT_DRAW(u);
-    const bool keep = u >= r;
-    out0[i] = ({t})(keep ? ({wide})in0[i] * scale : ({wide})0);
-  {mask}  }}
-  return 0;
-#undef KILN_MT_DRAW"""
+    body = (f"  return {fn}(in0, out0, {'out1' if ctx.num_outputs > 1 else 'NULL'}, {math.prod(x.shape)}, {r}, "
+            f"{train}[0] != 0, {int(seed is not None)}, {0 if seed is None else int(seed) % 2 ** 32}U);")
     outs = [(ctx.out_shape(0), ctx.out_dtype(0))]
     if ctx.num_outputs > 1:  # opset >= 12: a bool mask
         outs.append((tuple(x.shape), DType.bool))

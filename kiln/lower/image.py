@@ -20,7 +20,7 @@ from kiln.lower.nnutil import _conj
 from kiln.lower.pool import _pool_schedule
 from kiln.ops.image import _ROI_GRID_MAX, _axis_taps, _grid_attrs, _params, _passes, _plan, _resize_inputs
 from kiln.ops.nn import attr_str, window
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 def c_double(v: float) -> str:

@@ -19,7 +19,7 @@ from kiln.loops import INDEX, cast, compute, const, select
 from kiln.lower.decisions import parallel_min_work
 from kiln.lower.tensor import clamp, rows_schedule, sized_by, unflat_index
 from kiln.ops.indexing import _axis, _indices, _nd_index, _onehot_axis
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 def _index_expr(ctx, j, dim: int, axis: int, i: int = 1):

@@ -28,13 +28,12 @@ from kiln.loops.stmt import ExternFunc
 from kiln.lower.decisions import check_used, choosing, for_kernel
 from kiln.lower.schedules import default_schedule
 from kiln.lower.partition import Kind, group_anchor, kind_of
-from kiln.ops.registry import ExternKernel, LowerCtx, lookup
+from kiln.lower.context import ExternKernel, LowerCtx, lowering_of
 from kiln.targets.target import Target
 
 
 def lowerable(node: Node) -> bool:
-    d = lookup(node.domain, node.op)
-    return d is not None and d.lower is not None
+    return lowering_of(node) is not None
 
 
 class Unfusable(KilnError):
@@ -107,8 +106,8 @@ def _lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, li
     anchor = group_anchor(nodes)
     helpers: set = set()   # non-anchor members' own intermediate stages (e.g. `_let` stages)
     for node in nodes:
-        d = lookup(node.domain, node.op)
-        if d is None or d.lower is None:
+        lower_node = lowering_of(node)
+        if lower_node is None:
             raise KilnError("no native lowering for this op", node=node.name, op=node.op, stage="lower")
         in_types = [None if v is None else _tensor_type(v.type, f"input %{v.name}", node)
                     for v in node.inputs]
@@ -127,7 +126,7 @@ def _lower_group(nodes: list[Node], opsets: dict[int, int], values: dict[int, li
                 args.append(tensors[v.id])
         ctx = LowerCtx(node, opsets[id(node)], in_types, out_types, values[id(node)], target)
         try:
-            res = d.lower(ctx, *args)
+            res = lower_node(ctx, *args)
         except KilnError:
             raise
         except Exception as e:

@@ -10,7 +10,7 @@ from kiln.loops import call, cast, compute, const, select
 from kiln.lower.reduce import bcast, const_output, exp_shifted, reduction, schedule_stages
 from kiln.lower.tensor import checked_index
 from kiln.ops.reduce import text
-from kiln.ops.registry import LowerCtx, lowering
+from kiln.lower.context import LowerCtx, lowering
 
 
 # ==== native lowerings (target "cpu") ====

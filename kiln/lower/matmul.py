@@ -13,12 +13,13 @@ import math
 import numpy as np
 
 import kiln.loops as L
+from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.lower.gemm import Gemm, accumulator_dtype, gemm as build_gemm
 from kiln.ops.linalg import _einsum_terms
 from kiln.ops.packed import DOMAIN
 from kiln.ops.reduce import text
-from kiln.ops.registry import LowerCtx, lowering
+from kiln.lower.context import LowerCtx, lowering
 
 
 def _scheduled(ctx: LowerCtx, g: Gemm):
@@ -199,35 +200,10 @@ def _einsum_as_gemm(ins, out, xs, sizes, target) -> Gemm | None:
 def _lower_det(ctx: LowerCtx, x):
     """LU factorization with partial pivoting per matrix, in double (as numpy's LAPACK getrf)."""
     *batch, n, _ = x.shape
-    t = x.dtype.c
-    body = f"""
-  const int64_t nb = {math.prod(batch)}, n = {n};
-  double* w = (double*)malloc(sizeof(double) * (n * n + 1));
-  if (!w) return -1;
-  for (int64_t b = 0; b < nb; ++b) {{
-    for (int64_t i = 0; i < n * n; ++i) w[i] = (double)in0[b * n * n + i];
-    double det = 1.0;
-    for (int64_t c = 0; c < n; ++c) {{
-      int64_t p = c;
-      for (int64_t r = c + 1; r < n; ++r)
-        if (fabs(w[r * n + c]) > fabs(w[p * n + c])) p = r;
-      if (w[p * n + c] == 0.0) {{ det = 0.0; break; }}
-      if (p != c) {{
-        for (int64_t j = 0; j < n; ++j) {{ double s = w[c * n + j]; w[c * n + j] = w[p * n + j]; w[p * n + j] = s; }}
-        det = -det;
-      }}
-      const double piv = w[c * n + c];
-      det *= piv;
-      for (int64_t r = c + 1; r < n; ++r) {{
-        const double f = w[r * n + c] / piv;
-        for (int64_t j = c + 1; j < n; ++j) w[r * n + j] -= f * w[c * n + j];
-      }}
-    }}
-    out0[b] = ({t})det;
-  }}
-  free(w);
-  return 0;"""
-    return ctx.extern(body, [x], [(tuple(batch), x.dtype)])
+    fn = f"kiln_det_{x.dtype.name}"
+    preamble = c_instance("det.c", {"KILN_DET_T": x.dtype.c, "KILN_DET_FN": fn}, fn.upper())
+    body = f"  return {fn}(in0, out0, {math.prod(batch)}, {n});"
+    return ctx.extern(body, [x], [(tuple(batch), x.dtype)], preamble=preamble)
 
 
 @lowering("MatMulPacked", domain=DOMAIN)

@@ -10,7 +10,7 @@ from kiln.dtypes import DType
 from kiln.lower.ml_common import c_table as _table, c_type as _c_type
 from kiln.ops.ml import _encoder_table, _key
 from kiln.ops.ml_common import ML
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 # ---- native lowerings ----

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.codegen.csource import c_source
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.ml_common import post_name
@@ -56,33 +57,20 @@ _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 
 
 def c_post_transform(ctx, kind, n: int) -> str:
-    """C over `double* a` (one row of n scores): `post_transform` in float64."""
+    """C over `double* a` (one row of n scores): `post_transform` in float64, a call into
+    kiln/codegen/c_src/ml_post_transform.h (`POST_TRANSFORM_C`, which the kernel's preamble
+    must hold: label_extern adds it)."""
     kind = post_name(ctx, kind)
     if kind == "NONE":
         return ""
-    if kind == "LOGISTIC":
-        return f"    for (int64_t t = 0; t < {n}; ++t) a[t] = 1.0 / (1.0 + exp(-a[t]));\n"
-    if kind == "PROBIT":
-        return f"""    for (int64_t t = 0; t < {n}; ++t) {{
-      double y = 2.0 * a[t] - 1.0;
-      y = y < -1.0 ? -1.0 : y > 1.0 ? 1.0 : y;
-      const double ln = log1p(-y * y), tt = 2.0 / (3.141592653589793 * 0.147) + ln / 2.0;
-      const double sg = y > 0 ? 1.0 : y < 0 ? -1.0 : y;
-      double x = sg * sqrt(sqrt(tt * tt - ln / 0.147) - tt);
-      for (int k = 0; k < 3; ++k)
-        if (fabs(y) < 1.0) x = x - (erf(x) - y) / (2.0 / sqrt(3.141592653589793) * exp(-x * x));
-      a[t] = 1.4142135623730951 * x;
-    }}
-"""
-    keep = "a[t] != 0" if kind == "SOFTMAX_ZERO" else "1"
-    return f"""    {{
-      double m = -INFINITY, s = 0;
-      for (int64_t t = 0; t < {n}; ++t) if ({keep}) m = (a[t] > m || a[t] != a[t]) ? a[t] : m;
-      for (int64_t t = 0; t < {n}; ++t) {{ a[t] = ({keep}) ? exp(a[t] - m) : 0.0; s += a[t]; }}
-      s = s < 2.2250738585072014e-308 ? 2.2250738585072014e-308 : s;
-      for (int64_t t = 0; t < {n}; ++t) a[t] = a[t] / s;
-    }}
-"""
+    if kind in ("LOGISTIC", "PROBIT"):
+        return f"    kiln_ml_{kind.lower()}(a, {n});\n"
+    return f"    kiln_ml_softmax(a, {n}, {int(kind == 'SOFTMAX_ZERO')});\n"
+
+
+def post_transform_c() -> str:
+    """The C the post transforms call (kiln/codegen/c_src/ml_post_transform.h)."""
+    return c_source("ml_post_transform.h")
 
 
 def c_labels(ctx, labels: list, strings: bool) -> str:
@@ -94,8 +82,9 @@ def c_labels(ctx, labels: list, strings: bool) -> str:
 
 
 def label_extern(ctx, body: str, inputs: list, outputs: list, strings: bool, preamble: str = "", **kw):
-    """ctx.extern for a classifier kernel; with string labels its label output is kiln_str
-    and the string helpers join its preamble."""
+    """ctx.extern for a classifier kernel, the post transforms in its preamble; with string
+    labels its label output is kiln_str and the string helpers join its preamble."""
+    preamble = post_transform_c() + preamble
     if strings:
         from kiln.lower.strings import string_extern
         return string_extern(ctx, body, inputs, outputs, preamble=preamble, **kw)

@@ -8,10 +8,10 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.lower.ml_common import (c_labels, c_post_transform as _c_post_transform, c_table as _table,
-    c_type as _c_type, label_extern, rows_width)
+    c_type as _c_type, label_extern, post_transform_c, rows_width)
 from kiln.ops.ml_common import ML
 from kiln.ops.ml_linear import _classifier_parts
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 @lowering("LinearRegressor", domain=ML)
@@ -39,7 +39,7 @@ def _linear_regressor_lower(ctx, x):
 {_c_post_transform(ctx, ctx.attr("post_transform", "NONE"), n)}    for (int64_t t = 0; t < {n}; ++t) out0[row * {n} + t] = (float)a[t];
   }}
   return 0;""")
-    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)])
+    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)], preamble=post_transform_c())
 
 
 @lowering("LinearClassifier", domain=ML)

@@ -15,7 +15,7 @@ from kiln.dtypes import DType
 from kiln.lower.ml_common import c_table as _table, c_type as _c_type
 from kiln.ops.ml_common import ML
 from kiln.ops.ml_preprocess import _categories, _per_feature
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 # ---- native lowerings ----

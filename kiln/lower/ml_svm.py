@@ -11,7 +11,7 @@ from kiln.dtypes import DType
 from kiln.lower.ml_common import c_labels, c_post_transform, c_table, c_type, label_extern, rows_width
 from kiln.ops.ml_common import ML
 from kiln.ops.ml_svm import _classifier_parts, _regressor_parts
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 def _c_kernel(kind: str, gamma, coef0, degree, c: str = "0.0f") -> str:

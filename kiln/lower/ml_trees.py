@@ -13,7 +13,7 @@ from kiln.lower.ml_common import c_blob, c_labels, c_post_transform, c_table, c_
 from kiln.ops.ml_common import ML
 from kiln.ops.ml_trees import (Forest, _attr_str, _check, _classifier_forest, _ensemble_forest,
     _regressor_forest, acc_dtype)
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 # ---- the native kernel ----

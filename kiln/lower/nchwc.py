@@ -18,7 +18,7 @@ from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import parallel_worth
 from kiln.ops.layout import _block_attr, blocked_geom, BlockedGeom, DOMAIN
 from kiln.ops.nn import window
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 from kiln.targets.target import Target
 
 

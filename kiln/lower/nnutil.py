@@ -12,24 +12,30 @@ from kiln.lower.decisions import PARALLEL_MIN_WORK, parallel_min_work
 from kiln.targets.target import Target
 
 
-
 # A kernel forks when the time its threads save (the serial run, estimated, less its share
 # per thread) is this many times the fork and join: the split is rarely even, and a thread
 # woken late costs the whole kernel. On 2 cores: a serial run of 4 forks (80 us when threads
 # sleep between kernels) or more.
 FORK_GAIN = 2.0
-# multiply-adds (or ops) per us, serial, measured with AVX-512 (VECTOR_RATE_BYTES); the
-# vectorized kinds scale with the target's vector width (an AVX2 EPYC runs 1x1 convs at
-# ~15e3: with 60e3 a 0.5 ms conv looked like 0.12 ms and stayed serial). "gemm": the packed
-# GEMM's micro-kernel (kiln.lower.gemm); "copy": packing and other vectorized data movement.
-RATES = {"conv": 60e3, "gemm": 60e3, "depthwise": 10e3, "window": 2e3, "copy": 4e3}
-VECTOR_RATE_BYTES = 64
-_VECTORIZED = ("conv", "gemm")
+# One core's serial multiply-adds (or ops) per microsecond, per kind of kernel, as formulas
+# of the Target, each constant with the measurement behind it:
+# - "conv" and "gemm" (the packed GEMM's micro-kernel, kiln.lower.gemm): register-blocked
+#   FMAs over vectors, so they scale with the vector width: 60e3 measured with AVX-512 (16
+#   float32 lanes: 3.75e3 per lane); the AVX2 EPYC runs 1x1 convs at ~15e3, and with 60e3 a
+#   0.5 ms conv looked like 0.12 ms and stayed serial (c81f711: mobilenetv2 -O3 19.7 -> 17.1
+#   ms once the rate followed the lanes);
+# - "depthwise" (10e3), "window" (pooling and other window ops, 2e3) and "copy" (packing and
+#   other vectorized data movement, 4e3, 40a10cb): bound by loads rather than by the vector
+#   width, measured on the same machines, the same for every target until one shows otherwise.
+MACS_PER_US_PER_LANE = {"conv": 3.75e3, "gemm": 3.75e3}
+OPS_PER_US = {"depthwise": 10e3, "window": 2e3, "copy": 4e3}
 
 
 def serial_rate(kind: str, target: Target) -> float:
     """Multiply-adds per microsecond one core of `target` does in a kernel of `kind`."""
-    return RATES[kind] * (target.vector_bytes / VECTOR_RATE_BYTES if kind in _VECTORIZED else 1)
+    if kind in MACS_PER_US_PER_LANE:
+        return MACS_PER_US_PER_LANE[kind] * target.vector_lanes(4)
+    return OPS_PER_US[kind]
 
 
 def parallel_worth(work: int, target: Target, kind: str = "window") -> bool:

@@ -14,7 +14,7 @@ from kiln.lower.nnutil import _acc_dtype, _norm_schedule, bcast_load
 from kiln.lower.pool import _abs_pow, _root
 from kiln.lower.reduce import schedule_per_row
 from kiln.ops.nn import _bn_training, _stash
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 from kiln.ops.shapes import normalize_axis
 
 

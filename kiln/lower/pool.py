@@ -16,7 +16,7 @@ from kiln.lower.conv import ConvGeom, padded_plane, schedule_plane
 from kiln.lower.nnutil import _acc_dtype, _conj, _default_then, _strides_of, parallel_worth, schedule_rows
 from kiln.targets.target import Target
 from kiln.ops.nn import _lp_p, _pool_window, _unpool_shape
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 # ---------------------------------------------------------------- native: pooling

@@ -11,7 +11,7 @@ from kiln.dtypes import DType
 from kiln.loops import call, cast, compute, const, max_, min_, select
 from kiln.lower.reduce import reduction, schedule_stages
 from kiln.ops.quant import _expand
-from kiln.ops.registry import LowerCtx, lowering
+from kiln.lower.context import LowerCtx, lowering
 from kiln.ops.shapes import normalize_axis
 
 

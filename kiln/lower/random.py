@@ -1,5 +1,5 @@
-"""Native lowerings of the random generators (kiln.ops.random), and the MT19937 seeding
-that elementwise ops' lowerings share.
+"""Native lowerings of the random generators (kiln.ops.random). (Dropout's training mode, which
+draws from NumPy's legacy MT19937, is kiln/codegen/c_src/dropout.c.)
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 
 from kiln.codegen.csource import c_source
 from kiln.dtypes import DType
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 import kiln.ops.random  # noqa: F401  (registers the ops lowered here)
 
 
@@ -23,17 +23,6 @@ import kiln.ops.random  # noqa: F401  (registers the ops lowered here)
 # normals come from its ziggurat tables, which kiln does not reproduce.
 
 _PCG_MULT = (2549297995355413924, 4865540595714422341)  # NumPy's PCG64 multiplier (high, low)
-
-
-def mt19937_init(seed: int | None) -> tuple[str, str]:
-    """(preamble, C) declaring `mt_`, NumPy's legacy MT19937 as `np.random.RandomState(seed)`
-    starts it (kiln_mt, kiln/codegen/c_src/kiln_random.h: the generator Dropout's reference
-    draws its mask from; `seed` taken mod 2^32, None: fresh entropy), and the KILN_MT_DRAW(u)
-    macro: u = the next `random_sample()` double."""
-    init = ("  uint64_t w[4];\n  kiln_entropy(w);\n  const uint32_t seed = (uint32_t)w[0];\n" if seed is None
-            else f"  const uint32_t seed = {int(seed) % 2 ** 32}U;\n")
-    return c_source("kiln_random.h"), (init + "  kiln_mt mt_;\n  kiln_mt_seed(&mt_, seed);\n"
-                                       "#define KILN_MT_DRAW(u) ((u) = kiln_mt_draw(&mt_))\n")
 
 
 def _pcg_init(ctx) -> str:

@@ -29,7 +29,7 @@ import math
 from kiln.dtypes import DType
 from kiln.ops.recurrent import DOMAIN, GATES
 from kiln.lower.rnn import _lit
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 from kiln.targets.target import Target
 
 # A direction's panels are split between threads only when a step has at least this many

@@ -14,18 +14,30 @@ import math
 
 import numpy as np
 
+from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.loops import Expr, call, cast, compute, const, reduce, reduce_axis, select
 from kiln.loops.symbols import extent, size_hint, static
-from kiln.lower.decisions import parallel_min_work
+from kiln.lower.decisions import Ints, declare, parallel_min_work
 from kiln.lower.nnutil import parallel_worth
 from kiln.ops.reduce import _NORMALIZE, _REDUCE, _reduce_axes, _reduce_run
-from kiln.ops.registry import LowerCtx, lowering
+from kiln.lower.context import LowerCtx, lowering
 from kiln.ops.shapes import normalize_axis
 
 
-BLOCK = 64                   # inner (vectorized) block of an injective loop
-LANES = 16                   # partial results of a vectorized innermost reduction
+# The tile sizes of the reduction and injective templates (also Softmax's, LayerNorm's and
+# Attention's), declared decisions with their defaults as formulas of the Target:
+# - the inner block an injective loop is split into (vectorized, the outer part parallel):
+#   64 elements, chosen with these templates on the AVX2 EPYC (733fd23) and kept for
+#   AVX-512 (a whole number of vectors either way: 8 AVX2 or 4 AVX-512 float32 vectors);
+# - the partial results an innermost reduction is vectorized across: at least one vector
+#   of float32, and 16 (one 64-byte cache line: two AVX2 vectors, so two independent add
+#   chains hide the add latency; one AVX-512 vector) as measured in ea4d1ce.
+REDUCE_BLOCK = declare("reduce.block", Ints(1, 4096), lambda target: 64,
+                       "elements in the vectorized inner block of an injective or reduction loop")
+REDUCE_LANES = declare("reduce.lanes", Ints(1, 256),
+                       lambda target: max(16, 16 if target is None else target.vector_lanes(4)),
+                       "partial results an innermost reduction is vectorized across")
 
 
 def full_index(ndim: int, ks: dict, keep: bool, out_idx) -> tuple:
@@ -113,8 +125,9 @@ def schedule_injective(stage, inner: int | None = None) -> None:
     outer, tail = loops[:len(loops) - inner], loops[len(loops) - inner:]
     t = stage.fuse(*tail) if len(tail) > 1 else tail[0] if tail else None
     o = stage.fuse(*outer) if len(outer) > 1 else outer[0] if outer else None
-    if t is not None and _ext(t) > BLOCK and (o is None or _ext(o) == 1 or _ext(t) >= 4 * BLOCK):
-        to, t = stage.split(t, BLOCK)
+    block = REDUCE_BLOCK.value() if t is not None else None
+    if t is not None and _ext(t) > block and (o is None or _ext(o) == 1 or _ext(t) >= 4 * block):
+        to, t = stage.split(t, block)
         o = stage.fuse(o, to) if o is not None else to
     if t is not None and _ext(t) > 1:
         stage.vectorize(t)
@@ -123,16 +136,17 @@ def schedule_injective(stage, inner: int | None = None) -> None:
 
 
 def lane_partials(sch, tensor):
-    """Vectorize an innermost reduction across LANES partial results: the last reduction
-    loop is split by LANES and rfactored, so each lane accumulates every LANES-th element
+    """Vectorize an innermost reduction across `reduce.lanes` partial results: the last reduction
+    loop is split by that many and rfactored, so each lane accumulates every lanes-th element
     (a spatial, vectorizable loop inside the reduction); the stage then combines the
     lanes. Returns the partials' tensor (for the caller to place), or None when the
     reduction is too short."""
     stage = sch[tensor]
     k = stage.reduce_axis[-1]
-    if _ext(k) < 2 * LANES:
+    lanes = REDUCE_LANES.value()
+    if _ext(k) < 2 * lanes:
         return None
-    ko, ki = stage.split(k, LANES)
+    ko, ki = stage.split(k, lanes)
     rf = sch.rfactor(tensor, ki, len(stage.axis))
     st = sch[rf]
     lane = st.axis[-1]
@@ -162,8 +176,8 @@ def schedule_reduction(sch, tensor, inner: int = 0) -> None:
         stage.reorder(*outer, *red, *tail)
     t = stage.fuse(*tail) if len(tail) > 1 else tail[0] if tail else None
     o = stage.fuse(*outer) if len(outer) > 1 else outer[0] if outer else None
-    if t is not None and red and par and (o is None or _ext(o) < 8) and _ext(t) >= 4 * BLOCK:
-        to, t = stage.split(t, BLOCK)  # too few outer rows: blocks of the tail run in parallel
+    if t is not None and red and par and (o is None or _ext(o) < 8) and _ext(t) >= 4 * REDUCE_BLOCK.value():
+        to, t = stage.split(t, REDUCE_BLOCK.value())  # too few outer rows: blocks of the tail run in parallel
         stage.reorder(*([o] if o is not None else []), to, *red, t)
         o = stage.fuse(o, to) if o is not None else to
     if t is not None and _ext(t) > 1:
@@ -364,41 +378,6 @@ for _name in _NORMALIZE:
 
 # ---- CumSum / CumProd ----
 
-_SCAN_C = """
-  static const int64_t dims[{rank}] = {{{dims}}};
-  int64_t axis = (int64_t)in1[0];
-  if (axis < -{rank} || axis >= {rank}) KILN_FAIL(1, axis);
-  if (axis < 0) axis += {rank};
-  int64_t O = 1, N = dims[axis], I = 1;
-  for (int64_t d = 0; d < axis; ++d) O *= dims[d];
-  for (int64_t d = axis + 1; d < {rank}; ++d) I *= dims[d];
-  int32_t failed = 0;
-  #pragma omp parallel if (O * N * I >= {par})
-  {{
-    {acc}* acc = ({acc}*)malloc((size_t)I * sizeof({acc}) + 1);
-    #pragma omp for schedule(static)
-    for (int64_t o = 0; o < O; ++o) {{
-      if (!acc) {{
-        #pragma omp atomic write
-        failed = 1;
-        continue;
-      }}
-      for (int64_t i = 0; i < I; ++i) acc[i] = ({acc}){unit};
-      for (int64_t s = 0; s < N; ++s) {{
-        const int64_t base = (o * N + ({rev} ? N - 1 - s : s)) * I;
-        for (int64_t i = 0; i < I; ++i) {{
-          {acc} v = ({acc})in0[base + i];
-          if ({excl}) {{ out0[base + i] = ({t})acc[i]; acc[i] = acc[i] {op} v; }}
-          else {{ acc[i] = acc[i] {op} v; out0[base + i] = ({t})acc[i]; }}
-        }}
-      }}
-    }}
-    free(acc);
-  }}
-  return failed ? -1 : 0;
-"""
-
-
 def _cumulative_lower(ctx: LowerCtx, x, axis_in):
     """A scan along one axis as a C kernel (the axis is read at run time; a bad one
     fails the call): floats accumulate in double, integers in wrapping uint64_t, as
@@ -408,11 +387,16 @@ def _cumulative_lower(ctx: LowerCtx, x, axis_in):
         ctx.fail("input must have at least one dimension")
     if dt.c is None:
         ctx.fail(f"no native code for dtype {dt}")
-    body = _SCAN_C.format(rank=len(shape), dims=", ".join(map(str, shape)), par=parallel_min_work(),
-                          acc="double" if dt.is_float else "uint64_t", t=dt.c,
-                          unit=0 if ctx.node.op == "CumSum" else 1, op="+" if ctx.node.op == "CumSum" else "*",
-                          rev=int(bool(ctx.attr("reverse", 0))), excl=int(bool(ctx.attr("exclusive", 0))))
-    return ctx.extern(body, [x, axis_in], [(shape, dt)],
+    total = ctx.node.op == "CumSum"
+    fn = f"kiln_{ctx.node.op.lower()}_{dt.name}"
+    macros = {"KILN_SCAN_T": dt.c, "KILN_SCAN_ACC": "double" if dt.is_float else "uint64_t",
+              "KILN_SCAN_OP(a, b)": "((a) + (b))" if total else "((a) * (b))",
+              "KILN_SCAN_UNIT": "0" if total else "1", "KILN_SCAN_FN": fn}
+    body = (f"  static const int64_t dims[{len(shape)}] = {{{', '.join(map(str, shape))}}};\n"
+            f"  return {fn}(in0, out0, dims, {len(shape)}, (int64_t)in1[0], {parallel_min_work()}, "
+            f"{int(bool(ctx.attr('reverse', 0)))}, {int(bool(ctx.attr('exclusive', 0)))});")
+    preamble = c_instance("cumulative.c", macros, fn.upper())
+    return ctx.extern(body, [x, axis_in], [(shape, dt)], preamble=preamble,
                       errors={1: f"axis {{value}} is out of range [-{len(shape)}, {len(shape) - 1}]"})
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from kiln.ops.registry import lowering
+from kiln.codegen.csource import c_instance
+from kiln.lower.context import lowering
 from kiln.ops.rnn import _activation_specs, _GATES, _num_dirs
 
 
@@ -37,6 +38,16 @@ def _c_act(name: str, a, b, v: str, ct: str) -> str:
         "softsign": f"({v} / ({one} + {fn('fabs')}({v})))",
         "softplus": f"{fn('log1p')}({fn('exp')}({v}))",
     }[name]
+
+
+def _rnn_c(src_name: str, src: str, ct: str, jb: int) -> tuple[str, str]:
+    """(the functions' name prefix, the C) of kiln/codegen/c_src/rnn.c for rows of C type `src`
+    (dtype name `src_name`) computed in `ct` with `jb`-wide vector blocks."""
+    base = f"kiln_rnn_{src_name}_{ct}"
+    macros = {"KILN_RNN_SRC": src, "KILN_RNN_CT": ct, "KILN_RNN_JB": str(jb), "KILN_RNN_V": f"{base}_v",
+              "KILN_RNN_GEMM": f"{base}_gemm", "KILN_RNN_GEMM_BLOCK": f"{base}_gemm_block",
+              "KILN_RNN_TRANSPOSE": f"{base}_transpose", "KILN_RNN_TRANSPOSE_ROWS": f"{base}_transpose_rows"}
+    return base, c_instance("rnn.c", macros, base.upper())
 
 
 def _lower_rnn(kind: str):
@@ -85,55 +96,32 @@ def _lower_rnn(kind: str):
         lens = (f"(int64_t){p['lens']}[b]" if "lens" in p else str(steps))
         big = lambda work: work >= 1 << 16  # noqa: E731 - enough multiply-adds to share out
 
-        def gemm(dst, dst_stride, src, src_stride, n_rows, mat, col0, ncols, depth, cast=""):
-            """dst[r][j] = sum_q src(r)[q] * mat[q][col0 + j] for r < n_rows, j < ncols (mat: the
-            transposed weights, `gh` wide). Blocks of jb columns x 4 rows accumulate in vector
-            registers, q summed in order; a column block of `mat` stays in L1 across the rows."""
-            full = ncols // jb * jb
-            par = "#pragma omp parallel for collapse(2) schedule(static)" if big(n_rows * ncols * depth) else ""
-            lines = [par,
-                     f"for (int64_t j0 = 0; j0 < {full}; j0 += {jb})",
-                     f"  for (int64_t r0 = 0; r0 < {n_rows}; r0 += 4) {{",
-                     f"    const {src[0]}* sr[4];",
-                     f"    for (int64_t u = 0; u < 4; ++u) {{ const int64_t r = r0 + u < {n_rows} ? r0 + u : {n_rows} - 1; "
-                     f"sr[u] = {src[1]} + {src_stride('r')}; }}",
-                     "    kiln_v acc[4] = {{0}};",
-                     f"    for (int64_t q = 0; q < {depth}; ++q) {{",
-                     "      kiln_v mv;",
-                     f"      memcpy(&mv, {mat} + q * {gh} + {col0} + j0, sizeof mv);",
-                     f"      for (int64_t u = 0; u < 4; ++u) acc[u] += {cast}sr[u][q] * mv;",
-                     "    }",
-                     f"    for (int64_t u = 0; u < 4 && r0 + u < {n_rows}; ++u) "
-                     f"memcpy({dst} + {dst_stride('(r0 + u)')} + j0, &acc[u], sizeof acc[u]);",
-                     "  }"]
-            if full < ncols:
-                lines += [f"for (int64_t r = 0; r < {n_rows}; ++r) {{",
-                          f"  const {src[0]}* sr = {src[1]} + {src_stride('r')};",
-                          f"  for (int64_t j = {full}; j < {ncols}; ++j) {{",
-                          f"    {ct} acc = 0;",
-                          f"    for (int64_t q = 0; q < {depth}; ++q) acc += {cast}sr[q] * {mat}[q * {gh} + {col0} + j];",
-                          f"    {dst}[{dst_stride('r')} + j] = acc;",
-                          "  }",
-                          "}"]
-            return "\n".join(lines)
+        # the products and transposes: kiln/codegen/c_src/rnn.c, instantiated for rows of the
+        # input type (X, W, R) and of the compute type (the state, the scratch)
+        fx, preamble = _rnn_c(dt.name, t, ct, jb)
+        fc, more = (fx, "") if t == ct else _rnn_c(ct, ct, ct, jb)
+        preamble += more
+
+        def gemm(dst, dst_stride, src, rows, n_rows, mat, col0, ncols, depth):
+            """dst[r][j] = sum_q row(r)[q] * mat[q][col0 + j] for r < n_rows, j < ncols (mat: the
+            transposed weights, `gh` wide); src = (its C type, pointer), rows = (div, hi, lo,
+            stride): row(r) = pointer + (r / div * hi + r % div * lo) * stride."""
+            fn = fc if src[0] == ct else fx
+            div, hi, lo, stride = rows
+            par = int(big(n_rows * ncols * depth))
+            return (f"{fn}_gemm({dst}, {dst_stride}, {src[1]}, {div}, {hi}, {lo}, {stride}, {n_rows}, {mat}, "
+                    f"{gh}, {col0}, {ncols}, {depth}, {par});")
 
         def transpose(dst, src, depth):
             """dst[q][j] = src[d][j][q] (j < gh, q < depth), in 16 x 16 tiles."""
-            par = "#pragma omp parallel for schedule(static)" if big(gh * depth) and gh > 16 else ""
-            return "\n".join([par,
-                               f"for (int64_t j0 = 0; j0 < {gh}; j0 += 16)",
-                               f"  for (int64_t q0 = 0; q0 < {depth}; q0 += 16)",
-                               f"    for (int64_t j = j0; j < j0 + 16 && j < {gh}; ++j)",
-                               f"      for (int64_t q = q0; q < q0 + 16 && q < {depth}; ++q)",
-                               f"        {dst}[q * {gh} + j] = ({ct}){src}[(d * {gh} + j) * {depth} + q];"])
+            return f"{fx}_transpose({dst}, {src}, d, {gh}, {depth}, {int(big(gh * depth) and gh > 16)});"
 
         def step_mv(dst_off, vec_off, col0, ncols):
             """This step's recurrent product for every batch row: scratch[b][dst_off + j] =
             sum_q v_b[q] * R[d][col0 + j][q], v_b = h_b (vec_off None) or scratch[b][vec_off:]."""
             src = (ct, "hall") if vec_off is None else (ct, f"(scall + {vec_off})")
-            stride = (lambda r: f"{r} * {hs}") if vec_off is None else (lambda r: f"{r} * {scratch}")
-            return gemm(f"(scall + {dst_off})", lambda r: f"{r} * {scratch}", src, stride, batch,
-                        "Rt", col0, ncols, hs)
+            rows = (1, 1, 0, hs) if vec_off is None else (1, 1, 0, scratch)
+            return gemm(f"(scall + {dst_off})", scratch, src, rows, batch, "Rt", col0, ncols, hs)
 
         def bias(which, j):  # wb (which=0) or rb (1) element j of direction d
             return f"(({ct}){p['B']}[d * {2 * gh} + {which * gh} + {j}])" if "B" in p else f"(({ct})0)"
@@ -219,12 +207,10 @@ def _lower_rnn(kind: str):
         for name, n in sizes.items():
             offsets[name], total = total, total + n
         # x @ W^T for every (step, batch row) up front: row r = step * batch + b
-        x_row = (lambda r: f"({r}) * {inp}") if not layout else \
-            (lambda r: f"(({r}) % {batch} * {steps} + ({r}) / {batch}) * {inp}")
+        x_rows = (1, 1, 0, inp) if not layout else (batch, 1, steps, inp)
         body = [
             f"#define kiln_rnn_clip(v, m) ((v) < -(m) ? -(m) : (v) > (m) ? (m) : (v))",
             f"#define kiln_rnn_unit(v) ((v) < ({ct})0 ? ({ct})0 : (v) > ({ct})1 ? ({ct})1 : (v))",
-            f"  typedef {ct} kiln_v __attribute__((vector_size({jb * (4 if ct == 'float' else 8)})));",
             f"  {ct}* state = ({ct}*)malloc(sizeof({ct}) * ({total} + 1));",
             "  if (!state) return -1;",
             "  " + " ".join(f"{ct}* {name} = state + {off};" for name, off in offsets.items()),
@@ -235,10 +221,9 @@ def _lower_rnn(kind: str):
             "  }",
             f"  for (int64_t d = 0; d < {nd} && !rc; ++d) {{",
             f"    const int rev = {'d == 1' if direction == 'bidirectional' else int(direction == 'reverse')};",
-            *("    " + line for line in transpose("Wt", p["W"], inp).split("\n")),
-            *("    " + line for line in transpose("Rt", p["R"], hs).split("\n")),
-            *("    " + line for line in gemm("xwall", lambda r: f"{r} * {gh}", (t, p["X"]), x_row, n_x,
-                                            "Wt", 0, gh, inp, cast=f"({ct})").split("\n")),
+            "    " + transpose("Wt", p["W"], inp),
+            "    " + transpose("Rt", p["R"], hs),
+            "    " + gemm("xwall", gh, (t, p["X"]), x_rows, n_x, "Wt", 0, gh, inp),
             f"    for (int64_t b = 0; b < {batch}; ++b)",
             f"      for (int64_t j = 0; j < {hs}; ++j) {{",
             f"        hall[b * {hs} + j] = {h0};",
@@ -260,7 +245,7 @@ def _lower_rnn(kind: str):
             "#undef kiln_rnn_clip",
             "#undef kiln_rnn_unit",
         ]
-        return ctx.extern("\n".join(body), list(args), [(s, dt) for s in shapes],
+        return ctx.extern("\n".join(body), list(args), [(s, dt) for s in shapes], preamble=preamble,
                           errors={1: f"a sequence_lens value exceeds the sequence length {steps}"})
     return lower
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 
-from kiln.codegen.csource import c_instance
+from kiln.codegen.csource import c_instance, c_source
 from kiln.codegen.strings import ERRORS, HELPERS
 from kiln.dtypes import DType
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 
 
 def broadcast_offset(out_shape, in_shape, i: str = "i") -> str:
@@ -154,7 +154,8 @@ def _tfidf_lower(ctx, x):
     """Counts every n-gram (n in [min_gram_length, max_gram_length], items `skip + 1`
     apart for skip <= max_skip_count) found in the pool, per row. Items become int64 ids
     first (a string's rank in the pool's sorted vocabulary, -1 when absent); each n has
-    a table of its pooled n-grams sorted lexicographically, searched by bisection."""
+    a table of its pooled n-grams sorted lexicographically, searched by bisection
+    (kiln/codegen/c_src/tfidf.h)."""
     import numpy as np
 
     from kiln.codegen.strings import str_table, utf8_key
@@ -195,23 +196,8 @@ def _tfidf_lower(ctx, x):
         flat = [v for g, _ in table for v in g]
         body.append(f"  static const int64_t g{n}[{len(flat)}] = {{{', '.join(map(str, flat))}}};\n"
                     f"  static const int64_t k{n}[{len(table)}] = {{{', '.join(str(k) for _, k in table)}}};\n")
-        search.append(f"""    for (int64_t step = 1; step <= {max_skip + 1 if n > 1 else 1}; ++step)
-      for (int64_t s = 0; s + {n - 1} * step < {cols}; ++s) {{
-        int64_t a = 0, b = {len(table)};
-        while (a < b) {{  /* first gram >= the window */
-          const int64_t m = a + (b - a) / 2;
-          int c = 0;
-          for (int64_t j = 0; j < {n} && !c; ++j) {{
-            const int64_t u = g{n}[m * {n} + j], v = ids[s + j * step];
-            c = (u > v) - (u < v);
-          }}
-          if (c < 0) a = m + 1; else b = m;
-        }}
-        int eq = a < {len(table)};
-        for (int64_t j = 0; j < {n} && eq; ++j) eq = g{n}[a * {n} + j] == ids[s + j * step];
-        if (eq) cnt[k{n}[a]] += 1.0f;
-      }}
-""")
+        search.append(f"    kiln_tfidf_count(g{n}, k{n}, {len(table)}, {n}, ids, {cols}, "
+                      f"{max_skip + 1 if n > 1 else 1}, cnt);\n")
     load = "kiln_str_find(vocab, {}, in0[r * {} + c])".format(len(vocab), cols) if is_str else \
         f"(int64_t)in0[r * {cols} + c]"
     value = {"TF": "cnt[k]", "IDF": "(cnt[k] > 1.0f ? 1.0f : cnt[k]) * w[k]", "TFIDF": "cnt[k] * w[k]"}[mode]
@@ -228,7 +214,8 @@ def _tfidf_lower(ctx, x):
   free(cnt); free(ids);
   (void)w; (void)idx;
   return 0;""")
-    return string_extern(ctx, "".join(body), [x], [(ctx.out_shape(), DType.float32)])
+    return string_extern(ctx, "".join(body), [x], [(ctx.out_shape(), DType.float32)],
+                         preamble=c_source("tfidf.h"))
 
 
 # ---- RegexFullMatch ----

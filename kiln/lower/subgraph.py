@@ -17,7 +17,7 @@ from kiln.graph.ir import Graph
 from kiln.graph.types import TensorType
 from kiln.loops import Tensor
 from kiln.ops.infer import Inferencer
-from kiln.ops.registry import ExternKernel, LowerCtx, lookup
+from kiln.lower.context import ExternKernel, LowerCtx, lowering_of
 
 # Constants inlined as select chains over their elements: beyond this, a body would need
 # its own weights in the kernel, which inlining does not give.
@@ -48,11 +48,11 @@ def inline_body(ctx: LowerCtx, graph: Graph, args: list[Tensor], what: str) -> l
         return tensors[v.id]
 
     for node in g.nodes:
-        d = lookup(node.domain, node.op)
-        if (d is None or d.lower is None or not any(node.inputs)) and all(
+        lower_node = lowering_of(node)
+        if (lower_node is None or not any(node.inputs)) and all(
                 v is None or inf.known_value(v) is not None for v in node.outputs):
             continue  # a Constant, or known and not lowerable: enters as a constant where read
-        if d is None or d.lower is None or list(node.subgraphs()):
+        if lower_node is None or list(node.subgraphs()):
             ctx.fail(f"{what}: {node.op} node {node.name!r} has no native lowering to inline",
                      stage="lower")
         for v in node.inputs + node.outputs:
@@ -62,7 +62,7 @@ def inline_body(ctx: LowerCtx, graph: Graph, args: list[Tensor], what: str) -> l
         sub = LowerCtx(node, g.opset(node.domain), [None if v is None else v.type for v in node.inputs],
                        [None if v is None else v.type for v in node.outputs],
                        [inf.known_value(v) for v in node.inputs])
-        res = d.lower(sub, *[None if v is None else tensor(v) for v in node.inputs])
+        res = lower_node(sub, *[None if v is None else tensor(v) for v in node.inputs])
         if isinstance(res, ExternKernel):
             ctx.fail(f"{what}: {node.op} node {node.name!r} lowers to a hand-written kernel, "
                      "which cannot be inlined", stage="lower")

@@ -18,7 +18,7 @@ from kiln.dtypes import DType
 from kiln.loops import INDEX, cast, compute, const, max_, min_, select
 from kiln.loops.symbols import hint, size_hint, static
 from kiln.lower.decisions import parallel_min_work
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 from kiln.ops.shapes import normalize_axis
 from kiln.ops.tensor import (_clamped, _concat_axis, _constant_data, _fill, _mode, _pad_plan, _pads, _perm,
     _reverse_sequence_axes, _shape_range, _slice_args, scalar)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import kiln.loops as L
 
 from kiln.dtypes import DType
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 from kiln.ops.training import TRAINING, _groups, _momentum_attrs
 
 

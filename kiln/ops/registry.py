@@ -16,16 +16,13 @@ An op definition holds kiln's own semantics for an operator:
   injective < reduction < out-elementwise-fusable < opaque); the partitioner
   reads it from here. An op that fuses with nothing declares OPAQUE.
 
-- `lower(ctx: LowerCtx, *inputs: loops.Tensor) -> Tensor | list[Tensor]`
-  (optional, attached with `@lowering(name)` by the op family's module in
-  kiln.lower, which kiln.lower imports): the compute definitions (kiln.loops)
-  that say what the op computes for concrete shapes; the cpu target compiles
-  these, never the NumPy reference.
+How an op becomes loops (its lowering, `@lowering(name)`, and the `LowerCtx` it is handed)
+is not part of what it is: that lives in kiln.lower (kiln.lower.context), which reads this
+registry; nothing here imports kiln.lower.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import itertools
 import numbers
@@ -68,7 +65,6 @@ class OpDef:
     run: Callable[..., Any]
     fusion: FusionKind
     value: Callable[["InferCtx"], list] | None = None
-    lower: Callable[..., Any] | None = None
 
 
 REGISTRY: dict[tuple[str, str], OpDef] = {}
@@ -98,19 +94,6 @@ def op(name: str, *, infer, fusion: FusionKind | None = None, domain: str = "", 
     def deco(fn):
         for n in (name, *aliases):
             register(n, infer=infer, run=fn, fusion=fusion, domain=domain, value=value)
-        return fn
-    return deco
-
-
-def lowering(name: str, domain: str = ""):
-    """Decorator attaching a lowering to an already registered op: `@lowering("Relu")`."""
-    def deco(fn):
-        key = (normalize_domain(domain), name)
-        if key not in REGISTRY:
-            raise RuntimeError(f"lowering for unregistered op {name!r}")
-        if REGISTRY[key].lower is not None:
-            raise RuntimeError(f"op {name!r} has two lowerings")
-        REGISTRY[key] = dataclasses.replace(REGISTRY[key], lower=fn)
         return fn
     return deco
 
@@ -153,7 +136,8 @@ def _short(v) -> str:
 
 
 class NodeCtx:
-    """What inference, the reference and the lowering can all see of a node."""
+    """What inference, the reference and the lowering (kiln.lower.context.LowerCtx) can all
+    see of a node."""
 
     def __init__(self, node: Node, opset: int):
         self.node = node
@@ -267,86 +251,6 @@ class RunCtx(NodeCtx):
     def rng(self) -> np.random.Generator:
         seed = self.attr("seed", None)
         return np.random.default_rng(None if seed is None else int(np.float32(seed).view(np.int32)))
-
-
-@dataclass
-class ExternKernel:
-    """A lowering's hand-written C kernel, as `LowerCtx.extern` describes it; kiln.lower.kernel
-    makes it a function of the module."""
-    c_body: str
-    inputs: list
-    outputs: list
-    dynamic: bool = False
-    preamble: str = ""
-    libs: tuple = ()
-    errors: tuple = ()
-
-
-class LowerCtx(NodeCtx):
-    """Lowering view of a node: concrete input/output types and compile-time input data."""
-
-    def __init__(self, node: Node, opset: int, input_types: list[Type | None],
-                 output_types: list[Type | None], values: list[np.ndarray | None], target=None):
-        super().__init__(node, opset)
-        self.target = target     # the kiln.targets.Target the kernel is compiled for
-        self.input_types = input_types
-        self.output_types = output_types
-        self.values = values
-        self.schedule_fn = None
-
-    def schedule(self, fn) -> None:
-        """Use `fn(sch: loops.Schedule, outputs: list[Tensor])` instead of the default schedule."""
-        self.schedule_fn = fn
-
-    def extern(self, c_body: str, inputs: list, outputs: list[tuple[tuple, DType]],
-               dynamic: bool = False, preamble: str = "", libs: tuple = (), errors: dict | None = None):
-        """A hand-written C kernel for ops that are unnatural as computes (TopK, NMS, ...).
-
-        `c_body` is the body of `int32_t f(const T* in0, ..., T* out0, ...)`: it reads
-        the present inputs as `in0, in1, ...` (in node input order, absent ones skipped),
-        writes `out0, out1, ...` (flat row-major arrays of the given shapes/dtypes), and
-        ends with `return 0;` (non-zero: bad input data, e.g. an index out of range).
-        Shapes are known: bake them in as constants. Return the result of this call
-        from the lowering.
-
-        `dynamic=True` is for outputs whose size depends on data (NonZero, Unique):
-        `outputs` then give capacities (upper-bound shapes); the kernel gets one more
-        parameter `out<n>` (int64, n = number of outputs) where it writes each output's
-        actual dims, concatenated, and writes each output compactly (row-major in its
-        actual shape) at the start of its buffer. The runtime sizes the outputs from that.
-
-        A kernel built on a C library (ImageDecoder) gives file-scope C in `preamble` (its
-        #includes) and `libs`, (name for -l, header, package providing them) each: only
-        modules holding it link them, and a machine without them is told which package to
-        install. `errors` maps the body's non-zero statuses to what they mean, for the
-        error the runtime raises.
-        """
-        return ExternKernel(c_body, [p for p in inputs if p is not None], list(outputs), dynamic,
-                            preamble, tuple(libs), tuple(sorted((errors or {}).items())))
-
-    def value(self, i: int) -> np.ndarray | None:
-        """The input's data when known at compile time (weights, shape tensors), else None."""
-        return self.values[i] if self.has_input(i) else None
-
-    def check(self, value, ok, reported, message: str):
-        """kiln.loops.check (a run-time check: where `ok` is false the run fails with
-        `message`, {value} showing `reported`), its message naming this node: a fused
-        kernel holds several nodes, the error names the one whose check failed."""
-        from kiln.loops import check
-        from kiln.names import escape
-        return check(value, ok, reported, f"{escape(self.node.op)} node {self.node.name!r}: {message}")
-
-    def out_shape(self, i: int = 0) -> tuple[int, ...]:
-        return tuple(self.output_types[i].shape)
-
-    def out_dtype(self, i: int = 0) -> DType:
-        return self.output_types[i].dtype
-
-    def dynamic(self) -> bool:
-        """Whether some output's shape is only known at run time (see `extern(dynamic=True)`)."""
-        # a symbolic size Expr (a shape-generic module, kiln.lower.generic) is not data-dependent
-        return any(t is not None and (t.shape is None or any(isinstance(d, str) for d in t.shape))
-                   for t in self.output_types)
 
 
 # ---- common inference helpers used by many families ----

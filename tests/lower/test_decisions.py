@@ -118,3 +118,43 @@ def test_a_conv_decision_the_kernel_cannot_take_is_named(opt_level, decisions, w
     (name, value), = decisions.items()
     with pytest.raises(KilnError, match=rf"illegal value {value} for decision '{name}'.*{why}"):
         kiln.compile(conv_model(), opt_level=opt_level, decisions=decisions)
+
+
+def reduce_model(rows=4, cols=4096):
+    g = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["y"], name="sum", keepdims=0, axes=[1])], "sum",
+                          [helper.make_tensor_value_info("x", F, [rows, cols])],
+                          [helper.make_tensor_value_info("y", F, [rows])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)])   # axes an attribute
+
+
+def test_the_reduction_tiles_are_declared_decisions_with_target_defaults():
+    """reduce.block and reduce.lanes (the reduction/injective templates' tile sizes, also
+    Softmax's and Attention's): defaults as formulas of the Target, recorded per kernel,
+    overridable, and another value still computes the reference result."""
+    from kiln.targets.target import Target
+    lanes = DECISIONS["reduce.lanes"]
+    for name in ("x86-64-v3", "x86-64-v4"):
+        t = Target.named(name)
+        assert lanes.default(t) == max(16, t.vector_lanes(4)) == 16
+        assert DECISIONS["reduce.block"].default(t) == 64
+    x = rng.standard_normal((4, 4096)).astype(np.float32)
+    st = run_stages(reduce_model(), "c")
+    (k,) = [k for k in st.lowered.kernels if "Reduce" in k.func.name]
+    assert k.decisions["reduce.lanes"] == 16
+    other = run_stages(reduce_model(), "c", decisions={"reduce.lanes": 8})
+    (k2,) = [k for k in other.lowered.kernels if "Reduce" in k.func.name]
+    assert k2.decisions["reduce.lanes"] == 8 and other.source.text != st.source.text
+    got = kiln.compile(reduce_model(), decisions={"reduce.lanes": 8}).run(x=x)["y"]
+    np.testing.assert_allclose(got, x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
+
+
+def test_serial_rates_are_target_formulas():
+    """The vectorized kinds' serial rate follows the vector width (3.75e3 multiply-adds per us
+    per float32 lane, 60e3 measured with AVX-512); load-bound kinds do not."""
+    from kiln.lower.nnutil import serial_rate
+    from kiln.targets.target import Target
+    v3, v4 = Target.named("x86-64-v3"), Target.named("x86-64-v4")
+    for kind in ("conv", "gemm"):
+        assert serial_rate(kind, v4) == 60e3 and serial_rate(kind, v3) == 30e3
+    for kind, rate in (("depthwise", 10e3), ("window", 2e3), ("copy", 4e3)):
+        assert serial_rate(kind, v3) == serial_rate(kind, v4) == rate
