@@ -3,8 +3,9 @@
 The differential fuzzer (`kiln fuzz`): random valid ONNX graphs, compiled at every -O level
 and compared with the interpreter (and ONNX Runtime), failures shrunk to minimal regressions.
 
-- `fuzz_graphs`: a seeded generator of valid models (`generate(seed)`) and its building
-  blocks (`GraphBuilder`: values with known shapes, dtypes and value ranges).
+- `fuzz_graphs`: a seeded generator of valid models (`generate(seed)`), built from
+  `fuzz_builder` (`GraphBuilder`: values with known shapes, dtypes and value ranges),
+  `fuzz_elementwise`, `fuzz_anchors` and `fuzz_views` (its segments).
 - `differential`: one case checked in-process (`check_case`), a pool of worker
   subprocesses with time and memory limits (`WorkerPool`), a campaign over seeds.
 - `shrink`: delta debugging over a failing model's nodes, keeping the failure signature,

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from kiln.testing.fuzz_graphs import _NP
+from kiln.testing.fuzz_builder import _NP
 
 Predicate = Callable[[onnx.ModelProto, dict], bool]
 

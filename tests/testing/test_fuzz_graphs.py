@@ -9,7 +9,9 @@ import onnx
 import pytest
 
 import kiln
-from kiln.testing.fuzz_graphs import LEVELS, UNARY, generate, levels_for
+from kiln.testing.fuzz_builder import LEVELS, levels_for
+from kiln.testing.fuzz_elementwise import UNARY
+from kiln.testing.fuzz_graphs import generate
 
 SEEDS = range(400)
 

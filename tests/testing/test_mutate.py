@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kiln.errors import KilnError
-from kiln.testing import mutate
+from kiln.testing import mutate, mutate_inputs, mutate_seeds
 from kiln.testing.sandbox import Sandbox
 
 
@@ -47,7 +47,7 @@ def test_sandbox_classifies_every_outcome():
 
 
 def test_mutations_are_deterministic_and_change_the_model():
-    seeds = mutate.builtin_seeds()
+    seeds = mutate_seeds.builtin_seeds()
     a = mutate.model_cases(30, seed=5)
     b = mutate.model_cases(30, seed=5)
     assert [c["model"] for c in a] == [c["model"] for c in b]
@@ -65,9 +65,9 @@ def test_fixed_budget_of_mutated_models(tmp_path):
 
 
 def test_generated_corpus_mutates_the_differential_fuzzers_graphs():
-    seeds = mutate.generated_seeds(3)
+    seeds = mutate_seeds.generated_seeds(3)
     assert len(seeds) == 3 and all(s.model.graph.node and s.feeds for s in seeds)
-    data, feeds, done = mutate.mutate_model(seeds[0], np.random.default_rng(0))
+    data, feeds, done = mutate_inputs.mutate_model(seeds[0], np.random.default_rng(0))
     assert data and done
 
 
