@@ -137,3 +137,27 @@ def test_conv1d_net_at_O3_with_symbolic_batch():
         x = rng.standard_normal((batch, 1, 80)).astype(F)
         want = Interpreter(g).run([x])[0]
         np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("block", [8, 16])
+def test_long_rows_of_many_channels_run_in_column_chunks(block):
+    """A conv reading 16+ input rows per output row whose row input exceeds a quarter of L2
+    (here a target with a 64 KiB L2, not the host's) runs its row's register tiles in chunks, every channel
+    block over a chunk; odd lengths leave thrown-away tiles in the last chunk."""
+    import dataclasses
+
+    from kiln.lower.nchwc import column_chunk
+    from kiln.ops.layout import BlockedGeom
+    from kiln.targets.target import Target
+    small = dataclasses.replace(Target.host(), l2_bytes=64 * 1024)
+    c = 16 * block
+    g = conv1d_graph(1, c, 301, 16, 3, s=2, pads=(1, 0), epilogue="relu", seed=4)
+    geom = BlockedGeom(1, c // block, 1, 301, block, 16 // block, c // block, [1, 3], block, [1, 2], [1, 1],
+                       [0, 1], [1, 150], False)
+    assert column_chunk(geom, 7, 4, small) is not None
+    blocked = g.clone()
+    assert transform(blocked, block, selective=False).get("Conv") == 1
+    xs = random_inputs(g, 2)
+    want = Interpreter(g).run(xs)[0]
+    got = kiln.compile(blocked, target="cpu", cpu=small, opt_level=0).run({"x": xs[0]})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
