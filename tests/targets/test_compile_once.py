@@ -82,3 +82,25 @@ def test_stage_times_add_up_and_name_the_pipeline():
     assert "compile time per stage" in str(model.report)
     warm = kiln.compile(elementwise_model(4), report=True).report.stage_times
     assert "cc" not in warm.wall and "lower" not in warm.wall and warm.wall["load"] > 0
+
+
+def test_the_libmvec_probe_runs_once_per_compiler_and_flags(cache, monkeypatch):
+    """Its answer is kept in the cache dir: a new process asks the compiler nothing."""
+    import kiln.codegen.build as b
+    started = []
+    real = b.subprocess.run
+    monkeypatch.setattr(b.subprocess, "run", lambda argv, **kw: started.append(argv) or real(argv, **kw))
+    cc, flags = tuple(b._cc(None)), ("-O1", "-fopenmp", "-fPIC", "-shared")
+    b._has_libmvec.cache_clear()
+    first = b._has_libmvec(cc, flags)
+    probes = [a for a in started if "-DKILN_MVEC" in a]
+    assert len(probes) == 1
+    b._has_libmvec.cache_clear()               # as in a new process
+    assert b._has_libmvec(cc, flags) == first
+    assert [a for a in started if "-DKILN_MVEC" in a] == probes
+    for kept in (cache / "c").glob("libmvec-*"):
+        kept.write_bytes(b"garbage")              # an unreadable answer is asked again
+    b._has_libmvec.cache_clear()
+    assert b._has_libmvec(cc, flags) == first
+    assert len([a for a in started if "-DKILN_MVEC" in a]) == 2
+    b._has_libmvec.cache_clear()
