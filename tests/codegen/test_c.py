@@ -237,3 +237,34 @@ def test_double_float_double_round_trip_keeps_rounding(n):
     x = rng.standard_normal(n)
     got = kernel(lambda a: cast(DType.float64, cast(DType.float32, a)), [x], DType.float64, f"rt{n}")
     np.testing.assert_array_equal(got, x.astype(np.float32).astype(np.float64))
+
+
+def test_units_are_balanced_by_compile_cost_not_text_length():
+    """Two kernels with unrolled loops of loads (slow to compile) go to different units,
+    though one long plain kernel outweighs both in text (kiln.codegen.c.compile_cost)."""
+    from kiln.codegen.c import compile_cost, emit_c_units
+    n = 64
+
+    def chain(x, terms):   # one load, `terms` multiply-adds: long text, few memory references
+        for t in range(terms):
+            x = x * float(t + 2) + float(t)
+        return x
+
+    def kern(name, unrolled, terms):
+        X = placeholder((n, 16), DType.float32, "X")
+        Y = compute((n, 16), lambda i, j: chain(X[i, j], terms) + X[(i + 1) % n, j], "Y")
+        s = Schedule(Y)
+        if unrolled:
+            s[Y].unroll(s[Y].axis[1])
+        return lower(s, [X, Y], name)
+
+    heavy = [kern("heavy_a", True, 2), kern("heavy_b", True, 2)]
+    light = kern("light", False, 60)
+    module = LoopModule([light, *heavy])
+    units = emit_c_units(module, 2)
+    bodies = {f.name: [k for k, u in enumerate(units) if f"kiln_{f.name}(" in u.split("kiln: functions")[1]]
+              for f in module.funcs}
+    assert len(str(light)) > 2 * len(str(heavy[0]))
+    assert bodies["heavy_a"] != bodies["heavy_b"], bodies
+    assert compile_cost("#pragma GCC unroll 8\nfor (;;) {\n a[i] = b[i];\n}\n") > \
+        compile_cost("for (;;) {\n a[i] = b[i];\n}\n" * 4)
