@@ -191,7 +191,10 @@ def _reshape_target(ctx, in_shape, target):
     static = all(isinstance(d, int) for d in ins + outs)
     if -1 in dims:
         k = dims.index(-1)
-        if not static:
+        syms = [d for d in ins if isinstance(d, str)]
+        if not static and len(syms) == 1 and not any(isinstance(d, str) for d in outs) and n_in == n_out:
+            dims[k] = syms[0]          # [batch, 32, 7, 7] -> [-1, 1568]: the -1 is `batch`
+        elif not static:
             dims[k] = ctx.new_dim()
         elif n_out == 0 or n_in % n_out:
             ctx.fail(f"cannot reshape {tuple(in_shape)} to {target}: "

@@ -102,16 +102,5 @@ class GenericModule(NativeModule):
             hit = self._prepare(ins)
         plan_ptrs, ws, out_types = hit
         outs = [np.empty(shape, dt) for shape, dt in out_types]
-        with self._lock:
-            if ws + 64 > self.workspace.size:
-                self.workspace = np.zeros(ws + 64, dtype=np.uint8)
-                self._ws_ptr = self.workspace.ctypes.data + (-self.workspace.ctypes.data) % 64
-                self._fixed_ptrs = [ctypes.c_void_p(self.weights.ctypes.data), ctypes.c_void_p(self._ws_ptr)]
-            try:
-                rc = self.entry(*data_pointers(ins + outs), *self._fixed_ptrs, *plan_ptrs)
-            finally:
-                if self._release is not None:
-                    self._release()
-        if rc != 0:
-            raise KilnError(self._failure(rc), stage="run")
+        self._enter(data_pointers(ins + outs), plan_ptrs, ws)
         return outs

@@ -204,15 +204,24 @@ class NativeModule:
         # call with each array's data pointer (read cheaply, see data_pointers)
         ins = [np.ascontiguousarray(x) for x in inputs]
         outs = [np.empty(shape, dt) for shape, dt in self.output_types]
+        self._enter(data_pointers(ins + outs))
+        return outs
+
+    def _enter(self, ptrs: list, more=(), workspace_bytes: int = 0) -> None:
+        """One call of the entry on `ptrs` (inputs and outputs), the weights and workspace, then
+        `more`; the workspace first grown to `workspace_bytes` (a shape-generic module's plan)."""
         with self._lock:
+            if workspace_bytes + 64 > self.workspace.size:
+                self.workspace = np.zeros(workspace_bytes + 64, dtype=np.uint8)
+                self._ws_ptr = self.workspace.ctypes.data + (-self.workspace.ctypes.data) % 64
+                self._fixed_ptrs = [ctypes.c_void_p(self.weights.ctypes.data), ctypes.c_void_p(self._ws_ptr)]
             try:
-                rc = self.entry(*data_pointers(ins + outs), *self._fixed_ptrs)
+                rc = self.entry(*ptrs, *self._fixed_ptrs, *more)
             finally:
                 if self._release is not None:
                     self._release()
         if rc != 0:
             raise KilnError(self._failure(rc), stage="run")
-        return outs
 
     def _call_strings(self, inputs: list) -> list[np.ndarray]:
         """A call whose inputs or outputs hold strings (kiln_str arrays both ways)."""

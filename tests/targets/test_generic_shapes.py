@@ -197,3 +197,15 @@ def test_tiered_serves_generic_then_the_specialised_module(compiler_runs):
     for b in (1, 5, 31):
         x = rng.standard_normal((b, 64)).astype(np.float32)
         np.testing.assert_allclose(m.run({"x": x})["probs"], ref.run({"x": x})["probs"], rtol=1e-4, atol=1e-6)
+
+
+def test_reshape_to_minus_one_keeps_the_symbol(compiler_runs):
+    """[n, 2, 3] -> Reshape [-1, 6]: the -1 is `n` (not a size from data), so it stays generic."""
+    target = onnx.numpy_helper.from_array(np.array([-1, 6], np.int64), "flat")
+    model = _model([helper.make_node("Reshape", ["x", "flat"], ["f"], name="flatten"),
+                    helper.make_node("Relu", ["f"], ["y"], name="relu")],
+                   [helper.make_tensor_value_info("x", F, ["n", 2, 3])],
+                   [helper.make_tensor_value_info("y", F, ["n", 6])], [target])
+    m = _generic(model)
+    rng = np.random.default_rng(8)
+    _check_runs(m, [{"x": rng.standard_normal((n, 2, 3)).astype(np.float32)} for n in (1, 4, 11)], compiler_runs)
