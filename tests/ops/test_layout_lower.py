@@ -223,3 +223,18 @@ def test_squeeze_excite_symbolic_batch_at_O3():
     for n in (1, 4):
         x = np.random.default_rng(n).standard_normal((n, 16, 10, 10)).astype(F)
         np.testing.assert_allclose(m.run({"x": x})["y"], ref.run([x])[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 57, 61, 8), (3, 1, 7, 5, 16), (2, 3, 1, 1, 8)])
+def test_blocked_global_average_pool_alone(shape):
+    """GlobalAveragePoolNCHWc's kernel against its reference: odd planes, a large one (float32
+    sums over 3477 pixels, values offset from zero), batch > 1, a one-pixel plane."""
+    n, cb, h, w, blk = shape
+    text = (f'graph "g" (%x: float32[{n},{cb},{h},{w},{blk}]) -> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
+            f'  %y: float32[{n},{cb},1,1,{blk}] = "kiln"::GlobalAveragePoolNCHWc(%x) name "gap"\n}}')
+    g = graph(text)
+    x = (np.random.default_rng(3).standard_normal(shape) + 5).astype(F)
+    want = Interpreter(g).run([x])[0]
+    np.testing.assert_allclose(want, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-5)
+    got = kiln.compile(g, target="cpu", opt_level=0).run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
