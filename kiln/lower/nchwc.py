@@ -142,10 +142,13 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
 
 
 def scaled_weights(g: BlockedGeom, w, scale):
-    """The packed weights times a per-image, per-input-channel scale: ws[n, *w's index].
-    Conv(x * s) is Conv with W * s (zero padding stays zero), and W is N x (OC x IC x taps)
-    where x is N x (IC x H x W): a squeeze-excite gate costs a pass over the weights
-    instead of one over the activation."""
+    """The packed weights times a per-image, per-input-channel scale: ws[n, *w's index], or
+    None when the weights outnumber the input plane (then the conv scales what it reads).
+    Conv(x * s) is Conv with W * s (zero padding stays zero): a squeeze-excite gate costs a
+    pass over the weights (OC x IC x taps per image) instead of one over the activation
+    (IC x H x W), where that is the smaller (960 -> 160 channels on a 7x7 plane is not)."""
+    if math.prod(w.shape) > g.icb * g.ib * g.h * g.w:
+        return None
     if g.depthwise:
         return compute((g.n, *w.shape), lambda n, c, i, kh, kw, ii, o: w[(c, i, kh, kw, ii, o)]
                        * scale[(n, c, 0, 0, o)], "wscaled", w.dtype)
@@ -202,9 +205,13 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
     wp = cols_read(owp)
     padded = bool(pt or pl or hp > g.h + pt or wp > g.w + pl)
 
+    def xv(n, c, r, s, i):      # the input, times the scale when the weights do not take it
+        v = x[(n, c, r, s, i)]
+        return v if scale is None or ws is not None else v * scale[(n, c, 0, 0, i)]
+
     def border(n, c, r, s, i):
         ok = (r >= 0) & (r < g.h) & (s >= 0) & (s < g.w)
-        return select(ok, x[(n, c, r, s, i)], const(0, dt))
+        return select(ok, xv(n, c, r, s, i), const(0, dt))
     xpad = None
     if padded and not g.depthwise:
         xpad = compute((g.n, g.icb, hp, wp, g.ib), lambda n, c, r, s, i: border(n, c, r - pt, s - pl, i),
@@ -214,7 +221,7 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         n, c, r, s, i = idx
         if xpad is not None:
             return xpad[idx]
-        return border(n, c, r - pt, s - pl, i) if padded else x[(n, c, r - pt, s - pl, i)]
+        return border(n, c, r - pt, s - pl, i) if padded else xv(n, c, r - pt, s - pl, i)
 
     kh, kw = reduce_axis(g.kernel[0], "kh"), reduce_axis(g.kernel[1], "kw")
     if g.depthwise:

@@ -174,6 +174,8 @@ SE_CASES = {   # tests.passes.test_layout.se_block arguments
     "v3_hardswish_residual": dict(c=8, h=9, m=24, r=4, o=8),
     "stride2_5x5_reducemean": dict(n=2, c=8, h=11, m=20, r=6, o=12, k=5, s=2, pool="ReduceMean", opset=13),
     "silu_sigmoid_batch3": dict(n=3, c=16, h=7, m=40, r=10, o=16, act="SiLU", gate="Sigmoid"),
+    # a 2x2 plane, 40 output channels: the project conv scales what it reads, not its weights
+    "tiny_plane_wide_project": dict(n=2, c=8, h=4, m=24, r=6, o=40, s=2),
     "odd_everything": dict(n=1, c=5, h=13, m=18, r=3, o=7, k=5, s=1, act="Relu", gate="Sigmoid",
                            pool="ReduceMean", opset=18),
 }
