@@ -144,6 +144,9 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
         compiled = _cpu_model(optimized, decisions, tuning, shapes, ins, outs)
     if report:
         compiled.report = _report(optimized, compiled if target == "cpu" else None, times)
+        for m in (compiled, getattr(compiled, "special", None)):   # passes run again per input
+            if hasattr(m, "program"):                                # shape add their findings
+                m.program.report = compiled.report
     return compiled
 
 
@@ -239,6 +242,7 @@ class Specialized:
     graph: Graph
     known: dict                  # value id -> compile-time data (constants' and shape inputs')
     breaks: list                 # kiln.lower.specialize.Break: where it must run in stages
+    stats: list = field(default_factory=list)  # PassStats of the passes run again at these sizes
 
 
 def specialize(optimized: Optimized, shapes: list, values: dict | None = None) -> Specialized:
@@ -248,14 +252,14 @@ def specialize(optimized: Optimized, shapes: list, values: dict | None = None) -
     The one specialisation path: compile, export and `kiln compile --emit` all come here."""
     from kiln.lower.specialize import specialize as bind, stage_breaks  # noqa: PLC0415
     values = values or {}
-    graph = optimized.graph
+    graph, stats = optimized.graph, []
     with stage("specialize"):
         if optimized.source is not None:
             from kiln.passes import run_passes  # noqa: PLC0415
-            graph, _ = run_passes(bind(optimized.source, shapes, values)[0], optimized.level,
-                                  target=optimized.target)
+            graph, stats = run_passes(bind(optimized.source, shapes, values)[0], optimized.level,
+                                      target=optimized.target)
         g, known = bind(graph, list(shapes), values)
-        return Specialized(g, known, stage_breaks(g))
+        return Specialized(g, known, stage_breaks(g), stats)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from kiln.lower import conv_window  # noqa: F401
 from kiln.lower import data_dependent  # noqa: F401
 from kiln.lower import detection  # noqa: F401
 from kiln.lower import elementwise  # noqa: F401
+from kiln.lower import fused_attention  # noqa: F401
 from kiln.lower import image  # noqa: F401
 from kiln.lower import indexing  # noqa: F401
 from kiln.lower import loss  # noqa: F401

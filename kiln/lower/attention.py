@@ -44,6 +44,9 @@ def _attention_lower(ctx: LowerCtx, q, k, v, attn_mask=None, past_key=None, past
     probabilities and their product with V (reduction over keys)."""
     if (past_key is None) != (past_value is None):
         ctx.fail("past_key and past_value must be given together")
+    fused = _fused_attention(ctx, q, k, v, attn_mask, past_key, nonpad_kv_seqlen)
+    if fused is not None:
+        return fused
     four = len(q.shape) == 4
     if four:
         (nb, hq, sq, d), hkv, dv = q.shape, k.shape[1], v.shape[3]
@@ -96,6 +99,42 @@ def _attention_lower(ctx: LowerCtx, q, k, v, attn_mask=None, past_key=None, past
                   for k, (name, shape, f) in enumerate(extra, 1) if k < ctx.num_outputs]
     ctx.schedule(lambda sch, _: _attention_schedule(sch, qs, ks, raw, m, ex, ssum, probs, y4))
     return outs
+
+
+def _fused_attention(ctx: LowerCtx, q, k, v, mask, past_key, nonpad):
+    """The fused kernel (kiln.lower.fused_attention) where it computes what the op asks: no
+    KV cache or padding lengths, no softcap or sliding window, only the output asked for, one
+    float dtype, a mask as wide as the keys. None: the computes below."""
+    from kiln.lower.fused_attention import FLOATS, MASK_FLOATS, FlashCall, flash_kernel, permuted_strides
+    from kiln.ops.fused_attention import mask_strides
+    if (past_key is not None or nonpad is not None or ctx.attr("softcap", 0.0) or ctx.num_outputs != 1
+            or ctx.attr("left_window_size", -1) >= 0
+            or ctx.attr("right_window_size", -1) >= 0 or ctx.attr("softmax_precision", 0) not in (0, 1)
+            or q.dtype not in FLOATS or k.dtype is not q.dtype or v.dtype is not q.dtype):
+        return None
+    if len(q.shape) == 4:
+        (nb, hq, sq, d), (_, hkv, sk, _), dv = q.shape, k.shape, v.shape[3]
+        strides = tuple(permuted_strides(x.shape, (0, 1, 2, 3)) for x in (q, k, v))
+        strides += (permuted_strides((nb, hq, sq, dv), (0, 1, 2, 3)),)
+    else:
+        hq, hkv = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
+        nb, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+        d, dv = q.shape[2] // hq, v.shape[2] // hkv
+
+        def heads(s, h, e):  # (b, h, s, d) strides of a (B, S, H * E) tensor
+            return (s * h * e, e, h * e, 1)
+        strides = (heads(sq, hq, d), heads(sk, hkv, d), heads(sk, hkv, dv), heads(sq, hq, dv))
+    kind, ms = 0, (0, 0, 0, 0)
+    if mask is not None:
+        ms = mask_strides(mask.shape, (nb, hq, sq, sk))
+        ok = mask.dtype is DType.bool or (mask.dtype in MASK_FLOATS)
+        if ms is None or not ok or mask.shape[-1] != sk:
+            return None
+        kind = 2 if mask.dtype is DType.bool else 1
+    scale = ctx.attr("scale", None)
+    call = FlashCall((nb, hq, hkv, sq, sk, d, dv), strides, float(1.0 / np.sqrt(d) if scale is None else scale),
+                     kind, ms, -math.inf, 0 if ctx.attr("is_causal", 0) else -1, empty_nan=False)
+    return flash_kernel(ctx, call, q, k, v, mask, ctx.out_shape(0), ctx.out_dtype(0))
 
 
 def _qk(qv, kp, root, dims, acc: DType):

@@ -13,6 +13,7 @@ from kiln.ops import (  # noqa: F401
     reduce,
     linalg,
     attention,
+    fused_attention,
     quant,
     loss,
     control,

@@ -1,17 +1,28 @@
-"""Attention recognition: find Softmax(Q·K^T·scale + mask)·V and report it.
+"""Attention fusion: Softmax(Q·Kᵀ·scale + mask)·V → one kiln::FusedAttention.
 
-Nothing is rewritten (node attributes are ONNX semantics, so groups are not
-tagged in the graph): each group found is a finding in the pass's report,
-naming its nodes in graph order, the scale and the kind of mask, for the fusion
-work that will make it one kernel.
+The decomposed form exporters emit (BERT, GPT-2, Llama, T5, ViT, Whisper) is two batched
+MatMuls around a Softmax, with a constant scale (Mul or Div), a mask (Add of a float mask
+or bias, or Where(bool, scores, fill)), head Transposes around it, and for grouped-query
+attention K/V heads repeated by Unsqueeze + Expand + Reshape. Unfused, it stores the
+scores (S x S per head) and copies every Transpose and repeat. The rewrite reads Q, K and
+V where they are made (the Transposes become the op's permutations, the repeat its head
+grouping), writes the output in the layout its Transpose asked for, and leaves one op that
+the native kernel (kiln.lower.fused_attention) runs with an online softmax.
+
+Each group found is a finding in the pass's report, with the decision and its reason:
+fused, or why not (symbolic sizes — the pass runs again per input shape —, an
+intermediate read elsewhere, a dtype or mask the kernel does not take, or the rule in
+`fusion_pays`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.dtypes import DType
 from kiln.graph.ir import Graph, Node, Value
-from kiln.passes.edit import const_scalar
+from kiln.ops.fused_attention import DOMAIN, mask_strides
+from kiln.passes.edit import const_scalar, static_shape, use_counts
 from kiln.passes.edit import producers as edit_producers
 from kiln.passes.registry import PassContext, graph_pass
 
@@ -20,60 +31,216 @@ from kiln.passes.registry import PassContext, graph_pass
 class AttentionGroup:
     nodes: tuple[str, ...]      # QK MatMul, scale, mask, Softmax, ·V MatMul (those present)
     scale: float | None         # what the scores are multiplied by, if a constant does it
-    mask: str | None            # "additive", "where" or None
+    mask: str | None            # "additive", "where" (Where(c, s, fill)), "where_not" (Where(c, fill, s)) or None
+    decision: str = ""          # "fused (...)" or "not fused: why"
 
     def __str__(self) -> str:
         scale = "none" if self.scale is None else f"{self.scale:.6g}"
-        return f"attention ({', '.join(self.nodes)}) scale {scale}, mask {self.mask or 'none'}"
+        text = f"attention ({', '.join(self.nodes)}) scale {scale}, mask {self.mask or 'none'}"
+        return f"{text}: {self.decision}" if self.decision else text
 
 
-@graph_pass("find_attention")
-def find_attention(graph: Graph, ctx: PassContext) -> Graph:
-    """Report Softmax(Q·K^T·scale + mask)·V groups (no rewrite)."""
-    producers, consumers = edit_producers(graph), graph.consumers()
+@dataclass
+class _Match:
+    qk: Node
+    scale_node: Node | None
+    scale: float | None
+    mask_node: Node | None
+    mask: str | None
+    softmax: Node
+    pv: Node
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [n for n in (self.qk, self.scale_node, self.mask_node, self.softmax, self.pv) if n is not None]
+
+
+MIN_KEYS = 1  # the fused kernel is used from this many keys on (see fusion_pays)
+
+
+def fusion_pays(b: int, hq: int, sq: int, sk: int, d: int) -> tuple[bool, str]:
+    """Whether the fused kernel is expected to beat the decomposed kernels, and why. It
+    does the same multiply-adds without storing and re-reading the scores (2 x S x S floats
+    per head), copying the head Transposes or repeating K/V heads."""
+    if sk < MIN_KEYS:
+        return False, f"{sk} keys: the decomposed kernels are faster below {MIN_KEYS}"
+    mib = b * hq * sq * sk * 4 / 2**20
+    return True, f"fused: kiln::FusedAttention, scores of {b}x{hq}x{sq}x{sk} ({mib:.3g} MiB) never stored"
+
+
+@graph_pass("fuse_attention")
+def fuse_attention(graph: Graph, ctx: PassContext) -> Graph:
+    """Rewrite Softmax(Q·Kᵀ·scale + mask)·V groups to kiln::FusedAttention; report each."""
+    producers, consumers, uses = edit_producers(graph), graph.consumers(), use_counts(graph)
     order = {id(n): i for i, n in enumerate(graph.nodes)}
+    replace: dict[int, Node] = {}      # id(node) -> the fused node that takes its place
+    dead: set[int] = set()
+    fused = 0
     for n in graph.nodes:
-        if n.op == "Softmax" and not n.domain:
-            found = _attention_at(graph, n, producers, consumers)
-            if found is not None:
-                nodes, scale, mask = found
-                names = tuple(m.name for m in sorted(nodes, key=lambda m: order[id(m)]))
-                ctx.report(AttentionGroup(names, scale, mask))
+        if n.op != "Softmax" or n.domain:
+            continue
+        m = _attention_at(graph, n, producers, consumers)
+        if m is None:
+            continue
+        node, why = _plan(graph, m, producers, consumers, uses)
+        names = tuple(x.name for x in sorted(m.nodes, key=lambda x: order[id(x)]))
+        ctx.report(AttentionGroup(names, m.scale, m.mask, why))
+        if node is None:
+            continue
+        out = node.outputs[0]
+        absorbed = m.nodes + [x for x in consumers.get(m.pv.outputs[0].id, []) if x.outputs[0] is out]
+        replace[id(m.pv)] = node   # Q, K, V and the mask are all made before the ·V MatMul
+        dead.update(id(x) for x in absorbed)
+        fused += 1
+    if fused:
+        graph.opsets.setdefault(DOMAIN, 1)
+        graph.nodes = [replace.get(id(x), x) for x in graph.nodes if id(x) not in dead or id(x) in replace]
+        ctx.tally({"FusedAttention": fused})
     return graph
 
 
-def _attention_at(graph: Graph, sm: Node, producers, consumers):
+def _attention_at(graph: Graph, sm: Node, producers, consumers) -> _Match | None:
     rank = getattr(sm.inputs[0].type, "rank", None)
     axis = sm.attrs.get("axis", -1 if graph.opset() >= 13 else 1)
     readers = consumers.get(sm.outputs[0].id, [])
     # a malformed axis (a list, a string) is not attention: the op's own check names it
     if (rank is None or not isinstance(axis, int) or axis % rank != rank - 1 or len(readers) != 1
-            or readers[0].op != "MatMul" or readers[0].inputs[0] is not sm.outputs[0]):
+            or readers[0].op != "MatMul" or readers[0].domain or readers[0].inputs[0] is not sm.outputs[0]):
         return None
     s, p = sm.inputs[0], producers.get(sm.inputs[0].id)
-    candidates = [(s, None, [])]
-    if p is not None and p.op == "Add":
-        candidates = [(u, "additive", [p]) for u in p.inputs]
-    elif p is not None and p.op == "Where":
-        candidates = [(p.inputs[1], "where", [p])]
-    for v, mask, mask_nodes in candidates:
+    candidates = [(s, None, None)]
+    if p is not None and p.op == "Add" and not p.domain:
+        candidates = [(u, "additive", p) for u in p.inputs]
+    elif p is not None and p.op == "Where" and not p.domain:
+        candidates = [(p.inputs[1], "where", p), (p.inputs[2], "where_not", p)]
+    for v, mask, mask_node in candidates:
         found = _scores(v, producers)
         if found is not None:
-            nodes, scale = found
-            return nodes + mask_nodes + [sm, readers[0]], scale, mask
+            qk, scale_node, scale = found
+            return _Match(qk, scale_node, scale, mask_node, mask, sm, readers[0])
     return None
 
 
-def _scores(v: Value, producers) -> tuple[list[Node], float | None] | None:
-    """(nodes, scale) if v is MatMul(Q, K), optionally times or divided by a constant."""
-    p, nodes, scale = producers.get(v.id), [], None
-    if p is not None and p.op in ("Mul", "Div") and len(p.inputs) == 2:
+def _scores(v: Value, producers):
+    """(MatMul, scale node, scale) if v is MatMul(Q, K), optionally times or divided by a constant."""
+    p, node, scale = producers.get(v.id), None, None
+    if p is not None and p.op in ("Mul", "Div") and not p.domain and len(p.inputs) == 2:
         k = 1 if const_scalar(p.inputs[1]) is not None else 0 if p.op == "Mul" else None
         c = None if k is None else const_scalar(p.inputs[k])
         if c is not None and c != 0:
             scale = c if p.op == "Mul" else 1 / c
-            nodes.append(p)
+            node = p
             p = producers.get(p.inputs[1 - k].id)
-    if p is None or p.op != "MatMul":
+    if p is None or p.op != "MatMul" or p.domain:
         return None
-    return [p] + nodes, scale
+    return p, node, scale
+
+
+# -- the rewrite ----------------------------------------------------------------------------
+
+def _plan(graph: Graph, m: _Match, producers, consumers, uses) -> tuple[Node | None, str]:
+    """The fused node for match `m` (its inputs read through Transposes and GQA repeats), or
+    None and why not."""
+    a, bt = m.qk.inputs
+    vm = m.pv.inputs[1]
+    y = m.pv.outputs[0]
+    shapes = [static_shape(x) for x in (a, bt, vm, y)]
+    if any(s is None for s in shapes):
+        return None, "not fused here: sizes unknown (decided again per input shape)"
+    if any(len(s) != 4 for s in shapes):
+        return None, "not fused: the fused kernel takes 4-D (batch, head, seq, dim) products"
+    dt = a.type.dtype
+    if dt is not DType.float32 or any(x.type.dtype is not dt for x in (bt, vm, y)):
+        return None, f"not fused: {dt} scores (the fused kernel is used for float32 graphs)"
+    outs = [m.qk, m.scale_node, m.mask_node, m.softmax]
+    for x in outs:
+        if x is not None and (uses[x.outputs[0].id] != 1 or any(v is x.outputs[0] for v in graph.outputs)):
+            return None, f"not fused: {x.name}'s result is read elsewhere"
+    (b, hq, sq, d), (_, hk, _, sk), (_, hv, _, dv) = shapes[0], shapes[1], shapes[2]
+    if shapes[1][:1] != (b,) or shapes[2][:1] != (b,) or hk != hv or hq % hk:
+        return None, f"not fused: Q {shapes[0]}, Kᵀ {shapes[1]}, V {shapes[2]} batch dims do not line up"
+    attrs = {"scale": float(1.0 if m.scale is None else m.scale)}
+    mask = None
+    if m.mask_node is not None:
+        score_side = m.scale_node.outputs[0] if m.scale_node is not None else m.qk.outputs[0]
+        if m.mask in ("where", "where_not"):
+            cond = m.mask_node.inputs[0]
+            fill = const_scalar(m.mask_node.inputs[2 if m.mask == "where" else 1])
+            if fill is None or cond.type.dtype is not DType.bool:
+                return None, "not fused: Where's fill is not a constant scalar"
+            mask = cond
+            attrs.update(mask_kind="bool" if m.mask == "where" else "bool_not", fill=float(fill))
+        else:
+            mask = next(x for x in m.mask_node.inputs if x is not score_side)
+            if mask.type.dtype not in (DType.float32, DType.float16, DType.float64):
+                return None, f"not fused: a {mask.type.dtype} additive mask"
+            attrs["mask_kind"] = "add"
+        ms = static_shape(mask)
+        if ms is None or mask_strides(ms, (b, hq, sq, sk)) is None:
+            return None, f"not fused: mask of shape {ms} does not broadcast to the scores"
+    pays, why = fusion_pays(b, hq, sq, sk, d)
+    if not pays:
+        return None, "not fused: " + why
+    q, qp = _source(a, (0, 1, 2, 3), producers, None)
+    k, kp = _source(bt, (0, 1, 3, 2), producers, hq)
+    v, vp = _source(vm, (0, 1, 2, 3), producers, hq)
+    if static_shape(k)[kp[1]] != static_shape(v)[vp[1]]:   # one repeat recognised, not the other
+        k, kp = _source(bt, (0, 1, 3, 2), producers, None)
+        v, vp = _source(vm, (0, 1, 2, 3), producers, None)
+    out, op_ = y, (0, 1, 2, 3)
+    readers = consumers.get(y.id, [])
+    if len(readers) == 1 and readers[0].op == "Transpose" and not readers[0].domain \
+            and not any(o is y for o in graph.outputs):
+        perm = _perm(readers[0])
+        if perm is not None:
+            out, op_ = readers[0].outputs[0], perm
+    attrs.update(q_perm=list(qp), k_perm=list(kp), v_perm=list(vp), out_perm=list(op_), empty="nan")
+    ins = [q, k, v] + ([mask] if mask is not None else [])
+    return Node("FusedAttention", ins, [out], attrs, m.pv.name or m.softmax.name, DOMAIN), why
+
+
+def _perm(node: Node) -> tuple[int, ...] | None:
+    p = node.attrs.get("perm")
+    if p is None or len(p) != 4:
+        return None
+    p = tuple(int(i) for i in p)
+    return p if sorted(p) == [0, 1, 2, 3] else None
+
+
+def _source(v: Value, perm: tuple, producers, heads: int | None) -> tuple[Value, tuple]:
+    """(x, perm') with numpy.transpose(x, perm') the logical tensor numpy.transpose(v, perm),
+    x read through a Transpose and (K and V, with `heads` query heads) a head repeat."""
+    for _ in range(3):
+        p = producers.get(v.id)
+        if p is None or p.domain:
+            break
+        tp = _perm(p) if p.op == "Transpose" else None
+        if tp is not None and static_shape(p.inputs[0]) is not None:
+            v, perm = p.inputs[0], tuple(tp[i] for i in perm)
+            continue
+        src = _repeat_source(v, p, producers) if heads and perm[1] == 1 else None
+        if src is not None:
+            v = src
+            continue
+        break
+    return v, perm
+
+
+def _repeat_source(v: Value, p: Node, producers) -> Value | None:
+    """y when v = Reshape(Expand(Unsqueeze(y, 2)), [B, Hkv * rep, S, D]): repeat_kv's K/V
+    heads, each read `rep` times in place (y [B, Hkv, S, D])."""
+    vs = static_shape(v)
+    if p.op != "Reshape" or vs is None or len(vs) != 4:
+        return None
+    e = producers.get(p.inputs[0].id)
+    es = static_shape(p.inputs[0])
+    if e is None or e.op != "Expand" or e.domain or es is None or len(es) != 5 \
+            or (es[0], es[1] * es[2], es[3], es[4]) != vs:
+        return None
+    x = e.inputs[0]
+    xs = static_shape(x)
+    u = producers.get(x.id)
+    if xs != (es[0], es[1], 1, es[3], es[4]) or u is None or u.op not in ("Unsqueeze", "Reshape") or u.domain:
+        return None
+    y = u.inputs[0]
+    return y if static_shape(y) == (es[0], es[1], es[3], es[4]) else None

@@ -4,7 +4,8 @@
     -O1  cleanup: NOP elimination, constant folding, dead code elimination
     -O2  -O1 + CSE, algebraic simplification, transpose sinking, BatchNorm folding,
          non-overlapping ConvTranspose → 1x1 Conv + DepthToSpace, MatMul+Add → Gemm
-    -O3  -O2 + pattern recognition (LayerNorm, GELU, attention), NCHWc layout for convolutions,
+    -O3  -O2 + pattern recognition (LayerNorm, GELU), attention fused into one kernel
+         (kiln::FusedAttention, online softmax), NCHWc layout for convolutions,
          recurrent layers' input projections taken out of the time loop (one GEMM) and their
          recurrent weights packed, constant GEMM weights packed into panels at compile time
 
@@ -53,7 +54,7 @@ def level3() -> list[str]:
             "recognize_layernorm", "recognize_gelu",
             "simplify_algebra", "sink_transposes", "fold_batchnorm", "conv_transpose_to_conv",
             "matmul_add_to_gemm", "transform_layout",
-            "decompose_recurrent", "pack_weights", "eliminate_nops", "eliminate_dead_code", "find_attention"]
+            "decompose_recurrent", "pack_weights", "fuse_attention", "eliminate_nops", "eliminate_dead_code"]
 
 
 LEVELS = {0: level0, 1: level1, 2: level2, 3: level3}

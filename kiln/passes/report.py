@@ -27,10 +27,17 @@ class CompileReport:
     shapes: str | None = None
     shapes_reason: str | None = None
     stage_times: Any = None                                   # kiln.timing.StageTimes of compile()
+    shape_findings: list[Any] = field(default_factory=list)   # (input shapes, findings) of passes run per shape
 
     @property
     def findings(self) -> list[Any]:
         return [f for p in self.passes for f in p.findings]
+
+    def add_shapes(self, shapes, stats: list[PassStats]) -> None:
+        """Record the findings of the passes run again at input `shapes` (symbolic dims bound)."""
+        found = [f for p in stats for f in p.findings]
+        if found:
+            self.shape_findings.append((tuple(shapes), found))
 
     def __str__(self) -> str:
         lines = [f"kiln compile report (-O{self.opt_level})"]
@@ -40,6 +47,9 @@ class CompileReport:
         if self.per_shape:
             lines.append("  symbolic input dims: these passes run again on the source graph at each new "
                          "input shape, with the sizes known")
+        for shapes, found in self.shape_findings:
+            lines.append(f"  at input shapes {', '.join(str(tuple(s)) for s in shapes)}:")
+            lines += [f"    {f}" for f in found]
         if self.kernels is not None:
             lines.append(f"  kernels per inference: {self.kernels}")
         if self.arena_bytes is not None:

@@ -75,6 +75,7 @@ class Program:
 
     def __init__(self, pipeline):
         self.pipeline = pipeline       # kiln.compiler.ShapePipeline: specialize, native
+        self.report = None             # the model's CompileReport, when compile() made one
         self.graph = pipeline.optimized.graph
         self.target = pipeline.target  # the CPU every module is built for
         self.value_inputs: dict[tuple, tuple[int, ...]] = {}
@@ -89,7 +90,7 @@ class Program:
     def prepare(self, shapes: list[tuple]) -> None:
         """Build ahead of the first run when shapes alone determine everything."""
         key = tuple(shapes)
-        spec = self.pipeline.specialize(list(shapes), {})
+        spec = self.note(key, self.pipeline.specialize(list(shapes), {}))
         if not spec.breaks:
             self.value_inputs[key] = ()
             self.runners[(key, ())] = self.by_shapes[key] = self.pipeline.native(spec.graph, spec.known)
@@ -106,7 +107,7 @@ class Program:
         shapes = tuple(_shape_key(x) for x in inputs)
         vidx = self.value_inputs.get(shapes)
         if vidx is None:
-            spec = self.pipeline.specialize(list(shapes), {})
+            spec = self.note(shapes, self.pipeline.specialize(list(shapes), {}))
             vidx = value_inputs(inputs) if dynamic_values(spec.graph) else ()
             self.value_inputs[shapes] = vidx
             if not vidx:
@@ -120,6 +121,13 @@ class Program:
             spec = self.pipeline.specialize(list(shapes), {i: inputs[i] for i in vidx})
             r = self.runners[key] = self.build_runner(spec)
         return r
+
+    def note(self, shapes, spec):
+        """`spec`, its passes' findings (run again at these input sizes: the attention
+        fusion's decisions) added to `model.report` when there is one."""
+        if self.report is not None and spec.stats:
+            self.report.add_shapes(shapes, spec.stats)
+        return spec
 
     def build_runner(self, spec):
         """A static module, or stages when some node breaks the graph."""

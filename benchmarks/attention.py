@@ -1,0 +1,135 @@
+"""One attention layer, fused (kiln::FusedAttention) against decomposed, and ONNX Runtime.
+
+    python benchmarks/attention.py [--seqs 128,512,2048] [--heads 12] [--dim 64] [--batch 1]
+                                   [--mask padding|causal|none] [--threads 2] [--budget 2] [--json PATH]
+
+The model is the decomposed form exporters write after the Q/K/V projections: inputs
+[B, S, H * D] reshaped to heads and transposed (K to [B, H, D, S]), MatMul, / sqrt(D), + mask
+(a [B, 1, 1, S] padding mask or a [1, 1, S, S] causal mask of float32's min), Softmax, MatMul,
+heads merged back. kiln compiles it at -O3 (fused into one kernel) and at -O3 without
+`fuse_attention` (the decomposed kernels); each row gives the medians of the three engines
+timed interleaved (kiln.bench.time_interleaved), the load average beside them, and memory:
+kiln's planned arena (intermediate tensors) for both, and the fused kernel's own scratch
+(K and V packed as float: linear in S), against the S x S scores per head the decomposed
+graph stores (B * H * S * S floats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def attention_model(b: int, s: int, h: int, d: int, mask: str, seed: int = 0):
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    f = TensorProto.FLOAT
+    inits = [numpy_helper.from_array(np.array([b, s, h, d], np.int64), "heads"),
+             numpy_helper.from_array(np.array([b, s, h * d], np.int64), "merged"),
+             numpy_helper.from_array(np.array(np.sqrt(d), np.float32), "root")]
+    nodes = [helper.make_node("Reshape", [x, "heads"], [f"{x}4"]) for x in ("q", "k", "v")]
+    nodes += [helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+              helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+              helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+              helper.make_node("MatMul", ["qt", "kt"], ["qk"]),
+              helper.make_node("Div", ["qk", "root"], ["scores"])]
+    inputs = [helper.make_tensor_value_info(x, f, [b, s, h * d]) for x in ("q", "k", "v")]
+    if mask == "padding":
+        inputs.append(helper.make_tensor_value_info("mask", f, [b, 1, 1, s]))
+    elif mask == "causal":
+        tri = np.where(np.tril(np.ones((s, s), bool)), 0, np.finfo(np.float32).min).astype(np.float32)
+        inits.append(numpy_helper.from_array(tri.reshape(1, 1, s, s), "mask"))
+    if mask != "none":
+        nodes.append(helper.make_node("Add", ["scores", "mask"], ["masked"]))
+    nodes += [helper.make_node("Softmax", ["masked" if mask != "none" else "scores"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vt"], ["ctx"]),
+              helper.make_node("Transpose", ["ctx"], ["ctxt"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ctxt", "merged"], ["y"])]
+    graph = helper.make_graph(nodes, "attention", inputs, [helper.make_tensor_value_info("y", f, None)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    feeds = {x: rng.standard_normal((b, s, h * d)).astype(np.float32) for x in ("q", "k", "v")}
+    if mask == "padding":
+        pad = np.zeros((b, 1, 1, s), np.float32)
+        pad[..., s - s // 8:] = -10000.0   # the last eighth of the keys is padding
+        feeds["mask"] = pad
+    return m, feeds
+
+
+def compile_both(model):
+    """(fused, unfused) kiln models with reports: -O3, and -O3 without fuse_attention."""
+    import kiln
+    from kiln.compiler import frontend
+    from kiln.passes.pipeline import passes_for, run_passes
+    fused = kiln.compile(model, report=True)
+    graph, _ = run_passes(frontend(model), passes=[p for p in passes_for(3) if p != "fuse_attention"])
+    unfused = kiln.compile(graph, opt_level=0, report=True)
+    return fused, unfused
+
+
+def run_case(b: int, s: int, h: int, d: int, mask: str, threads: int, budget: float) -> dict:
+    import onnx
+    from kiln.bench import compare, ort_session, stats, time_interleaved
+    model, feeds = attention_model(b, s, h, d, mask)
+    fused, unfused = compile_both(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "attention.onnx")
+        onnx.save(model, path)
+        sess = ort_session(path, threads)
+    want = {"y": sess.run(None, feeds)[0]}
+    err = {k: compare(m.run(feeds), want) for k, m in (("fused", fused), ("unfused", unfused))}
+    fns = {"fused": lambda: fused.run(feeds), "unfused": lambda: unfused.run(feeds),
+           "ort": lambda: sess.run(None, feeds)}
+    one = {k: stats(v)["median_ms"] for k, v in time_interleaved(fns, {k: 3 for k in fns}, 3).items()}
+    runs = {k: max(5, min(200, int(budget / 3 / max(one[k], 1e-3) * 1e3))) for k in fns}
+    load = os.getloadavg()[0]
+    times = time_interleaved(fns, runs, max(3, min(runs.values()) // 3))
+    med = {k: stats(v)["median_ms"] for k, v in times.items()}
+    skp = -(-s // 64) * 64
+    return {"batch": b, "seq": s, "heads": h, "dim": d, "mask": mask, "threads": threads,
+            "load_before": load, "load_after": os.getloadavg()[0],
+            "fused_ms": med["fused"], "unfused_ms": med["unfused"], "ort_ms": med["ort"],
+            "fused_arena": fused.report.arena_bytes, "unfused_arena": unfused.report.arena_bytes,
+            "fused_scratch": b * h * skp * 2 * d * 4, "scores_bytes": b * h * s * s * 4,
+            "fused_kernels": fused.report.kernels, "unfused_kernels": unfused.report.kernels,
+            "max_abs_fused": err["fused"]["max_abs"], "max_abs_unfused": err["unfused"]["max_abs"],
+            "ok": err["fused"]["ok"] and err["unfused"]["ok"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqs", default="128,512,2048")
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--mask", default="padding", choices=["padding", "causal", "none"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing per row")
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    rows = []
+    print(f"{'seq':>5} {'fused ms':>9} {'unfused':>9} {'ort':>9} {'f/unf':>6} {'f/ort':>6} "
+          f"{'arena fused':>12} {'arena unfused':>14} {'scratch':>10} {'S*S*H*4':>12} {'load':>10} ok")
+    for s in (int(x) for x in a.seqs.split(",")):
+        r = run_case(a.batch, s, a.heads, a.dim, a.mask, a.threads, a.budget)
+        rows.append(r)
+        print(f"{s:5d} {r['fused_ms']:9.3f} {r['unfused_ms']:9.3f} {r['ort_ms']:9.3f} "
+              f"{r['fused_ms'] / r['unfused_ms']:6.2f} {r['fused_ms'] / r['ort_ms']:6.2f} "
+              f"{r['fused_arena']:12,d} {r['unfused_arena']:14,d} {r['fused_scratch']:10,d} "
+              f"{r['scores_bytes']:12,d} {r['load_before']:4.1f}-{r['load_after']:4.1f} {r['ok']}", flush=True)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+/* kiln::FusedAttention, the kernel behind kiln.lower.fused_attention: softmax(Q·Kᵀ·scale +
+   mask)·V in the style of FlashAttention for CPUs. Q is tiled (BQ query rows per task),
+   K and V are streamed in blocks of BK keys, the softmax is online (a running max and sum
+   per row, the output accumulator rescaled when the max grows): the S x S scores are never
+   stored, only one BQ x BK tile per thread.
+
+   Instantiated per element types and tile constants: define KILN_FA_FN, KILN_FA_TQ, _TK,
+   _TV, _TM (the mask's element type), _TO, KILN_FA_LD(x) (an element as float), KILN_FA_ST(x)
+   (a float as the output element), KILN_FA_L (vector lanes of float), KILN_FA_MR (rows per
+   micro-tile), KILN_FA_NK (vectors of keys per Q·Kᵀ micro-tile), KILN_FA_NO (vectors of the
+   value dim per P·V micro-tile), KILN_FA_BK (keys per block, a multiple of NK * L),
+   KILN_FA_BQ (rows per task, a multiple of MR), KILN_FA_D, KILN_FA_DV, KILN_FA_DVP (DV
+   rounded up to a multiple of NO * L) before this file. Always inlined: the call site's
+   literal sizes and strides become constants.
+
+   Tensors are read through element strides over their logical axes (b, h, s, d): any
+   permutation of a contiguous tensor (the exporters' head Transposes) is read in place.
+   K and V are first packed (converted to float): Kᵀ in panels [b][g][block][D][BK] (keys
+   contiguous, for the micro-kernel's vector loads) and V as [b][g][SKP][DVP]; memory linear
+   in the sequence. Grouped-query / multi-query attention: query head h reads K/V head
+   h / (HQ / HKV), packed once, never copied per query head.
+
+   Masks: mask_kind 0 none, 1 additive (float), 2 boolean (true: visible; false: the score
+   becomes `fill`), 3 boolean the other way round (true: the score becomes `fill`), read through strides over (b, h, sq, sk) (0 where broadcast). causal >=
+   0: key t is visible to query s iff t <= s + causal (blocks above the diagonal are
+   skipped). A mask block whose every entry is <= -1e30 (or false with fill <= -1e30) is
+   skipped once every row of the tile has a visible key (its exp underflows to exactly 0
+   there); an all-zero (all-true) block skips the mask's reads.
+   A row with no finite score (everything masked with -inf): NaN when empty_nan (what
+   softmax of the decomposed graph gives), else zeros (ONNX Attention's rule).
+   Returns 0, or -1 when out of memory. */
+#ifndef KILN_FA_COMMON
+#define KILN_FA_COMMON
+#define KILN_FA_DEAD (-1e30f)
+/* exp as Cephes' expf, inline so a simd loop over a row vectorises it; 0 below -87.3
+   (where float's exp underflows anyway), NaN-free for -inf */
+static inline float kiln_fa_exp(float x) {
+  const float lo = -87.3f;
+  const float c = x < lo ? lo : x > 88.0f ? 88.0f : x;
+  const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = c - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  union { int32_t i; float f; } s = { ((int32_t)n + 127) << 23 };
+  return x < lo ? 0.0f : p * s.f;
+}
+static inline float kiln_fa_bf16(uint16_t x) {
+  union { uint32_t i; float f; } u = { (uint32_t)x << 16 };
+  return u.f;
+}
+static inline uint16_t kiln_fa_to_bf16(float f) {
+  union { float f; uint32_t i; } u = { f };
+  if ((u.i & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u.i >> 16) | 0x40u);  /* NaN stays NaN */
+  return (uint16_t)((u.i + 0x7fffu + ((u.i >> 16) & 1u)) >> 16);
+}
+#endif
+
+__attribute__((always_inline)) static inline int32_t KILN_FA_FN(
+    const KILN_FA_TQ* q, const KILN_FA_TK* k, const KILN_FA_TV* v, const KILN_FA_TM* mask, KILN_FA_TO* out,
+    int64_t B, int64_t HQ, int64_t HKV, int64_t SQ, int64_t SK,
+    int64_t qb, int64_t qh, int64_t qs, int64_t qd, int64_t kb_, int64_t kh, int64_t ks, int64_t kd,
+    int64_t vb, int64_t vh, int64_t vs, int64_t vd, int64_t ob, int64_t oh, int64_t os, int64_t od,
+    int mask_kind, int64_t mb, int64_t mh, int64_t mq, int64_t mk, float fill,
+    float scale, int64_t causal, int empty_nan, int64_t parallel_min) {
+  typedef float fv __attribute__((vector_size(KILN_FA_L * 4)));
+  enum { L = KILN_FA_L, MR = KILN_FA_MR, NK = KILN_FA_NK, NO = KILN_FA_NO, BK = KILN_FA_BK, BQ = KILN_FA_BQ,
+         D = KILN_FA_D, DV = KILN_FA_DV, DVP = KILN_FA_DVP };
+  const int64_t G = HQ / HKV;
+  const int64_t NKB = (SK + BK - 1) / BK, NQT = (SQ + BQ - 1) / BQ;
+  const int64_t SKP = NKB * BK;
+  /* block states (mask): per (mask batch, mask head, q tile, key block): 0 mixed, 1 dead, 2 zero */
+  const int64_t MBN = mask_kind && mb ? B : 1, MHN = mask_kind && mh ? HQ : 1, MQN = mask_kind && mq ? NQT : 1;
+  const size_t kbytes = sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * D;
+  const size_t vbytes = sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * DVP;
+  const size_t sbytes = mask_kind ? (size_t)(MBN * MHN * MQN * NKB) : 0;
+  float* kp = (float*)kiln_alloc(kbytes + vbytes + sbytes);
+  if (!kp) return -1;
+  float* vp = kp + (size_t)(B * HKV) * (size_t)SKP * D;
+  unsigned char* states = (unsigned char*)(vp + (size_t)(B * HKV) * (size_t)SKP * DVP);
+  const int par = B * HQ * SQ * SK * (D + DV) >= parallel_min;
+  #pragma omp parallel if (par)
+  {
+    #pragma omp for collapse(3) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < HKV; ++g)
+    for (int64_t blk = 0; blk < NKB; ++blk) {
+      float* kdst = kp + ((size_t)(b * HKV + g) * NKB + blk) * D * BK;
+      float* vdst = vp + ((size_t)(b * HKV + g) * SKP + blk * BK) * DVP;
+      for (int64_t j = 0; j < BK; ++j) {
+        const int64_t t = blk * BK + j;
+        if (t < SK) {
+          const KILN_FA_TK* kr = k + b * kb_ + g * kh + t * ks;
+          for (int64_t d = 0; d < D; ++d) kdst[d * BK + j] = KILN_FA_LD(kr[d * kd]);
+          const KILN_FA_TV* vr = v + b * vb + g * vh + t * vs;
+          for (int64_t e = 0; e < DV; ++e) vdst[j * DVP + e] = KILN_FA_LD(vr[e * vd]);
+          for (int64_t e = DV; e < DVP; ++e) vdst[j * DVP + e] = 0.0f;
+        } else {
+          for (int64_t d = 0; d < D; ++d) kdst[d * BK + j] = 0.0f;
+          for (int64_t e = 0; e < DVP; ++e) vdst[j * DVP + e] = 0.0f;
+        }
+      }
+    }
+    if (mask_kind) {
+      #pragma omp for collapse(2) schedule(static)
+      for (int64_t x = 0; x < MBN * MHN; ++x)
+      for (int64_t y = 0; y < MQN * NKB; ++y) {
+        const int64_t b = x / MHN, h = x % MHN, qt = y / NKB, blk = y % NKB;
+        const int64_t q0 = qt * BQ, k0 = blk * BK;
+        const int64_t nr = mq ? (SQ - q0 < BQ ? SQ - q0 : BQ) : 1, nk = SK - k0 < BK ? SK - k0 : BK;
+        int dead = 1, zero = 1;
+        for (int64_t r = 0; r < nr && (dead || zero); ++r) {
+          const KILN_FA_TM* row = mask + b * mb + h * mh + (q0 + r) * mq + k0 * mk;
+          for (int64_t j = 0; j < nk; ++j) {
+            if (mask_kind == 1) {
+              const float m = (float)row[j * mk];
+              dead &= m <= KILN_FA_DEAD;
+              zero &= m == 0.0f;
+            } else {
+              const int on = (row[j * mk] != 0) != (mask_kind == 3);
+              dead &= !on && fill <= KILN_FA_DEAD;
+              zero &= on;
+            }
+          }
+        }
+        states[x * MQN * NKB + y] = (unsigned char)(dead ? 1 : zero ? 2 : 0);
+      }
+    }
+    #pragma omp for collapse(3) schedule(static, 1)
+    for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < HQ; ++h)
+    for (int64_t qt = 0; qt < NQT; ++qt) {
+      const int64_t g = h / G, q0 = qt * BQ, nrows = SQ - q0 < BQ ? SQ - q0 : BQ;
+      float qt_[BQ][D] __attribute__((aligned(64)));
+      float o[BQ][DVP] __attribute__((aligned(64)));
+      float s[BQ][BK] __attribute__((aligned(64)));
+      float m[BQ], l[BQ], alpha[BQ];
+      for (int64_t r = 0; r < BQ; ++r) {
+        const int64_t row = q0 + (r < nrows ? r : nrows - 1);
+        const KILN_FA_TQ* qr = q + b * qb + h * qh + row * qs;
+        for (int64_t d = 0; d < D; ++d) qt_[r][d] = scale * KILN_FA_LD(qr[d * qd]);
+        for (int64_t e = 0; e < DVP; ++e) o[r][e] = 0.0f;
+        m[r] = -INFINITY; l[r] = 0.0f;
+      }
+      const unsigned char* st = mask_kind ? states + ((mb ? b : 0) * MHN + (mh ? h : 0)) * MQN * NKB
+                                              + (mq ? qt : 0) * NKB : 0;
+      const float* kpg = kp + (size_t)(b * HKV + g) * NKB * D * BK;
+      const float* vpg = vp + (size_t)(b * HKV + g) * SKP * DVP;
+      int live = 0;  /* every row of the tile has seen a score above the dead level */
+      for (int64_t blk = 0; blk < NKB; ++blk) {
+        const int64_t k0 = blk * BK, nk = SK - k0 < BK ? SK - k0 : BK;
+        if (causal >= 0 && k0 > q0 + nrows - 1 + causal) break;
+        const int state = mask_kind ? st[blk] : 2;
+        if (state == 1 && live) continue;
+        const float* kb = kpg + blk * D * BK;
+        /* S = Q·Kᵀ, MR x (NK * L) micro-tiles held in registers over d */
+        for (int64_t r0 = 0; r0 < nrows; r0 += MR)
+          for (int64_t c0 = 0; c0 < BK; c0 += NK * L) {
+            fv acc[MR][NK];
+            #pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r)
+              #pragma GCC unroll 8
+              for (int n = 0; n < NK; ++n) acc[r][n] = (fv){0};
+            for (int64_t d = 0; d < D; ++d) {
+              fv kk[NK];
+              #pragma GCC unroll 8
+              for (int n = 0; n < NK; ++n) memcpy(&kk[n], kb + d * BK + c0 + n * L, sizeof(fv));
+              #pragma GCC unroll 16
+              for (int r = 0; r < MR; ++r) {
+                const float qv = qt_[r0 + r][d];
+                #pragma GCC unroll 8
+                for (int n = 0; n < NK; ++n) acc[r][n] += qv * kk[n];
+              }
+            }
+            #pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r)
+              #pragma GCC unroll 8
+              for (int n = 0; n < NK; ++n) memcpy(&s[r0 + r][c0 + n * L], &acc[r][n], sizeof(fv));
+          }
+        /* mask, causal bound, keys past the end; then the online softmax per row */
+        int all_live = 1;
+        for (int64_t r = 0; r < nrows; ++r) {
+          float* sr = s[r];
+          const int64_t row = q0 + r;
+          if (state == 0) {
+            const KILN_FA_TM* mr_ = mask + (mask_kind ? b * mb + h * mh + row * mq + k0 * mk : 0);
+            if (mask_kind == 1) {
+              for (int64_t j = 0; j < nk; ++j) sr[j] += (float)mr_[j * mk];
+            } else if (mask_kind == 2) {
+              for (int64_t j = 0; j < nk; ++j) sr[j] = mr_[j * mk] ? sr[j] : fill;
+            } else {
+              for (int64_t j = 0; j < nk; ++j) sr[j] = mr_[j * mk] ? fill : sr[j];
+            }
+          } else if (state == 1) {  /* dead, but some row has seen nothing live yet */
+            if (mask_kind == 1) {
+              const KILN_FA_TM* mr_ = mask + b * mb + h * mh + row * mq + k0 * mk;
+              for (int64_t j = 0; j < nk; ++j) sr[j] += (float)mr_[j * mk];
+            } else {
+              for (int64_t j = 0; j < nk; ++j) sr[j] = fill;
+            }
+          }
+          int64_t vis = nk;
+          if (causal >= 0 && row + causal - k0 + 1 < vis) vis = row + causal - k0 + 1;
+          if (vis < 0) vis = 0;
+          for (int64_t j = vis; j < BK; ++j) sr[j] = -INFINITY;
+          float mx = -INFINITY;
+          #pragma omp simd reduction(max:mx)
+          for (int64_t j = 0; j < BK; ++j) mx = sr[j] > mx ? sr[j] : mx;
+          const float mnew = mx > m[r] ? mx : m[r];
+          if (mnew == -INFINITY) {  /* nothing visible yet: no weight, nothing to rescale */
+            for (int64_t j = 0; j < BK; ++j) sr[j] = 0.0f;
+            alpha[r] = 1.0f;
+            all_live = 0;
+            continue;
+          }
+          alpha[r] = kiln_fa_exp(m[r] - mnew);
+          float sum = 0.0f;
+          #pragma omp simd reduction(+:sum)
+          for (int64_t j = 0; j < BK; ++j) {
+            const float p = kiln_fa_exp(sr[j] - mnew);
+            sr[j] = p;
+            sum += p;
+          }
+          l[r] = l[r] * alpha[r] + sum;
+          m[r] = mnew;
+          all_live &= mnew > 0.1f * KILN_FA_DEAD;
+        }
+        live = all_live;
+        /* O = O * alpha + P·V, MR x (NO * L) micro-tiles held in registers over the keys */
+        const float* vblk = vpg + k0 * DVP;
+        for (int64_t r0 = 0; r0 < nrows; r0 += MR)
+          for (int64_t c0 = 0; c0 < DVP; c0 += NO * L) {
+            fv acc[MR][NO];
+            #pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+              const float a = r0 + r < nrows ? alpha[r0 + r] : 0.0f;
+              #pragma GCC unroll 8
+              for (int n = 0; n < NO; ++n) {
+                memcpy(&acc[r][n], &o[r0 + r][c0 + n * L], sizeof(fv));
+                acc[r][n] *= a;
+              }
+            }
+            for (int64_t j = 0; j < nk; ++j) {
+              fv vv[NO];
+              #pragma GCC unroll 8
+              for (int n = 0; n < NO; ++n) memcpy(&vv[n], vblk + j * DVP + c0 + n * L, sizeof(fv));
+              #pragma GCC unroll 16
+              for (int r = 0; r < MR; ++r) {
+                const float p = s[r0 + r][j];
+                #pragma GCC unroll 8
+                for (int n = 0; n < NO; ++n) acc[r][n] += p * vv[n];
+              }
+            }
+            #pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r)
+              #pragma GCC unroll 8
+              for (int n = 0; n < NO; ++n) memcpy(&o[r0 + r][c0 + n * L], &acc[r][n], sizeof(fv));
+          }
+      }
+      for (int64_t r = 0; r < nrows; ++r) {
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : empty_nan ? NAN : 0.0f;
+        KILN_FA_TO* orow = out + b * ob + h * oh + (q0 + r) * os;
+        for (int64_t e = 0; e < DV; ++e) orow[e * od] = KILN_FA_ST(o[r][e] * inv);
+      }
+    }
+  }
+  free(kp);
+  return 0;
+}

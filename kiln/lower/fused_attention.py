@@ -1,0 +1,144 @@
+"""kiln::FusedAttention's native kernel (cpu target), shared with the ONNX Attention op.
+
+One C kernel (kiln/codegen/c_src/flash_attention.c) computes softmax(Q·Kᵀ·scale + mask)·V
+FlashAttention-style: per (batch, head, tile of query rows) it streams K/V in blocks,
+keeps a running max and sum per row and never stores the S x S scores. Its two products
+are register-tiled micro-kernels in the GEMM's manner (kiln.lower.gemm: an mr x nr tile of
+accumulators over the reduction, one operand packed into vector-wide panels): Q·Kᵀ with
+Kᵀ packed in panels of keys, P·V with V packed as rows. `FlashCall` describes one call
+(logical dims, element strides, mask, scale, causal offset); `flash_kernel` makes it a
+lowering's extern kernel, its tile sized for the Target.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kiln.codegen.csource import c_instance
+from kiln.dtypes import DType
+from kiln.lower.decisions import parallel_min_work
+from kiln.ops.fused_attention import DOMAIN, MASK_KINDS, contiguous_strides, logical_shapes, mask_strides
+from kiln.ops.registry import LowerCtx, lowering
+from kiln.targets.target import Target
+
+FLOATS = (DType.float32, DType.float16, DType.bfloat16)
+MASK_FLOATS = (DType.float32, DType.float16, DType.float64)
+
+
+@dataclass(frozen=True)
+class FlashTile:
+    """The kernel's tile: lanes per vector, micro-tile rows, vectors of keys (Q·Kᵀ) and of
+    the value dim (P·V) per micro-tile row, keys per block, query rows per task."""
+    lanes: int
+    mr: int
+    nk: int
+    no: int
+    bk: int
+    bq: int
+
+
+def flash_tile(target: Target, dv: int) -> FlashTile:
+    """Accumulators mr x max(nk, no) plus one row of loads and a broadcast fit the register
+    file (AVX-512's 32: 6 rows x 4 vectors, 64 keys or 64 dims; AVX2's 16: 6 x 2). A block
+    of 64 keys keeps the online softmax's rescale of the output (a multiply per output
+    element per block) small against the block's products (64 multiply-adds per element);
+    four micro-tiles of rows per task reuse each K/V block from L1 (Kᵀ and V blocks of
+    D = 64: 16 KiB each)."""
+    lanes, regs = target.vector_lanes(4), target.vector_registers
+    nv = 4 if regs >= 32 else 2
+    no = max(1, min(nv, -(-dv // lanes)))
+    mr = max(1, min(6, (regs - nv - 1) // nv))
+    bk = nv * lanes * max(1, 64 // (nv * lanes))
+    return FlashTile(lanes, mr, nv, no, bk, 4 * mr)
+
+
+@dataclass(frozen=True)
+class FlashCall:
+    """One fused attention: logical dims, element strides over (b, h, s, d) of q, k, v and
+    the output, and the mask's over (b, h, sq, sk) (0 where broadcast)."""
+    dims: tuple            # (B, HQ, HKV, SQ, SK, D, DV)
+    strides: tuple         # (q, k, v, out), four ints each
+    scale: float
+    mask_kind: int = 0     # 0 none, 1 additive, 2 boolean (true: visible), 3 boolean (true: masked)
+    mask_strides: tuple = (0, 0, 0, 0)
+    fill: float = -math.inf
+    causal: int = -1
+    empty_nan: bool = True
+
+
+def permuted_strides(shape, perm) -> tuple[int, ...]:
+    """Element strides over the logical axes of numpy.transpose(x, perm), x contiguous."""
+    st = contiguous_strides(shape)
+    return tuple(st[p] for p in perm)
+
+
+def out_strides(logical_shape, out_perm) -> tuple[int, ...]:
+    """Element strides over the logical axes when the output is stored transposed by out_perm."""
+    phys = [logical_shape[p] for p in out_perm]
+    st = contiguous_strides(phys)
+    inv = [list(out_perm).index(j) for j in range(4)]
+    return tuple(st[i] for i in inv)
+
+
+def _types(dt: DType) -> tuple[str, str, str]:
+    """(C type, element -> float, float -> element) for an input/output dtype."""
+    if dt is DType.bfloat16:
+        return dt.c_storage, "kiln_fa_bf16(x)", "kiln_fa_to_bf16(x)"
+    return dt.c, "(float)(x)", f"({dt.c})(x)"
+
+
+def _lit(x: float) -> str:
+    if math.isinf(x):
+        return "-INFINITY" if x < 0 else "INFINITY"
+    return f"{float(x).hex()}f" if x == x else "NAN"
+
+
+def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_dtype: DType):
+    """The extern kernel computing `call` (see kiln/codegen/c_src/flash_attention.c)."""
+    b, hq, hkv, sq, sk, d, dv = call.dims
+    if sk == 0 or d == 0:
+        ctx.fail("attention over an empty key sequence or head size has no fused kernel", stage="lower")
+    if q.dtype not in FLOATS or k.dtype is not q.dtype or v.dtype is not q.dtype or out_dtype is not q.dtype:
+        ctx.fail(f"the fused attention kernel takes one float dtype for q, k, v and the output, "
+                 f"got {q.dtype}, {k.dtype}, {v.dtype} -> {out_dtype}", stage="lower")
+    t = flash_tile(Target.of(ctx.target), dv)
+    dvp = -(-dv // (t.no * t.lanes)) * t.no * t.lanes
+    ct, ld, st = _types(q.dtype)
+    mt = "float" if mask is None else mask.dtype.c
+    fn = f"kiln_flash_attention_{q.dtype.name}_{mask.dtype.name if mask is not None else 'none'}_{d}_{dv}"
+    macros = {"KILN_FA_FN": fn, "KILN_FA_TQ": ct, "KILN_FA_TK": ct, "KILN_FA_TV": ct, "KILN_FA_TM": mt,
+              "KILN_FA_TO": ct, "KILN_FA_LD(x)": ld, "KILN_FA_ST(x)": st, "KILN_FA_L": t.lanes,
+              "KILN_FA_MR": t.mr, "KILN_FA_NK": t.nk, "KILN_FA_NO": t.no, "KILN_FA_BK": t.bk, "KILN_FA_BQ": t.bq,
+              "KILN_FA_D": d, "KILN_FA_DV": dv, "KILN_FA_DVP": dvp}
+    preamble = c_instance("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper())
+    args = ["in0", "in1", "in2", "in3" if mask is not None else "NULL", "out0",
+            *(str(x) for x in (b, hq, hkv, sq, sk)), *(str(x) for s in call.strides for x in s),
+            str(call.mask_kind), *(str(x) for x in call.mask_strides), _lit(call.fill), _lit(call.scale),
+            str(call.causal), str(int(call.empty_nan)), str(parallel_min_work())]
+    body = f"  return {fn}({', '.join(args)});"
+    return ctx.extern(body, [q, k, v, mask], [(tuple(out_shape), out_dtype)], preamble=preamble)
+
+
+@lowering("FusedAttention", domain=DOMAIN)
+def _lower(ctx: LowerCtx, q, k, v, mask=None):
+    perms = [tuple(int(i) for i in ctx.attr(f"{n}_perm", [0, 1, 2, 3])) for n in ("q", "k", "v", "out")]
+    (nb, hq, sq, d), (_, hkv, sk, _), (_, _, _, dv) = logical_shapes(ctx, [q.shape, k.shape, v.shape])
+    strides = tuple(permuted_strides(x.shape, p) for x, p in zip((q, k, v), perms)) + \
+        (out_strides((nb, hq, sq, dv), perms[3]),)
+    kind, ms = 0, (0, 0, 0, 0)
+    if mask is not None:
+        name = ctx.attr("mask_kind", "add")
+        kind = MASK_KINDS.index(name.decode() if isinstance(name, bytes) else name) + 1
+        ms = mask_strides(mask.shape, (nb, hq, sq, sk))
+        if ms is None:
+            ctx.fail(f"mask of shape {tuple(mask.shape)} does not broadcast to the scores {(nb, hq, sq, sk)}",
+                     stage="lower")
+        if kind == 1 and mask.dtype not in MASK_FLOATS or kind > 1 and mask.dtype is not DType.bool:
+            ctx.fail(f"a {'additive' if kind == 1 else 'boolean'} mask of dtype {mask.dtype} has no fused kernel",
+                     stage="lower")
+    empty = ctx.attr("empty", "nan")
+    call = FlashCall((nb, hq, hkv, sq, sk, d, dv), strides, float(ctx.attr("scale", 1.0)), kind, ms,
+                     float(ctx.attr("fill", -math.inf)), int(ctx.attr("causal", -1)),
+                     (empty.decode() if isinstance(empty, bytes) else empty) == "nan")
+    return flash_kernel(ctx, call, q, k, v, mask, ctx.out_shape(0), ctx.out_dtype(0))

@@ -1,0 +1,164 @@
+"""kiln::FusedAttention's native kernel (online softmax over K/V blocks) against its NumPy
+reference, on fresh random inputs: random shapes, head groupings, layouts, masks, causal
+offsets, odd and tiny sequence lengths, and rows with every key masked."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import kiln
+from kiln.dtypes import DType
+from kiln.graph.ir import Graph, Node, Value
+from kiln.graph.types import TensorType
+from kiln.interpreter import Interpreter
+from kiln.ops.infer import Inferencer
+
+PERMS = [(0, 1, 2, 3), (0, 2, 1, 3)]   # (b, h, s, d) stored as is, or as (b, s, h, d)
+
+
+def _phys(shape, perm):
+    """The stored shape whose numpy.transpose by `perm` has the logical `shape`."""
+    inv = [perm.index(i) for i in range(4)]
+    return tuple(shape[i] for i in inv)
+
+
+def fused_graph(b, hq, hkv, sq, sk, d, dv, *, perms=None, out_perm=(0, 1, 2, 3), mask=None, dtype=DType.float32,
+                **attrs):
+    """One FusedAttention node; `mask` = (shape, DType) of a mask input, or None."""
+    qp, kp, vp = perms or ((0, 1, 2, 3),) * 3
+    ins = [Value("q", TensorType(dtype, _phys((b, hq, sq, d), qp))),
+           Value("k", TensorType(dtype, _phys((b, hkv, sk, d), kp))),
+           Value("v", TensorType(dtype, _phys((b, hkv, sk, dv), vp)))]
+    if mask is not None:
+        ins.append(Value("mask", TensorType(mask[1], tuple(mask[0]))))
+    attrs = dict(q_perm=list(qp), k_perm=list(kp), v_perm=list(vp), out_perm=list(out_perm), **attrs)
+    node = Node("FusedAttention", list(ins), [Value("y", None)], attrs, "fa", "kiln")
+    opsets = {"": 17, "kiln": 1}
+    Inferencer(opsets).infer_node(node)
+    return Graph("g", ins, list(node.outputs), [node], opsets)
+
+
+def feeds_for(g: Graph, rng, mask_fn=None):
+    out = []
+    for v in g.inputs:
+        shape, dt = tuple(v.type.shape), v.type.dtype.np
+        if v.name == "mask":
+            out.append(mask_fn(shape) if mask_fn else rng.standard_normal(shape).astype(dt))
+        else:
+            x = rng.standard_normal(shape).astype(np.float32)
+            x[x == 0] = 0.5
+            out.append(x.astype(dt))
+    return out
+
+
+def check(g: Graph, xs, rtol=1e-4, atol=1e-5):
+    want = Interpreter(g).run(xs)[0]
+    got = kiln.compile(g, opt_level=0)(*xs)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+    return got, want
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 2), hkv=st.integers(1, 3), group=st.sampled_from([1, 2, 4]), sq=st.integers(1, 70),
+       sk=st.integers(1, 150), d=st.sampled_from([8, 16, 24, 64]), dv=st.sampled_from([8, 16, 40, 64]),
+       perm=st.sampled_from(PERMS), mask=st.sampled_from([None, "add", "add_row", "bool", "bool_not"]),
+       causal=st.sampled_from([-1, 0, 3]), seed=st.integers(0, 2**16))
+def test_random_shapes_masks_and_head_groups(b, hkv, group, sq, sk, d, dv, perm, mask, causal, seed):
+    rng = np.random.default_rng(seed)
+    hq = hkv * group
+    attrs = dict(scale=1 / math.sqrt(d), causal=causal)
+    mspec, fn = None, None
+    if mask == "add":
+        mspec = ((b, 1, sq, sk), DType.float32)
+    elif mask == "add_row":   # a padding mask: one row per batch, broadcast over heads and queries
+        mspec = ((b, 1, 1, sk), DType.float32)
+        fn = lambda s: np.where(rng.random(s) < 0.3, np.float32(-1e4), np.float32(0))  # noqa: E731
+    elif mask in ("bool", "bool_not"):
+        mspec = ((sq, sk), DType.bool)
+        fn = lambda s: (rng.random(s) < 0.7) == (mask == "bool")  # noqa: E731
+        attrs.update(fill=float(np.finfo(np.float32).min))
+    if mask is not None:
+        attrs["mask_kind"] = mask if mask.startswith("bool") else "add"
+    g = fused_graph(b, hq, hkv, sq, sk, d, dv, perms=(perm, perm, perm), out_perm=perm, mask=mspec, **attrs)
+    check(g, feeds_for(g, rng, fn))
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 2), (2, 1), (63, 65), (65, 63), (129, 127)])
+def test_odd_and_tiny_lengths(sq, sk):
+    rng = np.random.default_rng(sq * 1000 + sk)
+    g = fused_graph(1, 4, 2, sq, sk, 32, 32, scale=0.2, causal=max(0, sk - sq))
+    check(g, feeds_for(g, rng))
+
+
+def test_gpt2_layout_causal_additive_mask():
+    """GPT-2's form: Q/K/V read as (b, s, h, d), a [B, 1, S, S] additive causal mask of
+    float32's min (blocks above the diagonal all dead: skipped), the output written (b, s, h, d)."""
+    rng = np.random.default_rng(0)
+    s = 200
+    tri = np.where(np.tril(np.ones((s, s), bool)), np.float32(0), np.finfo(np.float32).min)
+    g = fused_graph(2, 4, 4, s, s, 64, 64, perms=((0, 2, 1, 3),) * 3, out_perm=(0, 2, 1, 3),
+                    mask=((2, 1, s, s), DType.float32), scale=0.125, mask_kind="add")
+    check(g, feeds_for(g, rng, lambda shape: np.broadcast_to(tri, shape).copy()))
+
+
+def test_fully_masked_rows_nan_or_zero():
+    """A row whose every key is -inf: NaN as the decomposed softmax (0/0), or zeros
+    (ONNX Attention's rule); a row masked with float32's min instead averages V uniformly."""
+    rng = np.random.default_rng(1)
+    sq, sk = 5, 70
+    m = rng.standard_normal((1, 1, sq, sk)).astype(np.float32)
+    m[0, 0, 1] = -np.inf
+    m[0, 0, 3] = np.finfo(np.float32).min
+    for empty in ("nan", "zero"):
+        g = fused_graph(1, 2, 1, sq, sk, 16, 16, mask=((1, 1, sq, sk), DType.float32), mask_kind="add",
+                        empty=empty, scale=0.25)
+        xs = feeds_for(g, rng, lambda shape: m)
+        want = Interpreter(g).run(xs)[0]
+        got = kiln.compile(g, opt_level=0)(*xs)
+        assert np.isnan(want[0, :, 1]).all() == (empty == "nan")
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        if empty == "zero":
+            assert not got[0, :, 1].any()
+        np.testing.assert_allclose(got[0, :, 3], xs[2][0, 0].mean(axis=0)[None].repeat(2, 0), rtol=1e-4,
+                                   atol=1e-5)
+        keep = ~np.isnan(want)
+        np.testing.assert_allclose(got[keep], want[keep], rtol=1e-4, atol=1e-5)
+
+
+def test_bool_mask_with_minus_inf_fill_and_dead_blocks():
+    """Where(mask, scores, -inf) with whole 64-key blocks masked for some rows, all keys for one."""
+    rng = np.random.default_rng(2)
+    sq, sk = 30, 200
+    m = rng.random((1, 1, sq, sk)) < 0.9
+    m[:, :, :10, :128] = False
+    m[:, :, 12] = False
+    g = fused_graph(1, 3, 3, sq, sk, 16, 8, mask=((1, 1, sq, sk), DType.bool), mask_kind="bool",
+                    fill=-math.inf, scale=0.3)
+    xs = feeds_for(g, rng, lambda shape: m)
+    want = Interpreter(g).run(xs)[0]
+    got = kiln.compile(g, opt_level=0)(*xs)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    keep = ~np.isnan(want)
+    np.testing.assert_allclose(got[keep], want[keep], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [DType.float16, DType.bfloat16])
+def test_half_inputs(dtype):
+    rng = np.random.default_rng(3)
+    g = fused_graph(1, 4, 2, 33, 77, 32, 32, dtype=dtype, scale=0.18, causal=0)
+    xs = feeds_for(g, rng)
+    check(g, xs, rtol=2e-2, atol=2e-2)
+
+
+def test_bad_layout_and_heads_are_clear_errors():
+    x = [Value(n, TensorType(DType.float32, (1, 2, 4, 8))) for n in "qkv"]
+    node = Node("FusedAttention", x, [Value("y", None)], {"q_perm": [0, 1, 2, 2]}, "fa", "kiln")
+    with pytest.raises(kiln.KilnError, match="q_perm must be a permutation"):
+        Inferencer({"": 17, "kiln": 1}).infer_node(node)
+    with pytest.raises(kiln.KilnError, match="do not fit"):
+        fused_graph(1, 3, 2, 4, 4, 8, 8)
