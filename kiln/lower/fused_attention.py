@@ -38,19 +38,21 @@ class FlashTile:
     bq: int
 
 
-def flash_tile(target: Target, dv: int) -> FlashTile:
+def flash_tile(target: Target, dv: int, sk: int) -> FlashTile:
     """Accumulators mr x max(nk, no) plus one row of loads and a broadcast fit the register
     file (AVX-512's 32: 6 rows x 4 vectors, 64 keys or 64 dims; AVX2's 16: 6 x 2). A block
     of 64 keys keeps the online softmax's rescale of the output (a multiply per output
     element per block) small against the block's products (64 multiply-adds per element);
     four micro-tiles of rows per task reuse each K/V block from L1 (Kᵀ and V blocks of
-    D = 64: 16 KiB each)."""
+    D = 64: 16 KiB each). Fewer keys than that: the block is the keys rounded up to whole
+    vectors (32 keys: 2 vectors of 16, not 64 with half of them padding)."""
     lanes, regs = target.vector_lanes(4), target.vector_registers
     nv = 4 if regs >= 32 else 2
     no = max(1, min(nv, -(-dv // lanes)))
+    nk = max(1, min(nv, -(-sk // lanes)))
     mr = max(1, min(6, (regs - nv - 1) // nv))
-    bk = nv * lanes * max(1, 64 // (nv * lanes))
-    return FlashTile(lanes, mr, nv, no, bk, 4 * mr)
+    bk = nk * lanes * max(1, min(64 // (nk * lanes), -(-sk // (nk * lanes))))
+    return FlashTile(lanes, mr, nk, no, bk, 4 * mr)
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,12 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
     if q.dtype not in FLOATS or k.dtype is not q.dtype or v.dtype is not q.dtype or out_dtype is not q.dtype:
         ctx.fail(f"the fused attention kernel takes one float dtype for q, k, v and the output, "
                  f"got {q.dtype}, {k.dtype}, {v.dtype} -> {out_dtype}", stage="lower")
-    t = flash_tile(Target.of(ctx.target), dv)
+    t = flash_tile(Target.of(ctx.target), dv, sk)
     dvp = -(-dv // (t.no * t.lanes)) * t.no * t.lanes
     ct, ld, st = _types(q.dtype)
     mt = "float" if mask is None else mask.dtype.c
-    fn = f"kiln_flash_attention_{q.dtype.name}_{mask.dtype.name if mask is not None else 'none'}_{d}_{dv}"
+    fn = (f"kiln_flash_attention_{q.dtype.name}_{mask.dtype.name if mask is not None else 'none'}_{d}_{dv}"
+          f"_{t.nk}_{t.bk}")
     macros = {"KILN_FA_FN": fn, "KILN_FA_TQ": ct, "KILN_FA_TK": ct, "KILN_FA_TV": ct, "KILN_FA_TM": mt,
               "KILN_FA_TO": ct, "KILN_FA_LD(x)": ld, "KILN_FA_ST(x)": st, "KILN_FA_L": t.lanes,
               "KILN_FA_MR": t.mr, "KILN_FA_NK": t.nk, "KILN_FA_NO": t.no, "KILN_FA_BK": t.bk, "KILN_FA_BQ": t.bq,

@@ -103,18 +103,21 @@ def _infer(ctx):
 
 @op("FusedAttention", infer=_infer, domain=DOMAIN, fusion=OPAQUE)
 def fused_attention(ctx, q, k, v, mask=None):
-    """The golden model: scores in float64 on the logical tensors, as the decomposed graph."""
+    """The golden model on the logical tensors: the masked scores rounded to float32 (what the
+    decomposed float32 graph computes: a row whose visible scores all carry -1e4 keeps float32's
+    precision there, not float64's), softmax and P·V in float64."""
     ql, kl, vl = (np.transpose(x, _perm(ctx, f"{n}_perm")).astype(np.float64)
                   for x, n in ((q, "q"), (k, "k"), (v, "v")))
     group = ql.shape[1] // kl.shape[1]
     kl, vl = np.repeat(kl, group, axis=1), np.repeat(vl, group, axis=1)
-    s = ql @ np.swapaxes(kl, -1, -2) * float(ctx.attr("scale", 1.0))
+    s = (ql @ np.swapaxes(kl, -1, -2) * float(ctx.attr("scale", 1.0))).astype(np.float32)
     if mask is not None:
-        kind, fill = _text(ctx, "mask_kind", "add", MASK_KINDS), float(ctx.attr("fill", -np.inf))
+        kind, fill = _text(ctx, "mask_kind", "add", MASK_KINDS), np.float32(ctx.attr("fill", -np.inf))
         if kind == "add":
-            s = s + mask.astype(np.float64)
+            s = s + mask.astype(np.float32)
         else:
             s = np.where(mask, s, fill) if kind == "bool" else np.where(mask, fill, s)
+    s = s.astype(np.float64)
     causal = int(ctx.attr("causal", -1))
     if causal >= 0:
         i, j = np.arange(s.shape[2])[:, None], np.arange(s.shape[3])[None, :]

@@ -26,28 +26,44 @@ def _phys(shape, perm):
     return tuple(shape[i] for i in inv)
 
 
-def fused_graph(b, hq, hkv, sq, sk, d, dv, *, perms=None, out_perm=(0, 1, 2, 3), mask=None, dtype=DType.float32,
-                **attrs):
-    """One FusedAttention node; `mask` = (shape, DType) of a mask input, or None."""
+def fused_node(k, b, hq, hkv, sq, sk, d, dv, *, perms=None, out_perm=(0, 1, 2, 3), mask=None,
+               dtype=DType.float32, **attrs):
+    """FusedAttention node `k` (inputs q{k}, k{k}, v{k}, mask{k}) and its inputs; `mask` =
+    (shape, DType) of a mask input, or None."""
     qp, kp, vp = perms or ((0, 1, 2, 3),) * 3
-    ins = [Value("q", TensorType(dtype, _phys((b, hq, sq, d), qp))),
-           Value("k", TensorType(dtype, _phys((b, hkv, sk, d), kp))),
-           Value("v", TensorType(dtype, _phys((b, hkv, sk, dv), vp)))]
+    ins = [Value(f"q{k}", TensorType(dtype, _phys((b, hq, sq, d), qp))),
+           Value(f"k{k}", TensorType(dtype, _phys((b, hkv, sk, d), kp))),
+           Value(f"v{k}", TensorType(dtype, _phys((b, hkv, sk, dv), vp)))]
     if mask is not None:
-        ins.append(Value("mask", TensorType(mask[1], tuple(mask[0]))))
+        ins.append(Value(f"mask{k}", TensorType(mask[1], tuple(mask[0]))))
     attrs = dict(q_perm=list(qp), k_perm=list(kp), v_perm=list(vp), out_perm=list(out_perm), **attrs)
-    node = Node("FusedAttention", list(ins), [Value("y", None)], attrs, "fa", "kiln")
-    opsets = {"": 17, "kiln": 1}
-    Inferencer(opsets).infer_node(node)
-    return Graph("g", ins, list(node.outputs), [node], opsets)
+    node = Node("FusedAttention", list(ins), [Value(f"y{k}", None)], attrs, f"fa{k}", "kiln")
+    Inferencer(OPSETS).infer_node(node)
+    return node, ins
+
+
+OPSETS = {"": 17, "kiln": 1}
+
+
+def fused_graph(*args, **kw):
+    """A graph of one FusedAttention node (fused_node's arguments)."""
+    return many([fused_node(0, *args, **kw)])
+
+
+def many(made):
+    """One graph (one native module to build) of several (node, inputs)."""
+    nodes = [n for n, _ in made]
+    return Graph("g", [v for _, ins in made for v in ins], [n.outputs[0] for n in nodes], nodes, OPSETS)
 
 
 def feeds_for(g: Graph, rng, mask_fn=None):
+    """Random inputs; masks from `mask_fn` (a function of the shape, or {input name: function})."""
     out = []
     for v in g.inputs:
         shape, dt = tuple(v.type.shape), v.type.dtype.np
-        if v.name == "mask":
-            out.append(mask_fn(shape) if mask_fn else rng.standard_normal(shape).astype(dt))
+        fn = mask_fn.get(v.name) if isinstance(mask_fn, dict) else mask_fn
+        if v.name.startswith("mask"):
+            out.append(fn(shape) if fn else rng.standard_normal(shape).astype(dt))
         else:
             x = rng.standard_normal(shape).astype(np.float32)
             x[x == 0] = 0.5
@@ -56,42 +72,56 @@ def feeds_for(g: Graph, rng, mask_fn=None):
 
 
 def check(g: Graph, xs, rtol=1e-4, atol=1e-5):
-    want = Interpreter(g).run(xs)[0]
-    got = kiln.compile(g, opt_level=0)(*xs)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
-    return got, want
+    wants = Interpreter(g).run(xs)
+    gots = kiln.compile(g, opt_level=0)(*xs)
+    gots = gots if isinstance(gots, tuple) else (gots,)
+    for got, want in zip(gots, wants):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+    return gots[0], wants[0]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(b=st.integers(1, 2), hkv=st.integers(1, 3), group=st.sampled_from([1, 2, 4]), sq=st.integers(1, 70),
-       sk=st.integers(1, 150), d=st.sampled_from([8, 16, 24, 64]), dv=st.sampled_from([8, 16, 40, 64]),
-       perm=st.sampled_from(PERMS), mask=st.sampled_from([None, "add", "add_row", "bool", "bool_not"]),
-       causal=st.sampled_from([-1, 0, 3]), seed=st.integers(0, 2**16))
-def test_random_shapes_masks_and_head_groups(b, hkv, group, sq, sk, d, dv, perm, mask, causal, seed):
+CASE = st.fixed_dictionaries(dict(
+    b=st.integers(1, 2), hkv=st.integers(1, 3), group=st.sampled_from([1, 2, 4]), sq=st.integers(1, 70),
+    sk=st.integers(1, 150), d=st.sampled_from([8, 16, 24, 64]), dv=st.sampled_from([8, 16, 40, 64]),
+    perm=st.sampled_from(PERMS), mask=st.sampled_from([None, "add", "add_row", "bool", "bool_not"]),
+    causal=st.sampled_from([-1, 0, 3])))
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases=st.lists(CASE, min_size=4, max_size=4), seed=st.integers(0, 2**16))
+def test_random_shapes_masks_and_head_groups(cases, seed):
+    """Four random attentions per example, built as one module (a build per node would be slow)."""
     rng = np.random.default_rng(seed)
-    hq = hkv * group
-    attrs = dict(scale=1 / math.sqrt(d), causal=causal)
-    mspec, fn = None, None
-    if mask == "add":
-        mspec = ((b, 1, sq, sk), DType.float32)
-    elif mask == "add_row":   # a padding mask: one row per batch, broadcast over heads and queries
-        mspec = ((b, 1, 1, sk), DType.float32)
-        fn = lambda s: np.where(rng.random(s) < 0.3, np.float32(-1e4), np.float32(0))  # noqa: E731
-    elif mask in ("bool", "bool_not"):
-        mspec = ((sq, sk), DType.bool)
-        fn = lambda s: (rng.random(s) < 0.7) == (mask == "bool")  # noqa: E731
-        attrs.update(fill=float(np.finfo(np.float32).min))
-    if mask is not None:
-        attrs["mask_kind"] = mask if mask.startswith("bool") else "add"
-    g = fused_graph(b, hq, hkv, sq, sk, d, dv, perms=(perm, perm, perm), out_perm=perm, mask=mspec, **attrs)
-    check(g, feeds_for(g, rng, fn))
+    made, fns = [], {}
+    for k, c in enumerate(cases):
+        b, hq, hkv, sq, sk, d, dv = c["b"], c["hkv"] * c["group"], c["hkv"], c["sq"], c["sk"], c["d"], c["dv"]
+        mask, perm = c["mask"], c["perm"]
+        attrs = dict(scale=1 / math.sqrt(d), causal=c["causal"])
+        mspec = None
+        if mask == "add":
+            mspec = ((b, 1, sq, sk), DType.float32)
+        elif mask == "add_row":   # a padding mask: one row per batch, broadcast over heads and queries
+            mspec = ((b, 1, 1, sk), DType.float32)
+            fns[f"mask{k}"] = lambda s: np.where(rng.random(s) < 0.3, np.float32(-1e4), np.float32(0))
+        elif mask in ("bool", "bool_not"):
+            mspec = ((sq, sk), DType.bool)
+            fns[f"mask{k}"] = lambda s, m=mask: (rng.random(s) < 0.7) == (m == "bool")
+            attrs.update(fill=float(np.finfo(np.float32).min))
+        if mask is not None:
+            attrs["mask_kind"] = mask if mask.startswith("bool") else "add"
+        made.append(fused_node(k, b, hq, hkv, sq, sk, d, dv, perms=(perm, perm, perm), out_perm=perm, mask=mspec,
+                               **attrs))
+    g = many(made)
+    check(g, feeds_for(g, rng, fns))
 
 
-@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 2), (2, 1), (63, 65), (65, 63), (129, 127)])
-def test_odd_and_tiny_lengths(sq, sk):
-    rng = np.random.default_rng(sq * 1000 + sk)
-    g = fused_graph(1, 4, 2, sq, sk, 32, 32, scale=0.2, causal=max(0, sk - sq))
+def test_odd_and_tiny_lengths():
+    """Query and key counts of 1, 2, and either side of the 64-key block and 24-row tile."""
+    rng = np.random.default_rng(7)
+    sizes = [(1, 1), (1, 2), (2, 1), (23, 25), (63, 65), (65, 63), (129, 127)]
+    g = many([fused_node(k, 1, 4, 2, sq, sk, 32, 32, scale=0.2, causal=max(0, sk - sq))
+              for k, (sq, sk) in enumerate(sizes)])
     check(g, feeds_for(g, rng))
 
 
@@ -114,18 +144,18 @@ def test_fully_masked_rows_nan_or_zero():
     m = rng.standard_normal((1, 1, sq, sk)).astype(np.float32)
     m[0, 0, 1] = -np.inf
     m[0, 0, 3] = np.finfo(np.float32).min
-    for empty in ("nan", "zero"):
-        g = fused_graph(1, 2, 1, sq, sk, 16, 16, mask=((1, 1, sq, sk), DType.float32), mask_kind="add",
-                        empty=empty, scale=0.25)
-        xs = feeds_for(g, rng, lambda shape: m)
-        want = Interpreter(g).run(xs)[0]
-        got = kiln.compile(g, opt_level=0)(*xs)
-        assert np.isnan(want[0, :, 1]).all() == (empty == "nan")
+    g = many([fused_node(k, 1, 2, 1, sq, sk, 16, 16, mask=((1, 1, sq, sk), DType.float32), mask_kind="add",
+                         empty=empty, scale=0.25) for k, empty in enumerate(("nan", "zero"))])
+    xs = feeds_for(g, rng, lambda shape: m)
+    wants = Interpreter(g).run(xs)
+    gots = kiln.compile(g, opt_level=0)(*xs)
+    for k, (got, want) in enumerate(zip(gots, wants)):
+        v = xs[4 * k + 2]
+        assert np.isnan(want[0, :, 1]).all() == (k == 0)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        if empty == "zero":
+        if k == 1:
             assert not got[0, :, 1].any()
-        np.testing.assert_allclose(got[0, :, 3], xs[2][0, 0].mean(axis=0)[None].repeat(2, 0), rtol=1e-4,
-                                   atol=1e-5)
+        np.testing.assert_allclose(got[0, :, 3], v[0, 0].mean(axis=0)[None].repeat(2, 0), rtol=1e-4, atol=1e-5)
         keep = ~np.isnan(want)
         np.testing.assert_allclose(got[keep], want[keep], rtol=1e-4, atol=1e-5)
 
@@ -147,12 +177,12 @@ def test_bool_mask_with_minus_inf_fill_and_dead_blocks():
     np.testing.assert_allclose(got[keep], want[keep], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [DType.float16, DType.bfloat16])
-def test_half_inputs(dtype):
+def test_half_inputs():
+    """float16 and bfloat16 q, k, v (computed in float32, stored back in their dtype)."""
     rng = np.random.default_rng(3)
-    g = fused_graph(1, 4, 2, 33, 77, 32, 32, dtype=dtype, scale=0.18, causal=0)
-    xs = feeds_for(g, rng)
-    check(g, xs, rtol=2e-2, atol=2e-2)
+    g = many([fused_node(k, 1, 4, 2, 33, 77, 32, 32, dtype=dt, scale=0.18, causal=0)
+              for k, dt in enumerate((DType.float16, DType.bfloat16))])
+    check(g, feeds_for(g, rng), rtol=2e-2, atol=2e-2)
 
 
 def test_bad_layout_and_heads_are_clear_errors():

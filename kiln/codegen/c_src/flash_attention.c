@@ -128,7 +128,7 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
         states[x * MQN * NKB + y] = (unsigned char)(dead ? 1 : zero ? 2 : 0);
       }
     }
-    #pragma omp for collapse(3) schedule(static, 1)
+    #pragma omp for collapse(3) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < HQ; ++h)
     for (int64_t qt = 0; qt < NQT; ++qt) {
