@@ -110,7 +110,8 @@ def _fused_attention(ctx: LowerCtx, q, k, v, mask, past_key, nonpad):
     if (past_key is not None or nonpad is not None or ctx.attr("softcap", 0.0) or ctx.num_outputs != 1
             or ctx.attr("left_window_size", -1) >= 0
             or ctx.attr("right_window_size", -1) >= 0 or ctx.attr("softmax_precision", 0) not in (0, 1)
-            or q.dtype not in FLOATS or k.dtype is not q.dtype or v.dtype is not q.dtype):
+            or q.dtype not in FLOATS or k.dtype is not q.dtype or v.dtype is not q.dtype
+            or not all(isinstance(n, int) for x in (q, k, v, mask) if x is not None for n in x.shape)):
         return None
     if len(q.shape) == 4:
         (nb, hq, sq, d), (_, hkv, sk, _), dv = q.shape, k.shape, v.shape[3]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kiln.dtypes import DType
 from kiln.graph.ir import Graph, Node, Value
 from kiln.ops.fused_attention import DOMAIN, mask_strides
-from kiln.passes.edit import const_scalar, static_shape, use_counts
+from kiln.passes.edit import Namer, const_scalar, new_node, static_shape, use_counts
 from kiln.passes.edit import producers as edit_producers
 from kiln.passes.registry import PassContext, graph_pass
 
@@ -49,10 +49,12 @@ class _Match:
     mask: str | None
     softmax: Node
     pv: Node
+    bias_node: Node | None = None   # Add(Add(scores, bias), mask): the inner Add (T5's position bias)
 
     @property
     def nodes(self) -> list[Node]:
-        return [n for n in (self.qk, self.scale_node, self.mask_node, self.softmax, self.pv) if n is not None]
+        return [n for n in (self.qk, self.scale_node, self.bias_node, self.mask_node, self.softmax, self.pv)
+                if n is not None]
 
 
 MIN_KEYS = 1  # the fused kernel is used from this many keys on (see fusion_pays)
@@ -72,8 +74,9 @@ def fusion_pays(b: int, hq: int, sq: int, sk: int, d: int) -> tuple[bool, str]:
 def fuse_attention(graph: Graph, ctx: PassContext) -> Graph:
     """Rewrite Softmax(Q·Kᵀ·scale + mask)·V groups to kiln::FusedAttention; report each."""
     producers, consumers, uses = edit_producers(graph), graph.consumers(), use_counts(graph)
+    namer = Namer(graph)
     order = {id(n): i for i, n in enumerate(graph.nodes)}
-    replace: dict[int, Node] = {}      # id(node) -> the fused node that takes its place
+    replace: dict[int, list] = {}      # id(node) -> the nodes that take its place
     dead: set[int] = set()
     fused = 0
     for n in graph.nodes:
@@ -82,19 +85,20 @@ def fuse_attention(graph: Graph, ctx: PassContext) -> Graph:
         m = _attention_at(graph, n, producers, consumers)
         if m is None:
             continue
-        node, why = _plan(graph, m, producers, consumers, uses)
+        made, why = _plan(graph, m, producers, consumers, uses, namer)
         names = tuple(x.name for x in sorted(m.nodes, key=lambda x: order[id(x)]))
         ctx.report(AttentionGroup(names, m.scale, m.mask, why))
-        if node is None:
+        if not made:
             continue
-        out = node.outputs[0]
+        out = made[-1].outputs[0]
         absorbed = m.nodes + [x for x in consumers.get(m.pv.outputs[0].id, []) if x.outputs[0] is out]
-        replace[id(m.pv)] = node   # Q, K, V and the mask are all made before the ·V MatMul
+        replace[id(m.pv)] = made   # Q, K, V and the mask are all made before the ·V MatMul
         dead.update(id(x) for x in absorbed)
         fused += 1
     if fused:
         graph.opsets.setdefault(DOMAIN, 1)
-        graph.nodes = [replace.get(id(x), x) for x in graph.nodes if id(x) not in dead or id(x) in replace]
+        graph.nodes = [y for x in graph.nodes if id(x) not in dead or id(x) in replace
+                       for y in replace.get(id(x), [x])]
         ctx.tally({"FusedAttention": fused})
     return graph
 
@@ -108,16 +112,20 @@ def _attention_at(graph: Graph, sm: Node, producers, consumers) -> _Match | None
             or readers[0].op != "MatMul" or readers[0].domain or readers[0].inputs[0] is not sm.outputs[0]):
         return None
     s, p = sm.inputs[0], producers.get(sm.inputs[0].id)
-    candidates = [(s, None, None)]
+    candidates = [(s, None, None, None)]
     if p is not None and p.op == "Add" and not p.domain:
-        candidates = [(u, "additive", p) for u in p.inputs]
+        candidates = [(u, "additive", p, None) for u in p.inputs]
+        for u in p.inputs:   # a bias added, then the mask: Add(Add(scores, bias), mask)
+            inner = producers.get(u.id)
+            if inner is not None and inner.op == "Add" and not inner.domain:
+                candidates += [(w, "additive", p, inner) for w in inner.inputs]
     elif p is not None and p.op == "Where" and not p.domain:
-        candidates = [(p.inputs[1], "where", p), (p.inputs[2], "where_not", p)]
-    for v, mask, mask_node in candidates:
+        candidates = [(p.inputs[1], "where", p, None), (p.inputs[2], "where_not", p, None)]
+    for v, mask, mask_node, bias_node in candidates:
         found = _scores(v, producers)
         if found is not None:
             qk, scale_node, scale = found
-            return _Match(qk, scale_node, scale, mask_node, mask, sm, readers[0])
+            return _Match(qk, scale_node, scale, mask_node, mask, sm, readers[0], bias_node)
     return None
 
 
@@ -138,49 +146,57 @@ def _scores(v: Value, producers):
 
 # -- the rewrite ----------------------------------------------------------------------------
 
-def _plan(graph: Graph, m: _Match, producers, consumers, uses) -> tuple[Node | None, str]:
-    """The fused node for match `m` (its inputs read through Transposes and GQA repeats), or
-    None and why not."""
+def _plan(graph: Graph, m: _Match, producers, consumers, uses, namer: Namer) -> tuple[list[Node], str]:
+    """The nodes replacing match `m` (the fused node, its inputs read through Transposes and
+    GQA repeats, after an Add of bias and mask when both are added), or none, and why."""
     a, bt = m.qk.inputs
     vm = m.pv.inputs[1]
     y = m.pv.outputs[0]
     shapes = [static_shape(x) for x in (a, bt, vm, y)]
     if any(s is None for s in shapes):
-        return None, "not fused here: sizes unknown (decided again per input shape)"
+        return [], "not fused here: sizes unknown (decided again per input shape)"
     if any(len(s) != 4 for s in shapes):
-        return None, "not fused: the fused kernel takes 4-D (batch, head, seq, dim) products"
+        return [], "not fused: the fused kernel takes 4-D (batch, head, seq, dim) products"
     dt = a.type.dtype
     if dt is not DType.float32 or any(x.type.dtype is not dt for x in (bt, vm, y)):
-        return None, f"not fused: {dt} scores (the fused kernel is used for float32 graphs)"
-    outs = [m.qk, m.scale_node, m.mask_node, m.softmax]
+        return [], f"not fused: {dt} scores (the fused kernel is used for float32 graphs)"
+    outs = [m.qk, m.scale_node, m.bias_node, m.mask_node, m.softmax]
     for x in outs:
         if x is not None and (uses[x.outputs[0].id] != 1 or any(v is x.outputs[0] for v in graph.outputs)):
-            return None, f"not fused: {x.name}'s result is read elsewhere"
+            return [], f"not fused: {x.name}'s result is read elsewhere"
     (b, hq, sq, d), (_, hk, _, sk), (_, hv, _, dv) = shapes[0], shapes[1], shapes[2]
     if shapes[1][:1] != (b,) or shapes[2][:1] != (b,) or hk != hv or hq % hk:
-        return None, f"not fused: Q {shapes[0]}, Kᵀ {shapes[1]}, V {shapes[2]} batch dims do not line up"
+        return [], f"not fused: Q {shapes[0]}, Kᵀ {shapes[1]}, V {shapes[2]} batch dims do not line up"
     attrs = {"scale": float(1.0 if m.scale is None else m.scale)}
-    mask = None
+    mask, made = None, []
     if m.mask_node is not None:
         score_side = m.scale_node.outputs[0] if m.scale_node is not None else m.qk.outputs[0]
+        if m.bias_node is not None:
+            bias = next(x for x in m.bias_node.inputs if x is not score_side)
+            later = next(x for x in m.mask_node.inputs if x is not m.bias_node.outputs[0])
+            if any(x.type.dtype is not DType.float32 for x in (bias, later)):
+                return [], "not fused: the bias and mask are not both float32"
+            made.append(new_node(graph, "Add", [bias, later], namer.fresh(f"{m.bias_node.name}/bias_and_mask"),
+                                 [namer.fresh(f"{m.bias_node.name}.bias_and_mask")]))
+            score_side = m.bias_node.outputs[0]
         if m.mask in ("where", "where_not"):
             cond = m.mask_node.inputs[0]
             fill = const_scalar(m.mask_node.inputs[2 if m.mask == "where" else 1])
             if fill is None or cond.type.dtype is not DType.bool:
-                return None, "not fused: Where's fill is not a constant scalar"
+                return [], "not fused: Where's fill is not a constant scalar"
             mask = cond
             attrs.update(mask_kind="bool" if m.mask == "where" else "bool_not", fill=float(fill))
         else:
-            mask = next(x for x in m.mask_node.inputs if x is not score_side)
+            mask = made[0].outputs[0] if made else next(x for x in m.mask_node.inputs if x is not score_side)
             if mask.type.dtype not in (DType.float32, DType.float16, DType.float64):
-                return None, f"not fused: a {mask.type.dtype} additive mask"
+                return [], f"not fused: a {mask.type.dtype} additive mask"
             attrs["mask_kind"] = "add"
         ms = static_shape(mask)
         if ms is None or mask_strides(ms, (b, hq, sq, sk)) is None:
-            return None, f"not fused: mask of shape {ms} does not broadcast to the scores"
+            return [], f"not fused: mask of shape {ms} does not broadcast to the scores"
     pays, why = fusion_pays(b, hq, sq, sk, d)
     if not pays:
-        return None, "not fused: " + why
+        return [], "not fused: " + why
     q, qp = _source(a, (0, 1, 2, 3), producers, None)
     k, kp = _source(bt, (0, 1, 3, 2), producers, hq)
     v, vp = _source(vm, (0, 1, 2, 3), producers, hq)
@@ -196,7 +212,7 @@ def _plan(graph: Graph, m: _Match, producers, consumers, uses) -> tuple[Node | N
             out, op_ = readers[0].outputs[0], perm
     attrs.update(q_perm=list(qp), k_perm=list(kp), v_perm=list(vp), out_perm=list(op_), empty="nan")
     ins = [q, k, v] + ([mask] if mask is not None else [])
-    return Node("FusedAttention", ins, [out], attrs, m.pv.name or m.softmax.name, DOMAIN), why
+    return made + [Node("FusedAttention", ins, [out], attrs, m.pv.name or m.softmax.name, DOMAIN)], why
 
 
 def _perm(node: Node) -> tuple[int, ...] | None:

@@ -100,3 +100,16 @@ def test_softmax_not_followed_by_matmul_is_not_attention():
 def test_group_text():
     g = AttentionGroup(("a", "b"), None, None, "not fused: why")
     assert str(g) == "attention (a, b) scale none, mask none: not fused: why"
+
+
+def test_bias_then_mask_become_one_mask():
+    """T5's form, Add(Add(scores, position_bias), mask): the op gets bias + mask as one mask."""
+    sig = SIG.replace("%mask: float32[1,1,1,4]", "%bias: float32[1,2,4,4], %mask: float32[1,1,1,4]")
+    text = _attention("Mul", '  %sb: float32[1,2,4,4] = Add(%s, %bias) name "bias"\n'
+                             '  %m: float32[1,2,4,4] = Add(%sb, %mask) name "mask"', sig)
+    g = graph(text, c=F(1.0))
+    out, stats = run_pass("fuse_attention", g)
+    assert _ops(out) == ["Add", "kiln::FusedAttention"]
+    assert stats.findings[0].nodes == ("qk", "scale", "bias", "mask", "softmax", "pv")
+    assert [v.name for v in out.nodes[0].inputs] == ["bias", "mask"]
+    assert_equivalent(g, out)
