@@ -25,6 +25,7 @@ from kiln.ops.fused_attention import DOMAIN, mask_strides
 from kiln.passes.edit import Namer, const_scalar, new_node, static_shape, use_counts
 from kiln.passes.edit import producers as edit_producers
 from kiln.passes.registry import PassContext, graph_pass
+from kiln.targets.target import Target
 
 
 @dataclass(frozen=True)
@@ -57,15 +58,17 @@ class _Match:
                 if n is not None]
 
 
-MIN_KEYS = 1  # the fused kernel is used from this many keys on (see fusion_pays)
-
-
-def fusion_pays(b: int, hq: int, sq: int, sk: int, d: int) -> tuple[bool, str]:
-    """Whether the fused kernel is expected to beat the decomposed kernels, and why. It
-    does the same multiply-adds without storing and re-reading the scores (2 x S x S floats
-    per head), copying the head Transposes or repeating K/V heads."""
-    if sk < MIN_KEYS:
-        return False, f"{sk} keys: the decomposed kernels are faster below {MIN_KEYS}"
+def fusion_pays(b: int, hq: int, sq: int, sk: int, d: int, target: Target) -> tuple[bool, str]:
+    """Whether the fused kernel is expected to beat the decomposed kernels, and why. It does
+    the same multiply-adds without storing and re-reading the scores (B x H x Sq x Sk floats),
+    copying the head Transposes or repeating K/V heads, but it has a fixed cost per call
+    (packing K and V, a tile of 24 query rows) that a handful of keys does not repay: fused
+    from one vector of keys on (`benchmarks/attention.py --clock cpu`, 12 heads x 64, one
+    thread of an AVX-512 Zen 4, load 15: fused / decomposed 1.84 at 4 keys, 1.57 at 8, 0.85
+    at 16, 0.84 at 32, 0.95 at 512, 0.89 at 2048; causal 0.44 at 2048)."""
+    lanes = target.vector_lanes(4)
+    if sk < lanes:
+        return False, f"{sk} keys, fewer than one {lanes}-float vector: the decomposed kernels are faster"
     mib = b * hq * sq * sk * 4 / 2**20
     return True, f"fused: kiln::FusedAttention, scores of {b}x{hq}x{sq}x{sk} ({mib:.3g} MiB) never stored"
 
@@ -85,7 +88,7 @@ def fuse_attention(graph: Graph, ctx: PassContext) -> Graph:
         m = _attention_at(graph, n, producers, consumers)
         if m is None:
             continue
-        made, why = _plan(graph, m, producers, consumers, uses, namer)
+        made, why = _plan(graph, m, producers, consumers, uses, namer, ctx.target)
         names = tuple(x.name for x in sorted(m.nodes, key=lambda x: order[id(x)]))
         ctx.report(AttentionGroup(names, m.scale, m.mask, why))
         if not made:
@@ -146,7 +149,8 @@ def _scores(v: Value, producers):
 
 # -- the rewrite ----------------------------------------------------------------------------
 
-def _plan(graph: Graph, m: _Match, producers, consumers, uses, namer: Namer) -> tuple[list[Node], str]:
+def _plan(graph: Graph, m: _Match, producers, consumers, uses, namer: Namer, target: Target
+          ) -> tuple[list[Node], str]:
     """The nodes replacing match `m` (the fused node, its inputs read through Transposes and
     GQA repeats, after an Add of bias and mask when both are added), or none, and why."""
     a, bt = m.qk.inputs
@@ -194,7 +198,7 @@ def _plan(graph: Graph, m: _Match, producers, consumers, uses, namer: Namer) -> 
         ms = static_shape(mask)
         if ms is None or mask_strides(ms, (b, hq, sq, sk)) is None:
             return [], f"not fused: mask of shape {ms} does not broadcast to the scores"
-    pays, why = fusion_pays(b, hq, sq, sk, d)
+    pays, why = fusion_pays(b, hq, sq, sk, d, target)
     if not pays:
         return [], "not fused: " + why
     q, qp = _source(a, (0, 1, 2, 3), producers, None)
