@@ -19,7 +19,7 @@ from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.lower.decisions import parallel_min_work
 from kiln.ops.fused_attention import DOMAIN, MASK_KINDS, contiguous_strides, logical_shapes, mask_strides
-from kiln.ops.registry import LowerCtx, lowering
+from kiln.lower.context import LowerCtx, lowering
 from kiln.targets.target import Target
 
 FLOATS = (DType.float32, DType.float16, DType.bfloat16)
