@@ -27,3 +27,21 @@ def test_fork_cost_reports_each_setting(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if "gap" in line]
     assert len(rows) == len(fork_cost.SETTINGS)
     assert all(len(re.findall(r"\d+\.\d\d", r)) == 4 for r in rows)
+
+
+def test_kernel_profile_lists_kernels_beside_ort(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(0).standard_normal((8, 8, 1, 1)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 6, 6])], [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "tiny.onnx"))
+    monkeypatch.setenv("KILN_CORPUS_DIR", str(tmp_path))
+    from benchmarks import kernel_profile
+    kernel_profile.main(["tiny", "--dims", "batch=2", "--runs", "2"])
+    out = capsys.readouterr().out
+    assert re.search(r"kiln: \d+ kernels", out) and "Relu" in out and "ONNX Runtime:" in out
