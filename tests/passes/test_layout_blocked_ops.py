@@ -9,22 +9,7 @@ from kiln.interpreter import Interpreter
 from kiln.passes import layout
 from tests.passes.util import assert_equivalent, graph, prog, random_inputs, run_pass
 
-F = np.float32
-rng = np.random.default_rng(3)
-
-
-def R(*shape):
-    return rng.standard_normal(shape).astype(F)
-
-
-@pytest.fixture(autouse=True)
-def block8(monkeypatch):
-    monkeypatch.setenv("KILN_NCHWC", "8")
-    monkeypatch.setattr(layout, "SELECTIVE", False)
-
-
-def _ops(g):
-    return [n.qualified_op for n in g.nodes]
+from tests.passes.test_layout import F, R, _ops, block8  # noqa: F401 (block8: autouse, block 8, every conv)
 
 
 def _compiled_matches(g, blocked, seed=0):
