@@ -119,7 +119,7 @@ def test_random_blocked_conv1d_matches_reference(n, c, length, oc, k, s, d, pads
 
 def test_conv1d_net_at_O3_with_symbolic_batch():
     """A strided, dilated 1-D conv net with a residual Add and a symbolic batch: compiled at -O3
-    (specialised per batch, every conv blocked) against the interpreter at batch 1 and 3."""
+    (specialised per batch) against the interpreter at batch 1 and 3."""
     rng = np.random.default_rng(5)
     body = ('  %a: float32[N,16,40] = Conv(%x, %w1, %b1) {kernel_shape = [4], strides = [2], pads = [1, 1]} name "c1"\n'
             '  %r: float32[N,16,40] = Relu(%a) name "r1"\n'
