@@ -101,7 +101,7 @@ def steady(generic, special, shapes, runs: int) -> list[tuple]:
                 fn.run(feeds)
                 acc.append(time.perf_counter() - t0)
         g, sp = float(np.median(tg)) * 1e3, float(np.median(ts)) * 1e3
-        rows.append((b, s, g, sp, g / sp))
+        rows.append((" ".join(f"{k}{list(v.shape)}" for k, v in feeds.items()), g, sp, g / sp))
     return rows
 
 
@@ -134,8 +134,8 @@ def main(argv=None) -> int:
           f"C compiler runs: {compiles}")
     sp = kiln.compile(model, target="cpu", shapes="specialize")
     print(f"\nsteady state, generic vs specialised ({args.runs} interleaved runs, medians)")
-    for b, s, tg, ts, r in steady(g, sp, [(1, 16), (1, 128), (4, 64), (8, 128)], args.runs):
-        print(f"  encoder b={b} s={s}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}")
+    for shapes, tg, ts, r in steady(g, sp, [(1, 16), (1, 128), (4, 64), (8, 128)], args.runs):
+        print(f"  encoder {shapes}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}")
     for name in [c for c in args.corpus.split(",") if c]:
         path = os.path.expanduser(f"~/.cache/kiln-corpus/{name}.onnx")
         m = kiln.compile(path, target="cpu", shapes="generic")
@@ -143,8 +143,8 @@ def main(argv=None) -> int:
             print(f"  {name}: not generic ({m.shapes_reason})")
             continue
         sp = kiln.compile(path, target="cpu", shapes="specialize")
-        for b, s, tg, ts, r in steady(m, sp, [(1, 128), (4, 128)], args.runs):
-            print(f"  {name} b={b} s={s}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}")
+        for shapes, tg, ts, r in steady(m, sp, [(1, 128), (4, 128)], args.runs):
+            print(f"  {name} {shapes}: generic {tg:.3f} ms, specialised {ts:.3f} ms, ratio {r:.2f}")
     return 0
 
 

@@ -18,6 +18,10 @@
 
 `native` runs partition → build behind the module cache (kiln.targets.cache);
 `run_stages` runs the same functions, keeping each result, for `kiln compile --emit`.
+With shapes="generic" (or "tiered"), `generic` instead lowers the optimized graph once with
+its symbols kept symbolic (kiln.lower.generic: the same partition → lower_groups → memory →
+emit_module, kernels taking the symbols' values, the arena planned per shape at run time)
+→ generate → build → load a kiln.runtime.generic.GenericModule that runs every shape.
 """
 
 from __future__ import annotations
