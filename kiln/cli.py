@@ -82,7 +82,7 @@ def decision_option(f):
     return click.option("--decision", "decisions", multiple=True, metavar="[KERNEL:]NAME=VALUE",
                         callback=_decisions,
                         help="Override a schedule decision (kiln.lower.decisions) for every kernel, or "
-                             "for one kernel (k3_Conv:parallel_min_work=0); repeatable.")(f)
+                             "for one kernel (k3_Conv:fork_gain=0); repeatable.")(f)
 
 
 def target_option(f):

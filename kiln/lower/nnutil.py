@@ -8,7 +8,7 @@ from __future__ import annotations
 from kiln.dtypes import DType
 from kiln.loops import const
 from kiln.loops.symbols import extent, hint
-from kiln.lower.decisions import PARALLEL_MIN_WORK, parallel_min_work
+from kiln.lower.decisions import OneOf, declare, parallel_min_work
 from kiln.targets.target import Target
 
 
@@ -16,7 +16,11 @@ from kiln.targets.target import Target
 # per thread) is this many times the fork and join: the split is rarely even, and a thread
 # woken late costs the whole kernel. On 2 cores: a serial run of 4 forks (80 us when threads
 # sleep between kernels) or more.
-FORK_GAIN = 2.0
+FORK_GAIN = 2
+FORK_GAIN_DECISION = declare(
+    "fork_gain", OneOf((0, 1, 2, 4, 8, 16)), lambda target: FORK_GAIN,
+    "a kernel past parallel_min_work forks when the time its threads save is this many forks "
+    "and joins (0: always)")
 # One core's serial multiply-adds (or ops) per microsecond, per kind of kernel, as formulas
 # of the Target, each constant with the measurement behind it:
 # - "conv" and "gemm" (the packed GEMM's micro-kernel, kiln.lower.gemm): register-blocked
@@ -40,18 +44,15 @@ def serial_rate(kind: str, target: Target) -> float:
 
 def parallel_worth(work: int, target: Target, kind: str = "window") -> bool:
     """Whether a kernel doing `work` multiply-adds (window ops, elements copied) should run
-    in parallel on `target`: past the serial threshold (`parallel_min_work`, a decision a
-    tuner may set: then it alone decides), when the time `target.cores` threads save is
-    FORK_GAIN times the fork and join (`Target.fork_us`: a wake-up when threads sleep
+    in parallel on `target`: past the serial floor (`parallel_min_work`), when the time `target.cores` threads
+    save is `fork_gain` (FORK_GAIN by default) times the fork and join (`Target.fork_us`: a wake-up when threads sleep
     between kernels, kiln's default; ~2 us when they spin). A symbolic `work` is judged
     at its symbols' hints (kiln.loops.symbols)."""
     work = hint(work)
     if work < parallel_min_work():
         return False
-    if PARALLEL_MIN_WORK.asked() is not None:
-        return True
     saved = work / serial_rate(kind, target) * (1 - 1 / max(2, target.cores))
-    return saved >= FORK_GAIN * target.fork_us
+    return saved >= FORK_GAIN_DECISION.value() * target.fork_us
 
 
 def _rup(a: int, b: int) -> int:

@@ -56,7 +56,7 @@ def test_another_value_gives_another_valid_schedule_and_its_own_cache_entry(tmp_
     x = feeds()
     want = x["a"] @ x["b"]
     default = run_stages(matmul_model(), "c")
-    forked = run_stages(matmul_model(), "c", decisions={"parallel_min_work": 0})   # the threshold alone decides
+    forked = run_stages(matmul_model(), "c", decisions={"parallel_min_work": 0, "fork_gain": 0})   # always fork
     serial = run_stages(matmul_model(), "c", decisions={"parallel_min_work": 1 << 40})
     assert "omp parallel" in forked.source.text and "omp parallel" not in serial.source.text
     (k,) = [k for k in serial.lowered.kernels if k.func.name.endswith("MatMul")]

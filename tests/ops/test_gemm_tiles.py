@@ -83,7 +83,8 @@ def test_a_gemm_forks_when_its_serial_time_pays_for_it():
     assert not _forks(16, 128, 256, SLEEP)       # 524K: ~9 us, less than waking a thread twice
     assert _forks(16, 128, 256, SPIN)
     assert _forks(256, 768, 768, SLEEP)
-    assert _forks(64, 32, 64, SPIN, overrides={"parallel_min_work": 0})   # a tuner's threshold decides alone
+    assert not _forks(64, 32, 64, SPIN, overrides={"parallel_min_work": 0})   # the floor alone: the model still says no
+    assert _forks(64, 32, 64, SPIN, overrides={"parallel_min_work": 0, "fork_gain": 0})   # a tuner forces a fork
     assert not _forks(256, 768, 768, SPIN, overrides={"parallel_min_work": 1 << 40})
 
 
