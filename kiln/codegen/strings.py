@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from kiln.codegen.csource import c_source
+from kiln.codegen.csource import c_instance, c_source
 
 if TYPE_CHECKING:
     from kiln.loops.stmt import ExternFunc
@@ -103,40 +103,13 @@ def case_helpers(kind: str) -> str:
     out = [f"#ifndef KILN_CASE_{k.upper()}\n#define KILN_CASE_{k.upper()}\n",
            _int_array(f"kiln_{k}_cp", "int32_t", cps), _int_array(f"kiln_{k}_off", "int32_t", offs),
            f"static const char kiln_{k}_bytes[] = {c_bytes(bytes(blob))};\n"]
-    sigma = ""
     if kind == "lower":
         out.append(_sigma_helpers())
-        sigma = """    if (c == 0x3A3) { p[o++] = (char)0xCF; p[o++] = kiln_final_sigma(u, s.len, i, w) ? (char)0x82 : (char)0x83;
-      i += w; continue; }
-"""
-    ascii_change = "u[i] >= 'A' && u[i] <= 'Z' ? u[i] + 32" if kind == "lower" else "u[i] >= 'a' && u[i] <= 'z' ? u[i] - 32"
-    out.append(f"""static int kiln_str_{k}(kiln_str s, kiln_str* out) {{
-  if (!kiln_str_ok(s) || s.len > INT64_MAX / {ratio}) return 2;
-  char* p = kiln_str_alloc(s.len * {ratio});
-  if (!p) return 1;
-  const unsigned char* u = (const unsigned char*)s.ptr;
-  int64_t o = 0, i = 0;
-  while (i < s.len) {{
-    if (u[i] < 0x80) {{ p[o++] = (char)({ascii_change} : u[i]); ++i; continue; }}
-    int32_t c;
-    const int w = kiln_utf8_next(u + i, s.len - i, &c);
-{sigma}    int64_t lo = 0, hi = {len(cps)};
-    while (lo < hi) {{ const int64_t mid = (lo + hi) / 2; if (kiln_{k}_cp[mid] < c) lo = mid + 1; else hi = mid; }}
-    if (c >= 0 && lo < {len(cps)} && kiln_{k}_cp[lo] == c) {{
-      const int32_t a = kiln_{k}_off[lo], b = kiln_{k}_off[lo + 1];
-      memcpy(p + o, kiln_{k}_bytes + a, (size_t)(b - a));
-      o += b - a;
-    }} else {{
-      memcpy(p + o, u + i, (size_t)w);
-      o += w;
-    }}
-    i += w;
-  }}
-  out->ptr = p; out->len = o;
-  return 0;
-}}
-#endif
-""")
+    ascii_change = "(b) >= 'A' && (b) <= 'Z' ? (b) + 32" if kind == "lower" else "(b) >= 'a' && (b) <= 'z' ? (b) - 32"
+    macros = {"KILN_CASE_FN": f"kiln_str_{k}", "KILN_CASE_CP": f"kiln_{k}_cp", "KILN_CASE_OFF": f"kiln_{k}_off",
+              "KILN_CASE_BYTES": f"kiln_{k}_bytes", "KILN_CASE_N": str(len(cps)), "KILN_CASE_RATIO": str(ratio),
+              "KILN_CASE_ASCII(b)": f"({ascii_change} : (b))", "KILN_CASE_SIGMA": str(int(kind == "lower"))}
+    out.append(c_instance("str_case.c", macros, f"KILN_CASE_FN_{k.upper()}") + "#endif\n")
     return "".join(out)
 
 
@@ -153,14 +126,11 @@ def _sigma_helpers() -> str:
     parts = []
     for name, pts in (("cased", cased), ("ignorable", ignorable)):
         rs = _ranges(pts)
+        macros = {"KILN_RANGES_FN": f"kiln_is_{name}", "KILN_RANGES_LO": f"kiln_{name}_lo",
+                  "KILN_RANGES_HI": f"kiln_{name}_hi", "KILN_RANGES_N": str(len(rs))}
         parts += [_int_array(f"kiln_{name}_lo", "int32_t", [a for a, _ in rs]),
                   _int_array(f"kiln_{name}_hi", "int32_t", [b for _, b in rs]),
-                  f"""static int kiln_is_{name}(int32_t c) {{
-  int64_t lo = 0, hi = {len(rs)};
-  while (lo < hi) {{ const int64_t mid = (lo + hi) / 2; if (kiln_{name}_hi[mid] < c) lo = mid + 1; else hi = mid; }}
-  return c >= 0 && lo < {len(rs)} && kiln_{name}_lo[lo] <= c;
-}}
-"""]
+                  c_instance("code_point_ranges.c", macros, f"KILN_IS_{name.upper()}")]
     parts.append(c_source("final_sigma.c"))
     return "".join(parts)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.lower.ml_common import c_table as _table, c_type as _c_type
 from kiln.ops.ml import _encoder_table, _key
@@ -16,8 +17,9 @@ from kiln.lower.context import lowering
 # ---- native lowerings ----
 #
 # Both ops are one table lookup per element: keys sorted at compile time (strings by
-# their UTF-8 bytes, as kiln_str_cmp orders them), binary search in C, values and the
-# default baked in as literals (strings as kiln_str views of literals in the library).
+# their UTF-8 bytes, as kiln_str_cmp orders them), values and the default baked in as
+# literals (strings as kiln_str views of literals in the library), the search in C
+# (kiln/codegen/c_src/ml_lookup.c).
 
 def _lookup_kernel(ctx, x, table: dict, default, kt: DType, vt: DType):
     """C kernel mapping each element of x through `table` ({key: value}, NaN keys as
@@ -29,35 +31,29 @@ def _lookup_kernel(ctx, x, table: dict, default, kt: DType, vt: DType):
     if kt is DType.string:
         ordered = sorted(table, key=utf8_key)
         body = str_table("keys", ordered)
-        find = f"    const int64_t k = kiln_str_find(keys, {len(ordered)}, in0[i]);\n"
+        kc = "kiln_str"
     else:
         kc = _c_type(ctx, kt, "keys")
         ordered = sorted(table)
         body = _table(ctx, "keys", kc, ordered, kt)
-        nan_case = (f"    if (in0[i] != in0[i]) {{ out0[i] = {'vals_nan[0]' if nan_val is not None else 'dflt[0]'}; "
-                    "continue; }\n" if kt.is_float else "")
-        find = f"""{nan_case}    int64_t lo = 0, hi = {len(ordered)};
-    while (lo < hi) {{
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (keys[mid] < in0[i]) lo = mid + 1; else hi = mid;
-    }}
-    const int64_t k = (lo < {len(ordered)} && keys[lo] == in0[i]) ? lo : -1;
-"""
     vals = [table[k] for k in ordered]
     if vt is DType.string:
+        vc = "kiln_str"
         body += str_table("vals", vals) + str_table("dflt", [default]) + \
             (str_table("vals_nan", [nan_val]) if nan_val is not None else "")
     else:
         vc = _c_type(ctx, vt, "values")
         body += _table(ctx, "vals", vc, vals, vt) + _table(ctx, "dflt", vc, [default], vt) + \
             (_table(ctx, "vals_nan", vc, [nan_val], vt) if nan_val is not None else "")
-    body += f"""  for (int64_t i = 0; i < {n}; ++i) {{
-{find}    out0[i] = k >= 0 ? vals[k] : dflt[0];
-  }}
-  return 0;"""
+    fn = f"kiln_lookup_{kt.name}_{vt.name}"
+    macros = {"KILN_LOOKUP_K": kc, "KILN_LOOKUP_V": vc, "KILN_LOOKUP_STRKEY": str(int(kt is DType.string)),
+              "KILN_LOOKUP_ISNAN(x)": "((x) != (x))" if kt.is_float else "0", "KILN_LOOKUP_FN": fn}
+    preamble = c_instance("ml_lookup.c", macros, fn.upper())
+    body += (f"  return {fn}(in0, out0, {n}, keys, {len(ordered)}, vals, dflt, "
+             f"{'vals_nan' if nan_val is not None else 'NULL'});")
     if DType.string in (kt, vt):
-        return string_extern(ctx, body, [x], [(ctx.out_shape(), vt)])
-    return ctx.extern(body, [x], [(ctx.out_shape(), vt)])
+        return string_extern(ctx, body, [x], [(ctx.out_shape(), vt)], preamble=preamble)
+    return ctx.extern(body, [x], [(ctx.out_shape(), vt)], preamble=preamble)
 
 
 @lowering("LabelEncoder", domain=ML)
