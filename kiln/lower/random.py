@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.codegen.csource import c_source
+from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.lower.context import lowering
 import kiln.ops.random  # noqa: F401  (registers the ops lowered here)
@@ -96,24 +96,10 @@ def _multinomial_lower(ctx, logits):
     samples = int(ctx.attr("sample_size", 1))
     if classes < 1:
         ctx.fail("Multinomial needs at least one class")
-    body = _pcg_init(ctx) + f"""  double* cdf = (double*)malloc(sizeof(double) * ({classes} + 1));
-  if (!cdf) return -1;
-  for (int64_t r = 0; r < {rows}; ++r) {{
-    const {ctx.input_types[0].dtype.c}* z = in0 + r * {classes};
-    double m = -INFINITY, s = 0;
-    for (int64_t c = 0; c < {classes}; ++c) m = ((double)z[c] > m || z[c] != z[c] || m != m) ? (m != m ? m : (double)z[c]) : m;
-    for (int64_t c = 0; c < {classes}; ++c) {{ s += exp((double)z[c] - m); cdf[c] = s; }}
-    for (int64_t k = 0; k < {samples}; ++k) {{
-      double u;
-      KILN_DRAW(u);
-      u = u * cdf[{classes} - 1];
-      int64_t lo = 0, hi = {classes};
-      if (u != u) lo = {classes};
-      else while (lo < hi) {{ const int64_t mid = lo + (hi - lo) / 2; if (cdf[mid] <= u) lo = mid + 1; else hi = mid; }}
-      out0[r * {samples} + k] = ({_ctype(ctx, dt)})(lo < {classes - 1} ? lo : {classes - 1});
-    }}
-  }}
-  free(cdf);
-  return 0;
-#undef KILN_DRAW"""
-    return ctx.extern(body, [logits], [(ctx.out_shape(), dt)], preamble=c_source("kiln_random.h"))
+    lt = ctx.input_types[0].dtype
+    fn = f"kiln_multinomial_{lt.name}_{dt.name}"
+    macros = {"KILN_MULTINOMIAL_T": _ctype(ctx, lt), "KILN_MULTINOMIAL_O": _ctype(ctx, dt), "KILN_MULTINOMIAL_FN": fn}
+    body = (_pcg_init(ctx) + f"  return {fn}(in0, out0, {rows}, {classes}, {samples}, &pcg_);\n"
+            "#undef KILN_DRAW")
+    return ctx.extern(body, [logits], [(ctx.out_shape(), dt)],
+                      preamble=c_source("kiln_random.h") + c_instance("multinomial.c", macros, fn.upper()))
