@@ -22,29 +22,20 @@ import kiln.ops.random  # noqa: F401  (registers the ops lowered here)
 # calls and processes draw fresh values. RandomNormal(Like) has no lowering: NumPy's
 # normals come from its ziggurat tables, which kiln does not reproduce.
 
-_PCG_MULT = (2549297995355413924, 4865540595714422341)  # NumPy's PCG64 multiplier (high, low)
-
-
 def _pcg_init(ctx) -> str:
     """C declaring `pcg_` (kiln_pcg, kiln/codegen/c_src/kiln_random.h) in the state the node
-    starts from, and the KILN_DRAW(u) macro (u = next double)."""
+    starts from: the seeded reference's (computed here), else fresh entropy."""
     mask = (1 << 64) - 1
-    hi, lo = _PCG_MULT
-    mul = f"((unsigned __int128){hi}ULL << 64) | {lo}ULL"
-    if ctx.has_attr("seed"):
-        try:
-            seed = int(np.float32(ctx.attr("seed")).view(np.int32))  # as RunCtx.rng() seeds
-            state = np.random.default_rng(seed).bit_generator.state["state"]
-        except (ValueError, TypeError) as e:
-            ctx.fail(f"seed {ctx.attr('seed')!r} does not seed NumPy's generator: {e}")
-        s, inc = int(state["state"]), int(state["inc"])
-        init = (f"  kiln_pcg pcg_ = {{((unsigned __int128){s >> 64}ULL << 64) | {s & mask}ULL,\n"
-                f"                   ((unsigned __int128){inc >> 64}ULL << 64) | {inc & mask}ULL, {mul}}};\n")
-    else:
-        init = ("  uint64_t w[4];\n  kiln_entropy(w);\n"
-                "  kiln_pcg pcg_ = {((unsigned __int128)w[0] << 64) | w[1],\n"
-                f"                   ((unsigned __int128)w[2] << 64) | w[3] | 1, {mul}}};\n")
-    return init + "#define KILN_DRAW(u) ((u) = kiln_pcg_draw(&pcg_))\n"
+    if not ctx.has_attr("seed"):
+        return "  kiln_pcg pcg_ = kiln_pcg_fresh();\n"
+    try:
+        seed = int(np.float32(ctx.attr("seed")).view(np.int32))  # as RunCtx.rng() seeds
+        state = np.random.default_rng(seed).bit_generator.state["state"]
+    except (ValueError, TypeError) as e:
+        ctx.fail(f"seed {ctx.attr('seed')!r} does not seed NumPy's generator: {e}")
+    s, inc = int(state["state"]), int(state["inc"])
+    return (f"  kiln_pcg pcg_ = {{((unsigned __int128){s >> 64}ULL << 64) | {s & mask}ULL,\n"
+            f"                   ((unsigned __int128){inc >> 64}ULL << 64) | {inc & mask}ULL, KILN_PCG_MUL}};\n")
 
 
 def _ctype(ctx, dt: DType) -> str:
@@ -54,21 +45,17 @@ def _ctype(ctx, dt: DType) -> str:
 
 
 def _uniform_lower(ctx, *inputs):
+    """The kernel kiln/codegen/c_src/uniform.c, instantiated for the output type."""
     dt = ctx.out_dtype()
     low, high = float(ctx.attr("low", 0.0)), float(ctx.attr("high", 1.0))
     if not np.isfinite(high - low):
         ctx.fail(f"high - low must be finite, got {high} - {low}")
     n = int(np.prod(ctx.out_shape()))
-    # low + range * u, the product rounded on its own (no FMA), as NumPy computes it
-    body = _pcg_init(ctx) + f"""  for (int64_t i = 0; i < {n}; ++i) {{
-    double u;
-    KILN_DRAW(u);
-    volatile double p = {(high - low).hex()} * u;
-    out0[i] = ({_ctype(ctx, dt)})({low.hex()} + p);
-  }}
-  return 0;
-#undef KILN_DRAW"""
-    return ctx.extern(body, list(inputs), [(ctx.out_shape(), dt)], preamble=c_source("kiln_random.h"))
+    fn = f"kiln_uniform_{dt.name}"
+    macros = {"KILN_UNIFORM_O": _ctype(ctx, dt), "KILN_UNIFORM_FN": fn}
+    body = _pcg_init(ctx) + f"  return {fn}(out0, {n}, {low.hex()}, {(high - low).hex()}, &pcg_);"
+    return ctx.extern(body, list(inputs), [(ctx.out_shape(), dt)],
+                      preamble=c_source("kiln_random.h") + c_instance("uniform.c", macros, fn.upper()))
 
 
 lowering("RandomUniform")(_uniform_lower)
@@ -77,16 +64,14 @@ lowering("RandomUniformLike")(_uniform_lower)
 
 @lowering("Bernoulli")
 def _bernoulli_lower(ctx, p):
-    dt = ctx.out_dtype()
+    """The kernel kiln/codegen/c_src/bernoulli.c, instantiated for the input and output types."""
+    dt, pt = ctx.out_dtype(), ctx.input_types[0].dtype
     n = int(np.prod(ctx.out_shape()))
-    body = _pcg_init(ctx) + f"""  for (int64_t i = 0; i < {n}; ++i) {{
-    double u;
-    KILN_DRAW(u);
-    out0[i] = ({_ctype(ctx, dt)})(u < (double)in0[i]);
-  }}
-  return 0;
-#undef KILN_DRAW"""
-    return ctx.extern(body, [p], [(ctx.out_shape(), dt)], preamble=c_source("kiln_random.h"))
+    fn = f"kiln_bernoulli_{pt.name}_{dt.name}"
+    macros = {"KILN_BERNOULLI_T": _ctype(ctx, pt), "KILN_BERNOULLI_O": _ctype(ctx, dt), "KILN_BERNOULLI_FN": fn}
+    body = _pcg_init(ctx) + f"  return {fn}(in0, out0, {n}, &pcg_);"
+    return ctx.extern(body, [p], [(ctx.out_shape(), dt)],
+                      preamble=c_source("kiln_random.h") + c_instance("bernoulli.c", macros, fn.upper()))
 
 
 @lowering("Multinomial")
@@ -99,7 +84,6 @@ def _multinomial_lower(ctx, logits):
     lt = ctx.input_types[0].dtype
     fn = f"kiln_multinomial_{lt.name}_{dt.name}"
     macros = {"KILN_MULTINOMIAL_T": _ctype(ctx, lt), "KILN_MULTINOMIAL_O": _ctype(ctx, dt), "KILN_MULTINOMIAL_FN": fn}
-    body = (_pcg_init(ctx) + f"  return {fn}(in0, out0, {rows}, {classes}, {samples}, &pcg_);\n"
-            "#undef KILN_DRAW")
+    body = _pcg_init(ctx) + f"  return {fn}(in0, out0, {rows}, {classes}, {samples}, &pcg_);"
     return ctx.extern(body, [logits], [(ctx.out_shape(), dt)],
                       preamble=c_source("kiln_random.h") + c_instance("multinomial.c", macros, fn.upper()))

@@ -30,6 +30,16 @@ static inline double kiln_pcg_draw(kiln_pcg* g) {
   x = (x >> r) | (x << ((64 - r) & 63));
   return (double)(x >> 11) * (1.0 / 9007199254740992.0);
 }
+/* NumPy's PCG64 multiplier, and a generator for a node without a seed: its state and (odd)
+   increment from fresh entropy (kiln_entropy). A seeded node's starting state is computed by
+   kiln.lower.random at compile time. */
+#define KILN_PCG_MUL (((unsigned __int128)2549297995355413924ULL << 64) | 4865540595714422341ULL)
+static inline kiln_pcg kiln_pcg_fresh(void) {
+  uint64_t w[4];
+  kiln_entropy(w);
+  const kiln_pcg g = {((unsigned __int128)w[0] << 64) | w[1], ((unsigned __int128)w[2] << 64) | w[3] | 1, KILN_PCG_MUL};
+  return g;
+}
 
 /* NumPy's legacy MT19937 as np.random.RandomState(seed) starts it; kiln_mt_draw is the
    next random_sample() double (two 32-bit draws, 53 bits). */
