@@ -1,6 +1,7 @@
 """Cold and warm compile time of the benchmark models, per pipeline stage.
 
     python benchmarks/compile_time.py [--models resnet18,mlp] [--repeat 3] [--json out.json]
+    python benchmarks/compile_time.py --models mobilenetv2 --kernels 10
 
 Each model is measured in a fresh Python process (kiln imported, nothing compiled yet):
 "cold" is kiln.compile plus the first run on an empty cache (KILN_CACHE_DIR pointed at a
@@ -9,6 +10,10 @@ process" the same in another fresh process on that cache. Per stage (kiln.timing
 and CPU seconds, CPU counting the C compilers too: on a shared machine wall time grows
 with the load (printed), CPU time much less. With --repeat N the row with the median
 cold wall time is shown, and every run is in the JSON.
+
+--kernels N: instead, the N kernels of each model the C compiler takes longest over,
+each compiled alone with the module's header and flags (CPU seconds, the header's own
+cost taken off): where a lowering's code shape costs compile time.
 """
 
 from __future__ import annotations
@@ -62,6 +67,38 @@ def measure(name: str) -> dict:
             "warm_new_process": again["first"]}
 
 
+def kernel_costs(name: str, top: int) -> None:
+    """Print the `top` kernels of model `name` slowest to compile, at -O3 and (for scale) -O1."""
+    import resource
+
+    from benchmarks.models import MODELS
+    from kiln.codegen.build import _cc, _flags
+    from kiln.codegen.c import _emit, compile_cost
+    from kiln.compiler import run_stages
+    from kiln.targets.target import Target
+    module = run_stages(MODELS[name](), "loops").lowered.module
+    header, bodies = _emit(module)
+    flags = [f for f in _flags(None, Target.host()) if f != "-shared"]
+
+    def cpu(text: str, level: str) -> float:
+        with tempfile.TemporaryDirectory() as d:
+            with open(f"{d}/k.c", "w") as f:
+                f.write(text)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([*_cc(None), *[level if f == "-O3" else f for f in flags], "-c", "-o", f"{d}/k.o",
+                            f"{d}/k.c"], check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    base = {lv: cpu(header, lv) for lv in ("-O3", "-O1")}
+    names = [f.name for f in module.funcs] + ["(runtime)"] * (len(bodies) - len(module.funcs))
+    rows = sorted(((cpu(header + b, "-O3") - base["-O3"], cpu(header + b, "-O1") - base["-O1"], n, b)
+                   for n, b in zip(names, bodies)), key=lambda r: -r[0])
+    print(f"{name}: {len(bodies)} functions, {sum(r[0] for r in rows):.2f} s of CPU at -O3 "
+          f"({sum(r[1] for r in rows):.2f} at -O1), header alone {base['-O3'] * 1e3:.0f} ms per unit")
+    for o3, o1, n, b in rows[:top]:
+        print(f"  {o3 * 1e3:7.0f} ms -O3 {o1 * 1e3:6.0f} ms -O1  cost guess {compile_cost(b):8.0f}  {n}")
+
+
 def fmt(row: dict) -> list[str]:
     c = row["cold"]
     cpu = sum(s["cpu_s"] for s in c["stages"].values())
@@ -81,7 +118,12 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--kernels", type=int, metavar="N", help="the N kernels slowest to compile, per model")
     args = p.parse_args(argv)
+    if args.kernels:
+        for name in args.models.split(","):
+            kernel_costs(name, args.kernels)
+        return []
     rows, shown = [], []
     for name in args.models.split(","):
         runs = [measure(name) for _ in range(args.repeat)]
