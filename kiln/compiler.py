@@ -139,7 +139,7 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
              times: StageTimes | None = None) -> CompiledModel:
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
-    optimized = optimize(frontend(model), opt_level, cpu)
+    optimized = optimize(frontend(model), opt_level, cpu, decisions)
     graph = optimized.graph
     ins, outs = [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs]
     if target == "interpreter":
@@ -228,14 +228,15 @@ class Optimized:
     # the unoptimised graph, kept when some input size is unknown: the passes that need
     # static shapes run again on it per input shapes (see `specialize`)
     source: Graph | None = None
+    decisions: dict | None = None   # the decision overrides the passes read (the conv algorithm)
 
 
-def optimize(graph: Graph, level: int, target) -> Optimized:
+def optimize(graph: Graph, level: int, target, decisions: dict | None = None) -> Optimized:
     from kiln.passes import run_passes  # noqa: PLC0415
     with stage("optimize"):
-        optimized, stats = run_passes(graph, level, target=target)
+        optimized, stats = run_passes(graph, level, target=target, decisions=decisions)
     static = all(isinstance(v.type, TensorType) and v.type.is_static for v in optimized.inputs)
-    return Optimized(optimized, stats, level, target, None if static or not level else graph)
+    return Optimized(optimized, stats, level, target, None if static or not level else graph, decisions)
 
 
 # -- per input shapes ----------------------------------------------------------------------
@@ -261,7 +262,7 @@ def specialize(optimized: Optimized, shapes: list, values: dict | None = None) -
         if optimized.source is not None:
             from kiln.passes import run_passes  # noqa: PLC0415
             graph, stats = run_passes(bind(optimized.source, shapes, values)[0], optimized.level,
-                                      target=optimized.target)
+                                      target=optimized.target, decisions=optimized.decisions)
         g, known = bind(graph, list(shapes), values)
         return Specialized(g, known, stage_breaks(g), stats)
 
@@ -524,7 +525,7 @@ def run_stages(model: Any, until: str, *, opt_level: int | None = None, dims: di
     st = Stages(frontend(model))
     if until == "graph":
         return st
-    st.optimized = optimize(st.graph, opt_level, Target.of(cpu))
+    st.optimized = optimize(st.graph, opt_level, Target.of(cpu), normalize(decisions))
     if until == "optimized":
         return st
     ins = [spec_of(v) for v in st.optimized.graph.inputs]

@@ -10,6 +10,7 @@ every lowering is registered wherever lowering happens (kiln.lower.kernel looks 
 
 from kiln.lower import attention  # noqa: F401
 from kiln.lower import conv  # noqa: F401
+from kiln.lower import conv_algo  # noqa: F401
 from kiln.lower import conv_window  # noqa: F401
 from kiln.lower import data_dependent  # noqa: F401
 from kiln.lower import detection  # noqa: F401
@@ -36,3 +37,4 @@ from kiln.lower import signal  # noqa: F401
 from kiln.lower import strings  # noqa: F401
 from kiln.lower import tensor  # noqa: F401
 from kiln.lower import training  # noqa: F401
+from kiln.lower import winograd  # noqa: F401

@@ -33,5 +33,6 @@ from kiln.ops import (  # noqa: F401
     training,
     layout,
     packed,
+    winograd,
 )
 from kiln.ops.registry import REGISTRY, OpDef, lookup  # noqa: F401

@@ -21,6 +21,10 @@ The rewrite, in one walk over the nodes in order:
   `kiln::ConvNCHWc` with its weights and bias packed here (numpy) as new
   constants. A 1-D conv (N,C,L) runs as the 2-D one of N,C,1,L with a 1xK
   window: its values' twins are N,C/c,1,L,c, converted through free Reshapes;
+- a 3x3 stride-1 `Conv` for which kiln.lower.conv_algo chooses Winograd becomes
+  `kiln::ConvWinograd` (kiln.ops.winograd) with its weights transformed here, on the
+  same blocked layout (a Relu that is its only reader runs in its output transform);
+  the chooser's choice and reason for every conv are the pass's findings (`model.report`);
 - a layout-agnostic elementwise op (Relu, Clip, Add of two same-shape tensors,
   ...) that reads a blocked value runs on the blocked values instead when every
   other computed operand has a blocked twin too; a per-channel (1,C,1,1) or
@@ -69,8 +73,10 @@ from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
+from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, asked, choose
 from kiln.ops.infer import Inferencer
 from kiln.ops.layout import DOMAIN, pack_bias, pack_conv_weight, to_blocked
+from kiln.ops.winograd import transform_weight
 from kiln.ops.nn import window
 from kiln.ops.registry import NodeCtx
 from kiln.passes.edit import Namer, new_const, reads, static_shape, use_counts
@@ -197,8 +203,9 @@ class _Rewriter:
         self.narrow: dict[int, Value] = {}    # NCHW value id -> its twin in one block of all channels
         self.pending: dict[int, Value] = {}   # NCHW values whose producer now makes only the twin
         self.nodes: list[Node] = []
-        self.fired = {"Conv": 0, "elementwise": 0, "MaxPool": 0, "GlobalAveragePool": 0, "scale": 0,
-                      "Concat": 0, "Resize": 0, "ToNCHWc": 0, "FromNCHWc": 0}
+        self.skip: set[int] = set()           # nodes folded into a kernel already emitted
+        self.fired = {"Conv": 0, "Winograd": 0, "elementwise": 0, "MaxPool": 0, "GlobalAveragePool": 0,
+                      "scale": 0, "Concat": 0, "Resize": 0, "ToNCHWc": 0, "FromNCHWc": 0}
         self.opset = graph.opset("")
         self.consumers = graph.consumers()
         self.uses = use_counts(graph)       # reads at any depth, graph outputs included
@@ -277,6 +284,9 @@ class _Rewriter:
         w = node.inputs[1].const
         w = w.reshape(planar(w.shape))
         b = node.inputs[2].const if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        if attrs.get("winograd"):
+            self.winograd(node, attrs, w, b)
+            return
         dw = bool(attrs["depthwise"])
         ib = input_block(node, attrs, self.block)
         wp = new_const(self.namer, f"{node.inputs[1].name}.nchwc{self.block}",
@@ -297,6 +307,27 @@ class _Rewriter:
         self.emit("ConvNCHWc", ins, [yb], attrs, node.name, DOMAIN)
         self.produce_blocked(y, yb)
         self.fired["Conv"] += 1
+
+    def winograd(self, node: Node, attrs: dict, w, b) -> None:
+        """The conv as kiln::ConvWinograd, its weights transformed here (kiln.ops.winograd)."""
+        u = new_const(self.namer, f"{node.inputs[1].name}.winograd{self.block}", transform_weight(w, self.block))
+        ins = [self.to_blocked(node.inputs[0]), u]
+        if b is not None:
+            ins.append(new_const(self.namer, f"{node.name}.bias.nchwc{self.block}",
+                                 pack_bias(b, w.shape[0], self.block, w.dtype)))
+        y = node.outputs[0]
+        # a Relu that is the conv's only reader runs in the kernel's output transform
+        readers = self.consumers.get(y.id, [])
+        relu = readers[0] if (self.uses[y.id] == 1 and len(readers) == 1 and readers[0].op == "Relu"
+                              and not readers[0].domain) else None
+        yb = self.twin_value(y)
+        self.emit("ConvWinograd", ins, [yb], {"m": 4, "pads": list(attrs["pads"]), "relu": int(relu is not None)},
+                  node.name, DOMAIN)
+        if relu is not None:
+            self.skip.add(id(relu))
+            y = relu.outputs[0]
+        self.produce_blocked(y, yb)
+        self.fired["Winograd"] += 1
 
     def operands(self, node: Node) -> list | None:
         """How each input of an elementwise node would run blocked: 'blocked' (same shape
@@ -354,6 +385,7 @@ class _Rewriter:
             return False
         readers = self.consumers.get(y.id, [])
         if self.uses[y.id] != 1 or len(readers) != 1 or id(readers[0]) not in self.convs \
+                or self.convs[id(readers[0])].get("winograd") \
                 or readers[0].inputs[0] is not y or any(v is y for v in readers[0].inputs[1:]) \
                 or input_block(readers[0], self.convs[id(readers[0])], self.block) != self.block:
             return False
@@ -417,6 +449,8 @@ class _Rewriter:
 
     def run(self) -> None:
         for node in self.graph.nodes:
+            if id(node) in self.skip:
+                continue
             attrs = self.convs.get(id(node))
             if attrs is not None:
                 self.conv(node, attrs)
@@ -488,13 +522,59 @@ def _layout_agnostic(node: Node, opset: int) -> bool:
     return (node.op == "Concat" and int(node.attrs.get("axis", 0)) == 1) or (node.op == "Resize" and mode == "nearest")
 
 
-def select_convs(graph: Graph, block: int, selective: bool) -> dict[int, dict]:
-    """id(conv node) -> its ConvNCHWc attributes, for the convs to rewrite."""
+def conv_shape(node: Node, opset: int, block: int, attrs: dict | None) -> ConvShape | None:
+    """What the algorithm chooser reads of a 1-D or 2-D float Conv with static sizes (None otherwise)."""
+    if node.op != "Conv" or node.domain or len(node.inputs) < 2 or node.inputs[1] is None:
+        return None
+    xs, ws, ys = static_shape(node.inputs[0]), static_shape(node.inputs[1]), \
+        (static_shape(node.outputs[0]) if node.outputs and node.outputs[0] is not None else None)
+    if xs is None or ws is None or ys is None or len(xs) not in (3, 4) or len(ys) != len(xs):
+        return None
+    ctx, nd = NodeCtx(node, opset), len(xs) - 2
+    k = tuple(int(v) for v in node.attrs.get("kernel_shape", ws[2:]))
+    return ConvShape(xs[0], xs[1], ys[1], tuple(ys[2:]), k, tuple(int(v) for v in ctx.attr("strides", [1] * nd)),
+                     tuple(int(v) for v in ctx.attr("dilations", [1] * nd)), int(node.attrs.get("group", 1)),
+                     attrs is not None, block, attrs is not None and input_block(node, attrs, block) != block,
+                     attrs is not None and _selected_kind(node, attrs, block))
+
+
+def choose_convs(graph: Graph, block: int, target: Target | None = None, override: str | None = None,
+                 selective: bool = True) -> tuple[dict[int, dict], list[ConvChoice]]:
+    """id(conv node) -> its blocked attributes (with "winograd" set for a Winograd conv), for
+    the convs to rewrite; and every 2-D conv's algorithm with the reason
+    (kiln.lower.conv_algo.choose, then the neighbour rule below)."""
+    target = Target.of(target)
     opset = graph.opset("")
-    cands = {id(n): a for n in graph.nodes
-             if (a := blockable_conv(n, opset, block)) is not None and (not selective or _selected_kind(n, a, block))}
-    if not selective:
-        return cands
+    cands, choices = {}, {}
+    for n in graph.nodes:
+        a = blockable_conv(n, opset, block)
+        shape = conv_shape(n, opset, block, a)
+        if shape is None:
+            continue
+        c = choose(shape, target, override)
+        choices[id(n)] = ConvChoice(n.name, shape, c)
+        if c.algorithm == "winograd":
+            cands[id(n)] = {**a, "winograd": 1}
+        elif a is not None and (not selective or c.algorithm == "direct-nchwc"):
+            cands[id(n)] = a
+            if c.algorithm != "direct-nchwc":
+                choices[id(n)] = ConvChoice(n.name, shape, Choice("direct-nchwc", "every blockable conv "
+                                                                  "blocked (the layout pass not selective)"))
+    if selective:
+        kept = select_convs(graph, block, cands)
+        for k in set(cands) - set(kept):
+            old = choices[k]
+            choices[k] = ConvChoice(old.node, old.shape, Choice(
+                "direct-nchw", f"{old.choice.reason}, but no blocked neighbour: the layout conversions "
+                               "would cost more than blocking saves"))
+        cands = kept
+    return cands, [c for n in graph.nodes if (c := choices.get(id(n))) is not None]
+
+
+def select_convs(graph: Graph, block: int, cands: dict[int, dict]) -> dict[int, dict]:
+    """The candidates that stay blocked: a Winograd conv always; another (pointwise, depthwise,
+    strided, 1-D, a stem) next to a blocked conv through layout-agnostic ops (a stem: or a MaxPool)."""
+    opset = graph.opset("")
     producer = {v.id: n for n in graph.nodes for v in n.outputs if v is not None}
     consumers = graph.consumers()
 
@@ -530,23 +610,31 @@ def select_convs(graph: Graph, block: int, selective: bool) -> dict[int, dict]:
         return [c for v in n.outputs if v is not None for c in consumers.get(v.id, [])]
     nodes = {id(n): n for n in graph.nodes}
     # a stem also when a MaxPool follows (it runs blocked on the stem's blocked output: ResNet)
-    return {k: a for k, a in cands.items() if reaches(nodes[k], ups) or reaches(
+    return {k: a for k, a in cands.items() if a.get("winograd") or reaches(nodes[k], ups) or reaches(
         nodes[k], downs, pools=input_block(nodes[k], a, block) != block)}
 
 
-def transform(graph: Graph, block: int, selective: bool | None = None) -> dict[str, int]:
-    """Rewrite `graph` in place with blocks of `block` channels; returns what fired."""
+def transform(graph: Graph, block: int, selective: bool | None = None, target: Target | None = None,
+              override: str | None = None, findings: list | None = None) -> dict[str, int]:
+    """Rewrite `graph` in place with blocks of `block` channels for `target` (None: the host;
+    `override`: the conv algorithm asked for, see kiln.lower.conv_algo); returns what fired,
+    and appends each conv's algorithm choice to `findings`."""
     if block < 2 or not any(n.op == "Conv" for n in graph.nodes):
         return {}
-    r = _Rewriter(graph, block, select_convs(graph, block, SELECTIVE if selective is None else selective))
+    convs, choices = choose_convs(graph, block, target, override, SELECTIVE if selective is None else selective)
+    if findings is not None:
+        findings.extend(choices)
+    r = _Rewriter(graph, block, convs)
     r.run()
-    if r.fired["Conv"]:
+    if r.fired["Conv"] or r.fired["Winograd"]:
         graph.opsets.setdefault(DOMAIN, 1)
     return {k: n for k, n in r.fired.items() if n}
 
 
 @graph_pass("transform_layout")
 def transform_layout(graph: Graph, ctx: PassContext) -> Graph:
-    """Run convolutions (and the elementwise ops between them) on the blocked NCHW[c]c layout."""
-    ctx.tally(transform(graph, default_block(ctx.target)))
+    """Run convolutions (and the elementwise ops between them) on the blocked NCHW[c]c layout,
+    each by the algorithm kiln.lower.conv_algo chooses (listed in the pass's findings)."""
+    ctx.tally(transform(graph, default_block(ctx.target), target=ctx.target,
+                        override=asked(ctx.decisions), findings=ctx.findings))
     return graph

@@ -68,13 +68,13 @@ def passes_for(level: int) -> list[str]:
 
 
 def run_passes(graph: Graph, level: int = DEFAULT_LEVEL, *, passes: list[str] | None = None,
-               dump_dir: str | None = None, verify: bool | None = None, target: Target | None = None
-               ) -> tuple[Graph, list[PassStats]]:
+               dump_dir: str | None = None, verify: bool | None = None, target: Target | None = None,
+               decisions: dict | None = None) -> tuple[Graph, list[PassStats]]:
     """Run the passes of `level` (or the named `passes`) on a clone of `graph`, for CPU
     `target` (a kiln.targets.Target; None: this host).
 
     Returns the optimized graph and one PassStats per pass run; the given graph
-    is never changed.
+    is never changed. `decisions`: kiln.compile's decision overrides (a pass may read its own).
     """
     names = passes_for(level) if passes is None else list(passes)
     steps = [get_pass(n) for n in names]
@@ -90,7 +90,7 @@ def run_passes(graph: Graph, level: int = DEFAULT_LEVEL, *, passes: list[str] | 
         _dump(dump_dir, "00_input.txt", graph)
     stats = []
     for i, p in enumerate(steps, 1):
-        before, ctx, t0 = snapshot(graph), PassContext(target), time.perf_counter()
+        before, ctx, t0 = snapshot(graph), PassContext(target, decisions=dict(decisions or {})), time.perf_counter()
         try:
             graph = p(graph, ctx)
         except KilnError as e:

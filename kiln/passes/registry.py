@@ -28,6 +28,9 @@ class PassContext:
     pass run alone), it is this host's."""
     target: Target = field(default_factory=Target.host)
     findings: list[Any] = field(default_factory=list)
+    # decision overrides asked of kiln.compile (kiln.lower.decisions): the few a pass makes
+    # (the conv algorithm, read by the layout pass) are read from here
+    decisions: dict = field(default_factory=dict)
     fired: dict[str, int] = field(default_factory=dict)
 
     def report(self, finding: Any) -> None:

@@ -39,6 +39,13 @@ class CompileReport:
         if found:
             self.shape_findings.append((tuple(shapes), found))
 
+    @property
+    def convs(self) -> list[Any]:
+        """Each conv's algorithm and why (kiln.lower.conv_algo.ConvChoice, from the layout pass;
+        with symbolic input sizes, from its runs at each input shape)."""
+        found = self.findings + [f for _, fs in self.shape_findings for f in fs]
+        return [f for f in found if type(f).__name__ == "ConvChoice"]
+
     def __str__(self) -> str:
         lines = [f"kiln compile report (-O{self.opt_level})"]
         lines += [f"  {p}" for p in self.passes]

@@ -1,0 +1,113 @@
+"""Winograd F(4x4, 3x3)'s float32 error on real CNNs' 3x3 convs: kiln's native kernel against the
+direct convolution in float64, with each model's own weights (BatchNorm folded, as kiln runs them).
+
+    python benchmarks/winograd_error.py [--models resnet50,unet] [--dir ~/.cache/kiln-corpus]
+
+Per model, over its 3x3 stride-1 dense convs (inputs: ReLU of unit normals at the conv's own
+input size): the largest |error| / max |direct output| ("rel"), the largest |error| /
+(|direct| + 1e-3 max |direct|) ("elem": under 1e-3 means it passes rtol 1e-3 with that atol
+floor), and the same two for the direct convolution in float32 (numpy) for scale. The bound
+tests/lower/test_winograd.py asserts is stated from these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import kiln  # noqa: E402
+from kiln.frontends.onnx import load_onnx  # noqa: E402
+from kiln.graph import parse_graph  # noqa: E402
+from kiln.ops.layout import from_blocked, to_blocked  # noqa: E402
+from kiln.ops.nn import Window, conv_core  # noqa: E402
+from kiln.ops.winograd import transform_weight  # noqa: E402
+from kiln.passes import run_passes  # noqa: E402
+from kiln.passes.layout import _conv_attrs, default_block  # noqa: E402
+from kiln.targets.target import Target  # noqa: E402
+
+CACHE = os.path.expanduser("~/.cache/kiln-corpus")
+
+
+def convs_3x3(path: str):
+    """(name, x shape (1, C, H, W), weights, pads) of each 3x3 stride-1 dense conv, BN folded."""
+    g, _ = run_passes(load_onnx(path), 2)
+    opset = g.opset("")
+    for n in g.nodes:
+        if n.op != "Conv" or n.domain or n.inputs[1].const is None:
+            continue
+        w = n.inputs[1].const
+        xs = n.inputs[0].type.shape
+        if w.ndim != 4 or w.shape[2:] != (3, 3) or int(n.attrs.get("group", 1)) != 1 or xs is None \
+                or not all(isinstance(d, int) for d in xs[1:]):
+            continue
+        a = _conv_attrs(n, opset, (1, *xs[1:]))
+        if a is None or a["strides"] != [1, 1] or a["dilations"] != [1, 1]:
+            continue
+        yield n.name, (1, *xs[1:]), w.astype(np.float32), a["pads"]
+
+
+_MODELS: dict = {}
+
+
+def native(xs, oc, pads, block):
+    """A compiled graph of one ConvWinograd with x and u as inputs (one per geometry)."""
+    key = (xs, oc, tuple(pads))
+    if key not in _MODELS:
+        n, c, h, w = xs
+        cb, ocb = -(-c // block), -(-oc // block)
+        oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+        text = (f'graph "g" (%x: float32[1,{cb},{h},{w},{block}], %u: float32[36,{ocb},{cb * block},{block}]) '
+                f'-> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
+                f'  %y: float32[1,{ocb},{oh},{ow},{block}] = "kiln"::ConvWinograd(%x, %u) '
+                f'{{m = 4, pads = [{", ".join(map(str, pads))}]}} name "wino"\n}}')
+        _MODELS[key] = kiln.compile(parse_graph(text))
+    return _MODELS[key]
+
+
+def errors(got, want) -> tuple[float, float]:
+    big = float(np.max(np.abs(want)))
+    err = np.abs(got - want)
+    return float(err.max() / big), float(np.max(err / (np.abs(want) + 1e-3 * big)))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="")
+    ap.add_argument("--dir", default=CACHE)
+    args = ap.parse_args(argv)
+    block = default_block(Target.host())
+    rng = np.random.default_rng(0)
+    worst = [0.0, 0.0, 0.0, 0.0]
+    for path in sorted(glob.glob(os.path.join(args.dir, "*.onnx"))):
+        name = os.path.basename(path)[:-5]
+        if args.models and name not in args.models.split(","):
+            continue
+        rows = []
+        for cname, xs, w, pads in convs_3x3(path):
+            x = np.maximum(rng.standard_normal(xs), 0).astype(np.float32)
+            win = Window([3, 3], [1, 1], [1, 1], pads[:2], pads[2:],
+                         [xs[2] + pads[0] + pads[2] - 2, xs[3] + pads[1] + pads[3] - 2], [0, 0])
+            want = conv_core(None, x.astype(np.float64), w.astype(np.float64), 1, win)
+            d32 = conv_core(None, x, w, 1, win)
+            y = native(xs, w.shape[0], pads, block).run(
+                x=to_blocked(x, block), u=transform_weight(w, block))["y"]
+            got = from_blocked(y, w.shape[0])
+            rows.append((*errors(got, want), *errors(d32, want)))
+        if not rows:
+            continue
+        r = np.max(np.array(rows), axis=0)
+        worst = [max(a, b) for a, b in zip(worst, r)]
+        print(f"{name:22s} {len(rows):3d} convs | winograd rel {r[0]:.2e} elem {r[1]:.2e} | "
+              f"direct f32 rel {r[2]:.2e} elem {r[3]:.2e}", flush=True)
+    print(f"{'all':22s}           | winograd rel {worst[0]:.2e} elem {worst[1]:.2e} | "
+          f"direct f32 rel {worst[2]:.2e} elem {worst[3]:.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+/* Winograd F(4x4, 3x3) convolution on the blocked layout: the kernel behind kiln.lower.winograd
+   (the op and its transform matrices: kiln.ops.winograd). Instantiated per register tile:
+   define before this file
+     KILN_WG_FN   the function's name
+     KILN_WG_L    the channel block = the vector lanes (8 with AVX2, 16 with AVX-512)
+     KILN_WG_TR   tiles per register block       } KILN_WG_TR * KILN_WG_OV accumulators stay
+     KILN_WG_OV   channel blocks per register block } in vector registers over the input channels
+
+   x [N][ICB][H][W][L] blocked input; u [36][OCB][ICB*L][L] transformed weights (position,
+   output block, input channel, the block's output channels); bias [OCB][L] or NULL;
+   y [N][OCB][OH][OW][L]. A 4x4 output tile reads the 6x6 input tile under it (zero outside
+   the input: the padding). Tiles are numbered over (image, tile row, tile column).
+
+   Work goes in tasks: a chunk of T tiles (a multiple of TR) and a part of the output channel
+   blocks (`osplit` parts, so that a small image still gives every thread work). A task
+     1. transforms its tiles' inputs, all input channels: V[t][tile][ic] = (B^T d B)[t]
+        (T * 36 * IC floats, sized by the caller to stay in L2),
+     2. per group of OV output channel blocks: the 36 GEMMs M[t] = V[t] U[t] over the chunk
+        (register blocks of TR tiles x OV vectors, input channels innermost: per channel, OV
+        weight vectors and TR broadcasts for TR * OV FMAs), then the output transform
+        A^T M A of each tile, + bias, ReLU when asked, stored into y (cropped at the edges).
+   Tasks run in parallel (`par`). Returns 0, or -1 when out of memory. */
+__attribute__((noinline)) static int32_t KILN_WG_FN(
+    const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
+    int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
+    int64_t pt, int64_t pl, int64_t T, int64_t osplit, int relu, int par) {
+  typedef float V __attribute__((vector_size(KILN_WG_L * 4)));
+  typedef int32_t VI __attribute__((vector_size(KILN_WG_L * 4)));
+#define WG_LD(p) ({ V v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
+#define WG_ST(p, v) do { V v_ = (v); __builtin_memcpy((p), &v_, sizeof v_); } while (0)
+/* B^T applied to d0..d5 (one row or column of a tile) -> o0..o5 */
+#define WG_BT(d0, d1, d2, d3, d4, d5, o0, o1, o2, o3, o4, o5) do { \
+    const V a_ = (d4) - 4.0f * (d2), b_ = (d3) - 4.0f * (d1); \
+    const V c_ = (d4) - (d2), e_ = 2.0f * ((d3) - (d1)); \
+    o0 = 4.0f * (d0) - 5.0f * (d2) + (d4); \
+    o1 = a_ + b_; o2 = a_ - b_; o3 = c_ + e_; o4 = c_ - e_; \
+    o5 = 4.0f * (d1) - 5.0f * (d3) + (d5); } while (0)
+/* A^T applied to m0..m5 -> o0..o3 */
+#define WG_AT(m0, m1, m2, m3, m4, m5, o0, o1, o2, o3) do { \
+    const V s12_ = (m1) + (m2), d12_ = (m1) - (m2), s34_ = (m3) + (m4), d34_ = (m3) - (m4); \
+    o0 = (m0) + s12_ + s34_; o1 = d12_ + 2.0f * d34_; \
+    o2 = s12_ + 4.0f * s34_; o3 = d12_ + 8.0f * d34_ + (m5); } while (0)
+  enum { L = KILN_WG_L, TR = KILN_WG_TR, OV = KILN_WG_OV };
+  const int64_t IC = ICB * L;
+  const int64_t TH = (OH + 3) / 4, TW = (OW + 3) / 4, per_image = TH * TW, ntile = N * per_image;
+  const int64_t nchunk = (ntile + T - 1) / T, ngroup = OCB / OV, ntask = nchunk * osplit;
+  const size_t vbytes = ((size_t)36 * T * IC * sizeof(float) + 63) / 64 * 64;
+  const size_t mbytes = ((size_t)36 * T * OV * L * sizeof(float) + 63) / 64 * 64;
+  int32_t failed = 0;
+  #pragma omp parallel if (par)
+  {
+    float* vbuf = (float*)aligned_alloc(64, vbytes);
+    float* mbuf = (float*)aligned_alloc(64, mbytes);
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntask; ++task) {
+      if (!vbuf || !mbuf) {
+        #pragma omp atomic write
+        failed = 1;
+        continue;
+      }
+      const int64_t chunk = task / osplit, part = task % osplit;
+      const int64_t first = chunk * T, nt = ntile - first < T ? ntile - first : T;
+      /* 1. input transform */
+      for (int64_t j = 0; j < T; ++j) {
+        if (j >= nt) {                 /* a short last chunk: its register blocks read zeros */
+          for (int t = 0; t < 36; ++t)
+            __builtin_memset(vbuf + ((int64_t)t * T + j) * IC, 0, IC * sizeof(float));
+          continue;
+        }
+        const int64_t g = first + j, n = g / per_image, r = g % per_image;
+        const int64_t iy0 = r / TW * 4 - pt, ix0 = r % TW * 4 - pl;
+        const int inside = iy0 >= 0 && iy0 + 6 <= H && ix0 >= 0 && ix0 + 6 <= W;
+        for (int64_t cb = 0; cb < ICB; ++cb) {
+          const float* xc = x + (n * ICB + cb) * H * W * L;
+          V d[6][6], tm[6][6];
+          if (inside) {
+            #pragma GCC unroll 6
+            for (int i = 0; i < 6; ++i)
+              #pragma GCC unroll 6
+              for (int k = 0; k < 6; ++k) d[i][k] = WG_LD(xc + ((iy0 + i) * W + ix0 + k) * L);
+          } else {
+            for (int i = 0; i < 6; ++i)
+              for (int k = 0; k < 6; ++k) {
+                const int64_t iy = iy0 + i, ix = ix0 + k;
+                d[i][k] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? WG_LD(xc + (iy * W + ix) * L) : (V){0};
+              }
+          }
+          #pragma GCC unroll 6
+          for (int k = 0; k < 6; ++k)
+            WG_BT(d[0][k], d[1][k], d[2][k], d[3][k], d[4][k], d[5][k],
+                  tm[0][k], tm[1][k], tm[2][k], tm[3][k], tm[4][k], tm[5][k]);
+          #pragma GCC unroll 6
+          for (int a = 0; a < 6; ++a) {
+            V o[6];
+            WG_BT(tm[a][0], tm[a][1], tm[a][2], tm[a][3], tm[a][4], tm[a][5], o[0], o[1], o[2], o[3], o[4], o[5]);
+            for (int b = 0; b < 6; ++b) WG_ST(vbuf + ((int64_t)(a * 6 + b) * T + j) * IC + cb * L, o[b]);
+          }
+        }
+      }
+      const int64_t g0 = part * ngroup / osplit, g1 = (part + 1) * ngroup / osplit;
+      for (int64_t og = g0; og < g1; ++og) {
+        /* 2. the 36 GEMMs of this group of output channel blocks */
+        for (int t = 0; t < 36; ++t) {
+          const float* ut = u + ((int64_t)t * OCB + og * OV) * IC * L;
+          const float* vt = vbuf + (int64_t)t * T * IC;
+          float* mt = mbuf + (int64_t)t * T * OV * L;
+          for (int64_t j0 = 0; j0 < T; j0 += TR) {
+            V acc[TR][OV];
+            #pragma GCC unroll 16
+            for (int r = 0; r < TR; ++r)
+              #pragma GCC unroll 8
+              for (int o = 0; o < OV; ++o) acc[r][o] = (V){0};
+            const float* vj = vt + j0 * IC;
+            for (int64_t ic = 0; ic < IC; ++ic) {
+              V wv[OV];
+              #pragma GCC unroll 8
+              for (int o = 0; o < OV; ++o) wv[o] = WG_LD(ut + (o * IC + ic) * L);
+              #pragma GCC unroll 16
+              for (int r = 0; r < TR; ++r) {
+                const float s = vj[r * IC + ic];
+                #pragma GCC unroll 8
+                for (int o = 0; o < OV; ++o) acc[r][o] += s * wv[o];
+              }
+            }
+            #pragma GCC unroll 16
+            for (int r = 0; r < TR; ++r)
+              #pragma GCC unroll 8
+              for (int o = 0; o < OV; ++o) WG_ST(mt + ((j0 + r) * OV + o) * L, acc[r][o]);
+          }
+        }
+        /* 3. output transform */
+        for (int64_t j = 0; j < nt; ++j) {
+          const int64_t g = first + j, n = g / per_image, r = g % per_image;
+          const int64_t oy0 = r / TW * 4, ox0 = r % TW * 4;
+          const int rows = OH - oy0 < 4 ? (int)(OH - oy0) : 4, cols = OW - ox0 < 4 ? (int)(OW - ox0) : 4;
+          for (int o = 0; o < OV; ++o) {
+            const int64_t ocb = og * OV + o;
+            V mm[6][6], tm[4][6];
+            for (int a = 0; a < 6; ++a)
+              for (int b = 0; b < 6; ++b) mm[a][b] = WG_LD(mbuf + (((int64_t)(a * 6 + b) * T + j) * OV + o) * L);
+            for (int b = 0; b < 6; ++b)
+              WG_AT(mm[0][b], mm[1][b], mm[2][b], mm[3][b], mm[4][b], mm[5][b], tm[0][b], tm[1][b], tm[2][b], tm[3][b]);
+            const V bv = bias ? WG_LD(bias + ocb * L) : (V){0};
+            float* yo = y + ((n * OCB + ocb) * OH + oy0) * OW * L + ox0 * L;
+            for (int i = 0; i < rows; ++i) {
+              V out[4];
+              WG_AT(tm[i][0], tm[i][1], tm[i][2], tm[i][3], tm[i][4], tm[i][5], out[0], out[1], out[2], out[3]);
+              for (int k = 0; k < cols; ++k) {
+                V v = out[k] + bv;
+                if (relu) v = (V)((VI)v & ~(VI)(v < (V){0}));   /* max(v, 0); a NaN stays NaN */
+                WG_ST(yo + (i * OW + k) * L, v);
+              }
+            }
+          }
+        }
+      }
+    }
+    free(vbuf);
+    free(mbuf);
+  }
+#undef WG_LD
+#undef WG_ST
+#undef WG_BT
+#undef WG_AT
+  return failed ? -1 : 0;
+}

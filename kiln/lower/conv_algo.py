@@ -1,0 +1,152 @@
+"""Which algorithm runs each convolution, and why: one chooser for the whole compiler.
+
+kiln has three ways to run a float32 2-D convolution on the CPU:
+
+- `direct-nchw`: the NCHW direct convolution (kiln.lower.conv), vectorized over output
+  pixels; every shape, dtype and rank;
+- `direct-nchwc`: the blocked direct convolution (kiln.lower.nchwc), vectorized over a
+  block of output channels; dense or depthwise 2-D convs with constant weights;
+- `winograd`: F(4x4, 3x3) on the blocked layout (kiln.ops.winograd, kiln.lower.winograd),
+  4x fewer multiplies for 3x3 stride-1 undilated convs, paid for by the transforms
+  (about a tenth of the work at 64 channels, more below) and by weights 4x larger.
+
+`choose(shape, target)` returns the algorithm and a sentence saying why; the layout pass
+(kiln.passes.layout) calls it per conv, rewrites the graph accordingly and lists every
+choice in `model.report` (its findings). It is also a schedule decision,
+`conv.algorithm` ("direct" or "winograd"), declared here like the conv templates' own:
+`kiln.compile(model, decisions={"conv.algorithm": "direct"})` or the environment's
+KILN_CONV_ALGO=direct|winograd overrides the rule for every conv it can apply to (a
+conv Winograd cannot run stays direct, and the reason says so). Direct-nchwc vs nchw is
+the layout pass's own rule (blocked neighbours, `kiln.passes.layout.SELECTIVE`).
+
+The rule (WINOGRAD_MIN_*): Winograd where its fewer multiplies pay for the transforms
+and for streaming its larger weights, measured with benchmarks/conv_bench.py on the
+corpus CNNs' 3x3 convs (figures in that file's docstring).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from kiln.errors import KilnError
+from kiln.lower.decisions import OneOf, declare
+from kiln.targets.target import Target
+
+ALGORITHMS = ("direct", "winograd")
+CONV_ALGORITHM = declare("conv.algorithm", OneOf(ALGORITHMS), lambda target: "direct",
+                         "how a 3x3 stride-1 conv runs: direct, or Winograd F(4x4, 3x3) (kiln.lower.conv_algo)")
+ENV = "KILN_CONV_ALGO"
+
+# the rule, measured (see the module doc): channels on both sides, and tiles per image
+WINOGRAD_MIN_CHANNELS = 32
+WINOGRAD_MIN_TILES = 16          # 4x4 output tiles over the batch: fewer, and the 4x larger weights
+                                 # stream from memory for too little work
+WINOGRAD_MIN_TILE_USE = 0.7      # output pixels / pixels the tiles cover (a 13x13 output: 0.66)
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """What the chooser reads of one conv (static sizes)."""
+    n: int
+    c: int
+    oc: int
+    out: tuple                    # output spatial sizes
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    group: int
+    blockable: bool               # the layout pass can run it blocked (constant float32 weights, ...)
+    block: int = 8                # the layout's channel block (the target's float32 lanes)
+    narrow: bool = False          # blocked, it would read its few input channels as one block
+    blocked_kind: bool = False    # a kind the layout pass blocks when a neighbour is blocked (pointwise,
+                                  # depthwise, strided, 1-D, a stem: kiln.passes.layout._selected_kind)
+
+    def __str__(self) -> str:
+        k = "x".join(map(str, self.kernel))
+        s = "" if set(self.strides) == {1} else f" s{'x'.join(map(str, self.strides))}"
+        d = "" if set(self.dilations) == {1} else f" d{'x'.join(map(str, self.dilations))}"
+        g = "" if self.group == 1 else f" g{self.group}"
+        return f"{k}{s}{d}{g} {self.c}->{self.oc} out {self.n}x{'x'.join(map(str, self.out))}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    algorithm: str                # "winograd", "direct-nchwc" or "direct-nchw"
+    reason: str
+
+
+def asked(decisions: dict | None = None) -> str | None:
+    """The algorithm an override asks for every conv: decisions["conv.algorithm"], else
+    $KILN_CONV_ALGO; None when neither does ("auto" or "" in the environment: none)."""
+    v = (decisions or {}).get(CONV_ALGORITHM.name)
+    if v is None:
+        v = os.environ.get(ENV, "").strip() or None
+        if v == "auto":
+            v = None
+    if v is not None and v not in ALGORITHMS:
+        raise KilnError(f"illegal value {v!r} for decision {CONV_ALGORITHM.name!r}: it must be "
+                        f"{CONV_ALGORITHM.domain}", stage="schedule")
+    return v
+
+
+def winograd_applies(s: ConvShape, target: Target) -> str | None:
+    """Why Winograd F(4x4, 3x3) cannot run this conv, or None when it can."""
+    if len(s.kernel) != 2 or tuple(s.kernel) != (3, 3):
+        return f"kernel {'x'.join(map(str, s.kernel))} (Winograd here is for 3x3)"
+    if set(s.strides) != {1} or set(s.dilations) != {1}:
+        return "strided or dilated (Winograd here is for stride 1, no dilation)"
+    if s.group != 1:
+        return "grouped (Winograd here is for dense convs)"
+    if not s.blockable or s.narrow:
+        return "not blockable in whole channel blocks (Winograd runs on the blocked layout)"
+    if s.block % 4:
+        return f"a channel block of {s.block} (the kernel's vectors need a multiple of 4)"
+    return None
+
+
+def tile_use(out) -> float:
+    """Output pixels over the pixels the 4x4 tiles cover."""
+    return math.prod(out) / math.prod(-(-o // 4) * 4 for o in out)
+
+
+def choose(s: ConvShape, target: Target, override: str | None = None) -> Choice:
+    """The algorithm for conv `s` on `target` and why; `override` ("direct" or "winograd")
+    replaces the rule where Winograd can run at all."""
+    direct = Choice("direct-nchwc", "pointwise, depthwise, strided, 1-D or a few-channel stem: blocked "
+                                    "direct conv") if s.blockable and s.blocked_kind \
+        else Choice("direct-nchw", "dense KxK direct conv (blocked measured no faster)") if s.blockable \
+        else Choice("direct-nchw", "not blockable (non-constant or non-float32 weights, not 1-D or 2-D, "
+                                   "grouped, or channels that fill blocks badly)")
+    why_not = winograd_applies(s, target)
+    if why_not is not None:
+        return direct if override != "winograd" else Choice(direct.algorithm, f"{direct.reason}; asked "
+                                                            f"for winograd, but {why_not}")
+    if override == "winograd":
+        return Choice("winograd", "asked for (conv.algorithm / KILN_CONV_ALGO)")
+    if override == "direct":
+        return Choice(direct.algorithm, f"{direct.reason}; asked for direct (conv.algorithm / KILN_CONV_ALGO)")
+    tiles = s.n * math.prod(-(-o // 4) for o in s.out)
+    if min(s.c, s.oc) < WINOGRAD_MIN_CHANNELS:
+        return Choice(direct.algorithm, f"{min(s.c, s.oc)} channels < {WINOGRAD_MIN_CHANNELS}: Winograd's "
+                                        "transforms cost more than its GEMMs save")
+    if tiles < WINOGRAD_MIN_TILES:
+        return Choice(direct.algorithm, f"{tiles} 4x4 tiles < {WINOGRAD_MIN_TILES}: too little work for "
+                                        "Winograd's 4x larger weights")
+    if tile_use(s.out) < WINOGRAD_MIN_TILE_USE:
+        return Choice(direct.algorithm, f"the 4x4 tiles cover {1 / tile_use(s.out):.2f}x the output "
+                                        f"(< {WINOGRAD_MIN_TILE_USE} used)")
+    return Choice("winograd", f"3x3 s1, {min(s.c, s.oc)}+ channels, {tiles} tiles: F(4x4,3x3), "
+                              f"{4 * tile_use(s.out):.1f}x fewer multiplies")
+
+
+@dataclass(frozen=True)
+class ConvChoice:
+    """A finding of the layout pass: the algorithm chosen for one conv node, and why."""
+    node: str
+    shape: ConvShape
+    choice: Choice
+
+    def __str__(self) -> str:
+        return f"conv {self.node!r} [{self.shape}]: {self.choice.algorithm} ({self.choice.reason})"

@@ -1,0 +1,91 @@
+"""kiln::ConvWinograd's native kernel (cpu target): F(4x4, 3x3) on the blocked layout.
+
+The kernel is C (kiln/codegen/c_src/winograd.c): input transform of a chunk of tiles,
+the 36 GEMMs over those tiles in register blocks, output transform, in one pass per
+task so a chunk's transformed input and the GEMMs' results stay in L2. What is chosen
+here, from the `Target` and the shapes:
+
+- the register block, TR tiles x OV channel vectors of accumulators, with OV weight
+  vectors and a broadcast beside them in the register file (AVX2's 16: 4 x 3 or 6 x 2;
+  AVX-512's 32: 6 x 4 or 9 x 3), the fewest loads per FMA; OV divides the output
+  channel blocks;
+- the chunk, T tiles (a multiple of TR): its transformed input (36 T IC floats) takes at
+  most half the target's L2, and there are chunks for every thread when the image has
+  the tiles;
+- `osplit`: how many parts a chunk's output channels are cut into when there are fewer
+  chunks than twice the threads (each part transforms the chunk's input again: a few
+  percent of the GEMM's work, against an idle core).
+"""
+
+from __future__ import annotations
+
+from kiln.codegen.csource import c_instance
+from kiln.dtypes import DType
+from kiln.lower.conv_algo import CONV_ALGORITHM
+from kiln.lower.nnutil import parallel_worth
+from kiln.ops.registry import lowering
+from kiln.ops.winograd import DOMAIN, M, geometry
+from kiln.targets.target import Target
+
+
+def register_tile(ocb: int, target: Target) -> tuple[int, int]:
+    """(TR tiles, OV channel vectors) of the GEMM's register block for `ocb` output blocks."""
+    regs = target.vector_registers
+    best = None
+    for ov in (4, 3, 2, 1):
+        tr = min((regs - ov - 1) // ov, 12)       # accumulators + OV weight vectors + a broadcast
+        if ocb % ov or tr < 1:
+            continue
+        loads = (tr + ov) / (tr * ov)             # loads per FMA: fewer is better
+        if best is None or loads < best[0] - 1e-9:
+            best = (loads, tr, ov)
+    return best[1], best[2]
+
+
+def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Target) -> tuple[int, int, int, int]:
+    """(TR, OV, T, osplit) for a ConvWinograd of these sizes on `target` (see the module doc)."""
+    tr, ov = register_tile(ocb, target)
+    ic = icb * lanes
+    tiles = n * (-(-oh // M)) * (-(-ow // M))
+    t = max(tr, (target.l2_bytes // 2) // (36 * ic * 4) // tr * tr)
+    per_thread = -(-tiles // max(target.cores, 1))
+    t = min(t, -(-per_thread // tr) * tr)             # a chunk per thread at least, if there are tiles
+    nchunk = -(-tiles // t)
+    groups = ocb // ov
+    osplit = 1 if nchunk >= 2 * target.cores else min(groups, -(-2 * target.cores // nchunk))
+    return tr, ov, t, max(osplit, 1)
+
+
+def macs(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int) -> int:
+    """Multiply-adds of the GEMMs (the transforms add about a tenth at 64 channels)."""
+    tiles = n * (-(-oh // M)) * (-(-ow // M))
+    return 36 * tiles * icb * lanes * ocb * lanes
+
+
+@lowering("ConvWinograd", domain=DOMAIN)
+def _lower(ctx, x, u, b=None):
+    target = Target.of(ctx.target)
+    m, pads, oh, ow = geometry(ctx, x.shape, u.shape)
+    if m != M:
+        ctx.fail(f"the native Winograd kernel computes F({M}x{M}, 3x3), not m={m}", stage="lower")
+    if x.dtype is not DType.float32 or u.dtype is not DType.float32:
+        ctx.fail(f"ConvWinograd's native kernel takes float32, got {x.dtype} and {u.dtype}", stage="lower")
+    # the algorithm was chosen by the layout pass (the weights are transformed there): recorded
+    # with the kernel's decisions; another value asked of this kernel alone cannot be taken here
+    if CONV_ALGORITHM.asked() not in (None, "winograd"):
+        raise CONV_ALGORITHM.illegal(CONV_ALGORITHM.asked(), "the conv algorithm is chosen by the layout pass; "
+                                     "ask it of kiln.compile (decisions={'conv.algorithm': ...}) for the model")
+    CONV_ALGORITHM.value("winograd")
+    n, icb, h, w, lanes = x.shape
+    ocb = u.shape[1]
+    if lanes % 4:
+        ctx.fail(f"ConvWinograd's channel block {lanes} is not a multiple of 4", stage="lower")
+    tr, ov, t, osplit = plan(n, icb, ocb, oh, ow, lanes, target)
+    fn = f"kiln_winograd_f4_l{lanes}_r{tr}_o{ov}"
+    preamble = c_instance("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_L": str(lanes), "KILN_WG_TR": str(tr),
+                                         "KILN_WG_OV": str(ov)}, fn.upper())
+    par = int(parallel_worth(macs(n, icb, ocb, oh, ow, lanes), target, "conv"))
+    body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {n}, {icb}, {h}, {w}, "
+            f"{ocb}, {oh}, {ow}, {pads[0]}, {pads[1]}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
+    return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,
+                      errors={-1: "out of memory for the Winograd transform buffers"})

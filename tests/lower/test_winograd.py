@@ -1,0 +1,205 @@
+"""Winograd F(4x4, 3x3) (kiln.ops.winograd, kiln.lower.winograd) and the conv algorithm
+chooser (kiln.lower.conv_algo): transforms exact, the native kernel against the direct
+convolution on random shapes, its error within the stated bound, the chooser's rule and
+its overrides."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.compiler import run_stages
+from kiln.errors import KilnError
+from kiln.lower.conv_algo import ConvShape, choose
+from kiln.ops.nn import Window, conv_core
+from kiln.ops.winograd import matrices, transform_weight, winograd_conv
+from kiln.passes.layout import worth_blocking
+from kiln.targets.target import Target
+
+F = TensorProto.FLOAT
+# The stated bound (kiln.ops.winograd): F(4x4, 3x3) in float32 against the direct convolution
+# computed in float64, max |error| over max |direct output|, on weights and inputs scaled as a
+# trained CNN's (unit-variance outputs). Measured over the corpus CNNs' 3x3 stride-1 convs
+# with benchmarks/winograd_error.py: at most 1.1e-6 relative to the output's largest value
+# (8e-6 of an element at the 1e-3 * max floor). Asserted with margin:
+WINOGRAD_ERROR_BOUND = 2e-5
+
+
+def direct(x, w, pads, b=None):
+    """The direct convolution in float64 (the reference Winograd is held to)."""
+    win = Window([3, 3], [1, 1], [1, 1], [pads[0], pads[1]], [pads[2], pads[3]],
+                 [x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2], [0, 0])
+    y = conv_core(None, x.astype(np.float64), w.astype(np.float64), 1, win)
+    return y if b is None else y + b.astype(np.float64).reshape(1, -1, 1, 1)
+
+
+def rel_error(got, want) -> float:
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+
+
+@pytest.mark.parametrize("m", [2, 4, 6])
+def test_transforms_compute_the_correlation_exactly(m):
+    at, g, bt = matrices(m)
+    rng = np.random.default_rng(m)
+    d, f = rng.standard_normal(m + 2), rng.standard_normal(3)
+    want = np.correlate(d, f, mode="valid")
+    np.testing.assert_allclose(at @ ((g @ f) * (bt @ d)), want, rtol=1e-12, atol=1e-12)
+
+
+def test_f4_matrices_are_lavins():
+    at, g, bt = matrices(4)
+    np.testing.assert_array_equal(bt[0], [4, 0, -5, 0, 1, 0])
+    np.testing.assert_array_equal(bt[5], [0, 4, 0, -5, 0, 1])
+    np.testing.assert_array_equal(at[3], [0, 1, -1, 8, -8, 1])
+    np.testing.assert_allclose(g[1], [-1 / 6] * 3)
+
+
+@pytest.mark.parametrize("m", [2, 4, 6])
+def test_reference_in_float64_equals_direct(m):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 5, 9, 7))
+    w = rng.standard_normal((6, 5, 3, 3))
+    pads = [1, 0, 2, 1]
+    u = transform_weight(w, 4, m, np.float64)               # [n^2, OCB, ICp, 4]
+    t2, ocb, icp, ob = u.shape
+    u = u.transpose(0, 1, 3, 2).reshape(t2, ocb * ob, icp)
+    got = winograd_conv(np.pad(x, ((0, 0), (0, icp - 5), (0, 0), (0, 0))), u, pads, m)[:, :6]
+    np.testing.assert_allclose(got, direct(x, w, pads), rtol=1e-10, atol=1e-10)
+
+
+def conv_model(n, c, oc, h, w, pads, bias, relu=False, seed=0, batch_dim=None):
+    rng = np.random.default_rng(seed)
+    wt = (rng.standard_normal((oc, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    inits = [numpy_helper.from_array(wt, "w")]
+    ins = ["x", "w"]
+    if bias:
+        bv = rng.standard_normal(oc).astype(np.float32)
+        inits.append(numpy_helper.from_array(bv, "b"))
+        ins.append("b")
+    nodes = [helper.make_node("Conv", ins, ["c" if relu else "y"], name="conv3", pads=list(pads))]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"], name="relu"))
+    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    nb = batch_dim or n
+    g = helper.make_graph(nodes, "wino", [helper.make_tensor_value_info("x", F, [nb, c, h, w])],
+                          [helper.make_tensor_value_info("y", F, [nb, oc, oh, ow])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), wt, \
+        (bv if bias else None)
+
+
+def ops_of(model, **kw):
+    return [n.op for n in run_stages(model, "optimized", **kw).optimized.graph.nodes]
+
+
+WINO = {"conv.algorithm": "winograd"}
+
+
+BLOCK = Target.host().vector_lanes(4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 40), oc=st.integers(1, 40), h=st.integers(1, 13),
+       w=st.integers(1, 13), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+       bias=st.booleans(), relu=st.booleans())
+def test_native_winograd_matches_direct_on_random_shapes(n, c, oc, h, w, pads, bias, relu):
+    # channels the layout pass blocks (whole blocks or a few padding ones: 7, 13, 30, ...),
+    # odd sizes, asymmetric pads, batch > 1
+    assume(h + pads[0] + pads[2] >= 3 and w + pads[1] + pads[3] >= 3)
+    assume(worth_blocking(c, BLOCK) and worth_blocking(oc, BLOCK))
+    model, wt, bv = conv_model(n, c, oc, h, w, pads, bias, relu)
+    assert "ConvWinograd" in ops_of(model, decisions=WINO)
+    x = np.random.default_rng(7).standard_normal((n, c, h, w)).astype(np.float32)
+    want = direct(x, wt, pads, bv)
+    if relu:
+        want = np.maximum(want, 0)
+    got = kiln.compile(model, decisions=WINO).run(x=x)["y"]
+    interp = kiln.compile(model, target="interpreter").run(x=x)["y"]
+    assert rel_error(got, want) < WINOGRAD_ERROR_BOUND
+    np.testing.assert_allclose(got, interp, rtol=1e-3, atol=1e-3 * np.max(np.abs(want)))
+
+
+def test_error_within_the_stated_bound_at_cnn_widths():
+    # a trained CNN's 3x3 conv: 128 channels in and out, an odd 23x23 plane, ReLU'd inputs
+    model, wt, bv = conv_model(1, 128, 128, 23, 23, [1, 1, 1, 1], True, seed=3)
+    x = np.maximum(np.random.default_rng(8).standard_normal((1, 128, 23, 23)), 0).astype(np.float32)
+    assert "ConvWinograd" in ops_of(model, decisions=WINO)
+    got = kiln.compile(model, decisions=WINO).run(x=x)["y"]
+    want = direct(x, wt, [1, 1, 1, 1], bv)
+    assert rel_error(got, want) < WINOGRAD_ERROR_BOUND
+    # and as rtol 1e-3 against the direct float32 conv (kiln's own, chosen by the override)
+    plain = kiln.compile(model, decisions={"conv.algorithm": "direct"}).run(x=x)["y"]
+    np.testing.assert_allclose(got, plain, rtol=1e-3, atol=1e-3 * np.max(np.abs(plain)))
+
+
+def test_symbolic_batch_runs_winograd_per_shape():
+    model, wt, bv = conv_model(1, 16, 24, 10, 9, [1, 1, 1, 1], True, batch_dim="N")
+    m = kiln.compile(model, decisions=WINO)
+    for n in (1, 3):
+        x = np.random.default_rng(n).standard_normal((n, 16, 10, 9)).astype(np.float32)
+        assert rel_error(m.run(x=x)["y"], direct(x, wt, [1, 1, 1, 1], bv)) < WINOGRAD_ERROR_BOUND
+    spec = run_stages(model, "partition", dims={"N": 2}, decisions=WINO).specialized
+    assert "ConvWinograd" in [n.op for n in spec.graph.nodes]
+
+
+def shape(c, oc, hw, k=3, s=1, group=1, n=1, blockable=True):
+    o = (hw + 2 * (k // 2) - k) // s + 1
+    return ConvShape(n, c, oc, (o, o), (k, k), (s, s), (1, 1), group, blockable, 8,
+                     blocked_kind=blockable and (k == 1 or group > 1 or s > 1))
+
+
+@pytest.mark.parametrize("s, algorithm", [
+    (shape(64, 64, 56), "winograd"),                 # ResNet's first stage
+    (shape(256, 256, 14), "winograd"),
+    (shape(512, 512, 7), "direct-nchw"),             # 4 tiles: the weights dominate
+    (shape(16, 16, 56), "direct-nchw"),              # few channels: the transforms dominate
+    (shape(64, 128, 56, s=2), "direct-nchwc"),       # strided: blocked direct
+    (shape(64, 64, 56, k=1), "direct-nchwc"),        # pointwise
+    (shape(64, 64, 56, group=64), "direct-nchwc"),   # depthwise
+    (shape(64, 64, 56, blockable=False), "direct-nchw"),
+])
+def test_chooser_rule_and_reason(s, algorithm):
+    c = choose(s, Target.host())
+    assert c.algorithm == algorithm and c.reason
+
+
+def test_chooser_override():
+    assert choose(shape(16, 16, 56), Target.host(), "winograd").algorithm == "winograd"
+    assert choose(shape(64, 64, 56), Target.host(), "direct").algorithm == "direct-nchw"
+    c = choose(shape(64, 64, 56, s=2), Target.host(), "winograd")   # cannot: stays direct, says why
+    assert c.algorithm == "direct-nchwc" and "strided" in c.reason
+
+
+def test_override_by_decision_and_environment(monkeypatch):
+    model, _, _ = conv_model(1, 64, 64, 24, 24, [1, 1, 1, 1], True)
+    assert "ConvWinograd" in ops_of(model)                                   # the rule
+    assert "ConvWinograd" not in ops_of(model, decisions={"conv.algorithm": "direct"})
+    monkeypatch.setenv("KILN_CONV_ALGO", "direct")
+    assert "ConvWinograd" not in ops_of(model)
+    assert "ConvWinograd" in ops_of(model, decisions=WINO)                    # the decision wins
+    monkeypatch.setenv("KILN_CONV_ALGO", "fft")
+    with pytest.raises(KilnError, match="conv.algorithm"):
+        ops_of(model)
+    monkeypatch.delenv("KILN_CONV_ALGO")
+    with pytest.raises(KilnError, match="conv.algorithm"):
+        kiln.compile(model, decisions={"conv.algorithm": "fft"})
+
+
+def test_relu_runs_in_the_output_transform():
+    model, wt, bv = conv_model(2, 40, 36, 11, 14, [1, 1, 1, 1], True, relu=True)
+    ops = ops_of(model, decisions=WINO)
+    assert "ConvWinograd" in ops and "Relu" not in ops
+    x = np.random.default_rng(5).standard_normal((2, 40, 11, 14)).astype(np.float32)
+    want = np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)
+    assert rel_error(kiln.compile(model, decisions=WINO).run(x=x)["y"], want) < WINOGRAD_ERROR_BOUND
+
+
+def test_report_lists_each_conv_with_its_algorithm():
+    model, _, _ = conv_model(1, 64, 64, 24, 24, [1, 1, 1, 1], True)
+    r = kiln.compile(model, report=True).report
+    (c,) = r.convs
+    assert c.node == "conv3" and c.choice.algorithm == "winograd" and "tiles" in c.choice.reason
+    assert "conv 'conv3' [3x3 64->64 out 1x24x24]: winograd" in str(r)
