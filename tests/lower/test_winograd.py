@@ -22,10 +22,11 @@ from kiln.targets.target import Target
 
 F = TensorProto.FLOAT
 # The stated bound (kiln.ops.winograd): F(4x4, 3x3) in float32 against the direct convolution
-# computed in float64, max |error| over max |direct output|, on weights and inputs scaled as a
-# trained CNN's (unit-variance outputs). Measured over the corpus CNNs' 3x3 stride-1 convs
-# with benchmarks/winograd_error.py: at most 1.1e-6 relative to the output's largest value
-# (8e-6 of an element at the 1e-3 * max floor). Asserted with margin:
+# computed in float64, max |error| / max |direct output|. Measured on the corpus CNNs' 68 3x3
+# stride-1 convs (resnet50, unet, dbnet_resnet18, yolov5s_style, crnn; their own weights, BN
+# folded, ReLU'd normal inputs) with benchmarks/winograd_error.py: at most 1.35e-5 (the float32
+# direct convolution: 6.3e-7). So it passes rtol 1e-3 against direct with an atol of 2e-5 of
+# the output's largest value, asserted here:
 WINOGRAD_ERROR_BOUND = 2e-5
 
 
@@ -154,8 +155,10 @@ def shape(c, oc, hw, k=3, s=1, group=1, n=1, blockable=True):
 @pytest.mark.parametrize("s, algorithm", [
     (shape(64, 64, 56), "winograd"),                 # ResNet's first stage
     (shape(256, 256, 14), "winograd"),
-    (shape(512, 512, 7), "direct-nchw"),             # 4 tiles: the weights dominate
-    (shape(16, 16, 56), "direct-nchw"),              # few channels: the transforms dominate
+    (shape(512, 512, 7), "winograd"),                # 4 tiles
+    (shape(256, 256, 4), "direct-nchw"),             # 1 tile: the weights dominate
+    (shape(8, 8, 56), "direct-nchw"),                # few channels: the transforms dominate
+    (shape(64, 64, 5), "direct-nchw"),               # 5x5: the 8x8 tiles waste most
     (shape(64, 128, 56, s=2), "direct-nchwc"),       # strided: blocked direct
     (shape(64, 64, 56, k=1), "direct-nchwc"),        # pointwise
     (shape(64, 64, 56, group=64), "direct-nchwc"),   # depthwise
@@ -167,7 +170,7 @@ def test_chooser_rule_and_reason(s, algorithm):
 
 
 def test_chooser_override():
-    assert choose(shape(16, 16, 56), Target.host(), "winograd").algorithm == "winograd"
+    assert choose(shape(8, 8, 56), Target.host(), "winograd").algorithm == "winograd"
     assert choose(shape(64, 64, 56), Target.host(), "direct").algorithm == "direct-nchw"
     c = choose(shape(64, 64, 56, s=2), Target.host(), "winograd")   # cannot: stays direct, says why
     assert c.algorithm == "direct-nchwc" and "strided" in c.reason
