@@ -23,7 +23,7 @@ from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.lower.conv_algo import CONV_ALGORITHM
 from kiln.lower.nnutil import parallel_worth
-from kiln.ops.registry import lowering
+from kiln.lower.context import lowering
 from kiln.ops.winograd import DOMAIN, M, geometry
 from kiln.targets.target import Target
 

@@ -76,7 +76,7 @@ CASES = {
 def test_blocked_conv_matches_reference(case, block):
     g = conv_case(**CASES[case])
     blocked = g.clone()
-    fired = transform(blocked, block, selective=False)
+    fired = transform(blocked, block, selective=False, override="direct")   # the direct kernel (not Winograd)
     cfg = CASES[case]
     expect_blocked = (worth_blocking(cfg["c"], block) or narrow_input(cfg["c"], block, cfg.get("dw", False))) \
         and worth_blocking(cfg["oc"], block)
@@ -160,7 +160,7 @@ def test_blocked_max_pool_matches_reference(case, block):
              f'strides = [{cfg["ps"]}, {cfg["ps"]}], pads = {pads}, dilations = [{d}, {d}]}} name "pool"')
     g = graph(prog(f"(%x: float32[1,{c},{h},{h}]) -> (%y)", body), w_conv=R(oc, c, k, k), b_conv=R(oc))
     blocked = g.clone()
-    fired = transform(blocked, block, selective=False)
+    fired = transform(blocked, block, selective=False, override="direct")   # the direct kernel (not Winograd)
     assert fired.get("MaxPool") == 1, fired
     assert "kiln::MaxPoolNCHWc" in {n.qualified_op for n in blocked.nodes}
     xs = random_inputs(g, 2)
@@ -205,7 +205,7 @@ def test_squeeze_excite_blocked_matches_reference(case, block):
     cfg = SE_CASES[case]
     g = se_block(**cfg)
     blocked = g.clone()
-    fired = transform(blocked, block, selective=False)
+    fired = transform(blocked, block, selective=False, override="direct")   # the direct kernel (not Winograd)
     if worth_blocking(cfg["m"], block) and worth_blocking(cfg["o"], block):
         assert fired.get("GlobalAveragePool") == 1 and fired.get("scale") == 1, fired
     xs = random_inputs(g, 1)
