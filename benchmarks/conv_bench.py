@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,7 +27,7 @@ import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import kiln  # noqa: E402
-from kiln.bench import ort_session, stats, time_interleaved  # noqa: E402
+from kiln.bench import ort_session, stats, time_interleaved, time_thread_cpu  # noqa: E402
 from kiln.ops.layout import from_blocked, pack_bias, pack_conv_weight, to_blocked  # noqa: E402
 from kiln.passes.layout import default_block  # noqa: E402
 from kiln.targets.target import Target  # noqa: E402
@@ -179,12 +178,7 @@ def main(argv=None):
         for f in fns.values():
             f()
         if args.clock == "cpu":
-            t = {kk: [] for kk in fns}
-            for _ in range(args.rounds * args.per_round):
-                for kk, f in fns.items():
-                    t0 = time.thread_time()
-                    f()
-                    t[kk].append((time.thread_time() - t0) * 1e3)
+            t = time_thread_cpu(fns, args.rounds * args.per_round)
         else:
             t = time_interleaved(fns, {kk: args.rounds * args.per_round for kk in fns}, args.rounds)
         st = {kk: stats(v) for kk, v in t.items()}

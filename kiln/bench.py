@@ -68,6 +68,19 @@ def compare(got: dict, want: dict, rtol: float = 1e-3, atol: float = 1e-4) -> di
     return {"max_abs": abs_err, "max_rel": rel_err, "ok": ok}
 
 
+def time_thread_cpu(fns: dict, runs: int) -> dict:
+    """Alternate single runs of each fn, timing the calling thread's CPU time; returns {name:
+    [ms per run]}. For one-thread engines on a loaded machine: time other processes take from
+    the core is not counted (caches are still shared)."""
+    times = {k: [] for k in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            t0 = time.thread_time()
+            fn()
+            times[name].append((time.thread_time() - t0) * 1e3)
+    return times
+
+
 def ort_session(model, threads: int):
     """An ORT CPU session (model: path or ModelProto), `threads` intra-op threads, full optimisation."""
     try:

@@ -6,7 +6,6 @@ its overrides."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 from onnx import TensorProto, helper, numpy_helper
