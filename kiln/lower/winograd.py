@@ -11,7 +11,8 @@ here, from the `Target` and the shapes:
   channel blocks;
 - the chunk, T tiles (a multiple of TR): its transformed input (36 T IC floats) takes at
   most half the target's L2, and there are chunks for every thread when the image has
-  the tiles;
+  the tiles; but when the weights do not fit L2 (they stream once per chunk), as few
+  chunks as L2 holds;
 - `osplit`: how many parts a chunk's output channels are cut into when there are fewer
   chunks than twice the threads (each part transforms the chunk's input again: a few
   percent of the GEMM's work, against an idle core).
@@ -47,9 +48,17 @@ def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Targe
     tr, ov = register_tile(ocb, target)
     ic = icb * lanes
     tiles = n * (-(-oh // M)) * (-(-ow // M))
-    t = max(tr, (target.l2_bytes // 2) // (36 * ic * 4) // tr * tr)
-    per_thread = -(-tiles // max(target.cores, 1))
-    t = min(t, -(-per_thread // tr) * tr)             # a chunk per thread at least, if there are tiles
+    per_tile = 36 * ic * 4                            # transformed input bytes per tile
+    if 36 * ic * ocb * lanes * 4 > target.l2_bytes:
+        # weights larger than L2 stream from L3 or memory once per chunk: as few chunks as fit
+        # L2 (the threads share a chunk's output channels instead: osplit). One thread, thread
+        # CPU time, load 12-17: 14x14x256 (16 tiles, one chunk instead of two) 1.76 -> 1.39 ms,
+        # 28x28x128 (49 tiles, one chunk instead of two) 1.20 -> 0.95 ms
+        t = max(tr, min(-(-tiles // tr) * tr, target.l2_bytes // per_tile // tr * tr))
+    else:
+        t = max(tr, (target.l2_bytes // 2) // per_tile // tr * tr)
+        per_thread = -(-tiles // max(target.cores, 1))
+        t = min(t, -(-per_thread // tr) * tr)         # a chunk per thread at least, if there are tiles
     nchunk = -(-tiles // t)
     groups = ocb // ov
     osplit = 1 if nchunk >= 2 * target.cores else min(groups, -(-2 * target.cores // nchunk))
