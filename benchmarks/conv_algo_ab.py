@@ -1,6 +1,6 @@
 """Whole models, kiln's conv algorithm chooser against direct convolution only, beside ONNX Runtime.
 
-    python benchmarks/conv_algo_ab.py --only resnet50,unet [--rounds 10] [--per-round 2]
+    python benchmarks/conv_algo_ab.py --only resnet50,unet [--rounds 10] [--per-round 2] [--clock cpu]
 
 Per corpus model and benchmark shape: kiln with its default chooser (kiln.lower.conv_algo),
 kiln with `decisions={"conv.algorithm": "direct"}` (every conv direct, as before Winograd),
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kiln  # noqa: E402
 from benchmarks.corpus.build import corpus_dir, random_feeds  # noqa: E402
 from benchmarks.corpus.spec import case_label  # noqa: E402
-from kiln.bench import compare, ort_session, stats, time_interleaved  # noqa: E402
+from kiln.bench import compare, ort_session, stats, time_interleaved, time_thread_cpu  # noqa: E402
 from kiln.compiler import specialize  # noqa: E402
 
 
@@ -41,7 +41,12 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--per-round", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: every engine on one thread, timed by the thread's CPU time (a loaded machine)")
     args = ap.parse_args(argv)
+    if args.clock == "cpu":
+        os.environ["OMP_NUM_THREADS"] = "1"    # read when kiln's first module loads
+        args.threads = 1
     for name in args.only.split(","):
         path = os.path.join(corpus_dir(), name + ".onnx")
         meta = json.load(open(os.path.join(corpus_dir(), name + ".json")))
@@ -56,7 +61,10 @@ def main(argv=None):
                    "ort": lambda: sess.run(None, feeds)}
             checks = {k: compare(fns[k](), want)["ok"] for k in ("kiln", "kiln-direct")}
             load0 = os.getloadavg()[0]
-            t = time_interleaved(fns, {k: args.rounds * args.per_round for k in fns}, args.rounds)
+            if args.clock == "cpu":
+                t = time_thread_cpu(fns, args.rounds * args.per_round)
+            else:
+                t = time_interleaved(fns, {k: args.rounds * args.per_round for k in fns}, args.rounds)
             st = {k: stats(v)["median_ms"] for k, v in t.items()}
             print(f"{name} {case_label(case)}: kiln {st['kiln']:.2f} ms | kiln-direct {st['kiln-direct']:.2f} ms "
                   f"| ort {st['ort']:.2f} ms | kiln/direct {st['kiln'] / st['kiln-direct']:.2f} "
