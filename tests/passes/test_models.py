@@ -31,7 +31,7 @@ def _fired(stats, pass_name):
 def test_resnet18_has_no_batchnorm_left():
     _, g, out, stats = optimized("resnet18")
     assert _ops(g)["BatchNormalization"] == 20
-    assert _ops(out)["BatchNormalization"] == 0 and _ops(out)["Conv"] + _ops(out)["ConvNCHWc"] == 20
+    assert _ops(out)["BatchNormalization"] == 0 and _ops(out)["Conv"] + _ops(out)["ConvNCHWc"] + _ops(out)["ConvWinograd"] == 20
     assert _fired(stats, "fold_batchnorm") == {"Conv+BN": 20}
 
 
