@@ -29,9 +29,10 @@ CSP = ('  %a: float32[1,8,{h},{w}] = Conv(%x, %wa, %ba) {{kernel_shape = [1, 1]}
        '  %y: float32[1,8,{h},{w}] = Conv(%cat, %wc) {{kernel_shape = [1, 1]}} name "c"')
 
 
-def test_concat_of_blocked_values_runs_blocked():
+def test_concat_of_blocked_values_runs_blocked(monkeypatch):
     """CSP/SPPF: conv outputs (and a pool of one) concatenated along channels, read by a conv:
     block multiples concatenate as blocks, so nothing is converted between the convs."""
+    monkeypatch.setenv("KILN_CONV_ALGO", "direct")     # the 3x3 conv as the direct ConvNCHWc
     g = graph(prog("(%x: float32[1,16,9,7]) -> (%y)", CSP.format(h=9, w=7)),
               wa=R(8, 16, 1, 1), ba=R(8), wb=R(16, 16, 3, 3), wc=R(8, 40, 1, 1))
     out, stats = run_pass("transform_layout", g)
