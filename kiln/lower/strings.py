@@ -75,6 +75,7 @@ SPLIT_MAX_PIECES = 1 << 22
 
 @lowering("StringSplit")
 def _string_split_lower(ctx, x):
+    """The kernel kiln/codegen/c_src/string_split.c, called with this node's sizes."""
     from kiln.codegen.strings import c_str
     shape = tuple(ctx.input_types[0].shape)
     n = math.prod(shape)
@@ -88,23 +89,14 @@ def _string_split_lower(ctx, x):
     dims = "".join(f"  out2[{k}] = {d}; out2[{r + 1 + k}] = {d};\n" for k, d in enumerate(shape))
     body = f"""  static const kiln_str sep = {c_str(delim)};
   int64_t width = 0;
-  for (int64_t i = 0; i < {n}LL; ++i) {{
-    if (!kiln_str_ok(in0[i])) return 2;
-    out1[i] = kiln_str_split(in0[i], sep, {maxsplit}LL, 0, 0);
-    if (out1[i] > {width}LL) return 3;
-    if (out1[i] > width) width = out1[i];
-  }}
-  for (int64_t i = 0; i < {n}LL; ++i) {{
-    kiln_str* row = out0 + i * width;
-    const int64_t got = kiln_str_split(in0[i], sep, {maxsplit}LL, row, width);
-    for (int64_t j = got; j < width; ++j) {{ row[j].ptr = ""; row[j].len = 0; }}
-  }}
+  const int32_t rc = kiln_string_split(in0, {n}LL, sep, {maxsplit}LL, {width}LL, out0, out1, &width);
+  if (rc) return rc;
 {dims}  out2[{r}] = width;
   return 0;"""
     errors = {3: f"a string splits into more than {width} pieces, the most this kernel holds for "
                  f"{n} strings ({SPLIT_MAX_PIECES} in all)"}
     return string_extern(ctx, body, [x], [(shape + (width,), DType.string), (shape, DType.int64)], dynamic=True,
-                   errors=errors)
+                         errors=errors, preamble=c_source("string_split.c"))
 
 
 # ---- StringNormalizer ----
