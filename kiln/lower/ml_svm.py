@@ -102,17 +102,7 @@ def _svm_classifier_lower(ctx, x):
         pairs = nc * (nc - 1) // 2
         if p["proba"]:
             final = f"""    float r[{nc * nc}], q[{nc * nc}], qp[{nc}], pr[{nc}];
-    for (int64_t t = 0; t < {nc * nc}; ++t) r[t] = 0.0f;
-    idx = 0;
-    for (int64_t i = 0; i < {nc - 1}; ++i)
-      for (int64_t j = i + 1; j < {nc}; ++j, ++idx) {{
-        const float val = sc[idx] * pa[idx] + pb[idx];
-        const float e = 1.0f / (1.0f + expf(-fabsf(val)));
-        float v = 1.0f - (val < 0 ? 1.0f - e : e);
-        v = v < 1.0e-7f ? 1.0e-7f : v;
-        v = v > 1.0f - 1.0e-7f ? 1.0f - 1.0e-7f : v;
-        r[i * {nc} + j] = v; r[j * {nc} + i] = 1.0f - v;
-      }}
+    kiln_svm_pairwise({nc}, sc, pa, pb, r);
     kiln_svm_couple({nc}, r, q, qp, pr);
     double a[{nc}];
     for (int64_t c = 0; c < {nc}; ++c) a[c] = (double)pr[c];
