@@ -11,6 +11,7 @@ import numpy as np
 
 import kiln.loops as L
 
+from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.lower.ml_common import c_table as _table, c_type as _c_type
 from kiln.ops.ml_common import ML
@@ -75,31 +76,21 @@ def _scaler_lower(ctx, x):
 
 @lowering("Normalizer", domain=ML)
 def _normalizer_lower(ctx, x):
+    """The kernel kiln/codegen/c_src/normalizer.c, instantiated for the input type."""
     xt = ctx.input_types[0]
     _c_type(ctx, xt.dtype)
     if not xt.shape:
         ctx.fail("Normalizer needs at least one axis", stage="lower")
     norm = ctx.attr("norm", "MAX")
     width, rows = xt.shape[-1], math.prod(xt.shape[:-1])
-    step = {"MAX": "{ const float v = fabsf(r[j]); d = (v > d || v != v || d != d) ? (d != d ? d : v) : d; }",
-            "L1": "acc += (double)fabsf(r[j]);",
-            "L2": "{ const float sq = r[j] * r[j]; acc += (double)sq; }"}.get(norm)
-    if step is None:
+    code = {"MAX": 0, "L1": 1, "L2": 2}.get(norm)
+    if code is None:
         ctx.fail(f"norm must be MAX, L1 or L2, got {norm!r}")
-    finish = {"MAX": "", "L1": "d = (float)acc;", "L2": "d = sqrtf((float)acc);"}[norm]
-    body = f"""  float* r = (float*)malloc(sizeof(float) * ({width} + 1));
-  if (!r) return -1;
-  for (int64_t row = 0; row < {rows}; ++row) {{
-    for (int64_t j = 0; j < {width}; ++j) r[j] = (float)in0[row * {width} + j];
-    float d = -INFINITY;
-    double acc = 0;
-    for (int64_t j = 0; j < {width}; ++j) {step}
-    {finish}
-    for (int64_t j = 0; j < {width}; ++j) out0[row * {width} + j] = d == 0 ? r[j] : r[j] / d;
-  }}
-  free(r);
-  return 0;"""
-    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)])
+    fn = f"kiln_normalizer_{xt.dtype.name}"
+    macros = {"KILN_NORMALIZER_T": _c_type(ctx, xt.dtype), "KILN_NORMALIZER_FN": fn}
+    body = f"  return {fn}(in0, out0, {rows}, {width}, {code});"
+    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)],
+                      preamble=c_instance("normalizer.c", macros, fn.upper()))
 
 
 @lowering("Imputer", domain=ML)
