@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import kiln  # noqa: E402
-from benchmarks.conv_bench import blocked_graph, onnx_conv  # noqa: E402
-from kiln.bench import ort_session, stats, time_interleaved, time_thread_cpu  # noqa: E402
+from benchmarks.conv_bench import blocked_graph, onnx_conv, timed  # noqa: E402
+from kiln.bench import ort_session  # noqa: E402
 from kiln.lower.conv_algo import ConvShape, choose  # noqa: E402
 from kiln.ops.layout import from_blocked, pack_bias, to_blocked  # noqa: E402
 from kiln.ops.winograd import transform_weight  # noqa: E402
@@ -142,16 +142,6 @@ def engines(c, h, oc, k, s, p, block, want_algos, rng):
                                    atol=1e-3 * np.abs(want).max())
         fns["winograd"] = lambda: mw.run(x=xw)
     return fns, flops
-
-
-def timed(fns: dict, args) -> dict:
-    for f in fns.values():
-        f()
-    if args.clock == "cpu":
-        t = time_thread_cpu(fns, args.rounds * args.per_round)
-    else:
-        t = time_interleaved(fns, {k: args.rounds * args.per_round for k in fns}, args.rounds)
-    return {k: stats(v) for k, v in t.items()}
 
 
 def main(argv=None):

@@ -126,6 +126,18 @@ def blocked_graph(c, sp, oc, k, s, p, w, b, block, dw=False, d=1):
                  b=pack_bias(b, oc, block, np.float32)), ib
 
 
+def timed(fns: dict, args) -> dict:
+    """One warm-up call each, then the stats of args.rounds * args.per_round timed calls of each:
+    thread CPU time (--clock cpu) or wall time interleaved."""
+    for f in fns.values():
+        f()
+    if args.clock == "cpu":
+        t = time_thread_cpu(fns, args.rounds * args.per_round)
+    else:
+        t = time_interleaved(fns, {k: args.rounds * args.per_round for k in fns}, args.rounds)
+    return {k: stats(v) for k, v in t.items()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--convs", default="resnet18")
@@ -175,13 +187,7 @@ def main(argv=None):
         got = got["y"] if isinstance(got, dict) else got[0]
         np.testing.assert_allclose(from_blocked(got, oc).reshape(want.shape), want, rtol=1e-3, atol=1e-3)
         fns["nchwc"] = lambda: mb.run({"x": xb})
-        for f in fns.values():
-            f()
-        if args.clock == "cpu":
-            t = time_thread_cpu(fns, args.rounds * args.per_round)
-        else:
-            t = time_interleaved(fns, {kk: args.rounds * args.per_round for kk in fns}, args.rounds)
-        st = {kk: stats(v) for kk, v in t.items()}
+        st = timed(fns, args)
         print(f"{name:12s} {flops / 1e9:.3f} GF | " + " | ".join(
             f"{kk} {v['median_ms']:.3f} ms (p10 {v['p10_ms']:.3f}) {flops / v['median_ms'] / 1e6:.0f} GF/s"
             for kk, v in st.items()), flush=True)
