@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.lower.ml_common import (c_labels, c_post_transform as _c_post_transform, c_table as _table,
     c_type as _c_type, label_extern, post_transform_c, rows_width)
@@ -14,10 +15,16 @@ from kiln.ops.ml_linear import _classifier_parts
 from kiln.lower.context import lowering
 
 
+def _scores(ctx, dt: DType) -> tuple[str, str]:
+    """(function, its C): kiln/codegen/c_src/linear_scores.c instantiated for the input type."""
+    fn = f"kiln_linear_scores_{dt.name}"
+    return fn, c_instance("linear_scores.c", {"KILN_LINEAR_T": _c_type(ctx, dt), "KILN_LINEAR_FN": fn}, fn.upper())
+
+
 @lowering("LinearRegressor", domain=ML)
 def _linear_regressor_lower(ctx, x):
     xt = ctx.input_types[0]
-    _c_type(ctx, xt.dtype)
+    fn, scores = _scores(ctx, xt.dtype)
     if xt.rank > 2:
         ctx.fail(f"X must be 1-D or 2-D, got {xt}", stage="lower")
     rows, width = (1, xt.shape[0]) if xt.rank == 1 else xt.shape if xt.rank == 2 else (1, 1)
@@ -30,22 +37,20 @@ def _linear_regressor_lower(ctx, x):
         ctx.fail(f"{icpt.size} intercepts for {n} targets")
     body = (_table(ctx, "coef", "float", coef, DType.float32) + _table(ctx, "icpt", "float", icpt, DType.float32) +
             f"""  double a[{max(n, 1)}];
+  float s[{max(n, 1)}];
   for (int64_t row = 0; row < {rows}; ++row) {{
-    for (int64_t t = 0; t < {n}; ++t) {{
-      double acc = 0;
-      for (int64_t j = 0; j < {width}; ++j) acc += (double)(float)in0[row * {width} + j] * (double)coef[t * {width} + j];
-      a[t] = (double)((float)acc + icpt[{'0' if icpt.size == 1 else 't'}]);
-    }}
+    {fn}(in0 + row * {width}, coef, icpt, {0 if icpt.size == 1 else 1}, {n}, {width}, s);
+    for (int64_t t = 0; t < {n}; ++t) a[t] = (double)s[t];
 {_c_post_transform(ctx, ctx.attr("post_transform", "NONE"), n)}    for (int64_t t = 0; t < {n}; ++t) out0[row * {n} + t] = (float)a[t];
   }}
   return 0;""")
-    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)], preamble=post_transform_c())
+    return ctx.extern(body, [x], [(ctx.out_shape(), DType.float32)], preamble=post_transform_c() + scores)
 
 
 @lowering("LinearClassifier", domain=ML)
 def _linear_classifier_lower(ctx, x):
     xt = ctx.input_types[0]
-    _c_type(ctx, xt.dtype)
+    fn, scores = _scores(ctx, xt.dtype)
     rows, width = rows_width(ctx, xt)
     coef, icpt, labels, strings, post, add_second = _classifier_parts(ctx, width)
     n = len(icpt)
@@ -69,13 +74,9 @@ def _linear_classifier_lower(ctx, x):
     body += f"""  #pragma omp parallel for schedule(static) if ({rows} >= 1024)
   for (int64_t row = 0; row < {rows}; ++row) {{
     float s[{n}];
-    for (int64_t t = 0; t < {n}; ++t) {{
-      double acc = 0;
-      for (int64_t j = 0; j < {width}; ++j) acc += (double)(float)in0[row * {width} + j] * (double)coef[t * {width} + j];
-      s[t] = (float)acc + icpt[t];
-    }}
+    {fn}(in0 + row * {width}, coef, icpt, 1, {n}, {width}, s);
 {tail}
   }}
   return 0;"""
     return label_extern(ctx, body, [x], [(ctx.out_shape(0), DType.string if strings else DType.int64),
-                                         (ctx.out_shape(1), DType.float32)], strings)
+                                         (ctx.out_shape(1), DType.float32)], strings, preamble=scores)
