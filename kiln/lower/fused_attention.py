@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kiln.codegen.csource import c_instance
+from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.lower.decisions import parallel_min_work
 from kiln.ops.fused_attention import DOMAIN, MASK_KINDS, contiguous_strides, logical_shapes, mask_strides
@@ -114,7 +114,7 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
               "KILN_FA_TO": ct, "KILN_FA_LD(x)": ld, "KILN_FA_ST(x)": st, "KILN_FA_L": t.lanes,
               "KILN_FA_MR": t.mr, "KILN_FA_NK": t.nk, "KILN_FA_NO": t.no, "KILN_FA_BK": t.bk, "KILN_FA_BQ": t.bq,
               "KILN_FA_D": d, "KILN_FA_DV": dv, "KILN_FA_DVP": dvp}
-    preamble = c_instance("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper())
+    preamble = c_source("kiln_exp.h") + c_instance("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper())
     args = ["in0", "in1", "in2", "in3" if mask is not None else "NULL", "out0",
             *(str(x) for x in (b, hq, hkv, sq, sk)), *(str(x) for s in call.strides for x in s),
             str(call.mask_kind), *(str(x) for x in call.mask_strides), _lit(call.fill), _lit(call.scale),

@@ -41,7 +41,7 @@ from kiln.targets.target import Target
 SPLIT_MACS = 1 << 16
 
 # the spin barrier, activations and solo check every kiln::Recurrent kernel shares
-PREAMBLE = c_source("recurrent.h")
+PREAMBLE = c_source("kiln_exp.h") + c_source("recurrent.h")
 
 
 def _act(name: str, a, b, v: str) -> str:

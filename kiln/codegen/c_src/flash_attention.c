@@ -32,20 +32,10 @@
 #ifndef KILN_FA_COMMON
 #define KILN_FA_COMMON
 #define KILN_FA_DEAD (-1e30f)
-/* exp as Cephes' expf, inline so a simd loop over a row vectorises it; 0 below -87.3
-   (where float's exp underflows anyway), NaN-free for -inf */
+/* exp (kiln_exp.h), 0 below -87.3 (where float's exp underflows anyway), NaN-free for -inf */
 static inline float kiln_fa_exp(float x) {
   const float lo = -87.3f;
-  const float c = x < lo ? lo : x > 88.0f ? 88.0f : x;
-  const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = c - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  union { int32_t i; float f; } s = { ((int32_t)n + 127) << 23 };
-  return x < lo ? 0.0f : p * s.f;
+  return x < lo ? 0.0f : kiln_exp_clamped(x > 88.0f ? 88.0f : x);
 }
 static inline float kiln_fa_bf16(uint16_t x) {
   union { uint32_t i; float f; } u = { (uint32_t)x << 16 };

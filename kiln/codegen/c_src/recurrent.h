@@ -26,24 +26,12 @@ static inline void kiln_rec_wait(kiln_rec_barrier* b, int n, int64_t step) {
   }
 }
 /* exp, sigmoid and tanh inline, so a simd loop over a panel's units vectorises them with no
-   call (a call would spill the live accumulators): exp as Cephes' expf (range reduction by
-   ln 2 in two parts, degree-6 polynomial; within 1e-7 relative of exp for x in [-87, 88]),
+   call (a call would spill the live accumulators): exp as kiln_exp.h's (Cephes' expf),
    tanh as Eigen's rational 13/6 approximation (within 4e-7 of tanh, odd, exactly x near 0) */
 /* v clamped to [lo, hi], NaN kept (as numpy.clip) */
 static inline float kiln_rec_clamp(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
 static inline float kiln_rec_exp(float x) {
-  x = x < -87.3f ? -87.3f : x > 88.0f ? 88.0f : x;  /* (fminf / fmaxf would be calls) */
-  /* n = x / ln 2 rounded, by the 1.5 * 2^23 trick (floorf does not vectorise where the
-     rounding may trap); C keeps the sum's order, so the addition is not folded away */
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  union { int32_t i; float f; } scale = { ((int32_t)n + 127) << 23 };  /* 2^n */
-  return p * scale.f;
+  return kiln_exp_clamped(x < -87.3f ? -87.3f : x > 88.0f ? 88.0f : x);  /* (fminf / fmaxf would be calls) */
 }
 static inline float kiln_rec_sigmoid(float x) { return 1.0f / (1.0f + kiln_rec_exp(-x)); }
 static inline float kiln_rec_tanh(float x) {
