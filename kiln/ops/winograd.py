@@ -97,12 +97,16 @@ def transform_weight(w: np.ndarray, block: int, m: int = M, dtype=np.float32) ->
     _, g, _ = matrices(m)
     oc, ic = w.shape[:2]
     ocp, icp = -(-oc // block) * block, -(-ic // block) * block
-    u = np.einsum("ak,oikl,bl->aboi", g, w.astype(np.float64), g)        # n, n, OC, IC
     n = g.shape[0]
-    out = np.zeros((n * n, ocp, icp), np.float64)
-    out[:, :oc, :ic] = u.reshape(n * n, oc, ic)
-    out = out.reshape(n * n, ocp // block, block, icp).transpose(0, 1, 3, 2)
-    return np.ascontiguousarray(out, dtype=dtype)
+    # G w G^T for every (o, i) as one GEMM with kron(G, G) (a three-operand einsum took
+    # 0.14 s on a 512x512 layer, this 0.03 s: cold compile of ResNet-18 spent 1.2 s here)
+    u = (np.kron(g, g) @ w.reshape(oc * ic, -1).T.astype(np.float64)).astype(dtype).reshape(n * n, oc, ic)
+    out = np.zeros((n * n, ocp // block, icp, block), dtype)
+    full = oc // block * block
+    out[:, :oc // block, :ic, :] = u[:, :full].reshape(n * n, oc // block, block, ic).transpose(0, 1, 3, 2)
+    if full < oc:
+        out[:, oc // block, :ic, :oc - full] = u[:, full:].transpose(0, 2, 1)
+    return out
 
 
 def winograd_conv(x: np.ndarray, u: np.ndarray, pads, m: int = M) -> np.ndarray:
