@@ -2,18 +2,23 @@
 
 One inference runs its kernels back to back, some parallel, some serial; between two
 parallel ones the team's threads wait, and how they wait decides what a fork costs.
-Measured with an empty 2-thread `omp parallel for` in a loop on the 2-vCPU AMD EPYC VM
-shared with other sessions (load average ~12), median / p90 per fork and join:
 
-- sleeping at once (OMP_WAIT_POLICY=PASSIVE, kiln's default): 8-11 us / 13-15 us;
-- a short spin first (GOMP_SPINCOUNT=3000): 1-3 us when the machine lets both threads run,
-  but 90-160 us / 2 ms in the same minutes, and GOMP_SPINCOUNT=10000 or 30000: 0.5-7 ms
-  median: a spinning thread burns the time slice the thread it waits for needs. Spinning
-  forever (ACTIVE) made resnet18 11x slower under load (909 ms vs 82 ms).
+kiln's default is a bounded spin, then sleep: OMP_WAIT_POLICY=PASSIVE with
+GOMP_SPINCOUNT=20000 (libgomp counts ~100000 spins per ms, so ~0.2 ms; libgomp's own default
+spins 300000, ONNX Runtime's and OpenVINO's pools spin too). The gaps between the kernels of
+one inference are microseconds, so the team is still spinning when the next fork comes:
+a fork costs 1-3 us instead of a wake-up. Measured side by side with ONNX Runtime on the
+quiet 2-core AMD EPYC (Zen 4) machine, kiln ms with threads sleeping at once (PASSIVE, the
+old default) -> spinning 20000 (`python -m benchmarks.corpus run --only mobilenet_v2,
+transformer_layer` with GOMP_SPINCOUNT set, load ~1.3): mobilenet_v2 batch 1 7.89 -> 4.03
+(ORT 4.96), transformer_layer batch 1 seq 64 1.165 -> 0.616 (ORT 0.706), batch 4 4.82 -> 2.51.
 
-So kiln's threads sleep between kernels unless the user says otherwise (either variable
-set: kiln sets neither), and the compiler counts the wake-up: the Target records the
-settings in force (`wait_settings`) and when forking pays follows from `fork_us`
+The cost is on an oversubscribed machine: at load 12 on 2 cores a spinning thread burns the
+time slice the thread it waits for needs (`python benchmarks/fork_cost.py`: GOMP_SPINCOUNT
+3000 153 us median per fork against 8 us sleeping at once). There, set
+OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=0 (kiln then sleeps at once and forks less).
+Either variable set by the user: kiln sets neither. The Target records the settings in
+force (`wait_settings`) and when forking pays follows from `fork_us`
 (kiln.lower.nnutil.parallel_worth).
 """
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-SPINCOUNT = ""   # GOMP_SPINCOUNT kiln sets ("": none; the threads sleep at once under PASSIVE)
+SPINCOUNT = "20000"   # GOMP_SPINCOUNT kiln sets with PASSIVE: spin ~0.2 ms, then sleep (see above)
 # What a fork and join of two threads costs (us), spinning or sleeping between kernels. In a
 # model a sleeping team costs more than the empty loop's 8-11 us: kws_dscnn's depthwise convs
 # (batch 8) took 33 us forked against 19 us serial (load 12), so 20.
