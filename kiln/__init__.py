@@ -18,6 +18,7 @@ _LAZY = {
     "CompiledModel": "kiln.runtime.model",
     "TensorSpec": "kiln.runtime.model",
     "Target": "kiln.targets.target",
+    "Decoder": "kiln.decode",
 }
 
 __all__ = ["KilnError", "UnsupportedOpsError", "__version__", *_LAZY]

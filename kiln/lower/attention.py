@@ -103,11 +103,12 @@ def _attention_lower(ctx: LowerCtx, q, k, v, attn_mask=None, past_key=None, past
 
 def _fused_attention(ctx: LowerCtx, q, k, v, mask, past_key, nonpad):
     """The fused kernel (kiln.lower.fused_attention) where it computes what the op asks: no
-    KV cache or padding lengths, no softcap or sliding window, only the output asked for, one
-    float dtype, a mask as wide as the keys. None: the computes below."""
+    past_key/past_value (nonpad_kv_seqlen, a static cache's valid lengths, is read at run
+    time), no softcap or sliding window, only the output asked for, one float dtype, a mask
+    as wide as the keys. None: the computes below."""
     from kiln.lower.fused_attention import FLOATS, MASK_FLOATS, FlashCall, flash_kernel, permuted_strides
     from kiln.ops.fused_attention import mask_strides
-    if (past_key is not None or nonpad is not None or ctx.attr("softcap", 0.0) or ctx.num_outputs != 1
+    if (past_key is not None or ctx.attr("softcap", 0.0) or ctx.num_outputs != 1
             or ctx.attr("left_window_size", -1) >= 0
             or ctx.attr("right_window_size", -1) >= 0 or ctx.attr("softmax_precision", 0) not in (0, 1)
             or q.dtype not in FLOATS or k.dtype is not q.dtype or v.dtype is not q.dtype
@@ -135,7 +136,7 @@ def _fused_attention(ctx: LowerCtx, q, k, v, mask, past_key, nonpad):
     scale = ctx.attr("scale", None)
     call = FlashCall((nb, hq, hkv, sq, sk, d, dv), strides, float(1.0 / np.sqrt(d) if scale is None else scale),
                      kind, ms, -math.inf, 0 if ctx.attr("is_causal", 0) else -1, empty_nan=False)
-    return flash_kernel(ctx, call, q, k, v, mask, ctx.out_shape(0), ctx.out_dtype(0))
+    return flash_kernel(ctx, call, q, k, v, mask, ctx.out_shape(0), ctx.out_dtype(0), nonpad)
 
 
 def _qk(qv, kp, root, dims, acc: DType):

@@ -96,8 +96,10 @@ def _lit(x: float) -> str:
     return f"{float(x).hex()}f" if x == x else "NAN"
 
 
-def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_dtype: DType):
-    """The extern kernel computing `call` (see kiln/codegen/c_src/flash_attention.c)."""
+def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_dtype: DType, kv_lens=None):
+    """The extern kernel computing `call` (see kiln/codegen/c_src/flash_attention.c).
+    `kv_lens`: an int64 [B] input, the keys valid per batch entry, read at run time (a static
+    KV cache's filled rows; the causal offset then counts from their end)."""
     b, hq, hkv, sq, sk, d, dv = call.dims
     if sk == 0 or d == 0:
         ctx.fail("attention over an empty key sequence or head size has no fused kernel", stage="lower")
@@ -115,12 +117,16 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
               "KILN_FA_MR": t.mr, "KILN_FA_NK": t.nk, "KILN_FA_NO": t.no, "KILN_FA_BK": t.bk, "KILN_FA_BQ": t.bq,
               "KILN_FA_D": d, "KILN_FA_DV": dv, "KILN_FA_DVP": dvp}
     preamble = c_source("kiln_exp.h") + c_instance("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper())
-    args = ["in0", "in1", "in2", "in3" if mask is not None else "NULL", "out0",
+    if kv_lens is not None and (kv_lens.dtype is not DType.int64 or tuple(kv_lens.shape) != (b,)):
+        ctx.fail(f"the keys' valid lengths must be int64 of shape ({b},), got {kv_lens.dtype} "
+                 f"{tuple(kv_lens.shape)}", stage="lower")
+    lens = "NULL" if kv_lens is None else "in4" if mask is not None else "in3"
+    args = ["in0", "in1", "in2", "in3" if mask is not None else "NULL", lens, "out0",
             *(str(x) for x in (b, hq, hkv, sq, sk)), *(str(x) for s in call.strides for x in s),
             str(call.mask_kind), *(str(x) for x in call.mask_strides), _lit(call.fill), _lit(call.scale),
             str(call.causal), str(int(call.empty_nan)), str(parallel_min_work())]
     body = f"  return {fn}({', '.join(args)});"
-    return ctx.extern(body, [q, k, v, mask], [(tuple(out_shape), out_dtype)], preamble=preamble)
+    return ctx.extern(body, [q, k, v, mask, kv_lens], [(tuple(out_shape), out_dtype)], preamble=preamble)
 
 
 @lowering("FusedAttention", domain=DOMAIN)

@@ -117,8 +117,10 @@ def _c_type(ctx, dt: DType) -> str:
 
 
 def _c_copy(ctx, n: int, dt: DType) -> str:
-    """C: out0 starts as a copy of in0 (a scatter's data)."""
-    return f"  memcpy(out0, in0, {n} * sizeof({_c_type(ctx, dt)}));\n" if n else ""
+    """C: out0 starts as a copy of in0 (a scatter's data), unless it is in0 (a buffer bound as
+    both, kiln.decode's static KV cache: then only the scattered rows are written)."""
+    return (f"  if ((const void*)out0 != (const void*)in0) memcpy(out0, in0, {n} * sizeof({_c_type(ctx, dt)}));\n"
+            if n else "")
 
 
 def _scatter_elements_lower(ctx, data, indices, updates):

@@ -207,6 +207,26 @@ class NativeModule:
         self._enter(data_pointers(ins + outs))
         return outs
 
+    def run_bound(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        """IO binding: one call on `inputs` writing into the caller's `outputs` (C-contiguous
+        arrays of exactly the output shapes and dtypes), nothing allocated or copied. An output
+        may be the very array of an input only where the graph was made for it: the static KV
+        cache of kiln.decode, whose TensorScatter writes the new rows into its own input."""
+        if not self._plain:
+            raise KilnError("run_bound takes numeric tensors only", stage="run")
+        if len(outputs) != len(self.output_types):
+            raise KilnError(f"run_bound: {len(outputs)} output buffers for {len(self.output_types)} outputs",
+                            stage="run")
+        for k, (o, (shape, dt)) in enumerate(zip(outputs, self.output_types)):
+            if type(o) is not np.ndarray or o.shape != shape or o.dtype != dt or not o.flags.c_contiguous \
+                    or not o.flags.writeable:
+                raise KilnError(f"run_bound: output {k} must be a writeable C-contiguous {np.dtype(dt)} array of "
+                                f"shape {shape}, given {getattr(o, 'dtype', type(o).__name__)} "
+                                f"{getattr(o, 'shape', '')}", stage="run")
+        if any(type(x) is not np.ndarray or not x.flags.c_contiguous for x in inputs):
+            raise KilnError("run_bound: inputs must be C-contiguous numpy arrays", stage="run")
+        self._enter(data_pointers(list(inputs) + list(outputs)))
+
     def _enter(self, ptrs: list, more=(), workspace_bytes: int = 0) -> None:
         """One call of the entry on `ptrs` (inputs and outputs), the weights and workspace, then
         `more`; the workspace first grown to `workspace_bytes` (a shape-generic module's plan)."""

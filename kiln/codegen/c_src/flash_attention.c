@@ -28,6 +28,10 @@
    there); an all-zero (all-true) block skips the mask's reads.
    A row with no finite score (everything masked with -inf): NaN when empty_nan (what
    softmax of the decomposed graph gives), else zeros (ONNX Attention's rule).
+   kv_lens (NULL: every key): keys valid per batch entry, read at run time (a static KV
+   cache's rows written so far; clamped to [0, SK]); keys past them are never read or
+   packed, and the causal offset counts from the end of the valid keys (causal + kv_lens[b]
+   - SQ: the queries are the last SQ of them, as ONNX Attention's nonpad_kv_seqlen).
    Returns 0, or -1 when out of memory. */
 #ifndef KILN_FA_COMMON
 #define KILN_FA_COMMON
@@ -49,7 +53,8 @@ static inline uint16_t kiln_fa_to_bf16(float f) {
 #endif
 
 __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
-    const KILN_FA_TQ* q, const KILN_FA_TK* k, const KILN_FA_TV* v, const KILN_FA_TM* mask, KILN_FA_TO* out,
+    const KILN_FA_TQ* q, const KILN_FA_TK* k, const KILN_FA_TV* v, const KILN_FA_TM* mask,
+    const int64_t* kv_lens, KILN_FA_TO* out,
     int64_t B, int64_t HQ, int64_t HKV, int64_t SQ, int64_t SK,
     int64_t qb, int64_t qh, int64_t qs, int64_t qd, int64_t kb_, int64_t kh, int64_t ks, int64_t kd,
     int64_t vb, int64_t vh, int64_t vs, int64_t vd, int64_t ob, int64_t oh, int64_t os, int64_t od,
@@ -59,29 +64,38 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
   enum { L = KILN_FA_L, MR = KILN_FA_MR, NK = KILN_FA_NK, NO = KILN_FA_NO, BK = KILN_FA_BK, BQ = KILN_FA_BQ,
          D = KILN_FA_D, DV = KILN_FA_DV, DVP = KILN_FA_DVP };
   const int64_t G = HQ / HKV;
-  const int64_t NKB = (SK + BK - 1) / BK, NQT = (SQ + BQ - 1) / BQ;
+  int64_t SKM = SK;  /* keys any batch entry reads */
+  if (kv_lens) {
+    SKM = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t n = kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b];
+      SKM = n > SKM ? n : SKM;
+    }
+  }
+  const int64_t NKB = (SKM + BK - 1) / BK, NQT = (SQ + BQ - 1) / BQ;
   const int64_t SKP = NKB * BK;
   /* block states (mask): per (mask batch, mask head, q tile, key block): 0 mixed, 1 dead, 2 zero */
   const int64_t MBN = mask_kind && mb ? B : 1, MHN = mask_kind && mh ? HQ : 1, MQN = mask_kind && mq ? NQT : 1;
   const size_t kbytes = sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * D;
   const size_t vbytes = sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * DVP;
   const size_t sbytes = mask_kind ? (size_t)(MBN * MHN * MQN * NKB) : 0;
-  float* kp = (float*)kiln_alloc(kbytes + vbytes + sbytes);
+  float* kp = (float*)kiln_alloc(kbytes + vbytes + sbytes + 64);
   if (!kp) return -1;
   float* vp = kp + (size_t)(B * HKV) * (size_t)SKP * D;
   unsigned char* states = (unsigned char*)(vp + (size_t)(B * HKV) * (size_t)SKP * DVP);
-  const int par = B * HQ * SQ * SK * (D + DV) >= parallel_min;
+  const int par = B * HQ * SQ * SKM * (D + DV) >= parallel_min;
   #pragma omp parallel if (par)
   {
     #pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < B; ++b)
     for (int64_t g = 0; g < HKV; ++g)
     for (int64_t blk = 0; blk < NKB; ++blk) {
+      const int64_t SKb = kv_lens ? (kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b]) : SK;
       float* kdst = kp + ((size_t)(b * HKV + g) * NKB + blk) * D * BK;
       float* vdst = vp + ((size_t)(b * HKV + g) * SKP + blk * BK) * DVP;
       for (int64_t j = 0; j < BK; ++j) {
         const int64_t t = blk * BK + j;
-        if (t < SK) {
+        if (t < SKb) {
           const KILN_FA_TK* kr = k + b * kb_ + g * kh + t * ks;
           for (int64_t d = 0; d < D; ++d) kdst[d * BK + j] = KILN_FA_LD(kr[d * kd]);
           const KILN_FA_TV* vr = v + b * vb + g * vh + t * vs;
@@ -99,7 +113,7 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
       for (int64_t y = 0; y < MQN * NKB; ++y) {
         const int64_t b = x / MHN, h = x % MHN, qt = y / NKB, blk = y % NKB;
         const int64_t q0 = qt * BQ, k0 = blk * BK;
-        const int64_t nr = mq ? (SQ - q0 < BQ ? SQ - q0 : BQ) : 1, nk = SK - k0 < BK ? SK - k0 : BK;
+        const int64_t nr = mq ? (SQ - q0 < BQ ? SQ - q0 : BQ) : 1, nk = SKM - k0 < BK ? SKM - k0 : BK;
         int dead = 1, zero = 1;
         for (int64_t r = 0; r < nr && (dead || zero); ++r) {
           const KILN_FA_TM* row = mask + b * mb + h * mh + (q0 + r) * mq + k0 * mk;
@@ -123,6 +137,10 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
     for (int64_t h = 0; h < HQ; ++h)
     for (int64_t qt = 0; qt < NQT; ++qt) {
       const int64_t g = h / G, q0 = qt * BQ, nrows = SQ - q0 < BQ ? SQ - q0 : BQ;
+      const int64_t SKb = kv_lens ? (kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b]) : SK;
+      const int64_t NKBb = (SKb + BK - 1) / BK;
+      const int cmode = causal >= 0;
+      const int64_t cz = cmode && kv_lens ? causal + SKb - SQ : causal;
       float qt_[BQ][D] __attribute__((aligned(64)));
       float o[BQ][DVP] __attribute__((aligned(64)));
       float s[BQ][BK] __attribute__((aligned(64)));
@@ -139,9 +157,9 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
       const float* kpg = kp + (size_t)(b * HKV + g) * NKB * D * BK;
       const float* vpg = vp + (size_t)(b * HKV + g) * SKP * DVP;
       int live = 0;  /* every row of the tile has seen a score above the dead level */
-      for (int64_t blk = 0; blk < NKB; ++blk) {
-        const int64_t k0 = blk * BK, nk = SK - k0 < BK ? SK - k0 : BK;
-        if (causal >= 0 && k0 > q0 + nrows - 1 + causal) break;
+      for (int64_t blk = 0; blk < NKBb; ++blk) {
+        const int64_t k0 = blk * BK, nk = SKb - k0 < BK ? SKb - k0 : BK;
+        if (cmode && k0 > q0 + nrows - 1 + cz) break;
         const int state = mask_kind ? st[blk] : 2;
         if (state == 1 && live) continue;
         const float* kb = kpg + blk * D * BK;
@@ -192,7 +210,7 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
             }
           }
           int64_t vis = nk;
-          if (causal >= 0 && row + causal - k0 + 1 < vis) vis = row + causal - k0 + 1;
+          if (cmode && row + cz - k0 + 1 < vis) vis = row + cz - k0 + 1;
           if (vis < 0) vis = 0;
           for (int64_t j = vis; j < BK; ++j) sr[j] = -INFINITY;
           float mx = -INFINITY;

@@ -1,0 +1,110 @@
+"""A Llama-style decoder with past key/values, built as ONNX with seeded random weights.
+
+The graph is what a decoder exported with `use_cache` looks like, written node by node:
+token embedding (Gather), per layer RMSNorm as primitive ops (Pow, ReduceMean, Add, Sqrt,
+Reciprocal, Mul), Q/K/V projections split into heads (Reshape + Transpose), rotary
+embeddings from a cos/sin table gathered by `position_ids` (rotate_half as Slice, Neg,
+Concat), grouped-query attention as the ONNX `Attention` op (opset 23) with `past_key` /
+`past_value` inputs and `present_key` / `present_value` outputs, a SiLU-gated MLP
+(Sigmoid, Mul) and the LM head. Nothing is downloaded.
+
+    inputs:  input_ids [batch, seq] int64, position_ids [batch, seq] int64,
+             past_key_values.<i>.key / .value [batch, kv_heads, past, head_dim] float32
+    outputs: logits [batch, seq, vocab], present.<i>.key / .value [batch, kv_heads, total, head_dim]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from benchmarks.models import _Builder
+
+OPSET = 23
+
+
+def _rmsnorm(g: _Builder, x: str, hidden: int, eps: float) -> str:
+    sq = g.op("Pow", [x, g.const(2.0, "two")])
+    mean = g.op("ReduceMean", [sq, g.const([-1], "axes", np.int64)], keepdims=1)
+    inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [mean, g.const(eps, "eps")])])])
+    return g.op("Mul", [g.op("Mul", [x, inv]), g.uniform((hidden,), 0.8, 1.2, "norm_weight")])
+
+
+def _heads(g: _Builder, x: str, heads: int, dim: int) -> str:
+    """[B, S, heads * dim] -> [B, heads, S, dim]."""
+    r = g.op("Reshape", [x, g.const([0, 0, heads, dim], "shape", np.int64)])
+    return g.op("Transpose", [r], perm=[0, 2, 1, 3])
+
+
+def _rotary(g: _Builder, x: str, cos: str, sin: str, dim: int) -> str:
+    """x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x[..., d/2:], x[..., :d/2])."""
+    half = dim // 2
+    axis = g.const([-1], "axis", np.int64)
+    lo = g.op("Slice", [x, g.const([0], "start", np.int64), g.const([half], "end", np.int64), axis])
+    hi = g.op("Slice", [x, g.const([half], "start", np.int64), g.const([dim], "end", np.int64), axis])
+    rot = g.op("Concat", [g.op("Neg", [hi]), lo], axis=-1)
+    return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rot, sin])])
+
+
+def llama_decoder(layers: int = 2, hidden: int = 256, heads: int = 8, kv_heads: int = 2,
+                  intermediate: int = 688, vocab: int = 1024, max_positions: int = 2048,
+                  eps: float = 1e-5, theta: float = 10000.0, seed: int = 0) -> onnx.ModelProto:
+    """The decoder (see the module docstring); head_dim = hidden / heads."""
+    g = _Builder(seed)
+    dim = hidden // heads
+    inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    angles = np.outer(np.arange(max_positions), inv_freq)
+    angles = np.concatenate([angles, angles], axis=-1)
+    cos_t, sin_t = g.const(np.cos(angles), "cos_table"), g.const(np.sin(angles), "sin_table")
+    x = g.op("Gather", [g.normal((vocab, hidden), 1.0, "embed_tokens"), "input_ids"])
+    one = g.const([1], "axis", np.int64)
+    cos = g.op("Unsqueeze", [g.op("Gather", [cos_t, "position_ids"]), one])   # [B, 1, S, dim]
+    sin = g.op("Unsqueeze", [g.op("Gather", [sin_t, "position_ids"]), one])
+    std = 1.0 / np.sqrt(hidden)
+    cache_in, cache_out = [], []
+    for i in range(layers):
+        h = _rmsnorm(g, x, hidden, eps)
+        q = _heads(g, g.op("MatMul", [h, g.normal((hidden, heads * dim), std, "q_proj")]), heads, dim)
+        k = _heads(g, g.op("MatMul", [h, g.normal((hidden, kv_heads * dim), std, "k_proj")]), kv_heads, dim)
+        v = _heads(g, g.op("MatMul", [h, g.normal((hidden, kv_heads * dim), std, "v_proj")]), kv_heads, dim)
+        q, k = _rotary(g, q, cos, sin, dim), _rotary(g, k, cos, sin, dim)
+        pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        ok, ov = f"present.{i}.key", f"present.{i}.value"
+        y = g.op("Attention", [q, k, v, "", pk, pv], n_out=3, is_causal=1)
+        g.nodes[-1].output[1:] = [ok, ov]
+        y = g.op("Reshape", [g.op("Transpose", [y[0]], perm=[0, 2, 1, 3]),
+                             g.const([0, 0, heads * dim], "shape", np.int64)])
+        x = g.op("Add", [x, g.op("MatMul", [y, g.normal((heads * dim, hidden), std, "o_proj")])])
+        h = _rmsnorm(g, x, hidden, eps)
+        gate = g.op("MatMul", [h, g.normal((hidden, intermediate), std, "gate_proj")])
+        up = g.op("MatMul", [h, g.normal((hidden, intermediate), std, "up_proj")])
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
+        x = g.op("Add", [x, g.op("MatMul", [act, g.normal((intermediate, hidden), 1.0 / np.sqrt(intermediate),
+                                                              "down_proj")])])
+        shape = ["batch", kv_heads, "past", dim]
+        cache_in += [(pk, TensorProto.FLOAT, shape), (pv, TensorProto.FLOAT, shape)]
+        total = ["batch", kv_heads, "total", dim]
+        cache_out += [(ok, TensorProto.FLOAT, total), (ov, TensorProto.FLOAT, total)]
+    x = _rmsnorm(g, x, hidden, eps)
+    logits = g.op("MatMul", [x, g.normal((hidden, vocab), std, "lm_head")], out="logits")
+    ids = [("input_ids", TensorProto.INT64, ["batch", "seq"]), ("position_ids", TensorProto.INT64, ["batch", "seq"])]
+    graph = helper.make_graph(g.nodes, "llama_decoder",
+                              [helper.make_tensor_value_info(*t) for t in ids + cache_in],
+                              [helper.make_tensor_value_info(*t) for t in
+                               [(logits, TensorProto.FLOAT, ["batch", "seq", vocab])] + cache_out],
+                              initializer=g.inits)
+    m = helper.make_model(graph, producer_name="kiln-benchmarks", opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = 10
+    onnx.checker.check_model(m)
+    return m
+
+
+def empty_cache(model: onnx.ModelProto, batch: int = 1) -> dict[str, np.ndarray]:
+    """Zero-length past key/values for every past input of `model` (the first step's)."""
+    out = {}
+    for i in model.graph.input:
+        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if len(dims) == 4 and i.type.tensor_type.elem_type == TensorProto.FLOAT:
+            out[i.name] = np.zeros((batch, dims[1], 0, dims[3]), np.float32)
+    return out

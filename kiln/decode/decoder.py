@@ -1,0 +1,143 @@
+"""`Decoder`: token-by-token decoding with a KV cache written in place, compiled a bounded
+number of times.
+
+    dec = kiln.Decoder("decoder.onnx", capacity=2048)   # past key/values in, present out
+    cache = dec.new_cache(batch=1)         # zeroed [B, H, capacity, D] buffers, length 0
+    out = dec.step(cache, input_ids=ids, position_ids=pos)   # the other inputs, by name
+    out["logits"]                          # the outputs other than the presents
+    cache.length                           # int64 [B]: rows filled (grew by seq)
+    cache.past("past_key_values.0.key")    # a view of the filled rows, no copy
+
+The model is rewritten once to a fixed-capacity cache (kiln.decode.static_cache), then
+compiled as any model: one native module per new-token count `seq` (a prompt, then 1
+per generated token), never per past length, so 128 generated tokens after a prompt
+build two modules (and none when the disk cache has them). A step binds each cache
+buffer as both its past input and its present output (NativeModule.run_bound, IO
+binding), so the step's only write to the cache is the `seq` new rows of each layer's
+keys and values, and attention reads the filled rows in place of a copied past.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.decode.static_cache import StaticCache, static_cache
+
+
+class KVCache:
+    """The cache buffers of one generation: per cache tensor a [B, H, capacity, D] array
+    (bound as both past input and present output) and the rows filled per batch entry."""
+
+    def __init__(self, static: StaticCache, batch: int, dtypes: dict):
+        self.capacity = static.capacity
+        self.buffers = {p.past: np.zeros((batch, p.heads, static.capacity, p.dim), dtypes[p.past])
+                        for p in static.pairs}
+        self.length = np.zeros(batch, np.int64)
+
+    @property
+    def batch(self) -> int:
+        return len(self.length)
+
+    def past(self, name: str) -> np.ndarray:
+        """The filled rows of cache tensor `name` (batch entries of equal length), a view."""
+        n = int(self.length[0])
+        if np.any(self.length != n):
+            raise KilnError(f"cache entries hold {self.length.tolist()} rows; read the buffers directly")
+        return self.buffers[name][:, :, :n]
+
+    def reset(self) -> None:
+        """Start a new generation in the same buffers (their old rows are never read again)."""
+        self.length[:] = 0
+
+
+class Decoder:
+    """A decoder with past key/values compiled for a static KV cache (see the module docstring)."""
+
+    def __init__(self, model: Any, capacity: int, **compile_options):
+        from kiln.compiler import compile as kiln_compile, frontend  # noqa: PLC0415
+        graph = frontend(model)
+        self.static = static_cache(graph, capacity)
+        self.model = kiln_compile(self.static.graph, **compile_options)
+        self.capacity = self.static.capacity
+        past = {p.past for p in self.static.pairs}
+        self.presents = {p.present: p.past for p in self.static.pairs}
+        self.feeds = [s.name for s in self.model.inputs if s.name not in past and s.name != self.static.length]
+        self._dtypes = {s.name: np.dtype(s.dtype) for s in self.model.inputs if s.name in past}
+        self._outs = [s.name for s in self.model.outputs]
+        self._rows = _update_rows(self.static, self.model.inputs)
+
+    def new_cache(self, batch: int = 1) -> KVCache:
+        return KVCache(self.static, batch, self._dtypes)
+
+    @property
+    def modules(self) -> int:
+        """Native modules built so far (one per new-token count seen)."""
+        return self.model.specializations
+
+    def step(self, cache: KVCache, feeds: dict | None = None, **kw) -> dict[str, np.ndarray]:
+        """Run one step on the model's other inputs (`feeds`, by name): the new tokens' keys and
+        values are written into `cache` after its filled rows, `cache.length` grows by the step's
+        token count, and the outputs other than the presents are returned by name."""
+        feeds = dict(feeds or {}, **kw)
+        missing = [n for n in self.feeds if n not in feeds]
+        unknown = sorted(set(feeds) - set(self.feeds))
+        if missing or unknown:
+            raise KilnError(f"Decoder.step takes the inputs {self.feeds} (the cache is bound by the decoder); "
+                            f"missing {missing}, unknown {unknown}")
+        values = []
+        for s in self.model.inputs:
+            if s.name == self.static.length:
+                values.append(cache.length)
+            else:
+                values.append(cache.buffers[s.name] if s.name in cache.buffers else feeds[s.name])
+        values = self.model.validate(values)
+        seq = self._seq(values)
+        if np.any(cache.length + seq > cache.capacity):
+            raise KilnError(f"the KV cache is full: {int(cache.length.max())} of {cache.capacity} rows filled, "
+                            f"{seq} more asked for; make the Decoder with a larger capacity")
+        runner = self._runner(values)
+        outs = [cache.buffers[self.presents[n]] if n in self.presents else np.empty(shape, dt)
+                for n, (shape, dt) in zip(self._outs, runner.output_types)]
+        from kiln.limits import use as use_limits  # noqa: PLC0415
+        with use_limits(self.model.limits):
+            runner.run_bound([np.ascontiguousarray(x) for x in values], outs)
+        cache.length += seq
+        return {n: o for n, o in zip(self._outs, outs) if n not in self.presents}
+
+    def _runner(self, values: list):
+        program = self.model.program
+        r = program.by_shapes.get(tuple(x.shape for x in values))
+        if r is None:
+            r = program.runner_for(values)
+        if not hasattr(r, "run_bound"):
+            raise KilnError("this decoder runs in stages (data-dependent sizes or control flow), so its cache "
+                            "cannot be bound in place", stage="decode")
+        return r
+
+    def _seq(self, values: list) -> int:
+        """The step's new-token count: the rows each TensorScatter writes (its update's axis 2),
+        an int or a symbol of the inputs' shapes."""
+        if isinstance(self._rows, int):
+            return self._rows
+        i, axis = self._rows
+        return int(values[i].shape[axis])
+
+
+def _update_rows(static: StaticCache, inputs) -> int | tuple[int, int]:
+    """Where a step's new-token count is read: an int, or (input index, axis) of its symbol."""
+    g = static.graph
+    presents = {p.present for p in static.pairs}
+    rows = {n.inputs[1].type.shape[2] for n in g.nodes if n.op == "TensorScatter" and n.outputs[0].name in presents}
+    if len(rows) != 1:
+        raise KilnError(f"the cache writes have different or unknown token counts {sorted(map(str, rows))}",
+                        stage="decode")
+    (r,) = rows
+    if isinstance(r, int):
+        return r
+    for i, spec in enumerate(inputs):
+        if spec.shape is not None and r in spec.shape:
+            return i, list(spec.shape).index(r)
+    raise KilnError(f"the step's token count {r!r} is not a dim of any input", stage="decode")

@@ -1,0 +1,169 @@
+"""Decoding with a static KV cache (issue 14 item 2): kiln.Decoder against ONNX Runtime on
+the original past/present model step by step, from cache lengths 0 and 1; the cache
+buffers bound in place (same array, only the new rows written); no C compiler run per
+step; the rewrite's refusals."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+from kiln.codegen.build import compiler_runs
+from kiln.decode import NotStaticCache, static_cache
+from kiln.errors import KilnError
+
+ort = pytest.importorskip("onnxruntime")
+
+SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=97, max_positions=64)
+
+
+@pytest.fixture(scope="module")
+def model():
+    from benchmarks.decoder_model import llama_decoder
+    return llama_decoder(**SMALL, seed=3)
+
+
+@pytest.fixture(scope="module")
+def decoder(model):
+    return kiln.Decoder(model, capacity=24)
+
+
+def _ort_steps(model, tokens: list[list[int]]):
+    """ORT on the original model: per step (logits, {present name: array})."""
+    from benchmarks.decoder_model import empty_cache
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    past, pos, out = empty_cache(model), 0, []
+    names = [o.name for o in s.get_outputs()]
+    for ids in tokens:
+        n = len(ids)
+        res = dict(zip(names, s.run(None, {"input_ids": np.array([ids], np.int64),
+                                           "position_ids": np.arange(pos, pos + n, dtype=np.int64)[None],
+                                           **past})))
+        pos += n
+        past = {k.replace("present", "past_key_values"): v for k, v in res.items() if k != "logits"}
+        out.append((res["logits"], past))
+    return out
+
+
+def _kiln_steps(decoder, tokens, cache=None):
+    cache = cache or decoder.new_cache()
+    out = []
+    for ids in tokens:
+        pos = int(cache.length[0])
+        res = decoder.step(cache, input_ids=np.array([ids], np.int64),
+                           position_ids=np.arange(pos, pos + len(ids), dtype=np.int64)[None])
+        out.append((res["logits"], {n: cache.past(n).copy() for n in cache.buffers}))
+    return out, cache
+
+
+@pytest.mark.parametrize("prompt", [5, 1], ids=["prompt5", "prompt1"])
+def test_steps_match_ort(model, decoder, prompt):
+    """From an empty cache (length 0): a prompt, then one token per step (cache lengths
+    1.. for prompt 1), logits and every cache tensor against ORT's presents at each step."""
+    rng = np.random.default_rng(prompt)
+    tokens = [rng.integers(0, SMALL["vocab"], prompt).tolist()] + [[int(t)] for t in rng.integers(0, 97, 6)]
+    want = _ort_steps(model, tokens)
+    got, cache = _kiln_steps(decoder, tokens)
+    assert int(cache.length[0]) == prompt + 6
+    for step, ((gl, gc), (wl, wc)) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(gl, wl, rtol=1e-4, atol=1e-4, err_msg=f"logits, step {step}")
+        assert gc.keys() == wc.keys()
+        for name in gc:
+            np.testing.assert_allclose(gc[name], wc[name], rtol=1e-4, atol=1e-5, err_msg=f"{name}, step {step}")
+
+
+def test_cache_bound_in_place(decoder):
+    """A step writes the new rows into the very buffers the cache holds (same array, same
+    data pointer) and nothing else: rows past them keep a sentinel, rows before them keep
+    their values."""
+    cache = decoder.new_cache()
+    ptrs = {n: b.ctypes.data for n, b in cache.buffers.items()}
+    objs = {n: id(b) for n, b in cache.buffers.items()}
+    for b in cache.buffers.values():
+        b[...] = 7.0
+    decoder.step(cache, input_ids=np.array([[1, 2, 3, 4, 5]]), position_ids=np.arange(5)[None])
+    before = {n: b.copy() for n, b in cache.buffers.items()}
+    decoder.step(cache, input_ids=np.array([[4]]), position_ids=np.array([[5]]))
+    for n, b in cache.buffers.items():
+        assert id(b) == objs[n] and b.ctypes.data == ptrs[n]
+        changed = np.flatnonzero(np.any(b != before[n], axis=(0, 1, 3)))
+        assert changed.tolist() == [5], (n, changed)      # row 5 only: the new token
+        assert np.all(b[:, :, 6:] == 7.0)
+
+
+def test_no_compile_per_step(decoder):
+    """Past lengths 0 .. 15 run on one module per token count: after the first decode step
+    no C compiler runs and no module is built."""
+    cache = decoder.new_cache()
+    decoder.step(cache, input_ids=np.arange(5)[None], position_ids=np.arange(5)[None])
+    decoder.step(cache, input_ids=np.array([[7]]), position_ids=np.array([[5]]))
+    runs, modules = compiler_runs(), decoder.modules
+    for t in range(6, 16):
+        decoder.step(cache, input_ids=np.array([[t]]), position_ids=np.array([[t]]))
+    assert compiler_runs() == runs and decoder.modules == modules
+    assert int(cache.length[0]) == 16
+
+
+def test_cache_full_is_an_error(decoder):
+    cache = decoder.new_cache()
+    for k in range(4):
+        decoder.step(cache, input_ids=np.zeros((1, 5), np.int64), position_ids=np.arange(5 * k, 5 * k + 5)[None])
+    with pytest.raises(KilnError, match="KV cache is full"):
+        decoder.step(cache, input_ids=np.zeros((1, 5), np.int64), position_ids=np.arange(20, 25)[None])
+    assert int(cache.length[0]) == 20
+
+
+def test_step_names_its_inputs(decoder):
+    with pytest.raises(KilnError, match="missing \\['position_ids'\\]"):
+        decoder.step(decoder.new_cache(), input_ids=np.array([[1]]))
+
+
+def _attention_model(mask: bool = False, shape_reader: bool = False):
+    f = TensorProto.FLOAT
+    q = helper.make_tensor_value_info("q", f, [1, 2, "s", 8])
+    k = helper.make_tensor_value_info("k", f, [1, 2, "s", 8])
+    pk = helper.make_tensor_value_info("pk", f, [1, 2, "p", 8])
+    pv = helper.make_tensor_value_info("pv", f, [1, 2, "p", 8])
+    ins = [q, k, pk, pv]
+    args = ["q", "k", "k", "m" if mask else "", "pk", "pv"]
+    nodes = [helper.make_node("Attention", args, ["y", "ok", "ov"], is_causal=1)]
+    outs = [helper.make_tensor_value_info(n, f, None) for n in ("y", "ok", "ov")]
+    if mask:
+        ins.append(helper.make_tensor_value_info("m", TensorProto.BOOL, [1, 1, "s", "t"]))
+    if shape_reader:
+        nodes.append(helper.make_node("Shape", ["pk"], ["n"]))
+        outs.append(helper.make_tensor_value_info("n", TensorProto.INT64, None))
+    return helper.make_model(helper.make_graph(nodes, "a", ins, outs), opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_static_cache_refusals():
+    g = kiln.compiler.frontend(_attention_model(mask=True))
+    with pytest.raises(NotStaticCache, match="attn_mask is sized by the past length"):
+        static_cache(g, 16)
+    g = kiln.compiler.frontend(_attention_model(shape_reader=True))
+    with pytest.raises(NotStaticCache, match="also read by Shape node"):
+        static_cache(g, 16)
+    g = kiln.compiler.frontend(_attention_model())
+    sc = static_cache(g, 16)
+    assert [(p.past, p.present) for p in sc.pairs] == [("pk", "ok"), ("pv", "ov")]
+    assert [n.op for n in sc.graph.nodes].count("TensorScatter") == 2
+
+
+def test_static_cache_graph_on_interpreter(model):
+    """The rewritten graph itself (interpreter, the ops' NumPy reference) equals the
+    original: the rewrite is a semantics-preserving graph change, not a runtime trick."""
+    g = kiln.compiler.frontend(model)
+    sc = static_cache(g, 16)
+    ref = kiln.compile(g, target="interpreter")
+    new = kiln.compile(sc.graph, target="interpreter")
+    rng = np.random.default_rng(0)
+    past = {p.past: rng.standard_normal((1, p.heads, 4, p.dim)).astype(np.float32) for p in sc.pairs}
+    feeds = {"input_ids": np.array([[3, 9]]), "position_ids": np.array([[4, 5]])}
+    want = ref.run({**feeds, **past})
+    bufs = {n: np.concatenate([x, np.full((1, x.shape[1], 12, x.shape[3]), 50.0, np.float32)], axis=2)
+            for n, x in past.items()}
+    got = new.run({**feeds, **bufs, sc.length: np.array([4])})
+    np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
+    for p in sc.pairs:
+        np.testing.assert_allclose(got[p.present][:, :, :6], want[p.present], rtol=1e-6, atol=1e-6)
