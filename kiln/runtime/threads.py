@@ -13,17 +13,22 @@ old default) -> spinning 20000 (`python -m benchmarks.corpus run --only mobilene
 transformer_layer` with GOMP_SPINCOUNT set, load ~1.3): mobilenet_v2 batch 1 7.89 -> 4.03
 (ORT 4.96), transformer_layer batch 1 seq 64 1.165 -> 0.616 (ORT 0.706), batch 4 4.82 -> 2.51.
 
-The cost is on an oversubscribed machine: at load 12 on 2 cores a spinning thread burns the
-time slice the thread it waits for needs (`python benchmarks/fork_cost.py`: GOMP_SPINCOUNT
-3000 153 us median per fork against 8 us sleeping at once). There, set
-OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=0 (kiln then sleeps at once and forks less).
-Either variable set by the user: kiln sets neither. The Target records the settings in
-force (`wait_settings`) and when forking pays follows from `fork_us`
-(kiln.lower.nnutil.parallel_worth).
+The cost is on an oversubscribed machine: a spinning thread burns the time slice the
+thread it waits for needs. At load 12 on the 2 cores (`python benchmarks/symbolic_batch.py
+--only transformer_layer,mobilenet_v2`, interleaved runs of both settings): transformer_layer
+1.2-3.9 ms sleeping against 41-49 ms spinning, mobilenet_v2 8-48 ms against 160-330 ms;
+`python benchmarks/fork_cost.py` at load 12: GOMP_SPINCOUNT 3000 153 us median per fork
+against 8 us sleeping at once. So kiln spins only where the machine has room for its threads:
+the load average of the last minute under 1.5 per core this process may use, read once when
+the first kernel library loads (`spin_has_room`); else it sleeps at once (GOMP_SPINCOUNT=0)
+and compiles for sleeping threads (forks less). Either variable set by the user: kiln sets
+neither. The Target records the settings in force (`wait_settings`) and when forking pays
+follows from `fork_us` (kiln.lower.nnutil.parallel_worth).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Mapping
 
@@ -35,12 +40,34 @@ FORK_US_SPINNING = 2.0
 FORK_US_SLEEPING = 20.0
 
 
+LOAD_PER_CORE_TO_SPIN = 1.5   # spin below this 1-minute load average per usable core
+
+
+def spin_has_room(load1: float, cores: int) -> bool:
+    """Whether spinning threads would find cores free: the machine's recent load (kiln's own
+    process counts in it: ~1-2 while it runs) under LOAD_PER_CORE_TO_SPIN per core."""
+    return load1 < LOAD_PER_CORE_TO_SPIN * max(cores, 1)
+
+
+@functools.lru_cache(maxsize=1)
+def _this_machine_has_room() -> bool:
+    """spin_has_room for this machine now, asked once per process (libgomp reads its settings
+    once too)."""
+    try:
+        return spin_has_room(os.getloadavg()[0], len(os.sched_getaffinity(0)))
+    except (OSError, AttributeError):   # no load average (not Linux): assume the cores are ours
+        return True
+
+
 def wait_settings(env: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """(OMP_WAIT_POLICY, GOMP_SPINCOUNT) that native code loaded under `env` (default: this
-    process's environment) runs with, kiln's defaults applied where the user set neither."""
+    """(OMP_WAIT_POLICY, GOMP_SPINCOUNT) that native code loaded under `env` runs with, kiln's
+    defaults applied where the user set neither. `env` None: this process, whose default
+    depends on the machine's load (`spin_has_room`); a given `env` (a named Target's, made for
+    another machine): the default of a machine with room (SPINCOUNT)."""
+    here = env is None
     env = os.environ if env is None else env
     if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
-        return "PASSIVE", SPINCOUNT
+        return "PASSIVE", SPINCOUNT if not here or _this_machine_has_room() else "0"
     return env.get("OMP_WAIT_POLICY", "").upper(), env.get("GOMP_SPINCOUNT", "")
 
 
@@ -50,8 +77,7 @@ def apply_defaults() -> None:
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         policy, spin = wait_settings()
         os.environ["OMP_WAIT_POLICY"] = policy
-        if spin:
-            os.environ["GOMP_SPINCOUNT"] = spin
+        os.environ["GOMP_SPINCOUNT"] = spin
 
 
 def spins(policy: str, spincount: str) -> bool:
