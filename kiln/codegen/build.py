@@ -11,6 +11,7 @@ served or loaded: a damaged entry is rebuilt (kiln.codegen.cachedir says why).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -28,7 +29,8 @@ from kiln.errors import KilnError
 from kiln.timing import stage
 from kiln.runtime import native as _native  # (importing it sets the OpenMP wait policy first)
 from kiln.runtime import strings as _strings
-from kiln.codegen.c import emit_c, emit_c_units, func_symbol
+from kiln.codegen.c import emit_c, emit_c_units, func_symbol, is_shared_unit
+from kiln.codegen.csource import SHARED_BEGIN
 from kiln.loops.stmt import ExternFunc, LoopModule, PrimFunc
 from kiln.targets.target import Target, host_cores
 
@@ -137,21 +139,26 @@ def compile_c(source: str | list[str], target: Target, cc: str | None = None, cf
     cmd = _cc(cc)
     flags = _flags(cflags, target, cmd)
     extra = [f"-l{name}" for name in libs]
-    native = any("native" in f for f in flags)
-    key = hashlib.sha256("\0".join([*units, *cmd, *flags, *extra, compiler_version(tuple(cmd)),
-                                    ",".join(sorted(target.features)) if native else ""]).encode()).hexdigest()[:40]
-    out_dir = private_dir("c")
-    so = out_dir / f"{key}.so"
+    key = _key(units + extra, cmd, flags, target)
+    so = private_dir("c") / f"{key}.so"
     if verified_sha256(so) is not None:
         return so
     with building("c", key):
         if verified_sha256(so) is None:   # (else built while this one waited)
-            _build(units, cmd, flags, extra, so)
+            _build(units, cmd, flags, extra, so, target)
     return so
 
 
-def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path) -> None:
-    with tempfile.TemporaryDirectory(prefix=f".{so.stem}.", dir=so.parent) as tmp:
+def _key(texts: list[str], cmd: list, flags: list, target: Target) -> str:
+    """The build cache's key of what `texts` compile to with `cmd` and `flags` for `target`."""
+    native = any("native" in f for f in flags)
+    return hashlib.sha256("\0".join([*texts, *cmd, *flags, compiler_version(tuple(cmd)),
+                                     ",".join(sorted(target.features)) if native else ""]).encode()).hexdigest()[:40]
+
+
+def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path, target: Target) -> None:
+    with tempfile.TemporaryDirectory(prefix=f".{so.stem}.", dir=so.parent) as tmp, \
+            contextlib.ExitStack() as held:
         srcs = []
         for i, text in enumerate(units):
             srcs.append(os.path.join(tmp, f"unit{i}.c"))
@@ -163,18 +170,39 @@ def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path) -> N
                 _run([*cmd, *flags, "-o", so_tmp, srcs[0], *extra, *_libs(flags)], cmd + flags)
         else:
             objs = [s[:-2] + ".o" for s in srcs]
+            # a shared kernel's unit: its object from the per-machine cache, else compiled
+            # with the others and put there (under its lock: two builders compile it once)
+            cached = {}
+            for k in sorted((i for i, u in enumerate(units) if is_shared_unit(u)),
+                            key=lambda i: _key([units[i]], cmd, flags, target)):
+                obj = private_dir("o") / f"{_key([units[k]], cmd, flags, target)}.o"
+                if verified_sha256(obj) is None:
+                    held.enter_context(building("o", obj.stem))
+                if verified_sha256(obj) is not None:
+                    objs[k] = str(obj)
+                else:
+                    cached[k] = obj
+            todo = [k for k in range(len(srcs)) if objs[k].startswith(tmp)]
             with stage("cc"):
-                _run_all([[*cmd, *flags, "-c", "-o", o, s] for s, o in zip(srcs, objs)], cmd + flags)
+                _run_all([[*cmd, *flags, "-c", "-o", objs[k], srcs[k]] for k in todo], cmd + flags)
+            for k, obj in cached.items():
+                _install(objs[k], units[k], obj)
+                objs[k] = str(obj)
+            held.close()
             with stage("link"):
                 _run([*cmd, *flags, "-o", so_tmp, *objs, *extra, *_libs(flags)], cmd + flags)
-        source = joined_source(units).encode()
-        # the record goes first: whoever finds the new library also finds its hash (a
-        # concurrent builder's record may win; a mismatch is then a rebuild, never a load)
-        write_atomic(so.with_suffix(".sha256"),
-                     f"{sha256_file(so_tmp)}  {so.name}\n{hashlib.sha256(source).hexdigest()}  "
-                     f"{so.stem}.c\n".encode())
-        write_atomic(so.with_suffix(".c"), source)
-        os.replace(so_tmp, so)
+        _install(so_tmp, joined_source(units), so)
+
+
+def _install(built: str, source: str, path: Path) -> None:
+    """Move `built` (made from C `source`) into the cache as `path`, with its record and source.
+    The record goes first: whoever finds the new file also finds its hash (a concurrent
+    builder's record may win; a mismatch is then a rebuild, never a load)."""
+    text = source.encode()
+    write_atomic(path.with_suffix(".sha256"),
+                 f"{sha256_file(built)}  {path.name}\n{hashlib.sha256(text).hexdigest()}  {path.stem}.c\n".encode())
+    write_atomic(path.with_suffix(".c"), text)
+    os.replace(built, path)
 
 
 def recorded_sha256(so: Path) -> tuple[str, str] | None:
@@ -300,8 +328,13 @@ class CModule:
 
 def c_units(module: LoopModule) -> list[str]:
     """The module's C source as translation units: for a big module one per core of the
-    building machine (compiled in parallel)."""
-    return emit_c_units(module, host_cores()) if len(module.funcs) > 4 else [emit_c(module)]
+    building machine (compiled in parallel), and one per shared kernel (its object cached
+    per machine: `compile_c`)."""
+    if len(module.funcs) > 4:
+        return emit_c_units(module, host_cores())
+    if any(isinstance(f, ExternFunc) and SHARED_BEGIN in f.preamble for f in module.funcs):
+        return emit_c_units(module, 1)
+    return [emit_c(module)]
 
 
 def joined_source(units: list[str]) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.codegen.csource import c_source
+from kiln.codegen.csource import SHARED_BEGIN, SHARED_END, c_source
 from kiln.codegen.narrow import CATALOG, helper_source
 from kiln.dtypes import DType
 from kiln.errors import KilnError
@@ -509,8 +509,10 @@ def _extern_signature(f: S.ExternFunc) -> str:
     return f"int32_t {func_symbol(f.name)}({params or 'void'})"
 
 
-def _emit(module: S.LoopModule) -> tuple[str, list[str]]:
-    """(shared header: prelude, helpers, prototypes; one source text per function)."""
+def _emit(module: S.LoopModule, split_shared: bool = False) -> tuple[str, list[str], list[str]]:
+    """(shared header: prelude, helpers, prototypes; one source text per function; the
+    shared kernels' units). `split_shared`: the preambles' shared definitions (csource.c_shared)
+    go into units of their own (else they stay in the header, and the last list is empty)."""
     em = _Emitter(module)
     bodies = [[_extern_signature(f) + " {", f.c_body, "}"] if isinstance(f, S.ExternFunc) else em.func(f)
               for f in module.funcs]
@@ -525,9 +527,33 @@ def _emit(module: S.LoopModule) -> tuple[str, list[str]]:
             protos.append(proto + ";")
             bodies.append(body)
     preambles = dict.fromkeys(f.preamble for f in module.funcs if isinstance(f, S.ExternFunc) and f.preamble)
+    shared: dict[str, None] = {}
+    if split_shared:
+        preambles = dict.fromkeys(_lift_shared(p, shared) for p in preambles)
     header = "\n".join([PRELUDE, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
                         FUNCTIONS])
-    return header, ["\n".join(b) + "\n" for b in bodies]
+    return header, ["\n".join(b) + "\n" for b in bodies], [shared_unit(block) for block in shared]
+
+
+_SHARED = re.compile(re.escape(SHARED_BEGIN) + ".*?" + re.escape(SHARED_END), re.S)
+
+
+def _lift_shared(preamble: str, into: dict) -> str:
+    """`preamble` without its shared definitions, which are added to `into` (by text)."""
+    for block in _SHARED.findall(preamble):
+        into[block] = None
+    return _SHARED.sub("", preamble)
+
+
+def shared_unit(block: str) -> str:
+    """The translation unit of one shared kernel (csource.c_shared): the prelude and its
+    definition, nothing of the module, so its text (and object) is the same in every module."""
+    return "\n".join([PRELUDE, FUNCTIONS, block])
+
+
+def is_shared_unit(unit: str) -> bool:
+    """Whether translation unit `unit` is a shared kernel's (its object is cached per machine)."""
+    return unit.startswith(PRELUDE) and unit[len(PRELUDE):].startswith("\n" + FUNCTIONS + "\n" + SHARED_BEGIN)
 
 
 INTERFACE = "interface"
@@ -571,22 +597,24 @@ def with_interface_fields(source: str, prefix: str, **fields: str) -> str:
 
 
 def emit_c(module: S.LoopModule) -> str:
-    """The C source of a whole module: prelude, helpers, prototypes, kernels."""
-    header, bodies = _emit(module)
+    """The C source of a whole module: prelude, helpers, prototypes, kernels (shared
+    kernels' definitions in the header)."""
+    header, bodies, _ = _emit(module)
     return "\n".join([header, *bodies])
 
 
 def emit_c_units(module: S.LoopModule, n: int) -> list[str]:
     """The module as up to `n` translation units of similar compile time, to compile in
-    parallel (the longest first, each into the unit with the least so far)."""
-    header, bodies = _emit(module)
+    parallel (the longest first, each into the unit with the least so far), then one unit
+    per shared kernel (`shared_unit`)."""
+    header, bodies, shared = _emit(module, split_shared=True)
     units: list[list[str]] = [[] for _ in range(max(1, min(n, len(bodies))))]
     sizes = [0.0] * len(units)
     for cost, b in sorted(((compile_cost(b), b) for b in bodies), key=lambda cb: -cb[0]):
         k = sizes.index(min(sizes))
         units[k].append(b)
         sizes[k] += cost
-    return ["\n".join([header, *u]) for u in units]
+    return ["\n".join([header, *u]) for u in units] + shared
 
 
 _UNROLL = re.compile(r"#pragma GCC unroll (\d+)")

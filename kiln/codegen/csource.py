@@ -7,6 +7,12 @@ NonMaxSuppression, ...). `c_source(name)` reads one; the module's build compiles
 the rest of the unit (same compiler and flags, so a kernel is inlined and specialised
 like generated code). What is generated per node (tables, shapes baked in as constants,
 the call into a kernel) stays in Python.
+
+A kernel whose sizes are all arguments (the Winograd convolution) is *shared*: `c_shared`
+marks its definition so that the C emitter compiles it in a translation unit of its own,
+whose text is the same in every module that uses that instance, and the build keeps that
+unit's object in a per-machine cache (kiln.codegen.build): every layer and every model with
+the same instance links one object compiled once.
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ def c_source(name: str) -> str:
                         "the package data under kiln/codegen/c_src was not shipped)", stage="codegen") from None
 
 
+DEFINITION = "/* kiln: definition */\n"   # in a shared kernel's file: declarations above, definition below
+SHARED_BEGIN = "/* kiln: shared unit */\n"
+SHARED_END = "/* kiln: end of shared unit */\n"
+
+
 def c_instance(name: str, macros: dict[str, str], guard: str) -> str:
     """kiln/codegen/c_src/`name`, a kernel written against macros (its element types, its
     function's name; a key `F(v)` defines a function-like macro), instantiated: `macros` defined before the file and undefined after,
@@ -36,3 +47,21 @@ def c_instance(name: str, macros: dict[str, str], guard: str) -> str:
     copy; preambles are deduplicated by text)."""
     return (f"#ifndef {guard}\n#define {guard}\n" + "".join(f"#define {k} {v}\n" for k, v in macros.items())
             + c_source(name) + "".join(f"#undef {k.split('(')[0]}\n" for k in macros) + "#endif\n")
+
+
+def c_shared(name: str, macros: dict[str, str], guard: str) -> str:
+    """A preamble for kiln/codegen/c_src/`name`, a kernel file whose declarations come before
+    the line `/* kiln: definition */` and whose definition (non-static, weak and hidden, so
+    any number of units and libraries may hold it) after: the declarations instantiated
+    (as c_instance), then the whole file instantiated between SHARED_BEGIN and SHARED_END.
+    The emitter moves that block into a translation unit of its own (kiln.codegen.c); in one
+    whole-module text it stays where it is, still valid C."""
+    text = c_source(name)
+    if DEFINITION not in text:
+        raise KilnError(f"kiln's C source {name!r} has no {DEFINITION.strip()} line: not a shared kernel",
+                        stage="codegen")
+    defs = "".join(f"#define {k} {v}\n" for k, v in macros.items())
+    undefs = "".join(f"#undef {k.split('(')[0]}\n" for k in macros)
+    decl = text.split(DEFINITION, 1)[0]
+    return (f"#ifndef {guard}_DECL\n#define {guard}_DECL\n{defs}{decl}{undefs}#endif\n"
+            f"{SHARED_BEGIN}#ifndef {guard}\n#define {guard}\n{defs}{text}{undefs}#endif\n{SHARED_END}")

@@ -20,7 +20,7 @@ here, from the `Target` and the shapes:
 
 from __future__ import annotations
 
-from kiln.codegen.csource import c_instance
+from kiln.codegen.csource import c_shared
 from kiln.dtypes import DType
 from kiln.lower.conv_algo import CONV_ALGORITHM
 from kiln.lower.nnutil import parallel_worth
@@ -91,7 +91,7 @@ def _lower(ctx, x, u, b=None):
         ctx.fail(f"ConvWinograd's channel block {lanes} is not a multiple of 4", stage="lower")
     tr, ov, t, osplit = plan(n, icb, ocb, oh, ow, lanes, target)
     fn = f"kiln_winograd_f4_l{lanes}_r{tr}_o{ov}"
-    preamble = c_instance("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_L": str(lanes), "KILN_WG_TR": str(tr),
+    preamble = c_shared("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_L": str(lanes), "KILN_WG_TR": str(tr),
                                          "KILN_WG_OV": str(ov)}, fn.upper())
     par = int(parallel_worth(macs(n, icb, ocb, oh, ow, lanes), target, "conv"))
     body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {n}, {icb}, {h}, {w}, "

@@ -15,13 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _referenced() -> dict[str, list[str]]:
-    """c_source("name") / c_instance("name", ...) calls in kiln/: name -> where."""
+    """c_source("name") / c_instance("name", ...) / c_shared("name", ...) calls in kiln/: name -> where."""
     out: dict[str, list[str]] = {}
     for path in sorted((ROOT / "kiln").rglob("*.py")):
         if path.name == "csource.py":
             continue  # the readers themselves
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("c_source", "c_instance")):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("c_source", "c_instance", "c_shared")):
                 arg = node.args[0] if node.args else None
                 assert isinstance(arg, ast.Constant) and isinstance(arg.value, str), \
                     f"{path}:{node.lineno}: {node.func.id} takes a literal file name (so this test can check it)"

@@ -19,8 +19,17 @@
         (register blocks of TR tiles x OV vectors, input channels innermost: per channel, OV
         weight vectors and TR broadcasts for TR * OV FMAs), then the output transform
         A^T M A of each tile, + bias, ReLU when asked, stored into y (cropped at the edges).
-   Tasks run in parallel (`par`). Returns 0, or -1 when out of memory. */
-__attribute__((noinline)) static int32_t KILN_WG_FN(
+   Tasks run in parallel (`par`). Returns 0, or -1 when out of memory.
+
+   A shared kernel (kiln.codegen.csource.c_shared): the sizes are arguments, so one instance
+   serves every layer of every model with the same register tile; it is compiled once, in a
+   translation unit of its own, and kept in the per-machine object cache. */
+__attribute__((visibility("hidden"))) int32_t KILN_WG_FN(
+    const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
+    int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
+    int64_t pt, int64_t pl, int64_t T, int64_t osplit, int relu, int par);
+/* kiln: definition */
+__attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_WG_FN(
     const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
     int64_t pt, int64_t pl, int64_t T, int64_t osplit, int relu, int par) {

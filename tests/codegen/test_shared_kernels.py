@@ -1,0 +1,119 @@
+"""Shared kernels (kiln.codegen.csource.c_shared): a kernel whose sizes are arguments is a
+translation unit of its own, the same text in every module that uses it, and its object is
+compiled once per machine (counted in C compiler processes), whatever the layers, models or
+threads that need it."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.codegen.build import compiler_runs
+from kiln.codegen.c import is_shared_unit, single_unit
+from kiln.codegen.csource import SHARED_BEGIN, SHARED_END, c_shared, c_source
+from kiln.compiler import run_stages
+from kiln.errors import KilnError
+from tests.lower.test_winograd import WINO, WINOGRAD_ERROR_BOUND, conv_model, direct, rel_error
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("KILN_CACHE_DIR", str(d))
+    return d
+
+
+MACROS = {"KILN_WG_FN": "kiln_winograd_test", "KILN_WG_L": "8", "KILN_WG_TR": "4", "KILN_WG_OV": "3"}
+
+
+def test_c_shared_declares_before_the_shared_block_and_defines_inside_it():
+    text = c_shared("winograd.c", MACROS, "KILN_WG_TEST")
+    decl, block = text.split(SHARED_BEGIN)
+    assert block.endswith(SHARED_END) and block.count(SHARED_END) == 1
+    assert "#pragma omp" not in decl and "#pragma omp" in block      # the definition only in the block
+    assert "int32_t KILN_WG_FN(" in decl and "#define KILN_WG_FN kiln_winograd_test" in decl
+    assert c_source("winograd.c") in block
+    with pytest.raises(KilnError, match="not a shared kernel"):
+        c_shared("topk.c", {}, "KILN_TOPK_X")
+
+
+def winograd_model(c, h, w, convs=1, seed=0):
+    """`convs` 3x3 convs of 32 output channels (one register tile whatever c, h, w), chained."""
+    model, wt, bv = conv_model(1, c, 32, h, w, [1, 1, 1, 1], True, seed=seed)
+    if convs == 2:   # a second conv of another shape after the first
+        import onnx
+        from onnx import helper, numpy_helper
+        rng = np.random.default_rng(seed + 1)
+        w2 = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
+        g = model.graph
+        g.initializer.append(numpy_helper.from_array(w2, "w2"))
+        g.node[-1].output[0] = "mid"
+        g.node.append(helper.make_node("Conv", ["mid", "w2"], ["y"], name="conv3b", pads=[0, 0, 0, 0]))
+        del g.output[:]
+        g.output.append(helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 32, h - 2, w - 2]))
+        return model, (wt, bv, w2)
+    return model, (wt, bv)
+
+
+def units_of(model):
+    return run_stages(model, "c", decisions=WINO).source.units
+
+
+def test_one_shared_unit_the_same_in_every_module():
+    a = units_of(winograd_model(16, 12, 12, convs=2)[0])        # two convs, two shapes: one kernel
+    b = units_of(winograd_model(24, 9, 14)[0])
+    shared_a, shared_b = [u for u in a if is_shared_unit(u)], [u for u in b if is_shared_unit(u)]
+    assert len(shared_a) == 1 and shared_a == shared_b
+    assert all(SHARED_BEGIN not in u for u in a + b if not is_shared_unit(u))
+    # one text (an artifact's model.c) still holds the definition once
+    assert single_unit("".join(a)).count(SHARED_BEGIN) == 1
+
+
+def run_checked(model, weights, c, h, w, seed):
+    x = np.random.default_rng(seed).standard_normal((1, c, h, w)).astype(np.float32)
+    got = kiln.compile(model, decisions=WINO).run(x=x)["y"]
+    want = direct(x, weights[0], [1, 1, 1, 1], weights[1])
+    if len(weights) == 3:
+        want = direct(want.astype(np.float32), weights[2], [0, 0, 0, 0])
+    assert rel_error(got, want) < 2 * WINOGRAD_ERROR_BOUND
+
+
+def test_two_models_sharing_a_kernel_compile_it_once(cache):
+    (ma, wa), (mb, wb) = winograd_model(16, 12, 12, convs=2), winograd_model(24, 9, 14, seed=3)
+    before = compiler_runs()
+    run_checked(ma, wa, 16, 12, 12, seed=1)
+    first = compiler_runs() - before
+    assert first == len(units_of(ma)) + 1                      # every unit, then the link
+    objects = sorted((cache / "o").glob("*.o"))
+    assert len(objects) == 1
+    before = compiler_runs()
+    run_checked(mb, wb, 24, 9, 14, seed=2)
+    assert compiler_runs() - before == len(units_of(mb)) - 1 + 1   # its own units and the link
+    assert sorted((cache / "o").glob("*.o")) == objects
+
+
+def test_threads_compiling_models_that_share_a_kernel_compile_it_once():
+    models = [(winograd_model(16, 12, 12, seed=k), 16, 12, 12) if k % 2 else
+              (winograd_model(24, 9, 14, seed=k), 24, 9, 14) for k in range(2)]
+    own = sum(len(units_of(m)) - 1 + 1 for (m, _), *_ in models)   # each model's units and link
+    start, errors = threading.Barrier(len(models)), []
+
+    def call(k):
+        (m, weights), c, h, w = models[k]
+        start.wait()
+        try:
+            run_checked(m, weights, c, h, w, seed=k)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    before = compiler_runs()
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(len(models))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    assert compiler_runs() - before == own + 1                  # the shared kernel once
