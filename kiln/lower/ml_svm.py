@@ -1,5 +1,7 @@
-"""Native lowerings of SVMClassifier and SVMRegressor (kiln.ops.ml_svm): hand-written C
-kernels computing in float32 as ONNX Runtime does (see kiln.ops.ml_svm for the semantics).
+"""Native lowerings of SVMClassifier and SVMRegressor (kiln.ops.ml_svm): the kernels of
+kiln/codegen/c_src/svm.c (and svm_couple.c for probabilities), computing in float32 as ONNX
+Runtime does (see kiln.ops.ml_svm for the semantics), called from a row loop written per node
+with the support vectors and coefficients baked in as tables.
 """
 
 from __future__ import annotations
@@ -14,23 +16,21 @@ from kiln.ops.ml_svm import _classifier_parts, _regressor_parts
 from kiln.lower.context import lowering
 
 
-def _c_kernel(kind: str, gamma, coef0, degree, c: str = "0.0f") -> str:
-    """C: `k` = the kernel of row `xr` against vector `v` (`nf` features), in float."""
-    if kind == "RBF":
-        return f"""{{ float acc = 0.0f;
-        for (int64_t f = 0; f < nf; ++f) {{ const float d = xr[f] - v[f]; acc = acc + d * d; }}
-        k = expf(-{_f(gamma)} * acc); }}"""
-    dot = "{ double acc = 0; for (int64_t f = 0; f < nf; ++f) acc += (double)xr[f] * (double)v[f]; k = (float)acc; }"
-    if kind == "LINEAR":
-        return dot + f" k = k + {c};"
-    d = f"{dot} k = {_f(gamma)} * k + {_f(coef0)};"
-    if kind == "SIGMOID":
-        return d + " k = tanhf(k);"
-    return d + (" k = k * k;" if degree == 2 else " k = k * k * k;" if degree == 3 else f" k = powf(k, {_f(degree)});")
+_KINDS = {"LINEAR": 0, "POLY": 1, "RBF": 2, "SIGMOID": 3}
+
+
+def _kernel_args(kind: str, gamma, coef0, degree) -> tuple[str, str]:
+    """C: kiln_svm_kernel's `kind, ... gamma, coef0, power, degree` arguments as literals (power
+    2 or 3: products; 0: powf)."""
+    power = 2 if degree == 2 else 3 if degree == 3 else 0
+    return f"{_KINDS[kind]}", f"{_f(gamma)}, {_f(coef0)}, {power}, {_f(degree)}"
 
 
 def _f(v) -> str:
     return f"{float(v)!r}f" if np.isfinite(v) else ("INFINITY" if v > 0 else "-INFINITY" if v < 0 else "NAN")
+
+
+_C_SVM = c_source("svm.c")
 
 
 @lowering("SVMRegressor", domain=ML)
@@ -42,16 +42,11 @@ def _svm_regressor_lower(ctx, x):
     one_class = int(ctx.attr("one_class", 0))
     body = [c_table(ctx, "coef", "float", coef, DType.float32), c_table(ctx, "rho", "float", rho, DType.float32)]
     if sv is None:
-        score = f"""const float* v = coef; float k; {_c_kernel("LINEAR", gamma, coef0, degree, "rho[0]")}
-    float y = k;"""
+        score = f"float y = kiln_svm_kernel({_KINDS['LINEAR']}, xr, coef, nf, 0.0f, 0.0f, 0, 0.0f, rho[0]);"
     else:
         body.append(c_table(ctx, "sv", "float", sv, DType.float32))
-        score = f"""double sum = 0;
-    for (int64_t j = 0; j < {len(sv)}; ++j) {{
-      const float* v = sv + j * nf; float k; {_c_kernel(kind, gamma, coef0, degree)}
-      sum += (double)(coef[j] * k);
-    }}
-    float y = (float)sum + rho[0];"""
+        k, consts = _kernel_args(kind, gamma, coef0, degree)
+        score = f"float y = kiln_svm_regress({k}, xr, sv, {len(sv)}, nf, coef, rho[0], {consts});"
     body.append(f"""  const int64_t nf = {width};
   #pragma omp parallel for schedule(static) if ({rows} * {1 if sv is None else len(sv)} >= 4096)
   for (int64_t row = 0; row < {rows}; ++row) {{
@@ -62,7 +57,7 @@ def _svm_regressor_lower(ctx, x):
     out0[row] = y;
   }}
   return 0;""")
-    return ctx.extern("".join(body), [x], [(ctx.out_shape(), DType.float32)])
+    return ctx.extern("".join(body), [x], [(ctx.out_shape(), DType.float32)], preamble=_C_SVM)
 
 
 _C_COUPLE = c_source("svm_couple.c")
@@ -83,17 +78,12 @@ def _svm_classifier_lower(ctx, x):
         else:
             choose = ""
         row = f"""    double a[{nc}];
-    int64_t best = 0;
-    for (int64_t c = 0; c < {nc}; ++c) {{
-      const float* v = coef + c * nf; float k; {_c_kernel("LINEAR", 0, 0, 0, "rho[0]")}
-      a[c] = (double)k;
-      if (k > (float)a[best]) best = c;
-    }}
+    int64_t best = kiln_svm_linear_scores(xr, coef, {nc}, nf, rho[0], a);
     const float top = (float)a[best];
     {choose}
     out0[row] = labels[best];
 {c_post_transform(ctx, p["post"], nc)}    for (int64_t c = 0; c < {nc}; ++c) out1[row * {nc} + c] = (float)a[c];"""
-        pre = ""
+        pre = _C_SVM
     else:
         nv = len(p["sv"])
         start = np.concatenate([[0], np.cumsum(p["per_class"])]).astype(np.int64)
@@ -119,25 +109,14 @@ def _svm_classifier_lower(ctx, x):
             final = f"""    double a[{pairs}];
     for (int64_t c = 0; c < {pairs}; ++c) a[c] = (double)sc[c];
 {c_post_transform(ctx, p["post"], pairs)}    for (int64_t c = 0; c < {pairs}; ++c) out1[row * {pairs} + c] = (float)a[c];"""
+        k, consts = _kernel_args(p["kind"], p["gamma"], p["coef0"], p["degree"])
         row = f"""    float kv[{nv}], sc[{pairs}];
     int64_t votes[{nc}];
-    for (int64_t j = 0; j < {nv}; ++j) {{ const float* v = sv + j * nf; float k; {_c_kernel(p["kind"], p["gamma"], p["coef0"], p["degree"])} kv[j] = k; }}
-    for (int64_t c = 0; c < {nc}; ++c) votes[c] = 0;
-    int64_t idx = 0;
-    for (int64_t i = 0; i < {nc - 1}; ++i)
-      for (int64_t j = i + 1; j < {nc}; ++j) {{
-        double sum = 0;
-        for (int64_t m = vstart[i]; m < vstart[i + 1]; ++m) sum += (double)(coef[(j - 1) * {nv} + m] * kv[m]);
-        for (int64_t m = vstart[j]; m < vstart[j + 1]; ++m) sum += (double)(coef[i * {nv} + m] * kv[m]);
-        sum += (double)rho[idx];
-        sc[idx++] = (float)sum;
-        ++votes[sum > 0 ? i : j];
-      }}
-    int64_t best = 0;
-    for (int64_t c = 1; c < {nc}; ++c) if (votes[c] > votes[best]) best = c;
+    kiln_svm_kernels({k}, xr, sv, {nv}, nf, {consts}, kv);
+    const int64_t best = kiln_svm_vote({nc}, {nv}, kv, coef, rho, vstart, sc, votes);
     out0[row] = labels[best];
 {final}"""
-        pre = _C_COUPLE if p["proba"] else ""
+        pre = _C_SVM + (_C_COUPLE if p["proba"] else "")
     work = rows * (len(p["sv"]) if p["mode"] == "svc" else nc)
     body.append(f"""  const int64_t nf = {width};
   #pragma omp parallel for schedule(static) if ({work} >= 4096)

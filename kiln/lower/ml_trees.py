@@ -1,13 +1,15 @@
 """Native lowerings of the tree ensembles (kiln.ops.ml_trees): the forest packed into
 per-tree node records, walked by kiln/codegen/c_src/ml_trees.c (a branch-light walk, rows in
-parallel, or trees for few rows).
+parallel, or trees for few rows), each row then finished by kiln/codegen/c_src/ml_tree_scores.c
+(base values, averaging, the winning class); the post transform and the outputs are written
+per node.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kiln.codegen.csource import c_source
+from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.lower.ml_common import c_blob, c_labels, c_post_transform, c_table, c_type, label_extern, rows_width
 from kiln.ops.ml_common import ML
@@ -18,8 +20,17 @@ from kiln.lower.context import lowering
 
 # ---- the native kernel ----
 
-def _engine() -> str:
-    return c_source("ml_trees.c")
+def _suffix(ct: str) -> str:
+    """The engine's name suffix for accumulator C type `ct`."""
+    return "f64" if ct == "double" else "f32"
+
+
+def _engine(ct: str) -> str:
+    """The engine (kiln/codegen/c_src/ml_trees.c) and the per-row finish (ml_tree_scores.c,
+    instantiated for the accumulator type `ct`: kiln_tree_<scores|classes|binary>_<f32|f64>)."""
+    s = _suffix(ct)
+    macros = {"KILN_TREE_T": ct, "KILN_TREE(name)": f"kiln_tree_##name##_{s}"}
+    return c_source("ml_trees.c") + c_instance("ml_tree_scores.c", macros, f"KILN_TREE_SCORES_{s.upper()}")
 
 
 def pack(ctx, f: Forest, a: np.dtype) -> dict:
@@ -137,20 +148,16 @@ def _kernel(ctx, x, f: Forest, finish: str, outputs: list, strings: bool = False
     }}
   free(acc); free(has); free(xc);
   return rc;""")
-    return label_extern(ctx, "".join(body), [x], outputs, strings, preamble=_engine())
+    return label_extern(ctx, "".join(body), [x], outputs, strings, preamble=_engine(ct))
 
 
 def _c_finish_scores(ctx, f: Forest, ct: str, base, post, out_c: str) -> str:
-    """Per row: unfed targets 0, AVERAGE divided, base added; post transform in double."""
+    """Per row: kiln_tree_scores (unfed targets 0, AVERAGE divided, base added), the post
+    transform in double, the outputs."""
     nt, nb = f.n_targets, len(base)
     tables = c_table(ctx, "base", ct, base if nb else [0.0], DType.float64 if ct == "double" else DType.float32)
     return tables.replace("  static", "      static") + f"""      double a[{max(nt, 1)}];
-      for (int64_t t = 0; t < {nt}; ++t) {{
-        {ct} v = s[t];  /* 0 where no leaf fed it (the engine's contract) */
-        {f"v = v / ({ct}){len(f.roots)};" if f.agg == 0 else ""}
-        {f"v = v + base[{'0' if nb == 1 else 't'}];" if nb else ""}
-        a[t] = (double)v{" * (double)h[t]" if nt > 1 else ""};
-      }}
+      kiln_tree_scores_{_suffix(ct)}(s, h, {nt}, {int(f.agg == 0)}, {len(f.roots)}, base, {nb}, a);
 {c_post_transform(ctx, post, nt)}      for (int64_t t = 0; t < {nt}; ++t) out0[row * {nt} + t] = ({out_c})a[t];"""
 
 
@@ -183,46 +190,15 @@ def _tree_classifier_lower(ctx, x):
               c_table(ctx, "base", ct, c.base if nb else [0.0], adt)).replace("  static", "      static")
     if nc > 2:
         finish = tables + f"""      double a[{nc}];
-      int64_t best = -1;
-      {ct} bw = 0;
-      for (int64_t k = 0; k < {nc}; ++k) {{
-        {ct} v = s[k];
-        if (k < {nb}) {{ v = v + base[k]; h[k] = 1; }}  /* unfed: 0 + base */
-        if (h[k] && (best < 0 || v > bw)) {{ best = k; bw = v; }}
-        a[k] = (double)v;
-      }}
-      out0[row] = labels[best < 0 ? 0 : best];
+      out0[row] = labels[kiln_tree_classes_{_suffix(ct)}(s, h, {nc}, base, {nb}, a)];
 {c_post_transform(ctx, c.post, nc)}      for (int64_t k = 0; k < {nc}; ++k) out1[row * {nc} + k] = (float)a[k];"""
         return _kernel(ctx, x, f, finish, [(ctx.out_shape(0), lt), (ctx.out_shape(1), DType.float32)], c.strings)
-    if nb == 2:
-        adjust = """if (h[1]) { s[1] = base[1] + s[0]; s[0] = -s[1]; } else { s[1] = s[1] + base[1]; s[0] = s[0] + base[0]; }
-      one = 0;"""
-    elif nb == 1:
-        adjust = "s[0] = s[0] + base[0];"
-    else:
-        adjust = ""
-    thr = "0.5" if c.all_positive else "0"
-    wa_win, wa_lose = (0, 1) if c.all_positive else (2, 3)
-    if c.binary:
-        decide = f"""const int win = pos > ({ct}){thr};
-      wa = win ? {wa_win} : {wa_lose};
-      out0[row] = labels[win];"""
-    else:
-        decide = "out0[row] = labels[pos > 0 ? 1 : 0];" if c.strings else "out0[row] = pos > 0 ? 1 : 0;"
-    lg = "a[0] = 1.0 / (1.0 + exp((double)sc)); a[1] = 1.0 / (1.0 + exp(-(double)sc));"
-    single = f"""const {ct} sc = s[0];
-        if (wa == 0 || wa == 1) {{ a[0] = (double)(({ct})1 - sc); a[1] = (double)sc; }}
-        else if (wa == 2 || wa == 3) {{ {lg if c.post == "LOGISTIC" else "a[0] = -(double)sc; a[1] = (double)sc;"} }}
-        else {{ a[0] = (double)sc; a[1] = 0; }}"""
-    finish = tables + f"""      int one = !h[1], wa = {3 if nb == 0 else -1};
-      {adjust}
-      const {ct} pos = (!one && h[1]) ? s[1] : (h[0] ? s[0] : ({ct})0);
-      {decide}
-      double a[2];
-      if (!one) {{
-        a[0] = (double)s[0] * (double)h[0]; a[1] = (double)s[1] * (double)h[1];  /* unfed: 0 */
-{c_post_transform(ctx, c.post, 2)}      }} else {{
-        {single}
-      }}
+    finish = tables + f"""      double a[2];
+      int64_t cls;
+      const int post = kiln_tree_binary_{_suffix(ct)}(s, h, base, {nb}, {int(c.binary)}, {int(c.all_positive)},
+        {int(c.post == "LOGISTIC")}, &cls, a);
+      out0[row] = {"labels[cls]" if c.binary or c.strings else "cls"};
+      if (post) {{
+{c_post_transform(ctx, c.post, 2)}      }}
       out1[row * 2] = (float)a[0]; out1[row * 2 + 1] = (float)a[1];"""
     return _kernel(ctx, x, f, finish, [(ctx.out_shape(0), lt), (ctx.out_shape(1), DType.float32)], c.strings)

@@ -146,8 +146,9 @@ def _tfidf_lower(ctx, x):
     """Counts every n-gram (n in [min_gram_length, max_gram_length], items `skip + 1`
     apart for skip <= max_skip_count) found in the pool, per row. Items become int64 ids
     first (a string's rank in the pool's sorted vocabulary, -1 when absent); each n has
-    a table of its pooled n-grams sorted lexicographically, searched by bisection
-    (kiln/codegen/c_src/tfidf.h)."""
+    a table of its pooled n-grams sorted lexicographically, searched by bisection: the kernel
+    kiln/codegen/c_src/tfidf.c (over tfidf.h), instantiated for the input type, called with
+    this node's tables."""
     import numpy as np
 
     from kiln.codegen.strings import str_table, utf8_key
@@ -167,47 +168,34 @@ def _tfidf_lower(ctx, x):
     # only lengths the pool holds can match, and a skip wider than the row matches nothing:
     # bounding both keeps compile and run time to the data (max_gram_length 10^12 hung)
     max_skip = max(0, min(int(ctx.attr("max_skip_count")), cols))
-    mode = ctx.attr("mode", "TF")
     # weights are per pooled n-gram, as the spec says and ONNX Runtime does (the ONNX
     # reference evaluator indexes them by output column instead)
     weights = np.asarray(ctx.attr("weights", None) or np.ones(len(grams)), np.float32)
-    if mode != "TF" and weights.size != len(grams):
+    if ctx.attr("mode", "TF") != "TF" and weights.size != len(grams):
         ctx.fail(f"weights has {weights.size} entries for {len(grams)} pooled n-grams", stage="lower")
     indexes = [int(v) for v in ctx.attr("ngram_indexes")]
     if any(i < 0 for i in indexes):
         ctx.fail(f"ngram_indexes must be non-negative, got {min(indexes)}", stage="lower")
     body = [str_table("vocab", vocab) if is_str else "",
-            f"  static const int64_t idx[{max(len(indexes), 1)}] = {{{', '.join(map(str, indexes)) or '0'}}};\n",
+            f"  static const int64_t idx[{max(len(indexes), 1)}] = {{{', '.join(map(str, indexes)) or '0'}}};\n"
             f"  static const float w[{max(weights.size, 1)}] = "
             f"{{{', '.join(c_literals(weights, DType.float32)) if weights.size else '0'}}};\n"]
-    search = []
+    tables = []
     for n in sorted(k for k in by_n if max(lo, 1) <= k <= hi):
         table = sorted(by_n[n])
-        if not table:
-            continue
         flat = [v for g, _ in table for v in g]
         body.append(f"  static const int64_t g{n}[{len(flat)}] = {{{', '.join(map(str, flat))}}};\n"
                     f"  static const int64_t k{n}[{len(table)}] = {{{', '.join(str(k) for _, k in table)}}};\n")
-        search.append(f"    kiln_tfidf_count(g{n}, k{n}, {len(table)}, {n}, ids, {cols}, "
-                      f"{max_skip + 1 if n > 1 else 1}, cnt);\n")
-    load = "kiln_str_find(vocab, {}, in0[r * {} + c])".format(len(vocab), cols) if is_str else \
-        f"(int64_t)in0[r * {cols} + c]"
-    value = {"TF": "cnt[k]", "IDF": "(cnt[k] > 1.0f ? 1.0f : cnt[k]) * w[k]", "TFIDF": "cnt[k] * w[k]"}[mode]
-    body.append(f"""  float* cnt = (float*)malloc({max(len(grams), 1)} * sizeof(float));
-  int64_t* ids = (int64_t*)malloc({max(cols, 1)} * sizeof(int64_t));
-  if (!cnt || !ids) {{ free(cnt); free(ids); return 1; }}
-  for (int64_t r = 0; r < {rows}; ++r) {{
-    memset(cnt, 0, {max(len(grams), 1)} * sizeof(float));
-    for (int64_t c = 0; c < {cols}; ++c) ids[c] = {load};
-{"".join(search)}    float* o = out0 + r * {width};
-    for (int64_t j = 0; j < {width}; ++j) o[j] = 0.0f;
-    for (int64_t k = 0; k < {len(grams)}; ++k) o[idx[k]] += {value};
-  }}
-  free(cnt); free(ids);
-  (void)w; (void)idx;
-  return 0;""")
+        tables.append(f"{{g{n}, k{n}, {len(table)}, {n}, {max_skip + 1 if n > 1 else 1}}}")
+    body.append(f"  static const kiln_tfidf_grams tables[{max(len(tables), 1)}] = {{{', '.join(tables) or '{0}'}}};\n")
+    fn = f"kiln_tfidf_{xt.dtype.name}"
+    macros = {"KILN_TFIDF_T": "kiln_str" if is_str else xt.dtype.c, "KILN_TFIDF_FN": fn,
+              "KILN_TFIDF_ID(x)": "kiln_str_find(vocab, nvocab, x)" if is_str else "(int64_t)(x)"}
+    mode = {"TF": 0, "IDF": 1, "TFIDF": 2}[ctx.attr("mode", "TF")]
+    body.append(f"  return {fn}(in0, {rows}, {cols}, {'vocab' if is_str else 'NULL'}, {len(vocab)}, tables, "
+                f"{len(tables)}, idx, w, {len(grams)}, {width}, {mode}, out0);")
     return string_extern(ctx, "".join(body), [x], [(ctx.out_shape(), DType.float32)],
-                         preamble=c_source("tfidf.h"))
+                         preamble=c_source("tfidf.h") + c_instance("tfidf.c", macros, fn.upper()))
 
 
 # ---- RegexFullMatch ----

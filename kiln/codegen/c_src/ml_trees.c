@@ -15,6 +15,8 @@
    Blocks run in parallel; with few rows and much work the trees run in parallel
    instead, each writing the leaf it reaches, summed in tree order afterwards. */
 
+#ifndef KILN_ML_TREES_C
+#define KILN_ML_TREES_C
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -206,3 +208,4 @@ static int kiln_forest_eval_##S(const kiln_forest_##S* F, const T* x, int64_t ro
 
 KILN_FOREST(f32, float)
 KILN_FOREST(f64, double)
+#endif

@@ -1,3 +1,5 @@
+#ifndef KILN_SVM_COUPLE_C
+#define KILN_SVM_COUPLE_C
 /* SVMClassifier's probabilities (kiln.lower.ml_svm), as ONNX Runtime computes them. */
 
 /* The pairwise probabilities r (nc x nc, r[i][j] + r[j][i] = 1) from the nc(nc-1)/2 pairwise
@@ -45,3 +47,4 @@ static void kiln_svm_couple(int64_t nc, const float* r, float* q, float* qp, flo
     }
   }
 }
+#endif

@@ -23,4 +23,9 @@ static inline void kiln_tfidf_count(const int64_t* g, const int64_t* k, int64_t 
       if (eq) cnt[k[a]] += 1.0f;
     }
 }
+
+/* The pooled n-grams of one length n: ntable grams of n ids each in g, sorted
+   lexicographically (k[m]: gram m's index in the pool), matched with items up to max_step
+   apart. */
+typedef struct { const int64_t* g; const int64_t* k; int64_t ntable, n, max_step; } kiln_tfidf_grams;
 #endif
