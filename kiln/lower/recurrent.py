@@ -10,16 +10,24 @@ projected input, applies the gate nonlinearities (vectorised through libmvec whe
 the build has it) and updates c, h and Y for those U units at once: nothing of a
 step goes back to memory but the new state.
 
+Batch rows: a tile of rows shares each panel row's loads, and each tile reads all of R
+once per step, so a tile takes as many rows as half the register file holds sums for,
+its gates then summed in passes of a few gates (`_tile`): batch 8 of an LSTM is one tile,
+two passes of 2 gates x 8 rows, instead of two tiles of 4 rows that read R twice.
+
 Threads: a bidirectional layer runs its two directions at the same time, one
 thread (group) each, with no synchronisation between them. When a step is big
 enough (`SPLIT_MACS`) and threads are left over (a unidirectional layer at 2
 threads), a direction's panels are also shared out within its group, each thread
-streaming its part of R from its own core's cache; the group meets at a spin
-barrier once per step (twice for GRU without linear_before_reset, whose reset gate
-must be complete before the h gate's product). h is double-buffered so a step reads
-the previous state while writing the next. On a loaded machine a partner thread
-may not be running when the barrier waits: after a short spin the first thread
-of the group then carries on alone, and the next 16 calls do not split.
+streaming its own range of R from its own core's cache (an LSTM of 256 units: 512
+KiB of its 1 MiB each, which fits a Zen 4 core's 1 MiB L2; the whole does not). The
+group claims panels stage by stage (kiln/codegen/c_src/recurrent.h): own range first,
+then what is left of the others', so a partner that is late (waking from its sleep
+between kernels) or descheduled (a loaded machine) costs a step only the panels it
+holds, never a wait for it, and the kernel does not fall back to one thread. A
+stage is a step's product (two for GRU without linear_before_reset, whose reset gate
+must be complete before the h gate's product); h is double-buffered so a step reads
+the previous state while writing the next.
 """
 
 from __future__ import annotations
@@ -34,13 +42,15 @@ from kiln.lower.context import lowering
 from kiln.targets.target import Target
 
 # A direction's panels are split between threads only when a step has at least this many
-# multiply-adds (batch x G x H x H): a step then takes a microsecond or more (an LSTM of
-# 128 units at batch 1, 256 KiB of R: 3.5 us on one core of the 2-core Zen 4 dev machine)
-# against ~0.1-0.3 us for the spin barrier that ends it; an LSTM of 64 units at batch 1
-# steps in 1.2 us, where the barrier and the fork cost as much as they save.
+# multiply-adds (batch x G x H x H), and into at most 2 * macs / SPLIT_MACS parts (each
+# thread's share of a step at least half of it): a step then takes a microsecond or more
+# (an LSTM of 128 units at batch 1, 256 KiB of R: 3.5 us on one core of the 2-core Zen 4
+# dev machine) against ~0.1-0.3 us for the claims and the wait that end it; an LSTM of 64
+# units at batch 1 steps in 1.2 us, where the synchronisation and the fork cost as much as
+# they save.
 SPLIT_MACS = 1 << 16
 
-# the spin barrier, activations and solo check every kiln::Recurrent kernel shares
+# the panel claims, activations and exp every kiln::Recurrent kernel shares
 PREAMBLE = c_source("kiln_exp.h") + c_source("recurrent.h")
 
 
@@ -63,15 +73,22 @@ def _act(name: str, a, b, v: str) -> str:
     }[name]
 
 
-def _tile(batch: int, gates: int, target: Target) -> tuple[int, int]:
-    """(batch rows per tile, q-split): G * rows * split 64-byte vector sums held in registers,
-    half the register file (16 of AVX-512's 32 zmm; 4, i.e. 8 of AVX2's 16 ymm), the rest for
-    the panel row's G loads and the broadcasts. More rows per tile read R fewer times per step;
-    batch 1 sums even and odd q apart when that fits, for more independent FMA chains."""
+def _tile(batch: int, gates: int, target: Target) -> tuple[int, int, int]:
+    """(batch rows per tile, gates per pass, q-split). A tile's sums, rows x gates 64-byte
+    vectors, take half the register file (`budget`: 16 of AVX-512's 32 zmm; 4, i.e. 8 of
+    AVX2's 16 ymm), the rest is left for the panel row's loads and the broadcasts. Each tile
+    reads all of R once per step, so a tile takes as many rows as the budget allows (batch 8:
+    one tile instead of two of 4 rows, which read R twice and, a panel being larger than L1,
+    from L2 the second time) and a panel's gates in as many passes as that needs (8 rows x 2
+    gates, twice): a pass reads only its gates' cache lines, so R is still read once. Batch 1
+    sums even and odd q apart when that fits, for more independent FMA chains."""
     budget = target.vector_registers // 2 * target.vector_bytes // 64
-    rows = max(1, min(batch, budget // gates))
-    split = 2 if rows * gates * 2 <= budget and batch == 1 else 1
-    return rows, split
+    tiles = -(-batch // budget)
+    rows = -(-batch // tiles)
+    per_pass = max(1, min(gates, budget // rows))
+    per_pass = -(-gates // -(-gates // per_pass))   # passes of equal size
+    split = 2 if rows * per_pass * 2 <= budget and batch == 1 else 1
+    return rows, per_pass, split
 
 
 def _gemv(nrows: int, gates: list[int], g: int, split: int, src: str, target: Target) -> list[str]:
@@ -162,8 +179,8 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     # the state of one direction: h (2 buffers), c, and for gru2 r * h and z: [B][PU] each
     per_dir = (2 + 1 + (2 if gru2 else 0)) * batch * pu
 
-    def epilogue(rows: int, gates: list[int], cell: list[str]) -> list[str]:
-        """Per live row of the tile: pre[k][jj] = the row's acc for gate k, then `cell` over the
+    def epilogue(rows: int, cell: list[str]) -> list[str]:
+        """Per live row of the tile: pre[k][jj] = the row's sum for gate k, then `cell` over the
         panel's units (j = p * 16 + jj < H) with xr the row's projected input, hp / hq its state."""
         out = []
         for r in range(rows):
@@ -177,8 +194,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
                     "    float* cc = cb + b * PU + p * 16; (void)cc;",
                     f"    float* yo = out0 + {Y()} + p * 16; (void)yo;",
                     "    float* rh = rhb + b * PU + p * 16; float* zz = zb + b * PU + p * 16; (void)rh; (void)zz;",
-                    f"    float pre[{g}][16];",
-                    *(f"    memcpy(pre[{k}], &acc_{r}_{k}, 64);" for k in gates),
+                    f"    float (*pre)[16] = pacc[{r}];",
                     "    #pragma omp simd",
                     "    for (int64_t jj = 0; jj < n; ++jj) {",
                     "      const int64_t j = p * 16 + jj; (void)j;",
@@ -222,25 +238,43 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
             "const float h = (1.0f - zz[jj]) * hh + zz[jj] * hp[jj];",
             "hq[jj] = h; yo[jj] = h;"])]
 
-    step = []
+    def panel(gates: list[int], src: str, cell: list[str], last: bool) -> list[str]:
+        """C: panel p of a stage, for every tile of batch rows: the tile's sums for `gates`, a
+        pass of gates at a time, stored to pacc, then the epilogue."""
+        rows, per_pass, split = _tile(batch, len(gates), target)
+        sums = []
+        for i in range(0, len(gates), per_pass):
+            part = gates[i:i + per_pass]
+            sums += ["{", *("  " + x for x in _gemv(rows, part, g, split, f"{src} + PU * ", target)),
+                     *(f"  memcpy(pacc[{r}][{k}], &acc_{r}_{k}, 64);" for r in range(rows) for k in part), "}"]
+        return [f"const float* wp = rpd + p * {hs * g * 16};",
+                "const int64_t n = H - p * 16 < 16 ? H - p * 16 : 16;",
+                f"const int copy_dead = {int(last)};",
+                f"for (int64_t b0 = 0; b0 < B; b0 += {rows}) {{",
+                f"  float pacc[{rows}][{g}][16];",
+                *("  " + x for x in sums),
+                *("  " + x for x in epilogue(rows, cell)),
+                "}"]
+
+    nph = len(phases)
+    step = [f"const int64_t s = stage / {nph}, ph = stage % {nph}; (void)ph;",
+            f"float* hc = sd + (s & 1) * {batch * pu}; float* hn = sd + ((s & 1) ^ 1) * {batch * pu};"]
     for i, (gates, src, cell) in enumerate(phases):
-        last = i == len(phases) - 1
-        rows_i, split_i = _tile(batch, len(gates), target)
-        step += [f"for (int64_t p = p0; p < p1; ++p) {{",
-                 f"  const float* wp = rpd + p * {hs * g * 16};",
-                 "  const int64_t n = H - p * 16 < 16 ? H - p * 16 : 16;",
-                 f"  const int copy_dead = {int(last)};",
-                 f"  for (int64_t b0 = 0; b0 < B; b0 += {rows_i}) {{",
-                 *("    " + x for x in _gemv(rows_i, gates, g, split_i, f"{src} + PU * ", target)),
-                 *("    " + x for x in epilogue(rows_i, gates, cell)),
+        body = panel(gates, src, cell, i == nph - 1)
+        step += [*([f"if (ph == {i}) {{"] if nph > 1 else ["{"]),
+                 "  int64_t cnt = 0, p;",
+                 f"  while ((p = per > 1 ? kiln_rec_claim(team, per, part, {n_p}, stage) : cnt < {n_p} ? cnt : -1) >= 0) {{",
+                 "    ++cnt;",
+                 *("    " + x for x in body),
                  "  }",
-                 "}",
-                 "if (per > 1) kiln_rec_wait(&bars[grp], per, s);"]
+                 f"  stage = per > 1 ? kiln_rec_finish(team, per, {n_p}, stage, cnt) : stage + 1;",
+                 "}"]
 
     h_init = f"(float){arg['h0']}[{H('d', 'b')} + j]" if "h0" in arg else "0.0f"
     c_init = f"(float){arg['c0']}[{H('d', 'b')} + j]" if "c0" in arg else "0.0f"
     rev = "d == 1" if direction == "bidirectional" else str(int(direction == "reverse"))
     macs = batch * g * hs * hs
+    max_per = max(1, min(n_p, 64, 2 * macs // SPLIT_MACS))   # 64: KILN_REC_MAXPER
     body = [
         "typedef float kv __attribute__((vector_size(64)));",
         f"enum {{ B = {batch}, H = {hs}, PU = {pu}, ND = {nd} }};",
@@ -258,39 +292,29 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         f"      state[d * {per_dir} + b * PU + j] = {h_init};",
         f"      state[d * {per_dir} + {2 * batch * pu} + b * PU + j] = {c_init};",
         "    }",
-        "kiln_rec_barrier bars[ND];",
-        "memset(bars, 0, sizeof bars);",
-        "static int cooldown = 0;  /* calls left to run unsplit after a split run went solo */",
-        "const int avail = omp_get_max_threads();",
-        "const int calm = __atomic_load_n(&cooldown, __ATOMIC_RELAXED) <= 0;",
-        "if (!calm) __atomic_sub_fetch(&cooldown, 1, __ATOMIC_RELAXED);",
-        f"const int want_per = {int(macs >= SPLIT_MACS and steps > 1)} && calm && avail >= 2 * ND "
-        f"? (avail / ND < {n_p} ? avail / ND : {n_p}) : 1;",
-        "const int team = avail >= ND ? ND * want_per : 1;",
-        "#pragma omp parallel num_threads(team) if (team > 1)",
+        f"const int avail = omp_get_max_threads();",
+        f"const int want_per = {int(macs >= SPLIT_MACS and steps > 1)} && avail >= 2 * ND "
+        f"? (avail / ND < {max_per} ? avail / ND : {max_per}) : 1;",
+        "const int team_n = avail >= ND ? ND * want_per : 1;",
+        "kiln_rec_team teams[ND];",
+        "for (int64_t d = 0; d < ND; ++d) kiln_rec_init(&teams[d], want_per, " + str(n_p) + ");",
+        "#pragma omp parallel num_threads(team_n) if (team_n > 1)",
         "{",
         "  const int nt = omp_get_num_threads(), tid = omp_get_thread_num();",
-        "  int per = nt >= ND * want_per ? want_per : 1;  /* threads per direction */",
+        "  const int per = nt >= ND * want_per ? want_per : 1;  /* threads per direction */",
         "  const int groups = nt / per < ND ? nt / per : ND;",
-        "  const int grp = tid / per, part = tid % per;",
-        f"  int64_t p0 = (int64_t)part * {n_p} / per, p1 = (int64_t)(part + 1) * {n_p} / per;",
+        "  const int grp = tid / per, part = tid % per; (void)part;",
         "  for (int64_t d = grp; grp < groups && d < ND && (part == 0 || per > 1); d += groups) {",
         f"    const int rev = {rev}; (void)rev;",
+        "    kiln_rec_team* team = &teams[d]; (void)team;",
         f"    const float* rpd = in1 + d * {n_p * hs * g * 16};",
         *([f"    const float* rb = {arg['rbh']} + d * {hs};"] if "rbh" in arg else []),
         *([f"    const float* pp = {arg['P']} + d * {3 * hs};"] if "P" in arg else []),
         f"    float* sd = state + d * {per_dir};",
         f"    float* cb = sd + {2 * batch * pu};",
         f"    float* rhb = sd + {3 * batch * pu}; float* zb = sd + {4 * batch * pu}; (void)rhb; (void)zb;",
-        f"    for (int64_t s = 0; s < {steps}; ++s) {{",
-        f"      float* hc = sd + (s & 1) * {batch * pu}; float* hn = sd + ((s & 1) ^ 1) * {batch * pu};",
+        f"    for (int64_t stage = 0; stage < {steps * nph}; ) {{",
         *("      " + x for x in step),
-        "      if (per > 1 && kiln_rec_solo(&bars[grp], s)) {  /* a partner stalled: go on alone */",
-        "        per = 1;",
-        "        if (part != 0) break;",
-        f"        p0 = 0; p1 = {n_p};",
-        "        __atomic_store_n(&cooldown, 16, __ATOMIC_RELAXED);",
-        "      }",
         "    }",
         "  }",
         "}",

@@ -113,13 +113,37 @@ def test_cases():
     check([layer(k, kind, rng, **kw) for k, (kind, kw) in enumerate(cases)])
 
 
-def test_split_between_threads():
-    """R past kiln.lower.recurrent.SPLIT_BYTES: a direction's panels shared between threads
-    (when the machine has two), a barrier per step; ragged lens, odd batch, a tail panel."""
+def _split_layers():
     rng = np.random.default_rng(1)
-    check([layer(0, "LSTM", rng, seq=7, batch=3, inp=10, hs=136, lens=[7, 2, 5], h0=True, c0=True),
-           layer(1, "GRU", rng, seq=5, batch=1, inp=6, hs=150, direction="reverse"),
-           layer(2, "GRU", rng, seq=4, batch=2, inp=6, hs=150, linear_before_reset=1, nd=2)])
+    return [layer(0, "LSTM", rng, seq=7, batch=3, inp=10, hs=136, lens=[7, 2, 5], h0=True, c0=True),
+            layer(1, "GRU", rng, seq=5, batch=1, inp=6, hs=150, direction="reverse"),
+            layer(2, "GRU", rng, seq=4, batch=2, inp=6, hs=150, linear_before_reset=1, nd=2),
+            layer(3, "LSTM", rng, seq=3, batch=8, inp=5, hs=40),        # one tile, gates in two passes
+            layer(4, "GRU", rng, seq=3, batch=19, inp=5, hs=20, linear_before_reset=1)]   # two tiles
+
+
+def test_split_between_threads():
+    """Steps past kiln.lower.recurrent.SPLIT_MACS: a direction's panels claimed by the threads
+    (when the machine has two) stage by stage; ragged lens, odd batch, a tail panel, GRU's two
+    stages per step, batch tiles whose gates are summed in passes."""
+    check(_split_layers())
+
+
+@pytest.mark.slow
+def test_split_between_more_threads_than_cores():
+    """Three threads on fewer cores: partners are descheduled mid-run, and whoever runs claims
+    their panels (the same results as the reference, run after run)."""
+    import os
+    import subprocess
+    import sys
+    code = ("from tests.ops.test_recurrent_packed import check, _split_layers\n"
+            "for _ in range(20): check(_split_layers())\n")
+    env = dict(os.environ, OMP_NUM_THREADS="3")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_left_alone_when_weights_are_inputs():

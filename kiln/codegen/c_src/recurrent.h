@@ -1,29 +1,65 @@
 #include <omp.h>
 #include <sched.h>
-/* kiln::Recurrent: a spin barrier for the threads sharing one direction, once per step.
-   A wait that outlasts KILN_REC_SPINS pauses means a partner is not running (a loaded
-   machine): the waiter yields its core, and the first to do so records the step in
-   `solo`; from the step after, the group's first thread goes on alone (see the kernel). */
-typedef struct { int count; int gen; int64_t solo; char pad[48]; } kiln_rec_barrier __attribute__((aligned(64)));
+/* kiln::Recurrent: the threads sharing one direction claim its panels stage by stage (a stage is
+   one product of a step: one per step, two for GRU without linear_before_reset). Each thread
+   takes the panels of its own range first (their R stays in its core's cache from step to
+   step), then whatever is left of the others' ranges: a partner that is late (waking up) or
+   descheduled (a loaded machine) leaves its panels to the threads that run, and no thread ever
+   waits for one that has claimed nothing. The thread that finishes a stage's last panel resets
+   the claims and publishes the next stage; a thread that finds its stage over joins the current
+   one. Only a panel claimed and not yet finished is waited for: KILN_REC_SPINS pauses (~50 us on
+   Zen 4), then the waiter yields its core, which may be the one the claimer needs. */
+#define KILN_REC_MAXPER 64   /* threads per direction at most */
+#define KILN_REC_SHIFT 24    /* a claim word: (stage << KILN_REC_SHIFT) | next panel of the range */
 #define KILN_REC_SPINS 2000
-static inline void kiln_rec_wait(kiln_rec_barrier* b, int n, int64_t step) {
-  const int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
-  if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
-    __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
-    return;
+typedef struct { int64_t next; char pad[56]; } kiln_rec_slot;
+typedef struct {
+  int64_t stage; char pad0[56];   /* the stage in progress */
+  int64_t done; char pad1[56];    /* panels of it finished */
+  kiln_rec_slot slot[KILN_REC_MAXPER];
+} kiln_rec_team __attribute__((aligned(64)));
+/* the first panel of thread q's range, of np panels shared by per threads */
+static inline int64_t kiln_rec_lo(int64_t np, int per, int q) { return (int64_t)q * np / per; }
+static inline void kiln_rec_open(kiln_rec_team* t, int per, int64_t np, int64_t stage) {
+  for (int q = 0; q < per; ++q)
+    __atomic_store_n(&t->slot[q].next, (stage << KILN_REC_SHIFT) | kiln_rec_lo(np, per, q), __ATOMIC_RELAXED);
+}
+static inline void kiln_rec_init(kiln_rec_team* t, int per, int64_t np) {
+  t->stage = 0; t->done = 0;
+  kiln_rec_open(t, per, np, 0);
+}
+/* a panel of `stage` for thread `part` (its own range first), or -1 when all are claimed */
+static inline int64_t kiln_rec_claim(kiln_rec_team* t, int per, int part, int64_t np, int64_t stage) {
+  for (int k = 0; k < per; ++k) {
+    const int q = part + k < per ? part + k : part + k - per;
+    const int64_t hi = kiln_rec_lo(np, per, q + 1);
+    int64_t v = __atomic_load_n(&t->slot[q].next, __ATOMIC_RELAXED);
+    while ((v >> KILN_REC_SHIFT) == stage && (v & ((1 << KILN_REC_SHIFT) - 1)) < hi)
+      if (__atomic_compare_exchange_n(&t->slot[q].next, &v, v + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return v & ((1 << KILN_REC_SHIFT) - 1);
   }
-  for (int spins = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; ++spins) {
+  return -1;
+}
+/* this thread finished n panels of `stage`; returns the stage to go on with (waiting for the
+   panels others claimed): whoever finishes the last panel opens the next stage */
+static inline int64_t kiln_rec_finish(kiln_rec_team* t, int per, int64_t np, int64_t stage, int64_t n) {
+  if (n && __atomic_add_fetch(&t->done, n, __ATOMIC_ACQ_REL) == np) {
+    __atomic_store_n(&t->done, 0, __ATOMIC_RELAXED);
+    kiln_rec_open(t, per, np, stage + 1);
+    __atomic_store_n(&t->stage, stage + 1, __ATOMIC_RELEASE);
+    return stage + 1;
+  }
+  int64_t s;
+  for (int spins = 0; (s = __atomic_load_n(&t->stage, __ATOMIC_ACQUIRE)) == stage; ++spins) {
     if (spins < KILN_REC_SPINS) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif
       continue;
     }
-    int64_t none = 0;
-    __atomic_compare_exchange_n(&b->solo, &none, step + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     sched_yield();
   }
+  return s;
 }
 /* exp, sigmoid and tanh inline, so a simd loop over a panel's units vectorises them with no
    call (a call would spill the live accumulators): exp as kiln_exp.h's (Cephes' expf),
@@ -43,10 +79,4 @@ static inline float kiln_rec_tanh(float x) {
   float q = 1.19825839466702e-06f;
   q = q * x2 + 1.18534705686654e-04f; q = q * x2 + 2.26843463243900e-03f; q = q * x2 + 4.89352518554385e-03f;
   return fabsf(x) < 0.0004f ? x : c * p / q;
-}
-/* whether the group goes on with one thread after the barrier of `step`: a wait of an
-   earlier step was slow (its flag was set before every thread arrived here, so all agree) */
-static inline int kiln_rec_solo(kiln_rec_barrier* b, int64_t step) {
-  const int64_t f = __atomic_load_n(&b->solo, __ATOMIC_RELAXED);
-  return f != 0 && f - 1 < step;
 }
