@@ -3,6 +3,10 @@
 - reshape chains: Reshape/Flatten/Squeeze/Unsqueeze of one of them → one Reshape
   (a reshape never moves data, so only the final shape matters);
 - Transpose pairs → one Transpose with the composed perm, or nothing;
+- a Transpose that moves only size-1 axes (the others keep their order) → Reshape: it
+  moves no data (a bidirectional LSTM's [seq, 2, 1, H] → [seq, 1, 2, H] at batch 1), and
+  as a Reshape it is a view, where as a Transpose it was copied or fused as a strided
+  read into the GEMM that consumes it;
 - constants gathered: (x*c1)*c2 → x*(c1*c2), (x+c1)+c2 → x+(c1+c2);
 - canonical forms: x-c → x+(-c) (exact), x/c → x*(1/c) (floats, when 1/c is a
   normal number), 1/x → Reciprocal(x), x**2 → x*x, Neg(Neg(x)) → x;
@@ -69,6 +73,18 @@ def _compose_transposes(m, b):
     return b.op("Transpose", [x], {"perm": perm})
 
 
+def _transpose_as_reshape(m, b):
+    x, root = m["x"], m.root
+    shape, out = static_shape(x), static_shape(root)
+    if shape is None or out is None:
+        return None
+    perm = transpose_perm(m.root_node, len(shape))
+    moved = [a for a in perm if shape[a] != 1]
+    if perm == sorted(perm) or moved != sorted(moved):
+        return None
+    return b.op("Reshape", [x, b.const(np.array(out, np.int64))], {"allowzero": 1} if 0 in out else {})
+
+
 def _combine(fn, op):
     def rewrite(m, b):
         c1, c2 = m.const("c1"), m.const("c2")
@@ -132,6 +148,7 @@ RULES = [
     Rule("reshape of reshape", Op(RESHAPES, Op(RESHAPES, Var("x"), name="inner")), _one_reshape),
     Rule("transpose pair", Op("Transpose", Op("Transpose", Var("x"), name="inner")),
          _compose_transposes),
+    Rule("transpose of size-1 axes", Op("Transpose", Var("x")), _transpose_as_reshape),
     Rule("(x*c1)*c2", Op("Mul", Op("Mul", Var("x", _not_const), Const("c1")), Const("c2")),
          _combine(np.multiply, "Mul")),
     Rule("(x+c1)+c2", Op("Add", Op("Add", Var("x", _not_const), Const("c1")), Const("c2")),

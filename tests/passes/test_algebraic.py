@@ -57,6 +57,22 @@ def test_transpose_pair(p1, p2, after):
     _check(sig, before, want)
 
 
+@pytest.mark.parametrize("shape, perm, out, moves", [
+    ([5, 2, 1, 3], [0, 2, 1, 3], [5, 1, 2, 3], False),   # a bidirectional RNN's Y at batch 1
+    ([1, 4, 1, 6], [2, 1, 3, 0], [1, 4, 6, 1], False),
+    ([5, 2, 2, 3], [0, 2, 1, 3], [5, 2, 2, 3], True),    # batch 2: the data moves
+    ([1, 4, 6], [0, 2, 1], [1, 6, 4], True),
+])
+def test_transpose_of_size_one_axes_is_a_reshape(shape, perm, out, moves):
+    sig = f"(%x: float32[{','.join(map(str, shape))}]) -> (%y)"
+    o = ",".join(map(str, out))
+    before = (f'  %t: float32[{o}] = Transpose(%x) {{perm = {perm}}} name "t"\n'
+              f'  %y: float32[{o}] = Relu(%t) name "relu"')
+    want = None if moves else (f'  %t: float32[{o}] = Reshape(%x, %t.c) name "t.Reshape"\n'
+                               f'  %y: float32[{o}] = Relu(%t) name "relu"')
+    _check(sig, before, want, **({} if moves else {"t.c": np.array(out, I)}))
+
+
 @pytest.mark.parametrize("op, fn", [("Mul", np.multiply), ("Add", np.add)])
 def test_constants_are_gathered(op, fn):
     sig = "(%x: float32[2,3]) -> (%y)"
