@@ -2,6 +2,7 @@
 
     python benchmarks/recurrent.py [--threads 2] [--clock wall|cpu] [--json PATH]
     python benchmarks/recurrent.py --case LSTM,bidirectional,80,256,128,1 [--case ...]
+    python benchmarks/recurrent.py --corpus lstm_stacked,bilstm [--clock cpu]
 
 At batch 1 a step of a recurrent layer multiplies the state by R (G * H * H floats: 1 MiB for an
 LSTM of 256 units) and does little else, so its time is set by how fast R streams from cache:
@@ -12,6 +13,11 @@ projection as one GEMM, then kiln::Recurrent (kiln.lower.recurrent). Engines are
 interleaved (kiln.bench.time_interleaved). `--clock cpu` times the calling thread's CPU time
 with one thread for both engines (`--threads` is then 1): on a loaded machine that is the
 figure that still says something about the kernel.
+
+`--corpus` profiles corpus models (benchmarks/corpus) kernel by kernel instead: per recurrent
+layer its kiln::Recurrent kernel alone in ns per step and direction against the bytes of R one
+step reads, and the share of the model's time in the input projections' GEMMs (a thread's CPU
+time with `--clock cpu`, one thread; wall time otherwise, meaningful on a quiet machine only).
 """
 
 from __future__ import annotations
@@ -96,16 +102,75 @@ def run_case(case, threads: int, clock: str, budget: float) -> dict:
             "ok": bool(check["ok"]), "threads": threads, "clock": clock}
 
 
+def corpus_rows(name: str, clock: str, runs: int) -> list[dict]:
+    """Per case of corpus model `name`: each kiln::Recurrent kernel's ns per step and direction
+    and R bytes, and the input projections' and the whole model's kernel ms (kiln.profile)."""
+    import onnx
+
+    import kiln
+    from benchmarks.corpus.build import corpus_dir, random_feeds
+    from benchmarks.corpus.spec import case_label
+    with open(os.path.join(corpus_dir(), name + ".json")) as f:
+        meta = json.load(f)
+    path = os.path.join(corpus_dir(), name + ".onnx")
+    proto = onnx.load(path)
+    inits = {t.name: t.dims for t in proto.graph.initializer}
+    layers = []   # (kind, nd, G * H * H * 4): the model's recurrent nodes in order
+    for node in proto.graph.node:
+        if node.op_type in GATES:
+            nd, gh, hs = inits[node.input[2]]
+            layers.append((node.op_type, nd, gh * hs * 4))
+    rows = []
+    for case in meta["cases"]:
+        feeds = random_feeds(meta["inputs"], case, 7)
+        m = kiln.compile(path)
+        m.run(feeds)
+        clock_fn = time.perf_counter
+        if clock == "cpu":
+            time.perf_counter = time.thread_time    # the profile reads this clock
+        try:
+            prof = m.profile(feeds, runs=runs)
+        finally:
+            time.perf_counter = clock_fn
+        steps = case.get("seq")
+        rec = [s for what, s in prof if "Recurrent" in what]
+        proj = sum(s for what, s in prof if "input_projection" in what)
+        total = sum(s for _, s in prof)
+        for i, s in enumerate(rec):
+            kind, nd, r_bytes = layers[i] if i < len(layers) else ("?", 1, 0)
+            ns = s * 1e9 / (steps * nd)
+            rows.append({"model": name, "case": case_label(case), "layer": i, "kind": kind, "dirs": nd,
+                         "ns_per_step": ns, "r_bytes": r_bytes, "gb_per_s": r_bytes / ns,
+                         "recurrent_ms": s * 1e3, "projection_ms": proj * 1e3, "model_ms": total * 1e3})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     ap.add_argument("--budget", type=float, default=1.0, help="seconds per engine per case (about)")
     ap.add_argument("--case", action="append", help="kind,direction,input,hidden,steps,batch")
+    ap.add_argument("--corpus", help="corpus models to profile kernel by kernel (comma separated)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     threads = 1 if args.clock == "cpu" else args.threads
     os.environ["OMP_NUM_THREADS"] = str(threads)   # before kiln's native code loads
+    if args.corpus:
+        print(f"{'model':<14} {'case':<18} {'layer':>5} {'kind':>4} {'dirs':>4} {'ns/step':>8} {'R KiB':>6} "
+              f"{'GB/s':>6} {'rec ms':>7} {'proj ms':>7} {'all ms':>7}   ({threads} thread"
+              f"{'s' * (threads > 1)}, {args.clock} clock, load {os.getloadavg()[0]:.1f})")
+        rows = []
+        for name in args.corpus.split(","):
+            for r in corpus_rows(name, args.clock, max(5, int(args.budget * 10))):
+                rows.append(r)
+                print(f"{r['model']:<14} {r['case']:<18} {r['layer']:5d} {r['kind']:>4} {r['dirs']:4d} "
+                      f"{r['ns_per_step']:8.0f} {r['r_bytes'] / 1024:6.0f} {r['gb_per_s']:6.1f} "
+                      f"{r['recurrent_ms']:7.3f} {r['projection_ms']:7.3f} {r['model_ms']:7.3f}", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"results": rows}, f, indent=1)
+        return 0
     cases = [tuple(int(v) if v.isdigit() else v for v in c.split(",")) for c in args.case] if args.case else CASES
     print(f"{'layer':<48} {'kiln ms':>9} {'ort ms':>9} {'k/ort':>6} {'ns/step':>9} {'R KiB':>7} {'GB/s':>6}  ok"
           f"   ({threads} thread{'s' * (threads > 1)}, {args.clock} clock, load {os.getloadavg()[0]:.1f})")
