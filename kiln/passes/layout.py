@@ -34,7 +34,7 @@ The rewrite, in one walk over the nodes in order:
   result converted to NCHW once, at a quarter of the stem output's size; YOLO's
   SPPF pools stay blocked between its convs);
 - a global average over the plane (GlobalAveragePool, or a ReduceMean taking
-  N,C,H,W to N,C,1,1) of a blocked value becomes `kiln::GlobalAveragePoolNCHWc`,
+  N,C,H,W to N,C,1,1, or to N,C over axes 2, 3) of a blocked value becomes `kiln::GlobalAveragePoolNCHWc`,
   and an elementwise op may read a computed per-image, per-channel operand
   (N,C,1,1) through its blocked twin (N,C/c,1,1,c, broadcast): so a
   squeeze-excite block (pool -> 1x1 -> act -> 1x1 -> gate -> scale) stays
@@ -180,13 +180,25 @@ def blockable_pool(node: Node, opset: int) -> dict | None:
 
 def global_average(node: Node) -> bool:
     """A float32 mean over the whole plane of N,C,H,W: GlobalAveragePool, or a ReduceMean whose
-    result is N,C,1,1 (whatever its axes: a mean over a size-1 axis is the value itself)."""
+    result is N,C,1,1 (whatever its axes: a mean over a size-1 axis is the value itself), or
+    N,C from axes (2, 3) without keepdims (a classifier head's `x.mean((2, 3))`: its result is
+    then the pooled twin converted and reshaped, not the whole plane converted back to NCHW
+    and reduced there)."""
     if node.domain or node.op not in ("GlobalAveragePool", "ReduceMean") or len(node.outputs) != 1 \
             or node.outputs[0] is None or node.inputs[0] is None:
         return False
     xs, ys = static_shape(node.inputs[0]), static_shape(node.outputs[0])
-    return (xs is not None and ys is not None and len(xs) == 4 and ys == (*xs[:2], 1, 1)
-            and node.inputs[0].type.dtype is DType.float32)
+    if xs is None or ys is None or len(xs) != 4 or node.inputs[0].type.dtype is not DType.float32:
+        return False
+    return ys == (*xs[:2], 1, 1) or (ys == xs[:2] and _reduced_axes(node) == {2, 3})
+
+
+def _reduced_axes(node: Node) -> set[int] | None:
+    """The axes a ReduceMean of a 4-D value reduces, when its attribute or constant input says."""
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None and node.inputs[1].const is not None:
+        axes = node.inputs[1].const.reshape(-1).tolist()
+    return None if axes is None else {int(a) % 4 for a in axes}
 
 
 def per_channel(shape, out) -> bool:

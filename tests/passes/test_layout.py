@@ -133,6 +133,28 @@ def test_conversions_cancel_and_outputs_stay_nchw():
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("axes,blocked", [("[2, 3]", True), ("[-1, -2]", True), ("[1, 2]", False)])
+def test_head_mean_without_keepdims(axes, blocked):
+    """A classifier head's x.mean((2, 3)) (keepdims 0, N,C out) pools the blocked twin and
+    converts only the pooled N,C,1,1 back; a mean over other axes reads the NCHW value."""
+    sig = "(%x: float32[2,8,5,4]) -> (%y)"
+    out_ty = "float32[2,8]" if blocked else "float32[2,4]"
+    body = ('  %a: float32[2,8,5,4] = Conv(%x, %w) {kernel_shape = [1, 1]} name "c"\n'
+            '  %r: float32[2,8,5,4] = Relu(%a) name "relu"\n'
+            f'  %y: {out_ty} = ReduceMean(%r) {{axes = {axes}, keepdims = 0}} name "mean"')
+    g = graph(prog(sig, body), w=R(8, 8, 1, 1))
+    out, stats = run_pass("transform_layout", g)
+    if blocked:
+        assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "Relu", "kiln::GlobalAveragePoolNCHWc",
+                             "kiln::FromNCHWc", "Reshape"]
+        assert out.nodes[4].outputs[0].type.shape == (2, 8, 1, 1)
+        assert stats.fired["GlobalAveragePool"] == 1
+    else:
+        assert "kiln::GlobalAveragePoolNCHWc" not in _ops(out) and _ops(out)[-1] == "ReduceMean"
+    assert out.outputs[0].type.shape == g.outputs[0].type.shape
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
 def test_block_16_and_symbolic_batch_left_alone(monkeypatch):
     monkeypatch.setenv("KILN_NCHWC", "16")
     sig = "(%x: float32[1,16,4,4], %z: float32[N,16,4,4]) -> (%y, %u)"
