@@ -40,6 +40,11 @@ from kiln.loops.simplify import Ctx
 from kiln.loops.symbols import SERIAL_WORK
 
 STACK_LIMIT = 16 * 1024  # bytes; larger "auto" allocations go to the heap
+# How a parallel loop's iterations go to the threads: taken in shrinking chunks (guided)
+# rather than cut in equal shares up front (static), so a thread that starts late (woken from
+# its sleep between kernels: kiln.runtime.threads) or runs slowly (its core shared with other
+# work) leaves its iterations to the others instead of making them wait at the join.
+OMP_SCHEDULE = "guided"
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "truncdiv": "/", "truncmod": "%",
           "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||",
@@ -356,9 +361,9 @@ class _Emitter:
                 # a symbolic extent (kiln.loops.symbols): serial below SERIAL_WORK iterations,
                 # decided at run time (a batch of 1 forks no threads)
                 work = self.expr(ctx.simplify(_work(s)), ctx, n)
-                out(f"{pad}#pragma omp parallel for schedule(static) if({work} >= {SERIAL_WORK})")
+                out(f"{pad}#pragma omp parallel for schedule({OMP_SCHEDULE}) if({work} >= {SERIAL_WORK})")
             elif s.kind == "parallel" and not in_par:
-                out(f"{pad}#pragma omp parallel for schedule(static)")
+                out(f"{pad}#pragma omp parallel for schedule({OMP_SCHEDULE})")
             elif s.kind == "vectorized" and not _has_loops(s.body):
                 out(f"{pad}#pragma omp simd")
             elif s.kind == "unrolled" and ext.op == "const":

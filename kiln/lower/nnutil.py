@@ -13,10 +13,17 @@ from kiln.targets.target import Target
 
 
 # A kernel forks when the time its threads save (the serial run, estimated, less its share
-# per thread) is this many times the fork and join: the split is rarely even, and a thread
-# woken late costs the whole kernel. On 2 cores: a serial run of 4 forks (80 us when threads
-# sleep between kernels) or more.
-FORK_GAIN = 2
+# per thread) is this many times the fork and join. It was 2 while parallel loops split their
+# iterations evenly up front (a thread woken late then cost the whole kernel); they now take
+# them in shrinking chunks (kiln.codegen.c.OMP_SCHEDULE), so the thread running starts at
+# once and takes over what a late one has not begun, and a fork pays from one fork and join
+# of saved time: on 2 cores a serial run of 2 forks (40 us when threads sleep), which the
+# pointwise convs of a small CNN at batch 8 (~70 us) and a transformer layer's 256-wide
+# projections reach. 2 threads of a quiet 16-core Xeon, medians (ms), gain 2 -> 1: a 256-wide
+# transformer layer batch 4 x 64 2.51 -> 2.27, batch 1 x 64 0.605 -> 0.590, the DS-CNN
+# keyword spotter batch 8 0.384 -> 0.352, batch 1 0.077 -> 0.076, an MNIST MLP batch 8
+# 0.042 -> 0.040 (ONNX Runtime 2.63, 0.604, 0.245, 0.105, 0.037).
+FORK_GAIN = 1
 FORK_GAIN_DECISION = declare(
     "fork_gain", OneOf((0, 1, 2, 4, 8, 16)), lambda target: FORK_GAIN,
     "a kernel past parallel_min_work forks when the time its threads save is this many forks "
