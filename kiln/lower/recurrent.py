@@ -15,19 +15,18 @@ once per step, so a tile takes as many rows as half the register file holds sums
 its gates then summed in passes of a few gates (`_tile`): batch 8 of an LSTM is one tile,
 two passes of 2 gates x 8 rows, instead of two tiles of 4 rows that read R twice.
 
-Threads: a bidirectional layer runs its two directions at the same time, one
-thread (group) each, with no synchronisation between them. When a step is big
-enough (`SPLIT_MACS`) and threads are left over (a unidirectional layer at 2
-threads), a direction's panels are also shared out within its group, each thread
-streaming its own range of R from its own core's cache (an LSTM of 256 units: 512
-KiB of its 1 MiB each, which fits a Zen 4 core's 1 MiB L2; the whole does not). The
-group claims panels stage by stage (kiln/codegen/c_src/recurrent.h): own range first,
-then what is left of the others', so a partner that is late (waking from its sleep
-between kernels) or descheduled (a loaded machine) costs a step only the panels it
-holds, never a wait for it, and the kernel does not fall back to one thread. A
-stage is a step's product (two for GRU without linear_before_reset, whose reset gate
-must be complete before the h gate's product); h is double-buffered so a step reads
-the previous state while writing the next.
+Threads: when a step is big enough (`SPLIT_MACS`), one team of threads shares the
+panels of every direction, each thread streaming its own range of R from its own core's
+cache: at 2 threads a bidirectional layer's directions one each, a unidirectional
+layer's panels half each (an LSTM of 256 units: 512 KiB of its 1 MiB of R, which fits
+a Zen 4 core's 1 MiB L2; the whole does not). The team claims panels stage by stage
+(kiln/codegen/c_src/recurrent.h): own range first, then what is left of the others', so
+a partner that is late (waking from its sleep between kernels) or descheduled (a loaded
+machine) costs a step only the panels it holds, never a wait for it, and the kernel
+never falls back to one thread. A stage is a step's product (two for GRU without
+linear_before_reset, whose reset gate must be complete before the h gate's product); h
+is double-buffered so a step reads the previous state while writing the next. Smaller
+steps run each direction on a thread of its own, with no synchronisation at all.
 """
 
 from __future__ import annotations
@@ -256,25 +255,37 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
                 *("  " + x for x in epilogue(rows, cell)),
                 "}"]
 
+    rev = "d == 1" if direction == "bidirectional" else str(int(direction == "reverse"))
     nph = len(phases)
-    step = [f"const int64_t s = stage / {nph}, ph = stage % {nph}; (void)ph;",
-            f"float* hc = sd + (s & 1) * {batch * pu}; float* hn = sd + ((s & 1) ^ 1) * {batch * pu};"]
+    # a stage's panels: idx = d * n_p + p over [lo, hi), claimed by the team or taken in order
+    step = [f"const int64_t s = stage / {nph}, ph = stage % {nph}; (void)ph;"]
     for i, (gates, src, cell) in enumerate(phases):
         body = panel(gates, src, cell, i == nph - 1)
         step += [*([f"if (ph == {i}) {{"] if nph > 1 else ["{"]),
-                 "  int64_t cnt = 0, p;",
-                 f"  while ((p = per > 1 ? kiln_rec_claim(team, per, part, {n_p}, stage) : cnt < {n_p} ? cnt : -1) >= 0) {{",
+                 "  int64_t cnt = 0, idx;",
+                 f"  while ((idx = claim ? kiln_rec_claim(&team, nt, tid, {nd * n_p}, stage) "
+                 ": lo + cnt < hi ? lo + cnt : -1) >= 0) {",
                  "    ++cnt;",
+                 f"    const int64_t d = idx / {n_p}, p = idx % {n_p};",
+                 f"    const int rev = {rev}; (void)rev;",
+                 f"    const float* rpd = in1 + d * {n_p * hs * g * 16};",
+                 *([f"    const float* rb = {arg['rbh']} + d * {hs};"] if "rbh" in arg else []),
+                 *([f"    const float* pp = {arg['P']} + d * {3 * hs};"] if "P" in arg else []),
+                 f"    float* sd = state + d * {per_dir};",
+                 f"    float* hc = sd + (s & 1) * {batch * pu}; float* hn = sd + ((s & 1) ^ 1) * {batch * pu};",
+                 f"    float* cb = sd + {2 * batch * pu};",
+                 f"    float* rhb = sd + {3 * batch * pu}; float* zb = sd + {4 * batch * pu}; (void)rhb; (void)zb;",
                  *("    " + x for x in body),
                  "  }",
-                 f"  stage = per > 1 ? kiln_rec_finish(team, per, {n_p}, stage, cnt) : stage + 1;",
+                 f"  stage = claim ? kiln_rec_finish(&team, nt, {nd * n_p}, stage, cnt) : stage + 1;",
                  "}"]
 
     h_init = f"(float){arg['h0']}[{H('d', 'b')} + j]" if "h0" in arg else "0.0f"
     c_init = f"(float){arg['c0']}[{H('d', 'b')} + j]" if "c0" in arg else "0.0f"
-    rev = "d == 1" if direction == "bidirectional" else str(int(direction == "reverse"))
     macs = batch * g * hs * hs
-    max_per = max(1, min(n_p, 64, 2 * macs // SPLIT_MACS))   # 64: KILN_REC_MAXPER
+    split = macs >= SPLIT_MACS and steps > 1
+    # threads in the team: at most 2 * macs / SPLIT_MACS per direction, 64 (KILN_REC_MAXPER) in all
+    most = min(nd * max(1, min(n_p, 2 * macs // SPLIT_MACS)), 64) if split else nd
     body = [
         "typedef float kv __attribute__((vector_size(64)));",
         f"enum {{ B = {batch}, H = {hs}, PU = {pu}, ND = {nd} }};",
@@ -292,27 +303,20 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         f"      state[d * {per_dir} + b * PU + j] = {h_init};",
         f"      state[d * {per_dir} + {2 * batch * pu} + b * PU + j] = {c_init};",
         "    }",
-        f"const int avail = omp_get_max_threads();",
-        f"const int want_per = {int(macs >= SPLIT_MACS and steps > 1)} && avail >= 2 * ND "
-        f"? (avail / ND < {max_per} ? avail / ND : {max_per}) : 1;",
-        "const int team_n = avail >= ND ? ND * want_per : 1;",
-        "kiln_rec_team teams[ND];",
-        "for (int64_t d = 0; d < ND; ++d) kiln_rec_init(&teams[d], want_per, " + str(n_p) + ");",
+        "const int avail = omp_get_max_threads();",
+        f"const int team_n = avail < {most} ? avail : {most};",
+        "kiln_rec_team team;",
+        f"kiln_rec_init(&team, team_n, {nd * n_p});",
         "#pragma omp parallel num_threads(team_n) if (team_n > 1)",
         "{",
         "  const int nt = omp_get_num_threads(), tid = omp_get_thread_num();",
-        "  const int per = nt >= ND * want_per ? want_per : 1;  /* threads per direction */",
-        "  const int groups = nt / per < ND ? nt / per : ND;",
-        "  const int grp = tid / per, part = tid % per; (void)part;",
-        "  for (int64_t d = grp; grp < groups && d < ND && (part == 0 || per > 1); d += groups) {",
-        f"    const int rev = {rev}; (void)rev;",
-        "    kiln_rec_team* team = &teams[d]; (void)team;",
-        f"    const float* rpd = in1 + d * {n_p * hs * g * 16};",
-        *([f"    const float* rb = {arg['rbh']} + d * {hs};"] if "rbh" in arg else []),
-        *([f"    const float* pp = {arg['P']} + d * {3 * hs};"] if "P" in arg else []),
-        f"    float* sd = state + d * {per_dir};",
-        f"    float* cb = sd + {2 * batch * pu};",
-        f"    float* rhb = sd + {3 * batch * pu}; float* zb = sd + {4 * batch * pu}; (void)rhb; (void)zb;",
+        # split: one team claims every direction's panels stage by stage (its own range first), or
+        # with fewer threads than asked for thread 0 takes them all in order; else each thread runs
+        # whole directions on its own, with no synchronisation
+        f"  const int claim = {int(split)} && nt == team_n && nt > 1;",
+        f"  for (int64_t d0 = claim ? 0 : {int(split)} ? (tid == 0 ? 0 : ND) : tid; d0 < ND; "
+        f"d0 += {int(split)} ? ND : nt) {{",
+        f"    const int64_t lo = {int(split)} ? 0 : d0 * {n_p}, hi = {int(split)} ? {nd * n_p} : lo + {n_p};",
         f"    for (int64_t stage = 0; stage < {steps * nph}; ) {{",
         *("      " + x for x in step),
         "    }",
