@@ -115,7 +115,9 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
     macros = {"KILN_FA_FN": fn, "KILN_FA_TQ": ct, "KILN_FA_TK": ct, "KILN_FA_TV": ct, "KILN_FA_TM": mt,
               "KILN_FA_TO": ct, "KILN_FA_LD(x)": ld, "KILN_FA_ST(x)": st, "KILN_FA_L": t.lanes,
               "KILN_FA_MR": t.mr, "KILN_FA_NK": t.nk, "KILN_FA_NO": t.no, "KILN_FA_BK": t.bk, "KILN_FA_BQ": t.bq,
-              "KILN_FA_D": d, "KILN_FA_DV": dv, "KILN_FA_DVP": dvp}
+              "KILN_FA_D": d, "KILN_FA_DV": dv, "KILN_FA_DVP": dvp,
+              # in-place reads of K and V rows (decoding, see flash_attention.c): float32 whole vectors
+              "KILN_FA_DIRECT": int(q.dtype is DType.float32 and d % t.lanes == 0 and dv % t.lanes == 0)}
     preamble = c_source("kiln_exp.h") + c_instance("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper())
     if kv_lens is not None and (kv_lens.dtype is not DType.int64 or tuple(kv_lens.shape) != (b,)):
         ctx.fail(f"the keys' valid lengths must be int64 of shape ({b},), got {kv_lens.dtype} "

@@ -32,6 +32,11 @@
    cache's rows written so far; clamped to [0, SK]); keys past them are never read or
    packed, and the causal offset counts from the end of the valid keys (causal + kv_lens[b]
    - SQ: the queries are the last SQ of them, as ONNX Attention's nonpad_kv_seqlen).
+   Direct reads (KILN_FA_DIRECT, float32 with D and DV whole vectors): when K and V rows are
+   contiguous (kd = vd = 1), there is no mask and a task's rows fit one tile (decoding: the G
+   query heads of a group, one token each), nothing is packed: Q·Kᵀ takes each key row's dot
+   products in place and P·V reads V rows in place, so a decode step reads the cache once and
+   copies none of it.
    Returns 0, or -1 when out of memory. */
 #ifndef KILN_FA_COMMON
 #define KILN_FA_COMMON
@@ -72,24 +77,29 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
       SKM = n > SKM ? n : SKM;
     }
   }
-  const int64_t NKB = (SKM + BK - 1) / BK, NQT = (SQ + BQ - 1) / BQ;
+  /* query heads per task: without a mask a K/V group's G heads are one task's rows (decoding:
+     G rows per micro-tile, not 1 of MR), with one each head is its own (its mask rows) */
+  const int64_t HG = mask_kind ? 1 : G, RQ = HG * SQ;
+  const int64_t NKB = (SKM + BK - 1) / BK, NQT = (RQ + BQ - 1) / BQ;
   const int64_t SKP = NKB * BK;
   /* block states (mask): per (mask batch, mask head, q tile, key block): 0 mixed, 1 dead, 2 zero */
   const int64_t MBN = mask_kind && mb ? B : 1, MHN = mask_kind && mh ? HQ : 1, MQN = mask_kind && mq ? NQT : 1;
-  const size_t kbytes = sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * D;
-  const size_t vbytes = sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * DVP;
+  const int direct = KILN_FA_DIRECT && kd == 1 && vd == 1 && !mask_kind && RQ <= BQ;
+  const size_t kbytes = direct ? 0 : sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * D;
+  const size_t vbytes = direct ? 0 : sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * DVP;
   const size_t sbytes = mask_kind ? (size_t)(MBN * MHN * MQN * NKB) : 0;
   float* kp = (float*)kiln_alloc(kbytes + vbytes + sbytes + 64);
   if (!kp) return -1;
-  float* vp = kp + (size_t)(B * HKV) * (size_t)SKP * D;
-  unsigned char* states = (unsigned char*)(vp + (size_t)(B * HKV) * (size_t)SKP * DVP);
+  float* vp = kp + kbytes / sizeof(float);
+  unsigned char* states = (unsigned char*)(vp + vbytes / sizeof(float));
+  const int64_t NKBP = direct ? 0 : NKB;  /* blocks packed */
   const int par = B * HQ * SQ * SKM * (D + DV) >= parallel_min;
   #pragma omp parallel if (par)
   {
     #pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < B; ++b)
     for (int64_t g = 0; g < HKV; ++g)
-    for (int64_t blk = 0; blk < NKB; ++blk) {
+    for (int64_t blk = 0; blk < NKBP; ++blk) {
       const int64_t SKb = kv_lens ? (kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b]) : SK;
       float* kdst = kp + ((size_t)(b * HKV + g) * NKB + blk) * D * BK;
       float* vdst = vp + ((size_t)(b * HKV + g) * SKP + blk * BK) * DVP;
@@ -134,9 +144,9 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
     }
     #pragma omp for collapse(3) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < HQ; ++h)
+    for (int64_t hg = 0; hg < HQ / HG; ++hg)
     for (int64_t qt = 0; qt < NQT; ++qt) {
-      const int64_t g = h / G, q0 = qt * BQ, nrows = SQ - q0 < BQ ? SQ - q0 : BQ;
+      const int64_t h = hg * HG, g = h / G, q0 = qt * BQ, nrows = RQ - q0 < BQ ? RQ - q0 : BQ;
       const int64_t SKb = kv_lens ? (kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b]) : SK;
       const int64_t NKBb = (SKb + BK - 1) / BK;
       const int cmode = causal >= 0;
@@ -145,9 +155,13 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
       float o[BQ][DVP] __attribute__((aligned(64)));
       float s[BQ][BK] __attribute__((aligned(64)));
       float m[BQ], l[BQ], alpha[BQ];
+      int64_t rh[BQ], rs[BQ], smax = 0;  /* each row's query head and position */
       for (int64_t r = 0; r < BQ; ++r) {
-        const int64_t row = q0 + (r < nrows ? r : nrows - 1);
-        const KILN_FA_TQ* qr = q + b * qb + h * qh + row * qs;
+        const int64_t rr = q0 + (r < nrows ? r : nrows - 1);
+        rh[r] = h + rr / SQ;
+        rs[r] = rr % SQ;
+        smax = rs[r] > smax ? rs[r] : smax;
+        const KILN_FA_TQ* qr = q + b * qb + rh[r] * qh + rs[r] * qs;
         for (int64_t d = 0; d < D; ++d) qt_[r][d] = scale * KILN_FA_LD(qr[d * qd]);
         for (int64_t e = 0; e < DVP; ++e) o[r][e] = 0.0f;
         m[r] = -INFINITY; l[r] = 0.0f;
@@ -159,10 +173,36 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
       int live = 0;  /* every row of the tile has seen a score above the dead level */
       for (int64_t blk = 0; blk < NKBb; ++blk) {
         const int64_t k0 = blk * BK, nk = SKb - k0 < BK ? SKb - k0 : BK;
-        if (cmode && k0 > q0 + nrows - 1 + cz) break;
+        if (cmode && k0 > smax + cz) break;
         const int state = mask_kind ? st[blk] : 2;
         if (state == 1 && live) continue;
         const float* kb = kpg + blk * D * BK;
+#if KILN_FA_DIRECT
+        if (direct) {  /* S = Q·Kᵀ from the key rows in place: per key, a dot product per row */
+          const float* krow = (const float*)k + b * kb_ + g * kh + k0 * ks;
+          for (int64_t j = 0; j < nk; ++j, krow += ks) {
+            fv kk[D / L];
+            #pragma GCC unroll 16
+            for (int c = 0; c < D / L; ++c) memcpy(&kk[c], krow + c * L, sizeof(fv));
+            for (int64_t r = 0; r < nrows; ++r) {
+              fv acc = (fv){0};
+              #pragma GCC unroll 16
+              for (int c = 0; c < D / L; ++c) {
+                fv qq;
+                memcpy(&qq, &qt_[r][c * L], sizeof(fv));
+                acc += qq * kk[c];
+              }
+              float t[L];  /* a tree of halves, not L dependent adds */
+              memcpy(t, &acc, sizeof(fv));
+              #pragma GCC unroll 8
+              for (int w = L / 2; w >= 1; w /= 2)
+                #pragma GCC unroll 16
+                for (int i = 0; i < w; ++i) t[i] += t[i + w];
+              s[r][j] = t[0];
+            }
+          }
+        } else
+#endif
         /* S = Q·Kᵀ, MR x (NK * L) micro-tiles held in registers over d */
         for (int64_t r0 = 0; r0 < nrows; r0 += MR)
           for (int64_t c0 = 0; c0 < BK; c0 += NK * L) {
@@ -191,7 +231,7 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
         int all_live = 1;
         for (int64_t r = 0; r < nrows; ++r) {
           float* sr = s[r];
-          const int64_t row = q0 + r;
+          const int64_t row = rs[r];
           if (state == 0) {
             const KILN_FA_TM* mr_ = mask + (mask_kind ? b * mb + h * mh + row * mq + k0 * mk : 0);
             if (mask_kind == 1) {
@@ -236,8 +276,33 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
           all_live &= mnew > 0.1f * KILN_FA_DEAD;
         }
         live = all_live;
-        /* O = O * alpha + P·V, MR x (NO * L) micro-tiles held in registers over the keys */
         const float* vblk = vpg + k0 * DVP;
+#if KILN_FA_DIRECT
+        if (direct) {  /* O = O * alpha + P·V from the value rows in place */
+          const float* vrow0 = (const float*)v + b * vb + g * vh + k0 * vs;
+          for (int64_t r = 0; r < nrows; ++r) {
+            fv acc[DV / L];
+            #pragma GCC unroll 16
+            for (int c = 0; c < DV / L; ++c) {
+              memcpy(&acc[c], &o[r][c * L], sizeof(fv));
+              acc[c] *= alpha[r];
+            }
+            const float* vrow = vrow0;
+            for (int64_t j = 0; j < nk; ++j, vrow += vs) {
+              const float p = s[r][j];
+              #pragma GCC unroll 16
+              for (int c = 0; c < DV / L; ++c) {
+                fv vv;
+                memcpy(&vv, vrow + c * L, sizeof(fv));
+                acc[c] += p * vv;
+              }
+            }
+            #pragma GCC unroll 16
+            for (int c = 0; c < DV / L; ++c) memcpy(&o[r][c * L], &acc[c], sizeof(fv));
+          }
+        } else
+#endif
+        /* O = O * alpha + P·V, MR x (NO * L) micro-tiles held in registers over the keys */
         for (int64_t r0 = 0; r0 < nrows; r0 += MR)
           for (int64_t c0 = 0; c0 < DVP; c0 += NO * L) {
             fv acc[MR][NO];
@@ -269,7 +334,7 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
       }
       for (int64_t r = 0; r < nrows; ++r) {
         const float inv = l[r] > 0.0f ? 1.0f / l[r] : empty_nan ? NAN : 0.0f;
-        KILN_FA_TO* orow = out + b * ob + h * oh + (q0 + r) * os;
+        KILN_FA_TO* orow = out + b * ob + rh[r] * oh + rs[r] * os;
         for (int64_t e = 0; e < DV; ++e) orow[e * od] = KILN_FA_ST(o[r][e] * inv);
       }
     }
