@@ -277,7 +277,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
                  f"    float* rhb = sd + {3 * batch * pu}; float* zb = sd + {4 * batch * pu}; (void)rhb; (void)zb;",
                  *("    " + x for x in body),
                  "  }",
-                 f"  stage = claim ? kiln_rec_finish(&team, nt, {nd * n_p}, stage, cnt) : stage + 1;",
+                 f"  stage = claim ? kiln_rec_finish(&team, {nd * n_p}, stage, cnt) : stage + 1;",
                  "}"]
 
     h_init = f"(float){arg['h0']}[{H('d', 'b')} + j]" if "h0" in arg else "0.0f"

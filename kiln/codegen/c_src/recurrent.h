@@ -1,51 +1,56 @@
 #include <omp.h>
 #include <sched.h>
-/* kiln::Recurrent: the threads sharing one direction claim its panels stage by stage (a stage is
-   one product of a step: one per step, two for GRU without linear_before_reset). Each thread
-   takes the panels of its own range first (their R stays in its core's cache from step to
-   step), then whatever is left of the others' ranges: a partner that is late (waking up) or
+/* kiln::Recurrent: a team of threads claims the panels of every direction stage by stage (a
+   stage is one product of a step: one per step, two for GRU without linear_before_reset). Each
+   thread takes the panels of its own range first (their R stays in its core's cache from step
+   to step), then whatever is left of the others' ranges: a partner that is late (waking up) or
    descheduled (a loaded machine) leaves its panels to the threads that run, and no thread ever
-   waits for one that has claimed nothing. The thread that finishes a stage's last panel resets
-   the claims and publishes the next stage; a thread that finds its stage over joins the current
-   one. Only a panel claimed and not yet finished is waited for: KILN_REC_SPINS pauses (~50 us on
-   Zen 4), then the waiter yields its core, which may be the one the claimer needs. */
-#define KILN_REC_MAXPER 64   /* threads per direction at most */
+   waits for one that has claimed nothing. A range's claim word holds the stage it was last
+   claimed in: the first claim of a stage opens it (every range is claimed from in every stage,
+   so a word behind the caller's stage can only be behind by one, and the caller's stage is the
+   current one). `done` counts panels finished over all stages: whoever finishes a stage's last
+   panel publishes the next stage, and a thread that finds its stage over joins the current one.
+   So a stage costs the threads one shared counter and one flag, their claims staying in their
+   own cache lines. Only a panel claimed and not yet finished is waited for: KILN_REC_SPINS
+   pauses (~50 us on Zen 4), then the waiter yields its core, which may be the one the claimer
+   needs. */
+#define KILN_REC_MAXPER 64   /* threads in a team at most */
 #define KILN_REC_SHIFT 24    /* a claim word: (stage << KILN_REC_SHIFT) | next panel of the range */
 #define KILN_REC_SPINS 2000
 typedef struct { int64_t next; char pad[56]; } kiln_rec_slot;
 typedef struct {
   int64_t stage; char pad0[56];   /* the stage in progress */
-  int64_t done; char pad1[56];    /* panels of it finished */
+  int64_t done; char pad1[56];    /* panels finished, all stages so far */
   kiln_rec_slot slot[KILN_REC_MAXPER];
 } kiln_rec_team __attribute__((aligned(64)));
 /* the first panel of thread q's range, of np panels shared by per threads */
 static inline int64_t kiln_rec_lo(int64_t np, int per, int q) { return (int64_t)q * np / per; }
-static inline void kiln_rec_open(kiln_rec_team* t, int per, int64_t np, int64_t stage) {
-  for (int q = 0; q < per; ++q)
-    __atomic_store_n(&t->slot[q].next, (stage << KILN_REC_SHIFT) | kiln_rec_lo(np, per, q), __ATOMIC_RELAXED);
-}
 static inline void kiln_rec_init(kiln_rec_team* t, int per, int64_t np) {
   t->stage = 0; t->done = 0;
-  kiln_rec_open(t, per, np, 0);
+  for (int q = 0; q < per && q < KILN_REC_MAXPER; ++q) t->slot[q].next = kiln_rec_lo(np, per, q);
 }
 /* a panel of `stage` for thread `part` (its own range first), or -1 when all are claimed */
 static inline int64_t kiln_rec_claim(kiln_rec_team* t, int per, int part, int64_t np, int64_t stage) {
+  const int64_t mask = ((int64_t)1 << KILN_REC_SHIFT) - 1;
   for (int k = 0; k < per; ++k) {
     const int q = part + k < per ? part + k : part + k - per;
-    const int64_t hi = kiln_rec_lo(np, per, q + 1);
+    const int64_t lo = kiln_rec_lo(np, per, q), hi = kiln_rec_lo(np, per, q + 1);
     int64_t v = __atomic_load_n(&t->slot[q].next, __ATOMIC_RELAXED);
-    while ((v >> KILN_REC_SHIFT) == stage && (v & ((1 << KILN_REC_SHIFT) - 1)) < hi)
-      if (__atomic_compare_exchange_n(&t->slot[q].next, &v, v + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        return v & ((1 << KILN_REC_SHIFT) - 1);
+    while (lo < hi) {
+      int64_t want, got;
+      if ((v >> KILN_REC_SHIFT) == stage && (v & mask) < hi) { want = v + 1; got = v & mask; }
+      else if ((v >> KILN_REC_SHIFT) < stage) { want = (stage << KILN_REC_SHIFT) | (lo + 1); got = lo; }
+      else break;
+      if (__atomic_compare_exchange_n(&t->slot[q].next, &v, want, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return got;
+    }
   }
   return -1;
 }
 /* this thread finished n panels of `stage`; returns the stage to go on with (waiting for the
-   panels others claimed): whoever finishes the last panel opens the next stage */
-static inline int64_t kiln_rec_finish(kiln_rec_team* t, int per, int64_t np, int64_t stage, int64_t n) {
-  if (n && __atomic_add_fetch(&t->done, n, __ATOMIC_ACQ_REL) == np) {
-    __atomic_store_n(&t->done, 0, __ATOMIC_RELAXED);
-    kiln_rec_open(t, per, np, stage + 1);
+   panels others claimed): whoever finishes the last panel publishes the next stage */
+static inline int64_t kiln_rec_finish(kiln_rec_team* t, int64_t np, int64_t stage, int64_t n) {
+  if (n && __atomic_add_fetch(&t->done, n, __ATOMIC_ACQ_REL) == (stage + 1) * np) {
     __atomic_store_n(&t->stage, stage + 1, __ATOMIC_RELEASE);
     return stage + 1;
   }
