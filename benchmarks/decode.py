@@ -41,20 +41,30 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def kiln_generate(dec, prompt: np.ndarray, new: int, clock):
-    """(tokens, logits per step, prompt seconds, decode seconds)."""
-    cache = dec.new_cache()
+def greedy(step, prompt: np.ndarray, new: int, clock):
+    """The prompt in one step, then `new` tokens, each the argmax of the last logits;
+    `step(ids [1, n], first position)` returns the last token's logits. Returns (tokens,
+    logits per step, prompt seconds, decode seconds)."""
     t0 = clock()
-    out = dec.step(cache, input_ids=prompt[None], position_ids=np.arange(len(prompt))[None])
+    logits = [step(prompt[None], 0)]
     t1 = clock()
-    logits, toks = [out["logits"][0, -1]], []
-    for _ in range(new):
-        tok = int(np.argmax(logits[-1]))
-        toks.append(tok)
-        pos = int(cache.length[0])
-        out = dec.step(cache, input_ids=np.array([[tok]]), position_ids=np.array([[pos]]))
-        logits.append(out["logits"][0, -1])
+    toks = []
+    for k in range(new):
+        toks.append(int(np.argmax(logits[-1])))
+        logits.append(step(np.array([[toks[-1]]], np.int64), len(prompt) + k))
     return toks, logits, t1 - t0, clock() - t1
+
+
+def _positions(ids: np.ndarray, start: int) -> np.ndarray:
+    return np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
+
+
+def kiln_generate(dec, prompt: np.ndarray, new: int, clock):
+    cache = dec.new_cache()
+
+    def step(ids, start):
+        return dec.step(cache, input_ids=ids, position_ids=_positions(ids, start))["logits"][0, -1]
+    return greedy(step, prompt, new, clock)
 
 
 def ort_generate(sess, model, prompt: np.ndarray, new: int, clock):
@@ -65,38 +75,25 @@ def ort_generate(sess, model, prompt: np.ndarray, new: int, clock):
     pasts = {o: o.replace("present", "past_key_values") for o in outs if o != "logits"}
     io = sess.io_binding()
     cache = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in empty_cache(model).items()}
-    logits, toks = [], []
-    t0 = clock()
-    t1 = None
-    ids, start = prompt[None], 0
-    for step in range(new + 1):
+
+    def step(ids, start):
         io.bind_cpu_input("input_ids", ids)
-        io.bind_cpu_input("position_ids", np.arange(start, start + ids.shape[1], dtype=np.int64)[None])
+        io.bind_cpu_input("position_ids", _positions(ids, start))
         for name, value in cache.items():
             io.bind_ortvalue_input(name, value)
         for o in outs:
             io.bind_output(o, "cpu")
         sess.run_with_iobinding(io)
         res = io.get_outputs()
-        cache = {pasts[o]: v for o, v in zip(outs, res) if o != "logits"}
-        logits.append(res[outs.index("logits")].numpy()[0, -1])
+        cache.update((pasts[o], v) for o, v in zip(outs, res) if o != "logits")
         io.clear_binding_inputs()
         io.clear_binding_outputs()
-        if step == 0:
-            t1 = clock()
-        if step == new:
-            break
-        tok = int(np.argmax(logits[-1]))
-        toks.append(tok)
-        start += ids.shape[1]
-        ids = np.array([[tok]], np.int64)
-    return toks, logits, t1 - t0, clock() - t1
+        return res[outs.index("logits")].numpy()[0, -1]
+    return greedy(step, prompt, new, clock)
 
 
 def ort_static_generate(sess, static, prompt: np.ndarray, new: int, clock):
     """ORT on the static-cache graph, each cache buffer bound as both input and output."""
-    outs = [o.name for o in sess.get_outputs()]
-    presents = {p.present: p.past for p in static.pairs}
     bufs = {p.past: np.zeros((1, p.heads, static.capacity, p.dim), np.float32) for p in static.pairs}
     length = np.zeros(1, np.int64)
     io = sess.io_binding()
@@ -104,31 +101,18 @@ def ort_static_generate(sess, static, prompt: np.ndarray, new: int, clock):
         b = bufs[p.past]
         io.bind_input(p.past, "cpu", 0, np.float32, list(b.shape), b.ctypes.data)
         io.bind_output(p.present, "cpu", 0, np.float32, list(b.shape), b.ctypes.data)
-    io.bind_cpu_input(static.length, length)
-    vocab = sess.get_outputs()[outs.index("logits")].shape[-1]
-    logits, toks = [], []
-    t0 = clock()
-    t1 = None
-    ids = prompt[None]
-    for step in range(new + 1):
-        n = ids.shape[1]
-        out = np.empty((1, n, vocab), np.float32)
+    io.bind_input(static.length, "cpu", 0, np.int64, [1], length.ctypes.data)
+    vocab = next(o for o in sess.get_outputs() if o.name == "logits").shape[-1]
+
+    def step(ids, start):
+        out = np.empty((1, ids.shape[1], vocab), np.float32)
         io.bind_cpu_input("input_ids", ids)
-        io.bind_cpu_input("position_ids", np.arange(length[0], length[0] + n, dtype=np.int64)[None])
-        io.bind_input(static.length, "cpu", 0, np.int64, [1], length.ctypes.data)
+        io.bind_cpu_input("position_ids", _positions(ids, start))
         io.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         sess.run_with_iobinding(io)
-        length += n
-        logits.append(out[0, -1].copy())
-        if step == 0:
-            t1 = clock()
-        if step == new:
-            break
-        tok = int(np.argmax(logits[-1]))
-        toks.append(tok)
-        ids = np.array([[tok]], np.int64)
-    assert all(presents)
-    return toks, logits, t1 - t0, clock() - t1
+        length[0] += ids.shape[1]
+        return out[0, -1]
+    return greedy(step, prompt, new, clock)
 
 
 def main(argv=None) -> int:

@@ -76,8 +76,12 @@ def static_cache(graph: Graph, capacity: int) -> StaticCache:
     outputs = {v.id: k for k, v in enumerate(g.outputs)}
     sites = [n for n in g.nodes if n.op == "Attention" and not n.domain and _arg(n, 4) is not None]
     if not sites:
+        concat = _outer_concat(g, set(inputs), set(outputs))
+        where = (f"; the cache is concatenated outside the attention ({concat.op} node {concat.name!r}), the form "
+                 "whose attention mask is built from the past length, which cannot become a static cache here"
+                 if concat is not None else "")
         raise NotStaticCache("no Attention node takes past_key/past_value inputs: nothing to make a static "
-                             "cache of", stage="decode")
+                             f"cache of{where}", stage="decode")
     namer = Namer(g)
     batch = _dims(sites[0], 4)[0]
     length = Value(namer.fresh("cache_length"), TensorType(DType.int64, (batch,)))
@@ -126,6 +130,17 @@ def static_cache(graph: Graph, capacity: int) -> StaticCache:
     Inferencer(g.opsets).infer_graph(g)
     order = {name: k for k, name in enumerate(v.name for v in g.inputs)}
     return StaticCache(g, tuple(sorted(pairs, key=lambda p: order[p.past])), length.name, int(capacity))
+
+
+def _outer_concat(g: Graph, inputs: set, outputs: set) -> Node | None:
+    """A Concat of a graph input and another tensor along axis 2 (or -2) of 4-D tensors that is a
+    graph output: a past/present pair concatenated in the graph (torch.onnx.export's form)."""
+    for n in g.nodes:
+        if n.op == "Concat" and not n.domain and len(n.inputs) == 2 and n.inputs[0] is not None \
+                and n.inputs[0].id in inputs and n.outputs[0].id in outputs \
+                and getattr(n.inputs[0].type, "rank", None) == 4 and n.attrs.get("axis") in (2, -2):
+            return n
+    return None
 
 
 def _arg(n: Node, i: int) -> Value | None:

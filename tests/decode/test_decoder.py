@@ -10,6 +10,7 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.codegen.build import compiler_runs
+from kiln.compiler import frontend
 from kiln.decode import NotStaticCache, static_cache
 from kiln.errors import KilnError
 
@@ -138,22 +139,35 @@ def _attention_model(mask: bool = False, shape_reader: bool = False):
 
 
 def test_static_cache_refusals():
-    g = kiln.compiler.frontend(_attention_model(mask=True))
+    g = frontend(_attention_model(mask=True))
     with pytest.raises(NotStaticCache, match="attn_mask is sized by the past length"):
         static_cache(g, 16)
-    g = kiln.compiler.frontend(_attention_model(shape_reader=True))
+    g = frontend(_attention_model(shape_reader=True))
     with pytest.raises(NotStaticCache, match="also read by Shape node"):
         static_cache(g, 16)
-    g = kiln.compiler.frontend(_attention_model())
+    g = frontend(_attention_model())
     sc = static_cache(g, 16)
     assert [(p.past, p.present) for p in sc.pairs] == [("pk", "ok"), ("pv", "ov")]
     assert [n.op for n in sc.graph.nodes].count("TensorScatter") == 2
 
 
+def test_concat_form_is_refused_saying_so():
+    """torch.onnx.export's form: Concat(past, new) along the sequence as the present, the
+    attention reading it with a mask built from the past length."""
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("new", f, [1, 2, "s", 8]), helper.make_tensor_value_info("pk", f, [1, 2, "p", 8])]
+    nodes = [helper.make_node("Concat", ["pk", "new"], ["present"], axis=-2),
+             helper.make_node("Attention", ["new", "present", "present"], ["y"])]
+    outs = [helper.make_tensor_value_info(n, f, None) for n in ("y", "present")]
+    m = helper.make_model(helper.make_graph(nodes, "c", ins, outs), opset_imports=[helper.make_opsetid("", 23)])
+    with pytest.raises(NotStaticCache, match="concatenated outside the attention \\(Concat node"):
+        static_cache(frontend(m), 16)
+
+
 def test_static_cache_graph_on_interpreter(model):
     """The rewritten graph itself (interpreter, the ops' NumPy reference) equals the
     original: the rewrite is a semantics-preserving graph change, not a runtime trick."""
-    g = kiln.compiler.frontend(model)
+    g = frontend(model)
     sc = static_cache(g, 16)
     ref = kiln.compile(g, target="interpreter")
     new = kiln.compile(sc.graph, target="interpreter")
@@ -167,3 +181,63 @@ def test_static_cache_graph_on_interpreter(model):
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
     for p in sc.pairs:
         np.testing.assert_allclose(got[p.present][:, :, :6], want[p.present], rtol=1e-6, atol=1e-6)
+
+
+def test_long_caches_match_ort():
+    """Cache lengths at key-block edges and next to a 2048-row capacity: one step on random
+    past rows against ORT given the same rows as its past."""
+    from benchmarks.decoder_model import llama_decoder
+    m = llama_decoder(**dict(SMALL, max_positions=2048), seed=5)
+    dec = kiln.Decoder(m, capacity=2048)
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in s.get_outputs()]
+    rng = np.random.default_rng(1)
+    cache = dec.new_cache()
+    for b in cache.buffers.values():
+        b[...] = rng.standard_normal(b.shape).astype(np.float32)
+    for n in (63, 64, 65, 2047):
+        cache.length[:] = n
+        past = {k: v[:, :, :n].copy() for k, v in cache.buffers.items()}
+        feeds = {"input_ids": np.array([[n % 97]]), "position_ids": np.array([[n]])}
+        want = dict(zip(names, s.run(None, {**feeds, **past})))
+        got = dec.step(cache, **feeds)
+        np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-4, atol=1e-4, err_msg=f"length {n}")
+        for k in cache.buffers:
+            np.testing.assert_allclose(cache.past(k), want[k.replace("past_key_values", "present")], rtol=1e-4,
+                                       atol=1e-5, err_msg=f"{k}, length {n}")
+    assert dec.modules == 1
+
+
+def test_batch_of_two_matches_ort(model, decoder):
+    from benchmarks.decoder_model import empty_cache
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in s.get_outputs()]
+    rng = np.random.default_rng(2)
+    cache, past, pos = decoder.new_cache(batch=2), empty_cache(model, batch=2), 0
+    for n in (5, 1, 1, 1):
+        ids = rng.integers(0, SMALL["vocab"], (2, n))
+        feeds = {"input_ids": ids, "position_ids": np.tile(np.arange(pos, pos + n), (2, 1))}
+        want = dict(zip(names, s.run(None, {**feeds, **past})))
+        got = decoder.step(cache, **feeds)
+        np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-4, atol=1e-4)
+        past = {k.replace("present", "past_key_values"): v for k, v in want.items() if k != "logits"}
+        for k in cache.buffers:
+            np.testing.assert_allclose(cache.past(k), past[k], rtol=1e-4, atol=1e-5)
+        pos += n
+    assert cache.length.tolist() == [8, 8]
+
+
+def test_decode_benchmark_runs_and_agrees(tmp_path, monkeypatch, capsys):
+    """benchmarks/decode.py end to end at tiny sizes: every engine generates ORT's tokens, and
+    kiln compiles nothing while generating (its figures are for the README, never asserted)."""
+    import json
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    from benchmarks import decode
+    path = tmp_path / "decode.json"
+    rc = decode.main(["--layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--intermediate", "96",
+                      "--vocab", "97", "--prompt", "5", "--new", "6", "--capacity", "24", "--repeats", "1",
+                      "--clock", "cpu", "--json", str(path)])
+    out = json.loads(path.read_text())
+    assert rc == 0 and all(e["same_tokens_as_ort"] for e in out["engines"].values())
+    assert out["kiln_compiler_runs_generating"] == 0 and out["kiln_modules"] == 2
+    assert "kiln / ort tokens/s" in capsys.readouterr().out
