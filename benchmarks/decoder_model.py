@@ -47,10 +47,23 @@ def _rotary(g: _Builder, x: str, cos: str, sin: str, dim: int) -> str:
     return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rot, sin])])
 
 
+def _merge(g: _Builder, x: str, heads: int, dim: int) -> str:
+    """[B, heads, S, dim] -> [B, S, heads * dim]."""
+    t = g.op("Transpose", [x], perm=[0, 2, 1, 3])
+    return g.op("Reshape", [t, g.const([0, 0, heads * dim], "shape", np.int64)])
+
+
 def llama_decoder(layers: int = 2, hidden: int = 256, heads: int = 8, kv_heads: int = 2,
                   intermediate: int = 688, vocab: int = 1024, max_positions: int = 2048,
-                  eps: float = 1e-5, theta: float = 10000.0, seed: int = 0) -> onnx.ModelProto:
-    """The decoder (see the module docstring); head_dim = hidden / heads."""
+                  eps: float = 1e-5, theta: float = 10000.0, seed: int = 0,
+                  attention: str = "onnx") -> onnx.ModelProto:
+    """The decoder (see the module docstring); head_dim = hidden / heads.
+
+    attention="gqa": the same weights (same seed) with ONNX Runtime's contrib
+    GroupQueryAttention in place of Attention, the form onnxruntime-genai runs Llama with:
+    past/present [batch, kv_heads, max, head_dim] one shared buffer of `max` rows, inputs
+    seqlens_k int32 [batch] (the filled rows after this step, minus 1) and
+    total_sequence_length int32 []. For benchmarking ORT's best decode path only."""
     g = _Builder(seed)
     dim = hidden // heads
     inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
@@ -67,14 +80,20 @@ def llama_decoder(layers: int = 2, hidden: int = 256, heads: int = 8, kv_heads: 
         h = _rmsnorm(g, x, hidden, eps)
         q = _heads(g, g.op("MatMul", [h, g.normal((hidden, heads * dim), std, "q_proj")]), heads, dim)
         k = _heads(g, g.op("MatMul", [h, g.normal((hidden, kv_heads * dim), std, "k_proj")]), kv_heads, dim)
-        v = _heads(g, g.op("MatMul", [h, g.normal((hidden, kv_heads * dim), std, "v_proj")]), kv_heads, dim)
+        v = g.op("MatMul", [h, g.normal((hidden, kv_heads * dim), std, "v_proj")])
         q, k = _rotary(g, q, cos, sin, dim), _rotary(g, k, cos, sin, dim)
         pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
         ok, ov = f"present.{i}.key", f"present.{i}.value"
-        y = g.op("Attention", [q, k, v, "", pk, pv], n_out=3, is_causal=1)
-        g.nodes[-1].output[1:] = [ok, ov]
-        y = g.op("Reshape", [g.op("Transpose", [y[0]], perm=[0, 2, 1, 3]),
-                             g.const([0, 0, heads * dim], "shape", np.int64)])
+        if attention == "gqa":
+            y = g.op("GroupQueryAttention", [_merge(g, q, heads, dim), _merge(g, k, kv_heads, dim), v, pk, pv,
+                                             "seqlens_k", "total_sequence_length"], n_out=3,
+                     domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads)
+            g.nodes[-1].output[1:] = [ok, ov]
+            y = y[0]
+        else:
+            y = g.op("Attention", [q, k, _heads(g, v, kv_heads, dim), "", pk, pv], n_out=3, is_causal=1)
+            g.nodes[-1].output[1:] = [ok, ov]
+            y = _merge(g, y[0], heads, dim)
         x = g.op("Add", [x, g.op("MatMul", [y, g.normal((heads * dim, hidden), std, "o_proj")])])
         h = _rmsnorm(g, x, hidden, eps)
         gate = g.op("MatMul", [h, g.normal((hidden, intermediate), std, "gate_proj")])
@@ -82,19 +101,22 @@ def llama_decoder(layers: int = 2, hidden: int = 256, heads: int = 8, kv_heads: 
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
         x = g.op("Add", [x, g.op("MatMul", [act, g.normal((intermediate, hidden), 1.0 / np.sqrt(intermediate),
                                                               "down_proj")])])
-        shape = ["batch", kv_heads, "past", dim]
+        shape = ["batch", kv_heads, "max" if attention == "gqa" else "past", dim]
         cache_in += [(pk, TensorProto.FLOAT, shape), (pv, TensorProto.FLOAT, shape)]
-        total = ["batch", kv_heads, "total", dim]
+        total = ["batch", kv_heads, "max" if attention == "gqa" else "total", dim]
         cache_out += [(ok, TensorProto.FLOAT, total), (ov, TensorProto.FLOAT, total)]
     x = _rmsnorm(g, x, hidden, eps)
     logits = g.op("MatMul", [x, g.normal((hidden, vocab), std, "lm_head")], out="logits")
     ids = [("input_ids", TensorProto.INT64, ["batch", "seq"]), ("position_ids", TensorProto.INT64, ["batch", "seq"])]
+    if attention == "gqa":
+        cache_in += [("seqlens_k", TensorProto.INT32, ["batch"]), ("total_sequence_length", TensorProto.INT32, [])]
     graph = helper.make_graph(g.nodes, "llama_decoder",
                               [helper.make_tensor_value_info(*t) for t in ids + cache_in],
                               [helper.make_tensor_value_info(*t) for t in
                                [(logits, TensorProto.FLOAT, ["batch", "seq", vocab])] + cache_out],
                               initializer=g.inits)
-    m = helper.make_model(graph, producer_name="kiln-benchmarks", opset_imports=[helper.make_opsetid("", OPSET)])
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if attention == "gqa" else [])
+    m = helper.make_model(graph, producer_name="kiln-benchmarks", opset_imports=opsets)
     m.ir_version = 10
     onnx.checker.check_model(m)
     return m
