@@ -35,7 +35,7 @@ from kiln.codegen.narrow import CATALOG, helper_source
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
-from kiln.loops.expr import Expr
+from kiln.loops.expr import Expr, free_vars, substitute
 from kiln.loops.simplify import Ctx
 from kiln.loops.symbols import SERIAL_WORK
 
@@ -183,6 +183,7 @@ class _Emitter:
         self.narrow: set = set()   # kiln.codegen.narrow helpers used
         self.unrounded: dict = {}  # C text of a rounded value -> the text before rounding
         self.lines: list = []
+        self.unrolled = 0          # unrolled loops around the statement being emitted
 
     # -- helpers emitted on demand ------------------------------------------------
     def use(self, name: str) -> str:
@@ -338,11 +339,61 @@ class _Emitter:
     def flat(self, buf: S.Buffer, idx, ctx: Ctx, n: _Names) -> str:
         if not idx:
             return "0"
-        total = None
-        for i, st in zip(idx, buf.strides):
-            term = i if st == 1 else i * st
-            total = term if total is None else total + term
-        return self.expr(ctx.simplify(total), ctx, n)
+        return self.expr(ctx.simplify(_flat(buf, idx)), ctx, n)
+
+    # -- a register tile's vector: straight vector code ------------------------------------
+    def vector_store(self, s: S.For, ctx: Ctx, n: _Names) -> str | None:
+        """A vectorized loop of one vector's lanes (16, 32 or 64 bytes of float32/float64)
+        inside an unrolled loop, storing a value of contiguous loads, lane-invariant values,
+        + - * / and lane-invariant selects, as one statement of GCC vector types; else None
+        (the loop stays a `#pragma omp simd` loop). A register tile unrolls such loops tens of
+        times (MobileNetV2's depthwise 3x3 tile: 126) and GCC then vectorizes each copy
+        again, most of the tile's compile time: one depthwise kernel 0.84 s -> 0.17 s of CPU,
+        its run time 0.233 -> 0.210 ms (one thread)."""
+        st, v = s.body, s.var
+        lo, ext = ctx.simplify(s.min), ctx.simplify(s.extent)
+        if not isinstance(st, S.Store) or lo.op != "const" or ext.op != "const" or ext.arg < 2:
+            return None
+        dt = st.buffer.dtype
+        if dt not in (DType.float32, DType.float64) or st.value.dtype is not dt \
+                or ext.arg * dt.itemsize not in (16, 32, 64):
+            return None
+        vt = f"kiln_vec_{_tag(dt)}x{ext.arg}"
+        lanes = Ctx({**ctx.ranges, v: (lo.arg, lo.arg + ext.arg - 1)})
+
+        def at_first(buf, idx) -> str | None:   # the first lane's element, if the lanes are contiguous
+            if buf.dtype is not dt or not idx:
+                return None
+            flat = lanes.simplify(_flat(buf, idx))
+            if _coefficient(flat, v) != 1:
+                return None
+            return f"{n(buf, buf.name, 'b')}[{self.expr(ctx.simplify(substitute(flat, {v: lo})), ctx, n)}]"
+
+        def vec(e: Expr) -> tuple[str, bool]:   # (C text, whether a vector)
+            if v not in free_vars(e):
+                return self.expr(e, ctx, n), False
+            if e.op == "load" and (first := at_first(e.arg, e.args)) is not None:
+                return f"(*(const {vt}*)&{first})", True
+            if e.op in ("add", "sub", "mul", "div") and e.dtype is dt:
+                (a, _), (b, _) = vec(e.args[0]), vec(e.args[1])
+                return f"({a} {_INFIX[e.op]} {b})", True
+            if e.op == "select" and e.dtype is dt and v not in free_vars(e.args[0]):
+                a, b = (f"(({vt}){splat(*vec(x))})" for x in e.args[1:])   # (one type for both arms)
+                return f"({self.expr(e.args[0], ctx, n)} ? {a} : {b})", True
+            raise _NotVector
+
+        def splat(text: str, is_vector: bool) -> str:   # x - (+0) is x, -0 and NaN included
+            return text if is_vector else f"(({text}) - ({vt}){{0}})"
+        target = at_first(st.buffer, st.indices)
+        if target is None:
+            return None
+        try:
+            value = splat(*vec(st.value))
+        except _NotVector:
+            return None
+        self.helpers.setdefault(vt, f"typedef {ctype(dt)} {vt} __attribute__((vector_size({ext.arg * dt.itemsize}), "
+                                    f"aligned({dt.itemsize}), may_alias));")
+        return f"*({vt}*)&{target} = {value};"
 
     # -- statements --------------------------------------------------------------------
     def stmt(self, s: S.Stmt, ctx: Ctx, n: _Names, d: int, in_par: bool):
@@ -357,6 +408,9 @@ class _Emitter:
             elif lo.op == "const":   # a symbolic extent (kiln.loops.symbols)
                 ranges[s.var] = (lo.arg, ctx.simplify(lo + ext - 1))
             inner = Ctx(ranges)
+            if s.kind == "vectorized" and self.unrolled and (line := self.vector_store(s, ctx, n)) is not None:
+                out(pad + line)
+                return
             if s.kind == "parallel" and not in_par and ext.op != "const":
                 # a symbolic extent (kiln.loops.symbols): serial below SERIAL_WORK iterations,
                 # decided at run time (a batch of 1 forks no threads)
@@ -370,7 +424,10 @@ class _Emitter:
                 out(f"{pad}#pragma GCC unroll {min(ext.arg, 64)}")
             end = self.expr(ctx.simplify(lo + ext), ctx, n)
             out(f"{pad}for (int64_t {v} = {self.expr(lo, ctx, n)}; {v} < {end}; ++{v}) {{")
+            unrolled = s.kind == "unrolled" and ext.op == "const"
+            self.unrolled += unrolled
             self.stmt(s.body, inner, n, d + 1, in_par or s.kind == "parallel")
+            self.unrolled -= unrolled
             out(pad + "}")
         elif isinstance(s, S.Store):
             nt, v = NARROW.get(s.buffer.dtype), s.value
@@ -477,6 +534,37 @@ class _Emitter:
         self.lines.append("  return -kiln_failed;")
         self.lines.append("}")
         return self.lines
+
+
+class _NotVector(Exception):
+    """An expression Emitter.vector_store does not write as vector code."""
+
+
+def _coefficient(e: Expr, v: Expr) -> int | None:
+    """c when `e` is c * v plus terms free of v (v only under + - and * by constants), else None."""
+    if v not in free_vars(e):
+        return 0
+    if e is v:
+        return 1
+    if e.op in ("add", "sub"):
+        a, b = (_coefficient(x, v) for x in e.args)
+        return None if a is None or b is None else a + b if e.op == "add" else a - b
+    if e.op == "mul":
+        (a, b), c = e.args, None
+        if a.op == "const":
+            a, b = b, a
+        if b.op == "const" and (c := _coefficient(a, v)) is not None:
+            return c * b.arg
+    return None
+
+
+def _flat(buf: S.Buffer, idx) -> Expr:
+    """The row-major flat index of `idx` into `buf` (not simplified)."""
+    total = None
+    for i, st in zip(idx, buf.strides):
+        term = i if st == 1 else i * st
+        total = term if total is None else total + term
+    return total
 
 
 def _work(s: S.Stmt):
