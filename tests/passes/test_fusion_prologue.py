@@ -86,6 +86,31 @@ def test_refused_prologues_are_logged(body, reason):
     assert len(why) == 1 and reason in why[0], plan.why_not
 
 
+FLAT = prog("(%x: float32[2,3,4,5], %w: float32[60,7]) -> (%y)", "\n".join([
+    '  %r: float32[2,3,4,5] = Relu(%x) name "relu"',
+    '  %f: float32[2,60] = Reshape(%r, %shape) name "flat"',
+    '  %y: float32[2,7] = MatMul(%f, %w) name "mm"']))
+
+
+def test_view_read_only_by_an_anchor_stays_an_alias_of_a_computing_group():
+    """Relu -> Flatten -> MatMul: the Flatten joining the Relu would gain nothing (the MatMul
+    takes no producer, and a Relu is no prologue) and index the Relu through divisions; apart it
+    is an alias (no kernel); the compiled model still matches the interpreter."""
+    consts = dict(shape=np.array([2, 60], I), w=rng.standard_normal((60, 7)).astype(F))
+    g, plan, names = groups_of(FLAT, **consts)
+    assert names == [["relu"], ["flat"], ["mm"]]
+    assert any(w.startswith("Relu(relu) -> Reshape(flat)") and "alias" in w for w in plan.why_not), plan.why_not
+    m = kiln.compile(graph(FLAT, **consts), target="cpu", opt_level=0, report=True)
+    assert m.report.kernels == 2, m.report.fused_groups
+    ref = kiln.compile(graph(FLAT, **consts), target="interpreter", opt_level=0)
+    xs = {v.name: x for v, x in zip(g.inputs, random_inputs(g, 3))}
+    np.testing.assert_allclose(m.run(xs)["y"], ref.run(xs)["y"], rtol=1e-4, atol=1e-5)
+    # a reader that could continue the group after the view: the view joins as before
+    _, _, names = groups_of(FLAT.replace('%y: float32[2,7] = MatMul(%f, %w) name "mm"',
+                                         '%y: float32[2,60] = Sigmoid(%f) name "mm"'), **consts)
+    assert names == [["relu", "flat", "mm"]]
+
+
 def test_conv_takes_no_prologue():
     _, plan, names = groups_of(prog("(%x: float32[1,6,6,2]) -> (%y)", "\n".join([
         '  %t: float32[1,2,6,6] = Transpose(%x) {perm = [0,3,1,2]} name "t"',
