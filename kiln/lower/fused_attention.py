@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
-from kiln.lower.decisions import parallel_min_work
+from kiln.lower.nnutil import parallel_worth
 from kiln.ops.fused_attention import DOMAIN, MASK_KINDS, contiguous_strides, logical_shapes, mask_strides
 from kiln.lower.context import LowerCtx, lowering
 from kiln.targets.target import Target
@@ -106,7 +106,11 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
     if q.dtype not in FLOATS or k.dtype is not q.dtype or v.dtype is not q.dtype or out_dtype is not q.dtype:
         ctx.fail(f"the fused attention kernel takes one float dtype for q, k, v and the output, "
                  f"got {q.dtype}, {k.dtype}, {v.dtype} -> {out_dtype}", stage="lower")
-    t = flash_tile(Target.of(ctx.target), dv, sk)
+    target = Target.of(ctx.target)
+    t = flash_tile(target, dv, sk)
+    # the kernel forks when its threads save more than the fork and join cost (the Target's
+    # wait policy): its products, Q·Kᵀ and P·V, over every (batch, head, query, key)
+    forks = parallel_worth(b * hq * sq * sk * (d + dv), target, "attention")
     dvp = -(-dv // (t.no * t.lanes)) * t.no * t.lanes
     ct, ld, st = _types(q.dtype)
     mt = "float" if mask is None else mask.dtype.c
@@ -126,7 +130,7 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
     args = ["in0", "in1", "in2", "in3" if mask is not None else "NULL", lens, "out0",
             *(str(x) for x in (b, hq, hkv, sq, sk)), *(str(x) for s in call.strides for x in s),
             str(call.mask_kind), *(str(x) for x in call.mask_strides), _lit(call.fill), _lit(call.scale),
-            str(call.causal), str(int(call.empty_nan)), str(parallel_min_work())]
+            str(call.causal), str(int(call.empty_nan)), "0" if forks else "INT64_MAX"]
     body = f"  return {fn}({', '.join(args)});"
     return ctx.extern(body, [q, k, v, mask, kv_lens], [(tuple(out_shape), out_dtype)], preamble=preamble)
 

@@ -38,7 +38,12 @@ FORK_GAIN_DECISION = declare(
 # - "depthwise" (10e3), "window" (pooling and other window ops, 2e3) and "copy" (packing and
 #   other vectorized data movement, 4e3, 40a10cb): bound by loads rather than by the vector
 #   width, measured on the same machines, the same for every target until one shows otherwise.
-MACS_PER_US_PER_LANE = {"conv": 3.75e3, "gemm": 3.75e3}
+# - "attention" (kiln::FusedAttention's kernel: the GEMM's register tiles, plus an exp per score
+#   and the online softmax's rescale per key block): 4 heads x 64 dims, one thread of the
+#   AVX-512 Zen 4, benchmarks/attention.py --clock cpu: 16.7 GMAC/s at 32 keys, 26.4 at 64,
+#   27.1 at batch 4 x 64 keys, so 1.65e3 per lane (the GEMM's rate took a 79 us attention
+#   for 35 us);
+MACS_PER_US_PER_LANE = {"conv": 3.75e3, "gemm": 3.75e3, "attention": 1.65e3}
 OPS_PER_US = {"depthwise": 10e3, "window": 2e3, "copy": 4e3}
 
 

@@ -192,3 +192,20 @@ def test_bad_layout_and_heads_are_clear_errors():
         Inferencer({"": 17, "kiln": 1}).infer_node(node)
     with pytest.raises(kiln.KilnError, match="do not fit"):
         fused_graph(1, 3, 2, 4, 4, 8, 8)
+
+
+def test_forks_only_where_the_threads_save_more_than_the_fork():
+    """The kernel's fork decision is the cost model's (kiln.lower.nnutil.parallel_worth, the
+    "attention" rate, the Target's fork cost), not a bare work floor: 4 heads x 32 keys (~20 us
+    on one AVX-512 core) stay serial where threads sleep between kernels, 8 heads x 256 keys fork."""
+    from kiln.compiler import run_stages
+    from kiln.targets.target import Target
+    sleep = Target.named("x86-64-v4", omp_wait_policy="PASSIVE", omp_spincount="")
+
+    def fork_arg(*dims, **decisions):
+        src = run_stages(fused_graph(*dims), "c", cpu=sleep, opt_level=0, decisions=decisions or None).source.text
+        call = next(line for line in src.splitlines() if "return kiln_flash_attention" in line)
+        return call.rstrip(");").split(", ")[-1]
+    assert fork_arg(1, 4, 4, 32, 32, 64, 64) == "INT64_MAX"
+    assert fork_arg(1, 8, 8, 256, 256, 64, 64) == "0"
+    assert fork_arg(1, 4, 4, 32, 32, 64, 64, fork_gain=0, parallel_min_work=0) == "0"   # a tuner's override
