@@ -3,7 +3,8 @@ number of times.
 
     dec = kiln.Decoder("decoder.onnx", capacity=2048)   # past key/values in, present out
     cache = dec.new_cache(batch=1)         # zeroed [B, H, capacity, D] buffers, length 0
-    out = dec.step(cache, input_ids=ids, position_ids=pos)   # the other inputs, by name
+    out = dec.prefill(cache, input_ids=prompt, position_ids=pos)  # a prompt, in 2^k-token steps
+    out = dec.step(cache, input_ids=ids, position_ids=pos)   # one step; the model's other inputs
     out["logits"]                          # the outputs other than the presents
     cache.length                           # int64 [B]: rows filled (grew by seq)
     cache.past("past_key_values.0.key")    # a view of the filled rows, no copy
@@ -11,7 +12,8 @@ number of times.
 The model is rewritten once to a fixed-capacity cache (kiln.decode.static_cache), then
 compiled as any model: one native module per new-token count `seq` (a prompt, then 1
 per generated token), never per past length, so 128 generated tokens after a prompt
-build two modules (and none when the disk cache has them). A step binds each cache
+build two modules (and none when the disk cache has them); `prefill` runs a prompt in
+power-of-two chunks, so prompts of every length share log2(capacity) + 1 modules. A step binds each cache
 buffer as both its past input and its present output (NativeModule.run_bound, IO
 binding), so the step's only write to the cache is the `seq` new rows of each layer's
 keys and values, and attention reads the filled rows in place of a copied past.
@@ -107,6 +109,31 @@ class Decoder:
         cache.length += seq
         return {n: o for n, o in zip(self._outs, outs) if n not in self.presents}
 
+    def prefill(self, cache: KVCache, feeds: dict | None = None, **kw) -> dict[str, np.ndarray]:
+        """`step` over a prompt in power-of-two chunks, largest first (13 tokens: 8, 4, 1): every
+        input with the token axis is cut along it, the outputs with it are joined along it (the
+        others are the last chunk's). Prompts of any length then run on the modules of those
+        chunk sizes: serving every prompt length up to the capacity builds log2(capacity) + 1
+        modules at most, where `step` builds one per distinct prompt length."""
+        feeds = dict(feeds or {}, **kw)
+        if isinstance(self._rows, int):
+            return self.step(cache, feeds)
+        i, axis = self._rows
+        sym = self.model.inputs[i].shape[axis]
+        if self.model.inputs[i].name not in feeds:
+            return self.step(cache, feeds)   # step names what is missing
+        n = np.shape(feeds[self.model.inputs[i].name])[axis]
+        cut = {s.name: list(s.shape).index(sym) for s in self.model.inputs if s.shape and sym in s.shape}
+        join = {s.name: list(s.shape).index(sym) for s in self.model.outputs if s.shape and sym in s.shape}
+        parts, start = [], 0
+        for size in _chunks(n):
+            part = {k: np.take(np.asarray(v), np.arange(start, start + size), axis=cut[k]) if k in cut else v
+                    for k, v in feeds.items()}
+            parts.append(self.step(cache, part))
+            start += size
+        return {k: np.concatenate([p[k] for p in parts], axis=join[k]) if k in join else parts[-1][k]
+                for k in parts[0]}
+
     def _runner(self, values: list):
         program = self.model.program
         r = program.by_shapes.get(tuple(x.shape for x in values))
@@ -124,6 +151,11 @@ class Decoder:
             return self._rows
         i, axis = self._rows
         return int(values[i].shape[axis])
+
+
+def _chunks(n: int) -> list[int]:
+    """n as powers of two, largest first (0: one empty chunk, which `step` refuses or runs)."""
+    return [1 << k for k in range(int(n).bit_length() - 1, -1, -1) if n >> k & 1] or [0]
 
 
 def _update_rows(static: StaticCache, inputs) -> int | tuple[int, int]:

@@ -241,3 +241,24 @@ def test_decode_benchmark_runs_and_agrees(tmp_path, monkeypatch, capsys):
     assert rc == 0 and all(e["same_tokens_as_ort"] for e in out["engines"].values())
     assert out["kiln_compiler_runs_generating"] == 0 and out["kiln_modules"] == 2
     assert "kiln / ort tokens/s" in capsys.readouterr().out
+
+
+def test_prefill_in_power_of_two_chunks(model, decoder):
+    """prefill(13 tokens) runs 8 + 4 + 1 and equals ORT on the whole prompt (logits of every
+    prompt token, the cache); after prompts of 13 and 6, a prompt of 14 (8 + 4 + 2) and one of
+    7 (4 + 2 + 1) build nothing."""
+    from kiln.decode.decoder import _chunks
+    assert _chunks(13) == [8, 4, 1] and _chunks(16) == [16] and _chunks(1) == [1]
+    rng = np.random.default_rng(7)
+    for n in (13, 6):
+        tokens = [rng.integers(0, SMALL["vocab"], n).tolist()]
+        (want_logits, want_cache), = _ort_steps(model, tokens)
+        cache = decoder.new_cache()
+        got = decoder.prefill(cache, input_ids=np.array(tokens), position_ids=np.arange(n)[None])
+        np.testing.assert_allclose(got["logits"], want_logits, rtol=1e-4, atol=1e-4)
+        for k in cache.buffers:
+            np.testing.assert_allclose(cache.past(k), want_cache[k], rtol=1e-4, atol=1e-5)
+    runs, modules = compiler_runs(), decoder.modules
+    for n in (14, 7):
+        decoder.prefill(decoder.new_cache(), input_ids=np.zeros((1, n), np.int64), position_ids=np.arange(n)[None])
+    assert compiler_runs() == runs and decoder.modules == modules
