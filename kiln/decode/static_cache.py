@@ -183,7 +183,9 @@ def _split(namer: Namer, made: list, x: Value, heads, n: Node) -> Value:
     if not isinstance(heads, int):
         raise NotStaticCache(f"Attention node {n.name!r}: 3-D inputs without q_num_heads/kv_num_heads",
                              stage="decode")
-    shape = new_const(namer, f"{n.name}.split_shape", np.array([0, 0, heads, -1], np.int64))
+    last = x.type.shape[2] if isinstance(x.type, TensorType) and x.type.shape is not None else None
+    dim = last // heads if isinstance(last, int) else -1     # an int keeps the head size known
+    shape = new_const(namer, f"{n.name}.split_shape", np.array([0, 0, heads, dim], np.int64))
     r = Node("Reshape", [x, shape], [Value(namer.fresh(f"{x.name}.split"), None)], {},
              namer.fresh(f"{n.name}/split"))
     t = Node("Transpose", [r.outputs[0]], [Value(namer.fresh(f"{x.name}.heads"), None)], {"perm": [0, 2, 1, 3]},

@@ -262,3 +262,30 @@ def test_prefill_in_power_of_two_chunks(model, decoder):
     for n in (14, 7):
         decoder.prefill(decoder.new_cache(), input_ids=np.zeros((1, n), np.int64), position_ids=np.arange(n)[None])
     assert compiler_runs() == runs and decoder.modules == modules
+
+
+def test_three_d_attention_matches_ort():
+    """Attention on (B, S, H*D) inputs (q_num_heads / kv_num_heads): the rewrite splits heads
+    for the cache and merges the output back; steps from an empty cache against ORT."""
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("q", f, [1, "s", 32]), helper.make_tensor_value_info("k", f, [1, "s", 16]),
+           helper.make_tensor_value_info("v", f, [1, "s", 16]),
+           helper.make_tensor_value_info("pk", f, [1, 2, "p", 8]), helper.make_tensor_value_info("pv", f, [1, 2, "p", 8])]
+    node = helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "ok", "ov"], is_causal=1,
+                            q_num_heads=4, kv_num_heads=2)
+    outs = [helper.make_tensor_value_info(n, f, None) for n in ("y", "ok", "ov")]
+    m = helper.make_model(helper.make_graph([node], "a3", ins, outs), opset_imports=[helper.make_opsetid("", 23)])
+    m.ir_version = 10
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    dec = kiln.Decoder(m, capacity=16)
+    cache = dec.new_cache()
+    rng = np.random.default_rng(4)
+    past = {"pk": np.zeros((1, 2, 0, 8), np.float32), "pv": np.zeros((1, 2, 0, 8), np.float32)}
+    for n in (3, 1, 1):
+        feeds = {x: rng.standard_normal((1, n, w)).astype(np.float32) for x, w in (("q", 32), ("k", 16), ("v", 16))}
+        y, ok, ov = s.run(None, {**feeds, **past})
+        got = dec.step(cache, feeds)
+        np.testing.assert_allclose(got["y"], y, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(cache.past("pk"), ok, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(cache.past("pv"), ov, rtol=1e-6, atol=1e-6)
+        past = {"pk": ok, "pv": ov}
