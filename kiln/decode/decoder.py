@@ -56,10 +56,14 @@ class KVCache:
 
 
 class Decoder:
-    """A decoder with past key/values compiled for a static KV cache (see the module docstring)."""
+    """A decoder with past key/values compiled for a static KV cache of `capacity` rows (see the
+    module docstring); `compile_options` go to kiln.compile (opt_level, cpu, limits, ...)."""
 
     def __init__(self, model: Any, capacity: int, **compile_options):
         from kiln.compiler import compile as kiln_compile, frontend  # noqa: PLC0415
+        if compile_options.get("target") == "interpreter" or compile_options.get("shapes", "specialize") != "specialize":
+            raise KilnError("kiln.Decoder builds a native module per new-token count (a cpu target, shapes "
+                            f"'specialize'); given {compile_options}")
         graph = frontend(model)
         self.static = static_cache(graph, capacity)
         self.model = kiln_compile(self.static.graph, **compile_options)

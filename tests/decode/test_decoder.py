@@ -289,3 +289,9 @@ def test_three_d_attention_matches_ort():
         np.testing.assert_allclose(cache.past("pk"), ok, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(cache.past("pv"), ov, rtol=1e-6, atol=1e-6)
         past = {"pk": ok, "pv": ov}
+
+
+def test_decoder_options_it_cannot_take(model):
+    for bad in ({"shapes": "generic"}, {"target": "interpreter"}):
+        with pytest.raises(KilnError, match="native module per new-token count"):
+            kiln.Decoder(model, capacity=16, **bad)
