@@ -130,9 +130,23 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
     args = ["in0", "in1", "in2", "in3" if mask is not None else "NULL", lens, "out0",
             *(str(x) for x in (b, hq, hkv, sq, sk)), *(str(x) for s in call.strides for x in s),
             str(call.mask_kind), *(str(x) for x in call.mask_strides), _lit(call.fill), _lit(call.scale),
-            str(call.causal), str(int(call.empty_nan)), "0" if forks else "INT64_MAX"]
+            str(call.causal), str(int(call.empty_nan)),
+            # valid keys known at run time only (a static cache): the kernel compares its work then
+            str(_fork_floor(target)) if kv_lens is not None else "0" if forks else "INT64_MAX"]
     body = f"  return {fn}({', '.join(args)});"
     return ctx.extern(body, [q, k, v, mask, kv_lens], [(tuple(out_shape), out_dtype)], preamble=preamble)
+
+
+def _fork_floor(target: Target) -> int | str:
+    """The least work (the products' multiply-adds) at which the kernel forks on `target`
+    (parallel_worth is monotonic in it), for a kernel whose key count is known at run time."""
+    lo, hi = 1, 1 << 50
+    if not parallel_worth(hi, target, "attention"):
+        return "INT64_MAX"
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if parallel_worth(mid, target, "attention") else (mid + 1, hi)
+    return lo
 
 
 @lowering("FusedAttention", domain=DOMAIN)
