@@ -254,6 +254,33 @@ def test_selective_blocks_a_stem_next_to_a_blocked_conv_or_maxpool_only(monkeypa
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
 
 
+def test_selective_blocks_a_conv_after_a_blocked_residual_add_or_before_a_global_pool(monkeypatch):
+    """MobileNetV3's head: project 1x1 -> residual Add -> 1x1 -> HardSwish -> global pool. The
+    last 1x1 runs blocked (the Add's operands are both blocked, the pool runs blocked after it),
+    its pooled N,C,1,1 result converted once. A lone 1x1 conv before a pool runs blocked too (its
+    input converted in, the pooled pixel out); one after an Add of an NCHW operand stays NCHW."""
+    monkeypatch.setattr(layout, "SELECTIVE", True)
+    sig = "(%x: float32[1,8,6,6]) -> (%y, %z, %v)"
+    body = ('  %a: float32[1,8,6,6] = Conv(%x, %w1) {kernel_shape = [1, 1]} name "expand"\n'
+            '  %r: float32[1,8,6,6] = Relu(%a) name "relu"\n'
+            '  %j: float32[1,8,6,6] = Conv(%r, %w1) {kernel_shape = [1, 1]} name "project"\n'
+            '  %s: float32[1,8,6,6] = Add(%j, %a) name "residual"\n'
+            '  %h: float32[1,16,6,6] = Conv(%s, %w2) {kernel_shape = [1, 1]} name "head"\n'
+            '  %hs: float32[1,16,6,6] = HardSwish(%h) name "hswish"\n'
+            '  %y: float32[1,16,1,1] = GlobalAveragePool(%hs) name "pool"\n'
+            '  %n: float32[1,8,6,6] = Neg(%x) name "neg"\n'
+            '  %t: float32[1,8,6,6] = Add(%j, %n) name "add_nchw"\n'
+            '  %z: float32[1,16,6,6] = Conv(%t, %w2) {kernel_shape = [1, 1]} name "after_nchw_add"\n'
+            '  %l: float32[1,16,6,6] = Conv(%n, %w2) {kernel_shape = [1, 1]} name "lone"\n'
+            '  %v: float32[1,16,1,1] = ReduceMean(%l) {axes = [2, 3], keepdims = 1} name "mean"')
+    g = graph(prog(sig, body, 17), w1=R(8, 8, 1, 1), w2=R(16, 8, 1, 1))
+    out, stats = run_pass("transform_layout", g)
+    convs = {n.name: n.qualified_op for n in out.nodes if n.name in ("head", "after_nchw_add", "lone")}
+    assert convs == {"head": "kiln::ConvNCHWc", "after_nchw_add": "Conv", "lone": "kiln::ConvNCHWc"}
+    assert stats.fired["GlobalAveragePool"] == 2
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
 def test_blocked_add_needs_both_operands_blocked():
     """A residual Add of a blocked value and a computed NCHW one stays NCHW (converting the NCHW
     operand in and the sum back out would cost more than the Add)."""
