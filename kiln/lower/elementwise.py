@@ -203,6 +203,14 @@ def _clamp01(y):
     return L.min_(L.max_(y, 0), 1)  # np.clip(y, 0, 1), NaN propagating
 
 
+def _gate01(y):
+    """np.clip(y, 0, 1) for a factor whose product is NaN anyway when y is (HardSwish's x * clip(x
+    / 6 + 0.5)): NaN becomes 1, so C's compares make a min and a max (2 instructions) where the
+    NaN-propagating clip takes 8. As a conv's epilogue (dw 3x3, 32 channels, 112x112, AVX-512,
+    one thread, the kernel's C timed alone): 0.191 -> 0.157 ms, the bare conv 0.132."""
+    return L.select(y < 1, L.select(y > 0, y, L.const(0, y.dtype)), L.const(1, y.dtype))
+
+
 # name -> lowering fn(x: Expr, **attrs); the attributes and their defaults are kiln.ops.elementwise._UNARY's
 # (Round: half to even, as ONNX specifies: C's rint)
 _UNARY_LOWER = {
@@ -234,7 +242,7 @@ _UNARY_LOWER = {
     "Softsign": lambda x: x / (1 + L.fabs(x)),
     "Softplus": _softplus_e,
     "Mish": lambda x: x * L.tanh(_softplus_e(x)),
-    "HardSwish": lambda x: x * _clamp01(x * (1 / 6) + 0.5),   # a multiply: a division cost 20% more
+    "HardSwish": lambda x: x * _gate01(x * (1 / 6) + 0.5),   # a multiply: a division cost 20% more
     "Elu": lambda x, alpha: L.select(x > 0, x, alpha * _expm1_e(x)),
     "Celu": lambda x, alpha: L.select(x > 0, x, alpha * _expm1_e(x / alpha, alpha > 0)),
     "Selu": lambda x, alpha, gamma: gamma * L.select(x > 0, x, alpha * _expm1_e(x)),

@@ -134,7 +134,8 @@ def test_unary_attributes_and_tails():
 def test_unary_special_values():
     x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 3.5, -100.0, -90.0, -30.0, 100.0, 1e-6,
                   -1e-7], F32)
-    ops = ("IsNaN", "Relu", "Sign", "Abs", "Neg", "Sigmoid", "Softplus", "Elu", "Mish", "Swish", "Selu")
+    ops = ("IsNaN", "Relu", "Sign", "Abs", "Neg", "Sigmoid", "Softplus", "Elu", "Mish", "Swish", "Selu",
+           "HardSwish", "HardSigmoid")  # (HardSwish's clip does not keep NaN: its product does)
     cases = [Case(op, [x], atol=1e-40) for op in ops]  # tails: no flush to 0 (denormals differ in ulps)
     cases += [Case("IsInf", [x], detect_positive=p, detect_negative=n) for p in (0, 1) for n in (0, 1)]
     check(cases)
