@@ -262,7 +262,8 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
             wc, wo = so.split(wo, chunk)
             so.reorder(n, oh, wc, co, wo, ci, wi, o)
             top = so.fuse(n, oh, wc, co)
-        if parallel_worth(work, ctx.target, "depthwise" if g.depthwise else "conv"):
+        # (a 1x1 conv on a few pixels, a squeeze-excite block's, is bound by reading its weights)
+        if parallel_worth(work, ctx.target, "depthwise" if g.depthwise else "conv", streamed=math.prod(w.shape)):
             so.parallel(top)
         so.vectorize(o)
         # the register tile: the accumulators of (reg_w columns x oc_v channel blocks)

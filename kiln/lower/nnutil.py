@@ -43,8 +43,11 @@ FORK_GAIN_DECISION = declare(
 #   AVX-512 Zen 4, benchmarks/attention.py --clock cpu: 16.7 GMAC/s at 32 keys, 26.4 at 64,
 #   27.1 at batch 4 x 64 keys, so 1.65e3 per lane (the GEMM's rate took a 79 us attention
 #   for 35 us);
+# - "stream": weights read once per use, as a 1x1 conv on one pixel (a squeeze-excite block's)
+#   reads them: 7e3 floats per us (MobileNetV3's 960 -> 240 and 240 -> 960 on one pixel took 30
+#   and 36 us on the AVX-512 EPYC, one thread, where the "conv" rate says 4).
 MACS_PER_US_PER_LANE = {"conv": 3.75e3, "gemm": 3.75e3, "attention": 1.65e3}
-OPS_PER_US = {"depthwise": 10e3, "window": 2e3, "copy": 4e3}
+OPS_PER_US = {"depthwise": 10e3, "window": 2e3, "copy": 4e3, "stream": 7e3}
 
 
 def serial_rate(kind: str, target: Target) -> float:
@@ -54,16 +57,18 @@ def serial_rate(kind: str, target: Target) -> float:
     return OPS_PER_US[kind]
 
 
-def parallel_worth(work: int, target: Target, kind: str = "window") -> bool:
+def parallel_worth(work: int, target: Target, kind: str = "window", streamed: int = 0) -> bool:
     """Whether a kernel doing `work` multiply-adds (window ops, elements copied) should run
     in parallel on `target`: past the serial floor (`parallel_min_work`), when the time `target.cores` threads
     save is `fork_gain` (FORK_GAIN by default) times the fork and join (`Target.fork_us`: a wake-up when threads sleep
-    between kernels, kiln's default; ~2 us when they spin). A symbolic `work` is judged
-    at its symbols' hints (kiln.loops.symbols)."""
+    between kernels, kiln's default; ~2 us when they spin). `streamed`: elements (weights) the
+    kernel reads once each, which take longer than its arithmetic where there is little of it
+    (the "stream" rate). A symbolic `work` is judged at its symbols' hints (kiln.loops.symbols)."""
     work = hint(work)
     if work < parallel_min_work():
         return False
-    saved = work / serial_rate(kind, target) * (1 - 1 / max(2, target.cores))
+    serial_us = max(work / serial_rate(kind, target), hint(streamed) / OPS_PER_US["stream"])
+    saved = serial_us * (1 - 1 / max(2, target.cores))
     return saved >= FORK_GAIN_DECISION.value() * target.fork_us
 
 

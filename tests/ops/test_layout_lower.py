@@ -240,3 +240,28 @@ def test_blocked_global_average_pool_alone(shape):
     np.testing.assert_allclose(want, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-5)
     got = kiln.compile(g, target="cpu", opt_level=0).run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_one_pixel_pointwise_conv_forks_for_its_weights():
+    """A squeeze-excite block's 1x1 conv on one pixel does little arithmetic per weight it reads
+    (960 -> 240: 230K weights, ~30 us one thread): it forks where threads spin between kernels
+    (a fork ~2 us), not where they sleep (a wake-up ~20 us, more than the half it saves), and
+    either way computes the reference."""
+    from dataclasses import replace
+    from kiln.stages import stage_text
+    from kiln.targets.target import Target
+    g = conv_case(n=1, c=960, h=1, oc=240, k=1)
+    blocked = g.clone()
+    transform(blocked, 16, selective=False)
+    spin = replace(Target.named("x86-64-v4"), omp_wait_policy="PASSIVE", omp_spincount="10000")
+    sleep = replace(spin, omp_spincount="0")
+
+    def forks(target):
+        text = stage_text(blocked, "c", None, opt_level=0, cpu=target)
+        conv = text[text.index(next(line for line in text.splitlines()
+                                    if "ConvNCHWc(" in line and line.endswith("{"))):]
+        return "omp parallel" in conv[:conv.index("\n}\n")]
+    assert forks(spin) and not forks(sleep)
+    xs = random_inputs(g, 1)
+    got = kiln.compile(blocked, target="cpu", opt_level=0).run({"x": xs[0]})["y"]
+    np.testing.assert_allclose(got, Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
