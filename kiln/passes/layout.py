@@ -17,7 +17,8 @@ The rewrite, in one walk over the nodes in order:
   block (the 3-channel stem) reads its input as one block of all of them
   (N,1,H,W,C: channels-last, `narrow_input`) — and, by default, only where
   measured to help (`SELECTIVE`: 1x1, depthwise, such a stem, strided or 1-D,
-  next to another such conv through layout-agnostic ops) — becomes
+  next to another such conv through layout-agnostic ops, after a residual Add of
+  blocked operands, or before a global average pool) — becomes
   `kiln::ConvNCHWc` with its weights and bias packed here (numpy) as new
   constants. A 1-D conv (N,C,L) runs as the 2-D one of N,C,1,L with a 1xK
   window: its values' twins are N,C/c,1,L,c, converted through free Reshapes;
