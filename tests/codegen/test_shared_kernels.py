@@ -117,3 +117,14 @@ def test_threads_compiling_models_that_share_a_kernel_compile_it_once():
         t.join(timeout=600)
     assert not errors, errors
     assert compiler_runs() - before == own + 1                  # the shared kernel once
+
+
+def test_a_damaged_shared_object_is_compiled_again(cache):
+    (ma, wa), (mb, wb) = winograd_model(16, 12, 12), winograd_model(24, 9, 14, seed=3)
+    run_checked(ma, wa, 16, 12, 12, seed=1)
+    (obj,) = (cache / "o").glob("*.o")
+    obj.write_bytes(obj.read_bytes()[:100])                    # cut short: not the recorded bytes
+    before = compiler_runs()
+    run_checked(mb, wb, 24, 9, 14, seed=2)
+    assert compiler_runs() - before == len(units_of(mb)) + 1   # the shared unit again, with its own
+    assert obj.stat().st_size > 100
