@@ -192,10 +192,9 @@ def generic(optimized: Optimized, decisions: dict | None = None):
     lib = build_c(lm.module, optimized.target, units=source.units)
     with stage("load"):
         module = GenericModule(str(lib.path), lib.sha256, func_symbol(lm.module.entry), sg.symbols,
-                               [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
-                               [(v.type.shape, v.type.dtype.name) for v in graph.outputs],
-                               lm.weights, sg.layout, lm.call_nodes, lm.call_errors,
-                               check_bytes=lambda n, what: check_memory(n, what, stage="run"))
+                               sg.inputs, sg.outputs, lm.weights, sg.layout, lm.call_nodes, lm.call_errors,
+                               check_bytes=lambda n, what: check_memory(n, what, stage="run"),
+                               derived=sg.derived)
     module.info = {"kernels": len(lm.module.funcs) - 1, "calls": lm.call_nodes,
                    "why_not_fused": lm.fusion.why_not if lm.fusion else [], "decisions": lm.decisions}
     return module

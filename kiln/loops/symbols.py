@@ -95,6 +95,27 @@ def hint(x) -> int:
     return max(evaluate(x, {s: _HINTS.get(s, DEFAULT_HINT) for s in symbols_in(x)}), 0)
 
 
+_PROBES = ({}, {})   # filled lazily: two sets of large pseudo-random symbol values
+
+
+def same_size(a, b) -> bool:
+    """Are sizes `a` and `b` equal for every value of their symbols? Static sizes are
+    compared; symbolic ones (integer polynomials of the symbols: products, sums) are
+    evaluated at pseudo-random large values, where unequal polynomials differ."""
+    if static(a) and static(b):
+        return as_int(a) == as_int(b)
+    if a is b:
+        return True
+    syms = symbols_in((a, b))
+    for k, probe in enumerate(_PROBES):
+        for s in syms:
+            if s not in probe:
+                probe[s] = 1_000_003 + 7919 * len(probe) + 104_729 * k
+        if evaluate(a, probe) != evaluate(b, probe):
+            return False
+    return True
+
+
 def smin(a, b):
     """min of two sizes: an int when both are static, else the static one (an upper bound
     used as a tile size) or a min Expr."""

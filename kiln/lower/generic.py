@@ -33,6 +33,7 @@ from kiln.loops.expr import Expr, load
 from kiln.loops.stmt import ExternFunc, Let, View
 from kiln.loops.symbols import evaluate, symbol, symbols_in
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
+from kiln.runtime.generic import spelt
 from kiln.runtime.native import interface_text
 
 # ops that broadcast their inputs numpy-style: a symbol there must meet itself or a 1
@@ -54,11 +55,12 @@ def graph_symbols(graph: Graph) -> list[str]:
     return out
 
 
-def generic_blockers(graph: Graph) -> list[str]:
+def generic_blockers(graph: Graph, derived=()) -> list[str]:
     """Why `graph` cannot be one shape-generic module (empty: it can, as far as types say;
-    a lowering may still refuse, see `lower_generic`)."""
+    a lowering may still refuse, see `lower_generic`). `derived`: the names of sizes computed
+    from the input symbols (kiln.lower.symbolic_shapes), which are no blocker."""
     from kiln.lower.module import is_runtime_op, missing_lowerings  # noqa: PLC0415
-    syms = set(graph_symbols(graph))
+    syms = set(graph_symbols(graph)) | set(derived)
     why = []
     missing = missing_lowerings(graph)
     if missing:
@@ -116,10 +118,20 @@ class ShapeGenericLowered:
     symbols: list[str]                  # the entry's dims[k] is symbol k
     vars: list[Expr]                    # the loop IR's symbol var per symbol
     buffers: list[tuple[object, int, int]] = field(default_factory=list)  # (size Expr/int, first, last)
+    guards: list = field(default_factory=list)  # kiln.lower.symbolic_shapes.Guard: what the sizes assume
+    derived: dict = field(default_factory=dict)  # size name -> Poly terms (kiln.runtime.generic evaluates)
+    inputs: list = field(default_factory=list)   # (shape, dtype name) per graph input, sizes by name
+    outputs: list = field(default_factory=list)  # (shape, dtype name) per graph output
 
     def layout(self, dims: tuple[int, ...]) -> tuple[int, np.ndarray]:
         """(workspace bytes, byte offset per arena buffer) for symbol values `dims`: the
-        liveness plan over the sizes those values give."""
+        liveness plan over the sizes those values give. Values outside a guard raise
+        kiln.runtime.generic.NotCovered (the caller runs the shape specialised)."""
+        from kiln.runtime.generic import NotCovered  # noqa: PLC0415
+        env = dict(zip(self.symbols, dims))
+        for g in self.guards:
+            if g.size.evaluate(env) > g.bound:
+                raise NotCovered(f"{g.why}: not so at {env}", stage="run")
         values = dict(zip(self.vars, dims))
         plan = plan_arena([Lifetime(k, evaluate(size, values), a, b)
                            for k, (size, a, b) in enumerate(self.buffers)], ALIGN)
@@ -135,16 +147,23 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     from kiln.lower.module import (emit_module, lifetimes, lower_groups,  # noqa: PLC0415
                                    weights_blob, MemoryPlan)
     from kiln.lower.partition import partition  # noqa: PLC0415
-    why = generic_blockers(graph)
+    from kiln.lower.symbolic_shapes import Undecided, resolve  # noqa: PLC0415
+    names = graph_symbols(graph)
+    try:
+        res = resolve(graph, names)
+    except Undecided as e:
+        raise NotGeneric(f"shapes: {e}", stage="lower") from None
+    why = generic_blockers(res.graph, res.derived)
     if why:
         raise NotGeneric("; ".join(why[:3]) + (f" (and {len(why) - 3} more)" if len(why) > 3 else ""),
                          stage="lower")
-    names = graph_symbols(graph)
     syms = [symbol(s) for s in names]
-    g = _with_symbol_dims(graph, dict(zip(names, syms)))
+    table = dict(zip(names, syms))
+    table.update({k: p.to_expr(table) for k, p in res.derived.items()})
+    g = _with_symbol_dims(res.graph, table)
     fusion = partition(g, fuse_anchors=True)
     try:
-        groups = lower_groups(g, fusion, {}, target, decisions)
+        groups = lower_groups(g, fusion, res.known, target, decisions)
     except NotGeneric:
         raise
     except (KilnError, TypeError, ValueError) as e:   # a schedule decision or size that needs an int
@@ -162,11 +181,12 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     lm = emit_module(g, groups, MemoryPlan(weights, woffsets, plan), fusion)
     lm.module.funcs = [_with_dims(f, dims, syms) for f in lm.module.funcs[:-1]] + \
         [_entry(lm.module.funcs[-1], lm.module, dims, offsets)]
-    lm.module.interface = interface_text(
-        [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
-        [(v.type.shape, v.type.dtype.name) for v in graph.outputs], 0, len(weights))
+    ins = [(v.type.shape, v.type.dtype.name) for v in res.graph.inputs]
+    outs = [(v.type.shape, v.type.dtype.name) for v in res.graph.outputs]
+    lm.module.interface = interface_text(spelt(ins), spelt(outs), 0, len(weights))
     lm.workspace_bytes = 0
-    return ShapeGenericLowered(lm, names, syms, [(size[k], first[k], last[k]) for k in keys])
+    return ShapeGenericLowered(lm, names, syms, [(size[k], first[k], last[k]) for k in keys], res.guards,
+                               {k: p.terms for k, p in res.derived.items()}, ins, outs)
 
 
 def _value_bytes(t: TensorType):

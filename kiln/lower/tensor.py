@@ -16,7 +16,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops import INDEX, cast, compute, const, max_, min_, select
-from kiln.loops.symbols import hint, size_hint, static
+from kiln.loops.symbols import hint, same_size, size_hint, static
 from kiln.lower.decisions import parallel_min_work
 from kiln.lower.context import lowering
 from kiln.ops.shapes import normalize_axis
@@ -78,25 +78,14 @@ def reshape_index(in_shape, out_shape):
     Dims are matched in the smallest groups of equal size (size-1 dims dropped), so a
     dim that survives a reshape costs no division and only merged/split dims are remapped.
     """
-    if 0 in in_shape or 0 in out_shape:
+    if any(static(d) and int(hint(d)) == 0 for d in (*in_shape, *out_shape)):
         return lambda idx: [ZERO] * len(in_shape)
-    ins = [k for k, d in enumerate(in_shape) if d != 1]
-    outs = [k for k, d in enumerate(out_shape) if d != 1]
-    groups, i, j = [], 0, 0
-    while i < len(outs):
-        go, gi = [outs[i]], [ins[j]]
-        po, pi = out_shape[outs[i]], in_shape[ins[j]]
-        while po != pi:
-            if po < pi:
-                i += 1
-                go.append(outs[i])
-                po *= out_shape[outs[i]]
-            else:
-                j += 1
-                gi.append(ins[j])
-                pi *= in_shape[ins[j]]
-        groups.append((go, gi))
-        i, j = i + 1, j + 1
+    ins = [k for k, d in enumerate(in_shape) if not same_size(d, 1)]
+    outs = [k for k, d in enumerate(out_shape) if not same_size(d, 1)]
+    try:
+        groups = _reshape_groups(in_shape, out_shape, ins, outs)
+    except IndexError:   # symbolic sizes grouped by their hints, wrongly: one group is always right
+        groups = [(outs, ins)] if outs else []
 
     def fn(idx):
         res = [ZERO] * len(in_shape)
@@ -106,6 +95,29 @@ def reshape_index(in_shape, out_shape):
                 res[k] = e
         return res
     return fn
+
+
+def _reshape_groups(in_shape, out_shape, ins, outs) -> list:
+    """(output dims, input dims) groups of equal size; sizes may be symbolic (kiln.loops.symbols:
+    compared by `same_size`, the smaller side extended by its hint)."""
+    groups, i, j = [], 0, 0
+    while i < len(outs):
+        go, gi = [outs[i]], [ins[j]]
+        po, pi = out_shape[outs[i]], in_shape[ins[j]]
+        while not same_size(po, pi):
+            if hint(po) < hint(pi):
+                i += 1
+                go.append(outs[i])
+                po = po * out_shape[outs[i]]
+            else:
+                j += 1
+                gi.append(ins[j])
+                pi = pi * in_shape[ins[j]]
+        groups.append((go, gi))
+        i, j = i + 1, j + 1
+    if j != len(ins):
+        raise IndexError("input dims left over")
+    return groups
 
 
 def scalar_expr(t, data, dtype: DType | None = None):
@@ -216,7 +228,18 @@ def _constant_of_shape_lower(ctx, shape):
 
 @lowering("Shape")
 def _shape_lower(ctx, x):
-    return const_compute(np.array(x.shape[_shape_range(ctx, len(x.shape))], np.int64), "shape")
+    dims = x.shape[_shape_range(ctx, len(x.shape))]
+    if all(static(d) for d in dims):
+        return const_compute(np.array([int(d) if not hasattr(d, "op") else int(d.arg) for d in dims], np.int64),
+                             "shape")
+    # sizes of a shape-generic module (kiln.loops.symbols): read at run time
+
+    def fn(i):
+        e = cast(INDEX, dims[-1])
+        for k in range(len(dims) - 2, -1, -1):
+            e = select(i.eq(k), cast(INDEX, dims[k]), e)
+        return e
+    return compute((len(dims),), fn, "shape")
 
 
 @lowering("Size")

@@ -20,7 +20,18 @@ from kiln.runtime.native import NativeModule, data_pointers
 SYMBOL_MAX = (1 << 31) - 1   # what the kernels assume of a symbol (kiln.loops.symbols.SYMBOL_MAX)
 
 
-class EmptyShape(KilnError):
+def spelt(types: list) -> list:
+    """(shape, dtype) pairs as the module's interface text holds them: names and numbers
+    only, so a computed size ("batch*seq") is spelt in words ("batch_times_seq")."""
+    return [(tuple(d.replace("*", "_times_").replace("+", "_plus_") if isinstance(d, str) else d
+                   for d in shape), dt) for shape, dt in types]
+
+
+class NotCovered(KilnError):
+    """Symbol values the generic module does not run (the caller runs the shape specialised)."""
+
+
+class EmptyShape(NotCovered):
     """A symbol is 0: the generic kernels assume every symbol >= 1 (their tiles and clamps)."""
 
 
@@ -29,14 +40,17 @@ class GenericModule(NativeModule):
 
     def __init__(self, library_path: str, library_sha256: str, entry_symbol: str, symbols: list[str],
                  input_types: list, output_types: list, weights: np.ndarray, layout,
-                 call_nodes: list[str], call_errors: list | None = None, check_bytes=None):
-        super().__init__(library_path, library_sha256, entry_symbol, input_types, output_types, weights, 0,
-                         call_nodes, call_errors)
+                 call_nodes: list[str], call_errors: list | None = None, check_bytes=None,
+                 derived: dict | None = None):
+        super().__init__(library_path, library_sha256, entry_symbol, spelt(input_types), spelt(output_types),
+                         weights, 0, call_nodes, call_errors)
         self.symbols = list(symbols)
         self.input_shapes = [tuple(s) for s, _ in input_types]
         self.output_shapes = [tuple(s) for s, _ in output_types]
         self._layout = layout
         self._check_bytes = check_bytes     # (bytes, what) -> raises over the memory limit
+        # sizes computed from the symbols ("batch*seq"): name -> ((monomial symbols, coeff), ...)
+        self.derived = dict(derived or {})
         # where each symbol is read: (input, axis) of its first appearance
         self._where = {}
         for i, shape in enumerate(self.input_shapes):
@@ -74,7 +88,16 @@ class GenericModule(NativeModule):
 
     def _shape(self, shape: tuple, dims: tuple) -> tuple:
         env = dict(zip(self.symbols, dims))
-        return tuple(env[d] if isinstance(d, str) else d for d in shape)
+        return tuple(d if not isinstance(d, str) else env[d] if d in env else self._size(d, env) for d in shape)
+
+    def _size(self, name: str, env: dict) -> int:
+        n = 0
+        for mono, coeff in self.derived[name]:
+            t = coeff
+            for s in mono:
+                t *= env[s]
+            n += t
+        return n
 
     def dims_of(self, inputs: list) -> tuple[int, ...]:
         """The symbols' values read off the inputs (shapes already validated and bound)."""

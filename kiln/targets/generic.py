@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from kiln.runtime.generic import EmptyShape
+from kiln.runtime.generic import NotCovered
 from kiln.runtime.model import CompiledModel, TensorSpec
 
 
@@ -24,7 +24,8 @@ class GenericModel(CompiledModel):
     def __init__(self, module, optimized, inputs: list[TensorSpec], outputs: list[TensorSpec], special):
         """`module`: a kiln.runtime.generic.GenericModule of `optimized`'s graph; `special`: the
         same graph specialised per shape (a kiln.targets.cpu.CpuModel), which runs the shapes
-        the generic module does not (a symbol of 0: empty tensors)."""
+        the generic module does not (a symbol of 0: empty tensors; sizes outside a guard of
+        kiln.lower.symbolic_shapes)."""
         super().__init__(inputs, outputs, "cpu")
         self.module = module
         self.special = special
@@ -42,7 +43,7 @@ class GenericModel(CompiledModel):
     def _run(self, inputs: list) -> list:
         try:
             return self.module(inputs)
-        except EmptyShape:
+        except NotCovered:    # a symbol of 0, or a size outside the module's guards
             return self.special.program.run(inputs)
 
 

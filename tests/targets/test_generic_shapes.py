@@ -107,17 +107,30 @@ def _model(nodes, inputs, outputs, inits=()):
 
 
 def test_a_size_from_data_falls_back_to_specialising_and_says_why():
+    """Reshape to a shape given as input data: no symbol says the output's size."""
+    model = _model([helper.make_node("Reshape", ["x", "to"], ["f"], name="reshape"),
+                    helper.make_node("Relu", ["f"], ["y"], name="relu")],
+                   [helper.make_tensor_value_info("x", F, ["n", 3]),
+                    helper.make_tensor_value_info("to", onnx.TensorProto.INT64, [1])],
+                   [helper.make_tensor_value_info("y", F, None)])
+    m = kiln.compile(model, target="cpu", shapes="generic", report=True)
+    assert m.shapes == "specialize"
+    assert "relu" in m.shapes_reason or "reshape" in m.shapes_reason
+    assert m.shapes_reason in str(m.report)
+    x = np.random.default_rng(4).standard_normal((5, 3)).astype(np.float32)
+    np.testing.assert_array_equal(m.run({"x": x, "to": np.array([-1])})["y"], np.maximum(x.reshape(-1), 0))
+
+
+def test_reshape_to_minus_one_over_a_symbol_is_generic(compiler_runs):
+    """[n, 3] -> Reshape [-1]: the output has 3*n elements, a size computed from the symbol."""
     shape = onnx.numpy_helper.from_array(np.array([-1], np.int64), "flat")
     model = _model([helper.make_node("Reshape", ["x", "flat"], ["f"], name="flatten"),
                     helper.make_node("Relu", ["f"], ["y"], name="relu")],
                    [helper.make_tensor_value_info("x", F, ["n", 3])],
                    [helper.make_tensor_value_info("y", F, None)], [shape])
-    m = kiln.compile(model, target="cpu", shapes="generic", report=True)
-    assert m.shapes == "specialize"
-    assert "relu" in m.shapes_reason or "flatten" in m.shapes_reason
-    assert m.shapes_reason in str(m.report)
-    x = np.random.default_rng(4).standard_normal((5, 3)).astype(np.float32)
-    np.testing.assert_array_equal(m.run({"x": x})["y"], np.maximum(x.reshape(-1), 0))
+    m = _generic(model)
+    rng = np.random.default_rng(4)
+    _check_runs(m, [{"x": rng.standard_normal((n, 3)).astype(np.float32)} for n in (1, 5, 23)], compiler_runs)
 
 
 def test_a_symbol_broadcast_against_another_size_is_not_generic():
@@ -209,3 +222,47 @@ def test_reshape_to_minus_one_keeps_the_symbol(compiler_runs):
     m = _generic(model)
     rng = np.random.default_rng(8)
     _check_runs(m, [{"x": rng.standard_normal((n, 2, 3)).astype(np.float32)} for n in (1, 4, 11)], compiler_runs)
+
+
+def _exported_style():
+    from tests.targets import exported_style
+    return exported_style
+
+
+# (batch, seq): 1, primes, large; each model runs all of them from the module built at compile time
+PAIRS = [(1, 1), (1, 2), (2, 3), (3, 7), (1, 13), (5, 31), (2, 97), (1, 257)]
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+def test_exported_style_transformers_run_every_shape_from_one_module(kind, compiler_runs):
+    """Shapes computed in the graph (Shape/Gather/Concat -> Reshape, Range positions and masks,
+    a causal bias Sliced to seq, GQA heads Expanded) stay symbolic: one module, no compile after."""
+    es = _exported_style()
+    m = _generic(es.build(kind, max_pos=300))
+    _check_runs(m, [es.feeds(b, s, seed=b * 1000 + s) for b, s in PAIRS], compiler_runs, rtol=1e-3, atol=1e-4)
+    assert m.specializations == 1
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+def test_exported_style_transformers_match_onnx_runtime(kind):
+    ort = pytest.importorskip("onnxruntime")
+    es = _exported_style()
+    model = es.build(kind, seed=1, layers=1, max_pos=300)
+    m = _generic(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for b, s in ((1, 5), (3, 19)):
+        feeds = es.feeds(b, s, seed=s)
+        np.testing.assert_allclose(m.run(feeds)[m.outputs[0].name], sess.run(None, feeds)[0], rtol=1e-3, atol=1e-4)
+
+
+def test_a_size_outside_a_guard_runs_specialised():
+    """GPT-2's causal bias Sliced up to seq is seq only while seq fits the bias: beyond it the
+    generic module does not run the shape (the specialised model reports the mismatch)."""
+    es = _exported_style()
+    model = es.build("gpt2", layers=1, max_pos=12)
+    m = _generic(model)
+    ref = kiln.compile(model, target="interpreter")
+    ok = es.feeds(2, 12, seed=3)
+    np.testing.assert_allclose(m.run(ok)[m.outputs[0].name], ref.run(ok)[m.outputs[0].name], rtol=1e-3, atol=1e-4)
+    with pytest.raises(kiln.KilnError):
+        m.run(es.feeds(1, 13, seed=4))    # the bias has 12 rows: the reference fails too

@@ -1,0 +1,559 @@
+"""Shapes computed at run time, carried as polynomials of the input symbols (issue 15 item 1).
+
+Exported transformers compute their shapes in the graph: Shape -> Gather -> Unsqueeze ->
+Concat -> Reshape chains, Range over the sequence length for positions and masks, Expand,
+Slice of a causal bias up to the sequence length. The graph-level inference gives such sizes
+fresh symbols (`_u3`: "known only from data"), so the model could not be one shape-generic
+module. Here the graph is inferred again with each small integer tensor's *value* carried as
+an array of `Poly` (an integer polynomial of the input symbols: `batch*seq`, `seq+1`), and
+the ops whose output sizes come from such values (Reshape, Expand, Range, Slice, ...) get
+sizes that are polynomials too, named canonically ("batch*seq") so equal sizes share a
+name and broadcast as one. The lowering maps those names to loop-IR expressions of the
+symbol vars (kiln.lower.generic).
+
+Symbols are sizes >= 1 (the generic module's contract). Where a size is only right under a
+condition (a Slice of a static axis up to `seq` gives `seq` while seq <= the axis), the
+condition is kept as a guard, checked per new shape at run time; a shape outside a guard
+runs on the module specialised to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.graph.ir import Graph, Node, const_value
+from kiln.graph.types import TensorType
+from kiln.ops.infer import Inferencer
+
+BIG = 2 ** 31 - 1    # exporters write INT_MAX / INT64_MAX for "to the end"
+
+
+class Undecided(Exception):
+    """A fact about symbolic sizes that the polynomials cannot settle."""
+
+
+@dataclass(frozen=True)
+class Poly:
+    """sum(coeff * prod(symbols)) over monomials: `terms` is a sorted tuple of
+    (monomial: sorted tuple of symbol names, coeff != 0)."""
+    terms: tuple = ()
+
+    @staticmethod
+    def of(x) -> Poly:
+        if isinstance(x, Poly):
+            return x
+        if isinstance(x, (bool, np.bool_)):
+            raise Undecided("a boolean is not a size")
+        if isinstance(x, (float, np.floating)):
+            if x != int(x):
+                raise Undecided(f"{x} is not an integer")
+        return Poly((((), int(x)),)) if int(x) else Poly()
+
+    @staticmethod
+    def sym(name: str) -> Poly:
+        return Poly((((name,), 1),))
+
+    @staticmethod
+    def _make(acc: dict) -> Poly:
+        return Poly(tuple(sorted(((m, c) for m, c in acc.items() if c), key=lambda t: (-len(t[0]), t[0]))))
+
+    def __add__(self, other):
+        acc = dict(self.terms)
+        for m, c in Poly.of(other).terms:
+            acc[m] = acc.get(m, 0) + c
+        return Poly._make(acc)
+
+    __radd__ = __add__
+
+    def __neg__(self):
+        return Poly(tuple((m, -c) for m, c in self.terms))
+
+    def __sub__(self, other):
+        return self + (-Poly.of(other))
+
+    def __rsub__(self, other):
+        return Poly.of(other) - self
+
+    def __mul__(self, other):
+        acc: dict = {}
+        for m1, c1 in self.terms:
+            for m2, c2 in Poly.of(other).terms:
+                m = tuple(sorted(m1 + m2))
+                acc[m] = acc.get(m, 0) + c1 * c2
+        return Poly._make(acc)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other):
+        q = self.exact_div(Poly.of(other))
+        if q is None:
+            raise Undecided(f"{self} / {other} is not exact")
+        return q
+
+    __truediv__ = __floordiv__
+
+    def exact_div(self, d: Poly) -> Poly | None:
+        """self / d when it divides exactly (d a constant or a single term), else None."""
+        if d == self and self.terms:
+            return Poly.of(1)
+        if len(d.terms) != 1:
+            return None
+        (dm, dc), = d.terms
+        acc = {}
+        for m, c in self.terms:
+            rest = list(m)
+            for s in dm:
+                if s not in rest:
+                    return None
+                rest.remove(s)
+            if c % dc:
+                return None
+            acc[tuple(rest)] = c // dc
+        return Poly._make(acc)
+
+    @property
+    def is_const(self) -> bool:
+        return all(not m for m, _ in self.terms)
+
+    @property
+    def value(self) -> int:
+        return sum(c for _, c in self.terms)
+
+    def lower_bound(self) -> int | None:
+        """The least value for symbols >= 1, when every non-constant coefficient is positive."""
+        if any(m and c < 0 for m, c in self.terms):
+            return None
+        return self.value
+
+    def compare(self, other) -> int:
+        """-1, 0 or 1 as self <, ==, > other for every value of the symbols (>= 1)."""
+        d = self - Poly.of(other)
+        if not d.terms:
+            return 0
+        lo, hi = d.lower_bound(), (-d).lower_bound()
+        if lo is not None and lo > 0:
+            return 1
+        if hi is not None and hi > 0:
+            return -1
+        raise Undecided(f"cannot compare {self} with {other}")
+
+    def symbols(self) -> set:
+        return {s for m, _ in self.terms for s in m}
+
+    def evaluate(self, env: dict) -> int:
+        return sum(c * math.prod(env[s] for s in m) for m, c in self.terms)
+
+    def to_expr(self, table: dict):
+        """The loop-IR expression of this size, symbol names mapped by `table` to vars."""
+        from kiln.loops.expr import INDEX, const  # noqa: PLC0415
+        e = None
+        for m, c in self.terms:
+            t = None
+            for s in m:
+                t = table[s] if t is None else t * table[s]
+            t = const(c, INDEX) if t is None else (t if c == 1 else t * c)
+            e = t if e is None else e + t
+        return const(0, INDEX) if e is None else e
+
+    def __str__(self) -> str:
+        if not self.terms:
+            return "0"
+        out = ""
+        for m, c in self.terms:
+            body = "*".join(m)
+            term = (str(abs(c)) if not body else body if abs(c) == 1 else f"{abs(c)}*{body}")
+            out += (("-" if c < 0 else "+") if out else ("-" if c < 0 else "")) + term
+        return out
+
+    __repr__ = __str__
+
+
+@dataclass
+class Guard:
+    """`size` <= `bound` must hold for the shapes the generic module runs."""
+    size: Poly
+    bound: int
+    why: str
+
+
+@dataclass
+class Resolved:
+    """A graph whose sizes are ints, input symbols or canonical names of `derived` sizes."""
+    graph: Graph
+    symbols: list[str]
+    derived: dict = field(default_factory=dict)     # name -> Poly over `symbols`
+    guards: list = field(default_factory=list)      # Guard
+    known: dict = field(default_factory=dict)       # value id -> data known at compile time
+
+    def poly(self, d) -> Poly | None:
+        if isinstance(d, int):
+            return Poly.of(d)
+        if d in self.symbols:
+            return Poly.sym(d)
+        return self.derived.get(d)
+
+
+def resolve(graph: Graph, symbols: list[str]) -> Resolved:
+    """A clone of `graph` inferred again with shape values carried as polynomials of
+    `symbols` (the input symbols), its computed sizes named by their polynomials."""
+    g = graph.clone()
+    res = Resolved(g, list(symbols))
+    inf = _Inferencer(g.opsets, res)
+    inf.infer_graph(g)
+    _fix_slices(g, inf)
+    res.known = inf.known
+    return res
+
+
+def _ints(a) -> bool:
+    return isinstance(a, np.ndarray) and a.dtype.kind in "iu"
+
+
+class _Inferencer(Inferencer):
+    """The graph-level inference, then per node: the polynomial values of small integer
+    outputs (`sym`), and output sizes from them where inference could not tell."""
+
+    def __init__(self, opsets, res: Resolved):
+        super().__init__(opsets)
+        self.res = res
+        self.sym: dict[int, np.ndarray] = {}     # value id -> object array of Poly
+        self.positive: set = set()                # sizes a guard keeps >= 1
+
+    # -- sizes <-> names --
+    def dim_poly(self, d) -> Poly | None:
+        return self.res.poly(d)
+
+    def name(self, p: Poly):
+        if p.is_const:
+            if p.value < 0:
+                raise Undecided(f"size {p} < 0")
+            return p.value
+        if len(p.terms) == 1 and p.terms[0][1] == 1 and len(p.terms[0][0]) == 1:
+            return p.terms[0][0][0]
+        if (p.lower_bound() is None or p.lower_bound() < 1) and p not in self.positive:
+            raise Undecided(f"size {p} may be below 1")
+        key = str(p)
+        self.res.derived.setdefault(key, p)
+        return key
+
+    def resolved(self, t) -> bool:
+        return not isinstance(t, TensorType) or (t.shape is not None and
+                                                all(self.dim_poly(d) is not None for d in t.shape))
+
+    def value_of(self, v) -> np.ndarray | None:
+        """Input `v`'s value as an object array of Poly (known ints converted), or None."""
+        if v is None:
+            return None
+        if v.id in self.sym:
+            return self.sym[v.id]
+        k = self.known_value(v)
+        if _ints(k) and k.size <= 64:
+            return np.vectorize(Poly.of, otypes=[object])(k) if k.size else k.astype(object)
+        return None
+
+    # -- per node --
+    def infer_node(self, node: Node) -> None:
+        super().infer_node(node)
+        try:
+            vals = _VALUES.get(node.op, lambda *_: None)(self, node) if not node.domain else None
+        except (Undecided, ValueError, IndexError, TypeError):
+            vals = None
+        for v, val in zip(node.outputs, vals or ()):
+            if v is None or val is None or not isinstance(v.type, TensorType) or not v.type.is_static:
+                continue
+            val = np.asarray(val, dtype=object).reshape(v.type.shape)
+            self.sym[v.id] = val
+            if all(p.is_const for p in val.reshape(-1)) and v.id not in self.known:
+                self.known[v.id] = np.array([p.value for p in val.reshape(-1)],
+                                            v.type.dtype.np).reshape(v.type.shape)
+        if all(self.resolved(v.type) for v in node.outputs if v is not None):
+            return
+        rule = _SHAPES.get(node.op) if not node.domain else None
+        if rule is None:
+            return
+        try:
+            shapes = rule(self, node)
+        except (Undecided, ValueError, IndexError, TypeError):
+            return
+        for v, shape in zip(node.outputs, shapes or ()):
+            if v is not None and shape is not None:
+                v.type = TensorType(v.type.dtype, tuple(self.name(Poly.of(d)) for d in shape))
+
+
+# -- values of small integer tensors (shape vectors and their arithmetic) ------------------
+
+def _in_polys(inf, node, i=0):
+    t = node.inputs[i].type
+    ps = [inf.dim_poly(d) for d in t.shape]
+    if any(p is None for p in ps):
+        raise Undecided("an unresolved size")
+    return ps
+
+
+def _shape_value(inf, node):
+    ps = _in_polys(inf, node)
+    sl = slice(*slice(node.attrs.get("start", 0), node.attrs.get("end", None)).indices(len(ps))[:2])
+    return [np.array(ps[sl] or [], dtype=object)]
+
+
+def _size_value(inf, node):
+    return [np.array(math.prod(_in_polys(inf, node), start=Poly.of(1)), dtype=object)]
+
+
+def _args(inf, node):
+    vals = [inf.value_of(v) for v in node.inputs]
+    if any(v is not None and x is None for v, x in zip(node.inputs, vals)):
+        raise Undecided("an input value is unknown")
+    return vals
+
+
+def _known_ints(inf, node, i) -> list[int] | None:
+    if i >= len(node.inputs) or node.inputs[i] is None:
+        return None
+    k = inf.known_value(node.inputs[i])
+    if not _ints(k):
+        raise Undecided("a parameter is unknown")
+    return [int(x) for x in k.reshape(-1)]
+
+
+def _gather_value(inf, node):
+    data = inf.value_of(node.inputs[0])
+    idx = inf.known_value(node.inputs[1])
+    if data is None or not _ints(idx):
+        return None
+    return [np.take(data, idx.astype(np.int64), axis=node.attrs.get("axis", 0))]
+
+
+def _same_data(inf, node):
+    """Unsqueeze, Squeeze, Reshape, Flatten, Identity: the data in the output's (static) shape."""
+    data = inf.value_of(node.inputs[0])
+    return None if data is None else [data.reshape(-1)]
+
+
+def _concat_value(inf, node):
+    vals = _args(inf, node)
+    return [np.concatenate([v.reshape(v.shape or (1,)) if v.ndim == 0 else v for v in vals],
+                           axis=node.attrs.get("axis", 0))]
+
+
+def _slice_value(inf, node):
+    from kiln.ops.tensor import _clamped  # noqa: PLC0415
+    data = inf.value_of(node.inputs[0])
+    if data is None or data.ndim != 1:
+        return None
+    starts, ends = _known_ints(inf, node, 1), _known_ints(inf, node, 2)
+    axes, steps = _known_ints(inf, node, 3), _known_ints(inf, node, 4)
+    if (axes or [0]) != [0] or starts is None or len(starts) != 1:
+        return None
+    k = _clamped(len(data), slice(starts[0], ends[0], (steps or [1])[0]))
+    return [data[k]]
+
+
+def _cast_value(inf, node):
+    t = node.outputs[0].type
+    if not isinstance(t, TensorType) or t.dtype.name == "bool" or not (t.dtype.is_int or t.dtype.is_float):
+        return None
+    return _same_data(inf, node)
+
+
+def _arith(fn):
+    def value(inf, node):
+        a, b = _args(inf, node)
+        return [fn(*np.broadcast_arrays(a, b))]
+    return value
+
+
+def _div(a, b):
+    out = np.empty(a.shape, dtype=object)
+    for k in np.ndindex(a.shape):
+        out[k] = Poly.of(a[k]) // Poly.of(b[k])
+    return out
+
+
+def _compare(pick):
+    def value(inf, node):
+        a, b = np.broadcast_arrays(*_args(inf, node))
+        out = np.array([pick(Poly.of(x).compare(y)) for x, y in zip(a.reshape(-1), b.reshape(-1))], bool)
+        inf.known[node.outputs[0].id] = out.reshape(a.shape)   # a decided comparison: known data
+        return None
+    return value
+
+
+def _where_value(inf, node):
+    cond = inf.known_value(node.inputs[0])
+    a, b = inf.value_of(node.inputs[1]), inf.value_of(node.inputs[2])
+    if cond is None or a is None or b is None:
+        return None
+    c, a, b = np.broadcast_arrays(cond.astype(bool), a, b)
+    return [np.where(c, a, b)]
+
+
+def _minmax(pick):
+    def value(inf, node):
+        vals = np.broadcast_arrays(*_args(inf, node))
+        out = np.empty(vals[0].shape, dtype=object)
+        for k in np.ndindex(out.shape):
+            best = Poly.of(vals[0][k])
+            for v in vals[1:]:
+                if pick(Poly.of(v[k]).compare(best)):
+                    best = Poly.of(v[k])
+            out[k] = best
+        return [out]
+    return value
+
+
+_VALUES = {
+    "Shape": _shape_value, "Size": _size_value, "Gather": _gather_value, "Concat": _concat_value,
+    "Slice": _slice_value, "Cast": _cast_value,
+    **{op: _same_data for op in ("Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity")},
+    "Add": _arith(lambda a, b: a + b), "Sub": _arith(lambda a, b: a - b), "Mul": _arith(lambda a, b: a * b),
+    "Div": _arith(_div), "Neg": lambda inf, node: [-inf.value_of(node.inputs[0])],
+    "Equal": _compare(lambda c: c == 0), "Less": _compare(lambda c: c < 0),
+    "LessOrEqual": _compare(lambda c: c <= 0), "Greater": _compare(lambda c: c > 0),
+    "GreaterOrEqual": _compare(lambda c: c >= 0), "Where": _where_value,
+    "Max": _minmax(lambda c: c > 0), "Min": _minmax(lambda c: c < 0),
+}
+
+
+# -- output sizes from such values ---------------------------------------------------------
+
+def _vector(inf, node, i) -> list[Poly]:
+    v = inf.value_of(node.inputs[i])
+    if v is None:
+        raise Undecided("the size input is unknown")
+    return [Poly.of(x) for x in v.reshape(-1)]
+
+
+def _scalar(inf, node, i) -> Poly:
+    v = _vector(inf, node, i)
+    if len(v) != 1:
+        raise Undecided("not a scalar")
+    return v[0]
+
+
+def _reshape_shape(inf, node):
+    ins = _in_polys(inf, node)
+    target = _vector(inf, node, 1)
+    allowzero = node.attrs.get("allowzero", 0)
+    dims = [ins[k] if (not allowzero and t == Poly.of(0)) else t for k, t in enumerate(target)]
+    minus = [k for k, d in enumerate(dims) if d == Poly.of(-1)]
+    if len(minus) > 1:
+        raise Undecided("more than one -1")
+    if minus:
+        rest = math.prod((d for k, d in enumerate(dims) if k != minus[0]), start=Poly.of(1))
+        q = math.prod(ins, start=Poly.of(1)).exact_div(rest)
+        if q is None:
+            raise Undecided("the -1 is not a product of sizes")
+        dims[minus[0]] = q
+    return [dims]
+
+
+def _flatten_shape(inf, node):
+    ins = _in_polys(inf, node)
+    a = node.attrs.get("axis", 1)
+    a = a + len(ins) if a < 0 else a
+    one = Poly.of(1)
+    return [[math.prod(ins[:a], start=one), math.prod(ins[a:], start=one)]]
+
+
+def _broadcast(a: list, b: list) -> list:
+    out = []
+    for k in range(max(len(a), len(b))):
+        x = a[len(a) - 1 - k] if k < len(a) else Poly.of(1)
+        y = b[len(b) - 1 - k] if k < len(b) else Poly.of(1)
+        if x == Poly.of(1):
+            out.append(y)
+        elif y == Poly.of(1) or x == y:
+            out.append(x)
+        else:
+            raise Undecided(f"{x} against {y}")
+    return out[::-1]
+
+
+def _expand_shape(inf, node):
+    return [_broadcast(_in_polys(inf, node), _vector(inf, node, 1))]
+
+
+def _constant_of_shape_shape(inf, node):
+    return [_vector(inf, node, 0)]
+
+
+def _range_shape(inf, node):
+    start, limit, delta = (_scalar(inf, node, i) for i in range(3))
+    n = (limit - start).exact_div(delta)
+    if n is None:
+        raise Undecided("the count is not exact")
+    return [[n]]
+
+
+def _tile_shape(inf, node):
+    return [[d * r for d, r in zip(_in_polys(inf, node), _vector(inf, node, 1))]]
+
+
+def _slice_shape(inf, node):
+    """Steps of 1 from a static start; the end a size: `seq` of an axis `seq` long is the
+    whole axis; `seq` of a static axis of n is `seq - start` under the guard seq <= n."""
+    ins = _in_polys(inf, node)
+    starts = _known_ints(inf, node, 1)
+    ends = _vector(inf, node, 2)
+    axes = _known_ints(inf, node, 3) or list(range(len(starts)))
+    steps = _known_ints(inf, node, 4) or [1] * len(starts)
+    if starts is None or len(ends) != len(starts):
+        raise Undecided("starts unknown")
+    out, guards = list(ins), []
+    where = f"{node.op} node {node.name!r}"
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        a = a + len(ins) if a < 0 else a
+        d = ins[a]
+        if st != 1 or s < 0:
+            raise Undecided("a step other than 1 or a start from the end")
+        if e.is_const and e.value >= BIG:
+            e = d
+        elif e.is_const and e.value < 0:
+            e = d + e.value
+        else:
+            c = _compare_or_none(e, d)
+            if c is not None and c >= 0:
+                e = d                          # clamped to the axis
+            elif c is None:
+                if not d.is_const:
+                    raise Undecided(f"end {e} against the axis {d}")
+                guards.append(Guard(e, d.value, f"{where} reads up to {e} of an axis of {d.value}"))
+        n = e - s
+        if n.lower_bound() is None or n.lower_bound() < 1:
+            guards.append(Guard(-n, -1, f"{where} keeps {n} elements"))
+        out[a] = n
+    inf.res.guards += guards
+    inf.positive.update(g.size * -1 for g in guards if g.bound == -1)
+    return [out]
+
+
+def _compare_or_none(a: Poly, b: Poly) -> int | None:
+    try:
+        return a.compare(b)
+    except Undecided:
+        return None
+
+
+_SHAPES = {"Reshape": _reshape_shape, "Flatten": _flatten_shape, "Expand": _expand_shape,
+           "ConstantOfShape": _constant_of_shape_shape, "Range": _range_shape, "Tile": _tile_shape,
+           "Slice": _slice_shape}
+
+
+def _fix_slices(g: Graph, inf: _Inferencer) -> None:
+    """A Slice whose ends are sizes known at run time: its output size is settled above, and
+    its kernel reads from its starts alone (steps of 1), so the ends become a constant."""
+    for n in g.nodes:
+        if n.op != "Slice" or n.domain or len(n.inputs) < 3 or inf.known_value(n.inputs[2]) is not None:
+            continue
+        if not inf.resolved(n.outputs[0].type) or n.inputs[2].id not in inf.sym:
+            continue
+        count = len(inf.sym[n.inputs[2].id].reshape(-1))
+        dt = n.inputs[2].type.dtype.np
+        n.inputs[2] = const_value(f"{n.name}/ends_to_the_end", np.full(count, np.iinfo(dt).max, dt))
+
+
+__all__ = ["Guard", "Poly", "Resolved", "Undecided", "resolve"]
