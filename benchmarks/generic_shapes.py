@@ -1,6 +1,7 @@
 """Shape-generic modules (issue 15 items 1 and 4): new shapes without a new compile.
 
-    python benchmarks/generic_shapes.py [--pairs 20] [--runs 20] [--corpus bert_base,distilbert]
+    python benchmarks/generic_shapes.py [--pairs 20] [--runs 20]
+    python benchmarks/generic_shapes.py --corpus bert_base,distilbert,gpt2,llama_gqa [--tiered]
 
 For a model with symbolic batch and sequence dims (examples/build_transformer.py's encoder,
 compiled with shapes="generic"): after the first run, each of `--pairs` new (batch, seq)
@@ -8,8 +9,14 @@ pairs is run once (first use) and then `--runs` times; its extra latency on firs
 first call minus the median of the rest. The C compiler's runs are counted over all of it
 (kiln.codegen.build's subprocess calls). Then the steady-state latency of the generic module
 against the module specialised to each shape (shapes="specialize"), medians of interleaved
-runs. `--corpus`: the same comparison for corpus models (~/.cache/kiln-corpus), or what keeps
-each from being generic. Timings on a shared machine are noise: read them with its load.
+runs.
+
+`--corpus`: corpus models (~/.cache/kiln-corpus), one thread (OMP_NUM_THREADS=1), timed by
+the calling thread's CPU time (robust to a loaded machine): per model its generic compile,
+the 20 new (batch, seq) pairs' first-use extra time and compiler runs, and generic vs
+specialised medians at the corpus cases. `--tiered`: the model compiled shapes="tiered" runs
+a new shape at once on the generic module, the specialised module built in the background
+then serves it (checked equal), timed against the generic one.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ import sys
 import time
 
 import numpy as np
+
+if any(a.startswith("--corpus") for a in sys.argv):
+    os.environ["OMP_NUM_THREADS"] = "1"    # read when kiln's first module loads: one thread, timed by its CPU time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
@@ -105,12 +115,98 @@ def steady(generic, special, shapes, runs: int) -> list[tuple]:
     return rows
 
 
+def _cpu_ms(fn) -> float:
+    t0 = time.thread_time()
+    fn()
+    return (time.thread_time() - t0) * 1e3
+
+
+def corpus_model(name: str, pairs: list, runs: int, tiered: bool) -> None:
+    """One corpus model: generic compile, first use of `pairs`, generic vs specialised."""
+    import json
+    from benchmarks.corpus.build import corpus_dir, random_feeds
+    from benchmarks.corpus.spec import case_label
+    path = os.path.join(corpus_dir(), name + ".onnx")
+    with open(os.path.join(corpus_dir(), name + ".json")) as f:
+        meta = json.load(f)
+    counter = _Counting(c_build.subprocess)
+    c_build.subprocess = counter
+    try:
+        t0 = time.perf_counter()
+        g = kiln.compile(path, shapes="generic")
+        compile_s = time.perf_counter() - t0
+        if g.shapes != "generic":
+            print(f"{name}: not generic ({g.shapes_reason})")
+            return
+        sym = [d for i in meta["inputs"] for d in i["shape"] if isinstance(d, str)]
+        feeds = lambda b, s, seed: random_feeds(meta["inputs"], {"batch": b, "seq": s, **{
+            k: s for k in sym if k not in ("batch", "seq")}}, seed)
+        g.run(feeds(1, 8, 0))
+        before = counter.n
+        extras, firsts = [], []
+        for k, (b, s) in enumerate(pairs):
+            f = feeds(b, s, k + 1)
+            t0 = time.perf_counter()
+            first_cpu = _cpu_ms(lambda: g.run(f))
+            first_wall = (time.perf_counter() - t0) * 1e3
+            steady = float(np.median([_cpu_ms(lambda: g.run(f)) for _ in range(3)]))
+            extras.append(first_cpu - steady)
+            firsts.append(first_wall)
+        compiles = counter.n - before
+    finally:
+        c_build.subprocess = counter.real
+    print(f"{name}: generic compile {compile_s:.1f} s; {len(pairs)} new (batch, seq) pairs: first-use extra "
+          f"(thread CPU, first run minus the median of 3 more) median {np.median(extras):.2f} ms, "
+          f"max {max(extras):.2f} ms (wall, whole first run: median {np.median(firsts):.1f} ms); "
+          f"C compiler runs after the first shape: {compiles}")
+    sp = kiln.compile(path, shapes="specialize")
+    for case in meta["cases"]:
+        f = random_feeds(meta["inputs"], case, 99)
+        want, got = sp.run(f), g.run(f)
+        err = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+        tg, ts = [], []
+        for _ in range(runs):
+            tg.append(_cpu_ms(lambda: g.run(f)))
+            ts.append(_cpu_ms(lambda: sp.run(f)))
+        mg, ms = float(np.median(tg)), float(np.median(ts))
+        print(f"  [{case_label(case)}] generic {mg:.2f} ms, specialised {ms:.2f} ms, generic/specialised "
+              f"{mg / ms:.3f} (1 thread, thread CPU, {runs} interleaved runs; max |diff| {err:.1e})")
+    if tiered:
+        t = kiln.compile(path, shapes="tiered")
+        case = meta["cases"][0]
+        f = random_feeds(meta["inputs"], case, 5)
+        first = _cpu_ms(lambda: t.run(f))
+        t0 = time.perf_counter()
+        t.wait(1800)
+        built = time.perf_counter() - t0
+        assert not t.failed, t.failed
+        tt = [_cpu_ms(lambda: t.run(f)) for _ in range(runs)]
+        want = g.run(f)
+        got = t.run(f)
+        err = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+        print(f"  tiered [{case_label(case)}]: first run {first:.2f} ms (generic), specialised module ready "
+              f"{built:.1f} s later, then {np.median(tt):.2f} ms; specialisations {t.specializations}; "
+              f"max |tiered - generic| {err:.1e}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=20)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--corpus", default="")
+    ap.add_argument("--tiered", action="store_true")
     args = ap.parse_args(argv)
+    if args.corpus:
+        rng = np.random.default_rng(7)
+        pairs = []
+        while len(pairs) < args.pairs:
+            p = (int(rng.integers(1, 9)), int(rng.integers(1, 257)))
+            if p not in pairs and p != (1, 8):
+                pairs.append(p)
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; pairs {pairs}")
+        for name in args.corpus.split(","):
+            corpus_model(name, pairs, args.runs, args.tiered)
+        return 0
     import build_transformer
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     model = build_transformer.build_encoder(hidden=256, heads=4, ffn=1024, layers=2, vocab=1000)
@@ -136,15 +232,6 @@ def main(argv=None) -> int:
     print(f"\nsteady state, generic vs specialised ({args.runs} interleaved runs, medians)")
     for shapes, tg, ts, r in steady(g, sp, [(1, 16), (1, 128), (4, 64), (8, 128)], args.runs):
         print(f"  encoder {shapes}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}")
-    for name in [c for c in args.corpus.split(",") if c]:
-        path = os.path.expanduser(f"~/.cache/kiln-corpus/{name}.onnx")
-        m = kiln.compile(path, target="cpu", shapes="generic")
-        if m.shapes != "generic":
-            print(f"  {name}: not generic ({m.shapes_reason})")
-            continue
-        sp = kiln.compile(path, target="cpu", shapes="specialize")
-        for shapes, tg, ts, r in steady(m, sp, [(1, 128), (4, 128)], args.runs):
-            print(f"  {name} {shapes}: generic {tg:.3f} ms, specialised {ts:.3f} ms, ratio {r:.2f}")
     return 0
 
 

@@ -160,6 +160,8 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     syms = [symbol(s) for s in names]
     table = dict(zip(names, syms))
     table.update({k: p.to_expr(table) for k, p in res.derived.items()})
+    ins = [(v.type.shape, v.type.dtype.name) for v in res.graph.inputs]
+    outs = [(v.type.shape, v.type.dtype.name) for v in res.graph.outputs]
     g = _with_symbol_dims(res.graph, table)
     fusion = partition(g, fuse_anchors=True)
     try:
@@ -181,8 +183,6 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     lm = emit_module(g, groups, MemoryPlan(weights, woffsets, plan), fusion)
     lm.module.funcs = [_with_dims(f, dims, syms) for f in lm.module.funcs[:-1]] + \
         [_entry(lm.module.funcs[-1], lm.module, dims, offsets)]
-    ins = [(v.type.shape, v.type.dtype.name) for v in res.graph.inputs]
-    outs = [(v.type.shape, v.type.dtype.name) for v in res.graph.outputs]
     lm.module.interface = interface_text(spelt(ins), spelt(outs), 0, len(weights))
     lm.workspace_bytes = 0
     return ShapeGenericLowered(lm, names, syms, [(size[k], first[k], last[k]) for k in keys], res.guards,
@@ -196,9 +196,9 @@ def _value_bytes(t: TensorType):
     return n
 
 
-def _with_symbol_dims(graph: Graph, table: dict) -> Graph:
-    """A clone of `graph` whose tensor types name symbol vars instead of symbol names."""
-    g = graph.clone()
+def _with_symbol_dims(g: Graph, table: dict) -> Graph:
+    """`g` (a private clone: value ids kept, so its known data stays keyed) with tensor
+    types naming symbol vars instead of symbol names."""
     seen: set = set()
     for v in [*g.inputs, *(x for n in g.nodes for x in (*n.inputs, *n.outputs)), *g.outputs]:
         if v is None or v.id in seen:
