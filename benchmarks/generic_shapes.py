@@ -16,7 +16,9 @@ the calling thread's CPU time (robust to a loaded machine): per model its generi
 the 20 new (batch, seq) pairs' first-use extra time and compiler runs, and generic vs
 specialised medians at the corpus cases. `--tiered`: the model compiled shapes="tiered" runs
 a new shape at once on the generic module, the specialised module built in the background
-then serves it (checked equal), timed against the generic one.
+then serves it (checked equal), timed against the generic one. `--reserve`: the generic model
+first reserves the pairs' largest sizes (GenericModel.reserve: the arena planned and its memory
+mapped), so a pair's first use pays for its plan, not for fresh memory.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def _cpu_ms(fn) -> float:
     return (time.thread_time() - t0) * 1e3
 
 
-def corpus_model(name: str, pairs: list, runs: int, tiered: bool) -> None:
+def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool = False) -> None:
     """One corpus model: generic compile, first use of `pairs`, generic vs specialised."""
     import json
     from benchmarks.corpus.build import corpus_dir, random_feeds
@@ -142,6 +144,8 @@ def corpus_model(name: str, pairs: list, runs: int, tiered: bool) -> None:
         feeds = lambda b, s, seed: random_feeds(meta["inputs"], {"batch": b, "seq": s, **{
             k: s for k in sym if k not in ("batch", "seq")}}, seed)
         g.run(feeds(1, 8, 0))
+        if reserve:   # the pairs' largest sizes: memory mapped now, not on a pair's first run
+            g.reserve(**{s: max(p[k] for p in pairs) for k, s in enumerate(g.module.symbols)})
         before = counter.n
         extras, firsts = [], []
         for k, (b, s) in enumerate(pairs):
@@ -159,6 +163,7 @@ def corpus_model(name: str, pairs: list, runs: int, tiered: bool) -> None:
           f"(thread CPU, first run minus the median of 3 more) median {np.median(extras):.2f} ms, "
           f"max {max(extras):.2f} ms (wall, whole first run: median {np.median(firsts):.1f} ms); "
           f"C compiler runs after the first shape: {compiles}")
+    print("  first-use extra ms per pair: " + ", ".join(f"{b}x{s_}: {e:.1f}" for (b, s_), e in zip(pairs, extras)))
     sp = kiln.compile(path, shapes="specialize")
     for case in meta["cases"]:
         f = random_feeds(meta["inputs"], case, 99)
@@ -195,6 +200,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--corpus", default="")
     ap.add_argument("--tiered", action="store_true")
+    ap.add_argument("--reserve", action="store_true", help="GenericModel.reserve the pairs' largest sizes first")
     args = ap.parse_args(argv)
     if args.corpus:
         rng = np.random.default_rng(7)
@@ -205,7 +211,7 @@ def main(argv=None) -> int:
                 pairs.append(p)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; pairs {pairs}")
         for name in args.corpus.split(","):
-            corpus_model(name, pairs, args.runs, args.tiered)
+            corpus_model(name, pairs, args.runs, args.tiered, args.reserve)
         return 0
     import build_transformer
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

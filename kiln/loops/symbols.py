@@ -116,6 +116,29 @@ def same_size(a, b) -> bool:
     return True
 
 
+_C_OPS = {"add": "+", "sub": "-", "mul": "*"}
+
+
+def c_size(x) -> str:
+    """Size `x` as C text for a hand-written kernel's body: an int, or an expression of the
+    symbol vars by name (a shape-generic module declares them as the kernel's locals,
+    kiln.lower.generic). Raises KilnError for what is not +, -, * of sizes."""
+    if static(x):
+        return str(as_int(x))
+
+    def go(e) -> str:
+        if e.op == "const":
+            return str(int(e.arg))
+        if e.op == "var" and e.arg.kind == "symbol":
+            return e.arg.name
+        if e.op in _C_OPS:
+            return f"({go(e.args[0])} {_C_OPS[e.op]} {go(e.args[1])})"
+        if e.op == "cast" and not e.dtype.is_float:
+            return go(e.args[0])
+        raise KilnError(f"size {x} is not a sum of products of symbols", stage="lower")
+    return go(x)
+
+
 def smin(a, b):
     """min of two sizes: an int when both are static, else the static one (an upper bound
     used as a tile size) or a min Expr."""

@@ -20,6 +20,7 @@ shape, as before, and reports the reason: never a silently wrong module.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -157,7 +158,8 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     if why:
         raise NotGeneric("; ".join(why[:3]) + (f" (and {len(why) - 3} more)" if len(why) > 3 else ""),
                          stage="lower")
-    syms = [symbol(s) for s in names]
+    # symbol vars are C locals of the kernels (hand-written ones print sizes with them)
+    syms = [symbol("sym_" + re.sub(r"\W", "_", s)) for s in names]
     table = dict(zip(names, syms))
     table.update({k: p.to_expr(table) for k, p in res.derived.items()})
     ins = [(v.type.shape, v.type.dtype.name) for v in res.graph.inputs]
@@ -171,8 +173,8 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     except (KilnError, TypeError, ValueError) as e:   # a schedule decision or size that needs an int
         raise NotGeneric(f"a lowering needs static sizes: {e}", stage="lower") from None
     for f in groups.funcs:
-        if isinstance(f, ExternFunc) and symbols_in([d for p in f.params for d in p.shape]):
-            raise NotGeneric(f"kernel {f.name} is hand-written C with its sizes baked in", stage="lower")
+        if isinstance(f, ExternFunc) and f.dynamic and symbols_in([d for p in f.params for d in p.shape]):
+            raise NotGeneric(f"kernel {f.name} is hand-written C whose output sizes come from data", stage="lower")
     groups.share = []     # in-place reuse is decided per plan; a generic module plans per shape
     weights, woffsets = weights_blob(groups)
     first, last, size = lifetimes(g, groups, _value_bytes, lambda b: b.nbytes)
@@ -181,8 +183,9 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     offsets = Buffer("offsets", DType.int64, (max(len(keys), 1),))
     plan = ArenaPlan({k: load(offsets, (j,)) for j, k in enumerate(keys)}, 0, 0, 0)
     lm = emit_module(g, groups, MemoryPlan(weights, woffsets, plan), fusion)
-    lm.module.funcs = [_with_dims(f, dims, syms) for f in lm.module.funcs[:-1]] + \
-        [_entry(lm.module.funcs[-1], lm.module, dims, offsets)]
+    kernels = [_with_dims(f, dims, syms) for f in lm.module.funcs[:-1]]
+    takes = {f.name for f, was in zip(kernels, lm.module.funcs) if f is not was}   # given `dims`
+    lm.module.funcs = kernels + [_entry(lm.module.funcs[-1], takes, dims, offsets)]
     lm.module.interface = interface_text(spelt(ins), spelt(outs), 0, len(weights))
     lm.workspace_bytes = 0
     return ShapeGenericLowered(lm, names, syms, [(size[k], first[k], last[k]) for k in keys], res.guards,
@@ -211,7 +214,15 @@ def _with_symbol_dims(g: Graph, table: dict) -> Graph:
 
 
 def _with_dims(f, dims: Buffer, syms: list):
-    """Kernel `f` taking the symbols' values as its last parameter, read once at its start."""
+    """Kernel `f` taking the symbols' values as its last parameter, read once at its start.
+    A hand-written C kernel whose sizes are symbolic wrote them as C expressions of the
+    symbol vars' names (kiln.loops.symbols.c_size): those become its locals."""
+    if isinstance(f, ExternFunc):
+        if not symbols_in([d for p in f.params for d in p.shape]):
+            return f
+        p = Buffer(f"in{len(f.params)}", DType.int64, dims.shape)
+        head = "".join(f"  const int64_t {s.name} = {p.name}[{k}]; (void){s.name};\n" for k, s in enumerate(syms))
+        return dataclasses.replace(f, params=f.params + (p,), c_body=head + f.c_body)
     if not isinstance(f, PrimFunc):
         return f
     body = f.body
@@ -220,12 +231,12 @@ def _with_dims(f, dims: Buffer, syms: list):
     return dataclasses.replace(f, params=f.params + (dims,), body=body)
 
 
-def _entry(entry: PrimFunc, module, dims: Buffer, offsets: Buffer) -> PrimFunc:
-    """The entry with `dims` and `offsets` parameters, passing `dims` on to every kernel."""
+def _entry(entry: PrimFunc, takes: set, dims: Buffer, offsets: Buffer) -> PrimFunc:
+    """The entry with `dims` and `offsets` parameters, passing `dims` on to the kernels named
+    in `takes`."""
     from kiln.loops.stmt import Seq  # noqa: PLC0415
     calls = entry.body.stmts if isinstance(entry.body, Seq) else (entry.body,)
-    kinds = {f.name: isinstance(f, PrimFunc) for f in module.funcs}
-    new = tuple(Call(c.func, c.args + ((dims,) if kinds.get(c.func) else ())) if isinstance(c, Call) else c
+    new = tuple(Call(c.func, c.args + ((dims,) if c.func in takes else ())) if isinstance(c, Call) else c
                 for c in calls)
     return dataclasses.replace(entry, params=entry.params + (dims, offsets), body=Seq(new))
 

@@ -17,7 +17,7 @@ import numpy as np
 from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.loops import Expr, call, cast, compute, const, reduce, reduce_axis, select
-from kiln.loops.symbols import extent, size_hint, static
+from kiln.loops.symbols import c_size, extent, size_hint, static
 from kiln.lower.decisions import Ints, declare, parallel_min_work
 from kiln.lower.nnutil import parallel_worth
 from kiln.ops.reduce import _NORMALIZE, _REDUCE, _reduce_axes, _reduce_run
@@ -392,7 +392,8 @@ def _cumulative_lower(ctx: LowerCtx, x, axis_in):
     macros = {"KILN_SCAN_T": dt.c, "KILN_SCAN_ACC": "double" if dt.is_float else "uint64_t",
               "KILN_SCAN_OP(a, b)": "((a) + (b))" if total else "((a) * (b))",
               "KILN_SCAN_UNIT": "0" if total else "1", "KILN_SCAN_FN": fn}
-    body = (f"  static const int64_t dims[{len(shape)}] = {{{', '.join(map(str, shape))}}};\n"
+    sized = "static const" if all(static(d) for d in shape) else "const"   # symbolic sizes: run-time values
+    body = (f"  {sized} int64_t dims[{len(shape)}] = {{{', '.join(c_size(d) for d in shape)}}};\n"
             f"  return {fn}(in0, out0, dims, {len(shape)}, (int64_t)in1[0], {parallel_min_work()}, "
             f"{int(bool(ctx.attr('reverse', 0)))}, {int(bool(ctx.attr('exclusive', 0)))});")
     preamble = c_instance("cumulative.c", macros, fn.upper())

@@ -86,6 +86,18 @@ class GenericModule(NativeModule):
                                         int(ws))
         return hit
 
+    def reserve(self, dims: tuple[int, ...]) -> int:
+        """Plan symbol values `dims` and grow the workspace to their plan now, its pages
+        touched, so that no shape needing at most as much pays for fresh memory on its first
+        run (that run then costs its arena plan alone). Returns the workspace bytes."""
+        _, _, ws = self.shape_plan(tuple(int(d) for d in dims))
+        with self._lock:
+            if ws + 64 > self.workspace.size:
+                self.workspace = np.ones(ws + 64, dtype=np.uint8)    # written: its pages are mapped now
+                self._ws_ptr = self.workspace.ctypes.data + (-self.workspace.ctypes.data) % 64
+                self._fixed_ptrs = [ctypes.c_void_p(self.weights.ctypes.data), ctypes.c_void_p(self._ws_ptr)]
+        return ws
+
     def _shape(self, shape: tuple, dims: tuple) -> tuple:
         env = dict(zip(self.symbols, dims))
         return tuple(d if not isinstance(d, str) else env[d] if d in env else self._size(d, env) for d in shape)

@@ -37,6 +37,16 @@ class GenericModel(CompiledModel):
         """Native modules built: one, whatever the shapes it has run."""
         return 1
 
+    def reserve(self, **sizes: int) -> int:
+        """Make room now for the symbols' values `sizes` (`batch=8, seq=256`): the arena is
+        planned and its memory mapped, so a new shape needing no more runs at once on its
+        first use. Returns the workspace bytes."""
+        missing = [s for s in self.module.symbols if s not in sizes]
+        if missing or set(sizes) - set(self.module.symbols):
+            from kiln.errors import KilnError  # noqa: PLC0415
+            raise KilnError(f"reserve takes every symbol of {self.module.symbols}, given {sorted(sizes)}")
+        return self.module.reserve(tuple(sizes[s] for s in self.module.symbols))
+
     def build_info(self) -> dict | None:
         return None
 

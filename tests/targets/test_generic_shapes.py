@@ -266,3 +266,33 @@ def test_a_size_outside_a_guard_runs_specialised():
     np.testing.assert_allclose(m.run(ok)[m.outputs[0].name], ref.run(ok)[m.outputs[0].name], rtol=1e-3, atol=1e-4)
     with pytest.raises(kiln.KilnError):
         m.run(es.feeds(1, 13, seed=4))    # the bias has 12 rows: the reference fails too
+
+
+def test_reserve_makes_room_for_every_smaller_shape():
+    es = _exported_style()
+    m = _generic(es.build("bert", layers=1, max_pos=300))
+    ws = m.reserve(batch=4, seq=64)
+    assert ws > 0 and m.module.workspace.size >= ws
+    before = m.module.workspace
+    ref = kiln.compile(m.source, target="interpreter")
+    for b, s in ((4, 64), (3, 17), (1, 64)):
+        feeds = es.feeds(b, s, seed=b + s)
+        np.testing.assert_allclose(m.run(feeds)[m.outputs[0].name], ref.run(feeds)[m.outputs[0].name],
+                                   rtol=1e-3, atol=1e-4)
+    assert m.module.workspace is before       # nothing grew
+    with pytest.raises(kiln.KilnError, match="seq"):
+        m.reserve(batch=4)
+
+
+def test_a_hand_written_kernel_takes_the_symbols(compiler_runs):
+    """CumSum is hand-written C: in a generic module its sizes are C expressions of the
+    symbols, read from the kernel's extra parameter."""
+    axis = onnx.numpy_helper.from_array(np.array(1, np.int64), "axis")
+    model = _model([helper.make_node("CumSum", ["x", "axis"], ["c"], name="cumsum"),
+                    helper.make_node("Relu", ["c"], ["y"], name="relu")],
+                   [helper.make_tensor_value_info("x", F, ["n", "m"])],
+                   [helper.make_tensor_value_info("y", F, ["n", "m"])], [axis])
+    m = _generic(model)
+    rng = np.random.default_rng(9)
+    _check_runs(m, [{"x": rng.standard_normal((n, k)).astype(np.float32)} for n, k in ((1, 1), (3, 7), (2, 131))],
+                compiler_runs)
