@@ -147,9 +147,13 @@ def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool 
         if reserve:   # the pairs' largest sizes: memory mapped now, not on a pair's first run
             g.reserve(**{s: max(p[k] for p in pairs) for k, s in enumerate(g.module.symbols)})
         before = counter.n
-        extras, firsts = [], []
+        extras, firsts, plans = [], [], []
         for k, (b, s) in enumerate(pairs):
             f = feeds(b, s, k + 1)
+            ins = g.ordered(f)
+            plans.append(_cpu_ms(lambda: g.module._prepare(ins)))   # what is new for a new shape: its plan
+            g.module._by_shapes.clear()
+            g.module.layouts.clear()
             t0 = time.perf_counter()
             first_cpu = _cpu_ms(lambda: g.run(f))
             first_wall = (time.perf_counter() - t0) * 1e3
@@ -159,7 +163,8 @@ def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool 
         compiles = counter.n - before
     finally:
         c_build.subprocess = counter.real
-    print(f"{name}: generic compile {compile_s:.1f} s; {len(pairs)} new (batch, seq) pairs: first-use extra "
+    print(f"{name}: generic compile {compile_s:.1f} s; {len(pairs)} new (batch, seq) pairs: arena plan per new "
+          f"shape median {np.median(plans):.2f} ms, max {max(plans):.2f} ms; first-use extra "
           f"(thread CPU, first run minus the median of 3 more) median {np.median(extras):.2f} ms, "
           f"max {max(extras):.2f} ms (wall, whole first run: median {np.median(firsts):.1f} ms); "
           f"C compiler runs after the first shape: {compiles}")

@@ -184,7 +184,7 @@ def generic(optimized: Optimized, decisions: dict | None = None):
     from kiln.limits import check_memory  # noqa: PLC0415
     from kiln.lower.generic import lower_generic  # noqa: PLC0415
     from kiln.runtime.generic import GenericModule  # noqa: PLC0415
-    graph = optimized.graph
+    graph = resolved(optimized)
     with stage("lower"):
         sg = lower_generic(graph, optimized.target, decisions)
     lm = sg.lowered
@@ -198,6 +198,24 @@ def generic(optimized: Optimized, decisions: dict | None = None):
     module.info = {"kernels": len(lm.module.funcs) - 1, "calls": lm.call_nodes,
                    "why_not_fused": lm.fusion.why_not if lm.fusion else [], "decisions": lm.decisions}
     return module
+
+
+def resolved(optimized: Optimized) -> Graph:
+    """The graph a generic module is lowered from: the source with the sizes it computes
+    named by polynomials of its symbols (kiln.lower.symbolic_shapes: batch*seq), then its
+    passes run again, so the rewrites that match shapes (attention fusion) see sizes that
+    agree, not a fresh symbol per computed size. Without a source: the optimized graph."""
+    if optimized.source is None:
+        return optimized.graph
+    from kiln.lower.generic import graph_symbols  # noqa: PLC0415
+    from kiln.lower.symbolic_shapes import Undecided, resolve  # noqa: PLC0415
+    from kiln.passes import run_passes  # noqa: PLC0415
+    with stage("optimize"):
+        try:
+            source = resolve(optimized.source, graph_symbols(optimized.source), for_lowering=False).graph
+        except (Undecided, KilnError):
+            return optimized.graph
+        return run_passes(source, optimized.level, target=optimized.target, decisions=optimized.decisions)[0]
 
 
 # -- frontend, passes ----------------------------------------------------------------------

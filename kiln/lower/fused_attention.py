@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
+from kiln.loops.symbols import c_size, hint, static
 from kiln.lower.nnutil import parallel_worth
 from kiln.ops.fused_attention import DOMAIN, MASK_KINDS, contiguous_strides, logical_shapes, mask_strides
 from kiln.lower.context import LowerCtx, lowering
@@ -107,10 +108,14 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
         ctx.fail(f"the fused attention kernel takes one float dtype for q, k, v and the output, "
                  f"got {q.dtype}, {k.dtype}, {v.dtype} -> {out_dtype}", stage="lower")
     target = Target.of(ctx.target)
-    t = flash_tile(target, dv, sk)
+    t = flash_tile(target, dv, hint(sk))   # a symbolic key count: tiled for its hint
     # the kernel forks when its threads save more than the fork and join cost (the Target's
-    # wait policy): its products, Q·Kᵀ and P·V, over every (batch, head, query, key)
-    forks = parallel_worth(b * hq * sq * sk * (d + dv), target, "attention")
+    # wait policy): its products, Q·Kᵀ and P·V, over every (batch, head, query, key); with
+    # keys or sizes known at run time only (a static cache, a shape-generic module) the
+    # kernel compares its work with the cost model's floor then
+    work = b * hq * sq * sk * (d + dv)
+    fork_at = (str(_fork_floor(target)) if kv_lens is not None or not static(work) else
+               "0" if parallel_worth(work, target, "attention") else "INT64_MAX")
     dvp = -(-dv // (t.no * t.lanes)) * t.no * t.lanes
     ct, ld, st = _types(q.dtype)
     mt = "float" if mask is None else mask.dtype.c
@@ -128,11 +133,9 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
                  f"{tuple(kv_lens.shape)}", stage="lower")
     lens = "NULL" if kv_lens is None else "in4" if mask is not None else "in3"
     args = ["in0", "in1", "in2", "in3" if mask is not None else "NULL", lens, "out0",
-            *(str(x) for x in (b, hq, hkv, sq, sk)), *(str(x) for s in call.strides for x in s),
-            str(call.mask_kind), *(str(x) for x in call.mask_strides), _lit(call.fill), _lit(call.scale),
-            str(call.causal), str(int(call.empty_nan)),
-            # valid keys known at run time only (a static cache): the kernel compares its work then
-            str(_fork_floor(target)) if kv_lens is not None else "0" if forks else "INT64_MAX"]
+            *(c_size(x) for x in (b, hq, hkv, sq, sk)), *(c_size(x) for s in call.strides for x in s),
+            str(call.mask_kind), *(c_size(x) for x in call.mask_strides), _lit(call.fill), _lit(call.scale),
+            str(call.causal), str(int(call.empty_nan)), fork_at]
     body = f"  return {fn}({', '.join(args)});"
     return ctx.extern(body, [q, k, v, mask, kv_lens], [(tuple(out_shape), out_dtype)], preamble=preamble)
 

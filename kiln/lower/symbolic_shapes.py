@@ -196,14 +196,18 @@ class Resolved:
         return self.derived.get(d)
 
 
-def resolve(graph: Graph, symbols: list[str]) -> Resolved:
+def resolve(graph: Graph, symbols: list[str], for_lowering: bool = True) -> Resolved:
     """A clone of `graph` inferred again with shape values carried as polynomials of
-    `symbols` (the input symbols), its computed sizes named by their polynomials."""
+    `symbols` (the input symbols), its computed sizes named by their polynomials.
+    `for_lowering`: Slices whose ends are run-time sizes get constant ends, their kernels
+    reading from the starts (the graph is then for lowering only: inferred again, such a
+    Slice would take the whole axis)."""
     g = graph.clone()
     res = Resolved(g, list(symbols))
     inf = _Inferencer(g.opsets, res)
     inf.infer_graph(g)
-    _fix_slices(g, inf)
+    if for_lowering:
+        _fix_slices(g, inf)
     res.known = inf.known
     return res
 

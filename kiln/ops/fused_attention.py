@@ -34,18 +34,19 @@ MASK_KINDS = ("add", "bool", "bool_not")
 EMPTY = ("nan", "zero")
 
 
-def contiguous_strides(shape) -> list[int]:
+def contiguous_strides(shape) -> list:
+    """Row-major element strides (products of the dims: symbolic size Exprs stay Exprs)."""
     out, n = [], 1
     for d in reversed(tuple(shape)):
         out.append(n)
-        n *= int(d)
+        n = n * (int(d) if isinstance(d, (int, np.integer)) else d)
     return out[::-1]
 
 
 def mask_strides(mask_shape, scores_shape) -> tuple[int, ...] | None:
     """Strides over (b, h, sq, sk) of a mask broadcast (numpy, right-aligned) to the scores;
     None when it does not broadcast."""
-    ms = tuple(int(d) for d in mask_shape)
+    ms = tuple(int(d) if isinstance(d, (int, np.integer)) else d for d in mask_shape)   # sizes may be symbolic
     if len(ms) > 4:
         return None
     ms = (1,) * (4 - len(ms)) + ms

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 from kiln.dtypes import DType
 from kiln.graph.ir import Graph, Node, Value
-from kiln.ops.fused_attention import DOMAIN, mask_strides
-from kiln.passes.edit import Namer, const_scalar, new_node, static_shape, use_counts
+from kiln.graph.types import TensorType
+from kiln.ops.fused_attention import DOMAIN
+from kiln.passes.edit import Namer, const_scalar, new_node, use_counts
 from kiln.passes.edit import producers as edit_producers
 from kiln.passes.registry import PassContext, graph_pass
 from kiln.targets.target import Target
@@ -67,6 +68,8 @@ def fusion_pays(b: int, hq: int, sq: int, sk: int, d: int, target: Target) -> tu
     thread of an AVX-512 Zen 4, load 15: fused / decomposed 1.84 at 4 keys, 1.57 at 8, 0.85
     at 16, 0.84 at 32, 0.95 at 512, 0.89 at 2048; causal 0.44 at 2048)."""
     lanes = target.vector_lanes(4)
+    if not _ints(b, hq, sq, sk):   # sizes known at run time: fused (the decomposed kernels win below 16 keys)
+        return True, f"fused: kiln::FusedAttention, scores of {b}x{hq}x{sq}x{sk} never stored"
     if sk < lanes:
         return False, f"{sk} keys, fewer than one {lanes}-float vector: the decomposed kernels are faster"
     mib = b * hq * sq * sk * 4 / 2**20
@@ -156,9 +159,9 @@ def _plan(graph: Graph, m: _Match, producers, consumers, uses, namer: Namer, tar
     a, bt = m.qk.inputs
     vm = m.pv.inputs[1]
     y = m.pv.outputs[0]
-    shapes = [static_shape(x) for x in (a, bt, vm, y)]
+    shapes = [_dims(x) for x in (a, bt, vm, y)]
     if any(s is None for s in shapes):
-        return [], "not fused here: sizes unknown (decided again per input shape)"
+        return [], "not fused here: ranks unknown (decided again per input shape)"
     if any(len(s) != 4 for s in shapes):
         return [], "not fused: the fused kernel takes 4-D (batch, head, seq, dim) products"
     dt = a.type.dtype
@@ -169,7 +172,7 @@ def _plan(graph: Graph, m: _Match, producers, consumers, uses, namer: Namer, tar
         if x is not None and (uses[x.outputs[0].id] != 1 or any(v is x.outputs[0] for v in graph.outputs)):
             return [], f"not fused: {x.name}'s result is read elsewhere"
     (b, hq, sq, d), (_, hk, _, sk), (_, hv, _, dv) = shapes[0], shapes[1], shapes[2]
-    if shapes[1][:1] != (b,) or shapes[2][:1] != (b,) or hk != hv or hq % hk:
+    if shapes[1][:1] != (b,) or shapes[2][:1] != (b,) or hk != hv or not _ints(hq, hk) or hq % hk:
         return [], f"not fused: Q {shapes[0]}, Kᵀ {shapes[1]}, V {shapes[2]} batch dims do not line up"
     attrs = {"scale": float(1.0 if m.scale is None else m.scale)}
     mask, made = None, []
@@ -195,8 +198,8 @@ def _plan(graph: Graph, m: _Match, producers, consumers, uses, namer: Namer, tar
             if mask.type.dtype not in (DType.float32, DType.float16, DType.float64):
                 return [], f"not fused: a {mask.type.dtype} additive mask"
             attrs["mask_kind"] = "add"
-        ms = static_shape(mask)
-        if ms is None or mask_strides(ms, (b, hq, sq, sk)) is None:
+        ms = _dims(mask)
+        if ms is None or not _broadcasts(ms, (b, hq, sq, sk)):
             return [], f"not fused: mask of shape {ms} does not broadcast to the scores"
     pays, why = fusion_pays(b, hq, sq, sk, d, target)
     if not pays:
@@ -204,7 +207,7 @@ def _plan(graph: Graph, m: _Match, producers, consumers, uses, namer: Namer, tar
     q, qp = _source(a, (0, 1, 2, 3), producers, None)
     k, kp = _source(bt, (0, 1, 3, 2), producers, hq)
     v, vp = _source(vm, (0, 1, 2, 3), producers, hq)
-    if static_shape(k)[kp[1]] != static_shape(v)[vp[1]]:   # one repeat recognised, not the other
+    if _dims(k)[kp[1]] != _dims(v)[vp[1]]:   # one repeat recognised, not the other
         k, kp = _source(bt, (0, 1, 3, 2), producers, None)
         v, vp = _source(vm, (0, 1, 2, 3), producers, None)
     out, op_ = y, (0, 1, 2, 3)
@@ -235,7 +238,7 @@ def _source(v: Value, perm: tuple, producers, heads: int | None) -> tuple[Value,
         if p is None or p.domain:
             break
         tp = _perm(p) if p.op == "Transpose" else None
-        if tp is not None and static_shape(p.inputs[0]) is not None:
+        if tp is not None and _dims(p.inputs[0]) is not None:
             v, perm = p.inputs[0], tuple(tp[i] for i in perm)
             continue
         src = _repeat_source(v, p, producers) if heads and perm[1] == 1 else None
@@ -249,18 +252,36 @@ def _source(v: Value, perm: tuple, producers, heads: int | None) -> tuple[Value,
 def _repeat_source(v: Value, p: Node, producers) -> Value | None:
     """y when v = Reshape(Expand(Unsqueeze(y, 2)), [B, Hkv * rep, S, D]): repeat_kv's K/V
     heads, each read `rep` times in place (y [B, Hkv, S, D])."""
-    vs = static_shape(v)
+    vs = _dims(v)
     if p.op != "Reshape" or vs is None or len(vs) != 4:
         return None
     e = producers.get(p.inputs[0].id)
-    es = static_shape(p.inputs[0])
-    if e is None or e.op != "Expand" or e.domain or es is None or len(es) != 5 \
+    es = _dims(p.inputs[0])
+    if e is None or e.op != "Expand" or e.domain or es is None or len(es) != 5 or not _ints(es[1], es[2]) \
             or (es[0], es[1] * es[2], es[3], es[4]) != vs:
         return None
     x = e.inputs[0]
-    xs = static_shape(x)
+    xs = _dims(x)
     u = producers.get(x.id)
     if xs != (es[0], es[1], 1, es[3], es[4]) or u is None or u.op not in ("Unsqueeze", "Reshape") or u.domain:
         return None
     y = u.inputs[0]
-    return y if static_shape(y) == (es[0], es[1], es[3], es[4]) else None
+    return y if _dims(y) == (es[0], es[1], es[3], es[4]) else None
+
+
+def _dims(v: Value) -> tuple | None:
+    """v's shape when its rank is known: ints and symbol names (equal names, equal sizes; the
+    fused kernel takes its sizes at run time, kiln.lower.generic)."""
+    t = v.type
+    return tuple(t.shape) if isinstance(t, TensorType) and t.shape is not None else None
+
+
+def _ints(*dims) -> bool:
+    return all(isinstance(d, int) for d in dims)
+
+
+def _broadcasts(mask: tuple, scores: tuple) -> bool:
+    """Does a mask of shape `mask` broadcast (right-aligned) to `scores` (b, h, sq, sk)?"""
+    if len(mask) > 4:
+        return False
+    return all(m == 1 or m == s for m, s in zip((1,) * (4 - len(mask)) + tuple(mask), scores))
