@@ -2,6 +2,7 @@
 direct convolution in float64, with each model's own weights (BatchNorm folded, as kiln runs them).
 
     python benchmarks/winograd_error.py [--models resnet50,unet] [--dir ~/.cache/kiln-corpus]
+    python benchmarks/winograd_error.py --1d [--m 4,6]    # 1-D F(m, 3) on 3-tap stride-1 1-D convs
 
 Per model, over its 3x3 stride-1 dense convs (inputs: ReLU of unit normals at the conv's own
 input size): the largest |error| / max |direct output| ("rel"), the largest |error| /
@@ -26,7 +27,7 @@ from kiln.graph import parse_graph  # noqa: E402
 from kiln.ops.layout import from_blocked, to_blocked  # noqa: E402
 from kiln.ops.nn import Window, conv_core  # noqa: E402
 from kiln.ops.winograd import transform_weight  # noqa: E402
-from kiln.passes.layout import _conv_attrs, default_block  # noqa: E402
+from kiln.passes.layout import _window_attrs, default_block  # noqa: E402
 from kiln.targets.target import Target  # noqa: E402
 
 CACHE = os.path.expanduser("~/.cache/kiln-corpus")
@@ -50,10 +51,34 @@ def convs_3x3(path: str):
         if w.ndim != 4 or w.shape[2:] != (3, 3) or int(n.attrs.get("group", 1)) != 1 or xs is None \
                 or not all(isinstance(d, int) for d in xs[1:]):
             continue
-        a = _conv_attrs(n, opset, (1, *xs[1:]))
+        a = _window_attrs(n, opset, (1, *xs[1:]), w.shape[2:])
         if a is None or a["strides"] != [1, 1] or a["dilations"] != [1, 1]:
             continue
         yield n.name, (1, *xs[1:]), w.astype(np.float32), a["pads"]
+
+
+def convs_1d(path: str):
+    """(name, x shape (1, C, L), weights, [left, right], dilation) of each 3-tap stride-1 dense 1-D
+    conv, BN folded, at the model's first benchmark case."""
+    import json
+    from kiln.compiler import run_stages
+    side = path[:-5] + ".json"
+    dims = json.load(open(side))["cases"][0] if os.path.exists(side) else {}
+    st = run_stages(path, "partition", opt_level=2, dims=dims)
+    g = st.specialized.graph
+    opset = g.opset("")
+    for n in g.nodes:
+        if n.op != "Conv" or n.domain or n.inputs[1].const is None:
+            continue
+        w = n.inputs[1].const
+        xs = n.inputs[0].type.shape
+        if w.ndim != 3 or w.shape[2] != 3 or int(n.attrs.get("group", 1)) != 1 or xs is None \
+                or not all(isinstance(d, int) for d in xs[1:]):
+            continue
+        a = _window_attrs(n, opset, (1, *xs[1:]), w.shape[2:])
+        if a is None or a["strides"] != [1, 1]:
+            continue
+        yield n.name, (1, *xs[1:]), w.astype(np.float32), [a["pads"][1], a["pads"][3]], a["dilations"][1]
 
 
 _MODELS: dict = {}
@@ -74,6 +99,56 @@ def native(xs, oc, pads, block):
     return _MODELS[key]
 
 
+def native_1d(xs, oc, pads, d, m, block):
+    """A compiled graph of one ConvWinograd1D with x and u as inputs (one per geometry)."""
+    key = (xs, oc, tuple(pads), d, m)
+    if key not in _MODELS:
+        _, c, length = xs
+        cb, ocb = -(-c // block), -(-oc // block)
+        ow = length + pads[0] + pads[1] - 2 * d
+        text = (f'graph "g" (%x: float32[1,{cb},1,{length},{block}], %u: float32[{m + 2},{ocb},{cb * block},{block}]) '
+                f'-> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
+                f'  %y: float32[1,{ocb},1,{ow},{block}] = "kiln"::ConvWinograd1D(%x, %u) '
+                f'{{m = {m}, pads = [{pads[0]}, {pads[1]}], dilation = {d}}} name "wino"\n}}')
+        _MODELS[key] = kiln.compile(parse_graph(text))
+    return _MODELS[key]
+
+
+def main_1d(args, block, rng):
+    """Per model and m: the worst errors over its 3-tap stride-1 1-D convs."""
+    from kiln.ops.winograd1d import transform_weight_1d
+    ms = [int(v) for v in args.m.split(",")]
+    worst = {m: [0.0, 0.0] for m in ms}
+    dworst = [0.0, 0.0]
+    for path in sorted(glob.glob(os.path.join(args.dir, "*.onnx"))):
+        name = os.path.basename(path)[:-5]
+        if args.models and name not in args.models.split(","):
+            continue
+        rows = {m: [] for m in ms}
+        drows = []
+        for cname, xs, w, pads, d in convs_1d(path):
+            x = np.maximum(rng.standard_normal(xs), 0).astype(np.float32)
+            win = Window([3], [1], [d], [pads[0]], [pads[1]], [xs[2] + pads[0] + pads[1] - 2 * d], [0])
+            want = conv_core(None, x.astype(np.float64), w.astype(np.float64), 1, win)
+            drows.append(errors(conv_core(None, x, w, 1, win), want))
+            for m in ms:
+                y = native_1d(xs, w.shape[0], pads, d, m, block).run(
+                    x=to_blocked(x[:, :, None], block), u=transform_weight_1d(w, block, m))["y"]
+                rows[m].append(errors(from_blocked(y, w.shape[0])[:, :, 0], want))
+        if not drows:
+            continue
+        dr = np.max(np.array(drows), axis=0)
+        dworst = [max(a, b) for a, b in zip(dworst, dr)]
+        line = f"{name:22s} {len(drows):3d} convs | "
+        for m in ms:
+            r = np.max(np.array(rows[m]), axis=0)
+            worst[m] = [max(a, b) for a, b in zip(worst[m], r)]
+            line += f"F({m},3) rel {r[0]:.2e} elem {r[1]:.2e} | "
+        print(line + f"direct f32 rel {dr[0]:.2e} elem {dr[1]:.2e}", flush=True)
+    print(f"{'all':22s}           | " + "".join(f"F({m},3) rel {worst[m][0]:.2e} elem {worst[m][1]:.2e} | "
+                                               for m in ms) + f"direct f32 rel {dworst[0]:.2e} elem {dworst[1]:.2e}")
+
+
 def errors(got, want) -> tuple[float, float]:
     big = float(np.max(np.abs(want)))
     err = np.abs(got - want)
@@ -84,9 +159,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="")
     ap.add_argument("--dir", default=CACHE)
+    ap.add_argument("--1d", dest="one_d", action="store_true", help="1-D F(m, 3) on 3-tap stride-1 1-D convs")
+    ap.add_argument("--m", default="4,6", help="with --1d: the tile sizes m to measure")
     args = ap.parse_args(argv)
     block = default_block(Target.host())
     rng = np.random.default_rng(0)
+    if args.one_d:
+        return main_1d(args, block, rng)
     worst = [0.0, 0.0, 0.0, 0.0]
     for path in sorted(glob.glob(os.path.join(args.dir, "*.onnx"))):
         name = os.path.basename(path)[:-5]

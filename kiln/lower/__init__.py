@@ -38,3 +38,4 @@ from kiln.lower import strings  # noqa: F401
 from kiln.lower import tensor  # noqa: F401
 from kiln.lower import training  # noqa: F401
 from kiln.lower import winograd  # noqa: F401
+from kiln.lower import winograd1d  # noqa: F401

@@ -8,7 +8,8 @@ kiln has three ways to run a float32 2-D convolution on the CPU:
   block of output channels; dense or depthwise 2-D convs with constant weights;
 - `winograd`: F(4x4, 3x3) on the blocked layout (kiln.ops.winograd, kiln.lower.winograd),
   4x fewer multiplies for 3x3 stride-1 undilated convs, paid for by the transforms
-  (about a tenth of the work at 64 channels, more below) and by weights 4x larger.
+  (about a tenth of the work at 64 channels, more below) and by weights 4x larger; for
+  3-tap stride-1 1-D convs, dilated or not, F(m, 3) (kiln.ops.winograd1d): 2-2.25x fewer.
 
 `choose(shape, target)` returns the algorithm and a sentence saying why; the layout pass
 (kiln.passes.layout) calls it per conv, rewrites the graph accordingly and lists every
@@ -36,7 +37,7 @@ from kiln.targets.target import Target
 
 ALGORITHMS = ("direct", "winograd")
 CONV_ALGORITHM = declare("conv.algorithm", OneOf(ALGORITHMS), lambda target: "direct",
-                         "how a 3x3 stride-1 conv runs: direct, or Winograd F(4x4, 3x3) (kiln.lower.conv_algo)")
+                         "how a 3x3 or 3-tap 1-D stride-1 conv runs: direct, or Winograd (kiln.lower.conv_algo)")
 ENV = "KILN_CONV_ALGO"
 
 # The rule, measured (benchmarks/conv_bench.py --convs resnet18|unet256|dbnet320|probe, one
@@ -48,6 +49,15 @@ ENV = "KILN_CONV_ALGO"
 WINOGRAD_MIN_CHANNELS = 16       # the fewest measured (16 -> 16 at 56x56: 0.077 ms vs 0.158)
 WINOGRAD_MIN_TILES = 4           # 4x4 output tiles over the batch
 WINOGRAD_MIN_TILE_USE = 0.5      # output pixels / pixels the tiles cover (6x6: 0.56, won 1.6x)
+# 1-D convs (3 taps, stride 1, any dilation): F(m, 3), m outputs per tile from m + 2 inputs, m one
+# of WINOGRAD_1D_MS: the fewest multiplies, the tiles' thrown-away outputs counted
+# (`winograd_1d_m`). One thread, 128 -> 128 channels, 398 samples (benchmarks/conv_bench.py
+# --convs conv1d): F(6, 3) 0.194 ms vs F(4, 3) 0.213 undilated, 0.229 vs 0.246 at dilation 16
+# (direct: 0.36); its error is hardly larger (kiln.ops.winograd1d)
+WINOGRAD_1D_MS = (4, 6)
+WINOGRAD_1D_MIN_CHANNELS = 16
+WINOGRAD_1D_MIN_TILES = 4
+WINOGRAD_1D_MIN_TILE_USE = 0.5
 
 
 @dataclass(frozen=True)
@@ -96,10 +106,14 @@ def asked(decisions: dict | None = None) -> str | None:
 
 
 def winograd_applies(s: ConvShape, target: Target) -> str | None:
-    """Why Winograd F(4x4, 3x3) cannot run this conv, or None when it can."""
-    if len(s.kernel) != 2 or tuple(s.kernel) != (3, 3):
+    """Why Winograd (F(4x4, 3x3), or F(m, 3) for a 1-D conv) cannot run this conv, or None when it can."""
+    if len(s.kernel) == 1:
+        if tuple(s.kernel) != (3,) or set(s.strides) != {1}:
+            return f"kernel {s.kernel[0]}{'' if set(s.strides) == {1} else ' strided'} (1-D Winograd " \
+                   "here is for 3 taps, stride 1)"
+    elif len(s.kernel) != 2 or tuple(s.kernel) != (3, 3):
         return f"kernel {'x'.join(map(str, s.kernel))} (Winograd here is for 3x3)"
-    if set(s.strides) != {1} or set(s.dilations) != {1}:
+    elif set(s.strides) != {1} or set(s.dilations) != {1}:
         return "strided or dilated (Winograd here is for stride 1, no dilation)"
     if s.group != 1:
         return "grouped (Winograd here is for dense convs)"
@@ -131,6 +145,8 @@ def choose(s: ConvShape, target: Target, override: str | None = None) -> Choice:
         return Choice("winograd", "asked for (conv.algorithm / KILN_CONV_ALGO)")
     if override == "direct":
         return Choice(direct.algorithm, f"{direct.reason}; asked for direct (conv.algorithm / KILN_CONV_ALGO)")
+    if len(s.kernel) == 1:
+        return choose_1d(s, direct)
     tiles = s.n * math.prod(-(-o // 4) for o in s.out)
     if min(s.c, s.oc) < WINOGRAD_MIN_CHANNELS:
         return Choice(direct.algorithm, f"{min(s.c, s.oc)} channels < {WINOGRAD_MIN_CHANNELS}: Winograd's "
@@ -154,3 +170,33 @@ class ConvChoice:
 
     def __str__(self) -> str:
         return f"conv {self.node!r} [{self.shape}]: {self.choice.algorithm} ({self.choice.reason})"
+
+
+def tiles_1d(n: int, ow: int, d: int, m: int) -> int:
+    """Tiles of 1-D F(m, 3) over n signals of ow outputs at dilation d: m outputs of one phase each."""
+    return n * d * (-(-(-(-ow // d)) // m))
+
+
+def winograd_1d_m(n: int, ow: int, d: int) -> int:
+    """The tile size m of WINOGRAD_1D_MS with the fewest multiplies (tiles x (m + 2)), ties to the larger."""
+    return min(WINOGRAD_1D_MS, key=lambda m: (tiles_1d(n, ow, d, m) * (m + 2), -m))
+
+
+def choose_1d(s: ConvShape, direct: Choice) -> Choice:
+    """The rule for a 3-tap stride-1 1-D conv (Winograd can run it): see WINOGRAD_1D_*."""
+    (ow,), (d,) = s.out, s.dilations
+    m = winograd_1d_m(s.n, ow, d)
+    tiles = tiles_1d(s.n, ow, d, m)
+    use = s.n * ow / (tiles * m)
+    if min(s.c, s.oc) < WINOGRAD_1D_MIN_CHANNELS:
+        return Choice(direct.algorithm, f"{min(s.c, s.oc)} channels < {WINOGRAD_1D_MIN_CHANNELS}: Winograd's "
+                                        "transforms cost more than its GEMMs save")
+    if tiles < WINOGRAD_1D_MIN_TILES:
+        return Choice(direct.algorithm, f"{tiles} tiles of {m} < {WINOGRAD_1D_MIN_TILES}: too "
+                                        "little work for Winograd's larger weights")
+    if use < WINOGRAD_1D_MIN_TILE_USE:
+        return Choice(direct.algorithm, f"the {m}-output tiles cover {1 / use:.2f}x the output "
+                                        f"(< {WINOGRAD_1D_MIN_TILE_USE} used)")
+    dil = "" if d == 1 else f" (dilation {d}: tiles per phase)"
+    return Choice("winograd", f"3-tap s1{dil}, {min(s.c, s.oc)}+ channels, {tiles} tiles: F({m},3), "
+                              f"{3 * m * use / (m + 2):.2f}x fewer multiplies")

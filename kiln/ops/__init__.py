@@ -34,5 +34,6 @@ from kiln.ops import (  # noqa: F401
     layout,
     packed,
     winograd,
+    winograd1d,
 )
 from kiln.ops.registry import REGISTRY, OpDef, lookup  # noqa: F401

@@ -25,6 +25,8 @@ The rewrite, in one walk over the nodes in order:
 - a 3x3 stride-1 `Conv` for which kiln.lower.conv_algo chooses Winograd becomes
   `kiln::ConvWinograd` (kiln.ops.winograd) with its weights transformed here, on the
   same blocked layout (a Relu that is its only reader runs in its output transform);
+  a 3-tap stride-1 1-D one (dilated or not) likewise `kiln::ConvWinograd1D`
+  (kiln.ops.winograd1d), on the 1-D blocked layout N,C/c,1,L,c;
   the chooser's choice and reason for every conv are the pass's findings (`model.report`);
 - a layout-agnostic elementwise op (Relu, Clip, Add of two same-shape tensors,
   ...) that reads a blocked value runs on the blocked values instead when every
@@ -74,10 +76,11 @@ from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
-from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, asked, choose
+from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, asked, choose, winograd_1d_m
 from kiln.ops.infer import Inferencer
 from kiln.ops.layout import DOMAIN, pack_bias, pack_conv_weight, to_blocked
 from kiln.ops.winograd import transform_weight
+from kiln.ops.winograd1d import transform_weight_1d
 from kiln.ops.nn import window
 from kiln.ops.registry import NodeCtx
 from kiln.passes.edit import Namer, new_const, reads, static_shape, use_counts
@@ -322,8 +325,18 @@ class _Rewriter:
         self.fired["Conv"] += 1
 
     def winograd(self, node: Node, attrs: dict, w, b) -> None:
-        """The conv as kiln::ConvWinograd, its weights transformed here (kiln.ops.winograd)."""
-        u = new_const(self.namer, f"{node.inputs[1].name}.winograd{self.block}", transform_weight(w, self.block))
+        """The conv as kiln::ConvWinograd (2-D) or kiln::ConvWinograd1D, its weights transformed
+        here (kiln.ops.winograd, kiln.ops.winograd1d)."""
+        if len(static_shape(node.inputs[0])) == 3:
+            n, _, ow = static_shape(node.outputs[0])
+            m = winograd_1d_m(n, ow, attrs["dilations"][1])
+            u = transform_weight_1d(w, self.block, m)
+            op, kind = "ConvWinograd1D", {"m": m, "pads": [attrs["pads"][1], attrs["pads"][3]],
+                                          "dilation": attrs["dilations"][1]}
+        else:
+            u = transform_weight(w, self.block)
+            op, kind = "ConvWinograd", {"m": 4, "pads": list(attrs["pads"])}
+        u = new_const(self.namer, f"{node.inputs[1].name}.winograd{self.block}", u)
         ins = [self.to_blocked(node.inputs[0]), u]
         if b is not None:
             ins.append(new_const(self.namer, f"{node.name}.bias.nchwc{self.block}",
@@ -334,8 +347,7 @@ class _Rewriter:
         relu = readers[0] if (self.uses[y.id] == 1 and len(readers) == 1 and readers[0].op == "Relu"
                               and not readers[0].domain) else None
         yb = self.twin_value(y)
-        self.emit("ConvWinograd", ins, [yb], {"m": 4, "pads": list(attrs["pads"]), "relu": int(relu is not None)},
-                  node.name, DOMAIN)
+        self.emit(op, ins, [yb], {**kind, "relu": int(relu is not None)}, node.name, DOMAIN)
         if relu is not None:
             self.skip.add(id(relu))
             y = relu.outputs[0]

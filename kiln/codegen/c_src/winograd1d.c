@@ -1,0 +1,157 @@
+/* Winograd F(m, 3) 1-D convolution on the blocked layout, dilated or not: the kernel behind
+   kiln.lower.winograd1d (the op and its transform matrices: kiln.ops.winograd1d,
+   kiln.ops.winograd.matrices). Instantiated per tile size and register tile: define before this file
+     KILN_WG1_FN   the function's name
+     KILN_WG1_L    the channel block = the vector lanes (8 with AVX2, 16 with AVX-512)
+     KILN_WG1_M    outputs per tile (m); a tile reads KILN_WG1_M + 2 inputs
+     KILN_WG1_AT   A^T [m][m+2] and B^T [m+2][m+2] as brace initializers (exact small
+     KILN_WG1_BT   rationals: their zeros and ones fold away when the loops unroll)
+     KILN_WG1_TR   tiles per register block       } KILN_WG1_TR * KILN_WG1_OV accumulators stay
+     KILN_WG1_OV   channel blocks per register block } in vector registers over the input channels
+
+   x [N][ICB][W][L] blocked input (a 1-D N,C,W tensor blocked as N,ICB,1,W,L); u [m+2][OCB][ICB*L][L]
+   transformed weights (position, output block, input channel, the block's output channels);
+   bias [OCB][L] or NULL; y [N][OCB][OW][L]. Output o reads inputs o - pl + k * dil, k = 0, 1, 2
+   (zero outside the input: the padding). Outputs o = p + dil * q of one phase p < dil form an
+   undilated correlation over q, so a tile is m outputs q = m*i .. m*i + m-1 of one phase, and it
+   reads the m + 2 inputs under them, dil apart. Tiles are numbered over (image, phase, i).
+
+   Work goes in tasks, as in winograd.c: a chunk of T tiles (a multiple of TR) and a part of the
+   output channel blocks (`osplit` parts). A task
+     1. transforms its tiles' inputs, all input channels: V[t][tile][ic] = (B^T d)[t],
+     2. per group of OV output channel blocks: the m + 2 GEMMs M[t] = V[t] U[t] over the chunk
+        (register blocks of TR tiles x OV vectors, input channels innermost), then the output
+        transform A^T M of each tile, + bias, ReLU when asked, stored into y (cropped at the end).
+   Tasks run in parallel (`par`). Returns 0, or -1 when out of memory. */
+__attribute__((noinline)) static int32_t KILN_WG1_FN(
+    const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
+    int64_t N, int64_t ICB, int64_t W, int64_t OCB, int64_t OW, int64_t pl, int64_t dil,
+    int64_t T, int64_t osplit, int relu, int par) {
+  typedef float V __attribute__((vector_size(KILN_WG1_L * 4)));
+  typedef int32_t VI __attribute__((vector_size(KILN_WG1_L * 4)));
+#define WG1_LD(p) ({ V v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
+#define WG1_ST(p, v) do { V v_ = (v); __builtin_memcpy((p), &v_, sizeof v_); } while (0)
+  enum { L = KILN_WG1_L, M = KILN_WG1_M, NT = KILN_WG1_M + 2, TR = KILN_WG1_TR, OV = KILN_WG1_OV };
+  static const float AT[M][NT] = KILN_WG1_AT;
+  static const float BT[NT][NT] = KILN_WG1_BT;
+  const int64_t IC = ICB * L;
+  const int64_t per_phase = ((OW + dil - 1) / dil + M - 1) / M;      /* tiles of one phase */
+  const int64_t per_image = dil * per_phase, ntile = N * per_image;
+  const int64_t nchunk = (ntile + T - 1) / T, ngroup = OCB / OV, ntask = nchunk * osplit;
+  const size_t vbytes = ((size_t)NT * T * IC * sizeof(float) + 63) / 64 * 64;
+  const size_t mbytes = ((size_t)NT * T * OV * L * sizeof(float) + 63) / 64 * 64;
+  int32_t failed = 0;
+  #pragma omp parallel if (par)
+  {
+    float* vbuf = (float*)aligned_alloc(64, vbytes);
+    float* mbuf = (float*)aligned_alloc(64, mbytes);
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntask; ++task) {
+      if (!vbuf || !mbuf) {
+        #pragma omp atomic write
+        failed = 1;
+        continue;
+      }
+      const int64_t chunk = task / osplit, part = task % osplit;
+      const int64_t first = chunk * T, nt = ntile - first < T ? ntile - first : T;
+      /* 1. input transform */
+      for (int64_t j = 0; j < T; ++j) {
+        if (j >= nt) {                 /* a short last chunk: its register blocks read zeros */
+          for (int t = 0; t < NT; ++t)
+            __builtin_memset(vbuf + ((int64_t)t * T + j) * IC, 0, IC * sizeof(float));
+          continue;
+        }
+        const int64_t g = first + j, n = g / per_image, r = g % per_image;
+        const int64_t x0 = r / per_phase + dil * M * (r % per_phase) - pl;
+        const int inside = x0 >= 0 && x0 + dil * (NT - 1) < W;
+        for (int64_t cb = 0; cb < ICB; ++cb) {
+          const float* xc = x + (n * ICB + cb) * W * L;
+          V d[NT];
+          if (inside) {
+            #pragma GCC unroll 16
+            for (int k = 0; k < NT; ++k) d[k] = WG1_LD(xc + (x0 + dil * k) * L);
+          } else {
+            for (int k = 0; k < NT; ++k) {
+              const int64_t ix = x0 + dil * k;
+              d[k] = (ix >= 0 && ix < W) ? WG1_LD(xc + ix * L) : (V){0};
+            }
+          }
+          #pragma GCC unroll 16
+          for (int a = 0; a < NT; ++a) {
+            V o = (V){0};
+            int none = 1;              /* the first term starts the sum (0 + v is no fold) */
+            #pragma GCC unroll 16
+            for (int k = 0; k < NT; ++k)
+              if (BT[a][k] != 0.0f) {
+                const V t_ = BT[a][k] * d[k];
+                o = none ? t_ : o + t_;
+                none = 0;
+              }
+            WG1_ST(vbuf + ((int64_t)a * T + j) * IC + cb * L, o);
+          }
+        }
+      }
+      const int64_t g0 = part * ngroup / osplit, g1 = (part + 1) * ngroup / osplit;
+      for (int64_t og = g0; og < g1; ++og) {
+        /* 2. the m + 2 GEMMs of this group of output channel blocks */
+        for (int t = 0; t < NT; ++t) {
+          const float* ut = u + ((int64_t)t * OCB + og * OV) * IC * L;
+          const float* vt = vbuf + (int64_t)t * T * IC;
+          float* mt = mbuf + (int64_t)t * T * OV * L;
+          for (int64_t j0 = 0; j0 < T; j0 += TR) {
+            V acc[TR][OV];
+            #pragma GCC unroll 16
+            for (int r = 0; r < TR; ++r)
+              #pragma GCC unroll 8
+              for (int o = 0; o < OV; ++o) acc[r][o] = (V){0};
+            const float* vj = vt + j0 * IC;
+            for (int64_t ic = 0; ic < IC; ++ic) {
+              V wv[OV];
+              #pragma GCC unroll 8
+              for (int o = 0; o < OV; ++o) wv[o] = WG1_LD(ut + (o * IC + ic) * L);
+              #pragma GCC unroll 16
+              for (int r = 0; r < TR; ++r) {
+                const float s = vj[r * IC + ic];
+                #pragma GCC unroll 8
+                for (int o = 0; o < OV; ++o) acc[r][o] += s * wv[o];
+              }
+            }
+            #pragma GCC unroll 16
+            for (int r = 0; r < TR; ++r)
+              #pragma GCC unroll 8
+              for (int o = 0; o < OV; ++o) WG1_ST(mt + ((j0 + r) * OV + o) * L, acc[r][o]);
+          }
+        }
+        /* 3. output transform */
+        for (int64_t j = 0; j < nt; ++j) {
+          const int64_t g = first + j, n = g / per_image, r = g % per_image;
+          const int64_t o0 = r / per_phase + dil * M * (r % per_phase);
+          for (int o = 0; o < OV; ++o) {
+            const int64_t ocb = og * OV + o;
+            V mm[NT];
+            #pragma GCC unroll 16
+            for (int a = 0; a < NT; ++a) mm[a] = WG1_LD(mbuf + (((int64_t)a * T + j) * OV + o) * L);
+            const V bv = bias ? WG1_LD(bias + ocb * L) : (V){0};
+            float* yo = y + (n * OCB + ocb) * OW * L;
+            #pragma GCC unroll 16
+            for (int k = 0; k < M; ++k) {
+              const int64_t oo = o0 + dil * k;
+              if (oo >= OW) break;
+              V v = bv;
+              #pragma GCC unroll 16
+              for (int a = 0; a < NT; ++a)
+                if (AT[k][a] != 0.0f) v += AT[k][a] * mm[a];
+              if (relu) v = (V)((VI)v & ~(VI)(v < (V){0}));   /* max(v, 0); a NaN stays NaN */
+              WG1_ST(yo + oo * L, v);
+            }
+          }
+        }
+      }
+    }
+    free(vbuf);
+    free(mbuf);
+  }
+#undef WG1_LD
+#undef WG1_ST
+  return failed ? -1 : 0;
+}
