@@ -55,7 +55,12 @@ WINOGRAD_MIN_TILE_USE = 0.5      # output pixels / pixels the tiles cover (6x6: 
 # --convs conv1d): F(6, 3) 0.194 ms vs F(4, 3) 0.213 undilated, 0.229 vs 0.246 at dilation 16
 # (direct: 0.36); its error is hardly larger (kiln.ops.winograd1d)
 WINOGRAD_1D_MS = (4, 6)
-WINOGRAD_1D_MIN_CHANNELS = 16
+# The rule, measured: one 1-D Conv+Relu model compiled each way, one thread, thread CPU time p10
+# (load ~10): Winograd / direct 0.59-0.85 from 48 to 512 channels with 4 or more tiles (128 ch:
+# 398 long 0.59, dilation 16 0.68, 32 long 0.74; 48 ch x 200 0.73; 256 ch x 24 0.74), about
+# even at 32 channels (1.00-1.01) and 1.17 at 16; with 3 tiles it lost (128 ch x 16: 1.19,
+# 512 ch x 16: 1.13, its weights 2.7x larger than the direct conv's for 3 tiles of work)
+WINOGRAD_1D_MIN_CHANNELS = 48
 WINOGRAD_1D_MIN_TILES = 4
 WINOGRAD_1D_MIN_TILE_USE = 0.5
 

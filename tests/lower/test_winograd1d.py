@@ -139,10 +139,10 @@ def test_native_kernel_for_each_m(m, n, c, oc, length, d, pads):
 
 
 def test_symbolic_batch_runs_winograd1d_per_shape():
-    model, wt, bv = conv1d_model(1, 16, 24, 50, (2, 2), 2, True, batch_dim="N")
+    model, wt, bv = conv1d_model(1, 48, 64, 50, (2, 2), 2, True, batch_dim="N")
     m = kiln.compile(model)
     for n in (1, 3):
-        x = np.random.default_rng(n).standard_normal((n, 16, 50)).astype(np.float32)
+        x = np.random.default_rng(n).standard_normal((n, 48, 50)).astype(np.float32)
         assert rel_error(m.run(x=x)["y"], direct(x, wt, (2, 2), 2, bv)) < WINOGRAD_1D_ERROR_BOUND
     spec = run_stages(model, "partition", dims={"N": 2}).specialized
     assert "ConvWinograd1D" in [n.op for n in spec.graph.nodes]
@@ -156,6 +156,7 @@ def shape1d(c, oc, ow, k=3, s=1, d=1, n=1, group=1, blockable=True):
     (shape1d(128, 128, 398), "winograd", "F("),
     (shape1d(128, 128, 398, d=16), "winograd", "phase"),
     (shape1d(8, 8, 398), "direct-nchwc", "channels"),
+    (shape1d(32, 64, 398), "direct-nchwc", "channels"),
     (shape1d(128, 128, 6), "direct-nchwc", "tiles"),
     (shape1d(128, 128, 24, d=16), "direct-nchwc", "cover"),        # 16 phases of 1-2 outputs
     (shape1d(128, 128, 398, k=5), "direct-nchwc", "1-D"),
