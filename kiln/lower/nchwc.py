@@ -174,6 +174,32 @@ def column_chunk(g: BlockedGeom, reg_w: int, itemsize: int, target: Target) -> i
     return -(-tiles // chunks)
 
 
+ROW_TASKS_PER_THREAD = 8     # parallel tasks per thread a conv of few rows is cut into (row_parts)
+ROW_PART_MIN_TILES = 4       # register tiles per task at least
+
+
+def row_parts(g: BlockedGeom, reg_w: int, oc_v: int, target: Target) -> int | None:
+    """Parts each output row's register tiles are cut into, as parallel tasks of their own, when a
+    conv has few (image, channel-block group, row) tasks: a 1-D conv at batch 1 is one row, two
+    tasks at 128 channels. A thread woken late (threads sleep between kernels) then still finds
+    most of the work unclaimed (the parallel loop hands out iterations in shrinking chunks),
+    where with two tasks the other thread had already taken them both and ran the kernel alone.
+    About ROW_TASKS_PER_THREAD tasks per thread (half to twice that), each at least
+    ROW_PART_MIN_TILES tiles, the parts equal (the last part's extra tiles are computed and thrown
+    away: the count with the fewest, e.g. 6 parts of 19 tiles for 114); None: no cut (tasks
+    enough, or rows too short)."""
+    tasks = g.n * (g.ocb // oc_v) * g.out[0]
+    threads = max(1, target.cores)
+    if threads < 2 or tasks >= ROW_TASKS_PER_THREAD * threads // 2:
+        return None
+    tiles = -(-g.out[1] // reg_w)
+    want = -(-ROW_TASKS_PER_THREAD * threads // tasks)
+    cands = range(max(2, -(-want // 2)), min(2 * want, tiles // ROW_PART_MIN_TILES) + 1)
+    if not cands:
+        return None
+    return min(cands, key=lambda p: (p * -(-tiles // p), abs(p - want), -p))
+
+
 @lowering("ConvNCHWc", domain=DOMAIN)
 def _conv_lower(ctx, x, w, b=None, scale=None):
     g = blocked_geom(ctx, x.shape, w.shape)
@@ -201,6 +227,11 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
     # computed, ow kept: see plan_tile), reading a padded copy of the input
     reg_w, oc_v = plan_tile(g, vbytes, regs=ctx.target.vector_registers, in_place=in_place)
     chunk = column_chunk(g, reg_w, acc_dt.itemsize, ctx.target)
+    parts = None
+    if chunk is None and parallel_worth(g.macs(), ctx.target, "depthwise" if g.depthwise else "conv"):
+        parts = row_parts(g, reg_w, oc_v, ctx.target)
+    if parts is not None:
+        chunk = -(-(-(-g.out[1] // reg_w)) // parts)
     owp = -(-g.out[1] // (reg_w * (chunk or 1))) * reg_w * (chunk or 1)
     wp = cols_read(owp)
     padded = bool(pt or pl or hp > g.h + pt or wp > g.w + pl)
@@ -258,7 +289,7 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         if chunk is None:
             so.reorder(n, co, oh, wo, ci, wi, o)
             top = so.fuse(n, co, oh)
-        else:   # a chunk of a row's tiles, every channel block over it (see column_chunk)
+        else:   # a chunk of a row's tiles, every channel block over it (column_chunk, row_parts)
             wc, wo = so.split(wo, chunk)
             so.reorder(n, oh, wc, co, wo, ci, wi, o)
             top = so.fuse(n, oh, wc, co)

@@ -162,3 +162,28 @@ def test_long_rows_of_many_channels_run_in_column_chunks(block):
     want = Interpreter(g).run(xs)[0]
     got = kiln.compile(blocked, target="cpu", cpu=small, opt_level=0).run({"x": xs[0]})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("length, k, s", [(1203, 3, 1), (2411, 8, 4)])
+def test_one_row_cut_into_parallel_parts(length, k, s):
+    """A 1-D conv at batch 1 is one output row with few channel blocks: its row's register tiles
+    run as several parallel tasks (row_parts), equal parts whose last extra tiles are computed
+    and thrown away; the result still matches the reference."""
+    from kiln.lower.nchwc import ROW_PART_MIN_TILES, row_parts
+    from kiln.ops.layout import BlockedGeom
+    from kiln.targets.target import Target
+    import dataclasses
+    block = Target.host().vector_lanes(4)
+    two = dataclasses.replace(Target.host(), cores=2)
+    out = out_len(length, k, s, (1, 1), 1)
+    geom = BlockedGeom(1, 2, 1, length, block, 2, 2, [1, k], block, [1, s], [1, 1], [0, 1], [1, out], False)
+    parts = row_parts(geom, 7, 2, two)
+    tiles = -(-out // 7)
+    assert parts is not None and 2 <= parts and -(-tiles // parts) >= ROW_PART_MIN_TILES
+    g = conv1d_graph(1, 2 * block, length, 2 * block, k, s=s, pads=(1, 1), epilogue="relu", seed=k)
+    blocked = g.clone()
+    assert transform(blocked, block, selective=False, override="direct").get("Conv") == 1
+    xs = random_inputs(g, 3)
+    want = Interpreter(g).run(xs)[0]
+    got = kiln.compile(blocked, target="cpu", cpu=two, opt_level=0).run({"x": xs[0]})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
