@@ -45,16 +45,11 @@ def register_tile(ocb: int, target: Target) -> tuple[int, int]:
 
 def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Target) -> tuple[int, int, int, int]:
     """(TR, OV, T, osplit) for a ConvWinograd of these sizes on `target` (see the module doc)."""
-    return chunking(n * (-(-oh // M)) * (-(-ow // M)), 36, icb * lanes, ocb, lanes, target)
-
-
-def chunking(tiles: int, positions: int, ic: int, ocb: int, lanes: int,
-             target: Target) -> tuple[int, int, int, int]:
-    """(TR, OV, T, osplit) for `tiles` tiles of `positions` transformed values each (36 for
-    F(4x4, 3x3), m + 2 for 1-D F(m, 3)) over `ic` input and `ocb` blocks of output channels."""
     tr, ov = register_tile(ocb, target)
-    per_tile = positions * ic * 4                     # transformed input bytes per tile
-    if positions * ic * ocb * lanes * 4 > target.l2_bytes:
+    ic = icb * lanes
+    tiles = n * (-(-oh // M)) * (-(-ow // M))
+    per_tile = 36 * ic * 4                            # transformed input bytes per tile
+    if 36 * ic * ocb * lanes * 4 > target.l2_bytes:
         # weights larger than L2 stream from L3 or memory once per chunk: as few chunks as fit
         # L2 (the threads share a chunk's output channels instead: osplit). One thread, thread
         # CPU time, load 12-17: 14x14x256 (16 tiles, one chunk instead of two) 1.76 -> 1.39 ms,

@@ -2,27 +2,44 @@
 
 The kernel is C (kiln/codegen/c_src/winograd1d.c), instantiated per m, channel block and
 register tile; its transform matrices are written into it from kiln.ops.winograd.matrices
-(exact rationals, so the zero and one entries fold away). The register tile and the chunks of
-tiles are chosen as for the 2-D kernel (kiln.lower.winograd.register_tile, chunking), with
-m + 2 GEMMs per chunk instead of 36.
+(exact rationals, so the zero and one entries fold away). The register tile is the 2-D
+kernel's (kiln.lower.winograd.register_tile); the chunks of tiles are small (`plan`).
 """
 
 from __future__ import annotations
 
 from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
-from kiln.lower.conv_algo import CONV_ALGORITHM
+from kiln.lower.conv_algo import CONV_ALGORITHM, tiles_1d
 from kiln.lower.context import lowering
 from kiln.lower.nnutil import parallel_worth
-from kiln.lower.winograd import chunking
+from kiln.lower.winograd import register_tile
 from kiln.ops.winograd import matrices
 from kiln.ops.winograd1d import DOMAIN, geometry
 from kiln.targets.target import Target
 
 
-def tiles_of(n: int, ow: int, dilation: int, m: int) -> int:
-    """Tiles over the batch: m outputs of one phase each."""
-    return n * dilation * (-(-(-(-ow // dilation)) // m))
+TASKS_PER_THREAD = 8     # chunks of tiles per thread, where the tiles allow
+
+
+def plan(tiles: int, positions: int, ic: int, ocb: int, target: Target) -> tuple[int, int, int, int]:
+    """(TR, OV, T, osplit): the register tile (kiln.lower.winograd.register_tile), T tiles per
+    chunk and the parts `osplit` each chunk's output channels are cut into.
+
+    Chunks are small, a register block or a few: about TASKS_PER_THREAD per thread, so that a
+    thread woken late still finds work (tasks are taken dynamically), and each chunk's
+    transformed input (positions x T x IC floats) within half of L2. A chunk's GEMMs stream
+    every weight once whatever T (128 channels, 398 samples, F(6, 3), one thread: T = 6 0.199 ms,
+    12 0.206, 36 with osplit 2 0.211); osplit > 1 (the chunk's input transformed once per part)
+    only when there are fewer than two chunks per thread."""
+    tr, ov = register_tile(ocb, target)
+    threads = max(1, target.cores)
+    per_tile = positions * ic * 4
+    t = tr * max(1, tiles // (tr * TASKS_PER_THREAD * threads))
+    t = max(tr, min(t, (target.l2_bytes // 2) // per_tile // tr * tr))
+    nchunk = -(-tiles // t)
+    osplit = 1 if nchunk >= 2 * threads else min(ocb // ov, -(-2 * threads // nchunk))
+    return tr, ov, t, max(osplit, 1)
 
 
 def _c_matrix(a) -> str:
@@ -41,8 +58,8 @@ def _lower(ctx, x, u, b=None):
     CONV_ALGORITHM.value("winograd")
     n, icb, _, w, lanes = x.shape
     ocb = u.shape[1]
-    tiles = tiles_of(n, ow, d, m)
-    tr, ov, t, osplit = chunking(tiles, m + 2, icb * lanes, ocb, lanes, target)
+    tiles = tiles_1d(n, ow, d, m)
+    tr, ov, t, osplit = plan(tiles, m + 2, icb * lanes, ocb, target)
     fn = f"kiln_winograd1d_f{m}_l{lanes}_r{tr}_o{ov}"
     at, _, bt = matrices(m)
     preamble = c_instance("winograd1d.c", {
