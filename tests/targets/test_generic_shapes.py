@@ -296,3 +296,20 @@ def test_a_hand_written_kernel_takes_the_symbols(compiler_runs):
     rng = np.random.default_rng(9)
     _check_runs(m, [{"x": rng.standard_normal((n, k)).astype(np.float32)} for n, k in ((1, 1), (3, 7), (2, 131))],
                 compiler_runs)
+
+
+def test_the_per_shape_plan_is_the_arena_planners():
+    """A generic module's plan per new shape (kiln.lower.generic._place, overlaps known once)
+    places every buffer where kiln.lower.memory.plan_arena does."""
+    from kiln.lower.generic import ALIGN, _place
+    from kiln.lower.memory import Lifetime, plan_arena
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        n = int(rng.integers(1, 40))
+        firsts = rng.integers(0, 30, n)
+        lasts = firsts + rng.integers(0, 8, n)
+        sizes = [int(x) for x in rng.choice([0, 1, 64, 100, 4096, 5000, 1 << 16], n)]
+        overlaps = [[j for j in range(n) if firsts[j] <= lasts[k] and firsts[k] <= lasts[j]] for k in range(n)]
+        total, offsets = _place(sizes, list(firsts), overlaps)
+        plan = plan_arena([Lifetime(k, sizes[k], int(firsts[k]), int(lasts[k])) for k in range(n)], ALIGN)
+        assert total == plan.total and list(offsets) == [plan.offsets[k] for k in range(n)]
