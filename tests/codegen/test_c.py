@@ -268,3 +268,33 @@ def test_units_are_balanced_by_compile_cost_not_text_length():
     assert bodies["heavy_a"] != bodies["heavy_b"], bodies
     assert compile_cost("#pragma GCC unroll 8\nfor (;;) {\n a[i] = b[i];\n}\n") > \
         compile_cost("for (;;) {\n a[i] = b[i];\n}\n" * 4)
+
+
+def test_a_hand_written_kernel_is_balanced_by_its_preamble():
+    """An extern kernel whose body only calls the function its preamble defines (flash
+    attention's) costs what that function costs: it gets a unit to itself, not the cheap
+    kernels' (kiln.codegen.c.emit_c_units)."""
+    from kiln.codegen.c import emit_c_units
+    from kiln.loops.stmt import ExternFunc
+    n = 64
+    lines = "".join(f"      acc[{i}] += x[i * 8 + {i}];\n" for i in range(8))
+    preamble = ("static inline int32_t big(const float* x, float* y) {\n  float acc[8] = {0};\n"
+                "  #pragma GCC unroll 16\n  for (int r = 0; r < 16; ++r) {\n    #pragma GCC unroll 8\n"
+                "    for (int i = 0; i < 8; ++i) {\n" + lines + "    }\n  }\n"
+                "  for (int i = 0; i < 8; ++i) y[i] = acc[i];\n  return 0;\n}\n")
+    X, Y = Buffer("in0", DType.float32, (n,)), Buffer("out0", DType.float32, (8,))
+    ext = ExternFunc("ext", (X, Y), "  return big(in0, out0);", preamble=preamble)
+
+    def cheap(name):
+        A = placeholder((n,), DType.float32, "A")
+        B = compute((n,), lambda i: A[i] * 2.0 + A[(i + 1) % n], "B")
+        return lower(Schedule(B), [A, B], name)
+    module = LoopModule([cheap("c0"), ext, cheap("c1"), cheap("c2")])
+    units = emit_c_units(module, 2)
+    where = {f.name: [k for k, u in enumerate(units) if f"kiln_{f.name}(" in u.split("kiln: functions")[1]]
+             for f in module.funcs}
+    assert where["c0"] == where["c1"] == where["c2"] != where["ext"], where
+    lib = build_c(module)
+    x, y = rng.standard_normal(n).astype(np.float32), np.zeros(8, np.float32)
+    lib["ext"](x, y)
+    np.testing.assert_allclose(y, 16 * x.reshape(8, 8).sum(0), rtol=1e-5, atol=1e-5)
