@@ -1,4 +1,4 @@
-"""Attention lowerings (cpu target): Attention, RotaryEmbedding, FlexAttention, LinearAttention.
+"""Attention lowerings (cpu target): Attention, RotaryEmbedding, kiln::RotaryHalf, FlexAttention, LinearAttention.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from kiln.dtypes import DType
 from kiln.loops import call, cast, compute, const, max_, min_, reduce_axis, rmax, select, sum_
 from kiln.lower.decisions import parallel_min_work
 from kiln.lower.reduce import exp_shifted, schedule_injective, schedule_reduction
-from kiln.lower.tensor import checked_index
+from kiln.lower.nnutil import bcast_load
+from kiln.lower.tensor import checked_index, rows_schedule
 from kiln.ops.attention import _flex_softmax_dtype, _linear_attention_rule
 from kiln.lower.context import LowerCtx, lowering
 
@@ -302,6 +303,27 @@ def _rotary_lower(ctx: LowerCtx, x, cos_cache, sin_cache, position_ids=None):
         return cast(x.dtype, select(rot, select(first, c * xe - sn * xp, sn * xp + c * xe), xe))
     y = compute(shape, body, "y")
     ctx.schedule(lambda sch, _: schedule_injective(sch[y]))
+    return y
+
+
+@lowering("RotaryHalf", domain="kiln")
+def _rotary_half_lower(ctx: LowerCtx, x, cos, sin):
+    """x * cos + rotate_half(x) * sin (kiln.ops.rotary), in x's dtype as the decomposed graph:
+    feature e's partner is e + D/2 (negated) in the first half, e - D/2 in the second; one
+    load of x at the partner's index, so no read leaves the row. (In a group with the head
+    split in front of it, the default injective schedule tiles the kernel.)"""
+    d = x.shape[-1]
+    if not isinstance(d, int):
+        ctx.fail(f"RotaryHalf needs a static last axis, got {tuple(x.shape)}", stage="lower")
+    h = d // 2
+
+    def body(*i):
+        e = i[-1]
+        first = e < h
+        p = x[i[:-1] + (select(first, e + h, e - h),)]
+        return x[i] * bcast_load(cos, i) + select(first, -p, p) * bcast_load(sin, i)
+    y = compute(tuple(x.shape), body, "rotary")
+    ctx.schedule(rows_schedule(1))
     return y
 
 

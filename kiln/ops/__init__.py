@@ -14,6 +14,7 @@ from kiln.ops import (  # noqa: F401
     linalg,
     attention,
     fused_attention,
+    rotary,
     quant,
     loss,
     control,

@@ -66,11 +66,24 @@ class Namer:
 
 
 def new_node(graph: Graph, op: str, inputs: list[Value | None], name: str,
-             out_names: list[str], attrs: dict | None = None) -> Node:
-    """A node with fresh output values whose types are inferred from its inputs."""
-    node = Node(op, list(inputs), [Value(n, None) for n in out_names], dict(attrs or {}), name)
-    Inferencer(graph.opsets).infer_node(node)
+             out_names: list[str], attrs: dict | None = None, domain: str = "") -> Node:
+    """A node with fresh output values whose types are inferred from its inputs (an op of
+    another domain, kiln's own, at version 1 unless the graph imports that domain; a pass
+    that commits one adds the import)."""
+    node = Node(op, list(inputs), [Value(n, None) for n in out_names], dict(attrs or {}), name, domain)
+    Inferencer(graph.opsets if not domain or domain in graph.opsets else {**graph.opsets, domain: 1}).infer_node(node)
     return node
+
+
+def hoist(graph: Graph, node: Node) -> None:
+    """Move `node` to just after the last producer of its inputs (the graph stays in
+    topological order). The partitioner joins a node to its producer's group only when that
+    group is the latest kernel, so a node that must fuse with its producer should follow it."""
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    made = {v.id: pos[id(n)] for n in graph.nodes for v in n.outputs if v is not None}
+    at = max((made.get(v.id, -1) for v in node.inputs if v is not None), default=-1) + 1
+    graph.nodes.remove(node)
+    graph.nodes.insert(at, node)
 
 
 def new_const(namer: Namer, base: str, data: np.ndarray) -> Value:

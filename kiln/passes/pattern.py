@@ -173,15 +173,16 @@ class Builder:
         return self.graph.opset(domain)
 
     def op(self, op: str, inputs: list[Value | None], attrs: dict | None = None,
-           name: str | None = None) -> Value:
+           name: str | None = None, domain: str = "") -> Value:
         """A new single-output node. `name` may only reuse the name of a matched node that
         the rewrite replaces (a folded Conv keeps its name); by default the name is
-        fresh, after the root node: `Add_3.LayerNormalization`."""
+        fresh, after the root node: `Add_3.LayerNormalization`. `domain`: an op of kiln's own
+        ("kiln") or another domain."""
         if name is None:
             name = out = self.namer.fresh(f"{self.anchor.name or self.anchor.op}.{op}")
         else:
             out = self.namer.fresh(name)
-        node = new_node(self.graph, op, inputs, name, [out], attrs)
+        node = new_node(self.graph, op, inputs, name, [out], attrs, domain)
         self.nodes.append(node)
         return node.outputs[0]
 

@@ -4,7 +4,8 @@
     -O1  cleanup: NOP elimination, constant folding, dead code elimination
     -O2  -O1 + CSE, algebraic simplification, transpose sinking, BatchNorm folding,
          non-overlapping ConvTranspose → 1x1 Conv + DepthToSpace, MatMul+Add → Gemm
-    -O3  -O2 + pattern recognition (LayerNorm, GELU), attention fused into one kernel
+    -O3  -O2 + pattern recognition (LayerNorm, RMSNorm, GELU, rotary embeddings, SiLU-gated
+         MLPs placed to fuse into their GEMMs), attention fused into one kernel
          (kiln::FusedAttention, online softmax), NCHWc layout for convolutions,
          recurrent layers' input projections taken out of the time loop (one GEMM) and their
          recurrent weights packed, constant GEMM weights packed into panels at compile time
@@ -51,8 +52,8 @@ def level3() -> list[str]:
     # recognition runs before algebraic simplification rewrites the exported forms
     # (it also accepts the simplified ones)
     return ["eliminate_nops", "fold_constants", "eliminate_common_subexpressions",
-            "recognize_layernorm", "recognize_gelu",
-            "simplify_algebra", "sink_transposes", "fold_batchnorm", "conv_transpose_to_conv",
+            "recognize_layernorm", "recognize_rmsnorm", "recognize_gelu", "recognize_rotary",
+            "simplify_algebra", "sink_transposes", "recognize_swiglu", "fold_batchnorm", "conv_transpose_to_conv",
             "matmul_add_to_gemm", "transform_layout",
             "decompose_recurrent", "pack_weights", "fuse_attention", "eliminate_nops", "eliminate_dead_code"]
 
