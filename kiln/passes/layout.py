@@ -599,8 +599,9 @@ def choose_convs(graph: Graph, block: int, target: Target | None = None, overrid
 def select_convs(graph: Graph, block: int, cands: dict[int, dict]) -> dict[int, dict]:
     """The candidates that stay blocked: a Winograd conv always; another (pointwise, depthwise,
     strided, 1-D, a stem) next to a blocked conv through layout-agnostic ops (a stem: or a MaxPool),
-    up through a residual Add whose every computed operand comes from a blocked conv, or down
-    into a global average pool (which then runs blocked: only its N,C,1,1 result converts).
+    up through a residual Add whose every computed operand comes from a conv kept by that rule
+    (so the Add runs blocked), or down into a global average pool (which then runs blocked: only
+    its N,C,1,1 result converts).
     MobileNetV3's last 1x1 conv (160 -> 960 on 7x7, after a residual Add, before the pool) ran
     NCHW without those two paths: 0.29 ms against 0.16 blocked (ORT 0.17), one thread."""
     opset = graph.opset("")
@@ -637,16 +638,10 @@ def select_convs(graph: Graph, block: int, cands: dict[int, dict]) -> dict[int, 
             return None
         return [producer[v.id] for v in computed]
 
-    blocked_above: dict[int, bool] = {}
-
-    def from_blocked(n: Node) -> bool:
-        """Whether `n`'s output is blocked: a candidate, or reached from one going up."""
-        if id(n) not in blocked_above:
-            blocked_above[id(n)] = False    # (a cycle cannot happen in a DAG; this stops repeats)
-            blocked_above[id(n)] = id(n) in cands or reaches(n, ups)
-        return blocked_above[id(n)]
-
-    def reaches(start: Node, step, pools: bool = False) -> bool:
+    def reaches(start: Node, step, pools: bool = False, kept: dict | None = None) -> bool:
+        """A candidate next to `start` through elementwise ops (a MaxPool too, for `pools`); with
+        `kept` (the first round's choice), also a global average pool below, or a residual Add
+        above whose every computed operand comes from a kept conv."""
         seen, todo = set(), list(step(start))
         while todo:
             n = todo.pop()
@@ -655,18 +650,36 @@ def select_convs(graph: Graph, block: int, cands: dict[int, dict]) -> dict[int, 
             seen.add(id(n))
             if id(n) in cands or (pools and blockable_pool(n, opset) is not None):
                 return True
-            if step is downs and global_average(n):
+            if kept is not None and step is downs and global_average(n):
                 return True
             if elementwise(n):
                 todo.extend(step(n))
-            elif step is ups and (srcs := residual(n)) is not None and all(map(from_blocked, srcs)):
+            elif kept is not None and step is ups and (srcs := residual(n)) is not None \
+                    and all(blocked_out(p, kept) for p in srcs):
                 return True
         return False
 
+    memo: dict[int, bool] = {}
+
+    def blocked_out(n: Node, kept: dict) -> bool:
+        """Whether `n`'s output will be blocked: a kept conv, or an elementwise op or a residual
+        Add over such outputs."""
+        if id(n) not in memo:
+            memo[id(n)] = False     # (a DAG has no cycle; this only stops repeated walks)
+            srcs = ups(n) if elementwise(n) else residual(n)
+            memo[id(n)] = id(n) in kept or (srcs is not None and bool(srcs) and (
+                any if elementwise(n) else all)(blocked_out(p, kept) for p in srcs))
+        return memo[id(n)]
+
     nodes = {id(n): n for n in graph.nodes}
-    # a stem also when a MaxPool follows (it runs blocked on the stem's blocked output: ResNet)
-    return {k: a for k, a in cands.items() if a.get("winograd") or reaches(nodes[k], ups) or reaches(
-        nodes[k], downs, pools=input_block(nodes[k], a, block) != block)}
+
+    def select(kept: dict | None) -> dict:
+        # a stem also when a MaxPool follows (it runs blocked on the stem's blocked output: ResNet)
+        return {k: a for k, a in cands.items() if a.get("winograd") or reaches(nodes[k], ups, kept=kept)
+                or reaches(nodes[k], downs, pools=input_block(nodes[k], a, block) != block, kept=kept)}
+    # two rounds: a residual Add counts as blocked only when the convs making its operands stay
+    # blocked by the first round's rule (ResNeXt's 1x1 after an Add of NCHW grouped-conv paths not)
+    return select(select(None))
 
 
 def transform(graph: Graph, block: int, selective: bool | None = None, target: Target | None = None,

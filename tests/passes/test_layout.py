@@ -258,9 +258,11 @@ def test_selective_blocks_a_conv_after_a_blocked_residual_add_or_before_a_global
     """MobileNetV3's head: project 1x1 -> residual Add -> 1x1 -> HardSwish -> global pool. The
     last 1x1 runs blocked (the Add's operands are both blocked, the pool runs blocked after it),
     its pooled N,C,1,1 result converted once. A lone 1x1 conv before a pool runs blocked too (its
-    input converted in, the pooled pixel out); one after an Add of an NCHW operand stays NCHW."""
+    input converted in, the pooled pixel out); one after an Add of an NCHW operand stays NCHW,
+    and so does one after an Add of two 1x1 convs that stay NCHW themselves (ResNeXt's: between
+    grouped convs)."""
     monkeypatch.setattr(layout, "SELECTIVE", True)
-    sig = "(%x: float32[1,8,6,6]) -> (%y, %z, %v)"
+    sig = "(%x: float32[1,8,6,6]) -> (%y, %z, %v, %u)"
     body = ('  %a: float32[1,8,6,6] = Conv(%x, %w1) {kernel_shape = [1, 1]} name "expand"\n'
             '  %r: float32[1,8,6,6] = Relu(%a) name "relu"\n'
             '  %j: float32[1,8,6,6] = Conv(%r, %w1) {kernel_shape = [1, 1]} name "project"\n'
@@ -272,11 +274,18 @@ def test_selective_blocks_a_conv_after_a_blocked_residual_add_or_before_a_global
             '  %t: float32[1,8,6,6] = Add(%j, %n) name "add_nchw"\n'
             '  %z: float32[1,16,6,6] = Conv(%t, %w2) {kernel_shape = [1, 1]} name "after_nchw_add"\n'
             '  %l: float32[1,16,6,6] = Conv(%n, %w2) {kernel_shape = [1, 1]} name "lone"\n'
-            '  %v: float32[1,16,1,1] = ReduceMean(%l) {axes = [2, 3], keepdims = 1} name "mean"')
-    g = graph(prog(sig, body, 17), w1=R(8, 8, 1, 1), w2=R(16, 8, 1, 1))
+            '  %v: float32[1,16,1,1] = ReduceMean(%l) {axes = [2, 3], keepdims = 1} name "mean"\n'
+            '  %g1: float32[1,8,6,6] = Conv(%x, %wg) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], group = 2} name "grouped"\n'
+            '  %q1: float32[1,8,6,6] = Conv(%g1, %w1) {kernel_shape = [1, 1]} name "pw1"\n'
+            '  %q2: float32[1,8,6,6] = Conv(%g1, %w1) {kernel_shape = [1, 1]} name "pw2"\n'
+            '  %s2: float32[1,8,6,6] = Add(%q1, %q2) name "add_of_nchw_convs"\n'
+            '  %u: float32[1,16,6,6] = Conv(%s2, %w2) {kernel_shape = [1, 1]} name "after_nchw_convs"')
+    g = graph(prog(sig, body, 17), w1=R(8, 8, 1, 1), w2=R(16, 8, 1, 1), wg=R(8, 4, 3, 3))
     out, stats = run_pass("transform_layout", g)
-    convs = {n.name: n.qualified_op for n in out.nodes if n.name in ("head", "after_nchw_add", "lone")}
-    assert convs == {"head": "kiln::ConvNCHWc", "after_nchw_add": "Conv", "lone": "kiln::ConvNCHWc"}
+    names = ("head", "after_nchw_add", "lone", "pw1", "after_nchw_convs")
+    convs = {n.name: n.qualified_op for n in out.nodes if n.name in names}
+    assert convs == {"head": "kiln::ConvNCHWc", "after_nchw_add": "Conv", "lone": "kiln::ConvNCHWc",
+                     "pw1": "Conv", "after_nchw_convs": "Conv"}
     assert stats.fired["GlobalAveragePool"] == 2
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
 
