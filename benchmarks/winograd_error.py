@@ -3,6 +3,7 @@ direct convolution in float64, with each model's own weights (BatchNorm folded, 
 
     python benchmarks/winograd_error.py [--models resnet50,unet] [--dir ~/.cache/kiln-corpus]
     python benchmarks/winograd_error.py --1d [--m 4,6]    # 1-D F(m, 3) on 3-tap stride-1 1-D convs
+    python benchmarks/winograd_error.py --1d --strided    # 1-D F(m, r) on strided ones (input phases)
 
 Per model, over its 3x3 stride-1 dense convs (inputs: ReLU of unit normals at the conv's own
 input size): the largest |error| / max |direct output| ("rel"), the largest |error| /
@@ -58,8 +59,9 @@ def convs_3x3(path: str):
 
 
 def convs_1d(path: str):
-    """(name, x shape (1, C, L), weights, [left, right], dilation) of each 3-tap stride-1 dense 1-D
-    conv, BN folded, at the model's first benchmark case."""
+    """(name, x shape (1, C, L), weights, [left, right], dilation, stride) of each dense 1-D conv
+    Winograd can run (3 taps at stride 1; strided, undilated, 2-3 taps per input phase), BN
+    folded, at the model's first benchmark case."""
     import json
     from kiln.compiler import run_stages
     side = path[:-5] + ".json"
@@ -72,13 +74,16 @@ def convs_1d(path: str):
             continue
         w = n.inputs[1].const
         xs = n.inputs[0].type.shape
-        if w.ndim != 3 or w.shape[2] != 3 or int(n.attrs.get("group", 1)) != 1 or xs is None \
+        if w.ndim != 3 or int(n.attrs.get("group", 1)) != 1 or xs is None \
                 or not all(isinstance(d, int) for d in xs[1:]):
             continue
         a = _window_attrs(n, opset, (1, *xs[1:]), w.shape[2:])
-        if a is None or a["strides"] != [1, 1]:
+        if a is None:
             continue
-        yield n.name, (1, *xs[1:]), w.astype(np.float32), [a["pads"][1], a["pads"][3]], a["dilations"][1]
+        k, st, d = w.shape[2], a["strides"][1], a["dilations"][1]
+        if (st == 1 and k != 3) or (st > 1 and (d > 1 or -(-k // st) not in (2, 3))):
+            continue
+        yield n.name, (1, *xs[1:]), w.astype(np.float32), [a["pads"][1], a["pads"][3]], d, st
 
 
 _MODELS: dict = {}
@@ -99,17 +104,19 @@ def native(xs, oc, pads, block):
     return _MODELS[key]
 
 
-def native_1d(xs, oc, pads, d, m, block):
+def native_1d(xs, oc, pads, d, m, block, k=3, st=1):
     """A compiled graph of one ConvWinograd1D with x and u as inputs (one per geometry)."""
-    key = (xs, oc, tuple(pads), d, m)
+    key = (xs, oc, tuple(pads), d, m, k, st)
     if key not in _MODELS:
         _, c, length = xs
         cb, ocb = -(-c // block), -(-oc // block)
-        ow = length + pads[0] + pads[1] - 2 * d
-        text = (f'graph "g" (%x: float32[1,{cb},1,{length},{block}], %u: float32[{m + 2},{ocb},{cb * block},{block}]) '
-                f'-> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
+        ow = (length + pads[0] + pads[1] - (k - 1) * d - 1) // st + 1
+        nt = m + -(-k // st) - 1
+        text = (f'graph "g" (%x: float32[1,{cb},1,{length},{block}], '
+                f'%u: float32[{nt},{ocb},{cb * block * st},{block}]) -> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
                 f'  %y: float32[1,{ocb},1,{ow},{block}] = "kiln"::ConvWinograd1D(%x, %u) '
-                f'{{m = {m}, pads = [{pads[0]}, {pads[1]}], dilation = {d}}} name "wino"\n}}')
+                f'{{m = {m}, pads = [{pads[0]}, {pads[1]}], dilation = {d}, kernel = {k}, stride = {st}}} '
+                f'name "wino"\n}}')
         _MODELS[key] = kiln.compile(parse_graph(text))
     return _MODELS[key]
 
@@ -126,14 +133,18 @@ def main_1d(args, block, rng):
             continue
         rows = {m: [] for m in ms}
         drows = []
-        for cname, xs, w, pads, d in convs_1d(path):
+        for cname, xs, w, pads, d, st in convs_1d(path):
+            if args.strided != (st > 1):
+                continue
+            k = w.shape[2]
             x = np.maximum(rng.standard_normal(xs), 0).astype(np.float32)
-            win = Window([3], [1], [d], [pads[0]], [pads[1]], [xs[2] + pads[0] + pads[1] - 2 * d], [0])
+            ow = (xs[2] + pads[0] + pads[1] - (k - 1) * d - 1) // st + 1
+            win = Window([k], [st], [d], [pads[0]], [pads[1]], [ow], [0])
             want = conv_core(None, x.astype(np.float64), w.astype(np.float64), 1, win)
             drows.append(errors(conv_core(None, x, w, 1, win), want))
             for m in ms:
-                y = native_1d(xs, w.shape[0], pads, d, m, block).run(
-                    x=to_blocked(x[:, :, None], block), u=transform_weight_1d(w, block, m))["y"]
+                y = native_1d(xs, w.shape[0], pads, d, m, block, k, st).run(
+                    x=to_blocked(x[:, :, None], block), u=transform_weight_1d(w, block, m, st))["y"]
                 rows[m].append(errors(from_blocked(y, w.shape[0])[:, :, 0], want))
         if not drows:
             continue
@@ -143,7 +154,7 @@ def main_1d(args, block, rng):
         for m in ms:
             r = np.max(np.array(rows[m]), axis=0)
             worst[m] = [max(a, b) for a, b in zip(worst[m], r)]
-            line += f"F({m},3) rel {r[0]:.2e} elem {r[1]:.2e} | "
+            line += f"F({m},{'r' if args.strided else 3}) rel {r[0]:.2e} elem {r[1]:.2e} | "
         print(line + f"direct f32 rel {dr[0]:.2e} elem {dr[1]:.2e}", flush=True)
     print(f"{'all':22s}           | " + "".join(f"F({m},3) rel {worst[m][0]:.2e} elem {worst[m][1]:.2e} | "
                                                for m in ms) + f"direct f32 rel {dworst[0]:.2e} elem {dworst[1]:.2e}")
@@ -161,6 +172,7 @@ def main(argv=None):
     ap.add_argument("--dir", default=CACHE)
     ap.add_argument("--1d", dest="one_d", action="store_true", help="1-D F(m, 3) on 3-tap stride-1 1-D convs")
     ap.add_argument("--m", default="4,6", help="with --1d: the tile sizes m to measure")
+    ap.add_argument("--strided", action="store_true", help="with --1d: the strided convs (polyphase F(m, r))")
     args = ap.parse_args(argv)
     block = default_block(Target.host())
     rng = np.random.default_rng(0)

@@ -9,7 +9,8 @@ kiln has three ways to run a float32 2-D convolution on the CPU:
 - `winograd`: F(4x4, 3x3) on the blocked layout (kiln.ops.winograd, kiln.lower.winograd),
   4x fewer multiplies for 3x3 stride-1 undilated convs, paid for by the transforms
   (about a tenth of the work at 64 channels, more below) and by weights 4x larger; for
-  3-tap stride-1 1-D convs, dilated or not, F(m, 3) (kiln.ops.winograd1d): 2-2.25x fewer.
+  3-tap stride-1 1-D convs, dilated or not, F(m, 3) (kiln.ops.winograd1d): 2-2.25x fewer;
+  for strided 1-D ones, F(m, r) over their input phases (8 taps at stride 4: r = 2).
 
 `choose(shape, target)` returns the algorithm and a sentence saying why; the layout pass
 (kiln.passes.layout) calls it per conv, rewrites the graph accordingly and lists every
@@ -60,6 +61,10 @@ WINOGRAD_1D_MS = (4, 6)
 # 398 long 0.59, dilation 16 0.68, 32 long 0.74; 48 ch x 200 0.73; 256 ch x 24 0.74), about
 # even at 32 channels (1.00-1.01) and 1.17 at 16; with 3 tiles it lost (128 ch x 16: 1.19,
 # 512 ch x 16: 1.13, its weights 2.7x larger than the direct conv's for 3 tiles of work)
+# Strided 1-D convs (undilated, r = ceil(K / S) of 2 or 3 taps per input phase) run as stride-1
+# ones over S x the channels (kiln.ops.winograd1d), under the same rule with C x S channels:
+# measured likewise, 128 ch 8-tap stride 4 x 3199 0.78, 4-tap stride 2 x 798 0.69, 512 ch
+# 3-tap stride 2 x 3199 0.67, x 799 0.98, x 199 0.92
 WINOGRAD_1D_MIN_CHANNELS = 48
 WINOGRAD_1D_MIN_TILES = 4
 WINOGRAD_1D_MIN_TILE_USE = 0.5
@@ -113,9 +118,12 @@ def asked(decisions: dict | None = None) -> str | None:
 def winograd_applies(s: ConvShape, target: Target) -> str | None:
     """Why Winograd (F(4x4, 3x3), or F(m, 3) for a 1-D conv) cannot run this conv, or None when it can."""
     if len(s.kernel) == 1:
-        if tuple(s.kernel) != (3,) or set(s.strides) != {1}:
-            return f"kernel {s.kernel[0]}{'' if set(s.strides) == {1} else ' strided'} (1-D Winograd " \
-                   "here is for 3 taps, stride 1)"
+        (k,), (st,), (d,) = s.kernel, s.strides, s.dilations
+        if st == 1 and k != 3:
+            return f"kernel {k} (1-D Winograd here is for 3 taps at stride 1)"
+        if st > 1 and (d > 1 or -(-k // st) not in (2, 3)):
+            return f"kernel {k} stride {st}{' dilated' if d > 1 else ''} (1-D Winograd of a strided conv " \
+                   "here is undilated, 2 or 3 taps per input phase)"
     elif len(s.kernel) != 2 or tuple(s.kernel) != (3, 3):
         return f"kernel {'x'.join(map(str, s.kernel))} (Winograd here is for 3x3)"
     elif set(s.strides) != {1} or set(s.dilations) != {1}:
@@ -182,26 +190,31 @@ def tiles_1d(n: int, ow: int, d: int, m: int) -> int:
     return n * d * (-(-(-(-ow // d)) // m))
 
 
-def winograd_1d_m(n: int, ow: int, d: int) -> int:
-    """The tile size m of WINOGRAD_1D_MS with the fewest multiplies (tiles x (m + 2)), ties to the larger."""
-    return min(WINOGRAD_1D_MS, key=lambda m: (tiles_1d(n, ow, d, m) * (m + 2), -m))
+def winograd_1d_m(n: int, ow: int, d: int, r: int = 3) -> int:
+    """The tile size m of WINOGRAD_1D_MS with the fewest multiplies (tiles x (m + r - 1), r taps
+    per phase), ties to the larger."""
+    return min(WINOGRAD_1D_MS, key=lambda m: (tiles_1d(n, ow, d, m) * (m + r - 1), -m))
 
 
 def choose_1d(s: ConvShape, direct: Choice) -> Choice:
     """The rule for a 3-tap stride-1 1-D conv (Winograd can run it): see WINOGRAD_1D_*."""
-    (ow,), (d,) = s.out, s.dilations
-    m = winograd_1d_m(s.n, ow, d)
+    (ow,), (d,), (st,), (k,) = s.out, s.dilations, s.strides, s.kernel
+    r = -(-k // st)
+    m = winograd_1d_m(s.n, ow, d, r)
     tiles = tiles_1d(s.n, ow, d, m)
     use = s.n * ow / (tiles * m)
-    if min(s.c, s.oc) < WINOGRAD_1D_MIN_CHANNELS:
-        return Choice(direct.algorithm, f"{min(s.c, s.oc)} channels < {WINOGRAD_1D_MIN_CHANNELS}: Winograd's "
-                                        "transforms cost more than its GEMMs save")
+    chans = min(s.c * st, s.oc)         # a strided conv reduces over its input phases too
+    if chans < WINOGRAD_1D_MIN_CHANNELS:
+        return Choice(direct.algorithm, f"{chans} channels{' x phases' if st > 1 else ''} < "
+                                        f"{WINOGRAD_1D_MIN_CHANNELS}: Winograd's transforms cost more than "
+                                        "its GEMMs save")
     if tiles < WINOGRAD_1D_MIN_TILES:
         return Choice(direct.algorithm, f"{tiles} tiles of {m} < {WINOGRAD_1D_MIN_TILES}: too "
                                         "little work for Winograd's larger weights")
     if use < WINOGRAD_1D_MIN_TILE_USE:
         return Choice(direct.algorithm, f"the {m}-output tiles cover {1 / use:.2f}x the output "
                                         f"(< {WINOGRAD_1D_MIN_TILE_USE} used)")
-    dil = "" if d == 1 else f" (dilation {d}: tiles per phase)"
-    return Choice("winograd", f"3-tap s1{dil}, {min(s.c, s.oc)}+ channels, {tiles} tiles: F({m},3), "
-                              f"{3 * m * use / (m + 2):.2f}x fewer multiplies")
+    how = f" (dilation {d}: tiles per phase)" if d > 1 else \
+        f" ({st} input phases as channels: {r} taps each)" if st > 1 else ""
+    return Choice("winograd", f"{k}-tap s{st}{how}, {chans}+ channels, {tiles} tiles: F({m},{r}), "
+                              f"{r * m * use / (m + r - 1):.2f}x fewer multiplies")

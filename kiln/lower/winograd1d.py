@@ -1,6 +1,6 @@
-"""kiln::ConvWinograd1D's native kernel (cpu target): F(m, 3) of 1-D signals on the blocked layout.
+"""kiln::ConvWinograd1D's native kernel (cpu target): F(m, r) of 1-D signals on the blocked layout.
 
-The kernel is C (kiln/codegen/c_src/winograd1d.c), instantiated per m, channel block and
+The kernel is C (kiln/codegen/c_src/winograd1d.c), instantiated per m, r, channel block and
 register tile; its transform matrices are written into it from kiln.ops.winograd.matrices
 (exact rationals, so the zero and one entries fold away). The register tile is the 2-D
 kernel's (kiln.lower.winograd.register_tile); the chunks of tiles are small (`plan`).
@@ -15,7 +15,7 @@ from kiln.lower.context import lowering
 from kiln.lower.nnutil import parallel_worth
 from kiln.lower.winograd import register_tile
 from kiln.ops.winograd import matrices
-from kiln.ops.winograd1d import DOMAIN, geometry
+from kiln.ops.winograd1d import DOMAIN, geometry, taps
 from kiln.targets.target import Target
 
 
@@ -49,7 +49,8 @@ def _c_matrix(a) -> str:
 @lowering("ConvWinograd1D", domain=DOMAIN)
 def _lower(ctx, x, u, b=None):
     target = Target.of(ctx.target)
-    m, pads, d, ow = geometry(ctx, x.shape, u.shape)
+    m, pads, d, st, k, ow = geometry(ctx, x.shape, u.shape)
+    r = taps(k, st)
     if x.dtype is not DType.float32 or u.dtype is not DType.float32:
         ctx.fail(f"ConvWinograd1D's native kernel takes float32, got {x.dtype} and {u.dtype}", stage="lower")
     if CONV_ALGORITHM.asked() not in (None, "winograd"):
@@ -59,15 +60,16 @@ def _lower(ctx, x, u, b=None):
     n, icb, _, w, lanes = x.shape
     ocb = u.shape[1]
     tiles = tiles_1d(n, ow, d, m)
-    tr, ov, t, osplit = plan(tiles, m + 2, icb * lanes, ocb, target)
-    fn = f"kiln_winograd1d_f{m}_l{lanes}_r{tr}_o{ov}"
-    at, _, bt = matrices(m)
+    tr, ov, t, osplit = plan(tiles, m + r - 1, icb * st * lanes, ocb, target)
+    fn = f"kiln_winograd1d_f{m}x{r}_l{lanes}_r{tr}_o{ov}"
+    at, _, bt = matrices(m, r)
     preamble = c_instance("winograd1d.c", {
-        "KILN_WG1_FN": fn, "KILN_WG1_L": str(lanes), "KILN_WG1_M": str(m), "KILN_WG1_TR": str(tr),
+        "KILN_WG1_FN": fn, "KILN_WG1_L": str(lanes), "KILN_WG1_M": str(m), "KILN_WG1_R": str(r),
+        "KILN_WG1_TR": str(tr),
         "KILN_WG1_OV": str(ov), "KILN_WG1_AT": _c_matrix(at), "KILN_WG1_BT": _c_matrix(bt)}, fn.upper())
-    work = tiles * (m + 2) * icb * lanes * ocb * lanes
+    work = tiles * (m + r - 1) * icb * st * lanes * ocb * lanes
     par = int(parallel_worth(work, target, "conv"))
     body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {n}, {icb}, {w}, "
-            f"{ocb}, {ow}, {pads[0]}, {d}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
+            f"{ocb}, {ow}, {pads[0]}, {d}, {st}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,
                       errors={-1: "out of memory for the Winograd transform buffers"})

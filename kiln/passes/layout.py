@@ -25,7 +25,7 @@ The rewrite, in one walk over the nodes in order:
 - a 3x3 stride-1 `Conv` for which kiln.lower.conv_algo chooses Winograd becomes
   `kiln::ConvWinograd` (kiln.ops.winograd) with its weights transformed here, on the
   same blocked layout (a Relu that is its only reader runs in its output transform);
-  a 3-tap stride-1 1-D one (dilated or not) likewise `kiln::ConvWinograd1D`
+  a 1-D one (3 taps at stride 1, dilated or not; or strided) likewise `kiln::ConvWinograd1D`
   (kiln.ops.winograd1d), on the 1-D blocked layout N,C/c,1,L,c;
   the chooser's choice and reason for every conv are the pass's findings (`model.report`);
 - a layout-agnostic elementwise op (Relu, Clip, Add of two same-shape tensors,
@@ -329,10 +329,11 @@ class _Rewriter:
         here (kiln.ops.winograd, kiln.ops.winograd1d)."""
         if len(static_shape(node.inputs[0])) == 3:
             n, _, ow = static_shape(node.outputs[0])
-            m = winograd_1d_m(n, ow, attrs["dilations"][1])
-            u = transform_weight_1d(w, self.block, m)
-            op, kind = "ConvWinograd1D", {"m": m, "pads": [attrs["pads"][1], attrs["pads"][3]],
-                                          "dilation": attrs["dilations"][1]}
+            k, st, d = attrs["kernel_shape"][1], attrs["strides"][1], attrs["dilations"][1]
+            m = winograd_1d_m(n, ow, d, -(-k // st))
+            u = transform_weight_1d(w, self.block, m, st)
+            op, kind = "ConvWinograd1D", {"m": m, "pads": [attrs["pads"][1], attrs["pads"][3]], "dilation": d,
+                                          "stride": st, "kernel": k}
         else:
             u = transform_weight(w, self.block)
             op, kind = "ConvWinograd", {"m": 4, "pads": list(attrs["pads"])}

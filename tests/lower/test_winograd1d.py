@@ -23,17 +23,20 @@ F = TensorProto.FLOAT
 # max |direct output|. Measured on the corpus's 3-tap stride-1 1-D convs (audio_tcn's 8 dilated
 # ones, whisper_encoder's first; their own weights, BN folded, ReLU'd normal inputs) with
 # benchmarks/winograd_error.py --1d: F(4, 3) at most 2.2e-6, F(6, 3) 2.7e-6 (F(2, 3) 4.0e-7; the
-# float32 direct convolution 6.6e-7). Asserted here, for every m the chooser may take:
+# float32 direct convolution 6.6e-7); strided ones by input phases (audio_tcn's, wav2vec2's and
+# whisper_encoder's, --1d --strided): F(4, r) 2.6e-6, F(6, r) 4.9e-6 (F(8, r) 3.8e-5, so not
+# taken; direct 4.7e-7). Asserted here, for every m the chooser may take:
 WINOGRAD_1D_ERROR_BOUND = 1e-5
 BLOCK = Target.host().vector_lanes(4)
 WINO = {"conv.algorithm": "winograd"}
 
 
-def direct(x, w, pads, d, b=None):
+def direct(x, w, pads, d, b=None, s=1):
     """The direct 1-D convolution in float64."""
-    ow = x.shape[2] + pads[0] + pads[1] - 2 * d
+    k = w.shape[-1]
+    ow = (x.shape[2] + pads[0] + pads[1] - (k - 1) * d - 1) // s + 1
     y = conv_core(None, x.astype(np.float64), w.astype(np.float64), 1,
-                  Window([3], [1], [d], [pads[0]], [pads[1]], [ow], [0]))
+                  Window([k], [s], [d], [pads[0]], [pads[1]], [ow], [0]))
     return y if b is None else y + b.astype(np.float64).reshape(1, -1, 1)
 
 
@@ -47,16 +50,32 @@ def test_reference_in_float64_equals_direct(m, d, pads, length):
     rng = np.random.default_rng(m * d)
     x = rng.standard_normal((2, 5, length))
     w = rng.standard_normal((6, 5, 3))
-    u = transform_weight_1d(w, 4, m, np.float64)                 # [m+2, OCB, ICp, 4]
+    u = transform_weight_1d(w, 4, m, dtype=np.float64)               # [m+2, OCB, ICp, 4]
     t, ocb, icp, ob = u.shape
     u = u.transpose(0, 1, 3, 2).reshape(t, ocb * ob, icp)
     got = winograd_conv1d(np.pad(x, ((0, 0), (0, icp - 5), (0, 0))), u, pads, d, m)[:, :6]
     np.testing.assert_allclose(got, direct(x, w, pads, d), rtol=1e-10, atol=1e-10)
 
 
-def conv1d_model(n, c, oc, length, pads, d, bias, relu=False, seed=0, batch_dim=None):
+@pytest.mark.parametrize("m", [2, 4, 6])
+@pytest.mark.parametrize("k, s, pads, length", [(8, 4, (0, 0), 61), (4, 2, (1, 2), 30), (3, 2, (1, 1), 17),
+                                                 (10, 5, (3, 0), 52)])
+def test_strided_reference_in_float64_equals_direct(m, k, s, pads, length):
+    from kiln.ops.winograd1d import phases, taps
+    rng = np.random.default_rng(m * k)
+    x = rng.standard_normal((2, 8, length))
+    w = rng.standard_normal((5, 6, k))
+    u = transform_weight_1d(w, 4, m, s, dtype=np.float64)            # [m+r-1, OCB, ICp*S, 4]
+    t, ocb, ics, ob = u.shape
+    u = u.transpose(0, 1, 3, 2).reshape(t, ocb * ob, ics)
+    xp = np.pad(x[:, :6], ((0, 0), (0, 2), (0, 0)))
+    got = winograd_conv1d(phases(xp, pads, s, k, 4), u, (0, 0), 1, m, taps(k, s))[:, :5]
+    np.testing.assert_allclose(got, direct(x[:, :6], w, pads, 1, s=s), rtol=1e-10, atol=1e-10)
+
+
+def conv1d_model(n, c, oc, length, pads, d, bias, relu=False, seed=0, batch_dim=None, k=3, s=1):
     rng = np.random.default_rng(seed)
-    wt = (rng.standard_normal((oc, c, 3)) / np.sqrt(3 * c)).astype(np.float32)
+    wt = (rng.standard_normal((oc, c, k)) / np.sqrt(k * c)).astype(np.float32)
     inits = [numpy_helper.from_array(wt, "w")]
     ins = ["x", "w"]
     bv = None
@@ -65,10 +84,10 @@ def conv1d_model(n, c, oc, length, pads, d, bias, relu=False, seed=0, batch_dim=
         inits.append(numpy_helper.from_array(bv, "b"))
         ins.append("b")
     nodes = [helper.make_node("Conv", ins, ["c" if relu else "y"], name="conv1d", pads=list(pads),
-                              dilations=[d], kernel_shape=[3])]
+                              dilations=[d], kernel_shape=[k], strides=[s])]
     if relu:
         nodes.append(helper.make_node("Relu", ["c"], ["y"], name="relu"))
-    ow = length + pads[0] + pads[1] - 2 * d
+    ow = (length + pads[0] + pads[1] - (k - 1) * d - 1) // s + 1
     nb = batch_dim or n
     g = helper.make_graph(nodes, "wino1d", [helper.make_tensor_value_info("x", F, [nb, c, length])],
                           [helper.make_tensor_value_info("y", F, [nb, oc, ow])], inits)
@@ -101,6 +120,25 @@ def test_native_winograd1d_matches_direct_on_random_shapes(n, c, oc, length, d, 
     np.testing.assert_allclose(got, interp, rtol=1e-3, atol=1e-3 * np.max(np.abs(want)))
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(n=st.integers(1, 2), c=CHANNELS, oc=CHANNELS, length=st.integers(4, 90), s=st.integers(2, 5),
+       r=st.integers(2, 3), short=st.integers(0, 1), pads=st.tuples(st.integers(0, 5), st.integers(0, 5)),
+       bias=st.booleans(), relu=st.booleans())
+def test_native_strided_winograd1d_matches_direct(n, c, oc, length, s, r, short, pads, bias, relu):
+    k = s * r - short * (s - 1)                   # r taps per phase, the last phase's taps full or 1
+    assume((length + pads[0] + pads[1] - k) // s + 1 >= 1 and length + pads[0] + pads[1] >= k)
+    assume(worth_blocking(c, BLOCK) and worth_blocking(oc, BLOCK))
+    model, wt, bv = conv1d_model(n, c, oc, length, pads, 1, bias, relu, k=k, s=s)
+    assert "ConvWinograd1D" in ops_of(model, decisions=WINO)
+    x = np.random.default_rng(9).standard_normal((n, c, length)).astype(np.float32)
+    want = direct(x, wt, pads, 1, bv, s=s)
+    if relu:
+        want = np.maximum(want, 0)
+    got = kiln.compile(model, decisions=WINO).run(x=x)["y"]
+    assert got.shape == want.shape
+    assert rel_error(got, want) < WINOGRAD_1D_ERROR_BOUND
+
+
 @pytest.mark.parametrize("d", [1, 4, 16])
 def test_error_within_the_stated_bound_at_audio_widths(d):
     # a dilated residual conv of an audio net: 128 channels, 398 samples, ReLU'd inputs
@@ -116,23 +154,26 @@ def test_error_within_the_stated_bound_at_audio_widths(d):
 
 
 @pytest.mark.parametrize("m", [2, 4, 6])
-@pytest.mark.parametrize("n, c, oc, length, d, pads", [(1, 16, 32, 37, 1, (1, 1)), (2, 32, 16, 41, 3, (2, 5)),
-                                                       (3, 16, 16, 9, 2, (0, 0))])
-def test_native_kernel_for_each_m(m, n, c, oc, length, d, pads):
-    """The op itself (no chooser): odd lengths, short last phases, a short last chunk."""
+@pytest.mark.parametrize("n, c, oc, length, d, pads, k, s", [
+    (1, 16, 32, 37, 1, (1, 1), 3, 1), (2, 32, 16, 41, 3, (2, 5), 3, 1), (3, 16, 16, 9, 2, (0, 0), 3, 1),
+    (1, 16, 32, 83, 1, (0, 0), 8, 4), (2, 32, 16, 40, 1, (1, 2), 4, 2), (1, 16, 16, 29, 1, (2, 0), 7, 3)])
+def test_native_kernel_for_each_m(m, n, c, oc, length, d, pads, k, s):
+    """The op itself (no chooser): odd lengths, short last phases, a short last chunk, strides."""
     from kiln.graph import parse_graph
     from kiln.ops.layout import from_blocked, to_blocked
+    from kiln.ops.winograd1d import taps
     cb, ocb = -(-c // BLOCK), -(-oc // BLOCK)
-    ow = length + pads[0] + pads[1] - 2 * d
-    text = (f'graph "g" (%x: float32[{n},{cb},1,{length},{BLOCK}], %u: float32[{m + 2},{ocb},{cb * BLOCK},{BLOCK}]) '
+    ow = (length + pads[0] + pads[1] - (k - 1) * d - 1) // s + 1
+    nt = m + taps(k, s) - 1
+    text = (f'graph "g" (%x: float32[{n},{cb},1,{length},{BLOCK}], %u: float32[{nt},{ocb},{cb * BLOCK * s},{BLOCK}]) '
             f'-> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
             f'  %y: float32[{n},{ocb},1,{ow},{BLOCK}] = "kiln"::ConvWinograd1D(%x, %u) '
-            f'{{m = {m}, pads = [{pads[0]}, {pads[1]}], dilation = {d}}} name "wino"\n}}')
+            f'{{m = {m}, pads = [{pads[0]}, {pads[1]}], dilation = {d}, kernel = {k}, stride = {s}}} name "wino"\n}}')
     rng = np.random.default_rng(m + d)
     x = rng.standard_normal((n, c, length)).astype(np.float32)
-    w = rng.standard_normal((oc, c, 3)).astype(np.float32)
-    feeds = {"x": to_blocked(x[:, :, None], BLOCK), "u": transform_weight_1d(w, BLOCK, m)}
-    want = direct(x, w, pads, d)
+    w = rng.standard_normal((oc, c, k)).astype(np.float32)
+    feeds = {"x": to_blocked(x[:, :, None], BLOCK), "u": transform_weight_1d(w, BLOCK, m, s)}
+    want = direct(x, w, pads, d, s=s)
     for target in ("cpu", "interpreter"):
         y = kiln.compile(parse_graph(text), target=target).run(**feeds)["y"]
         assert rel_error(from_blocked(y, oc)[:, :, 0], want) < WINOGRAD_1D_ERROR_BOUND, target
@@ -160,7 +201,11 @@ def shape1d(c, oc, ow, k=3, s=1, d=1, n=1, group=1, blockable=True):
     (shape1d(128, 128, 6), "direct-nchwc", "tiles"),
     (shape1d(128, 128, 24, d=16), "direct-nchwc", "cover"),        # 16 phases of 1-2 outputs
     (shape1d(128, 128, 398, k=5), "direct-nchwc", "1-D"),
-    (shape1d(128, 128, 398, s=2), "direct-nchwc", "1-D"),
+    (shape1d(128, 128, 798, k=8, s=4), "winograd", "phases"),       # an audio front end's strided conv
+    (shape1d(128, 128, 398, k=4, s=2), "winograd", "F("),
+    (shape1d(1, 128, 3199, k=10, s=5), "direct-nchwc", "phases"),   # a one-channel stem: 5 phases
+    (shape1d(128, 128, 398, k=2, s=2), "direct-nchwc", "1-D"),      # 1 tap per phase
+    (shape1d(128, 128, 398, k=3, s=2, d=2), "direct-nchwc", "1-D"),
     (shape1d(128, 128, 398, group=2), "direct-nchwc", "1-D"),
 ])
 def test_chooser_1d_rule_and_reason(s, algorithm, why):

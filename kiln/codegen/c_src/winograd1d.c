@@ -1,40 +1,46 @@
-/* Winograd F(m, 3) 1-D convolution on the blocked layout, dilated or not: the kernel behind
+/* Winograd F(m, r) 1-D convolution on the blocked layout, dilated or strided: the kernel behind
    kiln.lower.winograd1d (the op and its transform matrices: kiln.ops.winograd1d,
    kiln.ops.winograd.matrices). Instantiated per tile size and register tile: define before this file
      KILN_WG1_FN   the function's name
      KILN_WG1_L    the channel block = the vector lanes (8 with AVX2, 16 with AVX-512)
-     KILN_WG1_M    outputs per tile (m); a tile reads KILN_WG1_M + 2 inputs
-     KILN_WG1_AT   A^T [m][m+2] and B^T [m+2][m+2] as brace initializers (exact small
+     KILN_WG1_M    outputs per tile (m)
+     KILN_WG1_R    taps per phase (r); a tile reads KILN_WG1_M + KILN_WG1_R - 1 inputs
+     KILN_WG1_AT   A^T [m][m+r-1] and B^T [m+r-1][m+r-1] as brace initializers (exact small
      KILN_WG1_BT   rationals: their zeros and ones fold away when the loops unroll)
      KILN_WG1_TR   tiles per register block       } KILN_WG1_TR * KILN_WG1_OV accumulators stay
      KILN_WG1_OV   channel blocks per register block } in vector registers over the input channels
 
-   x [N][ICB][W][L] blocked input (a 1-D N,C,W tensor blocked as N,ICB,1,W,L); u [m+2][OCB][ICB*L][L]
-   transformed weights (position, output block, input channel, the block's output channels);
-   bias [OCB][L] or NULL; y [N][OCB][OW][L]. Output o reads inputs o - pl + k * dil, k = 0, 1, 2
-   (zero outside the input: the padding). Outputs o = p + dil * q of one phase p < dil form an
-   undilated correlation over q, so a tile is m outputs q = m*i .. m*i + m-1 of one phase, and it
-   reads the m + 2 inputs under them, dil apart. Tiles are numbered over (image, phase, i).
+   x [N][ICB][W][L] blocked input (a 1-D N,C,W tensor blocked as N,ICB,1,W,L); u [m+r-1][OCB][ICB*S*L][L]
+   transformed weights (position, output block, input channel and phase, the block's output
+   channels); bias [OCB][L] or NULL; y [N][OCB][OW][L]. Output o reads inputs S*o - pl + k*dil
+   (zero outside the input: the padding), S > 1 only with dil = 1.
+   Dilated: outputs o = p + dil * q of one phase p < dil form an undilated correlation over q,
+   so a tile is m outputs q = m*i .. m*i + m-1 of one phase, and it reads the m + r - 1 inputs
+   under them, dil apart. Strided: input phase p < S of channel c, x_p[i] = x[S*i + p - pl], is
+   one more input channel (c, p) of a stride-1 correlation with the taps k = S*j + p, j < r
+   (polyphase: an 8-tap stride-4 conv is a 2-tap stride-1 one over 4x the channels), so its
+   reduction runs over ICB*S*L values (channel block, phase, lane). Tiles are numbered over
+   (image, output phase, i).
 
    Work goes in tasks, as in winograd.c: a chunk of T tiles (a multiple of TR) and a part of the
    output channel blocks (`osplit` parts). A task
-     1. transforms its tiles' inputs, all input channels: V[t][tile][ic] = (B^T d)[t],
-     2. per group of OV output channel blocks: the m + 2 GEMMs M[t] = V[t] U[t] over the chunk
+     1. transforms its tiles' inputs, all input channels (and phases): V[t][tile][ic] = (B^T d)[t],
+     2. per group of OV output channel blocks: the m + r - 1 GEMMs M[t] = V[t] U[t] over the chunk
         (register blocks of TR tiles x OV vectors, input channels innermost), then the output
         transform A^T M of each tile, + bias, ReLU when asked, stored into y (cropped at the end).
    Tasks run in parallel (`par`). Returns 0, or -1 when out of memory. */
 __attribute__((noinline)) static int32_t KILN_WG1_FN(
     const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
-    int64_t N, int64_t ICB, int64_t W, int64_t OCB, int64_t OW, int64_t pl, int64_t dil,
+    int64_t N, int64_t ICB, int64_t W, int64_t OCB, int64_t OW, int64_t pl, int64_t dil, int64_t S,
     int64_t T, int64_t osplit, int relu, int par) {
   typedef float V __attribute__((vector_size(KILN_WG1_L * 4)));
   typedef int32_t VI __attribute__((vector_size(KILN_WG1_L * 4)));
 #define WG1_LD(p) ({ V v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
 #define WG1_ST(p, v) do { V v_ = (v); __builtin_memcpy((p), &v_, sizeof v_); } while (0)
-  enum { L = KILN_WG1_L, M = KILN_WG1_M, NT = KILN_WG1_M + 2, TR = KILN_WG1_TR, OV = KILN_WG1_OV };
+  enum { L = KILN_WG1_L, M = KILN_WG1_M, NT = KILN_WG1_M + KILN_WG1_R - 1, TR = KILN_WG1_TR, OV = KILN_WG1_OV };
   static const float AT[M][NT] = KILN_WG1_AT;
   static const float BT[NT][NT] = KILN_WG1_BT;
-  const int64_t IC = ICB * L;
+  const int64_t IC = ICB * S * L, step = S * dil;   /* the reduction: channel block, phase, lane */
   const int64_t per_phase = ((OW + dil - 1) / dil + M - 1) / M;      /* tiles of one phase */
   const int64_t per_image = dil * per_phase, ntile = N * per_image;
   const int64_t nchunk = (ntile + T - 1) / T, ngroup = OCB / OV, ntask = nchunk * osplit;
@@ -62,17 +68,18 @@ __attribute__((noinline)) static int32_t KILN_WG1_FN(
           continue;
         }
         const int64_t g = first + j, n = g / per_image, r = g % per_image;
-        const int64_t x0 = r / per_phase + dil * M * (r % per_phase) - pl;
-        const int inside = x0 >= 0 && x0 + dil * (NT - 1) < W;
-        for (int64_t cb = 0; cb < ICB; ++cb) {
+        const int64_t xs = S * (r / per_phase + dil * M * (r % per_phase)) - pl;
+        for (int64_t cp = 0; cp < ICB * S; ++cp) {
+          const int64_t cb = cp / S, x0 = xs + cp % S;
+          const int inside = x0 >= 0 && x0 + step * (NT - 1) < W;
           const float* xc = x + (n * ICB + cb) * W * L;
           V d[NT];
           if (inside) {
             #pragma GCC unroll 16
-            for (int k = 0; k < NT; ++k) d[k] = WG1_LD(xc + (x0 + dil * k) * L);
+            for (int k = 0; k < NT; ++k) d[k] = WG1_LD(xc + (x0 + step * k) * L);
           } else {
             for (int k = 0; k < NT; ++k) {
-              const int64_t ix = x0 + dil * k;
+              const int64_t ix = x0 + step * k;
               d[k] = (ix >= 0 && ix < W) ? WG1_LD(xc + ix * L) : (V){0};
             }
           }
@@ -87,13 +94,13 @@ __attribute__((noinline)) static int32_t KILN_WG1_FN(
                 o = none ? t_ : o + t_;
                 none = 0;
               }
-            WG1_ST(vbuf + ((int64_t)a * T + j) * IC + cb * L, o);
+            WG1_ST(vbuf + ((int64_t)a * T + j) * IC + cp * L, o);
           }
         }
       }
       const int64_t g0 = part * ngroup / osplit, g1 = (part + 1) * ngroup / osplit;
       for (int64_t og = g0; og < g1; ++og) {
-        /* 2. the m + 2 GEMMs of this group of output channel blocks */
+        /* 2. the m + r - 1 GEMMs of this group of output channel blocks */
         for (int t = 0; t < NT; ++t) {
           const float* ut = u + ((int64_t)t * OCB + og * OV) * IC * L;
           const float* vt = vbuf + (int64_t)t * T * IC;
