@@ -16,9 +16,18 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.ops.registry import INJECTIVE, InferCtx, RunCtx, op
-from kiln.ops.shapes import broadcast_shapes
 
 DOMAIN = "kiln"
+
+
+def _fits(cd, xd) -> bool:
+    """Whether a cos/sin dim broadcasts to x's without widening it. Sizes known: 1 or equal.
+    A symbolic dim (a shape-generic module's sizes, `_u` names of sizes computed in the
+    graph) may equal the other side, as in every valid model; only x's 1 against a symbol
+    could widen the result, and that is refused."""
+    if isinstance(cd, int) and isinstance(xd, int):
+        return cd in (1, xd)
+    return cd == 1 or cd == xd or not isinstance(xd, int) or xd != 1   # x's 1 against a symbol may widen
 
 
 def _rotary_infer(ctx: InferCtx):
@@ -34,7 +43,7 @@ def _rotary_infer(ctx: InferCtx):
             ctx.fail(f"x needs an even last axis, got shape {tuple(s)}")
         for i, name in ((1, "cos"), (2, "sin")):
             c = ctx.shape(i)
-            if c is not None and (len(c) > len(s) or broadcast_shapes(ctx, s, c) != tuple(s)):
+            if c is not None and (len(c) > len(s) or not all(_fits(cd, xd) for cd, xd in zip(c[::-1], s[::-1]))):
                 ctx.fail(f"input {i} ({name}) of shape {tuple(c)} does not broadcast to x's {tuple(s)}")
     return [x]
 

@@ -113,3 +113,11 @@ def test_exported_rotary_runs_as_one_kernel_and_matches_onnxruntime(form):
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"q": q})[0]
     np.testing.assert_allclose(m.run({"q": q})["y"], want, rtol=1e-6, atol=1e-6)
     assert len(m.profile({"q": q}, runs=1)) == 1   # the head split, the rotation: one kernel
+
+
+def test_symbolic_sizes_broadcast_unless_they_could_widen_x():
+    """Shape-generic modules infer RotaryHalf with symbolic sizes (test_generic_shapes' llama)."""
+    from kiln.ops.rotary import _fits
+    assert _fits(8, 8) and _fits(1, 8) and not _fits(4, 8)
+    assert _fits(8, "_u1") and _fits("seq", "seq") and _fits("seq", "_u2") and _fits("seq", 8)
+    assert not _fits("seq", 1)
