@@ -21,8 +21,10 @@ thread it waits for needs. At load 12 on the 2 cores (`python benchmarks/symboli
 against 8 us sleeping at once. So kiln spins only where the machine has room for its threads:
 the load average of the last minute under 1.5 per core this process may use, read once when
 the first kernel library loads (`spin_has_room`); else it sleeps at once (GOMP_SPINCOUNT=0)
-and compiles for sleeping threads (forks less). Either variable set by the user: kiln sets
-neither. The Target records the settings in force (`wait_settings`) and when forking pays
+and compiles for sleeping threads (forks less). Spinning threads are bound one per core
+(OMP_PROC_BIND=spread, OMP_PLACES=cores, as OpenVINO pins its threads): two spinning threads
+the scheduler put on one core cost a scheduler tick per fork. Either wait variable set by
+the user: kiln sets none of these. The Target records the settings in force (`wait_settings`) and when forking pays
 follows from `fork_us` (kiln.lower.nnutil.parallel_worth).
 """
 
@@ -78,6 +80,13 @@ def apply_defaults() -> None:
         policy, spin = wait_settings()
         os.environ["OMP_WAIT_POLICY"] = policy
         os.environ["GOMP_SPINCOUNT"] = spin
+        if spins(policy, spin) and "OMP_PROC_BIND" not in os.environ and "OMP_PLACES" not in os.environ:
+            # spinning threads must not share a core: unbound, the scheduler at times woke the
+            # worker on the master's core, and each fork then waited out a scheduler tick
+            # (mlp_tabular batch 64 in the corpus harness: median 0.02 ms or, in some
+            # processes, 2 ms, p90/p10 100x; bound one per core: p90/p10 1.7 in every run)
+            os.environ["OMP_PROC_BIND"] = "spread"
+            os.environ["OMP_PLACES"] = "cores"
 
 
 def spins(policy: str, spincount: str) -> bool:

@@ -37,11 +37,14 @@ def test_a_users_settings_win(env, want, spinning):
     assert threads.spins(*want) == spinning
 
 
+VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES")
+
+
 def _env_after_import(env: dict) -> dict:
     """The OpenMP variables a fresh process has after importing kiln's native runtime."""
     code = ("import json, os, kiln.runtime.native; "
-            "print(json.dumps({k: os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')}))")
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+            "print(json.dumps({k: os.environ.get(k) for k in VARS}))".replace("VARS", repr(VARS)))
+    base = {k: v for k, v in os.environ.items() if k not in VARS}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", code], env={**base, **env, "PYTHONPATH": root},
                          capture_output=True, text=True, check=True).stdout
@@ -61,9 +64,13 @@ def test_the_runtime_sets_the_defaults_before_any_library_loads():
     env = _env_after_import({})
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert env["GOMP_SPINCOUNT"] in (threads.SPINCOUNT, "0")   # "0" when the machine was loaded
+    # spinning threads are bound one per core (two on one core waited out a scheduler tick)
+    bound = ("spread", "cores") if env["GOMP_SPINCOUNT"] != "0" else (None, None)
+    assert (env["OMP_PROC_BIND"], env["OMP_PLACES"]) == bound
     # either variable set by the user: kiln sets neither
-    assert _env_after_import({"OMP_WAIT_POLICY": "ACTIVE"}) == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None}
-    assert _env_after_import({"GOMP_SPINCOUNT": "5"}) == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "5"}
+    none = dict.fromkeys(VARS)
+    assert _env_after_import({"OMP_WAIT_POLICY": "ACTIVE"}) == {**none, "OMP_WAIT_POLICY": "ACTIVE"}
+    assert _env_after_import({"GOMP_SPINCOUNT": "5"}) == {**none, "GOMP_SPINCOUNT": "5"}
 
 
 def test_targets_record_the_settings_in_their_key():
