@@ -22,7 +22,7 @@ from kiln.runtime import strings, threads
 from kiln.runtime.elf import check_elf
 
 
-# How OpenMP threads wait between kernels (a short spin, then sleep: kiln.runtime.threads),
+# How OpenMP threads wait between kernels (they sleep: kiln.runtime.threads),
 # set before libgomp starts (the first kernel library loaded); a user's choice wins.
 threads.apply_defaults()
 

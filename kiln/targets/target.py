@@ -71,7 +71,7 @@ class Target:
     l2_bytes: int
     l3_bytes: int
     # OMP_WAIT_POLICY and GOMP_SPINCOUNT the code runs under (kiln.runtime.threads: by default
-    # a short spin, then sleep)
+    # the threads sleep between kernels)
     omp_wait_policy: str = threads.wait_settings({})[0]
     omp_spincount: str = threads.wait_settings({})[1]
 
