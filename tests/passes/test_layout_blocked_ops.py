@@ -111,7 +111,8 @@ def test_selective_default_blocks_strided_and_1d_convs_through_pools_and_concats
     assert convs == {"down": "kiln::ConvNCHWc", "pw": "kiln::ConvNCHWc", "dense": "Conv",
                      "c1d": "kiln::ConvNCHWc", "c1d_s2": "kiln::ConvNCHWc"}
     assert stats.fired["MaxPool"] == 1 and stats.fired["Concat"] == 1
-    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+    # outputs reach ~800: float32 sums in another order differ by ~1e-4 absolute near zero
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-3)
 
 
 def test_silu_fuses_into_its_conv_at_O3():
