@@ -34,25 +34,32 @@ from kiln.targets.target import Target  # noqa: E402
 CACHE = os.path.expanduser("~/.cache/kiln-corpus")
 
 
-def convs_3x3(path: str):
-    """(name, x shape (1, C, H, W), weights, pads) of each 3x3 stride-1 dense conv, BN folded,
-    at the model's first benchmark case (its sidecar .json) when its sizes are symbolic."""
+def _dense_convs(path: str, ndim: int):
+    """(node, weights, x shape, window attrs) of each ungrouped Conv with `ndim`-D constant
+    weights and static non-batch sizes, BN folded, at the model's first benchmark case (its
+    sidecar .json) when its sizes are symbolic."""
     import json
     from kiln.compiler import run_stages
     side = path[:-5] + ".json"
     dims = json.load(open(side))["cases"][0] if os.path.exists(side) else {}
-    st = run_stages(path, "partition", opt_level=2, dims=dims)
-    g = st.specialized.graph
+    g = run_stages(path, "partition", opt_level=2, dims=dims).specialized.graph
     opset = g.opset("")
     for n in g.nodes:
         if n.op != "Conv" or n.domain or n.inputs[1].const is None:
             continue
-        w = n.inputs[1].const
-        xs = n.inputs[0].type.shape
-        if w.ndim != 4 or w.shape[2:] != (3, 3) or int(n.attrs.get("group", 1)) != 1 or xs is None \
+        w, xs = n.inputs[1].const, n.inputs[0].type.shape
+        if w.ndim != ndim or int(n.attrs.get("group", 1)) != 1 or xs is None \
                 or not all(isinstance(d, int) for d in xs[1:]):
             continue
-        a = _window_attrs(n, opset, (1, *xs[1:]), w.shape[2:])
+        yield n, w, xs, _window_attrs(n, opset, (1, *xs[1:]), w.shape[2:])
+
+
+def convs_3x3(path: str):
+    """(name, x shape (1, C, H, W), weights, pads) of each 3x3 stride-1 dense conv, BN folded,
+    at the model's first benchmark case (its sidecar .json) when its sizes are symbolic."""
+    for n, w, xs, a in _dense_convs(path, 4):
+        if w.shape[2:] != (3, 3):
+            continue
         if a is None or a["strides"] != [1, 1] or a["dilations"] != [1, 1]:
             continue
         yield n.name, (1, *xs[1:]), w.astype(np.float32), a["pads"]
@@ -62,22 +69,7 @@ def convs_1d(path: str):
     """(name, x shape (1, C, L), weights, [left, right], dilation, stride) of each dense 1-D conv
     Winograd can run (3 taps at stride 1; strided, undilated, 2-3 taps per input phase), BN
     folded, at the model's first benchmark case."""
-    import json
-    from kiln.compiler import run_stages
-    side = path[:-5] + ".json"
-    dims = json.load(open(side))["cases"][0] if os.path.exists(side) else {}
-    st = run_stages(path, "partition", opt_level=2, dims=dims)
-    g = st.specialized.graph
-    opset = g.opset("")
-    for n in g.nodes:
-        if n.op != "Conv" or n.domain or n.inputs[1].const is None:
-            continue
-        w = n.inputs[1].const
-        xs = n.inputs[0].type.shape
-        if w.ndim != 3 or int(n.attrs.get("group", 1)) != 1 or xs is None \
-                or not all(isinstance(d, int) for d in xs[1:]):
-            continue
-        a = _window_attrs(n, opset, (1, *xs[1:]), w.shape[2:])
+    for n, w, xs, a in _dense_convs(path, 3):
         if a is None:
             continue
         k, st, d = w.shape[2], a["strides"][1], a["dilations"][1]
