@@ -2,6 +2,7 @@
 
     python benchmarks/generic_shapes.py [--pairs 20] [--runs 20]
     python benchmarks/generic_shapes.py --corpus bert_base,distilbert,gpt2,llama_gqa [--tiered]
+    python benchmarks/generic_shapes.py --corpus resnet50,mobilenet_v3_small --batch 1,8 --reserve
 
 For a model with symbolic batch and sequence dims (examples/build_transformer.py's encoder,
 compiled with shapes="generic"): after the first run, each of `--pairs` new (batch, seq)
@@ -123,7 +124,8 @@ def _cpu_ms(fn) -> float:
     return (time.thread_time() - t0) * 1e3
 
 
-def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool = False) -> None:
+def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool = False,
+                 batches: list | None = None) -> None:
     """One corpus model: generic compile, first use of `pairs`, generic vs specialised."""
     import json
     from benchmarks.corpus.build import corpus_dir, random_feeds
@@ -170,7 +172,10 @@ def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool 
           f"C compiler runs after the first shape: {compiles}")
     print("  first-use extra ms per pair: " + ", ".join(f"{b}x{s_}: {e:.1f}" for (b, s_), e in zip(pairs, extras)))
     sp = kiln.compile(path, shapes="specialize")
-    for case in meta["cases"]:
+    cases = meta["cases"]
+    if batches:     # the corpus cases at these batches instead of their own
+        cases = [dict(c) for c in {tuple(sorted({**c, "batch": b}.items())): 0 for c in cases for b in batches}]
+    for case in cases:
         f = random_feeds(meta["inputs"], case, 99)
         want, got = sp.run(f), g.run(f)
         err = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
@@ -206,6 +211,7 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", default="")
     ap.add_argument("--tiered", action="store_true")
     ap.add_argument("--reserve", action="store_true", help="GenericModel.reserve the pairs' largest sizes first")
+    ap.add_argument("--batch", default="", help="steady state at these batches (1,8) instead of the corpus cases'")
     args = ap.parse_args(argv)
     if args.corpus:
         rng = np.random.default_rng(7)
@@ -216,7 +222,8 @@ def main(argv=None) -> int:
                 pairs.append(p)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; pairs {pairs}")
         for name in args.corpus.split(","):
-            corpus_model(name, pairs, args.runs, args.tiered, args.reserve)
+            corpus_model(name, pairs, args.runs, args.tiered, args.reserve,
+                         [int(b) for b in args.batch.split(",")] if args.batch else None)
         return 0
     import build_transformer
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

@@ -33,6 +33,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
                         sum_)
+from kiln.loops.symbols import hint
 from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import _acc_dtype, _conj, _rup, _strides_of, parallel_worth
 from kiln.ops.nn import kernel_of, window
@@ -130,9 +131,11 @@ def plan_conv(g: "ConvGeom", target: Target, acc_bytes: int, knobs: dict | None 
         ocb = int(knobs["ocb"])
     else:
         # channels per tile: the accumulator fits L2, and there are a few tiles per thread
+        # (a symbolic batch: planned for one image, its smallest value; images are an outer loop)
+        n = g.n if isinstance(g.n, int) else 1
         ocb = g.ocg
         while ocb % (2 * oct_) == 0 and (ocb * block * acc_bytes > acc_tile_bytes(target)
-                                         or g.n * nb * g.group * (g.ocg // ocb) < 4 * threads):
+                                         or n * nb * g.group * (g.ocg // ocb) < 4 * threads):
             ocb //= 2
     chosen = ((CONV_OCT, oct_), (CONV_QV, qv), (CONV_ROWS, r), (CONV_OCB, ocb))
     for d, v in chosen:
@@ -336,7 +339,7 @@ def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt
                 schedule_plane(sch[xs], g, False, fuse_lead=False)
             else:
                 # a small plane is copied serially: a parallel region costs more than the copy
-                schedule_plane(sch[xs], g, par_ok and math.prod(xs.shape) >= PLANE_PARALLEL_MIN)
+                schedule_plane(sch[xs], g, par_ok and hint(math.prod(xs.shape)) >= PLANE_PARALLEL_MIN)
 
     ctx.schedule(schedule)
     return out

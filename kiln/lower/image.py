@@ -15,6 +15,7 @@ import numpy as np
 
 from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
+from kiln.loops.symbols import as_int, c_size, same_size, static, symbols_in
 from kiln.lower.decisions import parallel_min_work
 from kiln.lower.nnutil import _conj
 from kiln.lower.pool import _pool_schedule
@@ -75,17 +76,21 @@ def _resize_lower(ctx, x, *rest):
     if plan is None:
         ctx.fail("neither scales nor sizes given")
     shape = list(x.shape)
-    if [int(v) for v in plan[0]] != list(ctx.out_shape(0)):
+    if not all(same_size(a, b) for a, b in zip(plan[0], ctx.out_shape(0))):
         ctx.fail(f"resize plan gives shape {plan[0]}, inference says {ctx.out_shape(0)}")
     passes = _passes(ctx, plan, shape, p)
     if x.dtype.c is None:
         ctx.fail(f"dtype {x.dtype} has no native type")
+    if any(not static(shape[a]) or not static(n) for a, n, _, _ in passes):
+        ctx.fail("a resampled axis of symbolic size: its tap tables need the size at compile time")
     if p["mode"] == "nearest" and x.dtype == ctx.out_dtype(0):
         tables = {a: _axis_taps(shape[a], out_len, s, axis_roi, p) for a, out_len, s, axis_roi in passes}
         if all(out is None or not out.any() for _, _, out in tables.values()):
             return ctx.extern(_nearest_body(shape, list(ctx.out_shape(0)), {a: t[0][:, 0] for a, t in tables.items()},
                                             x.dtype.c),
                               [x, *rest], [(ctx.out_shape(0), ctx.out_dtype(0))])
+    if symbols_in(shape):
+        ctx.fail("the separable (linear, cubic) Resize kernel bakes its sizes in: it needs static sizes")
     n_in = math.prod(shape)
     body = [f"  const int64_t n0 = {n_in};\n",
             f"  double* cur = (double*)malloc((size_t)(n0 > 0 ? n0 : 1) * sizeof(double));\n",
@@ -137,22 +142,28 @@ def _nearest_body(in_shape: list[int], out_shape: list[int], idx: dict, ctype: s
     """C body of a nearest-neighbour Resize: one gather in the tensor's own type, through a
     source-index table per resampled axis (`idx`: axis -> input index per output index).
     Why: nearest needs no arithmetic, so the separable double-precision passes (a converted
-    copy and a buffer per axis) only cost memory traffic; FPN upsampling is all nearest."""
+    copy and a buffer per axis) only cost memory traffic; FPN upsampling is all nearest.
+    Sizes of the axes not resampled may be symbolic (a shape-generic module's batch): they are
+    printed as C expressions of the symbols (kiln.loops.symbols.c_size)."""
     r = len(out_shape)
     body = [c_table(f"I{a}", "int64_t", t) for a, t in sorted(idx.items())]
-    strides = [math.prod(in_shape[d + 1:]) for d in range(r)]
+    strides = [c_size(math.prod(in_shape[d + 1:])) for d in range(r)]
     rows, last = math.prod(out_shape[:-1]), out_shape[-1]
-    par = "  #pragma omp parallel for schedule(static)\n" if rows * last >= parallel_min_work() else ""
-    body.append(par + f"  for (int64_t row = 0; row < {rows}; ++row) {{\n"
+    work = rows * last
+    if static(work):
+        par = "  #pragma omp parallel for schedule(static)\n" if as_int(work) >= parallel_min_work() else ""
+    else:
+        par = f"  #pragma omp parallel for schedule(static) if({c_size(work)} >= {parallel_min_work()})\n"
+    body.append(par + f"  for (int64_t row = 0; row < {c_size(rows)}; ++row) {{\n"
                 "    int64_t rest = row, src = 0;\n")
     for d in reversed(range(r - 1)):
         pos = f"I{d}[c]" if d in idx else "c"
-        body.append(f"    {{ const int64_t c = rest % {out_shape[d]}; rest /= {out_shape[d]}; "
+        body.append(f"    {{ const int64_t c = rest % {c_size(out_shape[d])}; rest /= {c_size(out_shape[d])}; "
                     f"src += {pos} * {strides[d]}; }}\n")
     pos = f"I{r - 1}[j]" if r - 1 in idx else "j"
     body.append(f"    const {ctype}* s = in0 + src;\n"
-                f"    {ctype}* dst = out0 + row * {last};\n"
-                f"    for (int64_t j = 0; j < {last}; ++j) dst[j] = s[{pos}];\n  }}\n  return 0;\n")
+                f"    {ctype}* dst = out0 + row * {c_size(last)};\n"
+                f"    for (int64_t j = 0; j < {c_size(last)}; ++j) dst[j] = s[{pos}];\n  }}\n  return 0;\n")
     return "".join(body)
 
 

@@ -57,8 +57,8 @@ def _check_runs(model, shapes_feeds, compiler_runs, rtol=1e-4, atol=1e-5):
     assert compiler_runs[before:] == []
 
 
-def _generic(onnx_model):
-    m = kiln.compile(onnx_model, target="cpu", shapes="generic", report=True)
+def _generic(onnx_model, **options):
+    m = kiln.compile(onnx_model, target="cpu", shapes="generic", report=True, **options)
     m.source = onnx_model
     assert m.shapes == "generic", m.report
     assert "shapes: generic" in str(m.report)

@@ -1,0 +1,60 @@
+"""shapes="generic" for convolutional networks (issue 15 item 1): a CNN with a symbolic
+batch runs every batch from one compiled module, matching the NumPy reference, and a new
+batch runs no C compiler. The conv plans do not depend on the batch's value (images are an
+outer loop; tiles are planned for one image)."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from onnx import numpy_helper as nh
+
+from tests.targets.test_generic_shapes import _check_runs, _generic, compiler_runs  # noqa: F401 (fixture)
+
+F = onnx.TensorProto.FLOAT
+
+
+def cnn(batch="N", height=20, width=24, opset=17):
+    """conv+bias+relu, conv + residual add, strided max pool, strided conv, 1x1 convs, nearest
+    Resize x2, Concat along channels, global average pool + flatten (two outputs)."""
+    rng = np.random.default_rng(0)
+
+    def w(name, *shape):
+        return nh.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+    inits = [w("w1", 16, 3, 3, 3), w("b1", 16), w("w2", 16, 16, 3, 3), w("w3", 32, 16, 3, 3), w("b3", 32),
+             w("w4", 32, 32, 1, 1), w("w5", 16, 32, 1, 1), w("w6", 8, 16, 3, 3),
+             nh.from_array(np.array([1, 1, 2, 2], np.float32), "scales"), nh.from_array(np.zeros(0, np.float32), "roi")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Add", ["c2", "r1"], ["res"], name="residual"),
+        helper.make_node("MaxPool", ["res"], ["p2"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                         name="pool"),
+        helper.make_node("Conv", ["p2", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv3_s2"),
+        helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
+        helper.make_node("Conv", ["r3", "w4"], ["c4"], name="conv4_1x1"),
+        helper.make_node("Conv", ["c4", "w5"], ["c5"], name="conv5_1x1"),
+        helper.make_node("Resize", ["c5", "roi", "scales"], ["up"], mode="nearest", name="upsample"),
+        helper.make_node("Conv", ["p2", "w6"], ["side"], pads=[1, 1, 1, 1], name="side"),
+        helper.make_node("Concat", ["up", "side"], ["cat"], axis=1, name="concat"),
+        helper.make_node("GlobalAveragePool", ["c4"], ["gp"], name="gap"),
+        helper.make_node("Flatten", ["gp"], ["emb"], name="flatten"),
+    ]
+    g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", F, [batch, 3, height, width])],
+                          [helper.make_tensor_value_info("emb", F, [batch, 32]),
+                           helper.make_tensor_value_info("cat", F, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+BATCHES = (1, 2, 3, 5, 7, 13, 32)
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_cnn_runs_every_batch_from_one_module(level, compiler_runs):  # noqa: F811
+    """-O2 (plain NCHW convs) and -O3 (the blocked NCHWc layout): batches 1, primes and 32."""
+    m = _generic(cnn(), opt_level=level)
+    rng = np.random.default_rng(level)
+    _check_runs(m, [{"x": rng.standard_normal((b, 3, 20, 24)).astype(np.float32)} for b in BATCHES],
+                compiler_runs, rtol=1e-4, atol=1e-4)
+    assert m.specializations == 1
