@@ -15,6 +15,7 @@ import math
 from kiln.dtypes import DType
 from kiln.loops import cast, compute, const, reduce_axis, rmax, select, sum_
 from kiln.lower.decisions import Ints, declare
+from kiln.loops.symbols import hint
 from kiln.lower.nnutil import parallel_worth
 from kiln.ops.layout import _block_attr, blocked_geom, BlockedGeom, DOMAIN
 from kiln.ops.nn import window
@@ -27,9 +28,9 @@ def _rows_schedule(stage, work: int, lead: int, target: Target) -> None:
     axes = list(stage.axis)
     outer = stage.fuse(*axes[:lead])
     inner = stage.fuse(*axes[lead:])
-    if inner.arg.dom[1] >= 4:
+    if hint(inner.arg.dom[1]) >= 4:
         stage.vectorize(inner)
-    if parallel_worth(work, target) and outer.arg.dom[1] > 1:
+    if parallel_worth(work, target) and hint(outer.arg.dom[1]) > 1:
         stage.parallel(outer)
 
 
@@ -59,7 +60,7 @@ def _to_lower(ctx, x):
         st.reorder(axes[-1], axes[-2])
         st.unroll(axes[-1])
         st.vectorize(axes[-2])
-        if parallel_worth(work, ctx.target) and outer.arg.dom[1] > 1:
+        if parallel_worth(work, ctx.target) and hint(outer.arg.dom[1]) > 1:
             st.parallel(outer)
     ctx.schedule(narrow)
     return out
@@ -85,7 +86,7 @@ def _from_lower(ctx, x):
         st.reorder(n, co, h, ci, w)
         top = st.fuse(n, co, h)
         st.vectorize(w)
-        if parallel_worth(work, ctx.target) and top.arg.dom[1] > 1:
+        if parallel_worth(work, ctx.target) and hint(top.arg.dom[1]) > 1:
             st.parallel(top)
     ctx.schedule(rows)
     return out
@@ -188,7 +189,7 @@ def row_parts(g: BlockedGeom, reg_w: int, oc_v: int, target: Target) -> int | No
     ROW_PART_MIN_TILES tiles, the parts equal (the last part's extra tiles are computed and thrown
     away: the count with the fewest, e.g. 6 parts of 19 tiles for 114); None: no cut (tasks
     enough, or rows too short)."""
-    tasks = g.n * (g.ocb // oc_v) * g.out[0]
+    tasks = (g.n if isinstance(g.n, int) else 1) * (g.ocb // oc_v) * g.out[0]   # a symbolic batch: one image
     threads = max(1, target.cores)
     if threads < 2 or tasks >= ROW_TASKS_PER_THREAD * threads // 2:
         return None
@@ -337,7 +338,7 @@ def _global_average_lower(ctx, x):
         top = st.fuse(*a[:4])
         if blk >= 4:
             st.vectorize(a[4])
-        if parallel_worth(work, ctx.target) and top.arg.dom[1] > 1:
+        if parallel_worth(work, ctx.target) and hint(top.arg.dom[1]) > 1:
             st.parallel(top)
         _rows_schedule(sch[out], 0, 4, ctx.target)
     ctx.schedule(schedule)
@@ -365,7 +366,7 @@ def _max_pool_lower(ctx, x):
         r_h, r_w = st.reduce_axis
         st.reorder(a_n, a_c, a_h, a_w, r_h, r_w, a_o)
         top = st.fuse(a_n, a_c, a_h)
-        if parallel_worth(work, ctx.target) and top.arg.dom[1] > 1:
+        if parallel_worth(work, ctx.target) and hint(top.arg.dom[1]) > 1:
             st.parallel(top)
         if win.kernel[0] * win.kernel[1] <= 16:
             st.unroll(r_h)

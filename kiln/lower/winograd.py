@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from kiln.codegen.csource import c_shared
 from kiln.dtypes import DType
+from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM
 from kiln.lower.nnutil import parallel_worth
 from kiln.lower.context import lowering
@@ -89,12 +90,13 @@ def _lower(ctx, x, u, b=None):
     ocb = u.shape[1]
     if lanes % 4:
         ctx.fail(f"ConvWinograd's channel block {lanes} is not a multiple of 4", stage="lower")
-    tr, ov, t, osplit = plan(n, icb, ocb, oh, ow, lanes, target)
+    # chunks planned for one image when the batch is symbolic (images are the kernel's outer loop)
+    tr, ov, t, osplit = plan(n if static(n) else 1, icb, ocb, oh, ow, lanes, target)
     fn = f"kiln_winograd_f4_l{lanes}_r{tr}_o{ov}"
     preamble = c_shared("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_L": str(lanes), "KILN_WG_TR": str(tr),
                                          "KILN_WG_OV": str(ov)}, fn.upper())
     par = int(parallel_worth(macs(n, icb, ocb, oh, ow, lanes), target, "conv"))
-    body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {n}, {icb}, {h}, {w}, "
+    body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {c_size(n)}, {icb}, {h}, {w}, "
             f"{ocb}, {oh}, {ow}, {pads[0]}, {pads[1]}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,
                       errors={-1: "out of memory for the Winograd transform buffers"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
+from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM, tiles_1d
 from kiln.lower.context import lowering
 from kiln.lower.nnutil import parallel_worth
@@ -59,8 +60,10 @@ def _lower(ctx, x, u, b=None):
     CONV_ALGORITHM.value("winograd")
     n, icb, _, w, lanes = x.shape
     ocb = u.shape[1]
-    tiles = tiles_1d(n, ow, d, m)
+    # chunks planned for one image when the batch is symbolic (images are the kernel's outer loop)
+    tiles = tiles_1d(n if static(n) else 1, ow, d, m)
     tr, ov, t, osplit = plan(tiles, m + r - 1, icb * st * lanes, ocb, target)
+    tiles = tiles_1d(n, ow, d, m)
     fn = f"kiln_winograd1d_f{m}x{r}_l{lanes}_r{tr}_o{ov}"
     at, _, bt = matrices(m, r)
     preamble = c_instance("winograd1d.c", {
@@ -69,7 +72,7 @@ def _lower(ctx, x, u, b=None):
         "KILN_WG1_OV": str(ov), "KILN_WG1_AT": _c_matrix(at), "KILN_WG1_BT": _c_matrix(bt)}, fn.upper())
     work = tiles * (m + r - 1) * icb * st * lanes * ocb * lanes
     par = int(parallel_worth(work, target, "conv"))
-    body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {n}, {icb}, {w}, "
+    body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {c_size(n)}, {icb}, {w}, "
             f"{ocb}, {ow}, {pads[0]}, {d}, {st}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,
                       errors={-1: "out of memory for the Winograd transform buffers"})

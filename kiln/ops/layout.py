@@ -170,7 +170,7 @@ def blocked_geom(ctx, xs, ws) -> BlockedGeom:
 
 def _conv_infer(ctx):
     xs, ws = ctx.shape(0), ctx.shape(1)
-    if xs is None or not all(isinstance(d, int) for d in xs):
+    if xs is None or not all(isinstance(d, int) for d in xs[1:]):
         ctx.fail(f"ConvNCHWc needs a static input shape, got {ctx.tensor(0)}")
     g = blocked_geom(ctx, xs, ws)
     if ctx.has_input(2) and ctx.shape(2) != (g.ocb, g.ob):
@@ -183,14 +183,14 @@ def _conv_infer(ctx):
 
 def _global_pool_infer(ctx):
     xs = ctx.shape(0)
-    if xs is None or len(xs) != 5 or not all(isinstance(d, int) for d in xs):
+    if xs is None or len(xs) != 5 or not all(isinstance(d, int) for d in xs[1:]):
         ctx.fail(f"GlobalAveragePoolNCHWc needs a static blocked input N,CB,H,W,cb, got {ctx.tensor(0)}")
     return [TensorType(ctx.dtype(0), (xs[0], xs[1], 1, 1, xs[4]))]
 
 
 def _pool_infer(ctx):
     xs = ctx.shape(0)
-    if xs is None or len(xs) != 5 or not all(isinstance(d, int) for d in xs):
+    if xs is None or len(xs) != 5 or not all(isinstance(d, int) for d in xs[1:]):
         ctx.fail(f"MaxPoolNCHWc needs a static blocked input N,CB,H,W,cb, got {ctx.tensor(0)}")
     win = window(ctx, list(xs[2:4]), [int(k) for k in ctx.attr("kernel_shape")])
     return [TensorType(ctx.dtype(0), (xs[0], xs[1], *[int(o) for o in win.out], xs[4]))]

@@ -154,7 +154,7 @@ def geometry(ctx, xs, us):
 
 def _infer(ctx):
     xs, us = ctx.shape(0), ctx.shape(1)
-    if xs is None or not all(isinstance(d, int) for d in xs):
+    if xs is None or not all(isinstance(d, int) for d in xs[1:]):
         ctx.fail(f"ConvWinograd needs a static input shape, got {ctx.tensor(0)}")
     _, _, oh, ow = geometry(ctx, xs, us)
     if ctx.has_input(2) and ctx.shape(2) != (us[1], us[3]):

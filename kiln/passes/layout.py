@@ -83,7 +83,7 @@ from kiln.ops.winograd import transform_weight
 from kiln.ops.winograd1d import transform_weight_1d
 from kiln.ops.nn import window
 from kiln.ops.registry import NodeCtx
-from kiln.passes.edit import Namer, new_const, reads, static_shape, use_counts
+from kiln.passes.edit import Namer, new_const, reads, use_counts
 from kiln.passes.registry import PassContext, graph_pass
 from kiln.targets.target import Target
 
@@ -92,6 +92,22 @@ from kiln.targets.target import Target
 UNARY = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Swish", "Gelu", "Tanh", "Identity"}
 BINARY = {"Add", "Sub", "Mul", "Max", "Min", "Sum"}
 MAX_PAD_RATIO = 4 / 3   # padded channels / real channels at most this (24 -> 32 is fine; 3 -> 16 not)
+
+
+def static_shape(v: Value) -> tuple | None:
+    """v's shape when its sizes are ints, but for a leading symbol (a batch): the layout is
+    per image, so a symbolic batch stays a symbol through the rewrite (a shape-generic module,
+    kiln.lower.generic), and decisions that would read the batch read one image."""
+    t = v.type
+    if not isinstance(t, TensorType) or t.shape is None or not t.shape:
+        return None
+    shape = tuple(t.shape)
+    return shape if all(isinstance(d, int) for d in shape[1:]) and isinstance(shape[0], (int, str)) else None
+
+
+def images(n) -> int:
+    """The batch a decision reads: its size, or one image for a symbolic batch (its smallest)."""
+    return n if isinstance(n, int) else 1
 
 
 def default_block(target: Target) -> int:
@@ -241,7 +257,9 @@ class _Rewriter:
     def reshape(self, v: Value, shape: tuple, out: Value | None = None) -> Value:
         """v viewed as `shape` (a Reshape: no copy), into `out` (default: a fresh value)."""
         out = out or Value(self.namer.fresh(f"{v.name}.2d"), None)
-        shp = new_const(self.namer, f"{v.name}.shape", np.array(shape, np.int64))
+        # (a symbolic batch is copied from the input: Reshape's 0)
+        shp = new_const(self.namer, f"{v.name}.shape", np.array([d if isinstance(d, int) else 0 for d in shape],
+                                                                 np.int64))
         self.emit("Reshape", [v, shp], [out], {}, self.namer.fresh(f"{v.name}.reshape"))
         return out
 
@@ -330,7 +348,7 @@ class _Rewriter:
         if len(static_shape(node.inputs[0])) == 3:
             n, _, ow = static_shape(node.outputs[0])
             k, st, d = attrs["kernel_shape"][1], attrs["strides"][1], attrs["dilations"][1]
-            m = winograd_1d_m(n, ow, d, -(-k // st))
+            m = winograd_1d_m(images(n), ow, d, -(-k // st))
             u = transform_weight_1d(w, self.block, m, st)
             op, kind = "ConvWinograd1D", {"m": m, "pads": [attrs["pads"][1], attrs["pads"][3]], "dilation": d,
                                           "stride": st, "kernel": k}
@@ -463,6 +481,8 @@ class _Rewriter:
             scales = np.array(planar(tuple(scales.ravel().tolist())) + (1.0,), scales.dtype)
             new = [xb, None, new_const(self.namer, f"{node.name}.scales.nchwc", scales)]
         else:
+            if not isinstance(xb.type.shape[0], int):
+                return False      # (the sizes would name the batch)
             sizes = np.array(planar(tuple(sizes.ravel().tolist()))[2:], np.int64)
             full = np.array([xb.type.shape[0], xb.type.shape[1], *sizes, xb.type.shape[-1]], np.int64)
             new = [xb, None, None, new_const(self.namer, f"{node.name}.sizes.nchwc", full)]
@@ -558,7 +578,7 @@ def conv_shape(node: Node, opset: int, block: int, attrs: dict | None) -> ConvSh
         return None
     ctx, nd = NodeCtx(node, opset), len(xs) - 2
     k = tuple(int(v) for v in node.attrs.get("kernel_shape", ws[2:]))
-    return ConvShape(xs[0], xs[1], ys[1], tuple(ys[2:]), k, tuple(int(v) for v in ctx.attr("strides", [1] * nd)),
+    return ConvShape(images(xs[0]), xs[1], ys[1], tuple(ys[2:]), k, tuple(int(v) for v in ctx.attr("strides", [1] * nd)),
                      tuple(int(v) for v in ctx.attr("dilations", [1] * nd)), int(node.attrs.get("group", 1)),
                      attrs is not None, block, attrs is not None and input_block(node, attrs, block) != block,
                      attrs is not None and _selected_kind(node, attrs, block))

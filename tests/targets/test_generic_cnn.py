@@ -58,3 +58,6 @@ def test_cnn_runs_every_batch_from_one_module(level, compiler_runs):  # noqa: F8
     _check_runs(m, [{"x": rng.standard_normal((b, 3, 20, 24)).astype(np.float32)} for b in BATCHES],
                 compiler_runs, rtol=1e-4, atol=1e-4)
     assert m.specializations == 1
+    if level == 3:     # the algorithms the layout pass chose run on the symbolic batch too
+        calls = " ".join(m.module.info["calls"])
+        assert "ConvWinograd" in calls and "ConvNCHWc" in calls and "MaxPoolNCHWc" in calls, calls
