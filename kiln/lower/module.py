@@ -33,6 +33,7 @@ from kiln.loops import Schedule, View
 from kiln.lower.inplace import inplace_candidates
 from kiln.lower.kernel import Kernel, Unfusable, lower_group, lowerable
 from kiln.lower.partition import VIEW_OPS, FusionPlan, partition
+from kiln.ops.layout import DOMAIN as LAYOUT_DOMAIN, keeps_bytes
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
 from kiln.lower.workload import lower_with_workload, workload_decisions, workload_key
@@ -339,12 +340,16 @@ def _dedup(func, funcs: list, seen: dict[str, str]) -> str:
 
 
 def _is_view(node: Node) -> bool:
-    """Ops that only reinterpret a contiguous buffer's shape: they need no kernel."""
-    if (node.domain or "", node.op) not in VIEW_OPS or not node.inputs or node.inputs[0] is None:
+    """Ops that only reinterpret a contiguous buffer's shape: they need no kernel. So do layout
+    conversions that move no element (kiln.ops.layout.keeps_bytes)."""
+    if not node.inputs or node.inputs[0] is None or len(node.outputs) != 1 or node.outputs[0] is None:
         return False
     a, b = node.inputs[0].type, node.outputs[0].type
-    return isinstance(a, TensorType) and isinstance(b, TensorType) and a.dtype == b.dtype and \
-        len(node.outputs) == 1
+    if not (isinstance(a, TensorType) and isinstance(b, TensorType) and a.dtype == b.dtype):
+        return False
+    if node.domain == LAYOUT_DOMAIN and keeps_bytes(node.op, a, b):
+        return True
+    return (node.domain or "", node.op) in VIEW_OPS
 
 
 def _lower_group_or_split(graph: Graph, nodes: list[Node], known, needed_outside, start: int,

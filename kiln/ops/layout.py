@@ -198,6 +198,20 @@ def _pool_infer(ctx):
 
 # ---------------------------------------------------------------- the ops
 
+def keeps_bytes(op: str, src: TensorType, dst: TensorType) -> bool:
+    """Whether a ToNCHWc / FromNCHWc from `src` to `dst` leaves every element at its place, so
+    the conversion is a view of its input (no kernel, no copy): blocks of one channel
+    (N,C,H,W,1 is N,C,H,W), or one pixel per image with the channels filling whole blocks
+    (N,C/b,1,1,b is N,C,1,1: a global pool's output on its way to a classifier)."""
+    if op not in ("ToNCHWc", "FromNCHWc") or src.dtype != dst.dtype or src.shape is None or dst.shape is None:
+        return False
+    nchw, blocked = (src.shape, dst.shape) if op == "ToNCHWc" else (dst.shape, src.shape)
+    if len(blocked) != len(nchw) + 1 or not all(isinstance(d, int) for d in (*nchw[1:], blocked[1], blocked[-1])):
+        return False
+    block, spatial = blocked[-1], nchw[2:]
+    return blocked[1] * block == nchw[1] and (block == 1 or all(d == 1 for d in spatial))
+
+
 @op("ToNCHWc", infer=_to_infer, domain=DOMAIN, fusion=INJECTIVE)
 def to_nchwc(ctx, x):
     """NCHW -> NCHW[block]c (zero padded channels)."""

@@ -265,3 +265,47 @@ def test_one_pixel_pointwise_conv_forks_for_its_weights():
     xs = random_inputs(g, 1)
     got = kiln.compile(blocked, target="cpu", opt_level=0).run({"x": xs[0]})["y"]
     np.testing.assert_allclose(got, Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_keeps_bytes_only_where_no_element_moves():
+    """ToNCHWc / FromNCHWc need no kernel where every element stays at its offset: blocks of
+    one channel, or one pixel with whole blocks; a channel tail (padding), a real plane, a
+    symbolic plane or another op each need one."""
+    from kiln.graph.types import TensorType as T
+    from kiln.ops.layout import keeps_bytes
+    f = kiln.dtypes.DType.float32
+    assert keeps_bytes("ToNCHWc", T(f, ("n", 1, 49, 10)), T(f, ("n", 1, 49, 10, 1)))
+    assert keeps_bytes("ToNCHWc", T(f, (2, 5, 7, 3)), T(f, (2, 5, 7, 3, 1)))
+    assert keeps_bytes("FromNCHWc", T(f, (8, 4, 1, 1, 16)), T(f, (8, 64, 1, 1)))
+    assert keeps_bytes("ToNCHWc", T(f, (3, 32, 1, 1)), T(f, (3, 4, 1, 1, 8)))
+    assert not keeps_bytes("FromNCHWc", T(f, (8, 4, 1, 1, 16)), T(f, (8, 60, 1, 1)))     # padded tail
+    assert not keeps_bytes("FromNCHWc", T(f, (1, 2, 7, 7, 16)), T(f, (1, 32, 7, 7)))      # a plane
+    assert not keeps_bytes("ToNCHWc", T(f, (1, 3, 9, 9)), T(f, (1, 1, 9, 9, 3)))          # channels-last stem
+    assert not keeps_bytes("ToNCHWc", T(f, (1, 16, "h", 1)), T(f, (1, 1, "h", 1, 16)))    # symbolic plane
+    assert not keeps_bytes("ConvNCHWc", T(f, (1, 1, 1, 1, 16)), T(f, (1, 1, 1, 1, 16)))
+
+
+@pytest.mark.parametrize("c,oc,n", [(1, 32, 2), (1, 12, 3), (3, 16, 1)])
+def test_conversions_that_move_nothing_run_no_kernel(c, oc, n):
+    """A one-channel input blocked as NCHW1c, and a global pool's one pixel of whole blocks on its
+    way to a classifier, are the same bytes as their NCHW form: the compiled model runs no
+    conversion kernel for them (a padded tail or a channels-last stem still gets one), and
+    matches the reference."""
+    h, classes = 9, 5
+    body = (conv_text("x", "c", c, oc, 3, p=1).replace("{c}", f"{n},{oc},{h},{h}")
+            + f'  %r: float32[{n},{oc},{h},{h}] = Relu(%c) name "relu"\n'
+            + f'  %p: float32[{n},{oc},1,1] = GlobalAveragePool(%r) name "gap"\n'
+            + f'  %f: float32[{n},{oc}] = Flatten(%p) name "flat"\n'
+            + f'  %y: float32[{n},{classes}] = Gemm(%f, %w_fc) {{transB = 1}} name "fc"')
+    g = graph(prog(f"(%x: float32[{n},{c},{h},{h}]) -> (%y)", body),
+              w_conv=R(oc, c, 3, 3), b_conv=R(oc), w_fc=R(classes, oc))
+    blocked = g.clone()
+    assert transform(blocked, 16, selective=False, override="direct").get("Conv")
+    ops = [n_.op for n_ in blocked.nodes]
+    assert "ToNCHWc" in ops and "FromNCHWc" in ops and "GlobalAveragePoolNCHWc" in ops, ops
+    xs = random_inputs(g, 2)
+    m = kiln.compile(blocked, target="cpu", opt_level=0)
+    kernels = " ".join(what for what, _ in m.profile({"x": xs[0]}, runs=1))
+    assert ("ToNCHWc" in kernels) == (c != 1), kernels
+    assert ("FromNCHWc" in kernels) == (oc % 16 != 0), kernels
+    np.testing.assert_allclose(m.run({"x": xs[0]})["y"], Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
