@@ -3,8 +3,9 @@
 Two fused groups with the same key lower to the same loops (the same ops, attributes,
 types, wiring and small compile-time values), whatever their node names and weights,
 so one tuning record serves every repeat of a layer and every model that has it.
-Large constants (weights) count by dtype and shape only: their values change the
-numbers, not the loop nest.
+Large constants (weights) and float arrays of any size (a layer's bias) count by dtype
+and shape only: their values change the numbers, not the loop nest; small integer arrays
+(shapes, axes, pads) and scalars count by value.
 
 Decision overrides (kiln.lower.decisions) may be keyed by workload as well as by kernel
 name: {"@<workload key>": {decision: value}} applies to every kernel of that workload
@@ -23,7 +24,7 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.graph.canonical import canonical_bytes
 
-SMALL_CONST = 64  # elements: a constant this small may steer lowering (shapes, axes, pads)
+SMALL_CONST = 64  # elements: an integer constant this small (or a scalar) may steer lowering (shapes, axes, pads)
 KEY_VERSION = "kiln-workload 1"
 
 
@@ -37,7 +38,7 @@ def _value_part(v, refs: dict, data) -> tuple:
     if data is None:
         return (*ref, t)
     arr = np.asarray(data)
-    if arr.dtype != object and arr.size <= SMALL_CONST:
+    if arr.dtype != object and arr.size <= SMALL_CONST and (arr.size == 1 or not np.issubdtype(arr.dtype, np.floating)):
         return (*ref, t, "=", hashlib.sha256(canonical_bytes(arr)).hexdigest())
     return (*ref, t, "const")
 

@@ -6,7 +6,8 @@ specialised graph is lowered, the best record of each fusion group's workload
 other decision overrides as {"@<workload>": {decision: value, "#record": id}} entries
 (so the module cache key includes them, and the build's manifest lists the records),
 and lowering hands each kernel its own. Records of another machine signature are never
-applied. A record that no longer fits the kernel (kiln changed its template) is ignored
+applied; those timed on one thread (`kiln tune --clock cpu`, signature suffix "-cpu1") only
+where no record timed on the model's threads exists. A record that no longer fits the kernel (kiln changed its template) is ignored
 with a warning: the default schedule is built.
 """
 
@@ -37,11 +38,11 @@ def with_records(path: str | None, graph, known: dict, decisions: dict, target=N
     from kiln.tune.signature import machine, signature  # noqa: PLC0415
     if target is not None and target.key() != machine()["target"]:
         return decisions
-    sig = signature()
+    sigs = (signature(), signature(clock="cpu"))   # timed on the model's threads first, else on one
     out = dict(decisions)
     with Database(path) as db:
         for key in dict.fromkeys(group_keys(graph, known)):
-            best = db.best(key, sig)
+            best = next((b for b in (db.best(key, s) for s in sigs) if b is not None), None)
             if best is not None and not best.is_default:
                 out["@" + key] = {**best.decisions, "#record": best.id}
     return out

@@ -15,7 +15,7 @@ from kiln.errors import KilnError
 from kiln.tune.measure import Measurer
 
 
-def _remote_job(source: str, job: dict, timeout: float) -> dict:
+def _remote_job(source: str, job: dict, timeout: float, threads: int | None = None) -> dict:
     """On a Ray worker: build `source`, time the job in a measuring process."""
     if job.get("kill_ray_worker"):   # for tests: a job that takes its Ray worker down
         import os  # noqa: PLC0415
@@ -27,7 +27,7 @@ def _remote_job(source: str, job: dict, timeout: float) -> dict:
         path = compile_c(source, Target.host())
     except KilnError as e:
         return {"error": f"build: {e}"}
-    w = Worker(timeout)
+    w = Worker(timeout, threads)
     try:
         return w.run({**job, "path": str(path)})
     finally:
@@ -40,7 +40,7 @@ class RayMeasurer(Measurer):
             import ray  # noqa: PLC0415
         except ImportError:
             raise KilnError("--ray needs Ray: pip install 'kiln[ray]'") from None
-        super().__init__(timeout=timeout, **kw)
+        super().__init__(timeout=timeout, interleave=False, **kw)   # the default's library is not on the node
         self.ray = ray
         if not ray.is_initialized():
             ray.init(address=None if address == "local" else address, ignore_reinit_error=True,
@@ -51,7 +51,8 @@ class RayMeasurer(Measurer):
         from kiln.codegen.c import emit_c  # noqa: PLC0415
         from kiln.loops.stmt import LoopModule  # noqa: PLC0415
         ray = self.ray
-        refs = [self._task.remote(emit_c(LoopModule([f])) if f is not None else "", job, self.worker.timeout)
+        refs = [self._task.remote(emit_c(LoopModule([f])) if f is not None else "", job, self.worker.timeout,
+                                  self.worker.threads)
                 for f, job in zip(funcs, jobs)]
         out = []
         for ref in refs:

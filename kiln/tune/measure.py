@@ -5,9 +5,17 @@ process: lowering errors are KilnErrors), emits and compiles the C of the whole 
 in parallel (the C build cache keeps them), then times each in the worker (kiln.tune.worker)
 under a timeout. The first output of each candidate is compared with the default
 schedule's on the same random inputs; a mismatch, a crash, a hang or a failed build is a
-Result with an error (recorded, never applied). Times are the minimum over `repeats`
-repeats of at least `min_seconds` each: on a loaded machine the minimum is the estimate
-least disturbed by other processes.
+Result with an error (recorded, never applied).
+
+Times are the minimum over `repeats` repeats of at least `min_seconds` each: on a loaded
+machine the minimum is the estimate least disturbed by other processes. Once a task's
+default is built, every candidate is timed in turn with it, repeat by repeat, in the same
+job (interleaved): `Result.ratio` is the candidate's minimum over the default's, taken in the
+same seconds, which is what the search ranks (kiln.tune.tuner). The clock is the wall clock
+with the model's threads ("wall": what a quiet machine's tuning run measures), or
+("cpu") the measuring thread's CPU time with the worker on one thread: on a loaded machine
+that is the only meaningful signal, and it judges everything but the thread decisions
+(THREAD_DECISIONS, which a one-thread tuning run leaves at their defaults).
 """
 
 from __future__ import annotations
@@ -34,19 +42,34 @@ class Result:
     error: str | None = None
     features: np.ndarray | None = None
     func: object = None
+    ratio: float | None = None     # seconds / the default's, timed in turn with it (None: not interleaved)
+    base_seconds: float | None = None   # the default's time in that same job
+
+
+CLOCKS = ("wall", "cpu")
+# decisions only a run on the model's threads can judge: a one-thread ("cpu" clock) run keeps their defaults
+THREAD_DECISIONS = frozenset({"parallel_min_work", "fork_gain"})
 
 
 class Worker:
-    """One measuring process, restarted after a crash or a timeout."""
+    """One measuring process, restarted after a crash or a timeout. `threads`: its OpenMP
+    threads (None: as this process would run them); its threads wait between kernels as
+    kiln's runtime makes them (kiln.runtime.threads), so a fork costs what it costs in a model."""
 
-    def __init__(self, timeout: float = 60.0):
-        self.timeout = timeout
+    def __init__(self, timeout: float = 60.0, threads: int | None = None):
+        self.timeout, self.threads = timeout, threads
         self._proc = self._conn = self._send = None
         self.restarts = 0
 
     def _start(self) -> None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from kiln.runtime.threads import wait_settings  # noqa: PLC0415
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:   # kiln's defaults
+            policy, spin = wait_settings(env)
+            env.update({"OMP_WAIT_POLICY": policy, **({"GOMP_SPINCOUNT": spin} if spin else {})})
+        if self.threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.threads)
         self._proc = subprocess.Popen([sys.executable, "-m", "kiln.tune.worker"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, env=env)
         self._send = Connection(os.dup(self._proc.stdin.fileno()), readable=False)
@@ -121,11 +144,16 @@ class Measurer:
     """Measures candidates of tasks; keeps each task's inputs and reference outputs."""
 
     def __init__(self, timeout: float = 60.0, repeats: int = 5, min_seconds: float = 0.01,
-                 rtol: float = 1e-3, atol: float = 1e-4, featurize=None):
-        self.worker = Worker(timeout)
+                 rtol: float = 1e-3, atol: float = 1e-4, featurize=None, clock: str = "wall",
+                 interleave: bool = True):
+        if clock not in CLOCKS:
+            raise KilnError(f"unknown measurement clock {clock!r}: one of {list(CLOCKS)}")
+        self.clock, self.interleave = clock, interleave
+        self.worker = Worker(timeout, threads=1 if clock == "cpu" else None)
         self.repeats, self.min_seconds, self.rtol, self.atol = repeats, min_seconds, rtol, atol
         self.featurize = featurize
         self._ref: dict[str, tuple] = {}   # task key -> (inputs, reference outputs)
+        self._base: dict[str, dict] = {}   # task key -> the default's kernel: {"path", "symbol"}
 
     def close(self) -> None:
         self.worker.close()
@@ -148,8 +176,11 @@ class Measurer:
         if len(arrays) != len(r.func.params) or any(
                 a.shape != tuple(p.shape) or a.dtype != p.dtype.np for a, p in zip(arrays, r.func.params)):
             return "the candidate's kernel has other parameters than the default's"
-        return {"symbol": func_symbol(r.func.name), "arrays": arrays, "n_in": len(task.inputs),
-                "min_seconds": self.min_seconds, "repeats": self.repeats}
+        job = {"symbol": func_symbol(r.func.name), "arrays": arrays, "n_in": len(task.inputs),
+               "min_seconds": self.min_seconds, "repeats": self.repeats, "clock": self.clock}
+        if self.interleave and task.key in self._base:
+            job["base"] = self._base[task.key]
+        return job
 
     def run_jobs(self, funcs: list, jobs: list[dict]) -> list[dict]:
         """Build each func and run its job in the worker process (kiln.tune.distributed does
@@ -157,7 +188,7 @@ class Measurer:
         out = []
         for lib, job in zip(build_many(funcs), jobs):
             out.append({"error": f"build: {lib}"} if isinstance(lib, KilnError) else
-                       self.worker.run({**job, "path": str(lib)}))
+                       {**self.worker.run({**job, "path": str(lib)}), "path": str(lib)})
         return out
 
     def measure(self, task: Task, results: list[Result]) -> list[Result]:
@@ -172,16 +203,21 @@ class Measurer:
                 else:
                     todo.append((r, job))
         answers = self.run_jobs([r.func for r, _ in todo], [j for _, j in todo])
-        for (r, _), ans in zip(todo, answers):
+        for (r, job), ans in zip(todo, answers):
             if "error" in ans:
                 r.error = ans["error"]
                 continue
             arrays, want = self._ref[task.key]
             if want is None:   # the first candidate of a task is its default schedule
                 self._ref[task.key] = (arrays, ans["outputs"])
+                if ans.get("path"):
+                    self._base[task.key] = {"path": ans["path"], "symbol": job["symbol"]}
             elif not all(np.allclose(g, w, rtol=self.rtol, atol=self.atol, equal_nan=True)
                          for g, w in zip(ans["outputs"], want)):
                 r.error = "wrong output (differs from the default schedule's)"
                 continue
             r.seconds = float(min(ans["times"]))
+            if ans.get("base_times"):
+                r.base_seconds = float(min(ans["base_times"]))
+                r.ratio = r.seconds / r.base_seconds
         return results

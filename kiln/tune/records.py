@@ -108,13 +108,28 @@ class Database:
         rows = self._con.execute(sql + " ORDER BY id", args).fetchall()
         return [Record(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], bool(r[6])) for r in rows]
 
+    def ranking(self, workload: str, signature: str, limit: int = 1) -> list[tuple[Record, int]]:
+        """The fastest valid configurations of `workload` on this machine signature, each as
+        its newest record carrying its score, and how many times it was measured. A
+        candidate scores its slowest measurement: one lucky measurement on a noisy machine
+        does not make a best (the tuner measures the leaders again, `Tuner.confirm`); the
+        default schedule scores its fastest (the unit the candidates' times are in)."""
+        rows = self._con.execute(
+            "SELECT MAX(id), CASE WHEN MAX(is_default) = 1 THEN MIN(seconds) ELSE MAX(seconds) END AS score, "
+            "COUNT(*), MAX(is_default) FROM records WHERE workload = ? AND signature = ? AND seconds IS NOT NULL "
+            "GROUP BY decisions ORDER BY score, MAX(id) LIMIT ?", (workload, signature, limit)).fetchall()
+        out = []
+        for rid, score, n, is_default in rows:
+            r = self._con.execute("SELECT id, workload, signature, decisions, error FROM records WHERE id = ?",
+                                  (rid,)).fetchone()
+            out.append((Record(r[0], r[1], r[2], json.loads(r[3]), score, r[4], bool(is_default)), n))
+        return out
+
     def best(self, workload: str, signature: str) -> Record | None:
-        """The fastest valid record of `workload` measured on this machine signature."""
-        row = self._con.execute(
-            "SELECT id, workload, signature, decisions, seconds, error, is_default FROM records "
-            "WHERE workload = ? AND signature = ? AND seconds IS NOT NULL ORDER BY seconds, id LIMIT 1",
-            (workload, signature)).fetchone()
-        return None if row is None else Record(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], bool(row[6]))
+        """The fastest valid configuration of `workload` measured on this machine signature
+        (`ranking`'s first)."""
+        top = self.ranking(workload, signature, 1)
+        return top[0][0] if top else None
 
     def default_seconds(self, workload: str, signature: str) -> float | None:
         """The default schedule's best time here (the baseline speedups are against)."""

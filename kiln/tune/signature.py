@@ -25,6 +25,10 @@ def machine() -> dict:
             "cflags": " ".join(_flags(None, t))}
 
 
-def signature(info: dict | None = None) -> str:
-    """A short stable hash of `info` (default: this machine)."""
-    return hashlib.sha256(json.dumps(info or machine(), sort_keys=True).encode()).hexdigest()[:16]
+def signature(info: dict | None = None, clock: str = "wall") -> str:
+    """A short stable hash of `info` (default: this machine); records timed on one thread by
+    thread CPU time (`kiln tune --clock cpu`) carry the suffix "-cpu1": their times are not the
+    model's (one thread) and they leave the thread decisions at their defaults, so kiln.tune.apply
+    uses them only for a workload without a record timed on the model's threads."""
+    sig = hashlib.sha256(json.dumps(info or machine(), sort_keys=True).encode()).hexdigest()[:16]
+    return sig if clock == "wall" else f"{sig}-{clock}1"

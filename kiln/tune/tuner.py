@@ -11,6 +11,7 @@ is a record as soon as it is made: Ctrl-C loses at most the batch being measured
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -20,11 +21,13 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.tune.costmodel import CostModel, kendall_tau
 from kiln.tune.features import featurize
-from kiln.tune.measure import Measurer, Result
+from kiln.tune.measure import THREAD_DECISIONS, Measurer, Result
 from kiln.tune.records import Database
 from kiln.tune.search import Search
 from kiln.tune.signature import machine, signature
 from kiln.tune.tasks import Task, tasks_of
+
+ILLEGAL = re.compile(r"illegal value (.+?) for decision '([^']+)'")   # lowering's KilnError for a value
 
 
 @dataclass
@@ -42,6 +45,8 @@ class TaskState:
     texts: dict = field(default_factory=dict)   # kernel code -> its best time in this run
     done: bool = False
     note: str = ""
+    confirmed: bool = False    # best_s is the database's confirmed best (Tuner.confirm)
+    rechecks: int = 0          # rounds of measuring the leaders again (each with the default)
 
     @property
     def speedup(self) -> float:
@@ -76,14 +81,15 @@ class TuneReport:
 
 class Tuner:
     def __init__(self, db_path: str, trials_per_round: int = 8, n_random: int = 2, timeout: float = 60.0,
-                 repeats: int = 5, min_seconds: float = 0.005, seed: int = 0, measurer=None):
+                 repeats: int = 5, min_seconds: float = 0.005, seed: int = 0, measurer=None, clock: str = "wall"):
         self.db = Database(db_path)
         self.db_path = db_path
-        self.sig = signature()
-        self.db.add_machine(self.sig, machine())
-        self.model = CostModel(seed=seed)
         self.measurer = measurer or Measurer(timeout=timeout, repeats=repeats, min_seconds=min_seconds,
-                                             featurize=featurize)
+                                             featurize=featurize, clock=clock)
+        self.clock = getattr(self.measurer, "clock", clock)
+        self.sig = signature(clock=self.clock)
+        self.db.add_machine(self.sig, {**machine(), "clock": self.clock})
+        self.model = CostModel(seed=seed)
         self.trials_per_round, self.n_random, self.seed = trials_per_round, n_random, seed
         self.X: list[np.ndarray] = []
         self.y: list[float] = []
@@ -97,15 +103,26 @@ class Tuner:
         r = self.measurer.lower(task, decisions)
         return r.features if r.error is None else None
 
+    def space(self, task: Task) -> dict:
+        """The decisions this run searches: all of the task's, less the thread decisions on
+        the one-thread "cpu" clock (they keep their defaults)."""
+        if self.clock != "cpu":
+            return task.space
+        return {k: v for k, v in task.space.items() if k not in THREAD_DECISIONS}
+
     def start(self, task: Task) -> TaskState:
         """The task's state from its records (this machine's; other machines' seed the search)."""
         self.db.add_workload(task.key, task.description)
-        search = Search(task.space, lambda d, t=task: self._features(t, d), self.model,
+        space = self.space(task)
+        search = Search(space, lambda d, t=task: self._features(t, d), self.model,
                         seed=self.seed + int(task.key[:8], 16))
         st = TaskState(task, search)
+        if all(len(v) <= 1 for v in space.values()):
+            st.done, st.note = True, "thread decisions only (--clock wall tunes them)"
+            return st
         others = [r for r in self.db.records(task.key) if r.signature != self.sig and r.ok]
-        search.seeds = [r.decisions for r in sorted(others, key=lambda r: r.seconds)[:4]
-                        if set(r.decisions) <= set(task.space)]
+        search.seeds = [{k: v for k, v in r.decisions.items() if k in space}
+                        for r in sorted(others, key=lambda r: r.seconds)[:4] if set(r.decisions) <= set(task.space)]
         mine = self.db.records(task.key, self.sig)
         st.default_s = self.db.default_seconds(task.key, self.sig)
         if st.default_s is None:
@@ -115,7 +132,7 @@ class Tuner:
                 return st
             st.default_s = res.seconds
         for r in mine:
-            search.tell(r.decisions, r.seconds)
+            search.tell(self._searched(st, r.decisions), r.seconds)
         for r in mine[-200:]:   # resumed: the model learns from what earlier runs measured
             if r.ok and not r.is_default:
                 f = self._features(task, r.decisions)
@@ -127,15 +144,34 @@ class Tuner:
             st.best, st.best_s = found
         return st
 
-    def _measure(self, st: TaskState, cands: list[dict], default: bool = False) -> list[Result]:
+    @staticmethod
+    def _prune(st: TaskState, error: str | None) -> None:
+        """A value this kernel cannot take (lowering's KilnError names it: "illegal value V for
+        decision 'D'") leaves the task's space, so the search does not spend trials on it again."""
+        m = ILLEGAL.search(error or "")
+        vals = st.search.space.get(m.group(2)) if m else None
+        if vals and len(vals) > 1:
+            keep = [v for v in vals if repr(v) != m.group(1)]
+            if keep and keep[0] == vals[0]:   # the default stays (it is legal: it was measured)
+                st.search.space[m.group(2)] = keep
+
+    @staticmethod
+    def _searched(st: TaskState, decisions: dict) -> dict:
+        """`decisions` restricted to what this run searches (a record may hold more)."""
+        return {k: v for k, v in decisions.items() if k in st.search.space}
+
+    def _measure(self, st: TaskState, cands: list[dict], default: bool = False, again: bool = False) -> list[Result]:
         """Lower, build and time candidates, and record them. A candidate whose kernel is the
         same code as one measured before (decisions that make no difference here) takes that
         time instead of a measurement; the default is always measured again (its best time,
         over the run, is the baseline: a baseline taken once at a busy moment would make
         every later candidate look faster than it is)."""
         lowered = [self.measurer.lower(st.task, c) for c in cands]
-        fresh = [r for r in lowered if default or r.func is None or str(r.func) not in st.texts]
+        fresh = [r for r in lowered if default or again or r.func is None or str(r.func) not in st.texts]
         self.measurer.measure(st.task, fresh)
+        for r in fresh:   # timed in turn with the default: its ratio, in units of the default's best time
+            if not default and r.ratio is not None and st.default_s:
+                r.seconds = r.ratio * st.default_s
         measured = {id(r) for r in fresh}
         for r in lowered:
             text = None if r.func is None else str(r.func)
@@ -149,11 +185,12 @@ class Tuner:
                 st.reused += 1
             self.db.add(st.task.key, self.sig, r.taken or r.decisions, r.seconds,
                         None if r.seconds is not None else (r.error or "not measured"), is_default=default)
-            st.search.tell(r.decisions, r.seconds)
+            st.search.tell(self._searched(st, r.decisions), r.seconds)
             if r.taken is not None and set(r.taken) == set(st.task.space):
-                st.search.tell(r.taken, r.seconds)
+                st.search.tell(self._searched(st, r.taken), r.seconds)
             if r.seconds is None:
                 st.failures += 1
+                self._prune(st, r.error)
         if default:
             best = self.db.default_seconds(st.task.key, self.sig)
             st.default_s = best if best is not None else st.default_s
@@ -189,6 +226,25 @@ class Tuner:
         return tau
 
 
+    def confirm(self, st: TaskState, rounds: int = 3, top: int = 3) -> None:
+        """Measure the leaders measured only once again, until the best configuration (the
+        database's ranking: a candidate scores its slowest measurement) was measured at least
+        twice: the fastest of many noisy measurements is too fast by luck (the winner's
+        curse), and a record applied to every build of the model should not rest on one."""
+        for _ in range(rounds):
+            lead = self.db.ranking(st.task.key, self.sig, top)
+            if not lead or lead[0][0].is_default or lead[0][1] >= 2:
+                break
+            again = [r.decisions for r, n in lead if n < 2 and not r.is_default]
+            self._measure(st, [dict(st.task.defaults)], default=True)
+            self._measure(st, again, again=True)
+            st.rechecks += 1
+        best = self.db.best(st.task.key, self.sig)
+        if best is not None:
+            st.best, st.best_s = (None, st.default_s) if best.is_default else (best.decisions, best.seconds)
+            st.confirmed = True
+
+
 def _pick(states: list[TaskState]) -> TaskState | None:
     live = [s for s in states if not s.done]
     if not live:
@@ -199,16 +255,21 @@ def _pick(states: list[TaskState]) -> TaskState | None:
     return max(live, key=lambda s: s.share / total_share - s.spent / total_spent)
 
 
+CONFIRM_SHARE = 0.08   # of the budget, kept for measuring the leaders again (Tuner.confirm)
+
+
 def tune(graph, known: dict, db_path: str, budget_s: float, *, trials_per_round: int = 8, n_random: int = 2,
          timeout: float = 60.0, seed: int = 0, on_progress: Callable[[TuneReport, float], None] | None = None,
-         measurer=None) -> TuneReport:
+         measurer=None, clock: str = "wall") -> TuneReport:
     """Tune the kernels of a specialised graph for `budget_s` seconds into the database `db_path`
-    (kiln.tuning.tune_model does it for a model, and measures it end to end)."""
+    (kiln.tuning.tune_model does it for a model, and measures it end to end). `clock`: "wall"
+    (the model's threads, for a quiet machine) or "cpu" (one thread, thread CPU time: for a
+    loaded one; kiln.tune.measure)."""
     t0 = time.perf_counter()
     tasks = tasks_of(graph, known)
     if not tasks:
         raise KilnError("this model has no kernel with schedule decisions to tune")
-    tuner = Tuner(db_path, trials_per_round, n_random, timeout, seed=seed, measurer=measurer)
+    tuner = Tuner(db_path, trials_per_round, n_random, timeout, seed=seed, measurer=measurer, clock=clock)
     report = TuneReport([], tuner.sig, 0.0)
     try:
         for task in tasks:
@@ -217,13 +278,18 @@ def tune(graph, known: dict, db_path: str, budget_s: float, *, trials_per_round:
                 on_progress(report, time.perf_counter() - t0)
             if time.perf_counter() - t0 > budget_s:
                 break
-        while time.perf_counter() - t0 < budget_s:
+        while time.perf_counter() - t0 < budget_s * (1 - CONFIRM_SHARE):
             st = _pick(report.tasks)
             if st is None:
                 break
             report.taus.append(tuner.round(st))
             if on_progress:
                 on_progress(report, time.perf_counter() - t0)
+        for st in sorted(report.tasks, key=lambda s: -s.share):
+            if st.default_s:
+                tuner.confirm(st)
+        if on_progress:
+            on_progress(report, time.perf_counter() - t0)
     except KeyboardInterrupt:
         report.interrupted = True
     finally:

@@ -14,30 +14,48 @@ import time
 import numpy as np
 
 
+def _kernel(path: str, symbol: str):
+    fn = getattr(ctypes.CDLL(path), symbol)
+    fn.restype = ctypes.c_int32
+    return fn
+
+
 def run_job(job: dict) -> dict:
     """job: library path, symbol, arrays (inputs then outputs, in param order), n_in,
-    min_seconds (per repeat), repeats, number (calls per repeat; 0: chosen here)."""
-    lib = ctypes.CDLL(job["path"])
-    fn = getattr(lib, job["symbol"])
-    fn.restype = ctypes.c_int32
+    min_seconds (per repeat), repeats, number (calls per repeat; 0: chosen here), clock
+    ("wall": perf_counter; "cpu": this thread's CPU time, for a loaded machine, with the
+    worker on one thread), base (optional {"path", "symbol"}: the default schedule's kernel,
+    timed in turn with the candidate, repeat by repeat, so that both see the same moments of
+    a noisy machine: `base_times` beside `times`)."""
+    fn = _kernel(job["path"], job["symbol"])
     arrays = [np.ascontiguousarray(a) for a in job["arrays"]]
     ptrs = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
     rc = fn(*ptrs)   # the first call: its outputs are checked by the parent
     if rc != 0:
         return {"error": f"kernel returned status {rc}"}
     outputs = [a.copy() for a in arrays[job["n_in"]:]]
-    clock = time.perf_counter
+    base = _kernel(job["base"]["path"], job["base"]["symbol"]) if job.get("base") else None
+    clock = time.thread_time if job.get("clock") == "cpu" else time.perf_counter
     t0 = clock()
     fn(*ptrs)
     once = max(clock() - t0, 1e-7)
+    if base is not None:   # the repeat's size from the slower of the two
+        t0 = clock()
+        base(*ptrs)
+        once = max(once, clock() - t0)
     number = job.get("number") or max(1, int(job["min_seconds"] / once))
-    times = []
-    for _ in range(job["repeats"]):
+
+    def timed(f) -> float:
         t0 = clock()
         for _ in range(number):
-            fn(*ptrs)
-        times.append((clock() - t0) / number)
-    return {"outputs": outputs, "times": times}
+            f(*ptrs)
+        return (clock() - t0) / number
+    times, base_times = [], []
+    for _ in range(job["repeats"]):
+        if base is not None:
+            base_times.append(timed(base))
+        times.append(timed(fn))
+    return {"outputs": outputs, "times": times, "base_times": base_times}
 
 
 def serve(conn) -> None:

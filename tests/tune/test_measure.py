@@ -61,3 +61,51 @@ def test_candidates_are_timed_and_checked_against_the_default():
         assert "illegal value 99" in illegal.error
     finally:
         m.close()
+
+
+def test_candidates_are_timed_in_turn_with_the_default():
+    """After the default, every candidate's job times the default beside it: the ratio the
+    search ranks comes from the same seconds of a noisy machine."""
+    (task,) = extract_tasks(matmul(32, 64, 48))
+    m = Measurer(timeout=60, repeats=3, min_seconds=0.001, featurize=featurize)
+    try:
+        other = {**task.defaults, "gemm.s_outer": not task.defaults.get("gemm.s_outer", False)}
+        first, = m.measure(task, [m.lower(task, task.defaults)])
+        assert first.ratio is None   # the reference itself: nothing to time it against yet
+        again, cand = m.measure(task, [m.lower(task, task.defaults), m.lower(task, other)])
+        for r in (again, cand):
+            assert r.error is None and r.base_seconds > 0 and r.ratio == pytest.approx(r.seconds / r.base_seconds)
+        assert 0.2 < again.ratio < 5   # the default against itself
+    finally:
+        m.close()
+
+
+def test_the_cpu_clock_times_one_thread_by_its_cpu_time():
+    """`--clock cpu`: the worker runs one OpenMP thread and reads the thread's CPU time (a sleep in
+    the measuring process would not count); the tuner leaves the thread decisions alone."""
+    from kiln.tune.measure import THREAD_DECISIONS  # noqa: PLC0415
+    from kiln.tune.tuner import Tuner  # noqa: PLC0415
+    w = Worker(timeout=60, threads=1)
+    try:
+        w._start()
+        assert w.threads == 1
+    finally:
+        w.close()
+    with pytest.raises(Exception, match="unknown measurement clock"):
+        Measurer(clock="sundial")
+    (task,) = extract_tasks(matmul(64, 64, 64))
+    m = Measurer(timeout=60, repeats=2, min_seconds=0.001, clock="cpu")
+    try:
+        (r,) = m.measure(task, [m.lower(task, task.defaults)])
+        assert r.error is None and r.seconds > 0
+    finally:
+        m.close()
+    assert THREAD_DECISIONS & set(task.space)
+    import tempfile  # noqa: PLC0415
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Tuner(f"{tmp}/t.db", measurer=Measurer(clock="cpu"))
+        try:
+            assert t.sig.endswith("-cpu1")
+            assert set(t.space(task)) == set(task.space) - THREAD_DECISIONS
+        finally:
+            t.close()

@@ -107,3 +107,19 @@ def test_compile_applies_this_machines_best_record_only(tmp_path, monkeypatch):
 def test_a_missing_database_is_an_error(tmp_path):
     with pytest.raises(KilnError, match="does not exist"):
         kiln.compile(matmul(), tuning=str(tmp_path / "nope.db"))
+
+
+def test_one_lucky_measurement_is_not_the_best(tmp_path):
+    """A candidate scores its slowest measurement, the default its fastest: a time that was
+    fast by luck and slow when measured again does not stay the best (Tuner.confirm)."""
+    with Database(tmp_path / "t.db") as db:
+        db.add("w", "s", {"x": 0}, 2.0, is_default=True)
+        db.add("w", "s", {"x": 0}, 3.0, is_default=True)
+        db.add("w", "s", {"x": 1}, 1.0)      # lucky
+        db.add("w", "s", {"x": 2}, 1.5)
+        assert db.best("w", "s").decisions == {"x": 1}
+        db.add("w", "s", {"x": 1}, 2.5)      # measured again: slower than the default
+        (r1, n1), (r2, n2), (r3, n3) = db.ranking("w", "s", 3)
+        assert (r1.decisions, r1.seconds, n1) == ({"x": 2}, 1.5, 1)
+        assert (r2.decisions, r2.seconds, n2, r2.is_default) == ({"x": 0}, 2.0, 2, True)
+        assert (r3.decisions, r3.seconds, n3) == ({"x": 1}, 2.5, 2)

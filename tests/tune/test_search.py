@@ -98,3 +98,17 @@ def test_seeds_from_other_machines_start_the_search():
     batch = s.propose(20, n_random=0)
     close = [d for d in batch if sum(v == 7 for v in d.values()) >= 2]
     assert close   # children of the seed
+
+
+def test_a_value_the_kernel_refuses_leaves_the_space():
+    """Lowering's "illegal value V for decision 'D'" removes V from the task's space (never the
+    default, which was measured), so no more trials go to it."""
+    from kiln.tune.tuner import TaskState, Tuner  # noqa: PLC0415
+    st = TaskState(task=None, search=Search({"nchwc.oc_v": [4, 1, 2, 3], "d": [True, False]}, lambda d: None, None))
+    Tuner._prune(st, "lowering: [schedule] illegal value 3 for decision 'nchwc.oc_v' in kernel 'k3_Relu': it "
+                     "must divide the 4 channel blocks")
+    Tuner._prune(st, "lowering: [schedule] illegal value 4 for decision 'nchwc.oc_v' in kernel 'k3': ...")
+    Tuner._prune(st, "illegal value False for decision 'd': ...")
+    Tuner._prune(st, "build: something else")
+    assert st.search.space == {"nchwc.oc_v": [4, 1, 2], "d": [True]}
+    assert all(c["nchwc.oc_v"] != 3 for c in st.search.propose(6, 6))

@@ -47,9 +47,14 @@ def test_tune_interrupt_resume_and_apply(tmp_path):
     with Database(db) as d:
         assert d.count(signature()) > first
         # the defaults: measured when a task starts without records (twice), then once per round
-        # (the baseline, again), and not at the start of the resumed run
+        # (the baseline, again) and per recheck of the leaders, and not at the start of the resumed run
         defaults = sum(r.is_default for t in rep2.tasks for r in d.records(t.task.key, signature()))
-        assert defaults == 2 + len(rep.taus) + len(rep2.taus)
+        assert defaults == 2 + len(rep.taus) + len(rep2.taus) + sum(s.rechecks for s in rep2.tasks)
+        # the best that kiln.compile applies was measured twice, or is the default (Tuner.confirm)
+        for s in rep2.tasks:
+            lead, n = d.ranking(s.task.key, signature())[0]
+            assert s.confirmed and (lead.is_default or n >= 2)
+            assert s.best_s == lead.seconds or (lead.is_default and s.best is None)
     assert all(len(s.search.measured) >= 1 for s in rep2.tasks)
     e = rep2.end_to_end
     assert e["outputs_match"] and e["untuned"] > 0 and e["tuned"] > 0
