@@ -130,3 +130,68 @@ def empty_cache(model: onnx.ModelProto, batch: int = 1) -> dict[str, np.ndarray]
         if len(dims) == 4 and i.type.tensor_type.elem_type == TensorProto.FLOAT:
             out[i.name] = np.zeros((batch, dims[1], 0, dims[3]), np.float32)
     return out
+
+
+def hf_llama_decoder(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+                     intermediate: int = 96, vocab: int = 97, max_positions: int = 2048, seed: int = 0,
+                     exporter: str = "torchscript", opset: int = 17) -> onnx.ModelProto:
+    """transformers' LlamaForCausalLM (random weights from a LlamaConfig, no hub) exported by
+    torch.onnx.export with its cache as plain tensors, as users export a decoder: the past
+    key/values `past_key_values.<i>.key/.value` [batch, kv_heads, past, head_dim] concatenated
+    onto the new ones into `present.<i>.key/.value`, positions and the causal mask computed
+    from the past length and `attention_mask` [batch, past + seq]. `exporter`: "torchscript"
+    (dynamo=False) or "dynamo". Traced at past length 3 (the Concat path of the cache)."""
+    import io
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      max_position_embeddings=max_positions)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+
+    class WithCache(torch.nn.Module):
+        """forward(ids, mask, positions, *past) -> (logits, *presents): the cache as tensors."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = DynamicCache(config=cfg)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=cache, use_cache=True, return_dict=True)
+            layers_out = out.past_key_values.layers
+            return (out.logits, *[t for layer in layers_out for t in (layer.keys, layer.values)])
+
+    dim = hidden // heads
+    past_len, seq = 3, 2
+    args = (torch.randint(0, vocab, (1, seq)), torch.ones(1, past_len + seq, dtype=torch.int64),
+            torch.arange(past_len, past_len + seq)[None],
+            *[torch.randn(1, kv_heads, past_len, dim) for _ in range(2 * layers)])
+    past = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    present = [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    names = ["input_ids", "attention_mask", "position_ids"] + past
+    buf = io.BytesIO()
+    with torch.no_grad():
+        if exporter == "torchscript":
+            axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
+                    "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"},
+                    **{n: {0: "batch", 2: "past"} for n in past}, **{n: {0: "batch", 2: "total"} for n in present}}
+            torch.onnx.export(WithCache(), args, buf, input_names=names, output_names=["logits"] + present,
+                              dynamic_axes=axes, opset_version=opset, dynamo=False)
+        elif exporter == "dynamo":
+            b, s, p, t = (torch.export.Dim(n) for n in ("batch", "seq", "past", "total"))
+            shapes = ({0: b, 1: s}, {0: b, 1: t}, {0: b, 1: s}, tuple({0: b, 2: p} for _ in past))
+            prog = torch.onnx.export(WithCache(), args, input_names=names, output_names=["logits"] + present,
+                                     dynamic_shapes=shapes, opset_version=opset, dynamo=True)
+            return prog.model_proto
+        else:
+            raise ValueError(f"exporter must be 'torchscript' or 'dynamo', got {exporter!r}")
+    return onnx.load_from_string(buf.getvalue())

@@ -17,6 +17,11 @@ power-of-two chunks, so prompts of every length share log2(capacity) + 1 modules
 buffer as both its past input and its present output (NativeModule.run_bound, IO
 binding), so the step's only write to the cache is the `seq` new rows of each layer's
 keys and values, and attention reads the filled rows in place of a copied past.
+
+A decoder exported by torch.onnx.export (its cache concatenated in the graph, the mask and
+positions computed from the past length) is rewritten by kiln.decode.concat_cache instead
+and compiled as one shape-generic module: every past length and every token count run on
+it (prefill is one step), the cache buffers bound the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.decode.static_cache import StaticCache, static_cache
+from kiln.decode.concat_cache import ConcatCache, concat_cache, is_concat_form
+from kiln.decode.static_cache import NotStaticCache, StaticCache, static_cache
 
 
 class KVCache:
@@ -38,6 +44,7 @@ class KVCache:
         self.buffers = {p.past: np.zeros((batch, p.heads, static.capacity, p.dim), dtypes[p.past])
                         for p in static.pairs}
         self.length = np.zeros(batch, np.int64)
+        self.rows = np.zeros(static.capacity + 1, np.uint8)   # the Concat form's carrier, never read
 
     @property
     def batch(self) -> int:
@@ -65,12 +72,25 @@ class Decoder:
             raise KilnError("kiln.Decoder builds a native module per new-token count (a cpu target, shapes "
                             f"'specialize'); given {compile_options}")
         graph = frontend(model)
-        self.static = static_cache(graph, capacity)
-        self.model = kiln_compile(self.static.graph, **compile_options)
+        try:
+            self.static: StaticCache | ConcatCache = static_cache(graph, capacity)
+        except NotStaticCache:
+            if not is_concat_form(graph):
+                raise
+            self.static = concat_cache(graph, capacity)
+        self.concat = isinstance(self.static, ConcatCache)
+        if self.concat:   # one module for every past length and token count
+            self.model = kiln_compile(self.static.graph, shapes="generic", **compile_options)
+            if self.model.shapes != "generic":
+                raise NotStaticCache("the decoder's past/present Concat form became a KV cache, but not one "
+                                     f"shape-generic module: {self.model.shapes_reason}", stage="decode")
+        else:
+            self.model = kiln_compile(self.static.graph, **compile_options)
         self.capacity = self.static.capacity
         past = {p.past for p in self.static.pairs}
         self.presents = {p.present: p.past for p in self.static.pairs}
-        self.feeds = [s.name for s in self.model.inputs if s.name not in past and s.name != self.static.length]
+        own = {self.static.length, getattr(self.static, "rows", None)}
+        self.feeds = [s.name for s in self.model.inputs if s.name not in past and s.name not in own]
         self._dtypes = {s.name: np.dtype(s.dtype) for s in self.model.inputs if s.name in past}
         self._outs = [s.name for s in self.model.outputs]
         self._rows = _update_rows(self.static, self.model.inputs)
@@ -93,23 +113,29 @@ class Decoder:
         if missing or unknown:
             raise KilnError(f"Decoder.step takes the inputs {self.feeds} (the cache is bound by the decoder); "
                             f"missing {missing}, unknown {unknown}")
+        seq = self._seq(feeds)
+        if np.any(cache.length + seq > cache.capacity):
+            raise KilnError(f"the KV cache is full: {int(cache.length.max())} of {cache.capacity} rows filled, "
+                            f"{seq} more asked for; make the Decoder with a larger capacity")
+        if self.concat and np.any(cache.length != cache.length[0]):
+            raise KilnError(f"cache entries hold {cache.length.tolist()} rows; a decoder that concatenates its "
+                            "cache takes batch entries of one length")
         values = []
         for s in self.model.inputs:
             if s.name == self.static.length:
                 values.append(cache.length)
+            elif self.concat and s.name == self.static.rows:
+                values.append(cache.rows[:int(cache.length[0]) + 1])
             else:
                 values.append(cache.buffers[s.name] if s.name in cache.buffers else feeds[s.name])
-        values = self.model.validate(values)
-        seq = self._seq(values)
-        if np.any(cache.length + seq > cache.capacity):
-            raise KilnError(f"the KV cache is full: {int(cache.length.max())} of {cache.capacity} rows filled, "
-                            f"{seq} more asked for; make the Decoder with a larger capacity")
+        values = [np.ascontiguousarray(x) for x in self.model.validate(values)]
         runner = self._runner(values)
+        types = runner.output_shapes_at(values) if self.concat else runner.output_types
         outs = [cache.buffers[self.presents[n]] if n in self.presents else np.empty(shape, dt)
-                for n, (shape, dt) in zip(self._outs, runner.output_types)]
+                for n, (shape, dt) in zip(self._outs, types)]
         from kiln.limits import use as use_limits  # noqa: PLC0415
         with use_limits(self.model.limits):
-            runner.run_bound([np.ascontiguousarray(x) for x in values], outs)
+            runner.run_bound(values, outs)
         cache.length += seq
         return {n: o for n, o in zip(self._outs, outs) if n not in self.presents}
 
@@ -120,7 +146,7 @@ class Decoder:
         chunk sizes: serving every prompt length up to the capacity builds log2(capacity) + 1
         modules at most, where `step` builds one per distinct prompt length."""
         feeds = dict(feeds or {}, **kw)
-        if isinstance(self._rows, int):
+        if isinstance(self._rows, int) or self.concat:   # (the Concat form's module takes every length)
             return self.step(cache, feeds)
         i, axis = self._rows
         sym = self.model.inputs[i].shape[axis]
@@ -139,6 +165,8 @@ class Decoder:
                 for k in parts[0]}
 
     def _runner(self, values: list):
+        if self.concat:
+            return self.model.module
         program = self.model.program
         r = program.by_shapes.get(tuple(x.shape for x in values))
         if r is None:
@@ -148,13 +176,14 @@ class Decoder:
                             "cannot be bound in place", stage="decode")
         return r
 
-    def _seq(self, values: list) -> int:
-        """The step's new-token count: the rows each TensorScatter writes (its update's axis 2),
-        an int or a symbol of the inputs' shapes."""
+    def _seq(self, feeds: dict) -> int:
+        """The step's new-token count: the rows each cache write takes (its update's axis 2),
+        an int or the size of an input's axis."""
         if isinstance(self._rows, int):
             return self._rows
         i, axis = self._rows
-        return int(values[i].shape[axis])
+        name = self.model.inputs[i].name
+        return int(np.shape(feeds[name])[axis])
 
 
 def _chunks(n: int) -> list[int]:
@@ -162,9 +191,19 @@ def _chunks(n: int) -> list[int]:
     return [1 << k for k in range(int(n).bit_length() - 1, -1, -1) if n >> k & 1] or [0]
 
 
-def _update_rows(static: StaticCache, inputs) -> int | tuple[int, int]:
-    """Where a step's new-token count is read: an int, or (input index, axis) of its symbol."""
+def _update_rows(static: StaticCache | ConcatCache, inputs) -> int | tuple[int, int]:
+    """Where a step's new-token count is read: an int, or (input index, axis) of its symbol
+    (the Concat form's sizes named by kiln.lower.symbolic_shapes first: its new rows' size is
+    computed in the graph)."""
     g = static.graph
+    if isinstance(static, ConcatCache):
+        from kiln.lower.generic import graph_symbols  # noqa: PLC0415
+        from kiln.lower.symbolic_shapes import Undecided, resolve  # noqa: PLC0415
+        try:
+            g = resolve(g, graph_symbols(g), for_lowering=False).graph
+        except Undecided as e:
+            raise NotStaticCache(f"the cache's sizes are not polynomials of the input sizes: {e}",
+                                 stage="decode") from e
     presents = {p.present for p in static.pairs}
     rows = {n.inputs[1].type.shape[2] for n in g.nodes if n.op == "TensorScatter" and n.outputs[0].name in presents}
     if len(rows) != 1:

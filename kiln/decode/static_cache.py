@@ -77,8 +77,8 @@ def static_cache(graph: Graph, capacity: int) -> StaticCache:
     sites = [n for n in g.nodes if n.op == "Attention" and not n.domain and _arg(n, 4) is not None]
     if not sites:
         concat = _outer_concat(g, set(inputs), set(outputs))
-        where = (f"; the cache is concatenated outside the attention ({concat.op} node {concat.name!r}), the form "
-                 "whose attention mask is built from the past length, which cannot become a static cache here"
+        where = (f"; the cache is concatenated outside the attention ({concat.op} node {concat.name!r}): "
+                 "kiln.decode.concat_cache takes that form (kiln.Decoder does so)"
                  if concat is not None else "")
         raise NotStaticCache("no Attention node takes past_key/past_value inputs: nothing to make a static "
                              f"cache of{where}", stage="decode")

@@ -16,6 +16,7 @@ import numpy as np
 from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
 from kiln.loops import INDEX, cast, compute, const, select
+from kiln.loops.symbols import as_int, c_size, same_size, static
 from kiln.lower.decisions import parallel_min_work
 from kiln.lower.tensor import clamp, rows_schedule, sized_by, unflat_index
 from kiln.ops.indexing import _axis, _indices, _nd_index, _onehot_axis
@@ -119,8 +120,10 @@ def _c_type(ctx, dt: DType) -> str:
 def _c_copy(ctx, n: int, dt: DType) -> str:
     """C: out0 starts as a copy of in0 (a scatter's data), unless it is in0 (a buffer bound as
     both, kiln.decode's static KV cache: then only the scattered rows are written)."""
-    return (f"  if ((const void*)out0 != (const void*)in0) memcpy(out0, in0, {n} * sizeof({_c_type(ctx, dt)}));\n"
-            if n else "")
+    if static(n) and not as_int(n):
+        return ""
+    return (f"  if ((const void*)out0 != (const void*)in0) "
+            f"memcpy(out0, in0, ({c_size(n)}) * sizeof({_c_type(ctx, dt)}));\n")
 
 
 def _scatter_elements_lower(ctx, data, indices, updates):
@@ -168,25 +171,30 @@ def _scatter_nd_lower(ctx, data, indices, updates):
 
 @lowering("TensorScatter")
 def _tensor_scatter_lower(ctx, past, update, write_indices=None):
+    """Sizes may be symbols of a shape-generic module (a KV cache's batch and new-token
+    count, kiln.decode.concat_cache): they are written as C expressions (c_size)."""
     p, u = past.shape, update.shape
     a = _axis(ctx, len(p), -2)
-    if a == 0 or len(u) != len(p) or any(m != n for k, (m, n) in enumerate(zip(p, u)) if k != a):
+    if a == 0 or len(u) != len(p) or any(not same_size(m, n) for k, (m, n) in enumerate(zip(p, u)) if k != a):
         ctx.fail(f"update {u} must match past_cache {p} except on axis {a} (not 0)")
-    size, seq, pre, row = p[a], u[a], math.prod(p[1:a]), math.prod(p[a + 1:])
+    size, seq = c_size(p[a]), c_size(u[a])
+    pre, row, nb = c_size(math.prod(p[1:a])), c_size(math.prod(p[a + 1:])), c_size(p[0])
     circular = ctx.attr("mode", "linear") == "circular"
     start = "(int64_t)in2[b]" if write_indices is not None else "0"
     if circular:  # w % size first: w + s could overflow
-        check = f"if ({size} == 0) KILN_FAIL(2, w);" if seq else ""
-        pos = f"((w % {size} + {size}) % {size} + s) % {size}"
+        check = f"if ({seq} > 0 && ({size}) == 0) KILN_FAIL(2, w);"
+        pos = f"((w % ({size}) + ({size})) % ({size}) + s) % ({size})"
     else:  # w + seq > size could overflow (w read from the inputs): compare w with size - seq
-        check, pos = (f"if (w < 0 || w > {size - seq}) KILN_FAIL(1, w);" if seq else ""), "w + s"
+        check, pos = f"if (({seq}) > 0 && (w < 0 || w > ({size}) - ({seq}))) KILN_FAIL(1, w);", "w + s"
     body = (f"{_c_copy(ctx, math.prod(p), past.dtype)}"
-            f"  for (int64_t b = 0; b < {p[0]}; ++b) {{\n    const int64_t w = {start};\n    {check}\n"
+            f"  for (int64_t b = 0; b < {nb}; ++b) {{\n    const int64_t w = {start};\n    {check}\n"
             f"    for (int64_t q = 0; q < {pre}; ++q)\n      for (int64_t s = 0; s < {seq}; ++s)\n"
-            f"        memcpy(out0 + ((b * {pre} + q) * {size} + {pos}) * {row},\n"
-            f"               in1 + ((b * {pre} + q) * {seq} + s) * {row}, {row} * sizeof({_c_type(ctx, past.dtype)}));\n"
+            f"        memcpy(out0 + ((b * {pre} + q) * ({size}) + {pos}) * {row},\n"
+            f"               in1 + ((b * {pre} + q) * ({seq}) + s) * {row},\n"
+            f"               {row} * sizeof({_c_type(ctx, past.dtype)}));\n"
             "  }\n  return 0;")
-    errors = {1: f"write_indices value {{value}} plus {seq} updates overruns axis {a} (size {size}) "
+    count = f"{as_int(u[a])} updates" if static(u[a]) else "the updates"
+    errors = {1: f"write_indices value {{value}} plus {count} overruns axis {a} (size {p[a]}) "
                  "of past_cache", 2: f"write_indices value {{value}}: axis {a} of past_cache is empty"}
     return ctx.extern(body, [past, update, write_indices], [(p, past.dtype)], errors=errors)
 

@@ -123,10 +123,20 @@ class Poly:
         return sum(c for _, c in self.terms)
 
     def lower_bound(self) -> int | None:
-        """The least value for symbols >= 1, when every non-constant coefficient is positive."""
-        if any(m and c < 0 for m, c in self.terms):
+        """The least value for symbols >= 1, when every non-constant coefficient is positive, or
+        is so once each symbol s is written 1 + s' (s' >= 0): batch*past + batch*seq - batch,
+        a KV cache's rows with past = symbol - 1, is batch' + past' + seq' + ... + 1 >= 1."""
+        if not any(m and c < 0 for m, c in self.terms):
+            return self.value
+        shifted = Poly()
+        for m, c in self.terms:
+            t = Poly.of(c)
+            for s in m:
+                t = t * (Poly.sym(s) + 1)
+            shifted = shifted + t
+        if any(m and c < 0 for m, c in shifted.terms):
             return None
-        return self.value
+        return sum(c for m, c in shifted.terms if not m)
 
     def compare(self, other) -> int:
         """-1, 0 or 1 as self <, ==, > other for every value of the symbols (>= 1)."""

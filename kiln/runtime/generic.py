@@ -15,7 +15,7 @@ import ctypes
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.runtime.native import NativeModule, data_pointers
+from kiln.runtime.native import NativeModule, check_bound, data_pointers
 
 SYMBOL_MAX = (1 << 31) - 1   # what the kernels assume of a symbol (kiln.loops.symbols.SYMBOL_MAX)
 
@@ -129,6 +129,23 @@ class GenericModule(NativeModule):
         if len(self._by_shapes) < 4096:
             self._by_shapes[tuple(tuple(x.shape) for x in inputs)] = hit
         return hit
+
+    def run_bound(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        """NativeModule.run_bound at these inputs' symbol values: the outputs must have the
+        shapes the symbols give (kiln.decode's KV cache buffers, bound as input and output)."""
+        if any(type(x) is not np.ndarray for x in inputs):
+            raise KilnError("run_bound: inputs must be C-contiguous numpy arrays", stage="run")
+        hit = self._by_shapes.get(tuple([x.shape for x in inputs]))
+        if hit is None:
+            hit = self._prepare(inputs)
+        plan_ptrs, ws, out_types = hit
+        check_bound(inputs, outputs, out_types)
+        self._enter(data_pointers(list(inputs) + list(outputs)), plan_ptrs, ws)
+
+    def output_shapes_at(self, inputs: list[np.ndarray]) -> list[tuple]:
+        """(shape, dtype) per output at these inputs' symbol values."""
+        hit = self._by_shapes.get(tuple([x.shape for x in inputs]))
+        return (hit if hit is not None else self._prepare(inputs))[2]
 
     def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         ins = [np.ascontiguousarray(x) for x in inputs]

@@ -152,6 +152,20 @@ def _port(p) -> str:
         return repr(p)[:60]
 
 
+def check_bound(inputs: list, outputs: list, types: list) -> None:
+    """run_bound's arguments: C-contiguous arrays, the outputs writeable and of `types` exactly."""
+    if len(outputs) != len(types):
+        raise KilnError(f"run_bound: {len(outputs)} output buffers for {len(types)} outputs", stage="run")
+    for k, (o, (shape, dt)) in enumerate(zip(outputs, types)):
+        if type(o) is not np.ndarray or o.shape != tuple(shape) or o.dtype != dt or not o.flags.c_contiguous \
+                or not o.flags.writeable:
+            raise KilnError(f"run_bound: output {k} must be a writeable C-contiguous {np.dtype(dt)} array of "
+                            f"shape {tuple(shape)}, given {getattr(o, 'dtype', type(o).__name__)} "
+                            f"{getattr(o, 'shape', '')}", stage="run")
+    if any(type(x) is not np.ndarray or not x.flags.c_contiguous for x in inputs):
+        raise KilnError("run_bound: inputs must be C-contiguous numpy arrays", stage="run")
+
+
 class NativeModule:
     """A loaded shared library whose entry takes (inputs.., outputs.., weights, workspace)."""
 
@@ -214,17 +228,7 @@ class NativeModule:
         cache of kiln.decode, whose TensorScatter writes the new rows into its own input."""
         if not self._plain:
             raise KilnError("run_bound takes numeric tensors only", stage="run")
-        if len(outputs) != len(self.output_types):
-            raise KilnError(f"run_bound: {len(outputs)} output buffers for {len(self.output_types)} outputs",
-                            stage="run")
-        for k, (o, (shape, dt)) in enumerate(zip(outputs, self.output_types)):
-            if type(o) is not np.ndarray or o.shape != shape or o.dtype != dt or not o.flags.c_contiguous \
-                    or not o.flags.writeable:
-                raise KilnError(f"run_bound: output {k} must be a writeable C-contiguous {np.dtype(dt)} array of "
-                                f"shape {shape}, given {getattr(o, 'dtype', type(o).__name__)} "
-                                f"{getattr(o, 'shape', '')}", stage="run")
-        if any(type(x) is not np.ndarray or not x.flags.c_contiguous for x in inputs):
-            raise KilnError("run_bound: inputs must be C-contiguous numpy arrays", stage="run")
+        check_bound(inputs, outputs, self.output_types)
         self._enter(data_pointers(list(inputs) + list(outputs)))
 
     def _enter(self, ptrs: list, more=(), workspace_bytes: int = 0) -> None:

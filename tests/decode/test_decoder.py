@@ -153,14 +153,15 @@ def test_static_cache_refusals():
 
 def test_concat_form_is_refused_saying_so():
     """torch.onnx.export's form: Concat(past, new) along the sequence as the present, the
-    attention reading it with a mask built from the past length."""
+    attention reading it with a mask built from the past length: not static_cache's, which
+    names the rewrite that takes it (tests/decode/test_concat_cache.py)."""
     f = TensorProto.FLOAT
     ins = [helper.make_tensor_value_info("new", f, [1, 2, "s", 8]), helper.make_tensor_value_info("pk", f, [1, 2, "p", 8])]
     nodes = [helper.make_node("Concat", ["pk", "new"], ["present"], axis=-2),
              helper.make_node("Attention", ["new", "present", "present"], ["y"])]
     outs = [helper.make_tensor_value_info(n, f, None) for n in ("y", "present")]
     m = helper.make_model(helper.make_graph(nodes, "c", ins, outs), opset_imports=[helper.make_opsetid("", 23)])
-    with pytest.raises(NotStaticCache, match="concatenated outside the attention \\(Concat node"):
+    with pytest.raises(NotStaticCache, match="concatenated outside the attention \\(Concat node .*concat_cache"):
         static_cache(frontend(m), 16)
 
 

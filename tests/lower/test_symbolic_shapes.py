@@ -27,6 +27,17 @@ def test_poly_arithmetic_names_and_exact_division():
     assert (bs + s).evaluate({"batch": 3, "seq": 7}) == 28
 
 
+def test_lower_bound_with_negative_terms_shifts_the_symbols():
+    """batch*next + batch*seq - batch (a KV cache's rows, past = next - 1) is >= 1 for symbols
+    >= 1: written with s = 1 + s' its coefficients are all positive. seq - 1 is >= 0; seq -
+    batch has no bound."""
+    b, n, s = Poly.sym("batch"), Poly.sym("next"), Poly.sym("seq")
+    assert (b * n + b * s - b).lower_bound() == 1
+    assert (n + s - 1).compare(0) == 1
+    assert (s - 1).lower_bound() == 0 and (s + 2).lower_bound() == 3
+    assert (s - b).lower_bound() is None and (b * s - 2 * b).lower_bound() is None
+
+
 def _graph(nodes, inputs, inits=()):
     g = helper.make_graph(nodes, "m", inputs, [helper.make_tensor_value_info(nodes[-1].output[0], F, None)],
                           list(inits))
