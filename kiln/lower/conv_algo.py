@@ -5,7 +5,8 @@ kiln has three ways to run a float32 2-D convolution on the CPU:
 - `direct-nchw`: the NCHW direct convolution (kiln.lower.conv), vectorized over output
   pixels; every shape, dtype and rank;
 - `direct-nchwc`: the blocked direct convolution (kiln.lower.nchwc), vectorized over a
-  block of output channels; dense or depthwise 2-D convs with constant weights;
+  block of output channels; dense, depthwise or grouped 2-D convs with constant weights
+  (grouped: channels per group in whole blocks, or dividing one: kiln.ops.layout.block_groups);
 - `winograd`: F(4x4, 3x3) on the blocked layout (kiln.ops.winograd, kiln.lower.winograd),
   4x fewer multiplies for 3x3 stride-1 undilated convs, paid for by the transforms
   (about a tenth of the work at 64 channels, more below) and by weights 4x larger; for
@@ -85,7 +86,9 @@ class ConvShape:
     block: int = 8                # the layout's channel block (the target's float32 lanes)
     narrow: bool = False          # blocked, it would read its few input channels as one block
     blocked_kind: bool = False    # a kind the layout pass blocks when a neighbour is blocked (pointwise,
-                                  # depthwise, strided, 1-D, a stem: kiln.passes.layout._selected_kind)
+                                  # depthwise, grouped, strided, 1-D, a stem: kiln.passes.layout._selected_kind)
+    kind: str = ""                # which of those kinds, in words
+    unblockable: str = ""         # why it is not blockable, in words (when not)
 
     def __str__(self) -> str:
         k = "x".join(map(str, self.kernel))
@@ -145,11 +148,10 @@ def tile_use(out) -> float:
 def choose(s: ConvShape, target: Target, override: str | None = None) -> Choice:
     """The algorithm for conv `s` on `target` and why; `override` ("direct" or "winograd")
     replaces the rule where Winograd can run at all."""
-    direct = Choice("direct-nchwc", "pointwise, depthwise, strided, 1-D or a few-channel stem: blocked "
-                                    "direct conv") if s.blockable and s.blocked_kind \
+    direct = Choice("direct-nchwc", f"{s.kind or 'pointwise, depthwise, grouped, strided, 1-D or a stem'}: "
+                                    "blocked direct conv") if s.blockable and s.blocked_kind \
         else Choice("direct-nchw", "dense KxK direct conv (blocked measured no faster)") if s.blockable \
-        else Choice("direct-nchw", "not blockable (non-constant or non-float32 weights, not 1-D or 2-D, "
-                                   "grouped, or channels that fill blocks badly)")
+        else Choice("direct-nchw", f"not blockable: {s.unblockable or 'constant float32 1-D or 2-D weights in whole blocks needed'}")
     why_not = winograd_applies(s, target)
     if why_not is not None:
         return direct if override != "winograd" else Choice(direct.algorithm, f"{direct.reason}; asked "

@@ -125,7 +125,7 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
     ow = g.out[1]
     best = None
     for r in range(1, ow + 1):
-        for v in [1] if g.depthwise else [v for v in range(1, 5) if g.ocb % v == 0]:
+        for v in [1] if g.depthwise else [v for v in range(1, 5) if g.ocb // g.groups % v == 0]:
             fits = r * v <= regs - 4 and (r <= DEPTHWISE_MAX_COLUMNS or not g.depthwise)
             if not fits and r > 1:
                 continue
@@ -136,8 +136,8 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
                 best = (key, r, v)
     _, r, v = best
     r, v = int(knobs.get("reg_w", NCHWC_REG_W.asked() or r)), int(knobs.get("oc_v", NCHWC_OC_V.asked() or v))
-    if g.ocb % v or (g.depthwise and v != 1):
-        raise NCHWC_OC_V.illegal(v, f"it must divide the {g.ocb} channel blocks"
+    if g.ocb // g.groups % v or (g.depthwise and v != 1):
+        raise NCHWC_OC_V.illegal(v, f"it must divide the {g.ocb // g.groups} channel blocks of a block group"
                                     + (" and be 1 for a depthwise convolution" if g.depthwise else ""))
     return NCHWC_REG_W.value(r), NCHWC_OC_V.value(v)
 
@@ -154,7 +154,12 @@ def scaled_weights(g: BlockedGeom, w, scale):
         return compute((g.n, *w.shape), lambda n, c, i, kh, kw, ii, o: w[(c, i, kh, kw, ii, o)]
                        * scale[(n, c, 0, 0, o)], "wscaled", w.dtype)
     return compute((g.n, *w.shape), lambda n, c, i, kh, kw, ii, o: w[(c, i, kh, kw, ii, o)]
-                   * scale[(n, i, 0, 0, ii)], "wscaled", w.dtype)
+                   * scale[(n, in_block(g, c, i), 0, 0, ii)], "wscaled", w.dtype)
+
+
+def in_block(g: BlockedGeom, c, i):
+    """The input block that output block c reads as its i-th (its block group's, kiln.ops.layout)."""
+    return i if g.groups == 1 else (c // (g.ocb // g.groups)) * g.icbg + i
 
 
 def column_chunk(g: BlockedGeom, reg_w: int, itemsize: int, target: Target) -> int | None:
@@ -267,7 +272,7 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         red = [icb, kh, kw, ii]
 
         def acc_body(n, c, oh, ow, o):
-            return sum_(cast(acc_dt, xp((n, icb, oh * sh + kh * dh, ow * sw + kw * dw, ii)))
+            return sum_(cast(acc_dt, xp((n, in_block(g, c, icb), oh * sh + kh * dh, ow * sw + kw * dw, ii)))
                         * cast(acc_dt, wv(c, icb, kh, kw, ii, o, n)), axis=red)
     acc = compute((g.n, g.ocb, g.out[0], owp, g.ob), acc_body, "acc")
 

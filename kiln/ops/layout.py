@@ -11,11 +11,15 @@ result (kiln.passes.layout only lets such padding-preserving ops run blocked).
 
 - `ToNCHWc(x) {block}`: N,C,*S -> N,ceil(C/block),*S,block (zero padded channels);
 - `FromNCHWc(x) {channels}`: the inverse, keeping the first `channels` channels;
-- `ConvNCHWc(x, w, b, scale) {kernel_shape, strides, pads, dilations, depthwise}`: 2-D
+- `ConvNCHWc(x, w, b, scale) {kernel_shape, strides, pads, dilations, depthwise, groups}`: 2-D
   convolution of a blocked input with weights packed ahead of time as
   (OC/ob, IC/ib, KH, KW, ib, ob) (depthwise: (C/cb, 1, KH, KW, 1, cb), channel
   block k of the output reads channel block k of the input) and a bias packed
-  as (OC/ob, ob); the output is N,OC/ob,OH,OW,ob.
+  as (OC/ob, ob); the output is N,OC/ob,OH,OW,ob. With `groups` G > 1 (a grouped
+  conv, `block_groups`) the blocks form G block groups: output block k reads only the
+  IC/ib/G input blocks of its group k // (OC/ob/G), and the weights are
+  (OC/ob, IC/ib/G, KH, KW, ib, ob), zero where an ONNX group does not reach (a block of
+  several small ONNX groups holds their block-diagonal weights).
   ib may be less than ob: a stem conv's few input channels as one block (channels-last);
   the optional `scale` (N,IC/ib,1,1,ib, blocked like x) multiplies the input per image
   and channel first (a squeeze-excite gate: the lowering scales the weights instead);
@@ -81,6 +85,45 @@ def pack_conv_weight(w: np.ndarray, block: int, depthwise: bool, in_block: int |
                                 .transpose(0, 2, 4, 5, 3, 1))
 
 
+def block_groups(c: int, oc: int, groups: int, block: int) -> int | None:
+    """The block groups G a grouped conv (1 < groups, not depthwise) runs as blocked, or None.
+
+    Channels per group that are whole blocks (ResNeXt's 16 or 32 at a block of 16): G = groups,
+    each output block reads its group's input blocks. Channels per group that divide the block,
+    as many per input as per output block (4 or 8 at 16): G = ceil(groups / (block / per
+    group)) blocks of block / per-group ONNX groups each, with block-diagonal weights (block /
+    per-group times the multiplies, each a full-vector FMA). Other mixes stay NCHW."""
+    if groups < 2 or c % groups or oc % groups:
+        return None
+    cin, cout = c // groups, oc // groups
+    if cin % block == 0 and cout % block == 0:
+        return groups
+    if cin == cout and block % cin == 0:
+        return -(-groups // (block // cin))
+    return None
+
+
+def pack_grouped_weight(w: np.ndarray, groups: int, block: int) -> np.ndarray:
+    """Grouped OIHW weights (OC, IC/groups, KH, KW) -> (OC/ob, IC/ib/G, KH, KW, ib, ob) over the
+    G = block_groups(...) block groups (see the module doc); zero padded channels."""
+    oc, cin = w.shape[:2]
+    c, cout = cin * groups, oc // groups
+    big = block_groups(c, oc, groups, block)
+    if big is None:
+        raise ValueError(f"grouped weights {w.shape} (groups {groups}) do not fit blocks of {block}")
+    ocb, icb = _blocks(oc, block), _blocks(c, block)
+    dense = np.zeros((ocb * block, icb * block) + w.shape[2:], w.dtype)
+    for g in range(groups):
+        dense[g * cout:(g + 1) * cout, g * cin:(g + 1) * cin] = w[g * cout:(g + 1) * cout]
+    per, icbg = ocb // big, icb // big
+    out = np.empty((ocb, icbg) + w.shape[2:] + (block, block), w.dtype)
+    for k in range(ocb):
+        q = k // per
+        blk = dense[k * block:(k + 1) * block, q * icbg * block:(q + 1) * icbg * block]
+        out[k] = blk.reshape(block, icbg, block, *w.shape[2:]).transpose(1, 3, 4, 2, 0)
+    return np.ascontiguousarray(out)
+
+
 def unpack_conv_weight(wp: np.ndarray, depthwise: bool) -> np.ndarray:
     """The inverse of pack_conv_weight, padding kept: (OCp, ICp, KH, KW) or (Cp, 1, KH, KW)."""
     ocb, icb, kh, kw, ib, ob = wp.shape
@@ -138,6 +181,7 @@ class BlockedGeom:
     begin: list
     out: list
     depthwise: bool
+    groups: int = 1  # block groups: output block k reads input blocks (k // (ocb // groups)) * icbg + ...
 
     @property
     def taps(self) -> int:
@@ -153,19 +197,23 @@ def blocked_geom(ctx, xs, ws) -> BlockedGeom:
     if xs is None or ws is None or len(xs) != 5 or len(ws) != 6:
         ctx.fail(f"ConvNCHWc needs x N,CB,H,W,cb and packed weights OCB,ICB,KH,KW,ib,ob; got x {xs}, w {ws}")
     depthwise = bool(ctx.attr("depthwise", 0))
+    groups = int(ctx.attr("groups", 1))
     ocb, icbg, kh, kw, ib, ob = ws
     if depthwise and (icbg != 1 or ib != 1 or ob != xs[4] or ocb != xs[1]):
         ctx.fail(f"depthwise ConvNCHWc weights {tuple(ws)} do not fit input {tuple(xs)}: expected "
                  f"({xs[1]}, 1, KH, KW, 1, {xs[4]})")
-    if not depthwise and (icbg != xs[1] or ib != xs[4]):
-        ctx.fail(f"ConvNCHWc weights {tuple(ws)} do not fit input {tuple(xs)}: expected "
-                 f"(OCB, {xs[1]}, KH, KW, {xs[4]}, ob)")
+    if groups < 1 or (groups > 1 and depthwise) or xs[1] % groups or ocb % groups:
+        ctx.fail(f"ConvNCHWc groups {groups} must divide the {xs[1]} input and {ocb} output channel "
+                 "blocks (and a depthwise conv has none)")
+    if not depthwise and (icbg * groups != xs[1] or ib != xs[4]):
+        ctx.fail(f"ConvNCHWc weights {tuple(ws)} do not fit input {tuple(xs)} in {groups} block groups: "
+                 f"expected (OCB, {xs[1] // groups}, KH, KW, {xs[4]}, ob)")
     ks = [int(k) for k in ctx.attr("kernel_shape", [kh, kw])]
     if ks != [kh, kw]:
         ctx.fail(f"kernel_shape {ks} does not match packed weights {tuple(ws)}")
     win = window(ctx, list(xs[2:4]), ks)
     return BlockedGeom(xs[0], xs[1], xs[2], xs[3], xs[4], ocb, icbg, ks, ob, win.strides, win.dilations,
-                       [int(b) for b in win.begin], [int(o) for o in win.out], depthwise)
+                       [int(b) for b in win.begin], [int(o) for o in win.out], depthwise, groups)
 
 
 def _conv_infer(ctx):
@@ -226,7 +274,7 @@ def from_nchwc(ctx, x):
 
 @op("ConvNCHWc", infer=_conv_infer, domain=DOMAIN, fusion=OUT_FUSABLE)
 def conv_nchwc(ctx, x, w, b=None, scale=None):
-    """Blocked 2-D convolution (dense or depthwise) with pre-packed weights, of x * scale."""
+    """Blocked 2-D convolution (dense, depthwise or in block groups) with pre-packed weights, of x * scale."""
     g = blocked_geom(ctx, x.shape, w.shape)
     xc = compute_dtype(x)
     if scale is not None:
@@ -234,7 +282,7 @@ def conv_nchwc(ctx, x, w, b=None, scale=None):
     xn = from_blocked(xc, x.shape[1] * x.shape[-1])
     wn = unpack_conv_weight(compute_dtype(w).astype(xc.dtype, copy=False), g.depthwise)
     win = window(ctx, list(xn.shape[2:]), g.kernel)
-    y = conv_core(ctx, xn, wn, xn.shape[1] if g.depthwise else 1, win)
+    y = conv_core(ctx, xn, wn, xn.shape[1] if g.depthwise else g.groups, win)
     if b is not None:
         y = y + compute_dtype(b).reshape(1, -1, 1, 1)
     return to_blocked(y, g.ob).astype(x.dtype, copy=False)

@@ -11,12 +11,13 @@ at compile time so those channel vectors are contiguous (see kiln.ops.layout).
 The rewrite, in one walk over the nodes in order:
 
 - a `Conv` whose weights (and bias) are constants, 1-D or 2-D, float32, dense
-  (group 1) or depthwise (group = channels), and whose channel counts fill the
+  (group 1), depthwise (group = channels) or grouped with channels per group that are
+  whole blocks or divisors of one (kiln.ops.layout.block_groups), and whose channel counts fill the
   blocks well (`worth_blocking`: padding the channels up to whole blocks adds at
   most a third) — except that a dense conv with fewer input channels than a
   block (the 3-channel stem) reads its input as one block of all of them
   (N,1,H,W,C: channels-last, `narrow_input`) — and, by default, only where
-  measured to help (`SELECTIVE`: 1x1, depthwise, such a stem, strided or 1-D,
+  measured to help (`SELECTIVE`: 1x1, depthwise, grouped, such a stem, strided or 1-D,
   next to another such conv through layout-agnostic ops, after a residual Add of
   blocked operands, or before a global average pool) — becomes
   `kiln::ConvNCHWc` with its weights and bias packed here (numpy) as new
@@ -78,7 +79,7 @@ from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
 from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, asked, choose, winograd_1d_m
 from kiln.ops.infer import Inferencer
-from kiln.ops.layout import DOMAIN, pack_bias, pack_conv_weight, to_blocked
+from kiln.ops.layout import DOMAIN, block_groups, pack_bias, pack_conv_weight, pack_grouped_weight, to_blocked
 from kiln.ops.winograd import transform_weight
 from kiln.ops.winograd1d import transform_weight_1d
 from kiln.ops.nn import window
@@ -161,15 +162,16 @@ def blockable_conv(node: Node, opset: int, block: int) -> dict | None:
     group = int(node.attrs.get("group", 1))
     oc, c = w.const.shape[0], xs[1]
     depthwise = group > 1 and group == c == oc and w.const.shape[1] == 1
-    if (group != 1 and not depthwise) or (group == 1 and w.const.shape[1] != c):
+    groups = 1 if group == 1 or depthwise else block_groups(c, oc, group, block)
+    if groups is None or w.const.shape[1] * group != c:
         return None
-    if not one_pixel(xs) and (not worth_blocking(oc, block)
-                              or not (worth_blocking(c, block) or narrow_input(c, block, depthwise))):
+    if not one_pixel(xs) and (not worth_blocking(oc, block) or not (
+            worth_blocking(c, block) or (groups == 1 and narrow_input(c, block, depthwise)))):
         return None
     attrs = _window_attrs(node, opset, xs, node.attrs.get("kernel_shape", w.const.shape[2:]))
     if attrs is None:
         return None
-    return {**attrs, "depthwise": int(depthwise)}
+    return {**attrs, "depthwise": int(depthwise), **({"groups": groups} if group > 1 and not depthwise else {})}
 
 
 def narrow_input(channels: int, block: int, depthwise: bool = False) -> bool:
@@ -181,7 +183,8 @@ def narrow_input(channels: int, block: int, depthwise: bool = False) -> bool:
 def input_block(node: Node, attrs: dict, block: int) -> int:
     """The channel block a blockable conv reads its input in."""
     c = node.inputs[1].const.shape[1]
-    narrow = narrow_input(c, block, bool(attrs["depthwise"])) and not one_pixel(static_shape(node.inputs[0]))
+    narrow = "groups" not in attrs and narrow_input(c, block, bool(attrs["depthwise"])) \
+        and not one_pixel(static_shape(node.inputs[0]))
     return c if narrow else block
 
 
@@ -323,8 +326,9 @@ class _Rewriter:
             return
         dw = bool(attrs["depthwise"])
         ib = input_block(node, attrs, self.block)
-        wp = new_const(self.namer, f"{node.inputs[1].name}.nchwc{self.block}",
-                       pack_conv_weight(w, self.block, dw, ib))
+        packed = pack_grouped_weight(w, int(node.attrs["group"]), self.block) if "groups" in attrs \
+            else pack_conv_weight(w, self.block, dw, ib)
+        wp = new_const(self.namer, f"{node.inputs[1].name}.nchwc{self.block}", packed)
         scale = None
         if node.inputs[0].id in self.scaled:
             x, scale = self.scaled.pop(node.inputs[0].id)
@@ -547,12 +551,50 @@ class _Rewriter:
 SELECTIVE = True
 
 
-def _selected_kind(node: Node, attrs: dict, block: int) -> bool:
-    """Pointwise, depthwise, a stem conv reading few channels (channels-last), a strided conv
-    or a 1-D one."""
-    return (bool(attrs["depthwise"]) or attrs["kernel_shape"] == [1, 1]
-            or input_block(node, attrs, block) != block or any(s > 1 for s in attrs["strides"])
-            or len(node.inputs[0].type.shape) == 3)
+def _selected_kind(node: Node, attrs: dict, block: int) -> str | None:
+    """What makes a blockable conv one the layout pass blocks next to a blocked neighbour (said
+    in the chooser's reason): pointwise, depthwise, grouped, a stem conv reading few channels
+    (channels-last), strided or 1-D; None for a dense KxK conv."""
+    w = node.inputs[1].const
+    if attrs["depthwise"]:
+        return "depthwise"
+    if "groups" in attrs:
+        group, cin = int(node.attrs["group"]), w.shape[1]
+        if cin % block == 0:
+            return f"grouped ({group} groups of {cin} channels: {attrs['groups']} groups of whole blocks)"
+        return (f"grouped ({group} groups of {cin} channels: {block // cin} per block of {block}, "
+                f"block-diagonal weights, {block // cin}x the multiplies as full-vector FMAs)")
+    if attrs["kernel_shape"] == [1, 1]:
+        return "pointwise"
+    if input_block(node, attrs, block) != block:
+        return f"a stem reading its {w.shape[1]} channels channels-last"
+    if any(s > 1 for s in attrs["strides"]):
+        return "strided"
+    if len(node.inputs[0].type.shape) == 3:
+        return "1-D"
+    return None
+
+
+def why_unblockable(node: Node, opset: int, block: int) -> str:
+    """Why blockable_conv refused a Conv (the chooser's reason for direct-nchw)."""
+    x, w = node.inputs[0], node.inputs[1]
+    xs = static_shape(x)
+    if xs is None:
+        return "symbolic or unknown sizes other than the batch (the blocked layout's kernels need them)"
+    if len(xs) not in (3, 4):
+        return f"{len(xs) - 2}-D (the blocked layout is for 1-D and 2-D convs)"
+    if x.type.dtype is not DType.float32:
+        return f"{x.type.dtype.name} (the blocked layout is float32)"
+    if w.const is None or (len(node.inputs) > 2 and node.inputs[2] is not None and node.inputs[2].const is None):
+        return "computed weights or bias (the blocked layout packs them at compile time)"
+    group, oc, c = int(node.attrs.get("group", 1)), w.const.shape[0], xs[1]
+    if group > 1 and not (group == c == oc and w.const.shape[1] == 1) \
+            and block_groups(c, oc, group, block) is None:
+        return (f"grouped ({group} groups of {c // group} -> {oc // group} channels: neither whole blocks of "
+                f"{block} nor equal divisors of one)")
+    if not worth_blocking(oc, block) or not worth_blocking(c, block):
+        return f"{c} -> {oc} channels fill blocks of {block} badly (over {MAX_PAD_RATIO:.2f}x padding)"
+    return "an invalid window"
 
 
 def _layout_agnostic(node: Node, opset: int) -> bool:
@@ -578,10 +620,11 @@ def conv_shape(node: Node, opset: int, block: int, attrs: dict | None) -> ConvSh
         return None
     ctx, nd = NodeCtx(node, opset), len(xs) - 2
     k = tuple(int(v) for v in node.attrs.get("kernel_shape", ws[2:]))
+    kind = _selected_kind(node, attrs, block) if attrs is not None else None
     return ConvShape(images(xs[0]), xs[1], ys[1], tuple(ys[2:]), k, tuple(int(v) for v in ctx.attr("strides", [1] * nd)),
                      tuple(int(v) for v in ctx.attr("dilations", [1] * nd)), int(node.attrs.get("group", 1)),
                      attrs is not None, block, attrs is not None and input_block(node, attrs, block) != block,
-                     attrs is not None and _selected_kind(node, attrs, block))
+                     kind is not None, kind or "", "" if attrs is not None else why_unblockable(node, opset, block))
 
 
 def choose_convs(graph: Graph, block: int, target: Target | None = None, override: str | None = None,
@@ -698,9 +741,18 @@ def select_convs(graph: Graph, block: int, cands: dict[int, dict]) -> dict[int, 
         # a stem also when a MaxPool follows (it runs blocked on the stem's blocked output: ResNet)
         return {k: a for k, a in cands.items() if a.get("winograd") or reaches(nodes[k], ups, kept=kept)
                 or reaches(nodes[k], downs, pools=input_block(nodes[k], a, block) != block, kept=kept)}
-    # two rounds: a residual Add counts as blocked only when the convs making its operands stay
-    # blocked by the first round's rule (ResNeXt's 1x1 after an Add of NCHW grouped-conv paths not)
-    return select(select(None))
+    # rounds to a fixed point: a residual Add counts as blocked only when the convs making its
+    # operands stay blocked by the previous round's choice (a 1x1 after an Add of NCHW paths
+    # not); a chain of residual blocks needs a round per stage (ResNeXt's stride-2 1x1 of stage
+    # 3 reads an Add whose identity path goes back to stage 2's, kept only in round 2)
+    kept = select(None)
+    for _ in range(len(cands)):     # (each round keeps more, so at most one per candidate)
+        memo.clear()
+        more = select(kept)
+        if more.keys() == kept.keys():
+            break
+        kept = more
+    return kept
 
 
 def transform(graph: Graph, block: int, selective: bool | None = None, target: Target | None = None,

@@ -63,13 +63,19 @@ def test_chain_before_after():
     assert stats.fired == {"Conv": 2, "elementwise": 2, "ToNCHWc": 1, "FromNCHWc": 2}
 
 
-def test_grouped_conv_and_graph_input_weights_stay_nchw():
-    """Group 2 is neither dense nor depthwise; weights that are a graph input cannot be packed."""
-    sig = "(%x: float32[1,8,8,8], %wi: float32[8,8,1,1]) -> (%y, %z)"
-    body = ('  %b: float32[1,8,8,8] = Conv(%x, %wg) {kernel_shape = [1, 1], group = 2} name "grouped"\n'
-            '  %y: float32[1,8,8,8] = Relu(%b) name "relu"\n'
-            '  %z: float32[1,8,8,8] = Conv(%x, %wi) {kernel_shape = [1, 1]} name "input_weights"')
-    check("transform_layout", prog(sig, body), None, wg=R(8, 4, 1, 1))
+def test_odd_grouped_conv_and_graph_input_weights_stay_nchw():
+    """Groups of 3 channels neither fill nor divide a block of 8; weights that are a graph input
+    cannot be packed. The chooser says so for each."""
+    sig = "(%x: float32[1,12,8,8], %wi: float32[12,12,1,1]) -> (%y, %z)"
+    body = ('  %b: float32[1,12,8,8] = Conv(%x, %wg) {kernel_shape = [1, 1], group = 4} name "grouped"\n'
+            '  %y: float32[1,12,8,8] = Relu(%b) name "relu"\n'
+            '  %z: float32[1,12,8,8] = Conv(%x, %wi) {kernel_shape = [1, 1]} name "input_weights"')
+    check("transform_layout", prog(sig, body), None, wg=R(12, 3, 1, 1))
+    findings = []
+    transform(graph(prog(sig, body), wg=R(12, 3, 1, 1)), 8, findings=findings)
+    reasons = {c.node: c.choice for c in findings}
+    assert reasons["grouped"].algorithm == "direct-nchw" and "4 groups of 3 -> 3" in reasons["grouped"].reason
+    assert "computed weights" in reasons["input_weights"].reason
 
 
 def test_stem_conv_reads_its_few_channels_channels_last():
@@ -262,8 +268,8 @@ def test_selective_blocks_a_conv_after_a_blocked_residual_add_or_before_a_global
     last 1x1 runs blocked (the Add's operands are both blocked, the pool runs blocked after it),
     its pooled N,C,1,1 result converted once. A lone 1x1 conv before a pool runs blocked too (its
     input converted in, the pooled pixel out); one after an Add of an NCHW operand stays NCHW,
-    and so does one after an Add of two 1x1 convs that stay NCHW themselves (ResNeXt's: between
-    grouped convs)."""
+    and so does one after an Add of two 1x1 convs that stay NCHW themselves (after a grouped conv
+    that cannot run blocked: 2 -> 4 channels per group)."""
     monkeypatch.setattr(layout, "SELECTIVE", True)
     sig = "(%x: float32[1,8,6,6]) -> (%y, %z, %v, %u)"
     body = ('  %a: float32[1,8,6,6] = Conv(%x, %w1) {kernel_shape = [1, 1]} name "expand"\n'
@@ -278,12 +284,12 @@ def test_selective_blocks_a_conv_after_a_blocked_residual_add_or_before_a_global
             '  %z: float32[1,16,6,6] = Conv(%t, %w2) {kernel_shape = [1, 1]} name "after_nchw_add"\n'
             '  %l: float32[1,16,6,6] = Conv(%n, %w2) {kernel_shape = [1, 1]} name "lone"\n'
             '  %v: float32[1,16,1,1] = ReduceMean(%l) {axes = [2, 3], keepdims = 1} name "mean"\n'
-            '  %g1: float32[1,8,6,6] = Conv(%x, %wg) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], group = 2} name "grouped"\n'
-            '  %q1: float32[1,8,6,6] = Conv(%g1, %w1) {kernel_shape = [1, 1]} name "pw1"\n'
-            '  %q2: float32[1,8,6,6] = Conv(%g1, %w1) {kernel_shape = [1, 1]} name "pw2"\n'
+            '  %g1: float32[1,16,6,6] = Conv(%x, %wg) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], group = 4} name "grouped"\n'
+            '  %q1: float32[1,8,6,6] = Conv(%g1, %w3) {kernel_shape = [1, 1]} name "pw1"\n'
+            '  %q2: float32[1,8,6,6] = Conv(%g1, %w3) {kernel_shape = [1, 1]} name "pw2"\n'
             '  %s2: float32[1,8,6,6] = Add(%q1, %q2) name "add_of_nchw_convs"\n'
             '  %u: float32[1,16,6,6] = Conv(%s2, %w2) {kernel_shape = [1, 1]} name "after_nchw_convs"')
-    g = graph(prog(sig, body, 17), w1=R(8, 8, 1, 1), w2=R(16, 8, 1, 1), wg=R(8, 4, 3, 3))
+    g = graph(prog(sig, body, 17), w1=R(8, 8, 1, 1), w2=R(16, 8, 1, 1), wg=R(16, 2, 3, 3), w3=R(8, 16, 1, 1))
     out, stats = run_pass("transform_layout", g)
     names = ("head", "after_nchw_add", "lone", "pw1", "after_nchw_convs")
     convs = {n.name: n.qualified_op for n in out.nodes if n.name in names}

@@ -1,0 +1,141 @@
+"""Grouped convolutions on the blocked layout (kiln.ops.layout.block_groups): channels per group
+that are whole blocks, or divisors of a block (block-diagonal weights), through transform_layout
+and the native ConvNCHWc kernel, against the NumPy reference of the original NCHW graph: odd
+planes, strides, dilations, asymmetric pads, batch > 1, padded last blocks, a symbolic batch,
+and the chooser's reason for every conv."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+import kiln
+from kiln.interpreter import Interpreter
+from kiln.ops.layout import block_groups, pack_grouped_weight
+from kiln.passes.layout import transform, worth_blocking
+from tests.passes.util import graph, prog, random_inputs
+
+F = np.float32
+
+
+def out_size(h, k, s, p0, p1, d):
+    return (h + p0 + p1 - (k - 1) * d - 1) // s + 1
+
+
+def grouped_graph(n, c, h, w, oc, group, k, s=1, d=1, pads=(0, 0, 0, 0), relu=False, bias=True, seed=0):
+    """x -> Conv(group) -> [Relu] -> y as text IR with random weights (`n` may be a symbol)."""
+    rng = np.random.default_rng(seed)
+    oh, ow = out_size(h, k, s, pads[0], pads[2], d), out_size(w, k, s, pads[1], pads[3], d)
+    consts = {"w": rng.standard_normal((oc, c // group, k, k)).astype(F)}
+    ins = "%x, %w"
+    if bias:
+        consts["b"] = rng.standard_normal(oc).astype(F)
+        ins += ", %b"
+    shape = f"{n},{oc},{oh},{ow}"
+    body = (f'  %c: float32[{shape}] = Conv({ins}) {{kernel_shape = [{k}, {k}], strides = [{s}, {s}], '
+            f'pads = [{", ".join(map(str, pads))}], dilations = [{d}, {d}], group = {group}}} name "conv"\n')
+    if relu:
+        body += f'  %y: float32[{shape}] = Relu(%c) name "relu"'
+    else:
+        body = body.rstrip("\n").replace("%c:", "%y:")
+    return graph(prog(f"(%x: float32[{n},{c},{h},{w}]) -> (%y)", body), **consts)
+
+
+@pytest.mark.parametrize("c, oc, group, block, want", [
+    (128, 128, 32, 16, 8),      # ResNeXt stage 1: 4 per group, 4 groups per block of 16
+    (256, 256, 32, 16, 16),     # 8 per group
+    (512, 512, 32, 16, 32),     # whole blocks
+    (1024, 1024, 32, 16, 32),   # two blocks per group
+    (24, 24, 6, 16, 2),         # 4 per group, the last block half full
+    (32, 64, 2, 16, 2),         # 16 -> 32 per group
+    (16, 32, 4, 16, None),      # 4 -> 8: a block's groups would differ in and out
+    (12, 12, 4, 8, None),       # 3 per group: no divisor of 8
+    (8, 8, 1, 8, None),         # not grouped
+])
+def test_block_groups(c, oc, group, block, want):
+    assert block_groups(c, oc, group, block) == want
+
+
+def test_packed_grouped_weights_are_the_block_diagonal_dense_ones():
+    """Unpacked over the block groups, the weights are the grouped conv's dense form."""
+    rng = np.random.default_rng(1)
+    for c, group, block in [(32, 8, 8), (48, 3, 8), (24, 6, 16)]:
+        w = rng.standard_normal((c, c // group, 3, 3)).astype(F)
+        dense = np.zeros((c, c, 3, 3), F)
+        cin = c // group
+        for g in range(group):
+            dense[g * cin:(g + 1) * cin, g * cin:(g + 1) * cin] = w[g * cin:(g + 1) * cin]
+        wp = pack_grouped_weight(w, group, block)
+        big = block_groups(c, c, group, block)
+        ocb, icbg = wp.shape[:2]
+        per = ocb // big
+        full = np.zeros((ocb * block, icbg * big * block, 3, 3), F)
+        for k in range(ocb):
+            q = k // per
+            blk = wp[k].transpose(4, 0, 3, 1, 2).reshape(block, icbg * block, 3, 3)
+            full[k * block:(k + 1) * block, q * icbg * block:(q + 1) * icbg * block] = blk
+        np.testing.assert_array_equal(full[:c, :c], dense)
+        assert not full[c:].any() and not full[:, c:].any()
+
+
+BLOCKS = [8, 16]
+# (channels per group, groups): whole blocks of 8 or 16, divisors of them, a half-full last block
+GROUPINGS = st.sampled_from([(4, 2), (4, 4), (4, 6), (2, 8), (8, 2), (8, 3), (16, 2), (32, 2), (16, 4)])
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(n=st.integers(1, 2), grouping=GROUPINGS, mult=st.sampled_from([1, 2]), h=st.integers(1, 12),
+       w=st.integers(1, 12), k=st.sampled_from([1, 3, 5]), s=st.integers(1, 2), d=st.integers(1, 2),
+       pads=st.lists(st.integers(0, 2), min_size=4, max_size=4), relu=st.booleans(), bias=st.booleans(),
+       block=st.sampled_from(BLOCKS))
+def test_grouped_blocked_conv_matches_reference(n, grouping, mult, h, w, k, s, d, pads, relu, bias, block):
+    cpg, group = grouping
+    c, oc = cpg * group, cpg * group * mult
+    assume(h + pads[0] + pads[2] >= (k - 1) * d + 1 and w + pads[1] + pads[3] >= (k - 1) * d + 1)
+    big = block_groups(c, oc, group, block)
+    assume(big is not None and worth_blocking(c, block) and worth_blocking(oc, block))
+    g = grouped_graph(n, c, h, w, oc, group, k, s, d, pads, relu, bias)
+    blocked = g.clone()
+    fired = transform(blocked, block, selective=False, override="direct")
+    assert fired.get("Conv") == 1, fired
+    conv = next(x for x in blocked.nodes if x.op == "ConvNCHWc")
+    assert conv.attrs["groups"] == big
+    xs = random_inputs(g, n)
+    want = Interpreter(g).run(xs)[0]
+    np.testing.assert_allclose(Interpreter(blocked).run(xs)[0], want, rtol=1e-4, atol=1e-4)
+    got = kiln.compile(blocked, target="cpu", opt_level=0).run({"x": xs[0]})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cpg", [4, 16])
+def test_grouped_chain_stays_blocked_with_a_symbolic_batch(cpg, monkeypatch):
+    """ResNeXt's body (1x1 -> grouped 3x3 -> 1x1, residual Add) by the default, selective rule:
+    every conv blocked, the only conversions at the ends; one compiled model at batch 1 and 3."""
+    monkeypatch.setenv("KILN_NCHWC", "16")
+    group, c = 4, 4 * cpg
+    rng = np.random.default_rng(3)
+    consts = {"w1": rng.standard_normal((c, 32, 1, 1)).astype(F),
+              "wg": rng.standard_normal((c, cpg, 3, 3)).astype(F),
+              "w2": rng.standard_normal((32, c, 1, 1)).astype(F)}
+    body = (f'  %a: float32[N,{c},9,9] = Conv(%x, %w1) {{kernel_shape = [1, 1]}} name "reduce"\n'
+            f'  %ar: float32[N,{c},9,9] = Relu(%a) name "relu1"\n'
+            f'  %g: float32[N,{c},9,9] = Conv(%ar, %wg) {{kernel_shape = [3, 3], pads = [1, 1, 1, 1], '
+            f'group = {group}}} name "grouped"\n'
+            f'  %gr: float32[N,{c},9,9] = Relu(%g) name "relu2"\n'
+            f'  %e: float32[N,32,9,9] = Conv(%gr, %w2) {{kernel_shape = [1, 1]}} name "expand"\n'
+            f'  %s: float32[N,32,9,9] = Add(%e, %x) name "residual"\n'
+            f'  %y: float32[N,32,9,9] = Relu(%s) name "relu3"')
+    g = graph(prog("(%x: float32[N,32,9,9]) -> (%y)", body), **consts)
+    m = kiln.compile(g, target="cpu", report=True)
+    ref = Interpreter(g)
+    for n in (1, 3):
+        x = rng.standard_normal((n, 32, 9, 9)).astype(F)
+        np.testing.assert_allclose(m.run({"x": x})["y"], ref.run([x])[0], rtol=1e-4, atol=1e-4)
+    blocked = graph(prog("(%x: float32[2,32,9,9]) -> (%y)", body.replace("N,", "2,")), **consts)
+    findings = []
+    fired = transform(blocked, 16, findings=findings)
+    assert fired["Conv"] == 3 and fired["ToNCHWc"] == 1 and fired["FromNCHWc"] == 1, fired
+    why = {f.node: f.choice for f in findings}
+    assert why["grouped"].algorithm == "direct-nchwc" and "grouped (4 groups of" in why["grouped"].reason
+    assert why["reduce"].algorithm == "direct-nchwc" and why["reduce"].reason.startswith("pointwise")
