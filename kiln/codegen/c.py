@@ -328,6 +328,9 @@ class _Emitter:
             return self.convert(e.dtype, wide, self._math("exp", wide, [arg]))
         if name == "rsqrt":
             return self.rounded(e.dtype, f"(({ctype(src)})1 / {self._math('sqrt', src, args)})")
+        if name == "erfc" and src is DType.float32:   # inline, vectorized (kiln_erfc.h)
+            self.helpers.setdefault("kiln_erfc_f32", c_source("kiln_exp.h") + c_source("kiln_erfc.h"))
+            return self.rounded(e.dtype, f"kiln_erfc_f32({args[0]})")
         return self.rounded(e.dtype, self._math("fabs" if name == "abs" else name, src, args))
 
     def _math(self, name, dt, args):
