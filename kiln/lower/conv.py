@@ -34,7 +34,9 @@ from kiln.dtypes import DType
 from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
                         sum_)
 from kiln.loops.symbols import hint
+from kiln.lower import window_symbolic
 from kiln.lower.decisions import Ints, declare
+from kiln.lower.window_symbolic import symbolic_spatial
 from kiln.lower.nnutil import _acc_dtype, _conj, _rup, _strides_of, parallel_worth
 from kiln.ops.nn import kernel_of, window
 from kiln.lower.context import lowering
@@ -412,6 +414,8 @@ def _conv_geom(ctx, xshape, wshape, group: int) -> ConvGeom:
 
 @lowering("Conv")
 def _conv_lower(ctx, x, w, b=None):
+    if symbolic_spatial(x.shape):       # a shape-generic module's symbolic image size
+        return window_symbolic.conv(ctx, x, w, b)
     group = int(ctx.attr("group", 1))
     geom = _conv_geom(ctx, x.shape, w.shape, group)
     acc_dt = _acc_dtype(x.dtype)

@@ -168,7 +168,7 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     from kiln.lower.module import (emit_module, lifetimes, lower_groups,  # noqa: PLC0415
                                    weights_blob, MemoryPlan)
     from kiln.lower.partition import partition  # noqa: PLC0415
-    from kiln.lower.symbolic_shapes import Undecided, resolve  # noqa: PLC0415
+    from kiln.lower.symbolic_shapes import Undecided, resolve, spelt_sizes  # noqa: PLC0415
     names = graph_symbols(graph)
     try:
         res = resolve(graph, names)
@@ -209,7 +209,7 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     lm.module.interface = interface_text(spelt(ins), spelt(outs), 0, len(weights))
     lm.workspace_bytes = 0
     return ShapeGenericLowered(lm, names, syms, [(size[k], first[k], last[k]) for k in keys], res.guards,
-                               {k: p.terms for k, p in res.derived.items()}, ins, outs)
+                               spelt_sizes(res.derived), ins, outs)
 
 
 def _value_bytes(t: TensorType):

@@ -15,7 +15,7 @@ import numpy as np
 
 from kiln.codegen.csource import c_instance
 from kiln.dtypes import DType
-from kiln.loops.symbols import as_int, c_size, same_size, static, symbols_in
+from kiln.loops.symbols import as_int, c_size, hint, same_size, static, symbols_in
 from kiln.lower.decisions import parallel_min_work
 from kiln.lower.nnutil import _conj
 from kiln.lower.pool import _pool_schedule
@@ -72,7 +72,12 @@ def _resize_value_getter(ctx, p):
 def _resize_lower(ctx, x, *rest):
     p = _params(ctx)
     scales, sizes, roi = _resize_inputs(ctx, _resize_value_getter(ctx, p))
-    plan = _plan(ctx, list(x.shape), scales, sizes, roi)
+    if symbols_in(list(x.shape)) and scales is not None and np.size(scales):
+        # symbolic sizes (a shape-generic module): the per-axis scales do not depend on them
+        plan = _plan(ctx, [hint(d) for d in x.shape], scales, None, roi)
+        plan = plan and (list(ctx.out_shape(0)), plan[1])
+    else:
+        plan = _plan(ctx, list(x.shape), scales, sizes, roi)
     if plan is None:
         ctx.fail("neither scales nor sizes given")
     shape = list(x.shape)
@@ -82,7 +87,10 @@ def _resize_lower(ctx, x, *rest):
     if x.dtype.c is None:
         ctx.fail(f"dtype {x.dtype} has no native type")
     if any(not static(shape[a]) or not static(n) for a, n, _, _ in passes):
-        ctx.fail("a resampled axis of symbolic size: its tap tables need the size at compile time")
+        if p["mode"] != "nearest" or x.dtype != ctx.out_dtype(0) or p["ctm"] == "tf_crop_and_resize":
+            ctx.fail("a linear or cubic Resize of an axis of symbolic size: its tap tables need the size")
+        from kiln.lower.window_symbolic import resize_nearest  # noqa: PLC0415
+        return resize_nearest(ctx, x, p, passes)
     if p["mode"] == "nearest" and x.dtype == ctx.out_dtype(0):
         tables = {a: _axis_taps(shape[a], out_len, s, axis_roi, p) for a, out_len, s, axis_roi in passes}
         if all(out is None or not out.any() for _, _, out in tables.values()):

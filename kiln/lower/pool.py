@@ -12,7 +12,10 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
                         sum_)
+from kiln.loops.symbols import static
+from kiln.lower import window_symbolic
 from kiln.lower.conv import ConvGeom, padded_plane, schedule_plane
+from kiln.lower.window_symbolic import symbolic_spatial
 from kiln.lower.nnutil import _acc_dtype, _conj, _default_then, _strides_of, parallel_worth, schedule_rows
 from kiln.targets.target import Target
 from kiln.ops.nn import _lp_p, _pool_window, _unpool_shape
@@ -97,6 +100,8 @@ def _pool_plane(ctx, x, win, xval, pad):
 
 @lowering("MaxPool")
 def _max_pool_lower(ctx, x):
+    if symbolic_spatial(x.shape):       # a shape-generic module's symbolic image size
+        return window_symbolic.max_pool(ctx, x)
     win = _pool_window(ctx, x)
     nd = len(x.shape) - 2
     out_shape = ctx.out_shape(0)
@@ -154,6 +159,8 @@ def _rmin(v, ks):
 
 @lowering("AveragePool")
 def _average_pool_lower(ctx, x):
+    if symbolic_spatial(x.shape):
+        return window_symbolic.average_pool(ctx, x)
     win = _pool_window(ctx, x)
     nd = len(x.shape) - 2
     out_shape = ctx.out_shape(0)
@@ -218,7 +225,7 @@ def _global_lower(kind):
             fin = lambda v: v  # noqa: E731
         elif kind == "avg":
             r = compute((x.shape[0], x.shape[1]), lambda n, c: sum_(cast(acc, x[(n, c, *ks)]), ks), "gsum")
-            cnt = const(math.prod(spatial), acc)
+            cnt = const(math.prod(spatial), acc) if static(math.prod(spatial)) else cast(acc, math.prod(spatial))
             fin = lambda v: v / cnt  # noqa: E731
         else:
             p = _lp_p(ctx)

@@ -35,6 +35,18 @@ class Undecided(Exception):
     """A fact about symbolic sizes that the polynomials cannot settle."""
 
 
+# Floor divisions (a strided window's output size, floor((H + pads - span) / stride) + 1):
+# floor(p / d) that is not exact becomes an *atom*, a symbol-like name ("(H-1)//2") standing
+# for that quotient, so sizes stay polynomials over the input symbols and atoms. An atom's
+# value is computed from its numerator at run time; it may be 0 (its least value is tracked).
+_ATOMS: dict = {}    # atom name -> (numerator Poly, divisor int > 0)
+
+
+def atom(name: str) -> tuple | None:
+    """(numerator, divisor) of floor-division atom `name`, or None for an input symbol."""
+    return _ATOMS.get(name)
+
+
 @dataclass(frozen=True)
 class Poly:
     """sum(coeff * prod(symbols)) over monomials: `terms` is a sorted tuple of
@@ -95,6 +107,33 @@ class Poly:
 
     __truediv__ = __floordiv__
 
+    def floordiv(self, d: int, assume_nonnegative: bool = False) -> Poly:
+        """floor(self / d) for an int d > 0: the terms d divides come out as a polynomial,
+        the rest stays under one floor-division atom (kept exact, never rounded at compile
+        time: floor((2H + 1) / 2) = H + floor(1 / 2) = H)."""
+        d = int(d)
+        if d <= 0:
+            raise Undecided(f"a floor division by {d}")
+        if d == 1:
+            return self
+        whole, rest = {}, {}
+        for m, c in self.terms:
+            if m:
+                q, r = divmod(c, d)
+                (whole.__setitem__(m, q) if r == 0 else rest.__setitem__(m, c))
+        const = self.value - sum(c for m, c in self.terms if m)      # the constant term
+        if not rest:
+            return Poly._make(whole) + const // d
+        # keep the constant's multiples of d outside: floor((H + 5) / 2) = 2 + floor((H + 1) / 2)
+        q, r = divmod(const, d)
+        num = Poly._make({**rest, **({(): r} if r else {})})
+        lo = num.lower_bound()
+        if (lo is None or lo < 0) and not assume_nonnegative:
+            raise Undecided(f"floor(({num}) / {d}) of a numerator that may be negative")
+        name = f"({num})//{d}"
+        _ATOMS.setdefault(name, (num, d))
+        return Poly._make(whole) + q + Poly.sym(name)
+
     def exact_div(self, d: Poly) -> Poly | None:
         """self / d when it divides exactly (d a constant or a single term), else None."""
         if d == self and self.terms:
@@ -123,16 +162,17 @@ class Poly:
         return sum(c for _, c in self.terms)
 
     def lower_bound(self) -> int | None:
-        """The least value for symbols >= 1, when every non-constant coefficient is positive, or
-        is so once each symbol s is written 1 + s' (s' >= 0): batch*past + batch*seq - batch,
-        a KV cache's rows with past = symbol - 1, is batch' + past' + seq' + ... + 1 >= 1."""
+        """The least value for symbols >= 1 (floor-division atoms at their least), when every
+        non-constant coefficient is positive, or is so once each symbol s is written least(s) + s'
+        (s' >= 0): batch*past + batch*seq - batch, a KV cache's rows with past = symbol - 1, is
+        batch' + past' + seq' + ... + 1 >= 1."""
         if not any(m and c < 0 for m, c in self.terms):
-            return self.value
+            return sum(c * math.prod(_least(s) for s in m) for m, c in self.terms)
         shifted = Poly()
         for m, c in self.terms:
             t = Poly.of(c)
             for s in m:
-                t = t * (Poly.sym(s) + 1)
+                t = t * (Poly.sym(s) + _least(s))
             shifted = shifted + t
         if any(m and c < 0 for m, c in shifted.terms):
             return None
@@ -151,19 +191,37 @@ class Poly:
         raise Undecided(f"cannot compare {self} with {other}")
 
     def symbols(self) -> set:
-        return {s for m, _ in self.terms for s in m}
+        """The input symbols this size depends on (through its atoms too)."""
+        out = set()
+        for m, _ in self.terms:
+            for s in m:
+                a = atom(s)
+                out |= a[0].symbols() if a else {s}
+        return out
 
     def evaluate(self, env: dict) -> int:
-        return sum(c * math.prod(env[s] for s in m) for m, c in self.terms)
+        def value(s):
+            if s in env:
+                return env[s]
+            a = atom(s)
+            if a is None:
+                raise KeyError(s)
+            return a[0].evaluate(env) // a[1]
+        return sum(c * math.prod(value(s) for s in m) for m, c in self.terms)
 
     def to_expr(self, table: dict):
         """The loop-IR expression of this size, symbol names mapped by `table` to vars."""
         from kiln.loops.expr import INDEX, const  # noqa: PLC0415
         e = None
+        def sym(s):
+            if s in table:
+                return table[s]
+            num, d = _ATOMS[s]
+            return num.to_expr(table) // const(d, INDEX)
         for m, c in self.terms:
             t = None
             for s in m:
-                t = table[s] if t is None else t * table[s]
+                t = sym(s) if t is None else t * sym(s)
             t = const(c, INDEX) if t is None else (t if c == 1 else t * c)
             e = t if e is None else e + t
         return const(0, INDEX) if e is None else e
@@ -179,6 +237,15 @@ class Poly:
         return out
 
     __repr__ = __str__
+
+
+def _least(s: str) -> int:
+    """The least value of input symbol (1) or floor-division atom `s`."""
+    a = atom(s)
+    if a is None:
+        return 1
+    lo = a[0].lower_bound()
+    return 0 if lo is None else max(lo // a[1], 0)
 
 
 @dataclass
@@ -245,7 +312,7 @@ class _Inferencer(Inferencer):
             if p.value < 0:
                 raise Undecided(f"size {p} < 0")
             return p.value
-        if len(p.terms) == 1 and p.terms[0][1] == 1 and len(p.terms[0][0]) == 1:
+        if len(p.terms) == 1 and p.terms[0][1] == 1 and len(p.terms[0][0]) == 1 and atom(p.terms[0][0][0]) is None:
             return p.terms[0][0][0]
         if (p.lower_bound() is None or p.lower_bound() < 1) and p not in self.positive:
             raise Undecided(f"size {p} may be below 1")
@@ -552,9 +619,88 @@ def _compare_or_none(a: Poly, b: Poly) -> int | None:
         return None
 
 
+def _window_shape(inf, node):
+    """Conv, MaxPool, AveragePool, LpPool: out = floor((size + pads - span) / stride) + 1 per
+    spatial dim (kiln.ops.nn.window), a floor-division atom where it is not exact. A numerator
+    that may be negative (a window wider than a small input) is guarded to be >= 0, the shapes
+    the reference accepts; auto_pad SAME is taken at stride 1 (its pads do not depend on the
+    size), ceil_mode not at all."""
+    ins = _in_polys(inf, node)
+    nd = len(ins) - 2
+    if nd < 1:
+        raise Undecided("no spatial dims")
+    a = node.attrs
+    if node.op == "Conv":
+        wt = node.inputs[1].type
+        if not isinstance(wt, TensorType) or wt.shape is None or not all(isinstance(d, int) for d in wt.shape):
+            raise Undecided("the weight's shape is unknown")
+        kernel = [int(k) for k in a.get("kernel_shape", wt.shape[2:])]
+        channels = Poly.of(wt.shape[0])
+    else:
+        if int(a.get("ceil_mode", 0)) or "kernel_shape" not in a:
+            raise Undecided("ceil_mode, or no kernel_shape")
+        kernel = [int(k) for k in a["kernel_shape"]]
+        channels = ins[1]
+    strides = [int(v) for v in a.get("strides", [1] * nd)]
+    dil = [int(v) for v in a.get("dilations", [1] * nd)]
+    pads = [int(v) for v in a.get("pads", [0] * (2 * nd))]
+    auto = a.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    if len(kernel) != nd or len(strides) != nd or len(dil) != nd or len(pads) != 2 * nd:
+        raise Undecided("window attributes of the wrong length")
+    out = [ins[0], channels]
+    where = f"{node.op} node {node.name!r}"
+    for i, size in enumerate(ins[2:]):
+        eff, st = (kernel[i] - 1) * dil[i] + 1, strides[i]
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            if st != 1:
+                raise Undecided("auto_pad SAME with a stride (its pads depend on the size)")
+            out.append(size)
+            continue
+        if auto == "VALID":
+            pb = pe = 0
+        elif auto == "NOTSET":
+            pb, pe = pads[i], pads[nd + i]
+        else:
+            raise Undecided(f"auto_pad {auto}")
+        num = size + pb + pe - eff
+        if num.is_const:
+            if num.value < 0:
+                raise Undecided("a window wider than the input")
+            out.append(Poly.of(num.value // st + 1))
+            continue
+        lo = num.lower_bound()
+        if lo is None or lo < 0:
+            inf.res.guards.append(Guard(-num, 0, f"{where}'s window of {eff} must fit the padded input"))
+        out.append(num.floordiv(st, assume_nonnegative=True) + 1)
+    return [out]
+
+
+def _resize_shape(inf, node):
+    """Resize/Upsample by constant scales: out = floor(size * scale), the scale an exact
+    fraction of ints (2.0 -> 2 * size, 0.5 -> floor(size / 2))."""
+    from fractions import Fraction  # noqa: PLC0415
+    ins = _in_polys(inf, node)
+    idx = 1 if node.op == "Upsample" or inf.opsets.get("", 0) < 11 else 2
+    if len(node.inputs) <= idx or node.inputs[idx] is None or "axes" in node.attrs:
+        raise Undecided("no scales input, or axes")
+    k = inf.known_value(node.inputs[idx])
+    if k is None or k.size != len(ins) or k.dtype.kind != "f":
+        raise Undecided("scales unknown")
+    out = []
+    for size, sc in zip(ins, k.reshape(-1)):
+        f = Fraction(float(sc))
+        if f <= 0:
+            raise Undecided("a scale <= 0")
+        v = size * f.numerator
+        out.append(v if f.denominator == 1 else v.floordiv(f.denominator))
+    return [out]
+
+
 _SHAPES = {"Reshape": _reshape_shape, "Flatten": _flatten_shape, "Expand": _expand_shape,
            "ConstantOfShape": _constant_of_shape_shape, "Range": _range_shape, "Tile": _tile_shape,
-           "Slice": _slice_shape}
+           "Slice": _slice_shape, "Conv": _window_shape, "MaxPool": _window_shape,
+           "AveragePool": _window_shape, "LpPool": _window_shape, "Resize": _resize_shape}
 
 
 def _fix_slices(g: Graph, inf: _Inferencer) -> None:
@@ -570,4 +716,19 @@ def _fix_slices(g: Graph, inf: _Inferencer) -> None:
         n.inputs[2] = const_value(f"{n.name}/ends_to_the_end", np.full(count, np.iinfo(dt).max, dt))
 
 
-__all__ = ["Guard", "Poly", "Resolved", "Undecided", "resolve"]
+def spelt_sizes(derived: dict) -> dict:
+    """`derived` (name -> Poly) as plain data for the runtime (kiln.runtime.generic): name ->
+    its terms, and each floor-division atom they use -> ("floordiv", numerator terms, divisor)."""
+    out = {k: p.terms for k, p in derived.items()}
+    todo = [s for p in derived.values() for m, _ in p.terms for s in m]
+    while todo:
+        s = todo.pop()
+        a = atom(s)
+        if a is None or out.get(s, ("",))[0] == "floordiv":
+            continue
+        out[s] = ("floordiv", a[0].terms, a[1])     # (an atom named as a size itself: its definition)
+        todo += [x for m, _ in a[0].terms for x in m]
+    return out
+
+
+__all__ = ["Guard", "Poly", "Resolved", "Undecided", "resolve", "spelt_sizes"]

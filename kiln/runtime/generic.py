@@ -22,9 +22,15 @@ SYMBOL_MAX = (1 << 31) - 1   # what the kernels assume of a symbol (kiln.loops.s
 
 def spelt(types: list) -> list:
     """(shape, dtype) pairs as the module's interface text holds them: names and numbers
-    only, so a computed size ("batch*seq") is spelt in words ("batch_times_seq")."""
-    return [(tuple(d.replace("*", "_times_").replace("+", "_plus_") if isinstance(d, str) else d
-                   for d in shape), dt) for shape, dt in types]
+    only, so a computed size ("batch*seq", "(H+1)//2") is spelt in words ("batch_times_seq",
+    "_of_H_plus_1_end__floordiv_2")."""
+    words = (("*", "_times_"), ("+", "_plus_"), ("//", "_floordiv_"), ("(", "_of_"), (")", "_end_"))
+
+    def word(d: str) -> str:
+        for sym, w in words:
+            d = d.replace(sym, w)
+        return d
+    return [(tuple(word(d) if isinstance(d, str) else d for d in shape), dt) for shape, dt in types]
 
 
 class NotCovered(KilnError):
@@ -49,7 +55,8 @@ class GenericModule(NativeModule):
         self.output_shapes = [tuple(s) for s, _ in output_types]
         self._layout = layout
         self._check_bytes = check_bytes     # (bytes, what) -> raises over the memory limit
-        # sizes computed from the symbols ("batch*seq"): name -> ((monomial symbols, coeff), ...)
+        # sizes computed from the symbols ("batch*seq"): name -> ((monomial symbols, coeff), ...),
+        # or for a floor-division atom ("(H+1)//2"): ("floordiv", its numerator's terms, divisor)
         self.derived = dict(derived or {})
         # where each symbol is read: (input, axis) of its first appearance
         self._where = {}
@@ -103,11 +110,17 @@ class GenericModule(NativeModule):
         return tuple(d if not isinstance(d, str) else env[d] if d in env else self._size(d, env) for d in shape)
 
     def _size(self, name: str, env: dict) -> int:
+        spec = self.derived[name]
+        if spec and spec[0] == "floordiv":      # a floor-division atom: ("floordiv", terms, divisor)
+            return self._terms(spec[1], env) // spec[2]
+        return self._terms(spec, env)
+
+    def _terms(self, terms, env: dict) -> int:
         n = 0
-        for mono, coeff in self.derived[name]:
+        for mono, coeff in terms:
             t = coeff
             for s in mono:
-                t *= env[s]
+                t *= env[s] if s in env else self._size(s, env)
             n += t
         return n
 

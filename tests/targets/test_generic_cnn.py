@@ -1,7 +1,8 @@
 """shapes="generic" for convolutional networks (issue 15 item 1): a CNN with a symbolic
-batch runs every batch from one compiled module, matching the NumPy reference, and a new
-batch runs no C compiler. The conv plans do not depend on the batch's value (images are an
-outer loop; tiles are planned for one image)."""
+batch, and one with a symbolic image size too, runs every value from one compiled module,
+matching the NumPy reference, and a new shape runs no C compiler. The conv plans do not
+depend on the batch's value (images are an outer loop; tiles are planned for one image);
+image sizes pass through the windows' floor divisions (kiln.lower.symbolic_shapes)."""
 
 import numpy as np
 import onnx
@@ -36,7 +37,7 @@ def cnn(batch="N", height=20, width=24, opset=17):
         helper.make_node("Conv", ["r3", "w4"], ["c4"], name="conv4_1x1"),
         helper.make_node("Conv", ["c4", "w5"], ["c5"], name="conv5_1x1"),
         helper.make_node("Resize", ["c5", "roi", "scales"], ["up"], mode="nearest", name="upsample"),
-        helper.make_node("Conv", ["p2", "w6"], ["side"], pads=[1, 1, 1, 1], name="side"),
+        helper.make_node("Conv", ["up", "w6"], ["side"], pads=[1, 1, 1, 1], name="side"),
         helper.make_node("Concat", ["up", "side"], ["cat"], axis=1, name="concat"),
         helper.make_node("GlobalAveragePool", ["c4"], ["gp"], name="gap"),
         helper.make_node("Flatten", ["gp"], ["emb"], name="flatten"),
@@ -61,3 +62,33 @@ def test_cnn_runs_every_batch_from_one_module(level, compiler_runs):  # noqa: F8
     if level == 3:     # the algorithms the layout pass chose run on the symbolic batch too
         calls = " ".join(m.module.info["calls"])
         assert "ConvWinograd" in calls and "ConvNCHWc" in calls and "MaxPoolNCHWc" in calls, calls
+
+
+# (batch, height, width): 1, primes, odd and even (the strided windows' floor divisions), large
+IMAGES = [(1, 1, 1), (1, 2, 2), (2, 3, 5), (1, 7, 13), (3, 17, 2), (1, 20, 24), (2, 31, 64), (1, 97, 101),
+          (1, 224, 224)]
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_cnn_runs_every_image_size_from_one_module(level, compiler_runs):  # noqa: F811
+    m = _generic(cnn(height="H", width="W"), opt_level=level)
+    rng = np.random.default_rng(10 + level)
+    _check_runs(m, [{"x": rng.standard_normal((n, 3, h, w)).astype(np.float32)} for n, h, w in IMAGES],
+                compiler_runs, rtol=1e-4, atol=1e-4)
+    assert m.specializations == 1
+
+
+def test_image_sizes_are_floor_divisions_of_the_symbols():
+    """The stride-2 pool's and conv's output sizes are named by floor divisions of H and W."""
+    from kiln.frontends.onnx import load_onnx
+    from kiln.lower.symbolic_shapes import Poly, resolve
+    res = resolve(load_onnx(cnn(height="H", width="W")), ["N", "H", "W"])
+    shapes = {n.name: n.outputs[0].type.shape for n in res.graph.nodes}
+    assert shapes["pool"] == ("N", 16, "(H+1)//2", "(W+1)//2")
+    assert shapes["conv3_s2"] == ("N", 32, "((H+1)//2+1)//2", "((W+1)//2+1)//2")
+    up = res.poly(shapes["upsample"][2])
+    for h in (1, 2, 3, 4, 5, 17, 224):
+        pooled = (h + 2 - 3) // 2 + 1
+        assert up.evaluate({"N": 1, "H": h, "W": 1}) == 2 * ((pooled + 2 - 3) // 2 + 1)
+    assert (Poly.sym("H") * 2 + 5).floordiv(2) == Poly.sym("H") + 2      # exact terms come out
+    assert up.lower_bound() == 2

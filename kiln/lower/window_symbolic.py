@@ -1,0 +1,218 @@
+"""Sliding-window ops over symbolic image sizes (issue 15 item 1): Conv, MaxPool,
+AveragePool and nearest Resize when H or W is a symbol of a shape-generic module.
+
+The static lowerings (kiln.lower.conv, kiln.lower.pool, kiln.lower.image) plan tiles on
+concrete sizes: a padded, phase-split plane whose row length is the padded width, register
+blocks whose remainders are thrown away, tap tables baked into C. With a symbolic H or W
+those plans have no size to work on, so these lowerings write the window directly: each
+output reads its taps from the input under a bounds check (the padding), the output size
+comes from the run-time shape (kiln.lower.symbolic_shapes: floor((H + pads - span) /
+stride) + 1), and the schedule is the one a row of outputs takes: (image, channel) in
+parallel, the row's outputs accumulated in a local array over the taps, the last axis
+vectorized with its remainder handled by the loop lowering. The kernel, the padding and
+the strides are ints; only the extents are symbolic.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kiln.dtypes import DType
+from kiln.loops import cast, ceil, compute, const, floor, max_, min_, reduce_axis, select, sum_
+from kiln.loops.symbols import hint, static
+from kiln.lower.nnutil import _acc_dtype, _conj, parallel_worth, schedule_rows
+
+
+def symbolic_spatial(shape) -> bool:
+    """Does a tensor N,C,*spatial have a symbolic spatial size?"""
+    return any(not static(d) for d in shape[2:])
+
+
+def _window(ctx, nd: int, kernel: list[int]):
+    """(strides, dilations, pads before) of a window with explicit pads (auto_pad SAME only at
+    stride 1, where the pads do not depend on the size; kiln.lower.symbolic_shapes agrees)."""
+    strides = [int(v) for v in ctx.attr("strides", [1] * nd)]
+    dil = [int(v) for v in ctx.attr("dilations", [1] * nd)]
+    auto = ctx.attr("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    if auto == "VALID":
+        begin = [0] * nd
+    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        if any(s != 1 for s in strides):
+            ctx.fail("auto_pad SAME with a stride over a symbolic image size (its pads depend on the size)")
+        total = [(k - 1) * d for k, d in zip(kernel, dil)]
+        begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+    else:
+        begin = [int(p) for p in (ctx.attr("pads", None) or [0] * (2 * nd))[:nd]]
+    if int(ctx.attr("ceil_mode", 0)):
+        ctx.fail("ceil_mode over a symbolic image size")
+    return strides, dil, begin
+
+
+def _taps(x, n, c, o, ks, strides, dil, begin, pad):
+    """x at the taps ks of output position o: `pad` outside the input (a select: the load
+    happens only inside, so the index needs no clamping)."""
+    pos = [oi * s + k * d - b for oi, k, s, d, b in zip(o, ks, strides, dil, begin)]
+    ok = _conj([(p >= 0) & (p < size) for p, size in zip(pos, x.shape[2:])])
+    return select(ok, x[(n, c, *pos)], pad)
+
+
+def _row_schedule(stage_of, work: int, target):
+    """A window op's result: (image, channel) fused and parallel, one row of outputs
+    accumulated in a local array over the taps, the row's axis vectorized."""
+    def fn(sch, outputs):
+        t = stage_of
+        row = sch.cache_write(t)
+        s = sch[t]
+        ax = list(s.axis)
+        nc = s.fuse(ax[0], ax[1])
+        if parallel_worth(work, target):
+            s.parallel(nc)
+        if hint(ax[-1].arg.dom[1]) >= 4:
+            s.vectorize(ax[-1])
+        sl = sch[row]
+        sl.compute_at(s, ax[-2] if len(ax) > 3 else nc)
+        lax = list(sl.axis)
+        sl.reorder(*lax[:-1], *sl.reduce_axis, lax[-1])
+        taps = sl.reduce_axis[1:] if len(sl.reduce_axis) > len(ax) - 2 else sl.reduce_axis
+        if taps and math.prod(int(k.arg.dom[1]) for k in taps) <= 9:
+            for k in taps:
+                sl.unroll(k)
+        if hint(lax[-1].arg.dom[1]) >= 4:
+            sl.vectorize(lax[-1])
+    return fn
+
+
+def conv(ctx, x, w, b=None):
+    """A Conv (any group, 1-D to 3-D) over symbolic image sizes, NCHW."""
+    nd = len(x.shape) - 2
+    group = int(ctx.attr("group", 1))
+    kernel = [int(k) for k in w.shape[2:]]
+    strides, dil, begin = _window(ctx, nd, kernel)
+    acc = _acc_dtype(x.dtype)
+    cg, ocg = int(w.shape[1]), int(w.shape[0]) // group
+    out_shape = ctx.out_shape(0)
+    ic = reduce_axis(cg, "ic")
+    ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(kernel)]
+    zero = const(0, acc)
+
+    def body(n, oc, *o):
+        c = (oc // ocg) * cg + ic if group > 1 else ic
+        v = sum_(cast(acc, _taps(x, n, c, o, ks, strides, dil, begin, const(0, x.dtype)))
+                 * cast(acc, w[(oc, ic, *ks)]), [ic, *ks])
+        return v
+    total = compute(out_shape, body, "conv_acc", acc)
+    y = compute(out_shape, lambda n, oc, *o: cast(x.dtype, total[(n, oc, *o)] + (cast(acc, b[oc]) if b is not None
+                                                                                  else zero)), "conv")
+    work = math.prod(hint(d) for d in out_shape) * cg * math.prod(kernel)
+    sched = _row_schedule(total, work, ctx.target)
+
+    def fn(sch, outputs):
+        sched(sch, outputs)
+        schedule_rows(sch[y], 2, ctx.target, work)
+    ctx.schedule(fn)
+    return y
+
+
+def _lowest(dt: DType):
+    import numpy as np  # noqa: PLC0415
+    return const(-math.inf, dt) if dt.is_float else const(int(np.iinfo(dt.np).min), dt)
+
+
+def max_pool(ctx, x):
+    """MaxPool (no Indices output) over symbolic image sizes."""
+    from kiln.loops import rmax  # noqa: PLC0415
+    nd = len(x.shape) - 2
+    kernel = [int(k) for k in ctx.attr("kernel_shape")]
+    strides, dil, begin = _window(ctx, nd, kernel)
+    if ctx.num_outputs > 1 and ctx.output_used(1):
+        ctx.fail("MaxPool's Indices over a symbolic image size")
+    ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(kernel)]
+    y = compute(ctx.out_shape(0), lambda n, c, *o: rmax(_taps(x, n, c, o, ks, strides, dil, begin,
+                                                              _lowest(x.dtype)), ks), "maxpool")
+    ctx.schedule(_row_schedule(y, math.prod(hint(d) for d in y.shape) * math.prod(kernel), ctx.target))
+    if ctx.num_outputs > 1:
+        return [y, compute(ctx.out_shape(1), lambda *i: const(0, DType.int64), "indices")]
+    return y
+
+
+def average_pool(ctx, x):
+    """AveragePool over symbolic image sizes: the divisor counts the taps inside the input
+    (or the pads too, count_include_pad), computed per output from its position."""
+    nd = len(x.shape) - 2
+    kernel = [int(k) for k in ctx.attr("kernel_shape")]
+    strides, dil, begin = _window(ctx, nd, kernel)
+    acc = _acc_dtype(x.dtype)
+    ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(kernel)]
+    total = compute(ctx.out_shape(0), lambda n, c, *o: sum_(cast(acc, _taps(x, n, c, o, ks, strides, dil, begin,
+                                                                             const(0, x.dtype))), ks), "winsum")
+    pads = [int(p) for p in (ctx.attr("pads", None) or [0] * (2 * nd))]
+    spatial = list(x.shape[2:])
+    if int(ctx.attr("count_include_pad", 0)):
+        lo, hi = [-b for b in begin], [s + e for s, e in zip(spatial, pads[nd:])]
+    else:
+        lo, hi = [0] * nd, spatial
+
+    def count(o):
+        n = None
+        for oi, s, d, b, k, l_, h_ in zip(o, strides, dil, begin, kernel, lo, hi):
+            start = oi * s - b
+            k_lo = max_(-((start - l_) // d), 0)
+            k_hi = min_(-((start - h_) // d), k)
+            c = max_(k_hi - k_lo, 0)
+            n = c if n is None else n * c
+        return n
+    y = compute(ctx.out_shape(0), lambda n, c, *o: cast(x.dtype, total[(n, c, *o)] / cast(acc, count(o))),
+                "avgpool")
+    work = math.prod(hint(d) for d in y.shape) * math.prod(kernel)
+    sched = _row_schedule(total, work, ctx.target)
+
+    def fn(sch, outputs):
+        sched(sch, outputs)
+        schedule_rows(sch[y], 2, ctx.target, work)
+    ctx.schedule(fn)
+    return y
+
+
+_ROUND = {"round_prefer_floor": lambda v: ceil(v - 0.5), "round_prefer_ceil": lambda v: floor(v + 0.5),
+          "floor": floor, "ceil": ceil}
+
+
+def resize_nearest(ctx, x, p: dict, passes: list):
+    """Nearest Resize by constant scales over symbolic sizes: each output reads the input at
+    its source index, computed per output from the coordinate transformation (as
+    kiln.ops.image._axis_taps does for the tables of the static kernel)."""
+    f64 = DType.float64
+    axes = {a: (s, roi) for a, _, s, roi in passes}
+    nm = p["nearest_mode"]
+    ctm = p["ctm"]
+
+    def src(a, j):
+        s, _ = axes[a]
+        if nm == "simple":
+            mode = "ceil" if s < 1 else "floor"
+        else:
+            mode = nm
+        in_len, out_len = x.shape[a], ctx.out_shape(0)[a]
+        jf = cast(f64, j)
+        if ctm == "asymmetric":
+            v = jf / const(float(s), f64)
+        elif ctm in ("half_pixel", "pytorch_half_pixel"):
+            v = (jf + const(0.5, f64)) / const(float(s), f64) - const(0.5, f64)
+            if ctm == "pytorch_half_pixel":
+                v = select(out_len > 1, v, const(0.0, f64))
+        elif ctm == "align_corners":
+            v = select(out_len > 1, jf * cast(f64, in_len - 1) / cast(f64, max_(out_len - 1, 1)), const(0.0, f64))
+        elif ctm == "tf_half_pixel_for_nn":
+            v = (jf + const(0.5, f64)) / const(float(s), f64)
+        else:
+            ctx.fail(f"coordinate_transformation_mode {ctm!r} over a symbolic image size")
+        r = cast(DType.int64, _ROUND[mode](v))
+        return min_(max_(r, 0), in_len - 1)
+
+    def body(*i):
+        return x[tuple(src(a, j) if a in axes else j for a, j in enumerate(i))]
+    y = compute(ctx.out_shape(0), body, "resize_nearest", x.dtype)
+    ctx.schedule(lambda sch, outputs: schedule_rows(sch[y], len(y.shape) - 1, ctx.target,
+                                                    math.prod(hint(d) for d in y.shape)))
+    return y
