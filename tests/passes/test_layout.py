@@ -239,6 +239,28 @@ def test_selective_default_blocks_pointwise_depthwise_chains_only(monkeypatch):
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
 
 
+def test_selective_blocks_a_large_depthwise_conv_alone(monkeypatch):
+    """ConvNeXt's 7x7 depthwise conv between Transposes (LayerNorm over channels runs NHWC) runs
+    blocked with no blocked neighbour, its conversions next to the Transposes; a lone 3x3 one
+    stays NCHW. The chooser says which."""
+    monkeypatch.setattr(layout, "SELECTIVE", True)
+    sig = "(%x: float32[1,8,9,9]) -> (%y, %z)"
+    body = ('  %d: float32[1,8,9,9] = Conv(%x, %w7) {kernel_shape = [7, 7], pads = [3, 3, 3, 3], group = 8} name "dw7"\n'
+            '  %y: float32[1,9,9,8] = Transpose(%d) {perm = [0, 2, 3, 1]} name "to_nhwc"\n'
+            '  %e: float32[1,8,9,9] = Conv(%x, %w3) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], group = 8} name "dw3"\n'
+            '  %z: float32[1,9,9,8] = Transpose(%e) {perm = [0, 2, 3, 1]} name "to_nhwc3"')
+    g = graph(prog(sig, body), w7=R(8, 1, 7, 7), w3=R(8, 1, 3, 3))
+    findings = []
+    out = g.clone()
+    transform(out, 8, findings=findings)
+    convs = {n.name: n.qualified_op for n in out.nodes if n.name in ("dw7", "dw3")}
+    assert convs == {"dw7": "kiln::ConvNCHWc", "dw3": "Conv"}
+    why = {f.node: f.choice for f in findings}
+    assert why["dw7"].algorithm == "direct-nchwc" and "7x7 taps: blocked whatever its neighbours" in why["dw7"].reason
+    assert why["dw3"].algorithm == "direct-nchw" and "no blocked neighbour" in why["dw3"].reason
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
 def test_selective_blocks_a_stem_next_to_a_blocked_conv_or_maxpool_only(monkeypatch):
     """A few-channel stem conv runs blocked by default when a blocked conv follows through unary
     ops (MobileNet: stem -> ReLU6 -> depthwise) or a MaxPool (ResNet: the pool runs blocked,
