@@ -26,7 +26,9 @@ emit_module, kernels taking the symbols' values, the arena planned per shape at 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,13 +141,22 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
              times: StageTimes | None = None) -> CompiledModel:
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
-    optimized = optimize(frontend(model), opt_level, cpu, decisions)
+    source = frontend(model)
+    key = whole_key(source, target, opt_level, cpu, decisions, tuning)
+    if key is not None and not report:   # a static model compiled before: load it, run no pass
+        compiled = cached_model(key, source, opt_level, cpu, decisions)
+        if compiled is not None:
+            return compiled
+    if target == "cpu":
+        from kiln.codegen.build import start_probes  # noqa: PLC0415
+        start_probes(cpu)      # the C toolchain's probes run while the passes do
+    optimized = optimize(source, opt_level, cpu, decisions)
     graph = optimized.graph
     ins, outs = [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs]
     if target == "interpreter":
         compiled = InterpretedModel(graph)
     else:
-        compiled = _cpu_model(optimized, decisions, tuning, shapes, ins, outs)
+        compiled = _cpu_model(optimized, decisions, tuning, shapes, ins, outs, key)
     if report:
         compiled.report = _report(optimized, compiled if target == "cpu" else None, times)
         for m in (compiled, getattr(compiled, "special", None)):   # passes run again per input
@@ -154,9 +165,54 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     return compiled
 
 
-def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, outs) -> CompiledModel:
+def whole_key(graph: Graph, target: str, level: int, cpu, decisions: dict, tuning) -> str | None:
+    """The compile key (kiln.targets.cache.compile_key) under which a static model's module
+    is cached whole, or None where there is none: another target than "cpu", some input
+    size unknown (built per shape at run time), tuning records asked for (their database
+    is not in the key), or KILN_DUMP_IR set (the passes must run to dump their IR)."""
+    if target != "cpu" or tuning is not None or os.environ.get("KILN_DUMP_IR") or not all(
+            isinstance(v.type, TensorType) and v.type.is_static for v in graph.inputs):
+        return None
+    from kiln.limits import current  # noqa: PLC0415
+    from kiln.targets import cache  # noqa: PLC0415
+    with stage("cache key"):
+        return cache.compile_key(graph, level, cpu, decisions, current())
+
+
+def cached_model(key: str, source: Graph, level: int, cpu, decisions: dict) -> CompiledModel | None:
+    """The model compiled under `key` before, loaded from the module cache (its library and
+    its weights blob as built), or None. Its pipeline (the passes over `source`) runs only
+    if something later needs the optimized graph (an artifact, `kiln compile --emit`)."""
+    from kiln.targets.cpu import CpuModel  # noqa: PLC0415
+    module = _cached_whole(key)
+    if module is None:
+        return None
+    ins, outs = ([TensorSpec(n, d, None if s is None else tuple(s), k) for n, d, s, k in specs]
+                 for specs in module.specs)
+    pipeline = Deferred(lambda: ShapePipeline(optimize(source, level, cpu, decisions), decisions), cpu)
+    model = CpuModel(pipeline, ins, outs, built=module)
+    model.shapes, model.shapes_reason = "static", None
+    return model
+
+
+class Deferred:
+    """A ShapePipeline made when first used: a model loaded whole from the cache runs its
+    module without one, and runs the passes only if asked for more (another shape, an export)."""
+
+    def __init__(self, make, target):
+        self._make, self.target, self._made = make, target, None
+
+    def __getattr__(self, name: str):
+        if self._made is None:
+            self._made = self._make()
+        return getattr(self._made, name)
+
+
+def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, outs,
+               key: str | None = None) -> CompiledModel:
     """The cpu target's model: one shape-generic module when asked and the graph allows it,
-    else specialised per input shape (static inputs: built now)."""
+    else specialised per input shape (static inputs: built now, and cached whole under
+    `key` when that is given: `whole_key`)."""
     from kiln.targets.cpu import CpuModel  # noqa: PLC0415
     static = optimized.source is None and all(s.shape is not None and all(isinstance(d, int) for d in s.shape)
                                               for s in ins)
@@ -170,7 +226,8 @@ def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, 
             return (TieredModel if shapes == "tiered" else GenericModel)(module, optimized, ins, outs, special)
         except NotGeneric as e:
             reason = e.raw_message
-    model = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs)
+    whole = (key, ins, outs) if static and key is not None else None
+    model = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning, whole=whole), ins, outs)
     model.shapes = "static" if static else "specialize"
     model.shapes_reason = reason
     return model
@@ -290,8 +347,11 @@ class ShapePipeline:
     new shape key): `specialize`, then `native` for each stage that is one static module."""
     optimized: Optimized
     decisions: dict = field(default_factory=dict)
-    whole: bool = True           # the whole model (else a stage or body: some kernels are elsewhere)
+    complete: bool = True        # the whole model (else a stage or body: some kernels are elsewhere)
     tuning: str | None = None    # a tuning records database (kiln.tune.apply)
+    # a static model's (compile key, input specs, output specs): its module is cached whole
+    # under that key (kiln.compiler.whole_key), found by a warm compile before any pass runs
+    whole: tuple | None = None
 
     @property
     def target(self):
@@ -301,10 +361,13 @@ class ShapePipeline:
     def specialize(self, shapes: list, values: dict | None = None) -> Specialized:
         return specialize(self.optimized, shapes, values)
 
-    def native(self, graph: Graph, known: dict):
+    def native(self, graph: Graph, known: dict, whole: bool = False):
+        """The native module of a specialised `graph`; `whole`: it is the whole static model's
+        (cached under the model's compile key when there is one)."""
         from kiln.tune.apply import with_records  # noqa: PLC0415
         decisions = with_records(self.tuning, graph, known, self.decisions, self.target)
-        return native(graph, known, self.target, decisions, strict=self.whole)
+        return native(graph, known, self.target, decisions, strict=self.complete,
+                      whole=self.whole if whole else None)
 
     def part(self, graph: Graph) -> ShapePipeline:
         """The pipeline for a part of the graph (a stage before or after a break, a body)."""
@@ -410,8 +473,6 @@ def load(graph: Graph, manifest: dict):
 
 
 def _load(graph: Graph, manifest: dict):
-    from kiln.runtime.native import NativeModule  # noqa: PLC0415
-    from kiln.targets.cache import library_path  # noqa: PLC0415
     consts = graph.constants()
     # string constants are not in the blob (a kernel of the library writes them)
     raws = [np.zeros(0, np.uint8) if c.const.dtype == object else
@@ -424,33 +485,85 @@ def _load(graph: Graph, manifest: dict):
         if index >= len(raws) or offset + raws[index].size > size:
             raise KilnError(f"constant {index} at offset {offset} lies outside the weights", stage="cache")
         blob[offset:offset + raws[index].size] = raws[index]
-    module = NativeModule(str(library_path(manifest)), manifest["library_sha256"], manifest["entry"],
-                          [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
+    return _native_module(manifest, [(v.type.shape, v.type.dtype.name) for v in graph.inputs], blob)
+
+
+def _native_module(manifest: dict, inputs: list, blob: np.ndarray):
+    """The runtime's NativeModule of a built module (`Built.manifest()`) over weights `blob`."""
+    from kiln.runtime.native import NativeModule  # noqa: PLC0415
+    from kiln.targets.cache import library_path  # noqa: PLC0415
+    module = NativeModule(str(library_path(manifest)), manifest["library_sha256"], manifest["entry"], inputs,
                           [(tuple(s), d) for s, d in manifest["outputs"]], blob,
                           manifest["workspace_bytes"], manifest["calls"], manifest.get("errors"))
     module.info = manifest  # what was built: kernels, fused groups, arena (for reports)
     return module
 
 
-def native(graph: Graph, known: dict, target, decisions: dict | None = None, strict: bool = True):
+def native(graph: Graph, known: dict, target, decisions: dict | None = None, strict: bool = True,
+           whole: tuple | None = None):
     """One native module for a specialised graph whose sizes are all known: lower → generate
     → build → load, cached across processes by everything that determines the module (a
-    damaged cache entry is built again)."""
+    damaged cache entry is built again). `whole`: (compile key, input specs, output specs)
+    of the static model this graph is all of (`whole_key`): its module is then cached under
+    that key with its weights blob, and no digest of this graph (its transformed weights
+    included) is taken."""
     from kiln.codegen.cachedir import building  # noqa: PLC0415
     from kiln.targets import cache  # noqa: PLC0415
-    with stage("cache key"):
-        key = cache.graph_key(graph, known, target, decisions)
-    module = _cached(graph, key)
-    if module is not None:
-        return module
+    if whole is not None:
+        key = whole[0]
+        found = _cached_whole(key)
+    else:
+        with stage("cache key"):
+            key = cache.graph_key(graph, known, target, decisions)
+        found = _cached(graph, key)
+    if found is not None:
+        return found
     with building("modules", key):   # threads or processes meeting this module at once build it once
-        module = _cached(graph, key)   # built while this one waited
-        if module is not None:
-            return module
+        found = _cached_whole(key) if whole is not None else _cached(graph, key)
+        if found is not None:      # built while this one waited
+            return found
         lowered = lower(graph, known, target, decisions, strict)
-        built = build(graph, lowered, generate(lowered), target)
-        cache.store(key, built.manifest())
-    return load(graph, built.manifest())
+        source = generate(lowered)
+        if whole is None:
+            built = build(graph, lowered, source, target)
+            cache.store(key, built.manifest())
+        else:   # the weights blob is written to the cache while the C compiler runs
+            with _background(cache.store_weights, key, lowered.weights) as weights_sum:
+                built = build(graph, lowered, source, target)
+            cache.store_whole(key, built.manifest(), *[[_spec_json(s) for s in specs] for specs in whole[1:]],
+                              weights_sum())
+    with stage("load"):   # the blob lowering filled, not copied again
+        return _native_module(built.manifest(), [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
+                              lowered.weights)
+
+
+@contextlib.contextmanager
+def _background(fn, *args):
+    """Run fn(*args) in a thread during the block; yields a function returning its result
+    (or raising its error), joined at the block's end."""
+    out: list = []
+
+    def run():
+        try:
+            out.append((fn(*args), None))
+        except BaseException as e:  # noqa: BLE001 (handed to the caller)
+            out.append((None, e))
+    t = threading.Thread(target=run, name="kiln-cache-write", daemon=True)
+    t.start()
+
+    def result():
+        value, error = out[0]
+        if error is not None:
+            raise error
+        return value
+    try:
+        yield result
+    finally:
+        t.join()
+
+
+def _spec_json(s: TensorSpec) -> list:
+    return [s.name, s.dtype, None if s.shape is None else list(s.shape), s.kind]
 
 
 def _cached(graph: Graph, key: str):
@@ -466,6 +579,26 @@ def _cached(graph: Graph, key: str):
         return load(graph, manifest)
     except KilnError:
         return None   # a truncated, garbage or inconsistent entry: build it again
+
+
+def _cached_whole(key: str):
+    """The native module cached whole under compile key `key` (`whole_key`), its weights
+    blob as built, or None (none, or damaged: build it again)."""
+    from kiln.targets import cache  # noqa: PLC0415
+    with stage("cache load"):
+        found = cache.load_whole(key)
+    if found is None:
+        return None
+    entry, blob = found
+    manifest = entry["module"]
+    check_planned(manifest["weights_bytes"], manifest["workspace_bytes"], [(s, d) for s, d in manifest["outputs"]])
+    try:
+        with stage("load"):
+            module = _native_module(manifest, [(tuple(s), d) for _, d, s, _ in entry["inputs"]], blob)
+    except KilnError:
+        return None   # a library damaged or gone: build it again
+    module.specs = entry["inputs"], entry["outputs"]
+    return module
 
 
 def check_planned(weights: int, workspace: int, outputs: list, graph: Graph | None = None,

@@ -63,14 +63,23 @@ def _cc(cc: str | None) -> list:
     return shlex.split(cc or os.environ.get("KILN_CC") or "cc")
 
 
-def _flags(cflags, target: Target, cc: list | None = None) -> list:
+def _flags(cflags, target: Target, cc: list | None = None, probe: bool = True) -> list:
+    """The compiler flags for `target`; `probe=False`: without the libmvec probe's answer
+    (-DKILN_MVEC), a function of the others and the machine's libraries (a compile key
+    taken before the probe has run: kiln.targets.cache.compile_key)."""
     if cflags is None:
         cflags = os.environ.get("KILN_CFLAGS") or default_cflags(target)
     flags = shlex.split(cflags) if isinstance(cflags, str) else list(cflags)
     flags = flags + [f for f in _REQUIRED if f not in flags] + sanitizer_flags()
-    if "-fopenmp" in flags and _has_libmvec(tuple(cc or _cc(None)), tuple(flags)):
+    if probe and "-fopenmp" in flags and _has_libmvec(tuple(cc or _cc(None)), tuple(flags)):
         flags.append("-DKILN_MVEC")
     return flags
+
+
+def start_probes(target: Target) -> None:
+    """Run the toolchain's probes (the libmvec link test: a compile and a link, on an empty
+    cache) in a thread, while the caller works on (the graph passes) until it needs them."""
+    threading.Thread(target=_flags, args=(None, target), name="kiln-probe-cc", daemon=True).start()
 
 
 def sanitizer_flags() -> list:
@@ -92,11 +101,21 @@ def _libs(flags: list) -> list:
     return ["-lmvec", "-lm"] if "-DKILN_MVEC" in flags else ["-lm"]
 
 
+_PROBING = threading.Lock()
+
+
 @functools.lru_cache(maxsize=None)
 def _has_libmvec(cc: tuple, flags: tuple) -> bool:
     """Whether glibc's vector math library links with every function kiln declares simd.
     The answer is kept in the cache dir per compiler (its version banner), flags and probe
-    source: the probe's compile and link took a quarter of a warm compile in a new process."""
+    source: the probe's compile and link took a quarter of a warm compile in a new process.
+    One probe at a time (`start_probes` may run it in a thread: a caller meeting it waits,
+    then reads its answer from the cache dir)."""
+    with _PROBING:
+        return _probe_libmvec(cc, flags)
+
+
+def _probe_libmvec(cc: tuple, flags: tuple) -> bool:
     from kiln.codegen.c import PRELUDE
     src = PRELUDE + "void kiln_probe(float* restrict a, int n) {\n#pragma omp simd\n" \
         "  for (int i = 0; i < n; ++i) a[i] = expf(a[i]) + tanhf(a[i]);\n}\n"

@@ -29,20 +29,28 @@ from kiln.runtime.model import CompiledModel, TensorSpec
 
 
 class CpuModel(CompiledModel):
-    def __init__(self, pipeline, inputs: list[TensorSpec], outputs: list[TensorSpec]):
+    def __init__(self, pipeline, inputs: list[TensorSpec], outputs: list[TensorSpec], built=None):
         """`pipeline` (kiln.compiler.ShapePipeline) specialises and builds per input shapes:
         now, when every input size is static (compile time is compile()'s), else at the
-        first run with each new shape key."""
-        from kiln.lower.module import check_lowerable
+        first run with each new shape key. `built`: the static inputs' native module, loaded
+        whole from the cache (kiln.compiler.cached_model): the pipeline is then not run."""
         super().__init__(inputs, outputs, "cpu")
-        self.graph = pipeline.optimized.graph
         self.cpu = pipeline.target     # the CPU its code is for (kiln.targets.Target)
-        check_lowerable(self.graph)
+        self.program = Program(pipeline)
         static = all(s.kind == "tensor" and s.shape is not None and all(isinstance(d, int) for d in s.shape)
                      for s in inputs)
-        self.program = Program(pipeline)
+        if built is not None:
+            self.program.adopt([tuple(s.shape) for s in inputs], built)
+            return
+        from kiln.lower.module import check_lowerable
+        check_lowerable(self.graph)
         if static:
             self.program.prepare([tuple(s.shape) for s in inputs])
+
+    @property
+    def graph(self) -> Graph:
+        """The optimized graph (a model loaded whole from the cache runs its passes now)."""
+        return self.program.graph
 
     def build_info(self) -> dict | None:
         """The manifest of the first whole-graph native module built (None if none yet)."""
@@ -76,7 +84,6 @@ class Program:
     def __init__(self, pipeline):
         self.pipeline = pipeline       # kiln.compiler.ShapePipeline: specialize, native
         self.report = None             # the model's CompileReport, when compile() made one
-        self.graph = pipeline.optimized.graph
         self.target = pipeline.target  # the CPU every module is built for
         self.value_inputs: dict[tuple, tuple[int, ...]] = {}
         self.runners: dict[tuple, object] = {}
@@ -87,13 +94,22 @@ class Program:
     def count(self) -> int:
         return sum(r.count() if isinstance(r, (Staged, Passthrough)) else 1 for r in self.runners.values())
 
+    @property
+    def graph(self) -> Graph:
+        return self.pipeline.optimized.graph
+
     def prepare(self, shapes: list[tuple]) -> None:
         """Build ahead of the first run when shapes alone determine everything."""
         key = tuple(shapes)
         spec = self.note(key, self.pipeline.specialize(list(shapes), {}))
         if not spec.breaks:
-            self.value_inputs[key] = ()
-            self.runners[(key, ())] = self.by_shapes[key] = self.pipeline.native(spec.graph, spec.known)
+            self.adopt(shapes, self.pipeline.native(spec.graph, spec.known, whole=True))
+
+    def adopt(self, shapes: list[tuple], module) -> None:
+        """`module` runs inputs of `shapes` (their sizes determine everything)."""
+        key = tuple(shapes)
+        self.value_inputs[key] = ()
+        self.runners[(key, ())] = self.by_shapes[key] = module
 
     def run(self, inputs: list) -> list:
         r = self.by_shapes.get(tuple([x.shape if type(x) is np.ndarray else None for x in inputs]))

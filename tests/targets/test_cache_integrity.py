@@ -98,18 +98,26 @@ def test_a_manifest_cannot_name_the_library_to_load(cache, tmp_path):
                    {"library_key": "0" * 40, "library": str(evil)}):
         for e in entries:
             m = json.loads(e.read_text())
-            m.update(tamper)
+            _module(m).update(tamper)
             e.write_text(json.dumps(m))
         _check(kiln.compile(elementwise_model(3)))
         assert not marker.exists()
 
 
+def _module(entry: dict) -> dict:
+    """The module manifest of a cache entry (a static model's whole entry holds it as "module")."""
+    return entry.get("module", entry)
+
+
 def test_a_damaged_manifest_is_rebuilt(cache):
     _check(kiln.compile(elementwise_model(3)))
     entries = list((cache / "modules").glob("*.json"))
-    for damage in (lambda m: None, lambda m: m.pop("entry"), lambda m: m.update(workspace_bytes=-1),
-                   lambda m: m.update(outputs="x"), lambda m: m.update(weights=[[99, 0]]),
-                   lambda m: m.update(call_args=[["system", []]])):
+    assert entries and all("module" in json.loads(e.read_text()) for e in entries)   # a static model's
+    for damage in (lambda m: None, lambda m: _module(m).pop("entry"), lambda m: _module(m).update(workspace_bytes=-1),
+                   lambda m: _module(m).update(outputs="x"), lambda m: _module(m).update(weights=[[99, 0]]),
+                   lambda m: _module(m).update(call_args=[["system", []]]), lambda m: m.pop("inputs"),
+                   lambda m: m.update(outputs=[["y", "float32", "3x4", "tensor"]]),
+                   lambda m: m.update(weights_sum=-1)):
         for e in entries:
             m = json.loads(e.read_text())
             damage(m)
