@@ -376,10 +376,10 @@ class ShapePipeline:
 
 
 def lower(graph: Graph, known: dict | None = None, target=None, decisions: dict | None = None,
-          strict: bool = True):
+          strict: bool = True, alloc=None):
     """partition → lower_groups → plan_memory → emit_module: a static graph as loop IR for CPU
     `target` (None: this host). `strict`: a decision override for a kernel the module does
-    not have is an error."""
+    not have is an error. `alloc(nbytes)`: where the weights blob is made (default: memory)."""
     from kiln.lower.module import check_static, emit_module, lower_groups, plan_memory  # noqa: PLC0415
     from kiln.lower.partition import partition  # noqa: PLC0415
     check_static(graph)
@@ -391,7 +391,7 @@ def lower(graph: Graph, known: dict | None = None, target=None, decisions: dict 
         from kiln.lower.decisions import check_kernels  # noqa: PLC0415
         check_kernels(decisions or {}, [k.func.name for k in groups.kernels])
     with stage("plan memory"):
-        memory = plan_memory(graph, groups)
+        memory = plan_memory(graph, groups, alloc)
     with stage("emit module"):
         lowered = emit_module(graph, groups, memory, fusion)
     check_planned(int(lowered.weights.size), lowered.workspace_bytes,
@@ -522,17 +522,20 @@ def native(graph: Graph, known: dict, target, decisions: dict | None = None, str
         found = _cached_whole(key) if whole is not None else _cached(graph, key)
         if found is not None:      # built while this one waited
             return found
-        lowered = lower(graph, known, target, decisions, strict)
-        source = generate(lowered)
         if whole is None:
-            built = build(graph, lowered, source, target)
+            lowered = lower(graph, known, target, decisions, strict)
+            built = build(graph, lowered, generate(lowered), target)
             cache.store(key, built.manifest())
-        else:   # the weights blob is written to the cache while the C compiler runs
-            with _background(cache.store_weights, key, lowered.weights) as weights_sum:
-                built = build(graph, lowered, source, target)
-            cache.store_whole(key, built.manifest(), *[[_spec_json(s) for s in specs] for specs in whole[1:]],
-                              weights_sum())
-    with stage("load"):   # the blob lowering filled, not copied again
+        else:   # the weights blob made in the cache's file, checked while the C compiler runs
+            with cache.WeightsFile(key) as file:
+                lowered = lower(graph, known, target, decisions, strict, alloc=file.alloc)
+                source = generate(lowered)
+                with _background(cache.checksum, lowered.weights) as weights_sum:
+                    built = build(graph, lowered, source, target)
+                file.keep()
+                cache.store_whole(key, built.manifest(), *[[_spec_json(s) for s in specs] for specs in whole[1:]],
+                                  weights_sum())
+    with stage("load"):   # the blob lowering filled (whole: the cache file's pages), not copied
         return _native_module(built.manifest(), [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
                               lowered.weights)
 

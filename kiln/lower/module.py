@@ -218,12 +218,13 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
     return LoweredGroups(kernels, funcs, steps, alias, share, out_params, str_consts)
 
 
-def plan_memory(graph: Graph, lowered: LoweredGroups) -> MemoryPlan:
+def plan_memory(graph: Graph, lowered: LoweredGroups, alloc=None) -> MemoryPlan:
     """Constants into one weights blob; every intermediate value and scratch output into one
     workspace arena, by liveness over the steps (in place where a kernel may overwrite a dead
-    input). Inputs, constants and values written straight into output params need none."""
+    input). Inputs, constants and values written straight into output params need none.
+    `alloc(nbytes)`: where the blob is made (zeroed uint8; default: memory)."""
     steps, alias = lowered.steps, lowered.alias
-    weights, offsets = weights_blob(lowered)
+    weights, offsets = weights_blob(lowered, alloc)
     first, last, size = lifetimes(graph, lowered, _nbytes, lambda b: b.nbytes)
 
     def root_id(v):
@@ -237,8 +238,9 @@ def plan_memory(graph: Graph, lowered: LoweredGroups) -> MemoryPlan:
     return MemoryPlan(weights, offsets, arena)
 
 
-def weights_blob(lowered: LoweredGroups) -> tuple[np.ndarray, dict[int, int]]:
-    """Every constant the steps read, in one uint8 blob: (blob, value id -> byte offset)."""
+def weights_blob(lowered: LoweredGroups, alloc=None) -> tuple[np.ndarray, dict[int, int]]:
+    """Every constant the steps read, in one uint8 blob: (blob, value id -> byte offset).
+    `alloc(nbytes)` makes the zeroed blob (the module cache's file: written once, in place)."""
     steps, str_consts = lowered.steps, lowered.str_consts
     offsets, consts, size = {}, [], 0
     for st in steps:
@@ -252,10 +254,14 @@ def weights_blob(lowered: LoweredGroups) -> tuple[np.ndarray, dict[int, int]]:
                 size = _align(size + a.const.nbytes)
     # each constant copied once into its place (appending to a bytearray copied a model's
     # weights four times: 0.5 s of a 90 MB encoder's compile)
-    blob = np.zeros(max(size, ALIGN), np.uint8)
+    blob = (alloc or _zeros)(max(size, ALIGN))
     for offset, c in consts:
         blob[offset:offset + c.nbytes] = np.ascontiguousarray(c).reshape(-1).view(np.uint8)
     return blob, offsets
+
+
+def _zeros(nbytes: int) -> np.ndarray:
+    return np.zeros(nbytes, np.uint8)
 
 
 def lifetimes(graph: Graph, lowered: LoweredGroups, value_bytes, buffer_bytes) -> tuple[dict, dict, dict]:
