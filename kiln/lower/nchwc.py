@@ -96,7 +96,14 @@ VECTOR_REGISTERS = {64: 32, 32: 16, 16: 16}    # x86 vector registers by vector 
 # the register tile's decisions (kiln.lower.decisions), picked by plan_tile's heuristic
 NCHWC_REG_W = declare("nchwc.reg_w", Ints(1), None, "output columns of one register tile")
 NCHWC_OC_V = declare("nchwc.oc_v", Ints(1, 8), None, "channel blocks of one register tile")
-DEPTHWISE_MAX_COLUMNS = 14                     # the widest depthwise tile measured (AVX-512)
+# A tile's columns each broadcast from their own input address, and GCC keeps one integer
+# register per column's offset: past ~14 columns it spills them and reloads one per FMA (a 28x1
+# tile's inner loop reloaded 17 of its 28 offsets from the stack). No tile is wider: measured,
+# one thread on the AVX-512 Zen 4, tiles of one channel block (oc_v 1, all an output of 16
+# channels allows) 28 -> 14 columns: a 1-channel 3x3 conv on 28x28 at batch 8 34.6 -> 24.9 us,
+# 16 -> 16 3x3 on 56x56 172 -> 156 us, 32 -> 16 1x1 on 112x112 130 -> 125 us. (Depthwise tiles
+# were already capped here: the widest measured.)
+MAX_COLUMNS = 14
 
 
 def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int | None = None,
@@ -107,7 +114,8 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
     reg_w * oc_v FMAs into accumulators that stay in vector registers: at most 4 fewer
     than the register file (28 of AVX-512's 32; one of them may spill, measured no slower
     than smaller tiles, and 4x4/14x2 tiles measured 1.3x slower than 7x4 on 56- and
-    28-wide outputs). Depthwise tiles read their taps' weights from L1 (a memory operand
+    28-wide outputs), and at most MAX_COLUMNS columns (an integer register each for its
+    broadcasts' address). Depthwise tiles read their taps' weights from L1 (a memory operand
     of each FMA) rather than holding them in registers, which left AVX2 one or two
     accumulators on 7- and 14-wide outputs: a chain of dependent FMAs at the FMA's
     latency (mobilenetv2's depthwise convs 3.31 -> 2.37 ms with 7 columns instead of 1).
@@ -126,7 +134,7 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
     best = None
     for r in range(1, ow + 1):
         for v in [1] if g.depthwise else [v for v in range(1, 5) if g.ocb // g.groups % v == 0]:
-            fits = r * v <= regs - 4 and (r <= DEPTHWISE_MAX_COLUMNS or not g.depthwise)
+            fits = r * v <= regs - 4 and r <= MAX_COLUMNS
             if not fits and r > 1:
                 continue
             waste = -(-ow // r) * r / ow

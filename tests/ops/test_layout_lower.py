@@ -115,6 +115,8 @@ def test_plan_tile_fits_the_register_file():
     # depthwise: enough independent accumulators to cover the FMA latency, AVX2 too
     assert plan_tile(geom(7, 4, True), 32) == (7, 1) and plan_tile(geom(14, 4, True), 32) == (7, 1)
     assert plan_tile(geom(56, 4, True), 64) == (14, 1)
+    # one channel block: at most 14 columns (each its own address register), not 28
+    assert plan_tile(geom(28, 1), 64) == (14, 1) and plan_tile(geom(112, 1), 64) == (14, 1)
 
 
 @pytest.mark.slow
