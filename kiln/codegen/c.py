@@ -24,6 +24,7 @@ float8e8m0's round_mode); see kiln.codegen.narrow for the helpers' C.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass
@@ -32,12 +33,14 @@ import numpy as np
 
 from kiln.codegen.csource import SHARED_BEGIN, SHARED_END, c_source
 from kiln.codegen.narrow import CATALOG, helper_source
+from kiln.codegen.outline import outline
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
 from kiln.loops.expr import Expr, free_vars, substitute
 from kiln.loops.simplify import Ctx
 from kiln.loops.symbols import SERIAL_WORK
+from kiln.runtime import threads
 
 STACK_LIMIT = 16 * 1024  # bytes; larger "auto" allocations go to the heap
 # How a parallel loop's iterations go to the threads: taken in shrinking chunks (guided)
@@ -184,6 +187,9 @@ class _Emitter:
         self.unrounded: dict = {}  # C text of a rounded value -> the text before rounding
         self.lines: list = []
         self.unrolled = 0          # unrolled loops around the statement being emitted
+        self.pool = threads.impl() == "pool"   # parallel loops outlined for kiln's pool, not OpenMP
+        self.scope: dict = {}      # C name -> (type, how) of the variables in scope (kiln.codegen.outline)
+        self.outlined: list = []   # the current function's outlined loops (C lines)
 
     # -- helpers emitted on demand ------------------------------------------------
     def use(self, name: str) -> str:
@@ -414,6 +420,9 @@ class _Emitter:
             if s.kind == "vectorized" and self.unrolled and (line := self.vector_store(s, ctx, n)) is not None:
                 out(pad + line)
                 return
+            if s.kind == "parallel" and not in_par and self.pool:
+                self.outline(s, ctx, n, d, lo, ext, inner)
+                return
             if s.kind == "parallel" and not in_par and ext.op != "const":
                 # a symbolic extent (kiln.loops.symbols): serial below SERIAL_WORK iterations,
                 # decided at run time (a batch of 1 forks no threads)
@@ -429,7 +438,9 @@ class _Emitter:
             out(f"{pad}for (int64_t {v} = {self.expr(lo, ctx, n)}; {v} < {end}; ++{v}) {{")
             unrolled = s.kind == "unrolled" and ext.op == "const"
             self.unrolled += unrolled
+            self.scope[v] = ("int64_t", "value")
             self.stmt(s.body, inner, n, d + 1, in_par or s.kind == "parallel")
+            del self.scope[v]
             self.unrolled -= unrolled
             out(pad + "}")
         elif isinstance(s, S.Store):
@@ -458,7 +469,8 @@ class _Emitter:
             sized = not isinstance(b.size, Expr)     # else a symbolic size: on the heap
             if sized and (s.scope == "stack" or (s.scope == "auto" and b.nbytes <= STACK_LIMIT)):
                 out(f"{pad}{{ {t} {name}[{max(b.size, 1)}] __attribute__((aligned(64)));")
-                self.stmt(s.body, ctx, n, d + 1, in_par)
+                with self.declared(name, t + "*", "array"):
+                    self.stmt(s.body, ctx, n, d + 1, in_par)
                 out(pad + "}")
             elif not sized and s.scope == "auto":
                 # a symbolic size (kiln.loops.symbols), often a row inside a parallel loop: on
@@ -468,14 +480,18 @@ class _Emitter:
                 out(f"{pad}{{ {t} {name}_s[{fits} && ({size}) > 0 ? ({size}) : 1] __attribute__((aligned(64)));")
                 out(f"{pad}{t}* restrict {name} = {fits} ? {name}_s : ({t}*)kiln_alloc((uint64_t)({size}) * "
                     f"{b.dtype.itemsize});")
-                self._guarded(s.body, name, ctx, n, d, in_par, f"if ({name} != {name}_s) free({name}); }}")
+                with self.declared(name, t + "*", "restrict"):
+                    self._guarded(s.body, name, ctx, n, d, in_par, f"if ({name} != {name}_s) free({name}); }}")
             else:
                 nbytes = f"{b.nbytes}ULL" if sized else f"(uint64_t)({self.expr(ctx.simplify(b.nbytes), ctx, n)})"
                 out(f"{pad}{{ {t}* restrict {name} = ({t}*)kiln_alloc({nbytes});")
-                self._guarded(s.body, name, ctx, n, d, in_par, f"free({name}); }}")
+                with self.declared(name, t + "*", "restrict"):
+                    self._guarded(s.body, name, ctx, n, d, in_par, f"free({name}); }}")
         elif isinstance(s, S.Let):
-            out(f"{pad}{{ const {vtype(s.var.dtype)} {n(s.var, s.var.arg.name, 'v')} = {self.expr(s.value, ctx, n)};")
-            self.stmt(s.body, ctx, n, d + 1, in_par)
+            name = n(s.var, s.var.arg.name, 'v')
+            out(f"{pad}{{ const {vtype(s.var.dtype)} {name} = {self.expr(s.value, ctx, n)};")
+            with self.declared(name, vtype(s.var.dtype), "value"):
+                self.stmt(s.body, ctx, n, d + 1, in_par)
             out(pad + "}")
         elif isinstance(s, S.Evaluate):
             out(f"{pad}(void){self.expr(s.expr, ctx, n)};")
@@ -486,6 +502,32 @@ class _Emitter:
             self.calls += 1
         else:
             raise KilnError(f"cannot emit statement {type(s).__name__}", stage="codegen")
+
+    @contextlib.contextmanager
+    def declared(self, name: str, ctype_: str, how: str):
+        """`name` (C type `ctype_`, `how`: kiln.codegen.outline) is in scope for the statements inside."""
+        self.scope[name] = (ctype_, how)
+        try:
+            yield
+        finally:
+            del self.scope[name]
+
+    def outline(self, s: S.For, ctx: Ctx, n: _Names, d: int, lo: Expr, ext: Expr, inner: Ctx) -> None:
+        """Parallel loop `s` run by kiln's pool: its body outlined (kiln.codegen.outline)."""
+        pad, out = "  " * d, self.lines.append
+        fn = f"{self.symbol}_par{len(self.outlined)}"
+        v = n(s.var, s.var.arg.name, "v")
+        saved, self.lines = self.lines, [f"  for (int64_t {v} = kiln_lo; {v} < kiln_hi; ++{v}) {{"]
+        self.stmt(s.body, inner, n, 2, True)
+        body, self.lines = self.lines + ["  }"], saved
+        made = outline(fn, body, self.scope)
+        self.outlined += made.definition
+        start, end = self.expr(lo, ctx, n), self.expr(ctx.simplify(lo + ext), ctx, n)
+        out(f"{pad}{{ {made.struct} kiln_c = {made.init};")
+        run = f"kiln_pool_for({fn}, &kiln_c, {start}, {end});"
+        if ext.op != "const":   # a symbolic extent: serial below SERIAL_WORK iterations (decided at run time)
+            run = f"if ({self.expr(ctx.simplify(_work(s)), ctx, n)} >= {SERIAL_WORK}) {run} else {fn}(&kiln_c, {start}, {end});"
+        out(f"{pad}  {run} }}")
 
     def _guarded(self, body, name: str, ctx, n, d: int, in_par: bool, end: str) -> None:
         """`body` where buffer `name` was allocated (else the allocation failure), then `end`."""
@@ -523,7 +565,7 @@ class _Emitter:
 
     def func(self, f: S.PrimFunc) -> list:
         n = _Names()
-        self.lines = []
+        self.lines, self.outlined, self.symbol = [], [], func_symbol(f.name)   # (outlined loops' names)
         self.calls = 0
         self.codes = {m: k for k, m in f.errors}
         self.lines.append(self.signature(f, n) + " {")
@@ -531,12 +573,21 @@ class _Emitter:
         if self.codes:
             self.lines.append("  int32_t kiln_status = 0;")
             self.lines.append("  int64_t kiln_bad = 0;")
+        # the entry holds kiln's pool for the inference: its threads spin only meanwhile
+        entry = self.pool and f.name == self.module.entry
+        if entry:
+            self.lines.append("  kiln_pool_enter();")
+        written, restrict = S.written_buffers(f.body), "restrict" if f.noalias else "pointer"
+        self.scope = {n(p, p.name, "b"): (f"{'' if p in written else 'const '}{ctype(p.dtype)}*", restrict)
+                      for p in f.params}
         self.stmt(f.body, Ctx(), n, 1, False)
+        if entry:
+            self.lines.append("  kiln_pool_leave();")
         if self.codes:
             self.lines.append("  if (kiln_status != 0) { kiln_err_value = kiln_bad; return kiln_status; }")
         self.lines.append("  return -kiln_failed;")
         self.lines.append("}")
-        return self.lines
+        return self.outlined + self.lines
 
 
 class _NotVector(Exception):
@@ -626,7 +677,8 @@ def _emit(module: S.LoopModule, split_shared: bool = False) -> tuple[str, list[s
     shared: dict[str, None] = {}
     if split_shared:
         preambles = dict.fromkeys(_lift_shared(p, shared) for p in preambles)
-    header = "\n".join([PRELUDE, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
+    pool = [c_source("kiln_pool.h")] if em.pool else []
+    header = "\n".join([PRELUDE, *pool, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
                         FUNCTIONS])
     return header, ["\n".join(b) + "\n" for b in bodies], [shared_unit(block) for block in shared]
 

@@ -21,10 +21,22 @@ processes and not others; GOMP_SPINCOUNT=2000 the same); bound (OMP_PROC_BIND=sp
 OMP_PLACES=cores) libgomp pins the calling thread, and every thread it creates later inherits
 that one core (ONNX Runtime's pools made after kiln's first kernel ran 2.6x slower).
 
-So kiln's threads sleep between kernels unless the user says otherwise (either variable
-set: kiln sets neither), and the compiler counts the wake-up: the Target records the
+So kiln's OpenMP threads sleep between kernels unless the user says otherwise (either
+variable set: kiln sets neither), and the compiler counts the wake-up: the Target records the
 settings in force (`wait_settings`) and when forking pays follows from `fork_us`
 (kiln.lower.nnutil.parallel_worth).
+
+kiln's own pool (KILN_THREADS_IMPL=pool; kiln/codegen/c_src/kiln_pool.h, the loops outlined by
+kiln.codegen.outline) gets the spinning figures without their costs: its workers spin only
+while the model's entry runs (and at most KILN_POOL_SPIN_US, 100 us, without work), sleep on a
+futex between inferences, change no thread's affinity, and a parallel loop's chunks are
+claimed by the calling thread too, so the caller never waits for a worker to wake or be
+scheduled: on a loaded machine it does the work alone instead of waiting. Workers: the OpenMP
+thread count minus one. `python benchmarks/fork_cost.py` (empty 2-chunk loop, load 9, the same
+minutes): pool 0.6-1.3 us median per fork and join (p90 0.9-12, p99 2-25), PASSIVE 8-11 us
+(p90 10-15), GOMP_SPINCOUNT=30000 3-8000 us; a loop of 8 x 36 us chunks (load 9, two threads
+but no free core): pool 36 us as one thread, PASSIVE OpenMP 47 us. Hand-written kernels
+(Winograd, flash attention, the recurrent ones) still fork libgomp's sleeping team.
 """
 
 from __future__ import annotations
@@ -38,6 +50,24 @@ SPINCOUNT = ""   # GOMP_SPINCOUNT kiln sets ("": none; the threads sleep at once
 # (batch 8) took 33 us forked against 19 us serial (load 12), so 20.
 FORK_US_SPINNING = 2.0
 FORK_US_SLEEPING = 20.0
+
+
+IMPLS = ("omp", "pool")
+IMPL_DEFAULT = "omp"
+# What a fork and join costs with kiln's pool inside an inference (the caller never waits for a
+# worker to start: 0.6-1.3 us median in fork_cost.py at load 9), with a margin
+FORK_US_POOL = 2.0
+
+
+def impl(env: Mapping[str, str] | None = None) -> str:
+    """Which threads run the generated code's parallel loops: "omp" (OpenMP's team, libgomp)
+    or "pool" (kiln's pool, kiln/codegen/c_src/kiln_pool.h): $KILN_THREADS_IMPL, else IMPL_DEFAULT."""
+    env = os.environ if env is None else env
+    value = env.get("KILN_THREADS_IMPL", "").strip().lower() or IMPL_DEFAULT
+    if value not in IMPLS:
+        from kiln.errors import KilnError
+        raise KilnError(f"KILN_THREADS_IMPL={value!r}: choose one of {', '.join(IMPLS)}")
+    return value
 
 
 def wait_settings(env: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -70,6 +100,8 @@ def spins(policy: str, spincount: str) -> bool:
     return policy != "PASSIVE"
 
 
-def fork_us(policy: str, spincount: str) -> float:
+def fork_us(policy: str, spincount: str, threads_impl: str = "omp") -> float:
     """The cost of a fork and join under these settings, in microseconds."""
+    if threads_impl == "pool":
+        return FORK_US_POOL
     return FORK_US_SPINNING if spins(policy, spincount) else FORK_US_SLEEPING

@@ -74,15 +74,14 @@ class Target:
     # the threads sleep between kernels)
     omp_wait_policy: str = threads.wait_settings({})[0]
     omp_spincount: str = threads.wait_settings({})[1]
+    threads_impl: str = threads.IMPL_DEFAULT   # who runs parallel loops: "omp" or kiln's "pool"
 
     # -- made from ... ----------------------------------------------------------------
     @staticmethod
-    @functools.lru_cache(maxsize=1)
     def host() -> "Target":
-        """The machine running this process (cached: it does not change under us)."""
-        l1, l2, l3 = host_caches()
-        return Target("host", platform.machine().lower(), frozenset(cpu_features()), "native",
-                      host_cores(), l1, l2, l3, *threads.wait_settings())
+        """The machine running this process (cached: it does not change under us), with the
+        threads implementation $KILN_THREADS_IMPL names now."""
+        return _host(threads.impl())
 
     @staticmethod
     def named(name: str, **override) -> "Target":
@@ -93,7 +92,8 @@ class Target:
         if name not in NAMED:
             raise KilnError(f"unknown CPU {name!r}; choose host or one of {', '.join(sorted(NAMED))}")
         arch, feats, l1, l2, l3 = NAMED[name]
-        t = Target(name, arch, frozenset(interesting(feats)), name, host_cores(), l1, l2, l3)
+        t = Target(name, arch, frozenset(interesting(feats)), name, host_cores(), l1, l2, l3,
+                   threads_impl=threads.impl())
         return dataclasses.replace(t, **override) if override else t
 
     @staticmethod
@@ -136,7 +136,7 @@ class Target:
     @property
     def fork_us(self) -> float:
         """What forking a parallel kernel (and joining it) costs on this target, in us."""
-        return threads.fork_us(self.omp_wait_policy, self.omp_spincount)
+        return threads.fork_us(self.omp_wait_policy, self.omp_spincount, self.threads_impl)
 
     def arch_flags(self) -> list[str]:
         """The C compiler flags that pick this CPU: -march, and on x86 the vector width the
@@ -153,7 +153,8 @@ class Target:
         the module cache key and of tuning records."""
         return (f"{self.arch};march={self.march};features={','.join(sorted(self.features))};"
                 f"cores={self.cores};cache={self.l1d_bytes},{self.l2_bytes},{self.l3_bytes};"
-                f"omp={self.omp_wait_policy},{self.omp_spincount}")
+                f"omp={self.omp_wait_policy},{self.omp_spincount}"
+                + (f";threads={self.threads_impl}" if self.threads_impl != "omp" else ""))
 
     def describe(self) -> str:
         return (f"{self.name} ({self.arch}, -march={self.march}, {self.vector_bytes * 8}-bit vectors, "
@@ -161,6 +162,13 @@ class Target:
 
 
 # -- host queries: the only ones in the compiler -------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _host(threads_impl: str) -> Target:
+    l1, l2, l3 = host_caches()
+    return Target("host", platform.machine().lower(), frozenset(cpu_features()), "native",
+                  host_cores(), l1, l2, l3, *threads.wait_settings(), threads_impl)
+
+
 def host_cores() -> int:
     """Hardware threads of this machine (also the default thread count of kiln's tools)."""
     return os.cpu_count() or 1

@@ -60,3 +60,18 @@ def test_targets_record_the_settings_in_their_key():
     spinning = Target.named("x86-64-v3", omp_spincount="2000")
     assert spinning.threads_spin and spinning.fork_us == threads.FORK_US_SPINNING
     assert named.key() != spinning.key()
+
+
+def test_the_threads_implementation_is_chosen_by_env_and_enters_the_key(monkeypatch):
+    from kiln.errors import KilnError
+    assert threads.impl({}) == threads.IMPL_DEFAULT
+    assert threads.impl({"KILN_THREADS_IMPL": "Pool"}) == "pool"
+    with pytest.raises(KilnError, match="KILN_THREADS_IMPL"):
+        threads.impl({"KILN_THREADS_IMPL": "tbb"})
+    monkeypatch.setenv("KILN_THREADS_IMPL", "omp")
+    omp = Target.host()
+    monkeypatch.setenv("KILN_THREADS_IMPL", "pool")
+    pool = Target.host()
+    assert (omp.threads_impl, pool.threads_impl) == ("omp", "pool")
+    assert omp.key() != pool.key() and pool.fork_us == threads.FORK_US_POOL < omp.fork_us
+    assert Target.named("x86-64-v3").threads_impl == "pool"

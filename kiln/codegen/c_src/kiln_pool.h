@@ -1,0 +1,227 @@
+/* kiln's thread pool (kiln.runtime.threads, KILN_THREADS_IMPL=pool): fork/join for the
+   generated code's parallel loops, with threads that spin only inside an inference.
+
+   - The model's entry marks the pool active (kiln_pool_enter) and inactive (kiln_pool_leave).
+     While active, idle workers spin on the job word (a pause, and sched_yield every few
+     microseconds so a worker sharing a core with the thread it waits for hands the core
+     over), for at most KILN_POOL_SPIN_US without work; then, and between inferences, they
+     sleep on a futex and cost nothing.
+   - A parallel loop is cut into contiguous chunks (a few per thread) claimed from one atomic
+     word; the calling thread claims chunks too, and the join waits only for chunks that were
+     claimed and are not finished. A worker that is late (asleep, descheduled on a loaded
+     machine) leaves its chunks to the caller: the caller never waits for a worker to start.
+   - No thread's affinity is changed. Workers: the OpenMP thread count (OMP_NUM_THREADS,
+     omp_get_max_threads) minus one, created at the first parallel loop; one thread: none.
+   - One pool per library (weak hidden symbols: one copy whatever the translation units).
+     One thread at a time holds it (a try-lock at the entry); another thread running the same
+     library meanwhile runs its loops inline. Loops inside a chunk run inline. The workers are
+     joined when the library is unloaded, and forgotten in a fork()ed child (made again there).
+   The job word: generation (32 bits) | chunks (16) | next chunk (16); a chunk is claimed by a
+   compare-and-swap on it, so a worker never runs a chunk of a job other than the one it read. */
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+#include <limits.h>
+#if defined(__linux__)
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifndef KILN_POOL_H
+#define KILN_POOL_H
+#define KILN_POOL_MAX 256          /* workers at most */
+#define KILN_POOL_CHUNKS 4         /* chunks per thread in a parallel loop */
+typedef void (*kiln_pool_fn)(void* ctx, int64_t lo, int64_t hi);
+typedef struct {
+  uint64_t word __attribute__((aligned(64)));  /* gen | chunks | next */
+  int64_t done __attribute__((aligned(64)));   /* chunks of the current job finished */
+  kiln_pool_fn fn; void* ctx; int64_t lo, n;   /* the current job (written before `word`) */
+  uint32_t active __attribute__((aligned(64))); /* 1 inside an inference: idle workers spin */
+  uint32_t wake;                               /* futex word: bumped to wake sleepers */
+  int32_t sleepers, stop, owner, state;        /* state: 0 none, 1 starting, 2 running */
+  int32_t nworkers; int64_t spin_ns; uint32_t gen;
+  pthread_t threads[KILN_POOL_MAX];
+} kiln_pool_t;
+#pragma GCC visibility push(hidden)
+__attribute__((weak)) kiln_pool_t kiln_pool;
+__attribute__((weak)) __thread int32_t kiln_pool_depth = 0;   /* entries on this thread */
+__attribute__((weak)) __thread int32_t kiln_pool_held = 0;    /* this thread holds the pool */
+__attribute__((weak)) __thread int32_t kiln_pool_inline = 0;  /* in a chunk (or a worker): loops run inline */
+
+static inline void kiln_pool_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+static inline int64_t kiln_pool_now(void) {
+  struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+static inline void kiln_pool_sleep(uint32_t* word, uint32_t seen) {
+#if defined(__linux__)
+  syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, seen, (void*)0, (void*)0, 0);
+#else
+  if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) { struct timespec t = {0, 50000}; nanosleep(&t, 0); }
+#endif
+}
+static inline void kiln_pool_wake_all(kiln_pool_t* p) {
+  __atomic_fetch_add(&p->wake, 1, __ATOMIC_SEQ_CST);
+#if defined(__linux__)
+  syscall(SYS_futex, &p->wake, FUTEX_WAKE_PRIVATE, INT_MAX, (void*)0, (void*)0, 0);
+#endif
+}
+static inline int kiln_pool_open(uint64_t w) { return (w & 0xFFFF) < ((w >> 16) & 0xFFFF); }
+
+/* Claims and runs chunks of the job `w` was read from, until none is left. */
+__attribute__((weak)) void kiln_pool_run(kiln_pool_t* p, uint64_t w) {
+  const uint64_t gen = w >> 32;
+  while ((w >> 32) == gen && kiln_pool_open(w)) {
+    kiln_pool_fn fn = __atomic_load_n(&p->fn, __ATOMIC_RELAXED);
+    void* ctx = __atomic_load_n(&p->ctx, __ATOMIC_RELAXED);
+    int64_t lo = __atomic_load_n(&p->lo, __ATOMIC_RELAXED), n = __atomic_load_n(&p->n, __ATOMIC_RELAXED);
+    if (!__atomic_compare_exchange_n(&p->word, &w, w + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+    int64_t k = (int64_t)(w & 0xFFFF), m = (int64_t)((w >> 16) & 0xFFFF);
+    fn(ctx, lo + n / m * k + (n % m) * k / m, lo + n / m * (k + 1) + (n % m) * (k + 1) / m);
+    __atomic_fetch_add(&p->done, 1, __ATOMIC_RELEASE);
+    w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
+  }
+}
+
+__attribute__((weak)) void* kiln_pool_worker(void* arg) {
+  kiln_pool_t* p = (kiln_pool_t*)arg;
+  kiln_pool_inline = 1;
+  int64_t idle_since = kiln_pool_now();
+  for (uint32_t k = 1;; ++k) {
+    uint64_t w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
+    if (kiln_pool_open(w)) { kiln_pool_run(p, w); idle_since = kiln_pool_now(); continue; }
+    if (__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) return 0;
+    if (__atomic_load_n(&p->active, __ATOMIC_RELAXED)) {
+      kiln_pool_pause();
+      if (k % 16 == 0) {
+        sched_yield();   /* hands the core over to a thread that shares it (the caller, say) */
+        if (kiln_pool_now() - idle_since < p->spin_ns) continue;
+      } else {
+        continue;
+      }
+    }
+    /* sleep: inactive, or no work for spin_ns */
+    uint32_t seen = __atomic_load_n(&p->wake, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&p->sleepers, 1, __ATOMIC_SEQ_CST);
+    w = __atomic_load_n(&p->word, __ATOMIC_SEQ_CST);
+    if (!kiln_pool_open(w) && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST))
+      kiln_pool_sleep(&p->wake, seen);
+    __atomic_fetch_sub(&p->sleepers, 1, __ATOMIC_SEQ_CST);
+    idle_since = kiln_pool_now();
+  }
+}
+
+/* Stops and joins the workers (idempotent: every unit's destructor entry calls it). */
+__attribute__((weak)) void kiln_pool_stop(void) {
+  kiln_pool_t* p = &kiln_pool;
+  int32_t running = 2;
+  if (!__atomic_compare_exchange_n(&p->state, &running, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+  __atomic_store_n(&p->stop, 1, __ATOMIC_SEQ_CST);
+  kiln_pool_wake_all(p);
+  for (int32_t i = 0; i < p->nworkers; ++i) pthread_join(p->threads[i], 0);
+  p->nworkers = 0;
+  __atomic_store_n(&p->stop, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->state, 0, __ATOMIC_RELEASE);
+}
+__attribute__((weak, destructor)) void kiln_pool_unload(void) { kiln_pool_stop(); }
+/* a fork()ed child has none of the parent's workers (and no other thread holds the pool) */
+__attribute__((weak)) void kiln_pool_forked(void) {
+  kiln_pool_t* p = &kiln_pool;
+  p->nworkers = 0; p->state = 0; p->stop = 0; p->sleepers = 0; p->owner = 0; p->active = 0;
+  kiln_pool_depth = 0; kiln_pool_held = 0; kiln_pool_inline = 0;
+}
+
+/* Starts the workers (by the thread holding the pool). */
+__attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
+  if (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == 2) return;
+  static int32_t atfork = 0;   /* per unit: harmless if several register (each resets the same pool) */
+  if (!__atomic_exchange_n(&atfork, 1, __ATOMIC_ACQ_REL)) pthread_atfork(0, 0, kiln_pool_forked);
+#ifdef _OPENMP
+  int64_t threads = omp_get_max_threads();
+#else
+  int64_t threads = 1;
+  const char* env = getenv("OMP_NUM_THREADS");
+  if (env && atoi(env) > 0) threads = atoi(env);
+#endif
+  const char* spin = getenv("KILN_POOL_SPIN_US");
+  p->spin_ns = (spin && atoi(spin) >= 0 ? atoi(spin) : 100) * (int64_t)1000;
+  int32_t want = threads - 1 < 0 ? 0 : threads - 1 > KILN_POOL_MAX ? KILN_POOL_MAX : (int32_t)(threads - 1);
+  p->nworkers = 0;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  for (int32_t i = 0; i < want; ++i) {
+    if (pthread_create(&p->threads[i], &attr, kiln_pool_worker, p) != 0) break;   /* fewer workers */
+    p->nworkers = i + 1;
+  }
+  pthread_attr_destroy(&attr);
+  __atomic_store_n(&p->state, 2, __ATOMIC_RELEASE);
+}
+
+/* The model's entry: take the pool for this inference (or run loops inline if another thread has it). */
+__attribute__((weak)) void kiln_pool_enter(void) {
+  if (kiln_pool_depth++ > 0 || kiln_pool_inline) return;
+  kiln_pool_t* p = &kiln_pool;
+  int32_t free_ = 0;
+  if (!__atomic_compare_exchange_n(&p->owner, &free_, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+  kiln_pool_held = 1;
+  if (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) != 2) return;   /* started at the first parallel loop */
+  __atomic_store_n(&p->active, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0) kiln_pool_wake_all(p);   /* spin from now on */
+}
+__attribute__((weak)) void kiln_pool_leave(void) {
+  if (--kiln_pool_depth > 0 || !kiln_pool_held) return;
+  kiln_pool_t* p = &kiln_pool;
+  __atomic_store_n(&p->active, 0, __ATOMIC_SEQ_CST);
+  kiln_pool_held = 0;
+  __atomic_store_n(&p->owner, 0, __ATOMIC_RELEASE);
+}
+
+/* Runs fn(ctx, a, b) over [lo, hi) cut in chunks, on the workers and this thread. */
+__attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo, int64_t hi) {
+  int64_t n = hi - lo;
+  if (n <= 0) return;
+  if (n == 1 || kiln_pool_inline) { fn(ctx, lo, hi); return; }
+  int32_t alone = kiln_pool_depth == 0;   /* a kernel called by itself: hold the pool for this loop */
+  if (alone) kiln_pool_enter();
+  kiln_pool_t* p = &kiln_pool;
+  if (kiln_pool_held && __atomic_load_n(&p->state, __ATOMIC_ACQUIRE) != 2) {
+    kiln_pool_start(p);
+    __atomic_store_n(&p->active, 1, __ATOMIC_SEQ_CST);
+  }
+  if (!kiln_pool_held || p->nworkers == 0) {
+    kiln_pool_inline = 1; fn(ctx, lo, hi); kiln_pool_inline = 0;
+    if (alone) kiln_pool_leave();
+    return;
+  }
+  int64_t most = (int64_t)KILN_POOL_CHUNKS * (p->nworkers + 1);
+  uint64_t m = (uint64_t)(n < most ? n : most);
+  if (m > 0xFFFF) m = 0xFFFF;
+  __atomic_store_n(&p->fn, fn, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->ctx, ctx, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->lo, lo, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->n, n, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->done, 0, __ATOMIC_RELAXED);
+  p->gen += 1;
+  uint64_t w = ((uint64_t)p->gen << 32) | (m << 16);
+  __atomic_store_n(&p->word, w, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0) kiln_pool_wake_all(p);
+  kiln_pool_inline = 1;
+  kiln_pool_run(p, w);
+  kiln_pool_inline = 0;
+  for (uint32_t k = 1; __atomic_load_n(&p->done, __ATOMIC_ACQUIRE) < (int64_t)m; ++k) {
+    kiln_pool_pause();
+    if (k % 64 == 0) sched_yield();   /* the worker finishing the last chunk may share this core */
+  }
+  if (alone) kiln_pool_leave();
+}
+#pragma GCC visibility pop
+#endif

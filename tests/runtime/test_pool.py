@@ -1,0 +1,283 @@
+"""kiln's thread pool (kiln/codegen/c_src/kiln_pool.h, KILN_THREADS_IMPL=pool): every
+iteration of a parallel loop runs exactly once whatever the chunking and the thread count,
+loops inside a chunk and a second thread's loops run inline, the workers survive many tiny
+loops, an unload joins them, and generated models give the reference's numbers run from
+several Python threads at once."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from kiln.codegen.build import compile_c
+from kiln.codegen.c import PRELUDE
+from kiln.codegen.csource import c_source
+from kiln.targets.target import Target
+
+HARNESS = r"""
+#include <sched.h>
+typedef struct { int32_t* hits; int64_t n; int32_t nested; } job_t;
+static void mark(void* c_, int64_t lo, int64_t hi) {
+  job_t* c = (job_t*)c_;
+  for (int64_t i = lo; i < hi; ++i) __atomic_fetch_add(&c->hits[i], 1, __ATOMIC_RELAXED);
+  if (c->nested) {   /* a loop inside a chunk: runs inline on this thread */
+    job_t inner = { c->hits + c->n, c->n, 0 };
+    kiln_pool_for(mark, &inner, lo, hi);
+  }
+}
+/* `loops` parallel loops over [0, n) (nested: each chunk runs one more over its range),
+   inside one "inference" (entered) or each loop by itself; hits counts each index */
+int32_t pool_loops(int32_t* hits, int64_t n, int64_t loops, int32_t nested, int32_t entered) {
+  job_t c = { hits, n, nested };
+  if (entered) kiln_pool_enter();
+  for (int64_t r = 0; r < loops; ++r) kiln_pool_for(mark, &c, 0, n);
+  if (entered) kiln_pool_leave();
+  return 0;
+}
+/* 8 chunks of 2 ms each (sleeping, so a worker gets a core even on a busy machine):
+   how many distinct threads ran them */
+static pthread_t ran[8];
+static void slow(void* c_, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) { ran[i] = pthread_self(); struct timespec t = {0, 2000000}; nanosleep(&t, 0); }
+}
+int32_t pool_distinct(void) {
+  kiln_pool_enter();
+  kiln_pool_for(slow, 0, 0, 8);
+  kiln_pool_leave();
+  int32_t distinct = 0;
+  for (int i = 0; i < 8; ++i) {
+    int seen = 0;
+    for (int j = 0; j < i; ++j) seen |= pthread_equal(ran[i], ran[j]);
+    distinct += !seen;
+  }
+  return distinct;
+}
+/* the pool made again with `threads` threads (its workers joined first) */
+int32_t pool_threads(int32_t threads) {
+  kiln_pool_stop();
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#endif
+  return 0;
+}
+int32_t pool_workers(void) { return kiln_pool.nworkers; }
+/* a second thread holding the pool: the caller's loops then run inline */
+static void* hold(void* arg) { kiln_pool_enter(); __atomic_store_n((int32_t*)arg, 1, __ATOMIC_SEQ_CST);
+  while (__atomic_load_n((int32_t*)arg, __ATOMIC_SEQ_CST) == 1) sched_yield(); kiln_pool_leave(); return 0; }
+int32_t pool_busy(int32_t* hits, int64_t n, int64_t* workers_used) {
+  int32_t flag = 0; pthread_t t;
+  pthread_create(&t, 0, hold, &flag);
+  while (__atomic_load_n(&flag, __ATOMIC_SEQ_CST) == 0) sched_yield();
+  job_t c = { hits, n, 0 };
+  kiln_pool_enter();
+  *workers_used = kiln_pool_held;
+  kiln_pool_for(mark, &c, 0, n);
+  kiln_pool_leave();
+  __atomic_store_n(&flag, 2, __ATOMIC_SEQ_CST);
+  pthread_join(t, 0);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib():
+    path = compile_c(PRELUDE + "\n" + c_source("kiln_pool.h") + HARNESS, Target.host())
+    lib = ctypes.CDLL(str(path))
+    lib.pool_loops.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32]
+    lib.pool_busy.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    yield lib
+    lib.pool_threads(2)
+
+
+def _loops(lib, n, loops=1, nested=False, entered=True):
+    hits = np.zeros(2 * max(n, 1), np.int32)
+    lib.pool_loops(hits.ctypes.data, n, loops, int(nested), int(entered))
+    return hits
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 7, 64, 1000, 70001])
+def test_every_iteration_runs_once(lib, threads, n):
+    lib.pool_threads(threads)
+    hits = _loops(lib, n, loops=3)
+    assert (hits[:n] == 3).all() and (hits[n:] == 0).all()
+    assert lib.pool_workers() == (threads - 1 if n > 1 else lib.pool_workers())
+
+
+@pytest.mark.parametrize("entered", [True, False])
+def test_many_tiny_loops(lib, entered):
+    """20000 loops of 2-5 iterations: no chunk lost or run twice, no hang at a join."""
+    lib.pool_threads(3)
+    for n in (2, 3, 5):
+        hits = _loops(lib, n, loops=20000 if entered else 2000, entered=entered)
+        assert (hits[:n] == (20000 if entered else 2000)).all()
+
+
+def test_the_workers_take_chunks(lib):
+    lib.pool_threads(3)
+    assert lib.pool_distinct() >= 2
+    lib.pool_threads(1)
+    assert lib.pool_distinct() == 1
+
+
+def test_loops_inside_a_chunk_run_inline(lib):
+    lib.pool_threads(3)
+    hits = _loops(lib, 50, loops=10, nested=True)
+    assert (hits == 10).all()
+
+
+def test_a_second_thread_runs_its_loops_inline_while_the_pool_is_held(lib):
+    lib.pool_threads(2)
+    hits, held = np.zeros(100, np.int32), np.zeros(1, np.int64)
+    lib.pool_busy(hits.ctypes.data, 100, held.ctypes.data)
+    assert held[0] == 0 and (hits == 1).all()
+
+
+def test_python_threads_share_one_pool(lib):
+    lib.pool_threads(3)
+    errors = []
+
+    def work():
+        for _ in range(50):
+            hits = _loops(lib, 37, loops=20)
+            if not (hits[:37] == 20).all():
+                errors.append(hits)
+    ts = [threading.Thread(target=work) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+
+
+UNLOAD = r"""
+import ctypes, _ctypes, os, sys
+path = sys.argv[1]
+for i in range(30):
+    lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+    lib.pool_loops.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32]
+    buf = (ctypes.c_int32 * 200)()
+    lib.pool_loops(ctypes.addressof(buf), 100, 50, 0, i % 2)
+    assert all(buf[k] == 50 for k in range(100)), i
+    handle = lib._handle
+    del lib
+    _ctypes.dlclose(handle)   # the destructor joins the workers before the code goes away
+lib = ctypes.CDLL(path)
+lib.pool_loops.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32]
+buf = (ctypes.c_int32 * 200)()
+lib.pool_loops(ctypes.addressof(buf), 100, 5, 0, 1)   # workers running when the process forks
+pid = os.fork()
+if pid == 0:   # a forked child makes its own workers
+    buf = (ctypes.c_int32 * 200)()
+    lib.pool_loops(ctypes.addressof(buf), 100, 50, 0, 1)
+    os._exit(0 if all(buf[k] == 50 for k in range(100)) else 3)
+_, status = os.waitpid(pid, 0)
+print("ok", status)
+"""
+
+
+def test_unload_and_fork(lib, tmp_path):
+    """A library unloaded with its workers started, 30 times, then a fork()ed child: no crash
+    or hang (the child makes its workers again)."""
+    path = compile_c(PRELUDE + "\n" + c_source("kiln_pool.h") + HARNESS, Target.host())
+    out = subprocess.run([sys.executable, "-c", UNLOAD, str(path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "3"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "0"]
+
+
+# -- generated models on the pool ------------------------------------------------------------
+
+def _mlp(seed: int, batch: int = 64, width: int = 96):
+    """x[batch, width] -> Relu(x @ W1 + b1) @ W2: GEMMs big enough to run in parallel."""
+    import onnx
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    w1, w2 = (rng.standard_normal((width, width)).astype(np.float32) / 8 for _ in range(2))
+    b1 = rng.standard_normal(width).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    io = lambda name: helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [batch, width])  # noqa: E731
+    graph = helper.make_graph(nodes, "mlp", [io("x")], [io("y")],
+                              [numpy_helper.from_array(a, k) for a, k in ((w1, "w1"), (w2, "w2"), (b1, "b1"))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, (lambda x: np.maximum(x @ w1 + b1, 0) @ w2)
+
+
+@pytest.fixture
+def pool_env(monkeypatch):
+    monkeypatch.setenv("KILN_THREADS_IMPL", "pool")
+
+
+def test_generated_parallel_loops_use_the_pool(pool_env):
+    from kiln.compiler import run_stages
+    model, _ = _mlp(0)
+    src = run_stages(model, "c").source.text
+    assert "kiln_pool_for(" in src and "kiln_pool_enter();" in src and "#pragma omp parallel" not in src
+
+
+def test_two_python_threads_run_two_models_at_once(pool_env):
+    import kiln
+    models = [_mlp(seed) for seed in (1, 2)]
+    compiled = [kiln.compile(m) for m, _ in models]
+    errors = []
+
+    def work(k):
+        rng = np.random.default_rng(k)
+        for _ in range(40):
+            x = rng.standard_normal((64, 96)).astype(np.float32)
+            for (m, ref), c in zip(models, compiled):   # both models from both threads
+                y = c(x)
+                if not np.allclose(y, ref(x), rtol=1e-4, atol=1e-4):
+                    errors.append(k)
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+
+
+def test_models_freed_and_loaded_in_a_loop(pool_env):
+    import gc
+
+    import kiln
+    model, ref = _mlp(3)
+    x = np.random.default_rng(3).standard_normal((64, 96)).astype(np.float32)
+    for _ in range(5):
+        c = kiln.compile(model)
+        np.testing.assert_allclose(c(x), ref(x), rtol=1e-4, atol=1e-4)
+        del c
+        gc.collect()
+
+
+def test_a_failed_check_inside_a_chunk_is_reported(pool_env):
+    """A run-time check failing in an outlined loop (an index out of range, seen by one chunk
+    of a parallel Gather) reaches the caller as the node's KilnError with the bad value."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    import kiln
+    from kiln.compiler import run_stages
+    data = np.random.default_rng(4).standard_normal((512, 1024)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["d", "i"], ["y"], axis=0)], "g",
+        [helper.make_tensor_value_info("i", onnx.TensorProto.INT64, [256])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [256, 1024])], [numpy_helper.from_array(data, "d")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert "kiln_fail(kiln_c->kiln_status" in run_stages(model, "c").source.text   # the check is in a chunk
+    c = kiln.compile(model)
+    idx = (np.arange(256) * 7) % 512
+    np.testing.assert_array_equal(c(idx), data[idx])
+    idx[200] = 9999
+    with pytest.raises(kiln.KilnError, match="9999"):
+        c(idx)
