@@ -49,13 +49,14 @@ def c_instance(name: str, macros: dict[str, str], guard: str) -> str:
             + c_source(name) + "".join(f"#undef {k.split('(')[0]}\n" for k in macros) + "#endif\n")
 
 
-def c_shared(name: str, macros: dict[str, str], guard: str) -> str:
+def c_shared(name: str, macros: dict[str, str], guard: str, helpers: str = "") -> str:
     """A preamble for kiln/codegen/c_src/`name`, a kernel file whose declarations come before
     the line `/* kiln: definition */` and whose definition (non-static, weak and hidden, so
     any number of units and libraries may hold it) after: the declarations instantiated
     (as c_instance), then the whole file instantiated between SHARED_BEGIN and SHARED_END.
     The emitter moves that block into a translation unit of its own (kiln.codegen.c); in one
-    whole-module text it stays where it is, still valid C."""
+    whole-module text it stays where it is, still valid C. `helpers`: text the definition needs
+    (an instantiated header's static inline functions), placed in that unit before it."""
     text = c_source(name)
     if DEFINITION not in text:
         raise KilnError(f"kiln's C source {name!r} has no {DEFINITION.strip()} line: not a shared kernel",
@@ -64,4 +65,4 @@ def c_shared(name: str, macros: dict[str, str], guard: str) -> str:
     undefs = "".join(f"#undef {k.split('(')[0]}\n" for k in macros)
     decl = text.split(DEFINITION, 1)[0]
     return (f"#ifndef {guard}_DECL\n#define {guard}_DECL\n{defs}{decl}{undefs}#endif\n"
-            f"{SHARED_BEGIN}#ifndef {guard}\n#define {guard}\n{defs}{text}{undefs}#endif\n{SHARED_END}")
+            f"{SHARED_BEGIN}#ifndef {guard}\n#define {guard}\n{helpers}{defs}{text}{undefs}#endif\n{SHARED_END}")

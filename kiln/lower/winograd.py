@@ -20,7 +20,7 @@ here, from the `Target` and the shapes:
 
 from __future__ import annotations
 
-from kiln.codegen.csource import c_shared
+from kiln.codegen.csource import c_instance, c_shared
 from kiln.dtypes import DType
 from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM
@@ -93,10 +93,19 @@ def _lower(ctx, x, u, b=None):
     # chunks planned for one image when the batch is symbolic (images are the kernel's outer loop)
     tr, ov, t, osplit = plan(n if static(n) else 1, icb, ocb, oh, ow, lanes, target)
     fn = f"kiln_winograd_f4_l{lanes}_r{tr}_o{ov}"
-    preamble = c_shared("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_L": str(lanes), "KILN_WG_TR": str(tr),
-                                         "KILN_WG_OV": str(ov)}, fn.upper())
+    gemm = gemm_instance(fn, lanes, tr, ov)
+    preamble = c_shared("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_GEMM": gemm[0], "KILN_WG_L": str(lanes),
+                                       "KILN_WG_TR": str(tr), "KILN_WG_OV": str(ov)}, fn.upper(), helpers=gemm[1])
     par = int(parallel_worth(macs(n, icb, ocb, oh, ow, lanes), target, "conv"))
     body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {c_size(n)}, {icb}, {h}, {w}, "
             f"{ocb}, {oh}, {ow}, {pads[0]}, {pads[1]}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,
                       errors={-1: "out of memory for the Winograd transform buffers"})
+
+
+def gemm_instance(fn: str, lanes: int, tr: int, ov: int) -> tuple[str, str]:
+    """(name, text) of the batched GEMM (kiln/codegen/c_src/winograd_gemm.h) that the Winograd
+    kernel `fn` (2-D or 1-D) calls, instantiated for its register tile."""
+    name = f"{fn}_gemm"
+    return name, c_instance("winograd_gemm.h", {"KILN_WGG_FN": name, "KILN_WGG_L": str(lanes),
+                                               "KILN_WGG_TR": str(tr), "KILN_WGG_OV": str(ov)}, name.upper())

@@ -14,7 +14,7 @@ from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM, tiles_1d
 from kiln.lower.context import lowering
 from kiln.lower.nnutil import parallel_worth
-from kiln.lower.winograd import register_tile
+from kiln.lower.winograd import gemm_instance, register_tile
 from kiln.ops.winograd import matrices
 from kiln.ops.winograd1d import DOMAIN, geometry, taps
 from kiln.targets.target import Target
@@ -66,8 +66,9 @@ def _lower(ctx, x, u, b=None):
     tiles = tiles_1d(n, ow, d, m)
     fn = f"kiln_winograd1d_f{m}x{r}_l{lanes}_r{tr}_o{ov}"
     at, _, bt = matrices(m, r)
-    preamble = c_instance("winograd1d.c", {
-        "KILN_WG1_FN": fn, "KILN_WG1_L": str(lanes), "KILN_WG1_M": str(m), "KILN_WG1_R": str(r),
+    gemm = gemm_instance(fn, lanes, tr, ov)
+    preamble = gemm[1] + c_instance("winograd1d.c", {
+        "KILN_WG1_FN": fn, "KILN_WG1_GEMM": gemm[0], "KILN_WG1_L": str(lanes), "KILN_WG1_M": str(m), "KILN_WG1_R": str(r),
         "KILN_WG1_TR": str(tr),
         "KILN_WG1_OV": str(ov), "KILN_WG1_AT": _c_matrix(at), "KILN_WG1_BT": _c_matrix(bt)}, fn.upper())
     work = tiles * (m + r - 1) * icb * st * lanes * ocb * lanes

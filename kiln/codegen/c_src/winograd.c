@@ -2,6 +2,7 @@
    (the op and its transform matrices: kiln.ops.winograd). Instantiated per register tile:
    define before this file
      KILN_WG_FN   the function's name
+     KILN_WG_GEMM the name of its batched GEMM (winograd_gemm.h, instantiated before it)
      KILN_WG_L    the channel block = the vector lanes (8 with AVX2, 16 with AVX-512)
      KILN_WG_TR   tiles per register block       } KILN_WG_TR * KILN_WG_OV accumulators stay
      KILN_WG_OV   channel blocks per register block } in vector registers over the input channels
@@ -108,35 +109,8 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_WG_FN(
       }
       const int64_t g0 = part * ngroup / osplit, g1 = (part + 1) * ngroup / osplit;
       for (int64_t og = g0; og < g1; ++og) {
-        /* 2. the 36 GEMMs of this group of output channel blocks */
-        for (int t = 0; t < 36; ++t) {
-          const float* ut = u + ((int64_t)t * OCB + og * OV) * IC * L;
-          const float* vt = vbuf + (int64_t)t * T * IC;
-          float* mt = mbuf + (int64_t)t * T * OV * L;
-          for (int64_t j0 = 0; j0 < T; j0 += TR) {
-            V acc[TR][OV];
-            #pragma GCC unroll 16
-            for (int r = 0; r < TR; ++r)
-              #pragma GCC unroll 8
-              for (int o = 0; o < OV; ++o) acc[r][o] = (V){0};
-            const float* vj = vt + j0 * IC;
-            for (int64_t ic = 0; ic < IC; ++ic) {
-              V wv[OV];
-              #pragma GCC unroll 8
-              for (int o = 0; o < OV; ++o) wv[o] = WG_LD(ut + (o * IC + ic) * L);
-              #pragma GCC unroll 16
-              for (int r = 0; r < TR; ++r) {
-                const float s = vj[r * IC + ic];
-                #pragma GCC unroll 8
-                for (int o = 0; o < OV; ++o) acc[r][o] += s * wv[o];
-              }
-            }
-            #pragma GCC unroll 16
-            for (int r = 0; r < TR; ++r)
-              #pragma GCC unroll 8
-              for (int o = 0; o < OV; ++o) WG_ST(mt + ((j0 + r) * OV + o) * L, acc[r][o]);
-          }
-        }
+        /* 2. the 36 GEMMs of this group of output channel blocks (winograd_gemm.h) */
+        KILN_WG_GEMM(u, vbuf, mbuf, 36, OCB, og, T, IC);
         /* 3. output transform */
         for (int64_t j = 0; j < nt; ++j) {
           const int64_t g = first + j, n = g / per_image, r = g % per_image;
