@@ -18,6 +18,7 @@ from kiln.lower import elementwise  # noqa: F401
 from kiln.lower import fused_attention  # noqa: F401
 from kiln.lower import image  # noqa: F401
 from kiln.lower import indexing  # noqa: F401
+from kiln.lower import inverted_residual  # noqa: F401
 from kiln.lower import loss  # noqa: F401
 from kiln.lower import matmul  # noqa: F401
 from kiln.lower import ml  # noqa: F401

@@ -220,3 +220,44 @@ def choose_1d(s: ConvShape, direct: Choice) -> Choice:
         f" ({st} input phases as channels: {r} taps each)" if st > 1 else ""
     return Choice("winograd", f"{k}-tap s{st}{how}, {chans}+ channels, {tiles} tiles: F({m},{r}), "
                               f"{r * m * use / (m + r - 1):.2f}x fewer multiplies")
+
+
+# ---------------------------------------------------------------- fused inverted residuals
+
+# An expand 1x1 -> depthwise -> project 1x1 chain (kiln.passes.inverted_residual) runs as one
+# kernel (kiln::InvertedResidual) or as its three convs. Fused, the expanded tensor is made a few
+# rows at a time and stays in L1/L2; unfused, it goes through memory twice, which costs where it
+# does not fit L2 (IR_MIN_L2_SHARE of it: the other tensors and the weights share L2 too).
+INVERTED_RESIDUAL = declare("conv.inverted_residual", OneOf(("fused", "unfused")), lambda target: "fused",
+                            "an expand/depthwise/project chain as one kernel or three "
+                            "(kiln.lower.conv_algo.choose_inverted_residual)")
+IR_ENV = "KILN_INVERTED_RESIDUAL"
+IR_MIN_L2_SHARE = 0.5
+
+
+def asked_inverted_residual(decisions: dict | None = None) -> str | None:
+    """"fused" / "unfused" when decisions["conv.inverted_residual"] or $KILN_INVERTED_RESIDUAL
+    asks for it, else None (the rule)."""
+    v = (decisions or {}).get(INVERTED_RESIDUAL.name) or os.environ.get(IR_ENV, "").strip() or None
+    if v == "auto":
+        v = None
+    if v is not None and v not in INVERTED_RESIDUAL.domain:
+        raise KilnError(f"illegal value {v!r} for decision {INVERTED_RESIDUAL.name!r}: it must be "
+                        f"{INVERTED_RESIDUAL.domain}", stage="schedule")
+    return v
+
+
+def choose_inverted_residual(expanded_bytes: int, target: Target, override: str | None = None) -> Choice:
+    """Fused ("inverted-residual") or not ("unfused"), and why: fused when one image's expanded
+    tensor takes more than IR_MIN_L2_SHARE of the target's L2."""
+    if override is not None:
+        return Choice("inverted-residual" if override == "fused" else "unfused",
+                      f"asked for {override} ({INVERTED_RESIDUAL.name} / {IR_ENV})")
+    budget = IR_MIN_L2_SHARE * target.l2_bytes
+    kib = expanded_bytes / 1024
+    if expanded_bytes > budget:
+        return Choice("inverted-residual", f"the expanded tensor, {kib:.0f} KiB per image, exceeds "
+                                           f"{IR_MIN_L2_SHARE} of L2 ({budget / 1024:.0f} KiB): made a few "
+                                           "rows at a time in one kernel")
+    return Choice("unfused", f"the expanded tensor, {kib:.0f} KiB per image, fits {IR_MIN_L2_SHARE} of L2 "
+                             f"({budget / 1024:.0f} KiB): three kernels")

@@ -33,6 +33,7 @@ from kiln.ops import (  # noqa: F401
     ml_preprocess,
     training,
     layout,
+    inverted_residual,
     packed,
     winograd,
     winograd1d,

@@ -7,6 +7,7 @@
     -O3  -O2 + pattern recognition (LayerNorm, RMSNorm, GELU, rotary embeddings, SiLU-gated
          MLPs placed to fuse into their GEMMs), attention fused into one kernel
          (kiln::FusedAttention, online softmax), NCHWc layout for convolutions,
+         expand/depthwise/project chains fused into one kernel (kiln::InvertedResidual),
          recurrent layers' input projections taken out of the time loop (one GEMM) and their
          recurrent weights packed, constant GEMM weights packed into panels at compile time
 
@@ -54,7 +55,7 @@ def level3() -> list[str]:
     return ["eliminate_nops", "fold_constants", "eliminate_common_subexpressions",
             "recognize_layernorm", "recognize_rmsnorm", "recognize_gelu", "recognize_rotary",
             "simplify_algebra", "sink_transposes", "recognize_swiglu", "fold_batchnorm", "conv_transpose_to_conv",
-            "matmul_add_to_gemm", "transform_layout",
+            "matmul_add_to_gemm", "transform_layout", "fuse_inverted_residual",
             "decompose_recurrent", "pack_weights", "fuse_attention", "eliminate_nops", "eliminate_dead_code"]
 
 

@@ -46,6 +46,13 @@ class CompileReport:
         found = self.findings + [f for _, fs in self.shape_findings for f in fs]
         return [f for f in found if type(f).__name__ == "ConvChoice"]
 
+    @property
+    def inverted_residuals(self) -> list[Any]:
+        """Each expand/depthwise/project chain found, fused or not and why
+        (kiln.passes.inverted_residual.InvertedResidualChoice)."""
+        found = self.findings + [f for _, fs in self.shape_findings for f in fs]
+        return [f for f in found if type(f).__name__ == "InvertedResidualChoice"]
+
     def __str__(self) -> str:
         lines = [f"kiln compile report (-O{self.opt_level})"]
         lines += [f"  {p}" for p in self.passes]

@@ -24,7 +24,8 @@ def test_levels_list_named_passes_in_order():
     two, three = passes_for(2), passes_for(3)
     assert set(passes_for(1)) < set(two) < set(three)
     assert {"recognize_layernorm", "recognize_rmsnorm", "recognize_gelu", "recognize_rotary", "recognize_swiglu",
-            "fuse_attention", "transform_layout", "decompose_recurrent", "pack_weights"} == set(three) - set(two)
+            "fuse_attention", "transform_layout", "fuse_inverted_residual", "decompose_recurrent",
+            "pack_weights"} == set(three) - set(two)
     assert all(name in PASSES for name in three)
     with pytest.raises(KilnError, match="optimization level 7"):
         passes_for(7)

@@ -1,0 +1,262 @@
+/* Fused inverted residual on the blocked layout: the kernel behind kiln.lower.inverted_residual
+   (the op and its reference: kiln.ops.inverted_residual). Instantiated per vector width and
+   register tile: define before this file
+     KILN_IR_FN   the function's name
+     KILN_IR_L    the channel block = the vector lanes (8 with AVX2, 16 with AVX-512)
+     KILN_IR_OV   channel blocks per 1x1 register tile (at most 4)
+     KILN_IR_RW<ov> for ov = 1..4: output columns of a tile of ov channel blocks (at most 14):
+                  RW<ov> * ov accumulators stay in vector registers over the input channels
+
+   y = act3(project(act2(depthwise(act1(expand(x)))))) [+ r], with
+     x  [N][ICB][H][W][L]                  the block's input
+     w1 [ECB][ICB*L][L], b1 [ECB][L]       the 1x1 expand conv (packed as ConvNCHWc's)
+     w2 [ECB][KH][KW][L], b2 [ECB][L]      the KHxKW depthwise conv, strides sh x sw, pads pt, pl
+     w3 [OCB][ECB*L][L], b3 [OCB][L]       the 1x1 project conv
+     r  [N][OCB][OH][OW][L] or NULL        a residual added last
+     y  [N][OCB][OH][OW][L]
+   act: 0 none, 1 relu, 2 clip(lo, hi), 3 hardswish, 4 swish (x * sigmoid(x)); act[i] with
+   bounds lo[i], hi[i] for i = 0, 1, 2 (after expand, depthwise, project).
+
+   Why: the expanded tensor (ECB * L channels, typically 6x the input's) never goes to memory.
+   Work goes in tasks of (image, band of output rows). A task keeps a ring of KH expanded input
+   rows (each [ECB][Wp][L], zero columns either side for the padding), computes each expanded
+   row once as the band moves down (a band's first rows also compute the KH - sh rows it shares
+   with the band above), runs the depthwise conv of one output row into a row buffer
+   [ECB][OW][L] and projects that row straight into y. The ring and the row stay in L1/L2.
+   Tasks run in parallel (`par`); `bands` per image. Returns 0, or -1 when out of memory.
+
+   A shared kernel (kiln.codegen.csource.c_shared): the sizes are arguments, one instance
+   serves every block of every model with the same vector width. */
+__attribute__((visibility("hidden"))) int32_t KILN_IR_FN(
+    const float* restrict x, const float* restrict w1, const float* restrict b1,
+    const float* restrict w2, const float* restrict b2, const float* restrict w3,
+    const float* restrict b3, const float* restrict r, float* restrict y,
+    int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t ECB, int64_t OCB, int64_t OH, int64_t OW,
+    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
+    const int32_t* act, const float* lo, const float* hi, int64_t bands, int par);
+/* kiln: definition */
+typedef float kiln_ir_v __attribute__((vector_size(KILN_IR_L * 4)));
+typedef int32_t kiln_ir_vi __attribute__((vector_size(KILN_IR_L * 4)));
+#define IR_LD(p) ({ kiln_ir_v v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
+#define IR_ST(p, v) do { kiln_ir_v v_ = (v); __builtin_memcpy((p), &v_, sizeof v_); } while (0)
+
+static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_sel(kiln_ir_vi m, kiln_ir_v a, kiln_ir_v b) {
+  return (kiln_ir_v)(((kiln_ir_vi)a & m) | ((kiln_ir_vi)b & ~m));
+}
+
+/* exp(x) for x in [-87.3, 88] (kiln_exp.h's Cephes polynomial, on vectors) */
+static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_exp(kiln_ir_v x) {
+  const kiln_ir_v n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  kiln_ir_v q = x - n * 0.693359375f;
+  q = q - n * -2.12194440e-4f;
+  kiln_ir_v p = q * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * q + 8.3334519073e-3f; p = p * q + 4.1665795894e-2f;
+  p = p * q + 1.6666665459e-1f; p = p * q + 5.0000001201e-1f;
+  p = p * q * q + q + 1.0f;
+  const kiln_ir_vi e = (__builtin_convertvector(n, kiln_ir_vi) + 127) << 23;   /* 2^n */
+  return p * (kiln_ir_v)e;
+}
+
+static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_act(kiln_ir_v v, int a, float lo, float hi) {
+  switch (a) {
+    case 1: return kiln_ir_sel(v > 0.0f, v, (kiln_ir_v){0});           /* a NaN becomes 0, as max */
+    case 2: { kiln_ir_v t = kiln_ir_sel(v < lo, (kiln_ir_v){0} + lo, v);
+              return kiln_ir_sel(t > hi, (kiln_ir_v){0} + hi, t); }
+    case 3: { kiln_ir_v g = v * (1.0f / 6.0f) + 0.5f;
+              g = kiln_ir_sel(g < 0.0f, (kiln_ir_v){0}, g);
+              g = kiln_ir_sel(g > 1.0f, (kiln_ir_v){0} + 1.0f, g);
+              return v * g; }
+    case 4: { /* x * sigmoid(x) = x / (1 + exp(-x)); exp's argument clamped (the result is 0 or
+                 x there already) */
+              kiln_ir_v m = -v;
+              m = kiln_ir_sel(m > 88.0f, (kiln_ir_v){0} + 88.0f, m);
+              m = kiln_ir_sel(m < -87.0f, (kiln_ir_v){0} - 87.0f, m);
+              return v / (1.0f + kiln_ir_exp(m)); }
+    default: return v;
+  }
+}
+
+/* One register tile of a 1x1 conv: RW columns x OV output channel blocks, over all ICB * L
+   input channels. in: the first column's block 0, channel blocks `ics` apart; w: the tile's
+   first output block's weights [ICB*L][L], blocks IC*L apart; out/res: the first column's
+   first block, blocks `ocs` / `rcs` apart. */
+static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
+    const int RW, const int OV, const float* restrict in, int64_t ics, int64_t ICB,
+    const float* restrict w, const float* restrict bias, float* restrict out, int64_t ocs,
+    const float* restrict res, int64_t rcs, int a, float lo, float hi) {
+  enum { L = KILN_IR_L };
+  const int64_t IC = ICB * L;
+  kiln_ir_v acc[14][4];
+  #pragma GCC unroll 14
+  for (int c = 0; c < RW; ++c)
+    #pragma GCC unroll 4
+    for (int o = 0; o < OV; ++o) acc[c][o] = IR_LD(bias + o * L);
+  for (int64_t icb = 0; icb < ICB; ++icb) {
+    const float* ib = in + icb * ics;
+    const float* wb = w + icb * L * L;
+    #pragma GCC unroll 4
+    for (int ii = 0; ii < L; ++ii) {
+      kiln_ir_v wv[4];
+      #pragma GCC unroll 4
+      for (int o = 0; o < OV; ++o) wv[o] = IR_LD(wb + o * IC * L + ii * L);
+      #pragma GCC unroll 16
+      for (int c = 0; c < RW; ++c) {
+        const float s = ib[c * L + ii];
+        #pragma GCC unroll 4
+        for (int o = 0; o < OV; ++o) acc[c][o] += s * wv[o];
+      }
+    }
+  }
+  #pragma GCC unroll 4
+  for (int o = 0; o < OV; ++o)
+    #pragma GCC unroll 16
+    for (int c = 0; c < RW; ++c) {
+      kiln_ir_v v = kiln_ir_act(acc[c][o], a, lo, hi);
+      if (res) v += IR_LD(res + o * rcs + c * L);
+      IR_ST(out + o * ocs + c * L, v);
+    }
+}
+
+#define KILN_IR_TILE_CASE(n, OVc) case n: kiln_ir_pw_tile(n, OVc, in + c0 * L, ics, ICB, wo, bo, \
+    out + ob * ocs + c0 * L, ocs, res ? res + ob * rcs + c0 * L : NULL, rcs, a, lo, hi); break;
+/* the tiles of OVc channel blocks over a row: RWc columns each, then the columns left over */
+#define KILN_IR_GROUP(OVc, RWc) do { \
+    const float* wo = w + ob * IC * L; \
+    const float* bo = bias + ob * L; \
+    int64_t c0 = 0; \
+    for (; c0 + (RWc) <= ncols; c0 += (RWc)) \
+      kiln_ir_pw_tile(RWc, OVc, in + c0 * L, ics, ICB, wo, bo, out + ob * ocs + c0 * L, ocs, \
+                      res ? res + ob * rcs + c0 * L : NULL, rcs, a, lo, hi); \
+    switch (ncols - c0) { \
+      KILN_IR_TILE_CASE(1, OVc) KILN_IR_TILE_CASE(2, OVc) KILN_IR_TILE_CASE(3, OVc) \
+      KILN_IR_TILE_CASE(4, OVc) KILN_IR_TILE_CASE(5, OVc) KILN_IR_TILE_CASE(6, OVc) \
+      KILN_IR_TILE_CASE(7, OVc) KILN_IR_TILE_CASE(8, OVc) KILN_IR_TILE_CASE(9, OVc) \
+      KILN_IR_TILE_CASE(10, OVc) KILN_IR_TILE_CASE(11, OVc) KILN_IR_TILE_CASE(12, OVc) \
+      KILN_IR_TILE_CASE(13, OVc) \
+      default: break; \
+    } } while (0)
+
+/* A 1x1 conv over `ncols` columns of one row: out[ocb][col] = act(sum w * in + b) (+ res).
+   Output blocks go KILN_IR_OV at a time, the rest in one smaller group; each group size
+   has its own columns per tile (KILN_IR_RW<ov>: its accumulators fill the registers). */
+static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, int64_t ncols,
+                           const float* restrict w, const float* restrict bias, int64_t OCB,
+                           float* restrict out, int64_t ocs, const float* restrict res, int64_t rcs,
+                           int a, float lo, float hi) {
+  enum { L = KILN_IR_L, OV = KILN_IR_OV };
+  const int64_t IC = ICB * L;
+  for (int64_t ob = 0; ob < OCB;) {
+    const int64_t ov = OCB - ob < OV ? OCB - ob : OV;
+    switch (ov) {
+      case 4: KILN_IR_GROUP(4, KILN_IR_RW4); break;
+      case 3: KILN_IR_GROUP(3, KILN_IR_RW3); break;
+      case 2: KILN_IR_GROUP(2, KILN_IR_RW2); break;
+      default: KILN_IR_GROUP(1, KILN_IR_RW1); break;
+    }
+    ob += ov;
+  }
+}
+#undef KILN_IR_GROUP
+#undef KILN_IR_TILE_CASE
+
+/* One output row of the depthwise conv, every channel block: rows[kh] are the ring's rows
+   (column 0 = input column -pl), dst [ECB][OW][L]. DT output columns per tile. */
+static inline __attribute__((always_inline)) void kiln_ir_dw_tile(
+    const int DT, const float* const* rows, int64_t off, int64_t KH, int64_t KW, int64_t sw,
+    const float* restrict wk, kiln_ir_v bv, float* restrict dst, int a, float lo, float hi) {
+  enum { L = KILN_IR_L };
+  kiln_ir_v acc[8];
+  #pragma GCC unroll 8
+  for (int c = 0; c < DT; ++c) acc[c] = bv;
+  for (int64_t kh = 0; kh < KH; ++kh) {
+    const float* rp = rows[kh] + off;
+    for (int64_t kw = 0; kw < KW; ++kw) {
+      const kiln_ir_v wv = IR_LD(wk + (kh * KW + kw) * L);
+      #pragma GCC unroll 8
+      for (int c = 0; c < DT; ++c) acc[c] += IR_LD(rp + (c * sw + kw) * L) * wv;
+    }
+  }
+  #pragma GCC unroll 8
+  for (int c = 0; c < DT; ++c) IR_ST(dst + c * L, kiln_ir_act(acc[c], a, lo, hi));
+}
+
+static void kiln_ir_dw_row(const float* const* ring_rows, int64_t rowstride, int64_t ECB, int64_t OW,
+                           int64_t KH, int64_t KW, int64_t sw, const float* restrict w2,
+                           const float* restrict b2, float* restrict dst, int a, float lo, float hi) {
+  enum { L = KILN_IR_L, DT = 8 };
+  for (int64_t e = 0; e < ECB; ++e) {
+    const float* rows[16];
+    for (int64_t kh = 0; kh < KH; ++kh) rows[kh] = ring_rows[kh] + e * rowstride;
+    const float* wk = w2 + e * KH * KW * L;
+    const kiln_ir_v bv = IR_LD(b2 + e * L);
+    float* de = dst + e * OW * L;
+    int64_t c0 = 0;
+    for (; c0 + DT <= OW; c0 += DT)
+      kiln_ir_dw_tile(DT, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
+    for (; c0 < OW; ++c0)
+      kiln_ir_dw_tile(1, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
+  }
+}
+
+__attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_IR_FN(
+    const float* restrict x, const float* restrict w1, const float* restrict b1,
+    const float* restrict w2, const float* restrict b2, const float* restrict w3,
+    const float* restrict b3, const float* restrict r, float* restrict y,
+    int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t ECB, int64_t OCB, int64_t OH, int64_t OW,
+    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
+    const int32_t* act, const float* lo, const float* hi, int64_t bands, int par) {
+  enum { L = KILN_IR_L };
+  if (KH > 16) return -1;
+  /* the ring's rows: every column a window reads, the padding columns zero */
+  int64_t Wp = (OW - 1) * sw + KW;
+  if (Wp < pl + W) Wp = pl + W;
+  const int64_t rowstride = Wp * L;                       /* floats per channel block of a row */
+  const size_t rowbytes = (size_t)ECB * rowstride * sizeof(float);
+  const size_t ringbytes = ((size_t)KH * rowbytes + 63) / 64 * 64;
+  const size_t zbytes = (rowbytes + 63) / 64 * 64;
+  const size_t dbytes = ((size_t)ECB * OW * L * sizeof(float) + 63) / 64 * 64;
+  const int64_t ntask = N * bands;
+  int32_t failed = 0;
+  #pragma omp parallel if (par)
+  {
+    float* ring = (float*)aligned_alloc(64, ringbytes + zbytes + dbytes);
+    if (ring) __builtin_memset(ring, 0, ringbytes + zbytes);
+    const float* zero = ring ? ring + ringbytes / sizeof(float) : NULL;
+    float* drow = ring ? ring + (ringbytes + zbytes) / sizeof(float) : NULL;
+    #pragma omp for schedule(static, 1)
+    for (int64_t task = 0; task < ntask; ++task) {
+      if (!ring) {
+        #pragma omp atomic write
+        failed = 1;
+        continue;
+      }
+      const int64_t n = task / bands, band = task % bands;
+      const int64_t oh0 = band * OH / bands, oh1 = (band + 1) * OH / bands;
+      int64_t held[16];
+      for (int64_t k = 0; k < KH; ++k) held[k] = -1;
+      const float* xn = x + n * ICB * H * W * L;
+      for (int64_t oh = oh0; oh < oh1; ++oh) {
+        const float* rows[16];
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          const int64_t ih = oh * sh - pt + kh;
+          if (ih < 0 || ih >= H) { rows[kh] = zero; continue; }
+          float* slot = ring + (ih % KH) * (rowbytes / sizeof(float));
+          if (held[ih % KH] != ih) {        /* expand input row ih into the ring */
+            kiln_ir_pw_row(xn + ih * W * L, H * W * L, ICB, W, w1, b1, ECB, slot + pl * L, rowstride,
+                           NULL, 0, act[0], lo[0], hi[0]);
+            held[ih % KH] = ih;
+          }
+          rows[kh] = slot;
+        }
+        kiln_ir_dw_row(rows, rowstride, ECB, OW, KH, KW, sw, w2, b2, drow, act[1], lo[1], hi[1]);
+        const int64_t yo = (n * OCB * OH + oh) * OW * L;
+        kiln_ir_pw_row(drow, OW * L, ECB, OW, w3, b3, OCB, y + yo, OH * OW * L, r ? r + yo : NULL,
+                       OH * OW * L, act[2], lo[2], hi[2]);
+      }
+    }
+    free(ring);
+  }
+  return failed ? -1 : 0;
+}
+#undef IR_LD
+#undef IR_ST

@@ -1,0 +1,103 @@
+"""The fused inverted residual (kiln.passes.inverted_residual, kiln.ops.inverted_residual,
+kiln.lower.inverted_residual): the native kernel against ONNX Runtime and the reference on
+random blocks (channel counts that fill blocks or not, kernel 3 or 5, strides 1 and 2, odd
+sizes, every activation, batch > 1, a symbolic batch), what the pass matches and refuses,
+and the rule that chooses it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import kiln
+from benchmarks.inverted_residual import block_model
+from kiln.compiler import run_stages
+from kiln.lower.conv_algo import IR_MIN_L2_SHARE, choose_inverted_residual
+from kiln.lower.inverted_residual import register_tiles
+from kiln.targets.target import Target
+
+FUSED = {"conv.inverted_residual": "fused"}
+ACTS = ["", "Relu", "Clip", "HardSwish", "SiLU"]
+
+
+def ort_run(model: bytes, x):
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def fused_ops(model: bytes, dims=None, decisions=FUSED) -> list[str]:
+    spec = run_stages(model, "partition", dims=dims or {}, decisions=decisions).specialized
+    return [n.op for n in spec.graph.nodes]
+
+
+BLOCK = Target.host().vector_lanes(4)
+CHANNELS = st.one_of(st.integers(1, 4).map(lambda b: b * BLOCK), st.integers(3, 40))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(c=CHANNELS, mult=st.integers(1, 6), o=CHANNELS, h=st.integers(1, 13),
+       w=st.integers(1, 13), k=st.sampled_from([3, 5]), s=st.sampled_from([1, 2]), n=st.integers(1, 3),
+       acts=st.tuples(*[st.sampled_from(ACTS)] * 3), residual=st.booleans(), seed=st.integers(0, 99))
+def test_fused_block_matches_onnxruntime(c, mult, o, h, w, k, s, n, acts, residual, seed):
+    residual = residual and s == 1 and c == o
+    model = block_model(c, c * mult, o, h, k, s, "", seed=seed, n=n, w=w, acts=acts, residual=residual)
+    x = np.random.default_rng(seed).standard_normal((n, c, h, w)).astype(np.float32)
+    # fused exactly when the layout pass blocked all three convs
+    blocked = fused_ops(model, decisions={"conv.inverted_residual": "unfused"}).count("ConvNCHWc") == 3
+    assert ("InvertedResidual" in fused_ops(model)) == blocked
+    m = kiln.compile(model, decisions=FUSED)
+    got, want = m.run({"x": x})["y"], ort_run(model, x)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("acts", [("Clip", "Clip", ""), ("HardSwish", "Relu", "SiLU"), ("SiLU", "SiLU", "")])
+def test_fused_block_matches_the_reference_interpreter(acts):
+    model = block_model(16, 64, 16, 9, 3, 1, "", n=2, w=11, acts=acts, residual=True)
+    x = np.random.default_rng(3).standard_normal((2, 16, 9, 11)).astype(np.float32)
+    assert "InvertedResidual" in fused_ops(model)
+    got = kiln.compile(model, decisions=FUSED).run({"x": x})["y"]
+    ref = kiln.compile(model, target="interpreter").run({"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_batch_fuses_at_each_batch():
+    model = block_model(16, 48, 16, 10, 3, 1, "Clip", batch_dim=True)
+    m = kiln.compile(model, decisions=FUSED)
+    for n in (1, 3):
+        x = np.random.default_rng(n).standard_normal((n, 16, 10, 10)).astype(np.float32)
+        np.testing.assert_allclose(m.run({"x": x})["y"], ort_run(model, x), rtol=1e-4, atol=1e-4)
+    assert "InvertedResidual" in fused_ops(model, dims={"N": 2})
+
+
+def test_chain_with_a_shared_value_or_shifting_clip_is_not_fused():
+    model = onnx.load_from_string(block_model(16, 64, 16, 8, 3, 1, "Clip"))
+    g = model.graph
+    g.output.append(onnx.helper.make_tensor_value_info("ea", onnx.TensorProto.FLOAT, None))   # read outside
+    assert "InvertedResidual" not in fused_ops(model.SerializeToString())
+    model = onnx.load_from_string(block_model(16, 64, 16, 8, 3, 1, "Clip"))
+    lo = next(i for i in model.graph.initializer if i.name == "ea_lo")
+    lo.CopyFrom(onnx.numpy_helper.from_array(np.array(0.5, np.float32), "ea_lo"))   # clip(0) != 0
+    assert "InvertedResidual" not in fused_ops(model.SerializeToString())
+
+
+def test_rule_fuses_when_the_expanded_tensor_outgrows_l2_and_is_reported():
+    t = Target.host()
+    budget = IR_MIN_L2_SHARE * t.l2_bytes
+    assert choose_inverted_residual(int(budget) + 4, t).algorithm == "inverted-residual"
+    assert choose_inverted_residual(int(budget) - 4, t).algorithm == "unfused"
+    assert choose_inverted_residual(4, t, "fused").algorithm == "inverted-residual"
+    big = block_model(16, 96, 16, 8, 3, 1, "Clip")     # 96 x 8 x 8 floats: far below L2
+    assert "InvertedResidual" not in fused_ops(big, decisions={})
+    m = kiln.compile(big, report=True, decisions=FUSED)
+    (found,) = m.report.inverted_residuals
+    assert found.choice.algorithm == "inverted-residual" and "16->96->16" in str(found)
+
+
+def test_register_tiles_fill_the_register_file():
+    main, cols = register_tiles(32)
+    assert (main, cols[4]) == (4, 6)
+    main, cols = register_tiles(16)
+    assert main * cols[main] + main + 1 <= 16
