@@ -4,8 +4,8 @@ in the blocked layout becomes one kiln::InvertedResidual (kiln.ops.inverted_resi
 Runs after the layout pass, on ConvNCHWc nodes. The chain matches by structure alone, whatever
 the channel counts, kernel size (KxK depthwise, any stride, no dilation) or activations:
 
-- the expand conv: 1x1, stride 1, unpadded, dense, no squeeze-excite `scale`, a whole block of
-  input channels per block (not a stem's narrow block);
+- the expand conv: 1x1, stride 1, unpadded, dense (not grouped), no squeeze-excite `scale`, a
+  whole block of input channels per block (not a stem's narrow block);
 - the depthwise conv: undilated, no `scale` (a squeeze-excite gate between the depthwise and
   the project conv needs the whole plane first, so such blocks stay unfused);
 - the project conv: as the expand conv;
@@ -81,11 +81,11 @@ def _conv(node: Node | None, depthwise: bool) -> bool:
     xs = static_shape(node.inputs[0])
     if xs is None or w.dtype.name != "float32" or str(node.inputs[0].type.dtype) != "float32":
         return False
-    if list(node.attrs.get("dilations", [1, 1])) != [1, 1]:
+    if list(node.attrs.get("dilations", [1, 1])) != [1, 1] or int(node.attrs.get("groups", 1)) != 1:
         return False
     if depthwise:
         return True
-    return (tuple(w.shape[2:4]) == (1, 1) and w.shape[4] == w.shape[5] == xs[4]
+    return (tuple(w.shape[2:4]) == (1, 1) and w.shape[1] == xs[1] and w.shape[4] == w.shape[5] == xs[4]
             and list(node.attrs.get("strides", [1, 1])) == [1, 1] and not any(node.attrs.get("pads", [0] * 4)))
 
 
