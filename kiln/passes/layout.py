@@ -647,8 +647,8 @@ def choose_convs(graph: Graph, block: int, target: Target | None = None, overrid
         elif a is not None and (not selective or c.algorithm == "direct-nchwc"):
             cands[id(n)] = a
             if c.algorithm != "direct-nchwc":
-                choices[id(n)] = ConvChoice(n.name, shape, Choice("direct-nchwc", "every blockable conv "
-                                                                  "blocked (the layout pass not selective)"))
+                choices[id(n)] = ConvChoice(n.name, shape, Choice("direct-nchwc", f"{c.reason}; blocked all the "
+                                                                  "same (the layout pass not selective)"))
     if selective:
         kept = select_convs(graph, block, cands)
         for k in set(cands) - set(kept):
