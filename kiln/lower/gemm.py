@@ -71,6 +71,7 @@ from kiln.targets.target import Target
 # 30 vs 48-52 GMAC/s; 8x784x256: 26 vs 37.5 at 5 rows; 16x256x256: 26 vs 39 at 6 rows). Tiles
 # take more rows than this where the product has them, even at the cost of a padded row.
 FOLD_ROWS = 4
+ONE_BLOCK_SPILL = 2   # rows past the register budget that one block still takes (choose_tile)
 PANEL_MAX_BLOCKS = 8  # S blocks per panel: each an unrolled copy of the micro-kernel (compile time)
 PANEL_MIN_BYTES = 1 << 20  # V smaller than this packs at the root: it stays in L2 anyway
 
@@ -111,6 +112,13 @@ def choose_tile(rows: int, cols: int, dtype: DType, target: Target, max_padded_r
     # load -> FMA -> store chain (~10 cycles) hides under the k step's 28 FMAs (14 cycles)
     extra = nvec if spill_one and nvec >= 4 and regs >= 32 else 0
     budget = max(1, (regs - nvec - 1 + extra) // nvec)
+    # a few rows past the budget (at most ONE_BLOCK_SPILL) still take one block of all the rows,
+    # four-vector tiles with 32 registers: the spilled accumulators' loads and stores cost less
+    # than a second row block streaming every B panel again (8 x 1568 @ 1568 x 128 and
+    # 8 x 784 @ 784 x 256, one thread on the AVX-512 Zen 4: 8 x 4 vectors 28.0 us, 5 x 4 34.7)
+    if budget < rows <= (regs - nvec - 1) // nvec + ONE_BLOCK_SPILL and nvec >= 4 and regs >= 32 \
+            and (max_padded_rows is None or rows <= max_padded_rows):
+        return rows, nr
     # and more than FOLD_ROWS rows where the product has more rows than the registers hold
     cands = [rows] if rows <= budget else range(max(min(FOLD_ROWS + 1, budget), budget // 2), budget + 1)
     cost = {mr: -(-rows // mr) * (mr + 1) for mr in cands
