@@ -315,7 +315,13 @@ class _Inferencer(Inferencer):
         if len(p.terms) == 1 and p.terms[0][1] == 1 and len(p.terms[0][0]) == 1 and atom(p.terms[0][0][0]) is None:
             return p.terms[0][0][0]
         if (p.lower_bound() is None or p.lower_bound() < 1) and p not in self.positive:
-            raise Undecided(f"size {p} may be below 1")
+            if not any(atom(s) for m, _ in p.terms for s in m):
+                raise Undecided(f"size {p} may be below 1")
+            # a floor division of an image size (a 2x2 pool of H: H//2) is 0 for small images:
+            # the generic module covers the sizes >= 1; smaller images run specialised (where
+            # the reference says whether they are valid at all)
+            self.res.guards.append(Guard(-p, -1, f"size {p} must be at least 1"))
+            self.positive.add(p)
         key = str(p)
         self.res.derived.setdefault(key, p)
         return key

@@ -19,7 +19,7 @@ import math
 
 from kiln.dtypes import DType
 from kiln.loops import cast, ceil, compute, const, floor, max_, min_, reduce_axis, select, sum_
-from kiln.loops.symbols import hint, static
+from kiln.loops.symbols import UNBOUNDED, hint, static
 from kiln.lower.nnutil import _acc_dtype, _conj, parallel_worth, schedule_rows
 
 
@@ -84,7 +84,12 @@ def _row_schedule(stage_of, work: int, target):
 
 
 def conv(ctx, x, w, b=None):
-    """A Conv (any group, 1-D to 3-D) over symbolic image sizes, NCHW."""
+    """A Conv (any group, 1-D to 3-D) over symbolic image sizes, NCHW.
+
+    Schedule (conv_native's register block, over a symbolic width): a tile is (image, block
+    of `ocb` output channels, output row, `lanes`-wide run of the row); its accumulators,
+    ocb vectors, stay in registers over the input channels and taps, so each input vector
+    loaded feeds ocb FMAs. The row's last run is guarded (a symbolic split)."""
     nd = len(x.shape) - 2
     group = int(ctx.attr("group", 1))
     kernel = [int(k) for k in w.shape[2:]]
@@ -94,22 +99,56 @@ def conv(ctx, x, w, b=None):
     out_shape = ctx.out_shape(0)
     ic = reduce_axis(cg, "ic")
     ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(kernel)]
-    zero = const(0, acc)
+
+    lanes = ctx.target.vector_lanes(acc.itemsize)
+    # the input zero-padded, wide enough for whole runs of `lanes` outputs along the last axis
+    # (the last run's extra outputs are computed from the padding and never stored)
+    runs = (out_shape[-1] + (lanes - 1)) // lanes * lanes
+    span = [(o - 1) * s_ + (k - 1) * d + 1 for o, s_, k, d in zip(list(out_shape[2:-1]) + [runs], strides, kernel, dil)]
+
+    def pad_body(n, c, *q):
+        pos = [qi - b for qi, b in zip(q, begin)]
+        ok = _conj([(p_ >= 0) & (p_ < size) for p_, size in zip(pos, x.shape[2:])])
+        return select(ok, x[(n, c, *pos)], const(0, x.dtype))
+    xpad = compute((x.shape[0], x.shape[1], *span), pad_body, "xpad")
 
     def body(n, oc, *o):
         c = (oc // ocg) * cg + ic if group > 1 else ic
-        v = sum_(cast(acc, _taps(x, n, c, o, ks, strides, dil, begin, const(0, x.dtype)))
-                 * cast(acc, w[(oc, ic, *ks)]), [ic, *ks])
-        return v
-    total = compute(out_shape, body, "conv_acc", acc)
-    y = compute(out_shape, lambda n, oc, *o: cast(x.dtype, total[(n, oc, *o)] + (cast(acc, b[oc]) if b is not None
-                                                                                  else zero)), "conv")
+        pos = [oi * s_ + k * d for oi, k, s_, d in zip(o, ks, strides, dil)]
+        return sum_(cast(acc, xpad[(n, c, *pos)]) * cast(acc, w[(oc, ic, *ks)]), [ic, *ks])
+    # computed a tile at a time (never whole): its last axis is declared unbounded, so a tile
+    # runs whole vectors with no guard (kiln.loops.symbols.UNBOUNDED)
+    total = compute((*out_shape[:-1], UNBOUNDED), body, "conv_acc", acc)
+    y = compute(out_shape, lambda n, oc, *o: cast(x.dtype, total[(n, oc, *o)] + cast(acc, b[oc]) if b is not None
+                                                  else total[(n, oc, *o)]), "conv")
     work = math.prod(hint(d) for d in out_shape) * cg * math.prod(kernel)
-    sched = _row_schedule(total, work, ctx.target)
+    ocb = next(v for v in (8, 4, 2, 1) if ocg % v == 0)
+    par = parallel_worth(work, ctx.target, "conv")
 
     def fn(sch, outputs):
-        sched(sch, outputs)
-        schedule_rows(sch[y], 2, ctx.target, work)
+        final = y
+        if sch[y].attach == "inline" and outputs and tuple(outputs[0].shape) == tuple(y.shape):
+            final = outputs[0]              # an elementwise epilogue fused after the conv
+        sy = sch[final]
+        ax = list(sy.axis)
+        oco, oci = sy.split(ax[1], ocb)
+        wo, wi = sy.split(ax[-1], lanes)
+        sy.reorder(ax[0], oco, *ax[2:-1], wo, oci, wi)
+        top = sy.fuse(ax[0], oco)
+        if par:
+            sy.parallel(top)
+        sy.unroll(oci)
+        sy.vectorize(wi)
+        sa = sch[total]
+        sa.compute_at(sy, wo)
+        aax = list(sa.axis)
+        sa.reorder(aax[0], *sa.reduce_axis, *aax[1:])
+        if math.prod(kernel) <= 9:
+            for k in sa.reduce_axis[1:]:
+                sa.unroll(k)
+        sa.unroll(aax[1])
+        sa.vectorize(aax[-1])
+        schedule_rows(sch[xpad], 2, ctx.target, math.prod(hint(d) for d in xpad.shape) if par else 0)
     ctx.schedule(fn)
     return y
 
