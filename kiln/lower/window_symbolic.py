@@ -87,9 +87,10 @@ def conv(ctx, x, w, b=None):
     """A Conv (any group, 1-D to 3-D) over symbolic image sizes, NCHW.
 
     Schedule (conv_native's register block, over a symbolic width): a tile is (image, block
-    of `ocb` output channels, output row, `lanes`-wide run of the row); its accumulators,
-    ocb vectors, stay in registers over the input channels and taps, so each input vector
-    loaded feeds ocb FMAs. The row's last run is guarded (a symbolic split)."""
+    of `ocb` output channels, output row, a run of the row: a vector, up to 4 for a narrow
+    block); its accumulators, about 8 vectors, stay in registers over the input channels and
+    taps, so each input vector loaded feeds ocb FMAs. The row's last run is computed whole
+    from the zero padding and only its store is guarded."""
     nd = len(x.shape) - 2
     group = int(ctx.attr("group", 1))
     kernel = [int(k) for k in w.shape[2:]]
@@ -100,7 +101,10 @@ def conv(ctx, x, w, b=None):
     ic = reduce_axis(cg, "ic")
     ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(kernel)]
 
-    lanes = ctx.target.vector_lanes(acc.itemsize)
+    ocb = next(v for v in (8, 4, 2, 1) if ocg % v == 0)
+    # a run: one vector per channel of the block, up to 4 vectors when the block is narrower
+    # (a depthwise conv's one channel), so a tile holds about 8 vectors of accumulators
+    lanes = ctx.target.vector_lanes(acc.itemsize) * max(1, min(4, 8 // ocb))
     # the input zero-padded, wide enough for whole runs of `lanes` outputs along the last axis
     # (the last run's extra outputs are computed from the padding and never stored)
     runs = (out_shape[-1] + (lanes - 1)) // lanes * lanes
@@ -122,7 +126,6 @@ def conv(ctx, x, w, b=None):
     y = compute(out_shape, lambda n, oc, *o: cast(x.dtype, total[(n, oc, *o)] + cast(acc, b[oc]) if b is not None
                                                   else total[(n, oc, *o)]), "conv")
     work = math.prod(hint(d) for d in out_shape) * cg * math.prod(kernel)
-    ocb = next(v for v in (8, 4, 2, 1) if ocg % v == 0)
     par = parallel_worth(work, ctx.target, "conv")
 
     def fn(sch, outputs):
