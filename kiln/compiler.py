@@ -27,6 +27,7 @@ emit_module, kernels taking the symbols' values, the arena planned per shape at 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from dataclasses import dataclass, field
@@ -376,17 +377,18 @@ class ShapePipeline:
 
 
 def lower(graph: Graph, known: dict | None = None, target=None, decisions: dict | None = None,
-          strict: bool = True, alloc=None):
+          strict: bool = True, alloc=None, on_kernel=None):
     """partition → lower_groups → plan_memory → emit_module: a static graph as loop IR for CPU
     `target` (None: this host). `strict`: a decision override for a kernel the module does
-    not have is an error. `alloc(nbytes)`: where the weights blob is made (default: memory)."""
+    not have is an error. `alloc(nbytes)`: where the weights blob is made (default: memory);
+    `on_kernel(func)`: called with each kernel as it is lowered (`native`: builds start)."""
     from kiln.lower.module import check_static, emit_module, lower_groups, plan_memory  # noqa: PLC0415
     from kiln.lower.partition import partition  # noqa: PLC0415
     check_static(graph)
     with stage("partition"):
         fusion = partition(graph, fuse_anchors=True)
     with stage("lower"):
-        groups = lower_groups(graph, fusion, known or {}, target, decisions)
+        groups = lower_groups(graph, fusion, known or {}, target, decisions, on_kernel=on_kernel)
     if strict:
         from kiln.lower.decisions import check_kernels  # noqa: PLC0415
         check_kernels(decisions or {}, [k.func.name for k in groups.kernels])
@@ -507,6 +509,7 @@ def native(graph: Graph, known: dict, target, decisions: dict | None = None, str
     of the static model this graph is all of (`whole_key`): its module is then cached under
     that key with its weights blob, and no digest of this graph (its transformed weights
     included) is taken."""
+    from kiln.codegen.build import prebuild_shared  # noqa: PLC0415
     from kiln.codegen.cachedir import building  # noqa: PLC0415
     from kiln.targets import cache  # noqa: PLC0415
     if whole is not None:
@@ -522,13 +525,16 @@ def native(graph: Graph, known: dict, target, decisions: dict | None = None, str
         found = _cached_whole(key) if whole is not None else _cached(graph, key)
         if found is not None:      # built while this one waited
             return found
+        # a shared kernel's object (kept per machine) is compiled as soon as lowering meets it,
+        # while the rest of the module is lowered and emitted
+        prebuild = functools.partial(prebuild_shared, target=target)
         if whole is None:
-            lowered = lower(graph, known, target, decisions, strict)
+            lowered = lower(graph, known, target, decisions, strict, on_kernel=prebuild)
             built = build(graph, lowered, generate(lowered), target)
             cache.store(key, built.manifest())
         else:   # the weights blob made in the cache's file, checked while the C compiler runs
             with cache.WeightsFile(key) as file:
-                lowered = lower(graph, known, target, decisions, strict, alloc=file.alloc)
+                lowered = lower(graph, known, target, decisions, strict, alloc=file.alloc, on_kernel=prebuild)
                 source = generate(lowered)
                 with _background(cache.checksum, lowered.weights) as weights_sum:
                     built = build(graph, lowered, source, target)

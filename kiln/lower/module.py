@@ -151,10 +151,13 @@ def check_static(graph: Graph) -> None:
 
 
 def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] | None = None,
-                 target: Target | None = None, decisions: dict | None = None) -> LoweredGroups:
+                 target: Target | None = None, decisions: dict | None = None,
+                 on_kernel=None) -> LoweredGroups:
     """Each fusion group as one kernel (or one per node, when a member must stand alone) for
     CPU `target` (None: this host), view ops as aliases, then the copies into graph outputs
-    and the string constants; `decisions` overrides schedule decisions (kiln.lower.decisions)."""
+    and the string constants; `decisions` overrides schedule decisions (kiln.lower.decisions).
+    `on_kernel(func)` is called with each kernel's function as soon as it is lowered (the
+    compiler starts building what it can while the rest is lowered)."""
     known = known or {}
     target = Target.of(target)
     kernels: list[Kernel] = []
@@ -178,6 +181,8 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
         for kernel in _lower_group_or_split(graph, group.nodes, known, needed_outside, len(funcs),
                                             target, decisions or {}):
             kernels.append(kernel)
+            if on_kernel is not None:
+                on_kernel(kernel.func)
             name = _dedup(kernel.func, funcs, seen)
             n_in = len(kernel.inputs)
             outs = [v if v is not None else Buffer(f"scratch{len(funcs)}_{j}", p.dtype, tuple(p.shape))

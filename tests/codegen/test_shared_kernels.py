@@ -95,6 +95,19 @@ def test_two_models_sharing_a_kernel_compile_it_once(cache):
     assert sorted((cache / "o").glob("*.o")) == objects
 
 
+def test_a_build_compiles_the_shared_kernel_as_lowering_meets_it_and_emitting_c_compiles_nothing(cache):
+    """A cold build starts the shared unit's compile while the module is still being lowered
+    (kiln.codegen.build.prebuild_shared), and waits for that object rather than compiling it
+    again; `kiln compile --emit c` (run_stages) builds nothing."""
+    m, weights = winograd_model(16, 12, 12)
+    before = compiler_runs()
+    units = units_of(m)
+    assert compiler_runs() == before and not list((cache / "o").glob("*.o"))
+    run_checked(m, weights, 16, 12, 12, seed=4)
+    assert compiler_runs() - before == len(units) + 1        # each unit once, then the link
+    assert len(list((cache / "o").glob("*.o"))) == 1
+
+
 def test_threads_compiling_models_that_share_a_kernel_compile_it_once():
     models = [(winograd_model(16, 12, 12, seed=k), 16, 12, 12) if k % 2 else
               (winograd_model(24, 9, 14, seed=k), 24, 9, 14) for k in range(2)]
