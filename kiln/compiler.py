@@ -16,6 +16,9 @@
       │ build          compile (cached), describe → Built (the module cache entry)  kiln.codegen.build
       ▼ load           → NativeModule: one foreign call per inference               kiln.runtime
 
+A model whose input sizes are all static is first looked up whole (`whole_key`: the
+graph as given, options, target, toolchain; `cached_model`): a hit loads its library and
+weights blob as built, and no pass runs. On a miss its module is cached under that key.
 `native` runs partition → build behind the module cache (kiln.targets.cache);
 `run_stages` runs the same functions, keeping each result, for `kiln compile --emit`.
 With shapes="generic" (or "tiered"), `generic` instead lowers the optimized graph once with
