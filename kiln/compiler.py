@@ -245,7 +245,8 @@ def generic(optimized: Optimized, decisions: dict | None = None):
     from kiln.limits import check_memory  # noqa: PLC0415
     from kiln.lower.generic import lower_generic  # noqa: PLC0415
     from kiln.runtime.generic import GenericModule  # noqa: PLC0415
-    graph = resolved(optimized)
+    findings: list = []
+    graph = resolved(optimized, findings)
     with stage("lower"):
         sg = lower_generic(graph, optimized.target, decisions)
     lm = sg.lowered
@@ -257,15 +258,18 @@ def generic(optimized: Optimized, decisions: dict | None = None):
                                check_bytes=lambda n, what: check_memory(n, what, stage="run"),
                                derived=sg.derived)
     module.info = {"kernels": len(lm.module.funcs) - 1, "calls": lm.call_nodes,
-                   "why_not_fused": lm.fusion.why_not if lm.fusion else [], "decisions": lm.decisions}
+                   "why_not_fused": lm.fusion.why_not if lm.fusion else [], "decisions": lm.decisions,
+                   "findings": findings}
     return module
 
 
-def resolved(optimized: Optimized) -> Graph:
+def resolved(optimized: Optimized, findings: list | None = None) -> Graph:
     """The graph a generic module is lowered from: the source with the sizes it computes
     named by polynomials of its symbols (kiln.lower.symbolic_shapes: batch*seq), then its
     passes run again, so the rewrites that match shapes (attention fusion) see sizes that
-    agree, not a fresh symbol per computed size. Without a source: the optimized graph."""
+    agree, not a fresh symbol per computed size. Without a source: the optimized graph.
+    The passes' findings (each conv's algorithm, chosen for every value of the symbols)
+    are appended to `findings`."""
     if optimized.source is None:
         return optimized.graph
     from kiln.lower.generic import graph_symbols  # noqa: PLC0415
@@ -276,7 +280,10 @@ def resolved(optimized: Optimized) -> Graph:
             source = resolve(optimized.source, graph_symbols(optimized.source), for_lowering=False).graph
         except (Undecided, KilnError):
             return optimized.graph
-        return run_passes(source, optimized.level, target=optimized.target, decisions=optimized.decisions)[0]
+        graph, stats = run_passes(source, optimized.level, target=optimized.target, decisions=optimized.decisions)
+        if findings is not None:
+            findings.extend(f for p in stats for f in p.findings)
+        return graph
 
 
 # -- frontend, passes ----------------------------------------------------------------------
@@ -744,6 +751,8 @@ def _report(optimized: Optimized, compiled, times: StageTimes | None = None) -> 
         info = compiled.module.info
         r.fused_groups, r.kernels = list(info["calls"]), len(info["calls"])
         r.why_not_fused = list(info["why_not_fused"])
+        if info.get("findings"):     # one module: its choices hold for every value of the symbols
+            r.shape_findings.append((tuple(tuple(s.shape) for s in compiled.inputs), list(info["findings"])))
         return r
     info = compiled.build_info() if compiled is not None else None
     if info is not None:

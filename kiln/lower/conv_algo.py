@@ -89,13 +89,15 @@ class ConvShape:
                                   # depthwise, grouped, strided, 1-D, a stem: kiln.passes.layout._selected_kind)
     kind: str = ""                # which of those kinds, in words
     unblockable: str = ""         # why it is not blockable, in words (when not)
+    per_image: bool = False       # the batch is symbolic: `n` is 1, the choice holds for every batch
 
     def __str__(self) -> str:
         k = "x".join(map(str, self.kernel))
         s = "" if set(self.strides) == {1} else f" s{'x'.join(map(str, self.strides))}"
         d = "" if set(self.dilations) == {1} else f" d{'x'.join(map(str, self.dilations))}"
         g = "" if self.group == 1 else f" g{self.group}"
-        return f"{k}{s}{d}{g} {self.c}->{self.oc} out {self.n}x{'x'.join(map(str, self.out))}"
+        n = "N(per image)" if self.per_image else self.n
+        return f"{k}{s}{d}{g} {self.c}->{self.oc} out {n}x{'x'.join(map(str, self.out))}"
 
 
 @dataclass(frozen=True)

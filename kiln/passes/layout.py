@@ -624,7 +624,8 @@ def conv_shape(node: Node, opset: int, block: int, attrs: dict | None) -> ConvSh
     return ConvShape(images(xs[0]), xs[1], ys[1], tuple(ys[2:]), k, tuple(int(v) for v in ctx.attr("strides", [1] * nd)),
                      tuple(int(v) for v in ctx.attr("dilations", [1] * nd)), int(node.attrs.get("group", 1)),
                      attrs is not None, block, attrs is not None and input_block(node, attrs, block) != block,
-                     kind is not None, kind or "", "" if attrs is not None else why_unblockable(node, opset, block))
+                     kind is not None, kind or "", "" if attrs is not None else why_unblockable(node, opset, block),
+                     not isinstance(xs[0], int))
 
 
 def choose_convs(graph: Graph, block: int, target: Target | None = None, override: str | None = None,

@@ -62,6 +62,8 @@ def test_cnn_runs_every_batch_from_one_module(level, compiler_runs):  # noqa: F8
     if level == 3:     # the algorithms the layout pass chose run on the symbolic batch too
         calls = " ".join(m.module.info["calls"])
         assert "ConvWinograd" in calls and "ConvNCHWc" in calls and "MaxPoolNCHWc" in calls, calls
+        # each conv's algorithm is reported, chosen per image (for every batch)
+        assert "conv 'conv2' [3x3 16->16 out N(per image)x20x24]: winograd" in str(m.report), m.report
 
 
 # (batch, height, width): 1, primes, odd and even (the strided windows' floor divisions), large
