@@ -5,14 +5,17 @@ every output pixel receives exactly one input pixel times one kernel tap:
 
     y[n, m, h*k + a, w*k + b] = sum_c x[n, c, h, w] * W[c, m, a, b] + bias[m]
 
-That is a 1x1 convolution to M*k*k channels (channel m*k*k + a*k + b, weight
-W[c, m, a, b], bias repeated k*k times) followed by a CRD DepthToSpace of block k.
+That is a 1x1 convolution to k*k*M channels (channel (a*k + b)*M + m, weight
+W[c, m, a, b], the bias tiled k*k times) followed by a DCR DepthToSpace of block k.
+DCR rather than CRD: each of the k*k output positions reads a run of M whole channels,
+so on the blocked layout (M a multiple of the block) the DepthToSpace moves whole channel
+vectors and stays blocked (kiln.passes.layout), where CRD would gather every k*k-th lane.
 The 1x1 conv runs on kiln's fast convolution kernels (and the blocked layout), where a
 direct ConvTranspose lowering visits all k*k taps per output to use one of them.
 
 Applies to a 2-D ConvTranspose with constant weights (and bias), group 1, square kernel
 equal to its strides, dilations 1, no padding, output_padding or output_shape, float
-input, in a graph of opset 11+ (CRD DepthToSpace). Any other ConvTranspose is left alone.
+input, in a graph of opset 11+ (DepthToSpace's mode attribute). Any other ConvTranspose is left alone.
 """
 
 from __future__ import annotations
@@ -54,12 +57,12 @@ def _to_conv(m, b):
     if k is None or b.opset() < 11 or not is_float(m["x"]) or (m.get("b") is not None and bias is None):
         return None
     c, mo = w.shape[:2]
-    w2 = np.ascontiguousarray(w.transpose(1, 2, 3, 0).reshape(mo * k * k, c, 1, 1))
+    w2 = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(k * k * mo, c, 1, 1))
     ins = [m["x"], b.const(w2, f"{m['w'].name}.conv1x1")]
     if bias is not None:
-        ins.append(b.const(np.repeat(bias, k * k), f"{node.name}.bias.conv1x1"))
+        ins.append(b.const(np.tile(bias, k * k), f"{node.name}.bias.conv1x1"))
     y = b.op("Conv", ins, {"kernel_shape": [1, 1]})
-    return b.op("DepthToSpace", [y], {"blocksize": k, "mode": "CRD"})
+    return b.op("DepthToSpace", [y], {"blocksize": k, "mode": "DCR"})
 
 
 RULES = [

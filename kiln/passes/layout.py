@@ -51,7 +51,9 @@ The rewrite, in one walk over the nodes in order:
 - a Concat along the channels of blocked values whose channel counts are whole
   blocks concatenates their twins (CSP blocks, SPPF, FPN/PAN necks), and a
   nearest-neighbour Resize of a blocked value (constant scales or sizes, batch
-  and channels kept) resizes its twin with scale 1 on the block axis;
+  and channels kept) resizes its twin with scale 1 on the block axis; a DCR DepthToSpace
+  whose channel groups are whole blocks (a U-Net's up-convolution, kiln.passes.conv_transpose)
+  moves the twin's channel vectors, when its result is read blocked;
 - a value needed in NCHW (by any other op, or as a graph output) gets one
   `kiln::FromNCHWc` right before its first such reader, producing the very same
   Value; an NCHW value read by a blocked op gets one `kiln::ToNCHWc`. Each
@@ -229,6 +231,19 @@ def per_channel(shape, out) -> bool:
     return shape is not None and len(shape) == 4 and shape[:2] == out[:2] and shape[2:] == (1, 1)
 
 
+def depth_to_space_blocks(node: Node, block: int) -> bool:
+    """A DCR DepthToSpace of a static 4-D float32 value whose channel groups (C / k^2, one
+    per output position in a k x k square) are whole blocks: it can run on the blocked twin."""
+    if node.op != "DepthToSpace" or node.domain or len(node.outputs) != 1 or node.outputs[0] is None \
+            or not node.inputs or node.inputs[0] is None:
+        return False
+    mode = node.attrs.get("mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    xs, k = static_shape(node.inputs[0]), int(node.attrs.get("blocksize", 0))
+    return (mode == "DCR" and k >= 1 and xs is not None and len(xs) == 4
+            and node.inputs[0].type.dtype is DType.float32 and xs[1] % (k * k * block) == 0)
+
+
 class _Rewriter:
     def __init__(self, graph: Graph, block: int, convs: dict[int, dict]):
         self.graph, self.block, self.convs = graph, block, convs
@@ -240,7 +255,7 @@ class _Rewriter:
         self.nodes: list[Node] = []
         self.skip: set[int] = set()           # nodes folded into a kernel already emitted
         self.fired = {"Conv": 0, "Winograd": 0, "elementwise": 0, "MaxPool": 0, "GlobalAveragePool": 0,
-                      "scale": 0, "Concat": 0, "Resize": 0, "ToNCHWc": 0, "FromNCHWc": 0}
+                      "scale": 0, "Concat": 0, "Resize": 0, "DepthToSpace": 0, "ToNCHWc": 0, "FromNCHWc": 0}
         self.opset = graph.opset("")
         self.consumers = graph.consumers()
         self.uses = use_counts(graph)       # reads at any depth, graph outputs included
@@ -458,6 +473,45 @@ class _Rewriter:
         self.fired["Concat"] += 1
         return True
 
+    def read_blocked(self, v: Value) -> bool:
+        """Whether v (through unary elementwise ops) reaches a blocked conv or a channel Concat:
+        a movement of v's twin pays only when its result stays blocked (else the conversion
+        just moves after it, and does the movement's index arithmetic too: DBNet's head)."""
+        todo, seen = [v], set()
+        while todo:
+            u = todo.pop()
+            for c in self.consumers.get(u.id, []):
+                if id(c) in seen:
+                    continue
+                seen.add(id(c))
+                if id(c) in self.convs or (c.op == "Concat" and not c.domain):
+                    return True
+                if c.op in UNARY and not c.domain and c.outputs and c.outputs[0] is not None:
+                    todo.append(c.outputs[0])
+        return False
+
+    def depth_to_space(self, node: Node) -> bool:
+        """A DCR DepthToSpace (block k) of a blocked value whose k*k channel groups are whole
+        blocks moves whole channel vectors: on the twin N,(k*k*CB'),H,W,c it is Reshape to
+        N,k,k,CB',H,W,c, Transpose to N,CB',H,k,W,k,c and Reshape to N,CB',H*k,W*k,c (a U-Net's
+        up-convolution, kiln.passes.conv_transpose, stays blocked into its skip Concat), when
+        its result is read blocked (`read_blocked`)."""
+        if not depth_to_space_blocks(node, self.block) or node.inputs[0].id not in self.blocked \
+                or not self.read_blocked(node.outputs[0]):
+            return False
+        k = int(node.attrs["blocksize"])
+        xb = self.blocked[node.inputs[0].id]
+        _, cb, h, w, c = xb.type.shape
+        y = node.outputs[0]
+        split = self.reshape(xb, (0, k, k, cb // (k * k), h, w, c))
+        moved = Value(self.namer.fresh(f"{y.name}.moved"), None)
+        self.emit("Transpose", [split], [moved], {"perm": [0, 3, 4, 1, 5, 2, 6]}, self.namer.fresh(f"{node.name}.nchwc"))
+        yb = self.twin_value(y)
+        self.reshape(moved, (0, cb // (k * k), h * k, w * k, c), yb)
+        self.produce_blocked(y, yb)
+        self.fired["DepthToSpace"] += 1
+        return True
+
     def resize(self, node: Node) -> bool:
         """A nearest-neighbour Resize (opset 11+, constant scales or sizes, batch and channels
         kept) of a blocked value resizes its blocked twin: the block axis gets scale 1, which
@@ -528,7 +582,7 @@ class _Rewriter:
             if kinds is not None:
                 self.elementwise(node, kinds)
                 continue
-            if self.concat(node) or self.resize(node):
+            if self.concat(node) or self.resize(node) or self.depth_to_space(node):
                 continue
             for v in reads(node):
                 self.need_nchw(v)
@@ -603,7 +657,7 @@ def _layout_agnostic(node: Node, opset: int) -> bool:
     need its other input blocked too)."""
     if node.domain:
         return False
-    if node.op in UNARY or blockable_pool(node, opset) is not None:
+    if node.op in UNARY or blockable_pool(node, opset) is not None or depth_to_space_blocks(node, 1):
         return True
     mode = node.attrs.get("mode", "nearest")
     mode = mode.decode() if isinstance(mode, bytes) else mode

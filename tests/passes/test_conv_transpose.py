@@ -80,7 +80,7 @@ def test_other_conv_transposes_stay(attrs):
 
 
 def test_old_opset_stays():
-    """DepthToSpace's CRD mode needs opset 11."""
+    """DepthToSpace's mode attribute needs opset 11."""
     assert "ConvTranspose" in _ops(_model(4, 3, 2, bias=False, bn=False, sym=False, opset=10))
 
 

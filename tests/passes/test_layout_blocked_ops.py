@@ -125,3 +125,32 @@ def test_silu_fuses_into_its_conv_at_O3():
     assert m.report.kernels == 1 or sum("Swish" in str(k) and "Conv" in str(k) for k in m.report.fused_groups) == 1
     xs = random_inputs(g, 1)
     np.testing.assert_allclose(m.run({"x": xs[0]})["y"], Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n, k, relu", [(1, 2, True), ("N", 2, False), (2, 3, False)])
+def test_depth_to_space_of_whole_blocks_runs_blocked_into_a_concat(n, k, relu, monkeypatch):
+    """A U-Net's up-convolution (1x1 conv to k*k*16 channels, DCR DepthToSpace, kiln.passes.
+    conv_transpose) concatenated with a blocked skip and read by a conv: the DepthToSpace moves
+    the twin's channel vectors (Reshape, Transpose, Reshape), nothing converts between the
+    convs; a CRD one, or one whose result is read in NCHW, runs NCHW."""
+    monkeypatch.setenv("KILN_CONV_ALGO", "direct")
+    h = 5
+    act = f'  %r: float32[{n},16,{h * k},{h * k}] = Relu(%d) name "relu"\n' if relu else ""
+    body = (f'  %u: float32[{n},{16 * k * k},{h},{h}] = Conv(%x, %wu, %bu) {{kernel_shape = [1, 1]}} name "up"\n'
+            f'  %d: float32[{n},16,{h * k},{h * k}] = DepthToSpace(%u) {{blocksize = {k}, mode = "DCR"}} name "d2s"\n'
+            + act +
+            f'  %s: float32[{n},8,{h * k},{h * k}] = Conv(%z, %ws) {{kernel_shape = [1, 1]}} name "skip"\n'
+            f'  %cat: float32[{n},24,{h * k},{h * k}] = Concat(%{"r" if relu else "d"}, %s) {{axis = 1}} name "cat"\n'
+            f'  %y: float32[{n},8,{h * k},{h * k}] = Conv(%cat, %wc) {{kernel_shape = [3, 3], pads = [1, 1, 1, 1]}} name "c"\n'
+            f'  %v: float32[{n},{16 * k * k},{h},{h}] = Conv(%x, %wu) {{kernel_shape = [1, 1]}} name "up2"\n'
+            f'  %e: float32[{n},16,{h * k},{h * k}] = DepthToSpace(%v) {{blocksize = {k}, mode = "CRD"}} name "crd"\n'
+            f'  %t: float32[{n},16,{h * k},{h * k}] = Neg(%e) name "neg"')
+    sig = f"(%x: float32[{n},16,{h},{h}], %z: float32[{n},8,{h * k},{h * k}]) -> (%y, %t)"
+    g = graph(prog(sig, body, 17), wu=R(16 * k * k, 16, 1, 1), bu=R(16 * k * k), ws=R(8, 8, 1, 1),
+              wc=R(8, 24, 3, 3))
+    out, stats = run_pass("transform_layout", g)
+    assert stats.fired["DepthToSpace"] == 1 and stats.fired["Concat"] == 1
+    ops = _ops(out)
+    assert ops.count("DepthToSpace") == 1 and ops.count("kiln::FromNCHWc") == 2   # the CRD one's input, y
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-4)
+    _compiled_matches(g, out)
