@@ -62,11 +62,17 @@ def _positions(ids: np.ndarray, start: int) -> np.ndarray:
     return np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
 
 
+def _mask(names, ids: np.ndarray, start: int) -> dict:
+    """An all-ones attention_mask over the past and new tokens, for a model that takes one."""
+    return {"attention_mask": np.ones((1, start + ids.shape[1]), np.int64)} if "attention_mask" in names else {}
+
+
 def kiln_generate(dec, prompt: np.ndarray, new: int, clock):
     cache = dec.new_cache()
 
     def step(ids, start):
-        return dec.step(cache, input_ids=ids, position_ids=_positions(ids, start))["logits"][0, -1]
+        return dec.step(cache, input_ids=ids, position_ids=_positions(ids, start),
+                        **_mask(dec.feeds, ids, start))["logits"][0, -1]
     return greedy(step, prompt, new, clock)
 
 
@@ -78,10 +84,13 @@ def ort_generate(sess, model, prompt: np.ndarray, new: int, clock):
     pasts = {o: o.replace("present", "past_key_values") for o in outs if o != "logits"}
     io = sess.io_binding()
     cache = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in empty_cache(model).items()}
+    names = [i.name for i in sess.get_inputs()]
 
     def step(ids, start):
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("position_ids", _positions(ids, start))
+        for k, v in _mask(names, ids, start).items():
+            io.bind_cpu_input(k, v)
         for name, value in cache.items():
             io.bind_ortvalue_input(name, value)
         for o in outs:
@@ -159,15 +168,22 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--form", choices=["onnx", "hf"], default="onnx",
+                    help="onnx: the decoder written with ONNX Attention (past/present in the op); hf: transformers' "
+                         "LlamaForCausalLM exported by torch.onnx.export (the cache Concat'ed in the graph)")
     a = ap.parse_args(argv)
     threads = 1 if a.clock == "cpu" else a.threads
     os.environ["OMP_NUM_THREADS"] = str(threads)   # before kiln's native code loads
     import kiln
     from kiln.bench import ort_session
     from kiln.codegen.build import compiler_runs
-    from benchmarks.decoder_model import llama_decoder
-    model = llama_decoder(a.layers, a.hidden, a.heads, a.kv_heads, a.intermediate, a.vocab,
-                          max_positions=max(a.capacity, a.prompt + a.new))
+    from benchmarks.decoder_model import hf_llama_decoder, llama_decoder
+    if a.form == "hf":
+        model = hf_llama_decoder(a.layers, a.hidden, a.heads, a.kv_heads, a.intermediate, a.vocab,
+                                 max_positions=max(a.capacity, a.prompt + a.new))
+    else:
+        model = llama_decoder(a.layers, a.hidden, a.heads, a.kv_heads, a.intermediate, a.vocab,
+                              max_positions=max(a.capacity, a.prompt + a.new))
     clock = time.thread_time if a.clock == "cpu" else time.perf_counter
     t = time.perf_counter()
     runs0 = compiler_runs()
@@ -179,12 +195,16 @@ def main(argv=None) -> int:
     sess = ort_session(model, threads)
     engines["ort"] = lambda: ort_generate(sess, model, prompt, a.new, clock)
     try:
+        if a.form == "hf":
+            raise NotImplementedError("the static-cache graph is the ONNX Attention form's")
         ssess = ort_session(_proto(dec.static.graph, model), threads)
         ort_static_generate(ssess, dec.static, prompt, 1, clock)
         engines["ort_static"] = lambda: ort_static_generate(ssess, dec.static, prompt, a.new, clock)
     except Exception as e:  # noqa: BLE001 - an ORT without TensorScatter: reported, not fatal
         print(f"ort_static skipped: {type(e).__name__}: {str(e)[:200]}")
     try:
+        if a.form == "hf":
+            raise NotImplementedError("the GroupQueryAttention decoder has the ONNX form's weights")
         gsess = ort_session(llama_decoder(a.layers, a.hidden, a.heads, a.kv_heads, a.intermediate, a.vocab,
                                           max_positions=max(a.capacity, a.prompt + a.new), attention="gqa"), threads)
         ort_gqa_generate(gsess, a.capacity, prompt, 1, clock)
