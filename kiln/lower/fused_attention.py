@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
-from kiln.loops.symbols import c_size, hint, static
+from kiln.loops.symbols import as_int, c_size, hint, same_size, static
 from kiln.lower.nnutil import parallel_worth
 from kiln.ops.fused_attention import DOMAIN, MASK_KINDS, contiguous_strides, logical_shapes, mask_strides
 from kiln.lower.context import LowerCtx, lowering
@@ -128,7 +128,8 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
               # in-place reads of K and V rows (decoding, see flash_attention.c): float32 whole vectors
               "KILN_FA_DIRECT": int(q.dtype is DType.float32 and d % t.lanes == 0 and dv % t.lanes == 0)}
     preamble = c_source("kiln_exp.h") + c_instance("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper())
-    if kv_lens is not None and (kv_lens.dtype is not DType.int64 or tuple(kv_lens.shape) != (b,)):
+    if kv_lens is not None and (kv_lens.dtype is not DType.int64 or len(kv_lens.shape) != 1
+                                or not same_size(kv_lens.shape[0], b)):
         ctx.fail(f"the keys' valid lengths must be int64 of shape ({b},), got {kv_lens.dtype} "
                  f"{tuple(kv_lens.shape)}", stage="lower")
     lens = "NULL" if kv_lens is None else "in4" if mask is not None else "in3"
@@ -153,7 +154,7 @@ def _fork_floor(target: Target) -> int | str:
 
 
 @lowering("FusedAttention", domain=DOMAIN)
-def _lower(ctx: LowerCtx, q, k, v, mask=None):
+def _lower(ctx: LowerCtx, q, k, v, mask=None, kv_lens=None):
     perms = [tuple(int(i) for i in ctx.attr(f"{n}_perm", [0, 1, 2, 3])) for n in ("q", "k", "v", "out")]
     (nb, hq, sq, d), (_, hkv, sk, _), (_, _, _, dv) = logical_shapes(ctx, [q.shape, k.shape, v.shape])
     strides = tuple(permuted_strides(x.shape, p) for x, p in zip((q, k, v), perms)) + \
@@ -162,6 +163,8 @@ def _lower(ctx: LowerCtx, q, k, v, mask=None):
     if mask is not None:
         name = ctx.attr("mask_kind", "add")
         kind = MASK_KINDS.index(name.decode() if isinstance(name, bytes) else name) + 1
+        if kv_lens is not None and len(mask.shape) and not static_one(mask.shape[-1]):
+            sk = mask.shape[-1]   # the keys read stop at the mask's width (its reads stay inside it)
         ms = mask_strides(mask.shape, (nb, hq, sq, sk))
         if ms is None:
             ctx.fail(f"mask of shape {tuple(mask.shape)} does not broadcast to the scores {(nb, hq, sq, sk)}",
@@ -173,4 +176,8 @@ def _lower(ctx: LowerCtx, q, k, v, mask=None):
     call = FlashCall((nb, hq, hkv, sq, sk, d, dv), strides, float(ctx.attr("scale", 1.0)), kind, ms,
                      float(ctx.attr("fill", -math.inf)), int(ctx.attr("causal", -1)),
                      (empty.decode() if isinstance(empty, bytes) else empty) == "nan")
-    return flash_kernel(ctx, call, q, k, v, mask, ctx.out_shape(0), ctx.out_dtype(0))
+    return flash_kernel(ctx, call, q, k, v, mask, ctx.out_shape(0), ctx.out_dtype(0), kv_lens)
+
+
+def static_one(x) -> bool:
+    return static(x) and as_int(x) == 1

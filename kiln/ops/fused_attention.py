@@ -5,7 +5,7 @@ exporters emit (MatMul, scale, mask, Softmax, MatMul, with the head Transposes a
 the grouped-query repeat around them) to this op, and the ONNX `Attention` op's
 lowering uses the same kernel (kiln.lower.fused_attention):
 
-    FusedAttention(q, k, v, mask?)
+    FusedAttention(q, k, v, mask?, kv_lens?)
         {q_perm, k_perm, v_perm, out_perm, scale, mask_kind, fill, causal, empty}
 
 - q, k, v: 4-D tensors read through a permutation: the logical (batch, head, seq,
@@ -17,6 +17,9 @@ lowering uses the same kernel (kiln.lower.fused_attention):
   the score becomes `fill`, as Where(mask, scores, fill)) or "bool_not" (the other way
   round, as Where(mask, fill, scores));
 - causal: -1, or an offset c: key t is visible to query s iff t <= s + c;
+- kv_lens: int64 [B], the keys each batch entry reads (clamped to [0, Sk], and to the
+  mask's key width when it has one): K/V buffers of more rows than are filled (a KV cache
+  read in place, kiln.passes.attention); keys past them are not visible;
 - empty: what a row with no finite score gives (every key -inf): "nan" (softmax's
   0/0, as the decomposed graph computes it) or "zero" (ONNX Attention's rule);
 - the output: logical [B, Hq, Sq, Dv] transposed by out_perm, in q's dtype.
@@ -103,7 +106,7 @@ def _infer(ctx):
 
 
 @op("FusedAttention", infer=_infer, domain=DOMAIN, fusion=OPAQUE)
-def fused_attention(ctx, q, k, v, mask=None):
+def fused_attention(ctx, q, k, v, mask=None, kv_lens=None):
     """The golden model on the logical tensors: the masked scores rounded to float32 (what the
     decomposed float32 graph computes: a row whose visible scores all carry -1e4 keeps float32's
     precision there, not float64's), softmax and P·V in float64."""
@@ -112,6 +115,14 @@ def fused_attention(ctx, q, k, v, mask=None):
     group = ql.shape[1] // kl.shape[1]
     kl, vl = np.repeat(kl, group, axis=1), np.repeat(vl, group, axis=1)
     s = (ql @ np.swapaxes(kl, -1, -2) * float(ctx.attr("scale", 1.0))).astype(np.float32)
+    rows = s.shape[3]
+    if kv_lens is not None:   # keys past the lengths (and past a mask's width) are not visible
+        width = rows if mask is None or np.shape(mask)[-1] == 1 else np.shape(mask)[-1]
+        n = np.clip(np.asarray(kv_lens, np.int64).reshape(-1), 0, min(rows, width))
+        if mask is not None and width < rows:
+            pad = [(0, 0)] * (np.ndim(mask) - 1) + [(0, rows - width)]
+            mask = np.pad(mask, pad)
+        s = np.where(np.arange(rows)[None, None, None, :] < n[:, None, None, None], s, -np.inf).astype(np.float32)
     if mask is not None:
         kind, fill = _text(ctx, "mask_kind", "add", MASK_KINDS), np.float32(ctx.attr("fill", -np.inf))
         if kind == "add":

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from kiln.dtypes import DType
-from kiln.graph.ir import Graph, Node, Value
+from kiln.graph.ir import Graph, Node, Value, const_value
 from kiln.graph.types import TensorType
 from kiln.ops.fused_attention import DOMAIN
 from kiln.passes.edit import Namer, const_scalar, new_node, use_counts
@@ -217,9 +219,52 @@ def _plan(graph: Graph, m: _Match, producers, consumers, uses, namer: Namer, tar
         perm = _perm(readers[0])
         if perm is not None:
             out, op_ = readers[0].outputs[0], perm
+    lens = None
+    rows = _cache_rows(k, kp, producers), _cache_rows(v, vp, producers)
+    if rows[0] is not None and rows[1] is not None and rows[0][2] == rows[1][2]:
+        (k, ends, size), (v, _, _) = rows
+        lens = _kv_lens(graph, namer, made, k, kp[0], ends, size)
+        why += "; keys read in place from the rows sliced off a KV cache buffer"
     attrs.update(q_perm=list(qp), k_perm=list(kp), v_perm=list(vp), out_perm=list(op_), empty="nan")
-    ins = [q, k, v] + ([mask] if mask is not None else [])
+    ins = [q, k, v] + ([mask] if mask is not None or lens is not None else []) + ([lens] if lens is not None else [])
     return made + [Node("FusedAttention", ins, [out], attrs, m.pv.name or m.softmax.name, DOMAIN)], why
+
+
+def _cache_rows(x: Value, perm: tuple, producers) -> tuple | None:
+    """(buffer, ends, rows) when x = Slice(buffer, 0, ends) along its key axis (perm[2]): a KV
+    cache's filled rows (kiln.decode.concat_cache) that the kernel reads in place, bounded by
+    run-time lengths, instead of a copy; `rows` the buffer's static size on that axis."""
+    p = producers.get(x.id)
+    if p is None or p.op != "Slice" or p.domain or len(p.inputs) < 4 or p.inputs[3] is None:
+        return None
+    data, starts, ends, axes = p.inputs[:4]
+    steps = p.inputs[4] if len(p.inputs) > 4 else None
+    ds = _dims(data)
+    if ds is None or len(ds) != 4 or not isinstance(ds[perm[2]], int) or ends.type is None \
+            or getattr(ends.type, "shape", None) != (1,):
+        return None
+    if starts.const is None or axes.const is None or (steps is not None and (steps.const is None
+                                                                          or steps.const.tolist() != [1])):
+        return None
+    if starts.const.tolist() != [0] or [int(a) % 4 for a in axes.const.tolist()] != [perm[2]]:
+        return None
+    return data, ends, ds[perm[2]]
+
+
+def _kv_lens(graph: Graph, namer: Namer, made: list, k: Value, batch_axis: int, ends: Value, size: int) -> Value:
+    """int64 [B]: the Slice's end as the rows every batch entry reads (a negative end counts
+    from `size`; the kernel clamps to [0, keys])."""
+    def node(op, ins, tag, **attrs):
+        made.append(new_node(graph, op, ins, namer.fresh(f"{k.name}/kv_lens_{tag}"),
+                             [namer.fresh(f"{k.name}.kv_lens_{tag}")], attrs))
+        return made[-1].outputs[0]
+    e = ends if ends.type.dtype is DType.int64 else node("Cast", [ends], "cast", to=int(DType.int64.onnx))
+    zero = const_value(namer.fresh(f"{k.name}.kv_lens_zero"), np.zeros(1, np.int64))
+    e = node("Where", [node("Less", [e, zero], "neg"),
+                       node("Add", [e, const_value(namer.fresh(f"{k.name}.kv_lens_size"),
+                                                   np.array([size], np.int64))], "wrap"), e], "end")
+    axis = const_value(namer.fresh(f"{k.name}.kv_lens_axis"), np.array([batch_axis], np.int64))
+    return node("Expand", [e, node("Gather", [node("Shape", [k], "shape"), axis], "batch")], "lens")
 
 
 def _perm(node: Node) -> tuple[int, ...] | None:

@@ -70,6 +70,14 @@ def test_steps_from_cache_length_0_match_ort(model, decoder):
     assert int(cache.length[0]) == 311
 
 
+def test_attention_reads_the_cache_in_place(decoder):
+    """The filled rows are not sliced off into a copy: the fused attention reads the cache
+    buffers, bounded by run-time lengths (kiln.passes.attention's kv_lens)."""
+    calls = decoder.model.module.call_nodes
+    assert sum(c.startswith("FusedAttention") for c in calls) == SMALL["layers"]
+    assert not [c for c in calls if "cache_rows'" in c and c.startswith("Slice")], calls
+
+
 def test_prompt_first_and_batch_of_two(model, decoder):
     """A 5-token prompt at cache length 0, then single tokens, two batch entries."""
     for _, cache in _steps_against_ort(model, decoder, [5, 1, 1], batch=2, seed=3):

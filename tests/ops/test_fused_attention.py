@@ -125,6 +125,40 @@ def test_odd_and_tiny_lengths():
     check(g, feeds_for(g, rng))
 
 
+@pytest.mark.parametrize("mask", [None, "row", "causal"])
+def test_kv_lens_read_the_filled_rows_of_a_cache_buffer(mask):
+    """K/V buffers of 80 rows of which kv_lens are filled (a KV cache read in place): rows past
+    the lengths hold 1e6 and are never seen; with a mask of the filled width (a padding row
+    shared by heads and queries, or a causal [B, 1, S, n] one), the keys stop at its width.
+    Lengths 0 (nothing visible: NaN), 1, and across a key block."""
+    rng = np.random.default_rng(11)
+    b, hq, hkv, sq, cap, d = 3, 4, 2, 2 if mask == "causal" else 1, 80, 16
+    n = 70   # the mask's width: the rows the graph sliced off
+    mspec = None if mask is None else (((b, 1, 1, n) if mask == "row" else (b, 1, sq, n)), DType.float32)
+    node, ins = fused_node(0, b, hq, hkv, sq, cap, d, d, mask=mspec, scale=0.25,
+                           **({} if mask is None else {"mask_kind": "add"}))
+    if mask is None:
+        node.inputs.append(None)
+    lens = Value("lens0", TensorType(DType.int64, (b,)))
+    node.inputs.append(lens)
+    g = many([(node, ins + [lens])])
+    q, k, v = (rng.standard_normal(x.type.shape).astype(np.float32) for x in ins[:3])
+    filled = np.array([0, 1, 66]) if mask is None else np.array([1, 5, 70])
+    for x in (k, v):
+        for i, f in enumerate(filled):
+            x[i, :, f:] = 1e6
+    xs = [q, k, v]
+    if mask is not None:
+        m = np.where(rng.random(mspec[0]) < 0.2, np.float32(-1e4), np.float32(0))
+        if mask == "causal":
+            m[:, :, 0, -1] = -np.inf   # the first query does not see the last key
+        xs.append(m)
+    xs.append(filled.astype(np.int64))
+    got, want = check(g, xs)
+    assert np.isnan(got[0]).all() == (filled[0] == 0)
+    assert np.isfinite(got[1:]).all()
+
+
 def test_gpt2_layout_causal_additive_mask():
     """GPT-2's form: Q/K/V read as (b, s, h, d), a [B, 1, S, S] additive causal mask of
     float32's min (blocks above the diagonal all dead: skipped), the output written (b, s, h, d)."""

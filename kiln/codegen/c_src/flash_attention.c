@@ -33,7 +33,8 @@
    packed, and the causal offset counts from the end of the valid keys (causal + kv_lens[b]
    - SQ: the queries are the last SQ of them, as ONNX Attention's nonpad_kv_seqlen).
    Direct reads (KILN_FA_DIRECT, float32 with D and DV whole vectors): when K and V rows are
-   contiguous (kd = vd = 1), there is no mask and a task's rows fit one tile (decoding: the G
+   contiguous (kd = vd = 1), there is no mask or one row of it for every head and query, and
+   a task's rows fit one tile (decoding: the G
    query heads of a group, one token each), nothing is packed: Q·Kᵀ takes each key row's dot
    products in place and P·V reads V rows in place, so a decode step reads the cache once and
    copies none of it.
@@ -77,14 +78,17 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
       SKM = n > SKM ? n : SKM;
     }
   }
-  /* query heads per task: without a mask a K/V group's G heads are one task's rows (decoding:
-     G rows per micro-tile, not 1 of MR), with one each head is its own (its mask rows) */
-  const int64_t HG = mask_kind ? 1 : G, RQ = HG * SQ;
+  /* query heads per task: a K/V group's G heads are one task's rows (decoding: G rows per
+     micro-tile, not 1 of MR) unless a mask differs per head or query (each head then is its
+     own task, its mask rows and block states); a mask broadcast over both (decoding's
+     [B, 1, 1, keys] padding and causal mask) is one row for all of them */
+  const int shared_mask = !mask_kind || (!mh && !mq);
+  const int64_t HG = shared_mask ? G : 1, RQ = HG * SQ;
   const int64_t NKB = (SKM + BK - 1) / BK, NQT = (RQ + BQ - 1) / BQ;
   const int64_t SKP = NKB * BK;
   /* block states (mask): per (mask batch, mask head, q tile, key block): 0 mixed, 1 dead, 2 zero */
   const int64_t MBN = mask_kind && mb ? B : 1, MHN = mask_kind && mh ? HQ : 1, MQN = mask_kind && mq ? NQT : 1;
-  const int direct = KILN_FA_DIRECT && kd == 1 && vd == 1 && !mask_kind && RQ <= BQ;
+  const int direct = KILN_FA_DIRECT && kd == 1 && vd == 1 && shared_mask && RQ <= BQ;
   const size_t kbytes = direct ? 0 : sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * D;
   const size_t vbytes = direct ? 0 : sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * DVP;
   const size_t sbytes = mask_kind ? (size_t)(MBN * MHN * MQN * NKB) : 0;
