@@ -676,9 +676,11 @@ def _window_shape(inf, node):
             out.append(Poly.of(num.value // st + 1))
             continue
         lo = num.lower_bound()
+        o = num.floordiv(st, assume_nonnegative=True) + 1
         if lo is None or lo < 0:
             inf.res.guards.append(Guard(-num, 0, f"{where}'s window of {eff} must fit the padded input"))
-        out.append(num.floordiv(st, assume_nonnegative=True) + 1)
+            inf.positive.add(o)             # (so the size is at least 1)
+        out.append(o)
     return [out]
 
 

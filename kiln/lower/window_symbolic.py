@@ -49,11 +49,20 @@ def _window(ctx, nd: int, kernel: list[int]):
     return strides, dil, begin
 
 
-def _taps(x, n, c, o, ks, strides, dil, begin, pad):
+def _win(ctx, x, kernel: list[int]):
+    """The window as kiln.ops.nn.Window (ints but the output sizes), for the pools' helpers."""
+    from kiln.ops.nn import Window  # noqa: PLC0415
+    nd = len(x.shape) - 2
+    strides, dil, begin = _window(ctx, nd, kernel)
+    end = [int(p) for p in (ctx.attr("pads", None) or [0] * (2 * nd))[nd:]]
+    return Window(list(kernel), strides, dil, begin, end, list(ctx.out_shape(0)[2:]), [0] * nd)
+
+
+def _taps(x, n, c, o, ks, win, pad):
     """x at the taps ks of output position o: `pad` outside the input (a select: the load
     happens only inside, so the index needs no clamping)."""
-    pos = [oi * s + k * d - b for oi, k, s, d, b in zip(o, ks, strides, dil, begin)]
-    ok = _conj([(p >= 0) & (p < size) for p, size in zip(pos, x.shape[2:])])
+    from kiln.lower.pool import _pool_taps  # noqa: PLC0415
+    pos, ok, _ = _pool_taps(win, o, ks, list(x.shape[2:]))
     return select(ok, x[(n, c, *pos)], pad)
 
 
@@ -164,14 +173,13 @@ def _lowest(dt: DType):
 def max_pool(ctx, x):
     """MaxPool (no Indices output) over symbolic image sizes."""
     from kiln.loops import rmax  # noqa: PLC0415
-    nd = len(x.shape) - 2
     kernel = [int(k) for k in ctx.attr("kernel_shape")]
-    strides, dil, begin = _window(ctx, nd, kernel)
+    win = _win(ctx, x, kernel)
     if ctx.num_outputs > 1 and ctx.output_used(1):
         ctx.fail("MaxPool's Indices over a symbolic image size")
     ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(kernel)]
-    y = compute(ctx.out_shape(0), lambda n, c, *o: rmax(_taps(x, n, c, o, ks, strides, dil, begin,
-                                                              _lowest(x.dtype)), ks), "maxpool")
+    y = compute(ctx.out_shape(0), lambda n, c, *o: rmax(_taps(x, n, c, o, ks, win, _lowest(x.dtype)), ks),
+                "maxpool")
     ctx.schedule(_row_schedule(y, math.prod(hint(d) for d in y.shape) * math.prod(kernel), ctx.target))
     if ctx.num_outputs > 1:
         return [y, compute(ctx.out_shape(1), lambda *i: const(0, DType.int64), "indices")]
@@ -181,29 +189,22 @@ def max_pool(ctx, x):
 def average_pool(ctx, x):
     """AveragePool over symbolic image sizes: the divisor counts the taps inside the input
     (or the pads too, count_include_pad), computed per output from its position."""
+    from kiln.lower.pool import _window_count  # noqa: PLC0415
     nd = len(x.shape) - 2
     kernel = [int(k) for k in ctx.attr("kernel_shape")]
-    strides, dil, begin = _window(ctx, nd, kernel)
+    win = _win(ctx, x, kernel)
     acc = _acc_dtype(x.dtype)
     ks = [reduce_axis(k, f"k{i}") for i, k in enumerate(kernel)]
-    total = compute(ctx.out_shape(0), lambda n, c, *o: sum_(cast(acc, _taps(x, n, c, o, ks, strides, dil, begin,
-                                                                             const(0, x.dtype))), ks), "winsum")
-    pads = [int(p) for p in (ctx.attr("pads", None) or [0] * (2 * nd))]
+    total = compute(ctx.out_shape(0), lambda n, c, *o: sum_(cast(acc, _taps(x, n, c, o, ks, win, const(0, x.dtype))),
+                                                             ks), "winsum")
     spatial = list(x.shape[2:])
     if int(ctx.attr("count_include_pad", 0)):
-        lo, hi = [-b for b in begin], [s + e for s, e in zip(spatial, pads[nd:])]
+        lo, hi = [-b for b in win.begin], [s_ + e for s_, e in zip(spatial, win.end)]
     else:
         lo, hi = [0] * nd, spatial
 
     def count(o):
-        n = None
-        for oi, s, d, b, k, l_, h_ in zip(o, strides, dil, begin, kernel, lo, hi):
-            start = oi * s - b
-            k_lo = max_(-((start - l_) // d), 0)
-            k_hi = min_(-((start - h_) // d), k)
-            c = max_(k_hi - k_lo, 0)
-            n = c if n is None else n * c
-        return n
+        return _window_count(win, o, spatial, lo, hi)
     y = compute(ctx.out_shape(0), lambda n, c, *o: cast(x.dtype, total[(n, c, *o)] / cast(acc, count(o))),
                 "avgpool")
     work = math.prod(hint(d) for d in y.shape) * math.prod(kernel)

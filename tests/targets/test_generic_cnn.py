@@ -94,3 +94,35 @@ def test_image_sizes_are_floor_divisions_of_the_symbols():
         assert up.evaluate({"N": 1, "H": h, "W": 1}) == 2 * ((pooled + 2 - 3) // 2 + 1)
     assert (Poly.sym("H") * 2 + 5).floordiv(2) == Poly.sym("H") + 2      # exact terms come out
     assert up.lower_bound() == 2
+
+
+def test_windows_over_a_symbolic_image_size(compiler_runs):  # noqa: F811
+    """Average pools (pads counted or not), a depthwise and a dilated conv, a 1-D strided
+    conv, and nearest Resize down (0.5: floor(H / 2)) and up in asymmetric mode, over H, W."""
+    rng = np.random.default_rng(3)
+
+    def w(name, *shape):
+        return nh.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+    inits = [w("dw", 8, 1, 3, 3), w("wd", 8, 8, 3, 3), w("w1d", 4, 8, 5),
+             nh.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "half"),
+             nh.from_array(np.array([1, 1, 3, 2], np.float32), "up"), nh.from_array(np.zeros(0, np.float32), "roi"),
+             nh.from_array(np.array([0, 8, -1], np.int64), "to1d")]
+    nodes = [
+        helper.make_node("AveragePool", ["x"], ["a1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("AveragePool", ["x"], ["a2"], kernel_shape=[2, 3], strides=[2, 1], pads=[0, 1, 1, 0],
+                         count_include_pad=1),
+        helper.make_node("Conv", ["x", "dw"], ["d1"], group=8, pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Conv", ["x", "wd"], ["d2"], dilations=[2, 2], pads=[2, 2, 2, 2]),
+        helper.make_node("Reshape", ["x", "to1d"], ["flat"]),
+        helper.make_node("Conv", ["flat", "w1d"], ["c1d"], strides=[3], pads=[2, 2]),
+        helper.make_node("Resize", ["x", "roi", "half"], ["down"], mode="nearest"),
+        helper.make_node("Resize", ["x", "roi", "up"], ["upa"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    ]
+    outs = ["a1", "a2", "d1", "d2", "c1d", "down", "upa"]
+    g = helper.make_graph(nodes, "windows", [helper.make_tensor_value_info("x", F, ["N", 8, "H", "W"])],
+                          [helper.make_tensor_value_info(o, F, None) for o in outs], inits)
+    m = _generic(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), opt_level=2)
+    feeds = [{"x": rng.standard_normal((n, 8, h, w_)).astype(np.float32)}
+             for n, h, w_ in [(1, 2, 2), (2, 3, 7), (1, 13, 5), (1, 32, 33), (3, 61, 2)]]
+    _check_runs(m, feeds, compiler_runs, rtol=1e-4, atol=1e-4)
