@@ -71,6 +71,34 @@ CONVS = {
         "k3s2_512": (512, (3199,), 512, 3, 2, 0),
         "k2s2_512": (512, (99,), 512, 2, 2, 0),
     },
+    # 1x1 convs of ResNet-50 (bottleneck in/out, stride-2 projections) and MobileNetV2 (expand /
+    # project) at 224: where they are compute-bound, issue 13 asks 75% of the FMA peak
+    "pointwise": {
+        "r50_64_64x56": (64, 56, 64, 1, 1, 0),
+        "r50_64_256x56": (64, 56, 256, 1, 1, 0),
+        "r50_256_64x56": (256, 56, 64, 1, 1, 0),
+        "r50_256_128x56": (256, 56, 128, 1, 1, 0),
+        "r50_128_512x28": (128, 28, 512, 1, 1, 0),
+        "r50_512_128x28": (512, 28, 128, 1, 1, 0),
+        "r50_512_256x28": (512, 28, 256, 1, 1, 0),
+        "r50_256_1024x14": (256, 14, 1024, 1, 1, 0),
+        "r50_1024_256x14": (1024, 14, 256, 1, 1, 0),
+        "r50_1024_512x14": (1024, 14, 512, 1, 1, 0),
+        "r50_512_2048x7": (512, 7, 2048, 1, 1, 0),
+        "r50_2048_512x7": (2048, 7, 512, 1, 1, 0),
+        "r50_ds256_512s2": (256, 56, 512, 1, 2, 0),
+        "r50_ds1024_2048s2": (1024, 14, 2048, 1, 2, 0),
+        "mv2_16_96x112": (16, 112, 96, 1, 1, 0),
+        "mv2_144_24x56": (144, 56, 24, 1, 1, 0),
+        "mv2_24_144x56": (24, 56, 144, 1, 1, 0),
+        "mv2_192_32x28": (192, 28, 32, 1, 1, 0),
+        "mv2_64_384x14": (64, 14, 384, 1, 1, 0),
+        "mv2_384_64x14": (384, 14, 64, 1, 1, 0),
+        "mv2_576_96x14": (576, 14, 96, 1, 1, 0),
+        "mv2_160_960x7": (160, 7, 960, 1, 1, 0),
+        "mv2_960_160x7": (960, 7, 160, 1, 1, 0),
+        "mv2_320_1280x7": (320, 7, 1280, 1, 1, 0),
+    },
     "strided": {    # 3x3 stride-2 downsampling convs of detectors (320x320 input)
         "s2_32_64": (32, 160, 64, 3, 2, 1),
         "s2_64_128": (64, 80, 128, 3, 2, 1),
@@ -153,6 +181,11 @@ def main(argv=None):
         args.threads = 1
     block = default_block(Target.host())
     rng = np.random.default_rng(0)
+    peak = None
+    if args.clock == "cpu":     # one thread: each kernel's GFLOP/s against one core's measured peak
+        from benchmarks.fma_peak import peak_gflops  # noqa: PLC0415
+        peak = peak_gflops(block)
+        print(f"FMA peak of one thread: {peak:.1f} GFLOP/s float32 (benchmarks/fma_peak.py)")
     for name, spec in CONVS[args.convs].items():
         if args.only and name not in args.only.split(","):
             continue
@@ -190,6 +223,7 @@ def main(argv=None):
         st = timed(fns, args)
         print(f"{name:12s} {flops / 1e9:.3f} GF | " + " | ".join(
             f"{kk} {v['median_ms']:.3f} ms (p10 {v['p10_ms']:.3f}) {flops / v['median_ms'] / 1e6:.0f} GF/s"
+            + (f" {flops / v['p10_ms'] / 1e6 / peak:.0%} of peak at p10" if peak and kk == "nchwc" else "")
             for kk, v in st.items()), flush=True)
 
 
