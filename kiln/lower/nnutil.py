@@ -72,6 +72,18 @@ def parallel_worth(work: int, target: Target, kind: str = "window", streamed: in
     return saved >= FORK_GAIN_DECISION.value() * target.fork_us
 
 
+def parallel_from(n, work_of, target: Target, kind: str = "conv") -> str:
+    """A hand-written kernel's `parallel` argument as C: "1"/"0" for a static batch `n`, else
+    `(n >= k)` for the least batch k whose work (`work_of(k)`) is worth threads, so a symbolic
+    batch of 1 stays serial as its specialised kernel is (kiln.loops.symbols.c_size spells n)."""
+    from kiln.loops.symbols import as_int, c_size, static  # noqa: PLC0415
+    if static(n):
+        return str(int(parallel_worth(work_of(as_int(n)), target, kind)))
+    k = next((k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256) if parallel_worth(work_of(k), target, kind)),
+             None)
+    return "0" if k is None else "1" if k == 1 else f"({c_size(n)} >= {k})"
+
+
 def _rup(a: int, b: int) -> int:
     return -(-a // b) * b
 

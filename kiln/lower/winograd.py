@@ -24,7 +24,7 @@ from kiln.codegen.csource import c_instance, c_shared
 from kiln.dtypes import DType
 from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM
-from kiln.lower.nnutil import parallel_worth
+from kiln.lower.nnutil import parallel_from
 from kiln.lower.context import lowering
 from kiln.ops.winograd import DOMAIN, M, geometry
 from kiln.targets.target import Target
@@ -96,7 +96,7 @@ def _lower(ctx, x, u, b=None):
     gemm = gemm_instance(fn, lanes, tr, ov)
     preamble = c_shared("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_GEMM": gemm[0], "KILN_WG_L": str(lanes),
                                        "KILN_WG_TR": str(tr), "KILN_WG_OV": str(ov)}, fn.upper(), helpers=gemm[1])
-    par = int(parallel_worth(macs(n, icb, ocb, oh, ow, lanes), target, "conv"))
+    par = parallel_from(n, lambda k: macs(k, icb, ocb, oh, ow, lanes), target)
     body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {c_size(n)}, {icb}, {h}, {w}, "
             f"{ocb}, {oh}, {ow}, {pads[0]}, {pads[1]}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,

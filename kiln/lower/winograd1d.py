@@ -13,7 +13,7 @@ from kiln.dtypes import DType
 from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM, tiles_1d
 from kiln.lower.context import lowering
-from kiln.lower.nnutil import parallel_worth
+from kiln.lower.nnutil import parallel_from
 from kiln.lower.winograd import gemm_instance, register_tile
 from kiln.ops.winograd import matrices
 from kiln.ops.winograd1d import DOMAIN, geometry, taps
@@ -63,7 +63,6 @@ def _lower(ctx, x, u, b=None):
     # chunks planned for one image when the batch is symbolic (images are the kernel's outer loop)
     tiles = tiles_1d(n if static(n) else 1, ow, d, m)
     tr, ov, t, osplit = plan(tiles, m + r - 1, icb * st * lanes, ocb, target)
-    tiles = tiles_1d(n, ow, d, m)
     fn = f"kiln_winograd1d_f{m}x{r}_l{lanes}_r{tr}_o{ov}"
     at, _, bt = matrices(m, r)
     gemm = gemm_instance(fn, lanes, tr, ov)
@@ -71,8 +70,7 @@ def _lower(ctx, x, u, b=None):
         "KILN_WG1_FN": fn, "KILN_WG1_GEMM": gemm[0], "KILN_WG1_L": str(lanes), "KILN_WG1_M": str(m), "KILN_WG1_R": str(r),
         "KILN_WG1_TR": str(tr),
         "KILN_WG1_OV": str(ov), "KILN_WG1_AT": _c_matrix(at), "KILN_WG1_BT": _c_matrix(bt)}, fn.upper())
-    work = tiles * (m + r - 1) * icb * st * lanes * ocb * lanes
-    par = int(parallel_worth(work, target, "conv"))
+    par = parallel_from(n, lambda k: tiles_1d(k, ow, d, m) * (m + r - 1) * icb * st * lanes * ocb * lanes, target)
     body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {c_size(n)}, {icb}, {w}, "
             f"{ocb}, {ow}, {pads[0]}, {d}, {st}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,
