@@ -648,7 +648,7 @@ def _call_args(lm, func_symbol) -> list:
     from kiln.loops.stmt import Call, Seq, View  # noqa: PLC0415
     body = lm.module.funcs[-1].body
     calls = body.stmts if isinstance(body, Seq) else (body,)
-    return [[func_symbol(c.func), [[a.buffer.name, int(a.byte_offset)] if isinstance(a, View) else
+    return [[func_symbol(c.func), [[a.buffer.name.replace("_", ""), int(a.byte_offset)] if isinstance(a, View) else
                                    [a.name.replace("_", ""), 0] for a in c.args]]
             for c in calls if isinstance(c, Call)]
 

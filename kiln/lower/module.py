@@ -34,6 +34,7 @@ from kiln.lower.inplace import inplace_candidates
 from kiln.lower.kernel import Kernel, Unfusable, lower_group, lowerable
 from kiln.lower.partition import VIEW_OPS, FusionPlan, partition
 from kiln.ops.layout import DOMAIN as LAYOUT_DOMAIN, keeps_bytes
+from kiln.ops.tensor import contiguous_slice_offset
 from kiln.lower.memory import ArenaPlan, Lifetime, plan_arena
 from kiln.lower.schedules import default_schedule
 from kiln.lower.workload import lower_with_workload, workload_decisions, workload_key
@@ -114,6 +115,7 @@ class Step:
     func: str
     args: list
     what: str                    # "op node 'name' + ..." for errors and reports
+    offsets: dict = field(default_factory=dict)   # arg index -> bytes into its value (a view's)
 
 
 @dataclass
@@ -126,6 +128,7 @@ class LoweredGroups:
     share: list[tuple[int, Value, Value]]   # (step, input, output) that may run in place
     out_params: list[Buffer]
     str_consts: dict[int, Value]  # string constants, written by a kernel of their own
+    view_offsets: dict[int, int] = field(default_factory=dict)  # view id -> bytes into its alias
 
     @property
     def decisions(self) -> dict[str, dict]:
@@ -166,13 +169,17 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
     consumers = graph.consumers()
     outputs_ids = {v.id for v in graph.outputs}
     alias: dict[int, Value] = {}
+    view_offsets: dict[int, int] = {}
     seen: dict[str, str] = {}      # kernel text (name left out) -> the kernel already emitted
     share: list[tuple[int, Value, Value]] = []
     for group in fusion.groups:
         inside = {id(n) for n in group.nodes}
-        if len(group.nodes) == 1 and _is_view(group.nodes[0]):
-            n = group.nodes[0]
-            alias[n.outputs[0].id] = alias.get(n.inputs[0].id, n.inputs[0])
+        offsets = _view_chain(graph, group.nodes)
+        if offsets is not None:   # views only: each output aliases its root value's bytes
+            for n, off in zip(group.nodes, offsets):
+                src = n.inputs[0]
+                alias[n.outputs[0].id] = alias.get(src.id, src)
+                view_offsets[n.outputs[0].id] = view_offsets.get(src.id, 0) + off
             continue
 
         def needed_outside(v, inside=inside):
@@ -194,6 +201,8 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
             steps.append(Step(name, list(kernel.inputs) + outs, what))
     # steps read a view's root value instead of the view (same bytes, no copy)
     for st in steps:
+        st.offsets = {i: view_offsets[a.id] for i, a in enumerate(st.args)
+                      if isinstance(a, Value) and view_offsets.get(a.id)}
         st.args = [alias.get(a.id, a) if isinstance(a, Value) else a for a in st.args]
     # graph outputs not written by a kernel (inputs, constants, views, repeats) get a copy kernel
     kernel_written = {a.id for st in steps for a in st.args if isinstance(a, Value)}
@@ -207,7 +216,8 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
         if not producer_writes or v.id in written:
             name = f"copy_out{i}"
             funcs.append(_copy_kernel(name, v.type, target))
-            steps.append(Step(name, [alias.get(v.id, v), p], f"copy to output {v.name!r}"))
+            steps.append(Step(name, [alias.get(v.id, v), p], f"copy to output {v.name!r}",
+                              {0: view_offsets[v.id]} if view_offsets.get(v.id) else {}))
         written.add(v.id)
 
     # string constants are written by a kernel of their own (pointers to literals in the
@@ -220,7 +230,9 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
         steps.insert(k, Step(name, [v], f"string constant {v.name!r}"))
     # (share's step indices count kernels only, so with string constants in front no pair
     # matches its step and nothing runs in place: conservative, as it always was)
-    return LoweredGroups(kernels, funcs, steps, alias, share, out_params, str_consts)
+    # an offset view's reader may not write over it in place: its bytes start inside its root's
+    share = [(k, a, b) for k, a, b in share if not view_offsets.get(a.id)]
+    return LoweredGroups(kernels, funcs, steps, alias, share, out_params, str_consts, view_offsets)
 
 
 def plan_memory(graph: Graph, lowered: LoweredGroups, alloc=None) -> MemoryPlan:
@@ -329,7 +341,12 @@ def emit_module(graph: Graph, lowered: LoweredGroups, memory: MemoryPlan,
             return View(abuf, plan.offsets[a.id])
         return View(abuf, plan.offsets[id(a)])
 
-    calls = [Call(st.func, tuple(arg(a) for a in st.args)) for st in steps]
+    def shifted(a, nbytes):
+        return a if not nbytes else View(a.buffer, a.byte_offset + nbytes) if isinstance(a, View) \
+            else View(a, nbytes)
+
+    calls = [Call(st.func, tuple(shifted(arg(a), st.offsets.get(i, 0)) for i, a in enumerate(st.args)))
+             for st in steps]
     params = tuple(in_params[v.id] for v in graph.inputs) + tuple(lowered.out_params) + (wbuf, abuf)
     entry = PrimFunc(ENTRY, params, seq(*calls), noalias=False)
     module = LoopModule(funcs + [entry], entry=ENTRY, interface=interface_text(
@@ -348,6 +365,50 @@ def _dedup(func, funcs: list, seen: dict[str, str]) -> str:
         seen[text] = func.name
         funcs.append(func)
     return seen[text]
+
+
+def _view_chain(graph: Graph, nodes: list[Node]) -> list[int] | None:
+    """Per node, the byte offset of its output in its input, when every node of a group is a
+    view of the one before it (None: the group needs a kernel): reshape-like ops and layout
+    conversions that move nothing at 0, a Slice whose result is one contiguous run of its
+    input at that run's start."""
+    offsets = []
+    for k, n in enumerate(nodes):
+        if k and (not n.inputs or n.inputs[0] is not nodes[k - 1].outputs[0]):
+            return None
+        if _is_view(n):
+            offsets.append(0)
+            continue
+        off = _slice_view_offset(graph, n)
+        if off is None:
+            return None
+        offsets.append(off)
+    return offsets
+
+
+def _slice_view_offset(graph: Graph, node: Node) -> int | None:
+    """Bytes into its input at which a Slice's result starts, when it is one contiguous run of
+    a statically shaped input (kiln.ops.tensor.contiguous_slice_offset); else None."""
+    if node.op != "Slice" or (node.domain or "") != "" or len(node.outputs) != 1 or node.inputs[0] is None:
+        return None
+    x, y = node.inputs[0].type, node.outputs[0].type
+    if not (isinstance(x, TensorType) and isinstance(y, TensorType) and x.dtype == y.dtype and x.is_static
+            and y.is_static):
+        return None
+    if graph.opset("") < 10:
+        starts, ends, axes, steps = node.attrs.get("starts"), node.attrs.get("ends"), node.attrs.get("axes"), None
+    else:
+        params = [v for v in node.inputs[1:5]]
+        if any(v is not None and v.const is None for v in params):
+            return None
+        starts, ends, axes, steps = ([int(i) for i in np.asarray(v.const).reshape(-1)] if v is not None else None
+                                     for v in params + [None] * (4 - len(params)))
+    if starts is None or ends is None:
+        return None
+    off = contiguous_slice_offset(tuple(x.shape), [int(i) for i in starts], [int(i) for i in ends],
+                                  None if axes is None else [int(i) for i in axes],
+                                  None if steps is None else [int(i) for i in steps])
+    return None if off is None else off * x.dtype.itemsize
 
 
 def _is_view(node: Node) -> bool:
@@ -410,7 +471,7 @@ def group_inputs(graph: Graph, known: dict) -> list[GroupInputs]:
     outputs = {v.id for v in graph.outputs}
     out = []
     for k, group in enumerate(partition(graph, fuse_anchors=True).groups):
-        if len(group.nodes) == 1 and _is_view(group.nodes[0]):
+        if _view_chain(graph, group.nodes) is not None:
             continue
         inside = {id(n) for n in group.nodes}
 

@@ -570,6 +570,38 @@ def _clamped(d: int, k: slice) -> slice:
     return slice(min(max(b, 0), d - 1), None if e < 0 else e, k.step)
 
 
+def contiguous_slice_offset(shape, starts, ends, axes=None, steps=None) -> int | None:
+    """The element offset of Slice(x, starts, ends, axes, steps) in a row-major x of static
+    `shape` when the result is one contiguous run of x (single indices on the axes before
+    one axis, a unit-step range there, every axis after it whole), else None: then the Slice
+    is a view of x at that offset and needs no kernel (a packed QKV's unbind: q, k and v are
+    three consecutive runs of one buffer)."""
+    if not all(isinstance(d, int) for d in shape):
+        return None
+    rank = len(shape)
+    axes = list(range(len(starts))) if axes is None else [a + rank if a < 0 else a for a in axes]
+    steps = [1] * len(starts) if steps is None else list(steps)
+    if not len(starts) == len(ends) == len(axes) == len(steps) or len(set(axes)) != len(axes) \
+            or 0 in steps or any(not 0 <= a < rank for a in axes):
+        return None
+    per = {a: _clamped(d, slice(b, e, st)) for a, b, e, st, d in
+           zip(axes, starts, ends, steps, (shape[a % rank] for a in axes))}
+    ranges = [range(*per.get(a, slice(None)).indices(d)) for a, d in enumerate(shape)]
+    if any(len(r) == 0 for r in ranges):
+        return None
+    offset, stride, inner_whole = 0, 1, True
+    for a in reversed(range(rank)):
+        r, d = ranges[a], shape[a]
+        if not inner_whole and len(r) > 1:
+            return None   # a range on this axis, but an axis inside it was cut
+        if len(r) > 1 and r.step != 1:
+            return None
+        offset += r[0] * stride
+        inner_whole = inner_whole and len(r) == d
+        stride *= d
+    return offset
+
+
 def _sliced_dim(ctx, d, k: slice):
     if isinstance(d, int):
         return len(range(*_clamped(d, k).indices(d)))
