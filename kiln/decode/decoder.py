@@ -205,12 +205,14 @@ class Decoder:
 
 
 def _generic(graph, options: dict):
-    """`graph` compiled as one shape-generic module (refused, saying why, where it cannot be)."""
+    """`graph` compiled as one shape-generic module (refused, saying why, where it cannot be),
+    its arena planned per doubling of the symbols rather than per step (round_plans)."""
     from kiln.compiler import compile as kiln_compile  # noqa: PLC0415
     model = kiln_compile(graph, shapes="generic", **options)
     if model.shapes != "generic":
         raise NotStaticCache("the decoder's past/present Concat form became a KV cache, but not one "
                              f"shape-generic module: {model.shapes_reason}", stage="decode")
+    model.module.round_plans = True
     return model
 
 

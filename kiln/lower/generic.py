@@ -125,18 +125,44 @@ class ShapeGenericLowered:
     outputs: list = field(default_factory=list)  # (shape, dtype name) per graph output
     _overlaps: list | None = field(default=None, repr=False)   # per buffer: those alive with it
 
-    def layout(self, dims: tuple[int, ...]) -> tuple[int, np.ndarray]:
+    _covers: dict = field(default_factory=dict, repr=False)   # rounded-up dims -> (sizes, plan) or None
+
+    def layout(self, dims: tuple[int, ...], round_up: bool = False) -> tuple[int, np.ndarray]:
         """(workspace bytes, byte offset per arena buffer) for symbol values `dims`: the
         liveness plan over the sizes those values give. Values outside a guard raise
-        kiln.runtime.generic.NotCovered (the caller runs the shape specialised)."""
+        kiln.runtime.generic.NotCovered (the caller runs the shape specialised).
+        `round_up`: the plan of the symbols rounded up to powers of two, kept, serves every
+        shape whose buffers are each no larger than there (checked: each buffer's extent
+        then lies inside the one it was placed with), so a decoder whose cache length grows
+        by one per step places its arena once per doubling, not once per step."""
         from kiln.runtime.generic import NotCovered  # noqa: PLC0415
         env = dict(zip(self.symbols, dims))
         for g in self.guards:
             if g.size.evaluate(env) > g.bound:
                 raise NotCovered(f"{g.why}: not so at {env}", stage="run")
+        sizes = self._sizes(dims)
+        if round_up:
+            up = tuple(1 << (int(d) - 1).bit_length() for d in dims)
+            cover = self._covers.get(up, 0)
+            if cover == 0:
+                cover = self._covers[up] = self._cover(up)
+            if cover is not None and all(a <= b for a, b in zip(sizes, cover[0])):
+                return cover[1]
+        return self._place_sizes(sizes)
+
+    def _cover(self, dims: tuple[int, ...]):
+        env = dict(zip(self.symbols, dims))
+        if any(g.size.evaluate(env) > g.bound for g in self.guards):
+            return None
+        sizes = self._sizes(dims)
+        return sizes, self._place_sizes(sizes)
+
+    def _sizes(self, dims: tuple[int, ...]) -> list[int]:
         values, memo = dict(zip(self.vars, dims)), {}
-        sizes = [memo[size] if size in memo else memo.setdefault(size, evaluate(size, values))
-                 for size, _, _ in self.buffers]
+        return [memo[size] if size in memo else memo.setdefault(size, evaluate(size, values))
+                for size, _, _ in self.buffers]
+
+    def _place_sizes(self, sizes: list[int]) -> tuple[int, np.ndarray]:
         if self._overlaps is None:    # lifetimes do not change with the sizes: which overlap, once
             self._overlaps = [[j for j, (_, a, b) in enumerate(self.buffers) if a <= last and first <= b]
                               for _, first, last in self.buffers]

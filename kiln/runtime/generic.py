@@ -68,6 +68,9 @@ class GenericModule(NativeModule):
         if missing:
             raise KilnError(f"symbol(s) {missing} appear in no input shape")
         self.layouts: dict[tuple, tuple] = {}   # dims -> (dims array, offsets array, workspace bytes)
+        # plans made for the symbols rounded up to powers of two serve the shapes they cover
+        # (the layout's round_up; kiln.decode sets it: a cache length that grows every step)
+        self.round_plans = False
         self._by_shapes: dict[tuple, tuple] = {}  # input shapes -> what _prepare made
         if not self._plain:
             raise KilnError("a shape-generic module takes numeric tensors only")
@@ -83,7 +86,7 @@ class GenericModule(NativeModule):
                 bad = [f"{s}={d}" for s, d in zip(self.symbols, dims) if d < 1]
                 raise EmptyShape(f"symbolic dim(s) {', '.join(bad)}: the shape-generic module runs sizes >= 1",
                                  stage="run")
-            ws, offsets = self._layout(dims)
+            ws, offsets = self._layout(dims, True) if self.round_plans else self._layout(dims)
             if self._check_bytes is not None:
                 outs = sum(int(np.prod(self._shape(s, dims), dtype=np.int64)) * dt.itemsize
                            for s, (_, dt) in zip(self.output_shapes, self.output_types))

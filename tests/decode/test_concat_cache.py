@@ -155,3 +155,25 @@ def test_past_read_by_another_node_is_refused():
     m = helper.make_model(helper.make_graph(nodes, "c", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(NotStaticCache, match="also read by Relu node"):
         concat_cache(frontend(m), 16)
+
+
+def test_rounded_up_plans_keep_live_buffers_apart(decoder):
+    """The decoder's modules plan their arenas per doubling of the symbols (round_plans): at
+    every cache length, buffers alive together still lie apart at their actual sizes, inside
+    the workspace."""
+    for model in (decoder.model, decoder._model_for(1, 1)):
+        plan = model.module._layout.__self__
+        assert model.module.round_plans
+        covers = set()
+        for n in range(1, 140, 3):
+            dims = tuple(n + 1 if s.startswith("cache_next") else n + 1 if s != "batch" and s != "seq" else 1
+                         for s in plan.symbols)
+            ws, offsets = plan.layout(dims, True)
+            covers.add(id(offsets))
+            sizes = plan._sizes(dims)
+            for k, (_, first, last) in enumerate(plan.buffers):
+                assert offsets[k] + sizes[k] <= ws
+                for j in plan._overlaps[k]:
+                    if j != k and sizes[j] and sizes[k]:
+                        assert offsets[j] + sizes[j] <= offsets[k] or offsets[k] + sizes[k] <= offsets[j]
+        assert len(covers) < 10
