@@ -37,7 +37,7 @@ from kiln.codegen.outline import outline
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
-from kiln.loops.expr import Expr, free_vars, substitute
+from kiln.loops.expr import Expr, const, free_vars, substitute
 from kiln.loops.simplify import Ctx
 from kiln.loops.symbols import SERIAL_WORK
 from kiln.runtime import threads
@@ -378,11 +378,32 @@ class _Emitter:
                 return None
             return f"{n(buf, buf.name, 'b')}[{self.expr(ctx.simplify(substitute(flat, {v: lo})), ctx, n)}]"
 
+        def permuted(buf, idx) -> str | None:
+            """The lanes of one vector's contiguous elements in another order (the last index,
+            of stride 1, a constant per lane, the lanes a permutation of a run: a grouped conv's
+            lane rotation, kiln.lower.nchwc) as one load and a shuffle, or None."""
+            if buf.dtype is not dt or not idx or buf.strides[-1] != 1 or any(v in free_vars(i) for i in idx[:-1]):
+                return None
+            at = [ctx.simplify(substitute(idx[-1], {v: lo + i})) for i in range(ext.arg)]
+            if any(o.op != "const" for o in at):
+                return None
+            base = min(int(o.arg) for o in at)
+            lanes_ = [int(o.arg) - base for o in at]
+            if sorted(lanes_) != list(range(ext.arg)):
+                return None
+            it = "int32_t" if dt.itemsize == 4 else "int64_t"
+            self.helpers.setdefault(f"{vt}_idx", f"typedef {it} {vt}_idx __attribute__((vector_size({ext.arg * dt.itemsize})));")
+            start = self.expr(ctx.simplify(_flat(buf, (*idx[:-1], const(base, idx[-1].dtype)))), ctx, n)
+            return (f"__builtin_shuffle(*(const {vt}*)&{n(buf, buf.name, 'b')}[{start}], "
+                    f"({vt}_idx){{{', '.join(map(str, lanes_))}}})")
+
         def vec(e: Expr) -> tuple[str, bool]:   # (C text, whether a vector)
             if v not in free_vars(e):
                 return self.expr(e, ctx, n), False
             if e.op == "load" and (first := at_first(e.arg, e.args)) is not None:
                 return f"(*(const {vt}*)&{first})", True
+            if e.op == "load" and (shuffled := permuted(e.arg, e.args)) is not None:
+                return shuffled, True
             if e.op in ("add", "sub", "mul", "div") and e.dtype is dt:
                 (a, _), (b, _) = vec(e.args[0]), vec(e.args[1])
                 return f"({a} {_INFIX[e.op]} {b})", True

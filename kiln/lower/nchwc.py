@@ -10,14 +10,16 @@ channel vector, and each weight vector is reused across the tile's columns.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 from kiln.dtypes import DType
 from kiln.loops import cast, compute, const, reduce_axis, rmax, select, sum_
 from kiln.lower.decisions import Ints, declare
 from kiln.loops.symbols import hint
 from kiln.lower.nnutil import parallel_worth
-from kiln.ops.layout import _block_attr, blocked_geom, BlockedGeom, DOMAIN
+from kiln.ops.layout import _block_attr, blocked_geom, BlockedGeom, DOMAIN, rotated_lane
 from kiln.ops.nn import window
 from kiln.lower.context import lowering
 from kiln.targets.target import Target
@@ -156,8 +158,8 @@ def scaled_weights(g: BlockedGeom, w, scale):
     Conv(x * s) is Conv with W * s (zero padding stays zero): a squeeze-excite gate costs a
     pass over the weights (OC x IC x taps per image) instead of one over the activation
     (IC x H x W), where that is the smaller (960 -> 160 channels on a 7x7 plane is not)."""
-    if math.prod(w.shape) > g.icb * g.ib * g.h * g.w:
-        return None
+    if math.prod(w.shape) > g.icb * g.ib * g.h * g.w or g.rotate > 1:
+        return None     # (rotated: a weight's input lane is not its output lane)
     if g.depthwise:
         return compute((g.n, *w.shape), lambda n, c, i, kh, kw, ii, o: w[(c, i, kh, kw, ii, o)]
                        * scale[(n, c, 0, 0, o)], "wscaled", w.dtype)
@@ -273,8 +275,11 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         red = [kh, kw]
 
         def acc_body(n, c, oh, ow, o):
-            return sum_(cast(acc_dt, xp((n, c, oh * sh + kh * dh, ow * sw + kw * dw, o)))
-                        * cast(acc_dt, wv(c, 0, kh, kw, 0, o, n)), axis=red)
+            # a rotated grouped conv: one term per lane rotation, each a vector of the input block's
+            # lanes in another order (a shuffle: kiln.codegen.c), r FMAs per output and tap
+            terms = [cast(acc_dt, xp((n, c, oh * sh + kh * dh, ow * sw + kw * dw, rotated_lane(o, j, g.rotate))))
+                     * cast(acc_dt, wv(c, j, kh, kw, 0, o, n)) for j in range(g.rotate)]
+            return sum_(functools.reduce(operator.add, terms), axis=red)
     else:
         icb, ii = reduce_axis(g.icbg, "icb"), reduce_axis(g.ib, "ii")
         red = [icb, kh, kw, ii]

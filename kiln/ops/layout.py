@@ -11,7 +11,7 @@ result (kiln.passes.layout only lets such padding-preserving ops run blocked).
 
 - `ToNCHWc(x) {block}`: N,C,*S -> N,ceil(C/block),*S,block (zero padded channels);
 - `FromNCHWc(x) {channels}`: the inverse, keeping the first `channels` channels;
-- `ConvNCHWc(x, w, b, scale) {kernel_shape, strides, pads, dilations, depthwise, groups}`: 2-D
+- `ConvNCHWc(x, w, b, scale) {kernel_shape, strides, pads, dilations, depthwise, groups, rotate}`: 2-D
   convolution of a blocked input with weights packed ahead of time as
   (OC/ob, IC/ib, KH, KW, ib, ob) (depthwise: (C/cb, 1, KH, KW, 1, cb), channel
   block k of the output reads channel block k of the input) and a bias packed
@@ -19,7 +19,11 @@ result (kiln.passes.layout only lets such padding-preserving ops run blocked).
   conv, `block_groups`) the blocks form G block groups: output block k reads only the
   IC/ib/G input blocks of its group k // (OC/ob/G), and the weights are
   (OC/ob, IC/ib/G, KH, KW, ib, ob), zero where an ONNX group does not reach (a block of
-  several small ONNX groups holds their block-diagonal weights).
+  several small ONNX groups holds their block-diagonal weights). With `rotate` r > 1 (and
+  depthwise) a grouped conv of r channels per group, r dividing the block, runs as a
+  depthwise one over r lane rotations: output lane o reads, at rotation j, lane
+  (o // r) * r + (o % r + j) % r of the same block, with weights (C/cb, r, KH, KW, 1, cb)
+  (`pack_rotated_weight`): r multiply-adds per output and tap instead of a block's.
   ib may be less than ob: a stem conv's few input channels as one block (channels-last);
   the optional `scale` (N,IC/ib,1,1,ib, blocked like x) multiplies the input per image
   and channel first (a squeeze-excite gate: the lowering scales the weights instead);
@@ -124,6 +128,36 @@ def pack_grouped_weight(w: np.ndarray, groups: int, block: int) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
+def rotated_lane(o, j: int, r: int):
+    """The input lane output lane o reads at rotation j of a rotated grouped conv (groups of r lanes)."""
+    return o if j == 0 else (o // r) * r + (o % r + j) % r
+
+
+def pack_rotated_weight(w: np.ndarray, block: int) -> np.ndarray:
+    """Grouped OIHW weights of r = IC/groups = OC/groups channels per group, r dividing `block`,
+    -> (C/cb, r, KH, KW, 1, cb): [k, j, ..., o] is the weight of output channel k*cb + o for the
+    input lane it reads at rotation j (rotated_lane); zero padded channels."""
+    oc, r = w.shape[:2]
+    ocb = _blocks(oc, block)
+    out = np.zeros((ocb, r) + w.shape[2:] + (1, block), w.dtype)
+    for ch in range(oc):
+        k, o = divmod(ch, block)
+        for j in range(r):
+            out[k, j, ..., 0, o] = w[ch, (o % r + j) % r]
+    return out
+
+
+def unpack_rotated_weight(wp: np.ndarray) -> np.ndarray:
+    """The inverse of pack_rotated_weight, padding kept: (Cp, r, KH, KW) grouped weights."""
+    ocb, r, kh, kw, _, block = wp.shape
+    out = np.zeros((ocb * block, r, kh, kw), wp.dtype)
+    for k in range(ocb):
+        for o in range(block):
+            for j in range(r):
+                out[k * block + o, (o % r + j) % r] = wp[k, j, :, :, 0, o]
+    return out
+
+
 def unpack_conv_weight(wp: np.ndarray, depthwise: bool) -> np.ndarray:
     """The inverse of pack_conv_weight, padding kept: (OCp, ICp, KH, KW) or (Cp, 1, KH, KW)."""
     ocb, icb, kh, kw, ib, ob = wp.shape
@@ -182,13 +216,14 @@ class BlockedGeom:
     out: list
     depthwise: bool
     groups: int = 1  # block groups: output block k reads input blocks (k // (ocb // groups)) * icbg + ...
+    rotate: int = 1  # depthwise over this many lane rotations (a grouped conv of that many channels per group)
 
     @property
     def taps(self) -> int:
         return math.prod(self.kernel)
 
     def macs(self) -> int:
-        red = self.taps if self.depthwise else self.icbg * self.ib * self.taps
+        red = self.taps * self.rotate if self.depthwise else self.icbg * self.ib * self.taps
         return self.n * self.ocb * self.ob * math.prod(self.out) * red
 
 
@@ -197,11 +232,13 @@ def blocked_geom(ctx, xs, ws) -> BlockedGeom:
     if xs is None or ws is None or len(xs) != 5 or len(ws) != 6:
         ctx.fail(f"ConvNCHWc needs x N,CB,H,W,cb and packed weights OCB,ICB,KH,KW,ib,ob; got x {xs}, w {ws}")
     depthwise = bool(ctx.attr("depthwise", 0))
-    groups = int(ctx.attr("groups", 1))
+    groups, rotate = int(ctx.attr("groups", 1)), int(ctx.attr("rotate", 1))
     ocb, icbg, kh, kw, ib, ob = ws
-    if depthwise and (icbg != 1 or ib != 1 or ob != xs[4] or ocb != xs[1]):
+    if rotate < 1 or (rotate > 1 and not depthwise) or xs[4] % rotate:
+        ctx.fail(f"ConvNCHWc rotate {rotate} must divide the channel block {xs[4]} of a depthwise conv")
+    if depthwise and (icbg != rotate or ib != 1 or ob != xs[4] or ocb != xs[1]):
         ctx.fail(f"depthwise ConvNCHWc weights {tuple(ws)} do not fit input {tuple(xs)}: expected "
-                 f"({xs[1]}, 1, KH, KW, 1, {xs[4]})")
+                 f"({xs[1]}, {rotate}, KH, KW, 1, {xs[4]})")
     if groups < 1 or (groups > 1 and depthwise) or xs[1] % groups or ocb % groups:
         ctx.fail(f"ConvNCHWc groups {groups} must divide the {xs[1]} input and {ocb} output channel "
                  "blocks (and a depthwise conv has none)")
@@ -213,7 +250,7 @@ def blocked_geom(ctx, xs, ws) -> BlockedGeom:
         ctx.fail(f"kernel_shape {ks} does not match packed weights {tuple(ws)}")
     win = window(ctx, list(xs[2:4]), ks)
     return BlockedGeom(xs[0], xs[1], xs[2], xs[3], xs[4], ocb, icbg, ks, ob, win.strides, win.dilations,
-                       [int(b) for b in win.begin], [int(o) for o in win.out], depthwise, groups)
+                       [int(b) for b in win.begin], [int(o) for o in win.out], depthwise, groups, rotate)
 
 
 def _conv_infer(ctx):
@@ -280,9 +317,10 @@ def conv_nchwc(ctx, x, w, b=None, scale=None):
     if scale is not None:
         xc = xc * compute_dtype(scale)
     xn = from_blocked(xc, x.shape[1] * x.shape[-1])
-    wn = unpack_conv_weight(compute_dtype(w).astype(xc.dtype, copy=False), g.depthwise)
+    wc = compute_dtype(w).astype(xc.dtype, copy=False)
+    wn = unpack_rotated_weight(wc) if g.rotate > 1 else unpack_conv_weight(wc, g.depthwise)
     win = window(ctx, list(xn.shape[2:]), g.kernel)
-    y = conv_core(ctx, xn, wn, xn.shape[1] if g.depthwise else g.groups, win)
+    y = conv_core(ctx, xn, wn, xn.shape[1] // g.rotate if g.depthwise else g.groups, win)
     if b is not None:
         y = y + compute_dtype(b).reshape(1, -1, 1, 1)
     return to_blocked(y, g.ob).astype(x.dtype, copy=False)

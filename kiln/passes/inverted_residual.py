@@ -81,7 +81,8 @@ def _conv(node: Node | None, depthwise: bool) -> bool:
     xs = static_shape(node.inputs[0])
     if xs is None or w.dtype.name != "float32" or str(node.inputs[0].type.dtype) != "float32":
         return False
-    if list(node.attrs.get("dilations", [1, 1])) != [1, 1] or int(node.attrs.get("groups", 1)) != 1:
+    if list(node.attrs.get("dilations", [1, 1])) != [1, 1] or int(node.attrs.get("groups", 1)) != 1 \
+            or int(node.attrs.get("rotate", 1)) != 1:     # (rotate: a grouped conv, not depthwise)
         return False
     if depthwise:
         return True

@@ -81,7 +81,8 @@ from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
 from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, asked, choose, winograd_1d_m
 from kiln.ops.infer import Inferencer
-from kiln.ops.layout import DOMAIN, block_groups, pack_bias, pack_conv_weight, pack_grouped_weight, to_blocked
+from kiln.ops.layout import (DOMAIN, block_groups, pack_bias, pack_conv_weight, pack_grouped_weight,
+                             pack_rotated_weight, to_blocked)
 from kiln.ops.winograd import transform_weight
 from kiln.ops.winograd1d import transform_weight_1d
 from kiln.ops.nn import window
@@ -173,7 +174,18 @@ def blockable_conv(node: Node, opset: int, block: int) -> dict | None:
     attrs = _window_attrs(node, opset, xs, node.attrs.get("kernel_shape", w.const.shape[2:]))
     if attrs is None:
         return None
+    if group > 1 and not depthwise and rotated(c, oc, group, block):
+        return {**attrs, "depthwise": 1, "rotate": c // group}
     return {**attrs, "depthwise": int(depthwise), **({"groups": groups} if group > 1 and not depthwise else {})}
+
+
+def rotated(c: int, oc: int, group: int, block: int) -> bool:
+    """A grouped conv of r < block channels per group in and out, r dividing the block: it runs
+    as a depthwise conv over r lane rotations (kiln.ops.layout, ConvNCHWc's `rotate`): r
+    multiply-adds per output and tap (and r - 1 shuffles), where block-diagonal weights over
+    whole blocks would take block / r times as many."""
+    r = c // group
+    return r == oc // group and 1 < r < block and block % r == 0
 
 
 def narrow_input(channels: int, block: int, depthwise: bool = False) -> bool:
@@ -341,7 +353,8 @@ class _Rewriter:
             return
         dw = bool(attrs["depthwise"])
         ib = input_block(node, attrs, self.block)
-        packed = pack_grouped_weight(w, int(node.attrs["group"]), self.block) if "groups" in attrs \
+        packed = pack_rotated_weight(w, self.block) if "rotate" in attrs \
+            else pack_grouped_weight(w, int(node.attrs["group"]), self.block) if "groups" in attrs \
             else pack_conv_weight(w, self.block, dw, ib)
         wp = new_const(self.namer, f"{node.inputs[1].name}.nchwc{self.block}", packed)
         scale = None
@@ -610,6 +623,10 @@ def _selected_kind(node: Node, attrs: dict, block: int) -> str | None:
     in the chooser's reason): pointwise, depthwise, grouped, a stem conv reading few channels
     (channels-last), strided or 1-D; None for a dense KxK conv."""
     w = node.inputs[1].const
+    if "rotate" in attrs:
+        r = attrs["rotate"]
+        return (f"grouped ({int(node.attrs['group'])} groups of {r} channels: depthwise over {r} lane "
+                f"rotations, {r} FMAs and {r - 1} shuffles per output vector and tap)")
     if attrs["depthwise"]:
         return "depthwise"
     if "groups" in attrs:

@@ -93,7 +93,7 @@ def test_reasons_name_each_kind(n, monkeypatch):
     why = {f.node: f.choice for f in findings}
     assert why["pointwise"].reason.startswith("pointwise")
     assert why["depthwise"].reason.startswith("depthwise")
-    assert why["grouped"].reason.startswith("grouped (8 groups of 4 channels: 4 per block of 16")
+    assert why["grouped"].reason.startswith("grouped (8 groups of 4 channels: depthwise over 4 lane rotations")
     assert why["strided"].reason.startswith("strided")
     assert why["dilated"].algorithm == "direct-nchw" and why["dilated"].reason.startswith("dense KxK")
     assert {f.choice.algorithm for f in findings} == {"direct-nchwc", "direct-nchw"}
