@@ -92,13 +92,15 @@ def accumulator_dtype(dt: DType) -> DType:
 
 
 def choose_tile(rows: int, cols: int, dtype: DType, target: Target, max_padded_rows: int | None = None,
-                nvec: int | None = None, few_rows: bool = False, spill_one: bool = False
-                ) -> tuple[int, int] | None:
+                nvec: int | None = None, few_rows: bool = False, spill_one: bool = False,
+                exact_rows: bool = True) -> tuple[int, int] | None:
     """(mr, nr) for a rows x cols product on `target`: nr = nvec vectors (default two, one when cols
     is narrow, four with `few_rows`), mr = as many rows as the registers hold, lowered
     where that pads fewer rows. max_padded_rows: only tiles whose padded row count fits
     (None when none does). few_rows: the S rows alias in the L1 cache (their stride is a
-    multiple of 4 KiB), so a dozen of them would evict each other: take fewer rows."""
+    multiple of 4 KiB), so a dozen of them would evict each other: take fewer rows. exact_rows:
+    `rows` is the product's own row count, not a symbolic size's hint (only then do a few rows
+    past the budget take one block, ONE_BLOCK_SPILL)."""
     lanes, regs = target.vector_lanes(dtype.itemsize), target.vector_registers
     # four vectors only where the registers still hold a useful number of rows (6 of 32)
     nvec = nvec or (1 if cols <= lanes else 4 if few_rows and cols >= 4 * lanes and regs >= 32 else 2)
@@ -116,7 +118,7 @@ def choose_tile(rows: int, cols: int, dtype: DType, target: Target, max_padded_r
     # four-vector tiles with 32 registers: the spilled accumulators' loads and stores cost less
     # than a second row block streaming every B panel again (8 x 1568 @ 1568 x 128 and
     # 8 x 784 @ 784 x 256, one thread on the AVX-512 Zen 4: 8 x 4 vectors 28.0 us, 5 x 4 34.7)
-    if budget < rows <= (regs - nvec - 1) // nvec + ONE_BLOCK_SPILL and nvec >= 4 and regs >= 32 \
+    if exact_rows and budget < rows <= (regs - nvec - 1) // nvec + ONE_BLOCK_SPILL and nvec >= 4 and regs >= 32 \
             and (max_padded_rows is None or rows <= max_padded_rows):
         return rows, nr
     # and more than FOLD_ROWS rows where the product has more rows than the registers hold
@@ -395,11 +397,12 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
         # where S's rows alias in L1 (K = 2048 x fp32), 7 x 4 vectors with one accumulator
         # spilled beat 6 x 4: 128x2048 @ 2048x512 205 vs 180, 211 vs 183, 192 vs 172 GFLOP/s
         tile = tile or (GEMM_MR.value(heuristic=choose_tile(hint(R), C, acc_dtype, target, nvec=max(1, nr // lanes),
-                                    spill_one=s_contiguous and weight_aliasing(K, a.dtype))[0]), nr)
+                                    spill_one=s_contiguous and weight_aliasing(K, a.dtype),
+                                    exact_rows=static(R))[0]), nr)
     # symbolic sizes (kiln.loops.symbols): decisions at their hints, tiles padded as for any size
     hR, hC = hint(R), hint(C)
     mr, nr = tile or ((choose_tile(hR, lanes, acc_dtype, target, nvec=1)[0], 1) if dot
-                      else choose_tile(hR, hC, acc_dtype, target, few_rows=aliasing))
+                      else choose_tile(hR, hC, acc_dtype, target, few_rows=aliasing, exact_rows=static(R)))
     mr, nr = max(1, min(mr, hR) if static(R) else mr), max(1, nr)
     if tile is None and not dot and 2 * hC > lanes:   # a tuner may pick another micro-tile
         want = (GEMM_MR.value(heuristic=mr), lanes * GEMM_NVEC.value(heuristic=max(1, min(4, nr // lanes))))
