@@ -80,3 +80,23 @@ def test_cli_rejects_a_bad_budget(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["tune", "x.onnx", "--budget", "soon"])
     assert e.value.code == 2
+
+
+def test_tune_on_one_thread_by_cpu_time(tmp_path):
+    """--clock cpu: records under the "-cpu1" signature, the thread decisions untouched, the end-to-end
+    check on one thread in a child process; kiln.compile applies them where no wall record exists."""
+    from kiln.tune.measure import THREAD_DECISIONS  # noqa: PLC0415
+    model, db = two_layers(), str(tmp_path / "t.db")
+    rep = tune(model, db, 6, trials_per_round=2, clock="cpu", end_to_end=True)
+    e = rep.end_to_end
+    assert e["clock"] == "cpu" and e["outputs_match"] and e["untuned"] > 0
+    with Database(db) as d:
+        assert d.count(signature()) == 0 and d.count(signature(clock="cpu")) > 0
+        for s in rep.tasks:
+            for r in d.records(s.task.key, signature(clock="cpu")):
+                assert all(r.decisions[k] == s.task.defaults[k] for k in THREAD_DECISIONS & set(r.decisions))
+    x = np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)
+    want = kiln.compile(model, target="interpreter").run({"x": x})
+    got = kiln.compile(model, tuning=db).run({"x": x})
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4)
