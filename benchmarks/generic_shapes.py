@@ -147,7 +147,7 @@ def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool 
             k: s for k in sym if k not in ("batch", "seq")}}, seed)
         g.run(feeds(1, 8, 0))
         if reserve:   # the pairs' largest sizes: memory mapped now, not on a pair's first run
-            g.reserve(**{s: max(p[k] for p in pairs) for k, s in enumerate(g.module.symbols)})
+            g.reserve(**{s: max(p[0 if s == "batch" else 1] for p in pairs) for s in g.module.symbols})
         before = counter.n
         extras, firsts, plans = [], [], []
         for k, (b, s) in enumerate(pairs):

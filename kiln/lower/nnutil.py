@@ -6,7 +6,7 @@ Each asks the `Target` it is given (vector width, OpenMP wait policy), never the
 from __future__ import annotations
 
 from kiln.dtypes import DType
-from kiln.loops import const
+from kiln.loops import const, max_, min_
 from kiln.loops.symbols import extent, hint
 from kiln.lower.decisions import OneOf, declare, parallel_min_work
 from kiln.targets.target import Target
@@ -163,3 +163,31 @@ def _norm_schedule(out_tensors, lead: int, work: int, target: Target):
         for t in out_tensors:
             schedule_rows(sch[t], lead, target, work)
     return _default_then(extra, target)
+
+
+# ---------------------------------------------------------------- sliding windows (pools, symbolic-size windows)
+
+def _pool_taps(win, o, ks, spatial, lo=None, hi=None):
+    """Input positions of taps ks at output o, whether each is inside [lo, hi), clamped positions."""
+    pos, ok, clamped = [], [], []
+    for i, (oi, k) in enumerate(zip(o, ks)):
+        p = oi * win.strides[i] + k * win.dilations[i] - win.begin[i]
+        lo_i = 0 if lo is None else lo[i]
+        hi_i = spatial[i] if hi is None else hi[i]
+        pos.append(p)
+        ok.append((p >= lo_i) & (p < hi_i))
+        clamped.append(min_(max_(p, 0), spatial[i] - 1))
+    return pos, _conj(ok), clamped
+
+
+def _window_count(win, o, spatial, lo, hi):
+    """Number of taps of the window at output o falling inside [lo, hi) per dim, multiplied (int64)."""
+    total = None
+    for i, oi in enumerate(o):
+        s, d, b, kk = win.strides[i], win.dilations[i], win.begin[i], win.kernel[i]
+        start = oi * s - b
+        k_lo = max_(-((start - lo[i]) // d), 0)                      # ceil((lo - start) / d)
+        k_hi = min_(-((start - hi[i]) // d), kk)                     # ceil((hi - start) / d)
+        c = max_(k_hi - k_lo, 0)
+        total = c if total is None else total * c
+    return total

@@ -10,45 +10,19 @@ import math
 import numpy as np
 
 from kiln.dtypes import DType
-from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
-                        sum_)
+from kiln.loops import cast, compute, const, reduce_axis, select, sum_
 from kiln.loops.symbols import static
 from kiln.lower import window_symbolic
 from kiln.lower.conv import ConvGeom, padded_plane, schedule_plane
 from kiln.lower.window_symbolic import symbolic_spatial
-from kiln.lower.nnutil import _acc_dtype, _conj, _default_then, _strides_of, parallel_worth, schedule_rows
+from kiln.lower.nnutil import (_acc_dtype, _default_then, _pool_taps, _strides_of, _window_count, parallel_worth,
+                               schedule_rows)
 from kiln.targets.target import Target
 from kiln.ops.nn import _lp_p, _pool_window, _unpool_shape
 from kiln.lower.context import lowering
 
 
 # ---------------------------------------------------------------- native: pooling
-
-def _pool_taps(win, o, ks, spatial, lo=None, hi=None):
-    """Input positions of taps ks at output o, whether each is inside [lo, hi), clamped positions."""
-    pos, ok, clamped = [], [], []
-    for i, (oi, k) in enumerate(zip(o, ks)):
-        p = oi * win.strides[i] + k * win.dilations[i] - win.begin[i]
-        lo_i = 0 if lo is None else lo[i]
-        hi_i = spatial[i] if hi is None else hi[i]
-        pos.append(p)
-        ok.append((p >= lo_i) & (p < hi_i))
-        clamped.append(min_(max_(p, 0), spatial[i] - 1))
-    return pos, _conj(ok), clamped
-
-
-def _window_count(win, o, spatial, lo, hi):
-    """Number of taps of the window at output o falling inside [lo, hi) per dim, multiplied (int64)."""
-    total = None
-    for i, oi in enumerate(o):
-        s, d, b, kk = win.strides[i], win.dilations[i], win.begin[i], win.kernel[i]
-        start = oi * s - b
-        k_lo = max_(-((start - lo[i]) // d), 0)                      # ceil((lo - start) / d)
-        k_hi = min_(-((start - hi[i]) // d), kk)                     # ceil((hi - start) / d)
-        c = max_(k_hi - k_lo, 0)
-        total = c if total is None else total * c
-    return total
-
 
 def _pool_schedule(red_stages, out_stages, nd, work, target: Target, planes=()):
     """Pool stages: (n, c) parallel, rows, the window's taps, then the vectorized last output dim."""

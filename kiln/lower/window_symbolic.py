@@ -20,7 +20,7 @@ import math
 from kiln.dtypes import DType
 from kiln.loops import cast, ceil, compute, const, floor, max_, min_, reduce_axis, select, sum_
 from kiln.loops.symbols import UNBOUNDED, hint, static
-from kiln.lower.nnutil import _acc_dtype, _conj, parallel_worth, schedule_rows
+from kiln.lower.nnutil import _acc_dtype, _conj, _pool_taps, _window_count, parallel_worth, schedule_rows
 
 
 def symbolic_spatial(shape) -> bool:
@@ -61,7 +61,6 @@ def _win(ctx, x, kernel: list[int]):
 def _taps(x, n, c, o, ks, win, pad):
     """x at the taps ks of output position o: `pad` outside the input (a select: the load
     happens only inside, so the index needs no clamping)."""
-    from kiln.lower.pool import _pool_taps  # noqa: PLC0415
     pos, ok, _ = _pool_taps(win, o, ks, list(x.shape[2:]))
     return select(ok, x[(n, c, *pos)], pad)
 
@@ -189,7 +188,6 @@ def max_pool(ctx, x):
 def average_pool(ctx, x):
     """AveragePool over symbolic image sizes: the divisor counts the taps inside the input
     (or the pads too, count_include_pad), computed per output from its position."""
-    from kiln.lower.pool import _window_count  # noqa: PLC0415
     nd = len(x.shape) - 2
     kernel = [int(k) for k in ctx.attr("kernel_shape")]
     win = _win(ctx, x, kernel)
