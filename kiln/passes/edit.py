@@ -165,3 +165,19 @@ def is_float(v: Value) -> bool:
 def static_shape(v: Value) -> tuple[int, ...] | None:
     t = v.type
     return tuple(t.shape) if isinstance(t, TensorType) and t.is_static else None
+
+
+def per_image_shape(v: Value) -> tuple | None:
+    """v's shape when its sizes are ints, but for a leading symbol (a batch): the layout is
+    per image, so a symbolic batch stays a symbol through the rewrite (a shape-generic module,
+    kiln.lower.generic), and decisions that would read the batch read one image."""
+    t = v.type
+    if not isinstance(t, TensorType) or t.shape is None or not t.shape:
+        return None
+    shape = tuple(t.shape)
+    return shape if all(isinstance(d, int) for d in shape[1:]) and isinstance(shape[0], (int, str)) else None
+
+
+def images(n) -> int:
+    """The batch a decision reads: its size, or one image for a symbolic batch (its smallest)."""
+    return n if isinstance(n, int) else 1

@@ -78,7 +78,6 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node, Value
-from kiln.graph.types import TensorType
 from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, asked, choose, winograd_1d_m
 from kiln.ops.infer import Inferencer
 from kiln.ops.layout import (DOMAIN, block_groups, pack_bias, pack_conv_weight, pack_grouped_weight,
@@ -87,7 +86,8 @@ from kiln.ops.winograd import transform_weight
 from kiln.ops.winograd1d import transform_weight_1d
 from kiln.ops.nn import window
 from kiln.ops.registry import NodeCtx
-from kiln.passes.edit import Namer, new_const, reads, use_counts
+from kiln.passes.edit import Namer, images, new_const, reads, use_counts
+from kiln.passes.edit import per_image_shape as static_shape   # (a symbolic batch allowed)
 from kiln.passes.registry import PassContext, graph_pass
 from kiln.targets.target import Target
 
@@ -96,22 +96,6 @@ from kiln.targets.target import Target
 UNARY = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Swish", "Gelu", "Tanh", "Identity"}
 BINARY = {"Add", "Sub", "Mul", "Max", "Min", "Sum"}
 MAX_PAD_RATIO = 4 / 3   # padded channels / real channels at most this (24 -> 32 is fine; 3 -> 16 not)
-
-
-def static_shape(v: Value) -> tuple | None:
-    """v's shape when its sizes are ints, but for a leading symbol (a batch): the layout is
-    per image, so a symbolic batch stays a symbol through the rewrite (a shape-generic module,
-    kiln.lower.generic), and decisions that would read the batch read one image."""
-    t = v.type
-    if not isinstance(t, TensorType) or t.shape is None or not t.shape:
-        return None
-    shape = tuple(t.shape)
-    return shape if all(isinstance(d, int) for d in shape[1:]) and isinstance(shape[0], (int, str)) else None
-
-
-def images(n) -> int:
-    """The batch a decision reads: its size, or one image for a symbolic batch (its smallest)."""
-    return n if isinstance(n, int) else 1
 
 
 def default_block(target: Target) -> int:
