@@ -89,9 +89,6 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
         raise KilnError(f"unknown shapes={shapes!r}; choose one of {list(SHAPES)}")
     if options:
         raise KilnError(f"unknown compile option(s) {sorted(options)}")
-    if opt_level is None:
-        from kiln.passes.pipeline import DEFAULT_LEVEL  # noqa: PLC0415
-        opt_level = DEFAULT_LEVEL
     if _is_torch(model):   # the torch frontend hands back a Graph, compiled as any other
         from kiln.frontends.torch import TorchModel, export_module  # noqa: PLC0415
         if decisions:
@@ -105,8 +102,10 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     if example_inputs is not None or dynamic_shapes is not None:
         raise KilnError("example_inputs and dynamic_shapes are for torch modules; an ONNX model "
                         "declares its own input shapes")
-    from kiln.lower.decisions import normalize  # noqa: PLC0415
-    decisions = normalize(decisions)
+    if decisions:   # (kiln.lower is imported only when needed: a warm compile may need none of it)
+        from kiln.lower.decisions import normalize  # noqa: PLC0415
+        decisions = normalize(decisions)
+    decisions = decisions or {}
     from kiln.tune.apply import tuning_path  # noqa: PLC0415
     tuning = tuning_path(tuning)
     lim = Limits.of(limits)
@@ -114,6 +113,14 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
         compiled = _compile(model, target, opt_level, report, cpu, decisions, tuning, shapes, times)
     compiled.limits = lim
     return compiled
+
+
+def level_of(opt_level: int | None) -> int:
+    """The -O level asked for; None: the default (kiln.passes.pipeline.DEFAULT_LEVEL)."""
+    if opt_level is None:
+        from kiln.passes.pipeline import DEFAULT_LEVEL  # noqa: PLC0415
+        return DEFAULT_LEVEL
+    return opt_level
 
 
 def _split_target(target: Any, cpu: Any):
@@ -146,11 +153,13 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
     source = frontend(model)
+    # (None, the default level, is keyed as such: the level it is is kiln's source, in the key)
     key = whole_key(source, target, opt_level, cpu, decisions, tuning)
     if key is not None and not report:   # a static model compiled before: load it, run no pass
         compiled = cached_model(key, source, opt_level, cpu, decisions)
         if compiled is not None:
             return compiled
+    opt_level = level_of(opt_level)
     if target == "cpu":
         from kiln.codegen.build import start_probes  # noqa: PLC0415
         start_probes(cpu)      # the C toolchain's probes run while the passes do
@@ -169,7 +178,7 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     return compiled
 
 
-def whole_key(graph: Graph, target: str, level: int, cpu, decisions: dict, tuning) -> str | None:
+def whole_key(graph: Graph, target: str, level: int | None, cpu, decisions: dict, tuning) -> str | None:
     """The compile key (kiln.targets.cache.compile_key) under which a static model's module
     is cached whole, or None where there is none: another target than "cpu", some input
     size unknown (built per shape at run time), tuning records asked for (their database
@@ -183,7 +192,7 @@ def whole_key(graph: Graph, target: str, level: int, cpu, decisions: dict, tunin
         return cache.compile_key(graph, level, cpu, decisions, current())
 
 
-def cached_model(key: str, source: Graph, level: int, cpu, decisions: dict) -> CompiledModel | None:
+def cached_model(key: str, source: Graph, level: int | None, cpu, decisions: dict) -> CompiledModel | None:
     """The model compiled under `key` before, loaded from the module cache (its library and
     its weights blob as built), or None. Its pipeline (the passes over `source`) runs only
     if something later needs the optimized graph (an artifact, `kiln compile --emit`)."""
@@ -193,7 +202,7 @@ def cached_model(key: str, source: Graph, level: int, cpu, decisions: dict) -> C
         return None
     ins, outs = ([TensorSpec(n, d, None if s is None else tuple(s), k) for n, d, s, k in specs]
                  for specs in module.specs)
-    pipeline = Deferred(lambda: ShapePipeline(optimize(source, level, cpu, decisions), decisions), cpu)
+    pipeline = Deferred(lambda: ShapePipeline(optimize(source, level_of(level), cpu, decisions), decisions), cpu)
     model = CpuModel(pipeline, ins, outs, built=module)
     model.shapes, model.shapes_reason = "static", None
     return model
@@ -687,9 +696,7 @@ def run_stages(model: Any, until: str, *, opt_level: int | None = None, dims: di
         raise KilnError(f"unknown stage {until!r}; choose one of {list(STAGES)}")
     from kiln.lower.decisions import normalize  # noqa: PLC0415
     from kiln.runtime.inputs import bind_dims, concrete_shape  # noqa: PLC0415
-    if opt_level is None:
-        from kiln.passes.pipeline import DEFAULT_LEVEL  # noqa: PLC0415
-        opt_level = DEFAULT_LEVEL
+    opt_level = level_of(opt_level)
     from kiln.targets.target import Target  # noqa: PLC0415
     st = Stages(frontend(model))
     if until == "graph":

@@ -75,10 +75,10 @@ def _toolchain(target: Target, probe: bool = True) -> tuple:
     return (_kiln_source_digest(), cc, flags, compiler_version(tuple(cc)), target.key())
 
 
-def compile_key(graph: Graph, level: int, target: Target, decisions: dict | None, limits) -> str:
+def compile_key(graph: Graph, level: int | None, target: Target, decisions: dict | None, limits) -> str:
     """sha256 of everything a compile of `graph` (every input size static) depends on, known
     before any pass runs: the graph as given (canonical form: every initializer's bytes),
-    the -O level, the decision overrides, the limits, kiln's source, the target, the C
+    the -O level (None: the default, which kiln's source says), the decision overrides, the limits, kiln's source, the target, the C
     toolchain and every KILN_ environment variable but the cache dir. Tuning records are
     not in it: a compile with a tuning database does not use this key. Nor is the libmvec
     probe's answer (a function of the toolchain and the machine's libraries: a library
@@ -86,7 +86,7 @@ def compile_key(graph: Graph, level: int, target: Target, decisions: dict | None
     probes while its passes run (kiln.codegen.build.start_probes)."""
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("KILN_") and k not in _NOT_IN_KEY)
     asked = json.dumps(decisions or {}, sort_keys=True, default=repr)
-    return digest(COMPILE_KEY_VERSION, _toolchain(target, probe=False), asked, int(level), repr(limits),
+    return digest(COMPILE_KEY_VERSION, _toolchain(target, probe=False), asked, repr(level), repr(limits),
                   tuple(env), graph)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 
 from kiln.errors import KilnError
-from kiln.lower.module import group_keys
 
 ENV = "KILN_TUNING_DB"
 
@@ -34,6 +33,7 @@ def with_records(path: str | None, graph, known: dict, decisions: dict, target=N
     (none when the code is built for another CPU than this one: `target`)."""
     if path is None:
         return decisions
+    from kiln.lower.module import group_keys  # noqa: PLC0415 (kiln.lower only when tuning)
     from kiln.tune.records import Database  # noqa: PLC0415
     from kiln.tune.signature import machine, signature  # noqa: PLC0415
     if target is not None and target.key() != machine()["target"]:
