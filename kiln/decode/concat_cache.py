@@ -141,8 +141,8 @@ def _sites(g: Graph, strict: bool) -> list:
                 else:
                     other = c
             if len(nexts) != 1 or cat is not None or other is not None:
-                if len(nexts) > 1:
-                    other = nexts[1]
+                if nexts and (len(nexts) > 1 or cat is not None):   # a second reader of the past
+                    other = other or nexts[-1]
                 break
             aliases.append(nexts[0])
             v = nexts[0].outputs[0]

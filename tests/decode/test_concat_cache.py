@@ -155,6 +155,12 @@ def test_past_read_by_another_node_is_refused():
     m = helper.make_model(helper.make_graph(nodes, "c", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(NotStaticCache, match="also read by Relu node"):
         concat_cache(frontend(m), 16)
+    nodes = [helper.make_node("Concat", ["pk", "new"], ["present"], axis=2),
+             helper.make_node("Concat", ["pk"], ["alias"], axis=2)]
+    outs = [helper.make_tensor_value_info(n, f, None) for n in ("present", "alias")]
+    m = helper.make_model(helper.make_graph(nodes, "c", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(NotStaticCache, match="also read by Concat node"):
+        concat_cache(frontend(m), 16)
 
 
 def test_rounded_up_plans_keep_live_buffers_apart(decoder):
