@@ -123,3 +123,17 @@ def test_one_lucky_measurement_is_not_the_best(tmp_path):
         assert (r1.decisions, r1.seconds, n1) == ({"x": 2}, 1.5, 1)
         assert (r2.decisions, r2.seconds, n2, r2.is_default) == ({"x": 0}, 2.0, 2, True)
         assert (r3.decisions, r3.seconds, n3) == ({"x": 1}, 2.5, 2)
+
+
+def test_a_configuration_must_beat_the_default_by_a_margin(tmp_path):
+    """Less than MIN_GAIN faster than the default is within what a kernel timed alone mispredicts
+    in the model: the default stays the best."""
+    from kiln.tune.records import MIN_GAIN  # noqa: PLC0415
+    with Database(tmp_path / "t.db") as db:
+        db.add("w", "s", {"x": 0}, 1.0, is_default=True)
+        db.add("w", "s", {"x": 1}, 1.0 - MIN_GAIN / 2)
+        db.add("w", "s", {"x": 1}, 1.0 - MIN_GAIN / 2)
+        assert db.best("w", "s").is_default
+        assert db.best("w", "s", min_gain=0).decisions == {"x": 1}
+        db.add("w", "s", {"x": 2}, 1.0 - 2 * MIN_GAIN)
+        assert db.best("w", "s").decisions == {"x": 2}
