@@ -101,11 +101,11 @@ def model_algorithms(spec: str) -> dict:
 
 
 def fma_peak_gflops(target: Target, threads: int) -> float | None:
-    try:
-        mhz = max(float(line.split(":")[1]) for line in open("/proc/cpuinfo") if line.startswith("cpu MHz"))
-    except (OSError, ValueError):
-        return None
-    return threads * target.vector_lanes(4) * 2 * 2 * mhz / 1e3
+    """One thread's FMA peak measured (benchmarks/fma_peak.py; a clock times two FMAs of the
+    full width overstates a core that splits wide FMAs, Zen 4's 512-bit ones: 166 from the
+    reported 2.6 GHz against 118 measured), times the threads."""
+    from benchmarks.fma_peak import peak_gflops  # noqa: PLC0415
+    return threads * peak_gflops(target.vector_lanes(4))
 
 
 def engines(c, h, oc, k, s, p, block, want_algos, rng):
