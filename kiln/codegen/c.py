@@ -393,9 +393,10 @@ class _Emitter:
                 return None
             it = "int32_t" if dt.itemsize == 4 else "int64_t"
             self.helpers.setdefault(f"{vt}_idx", f"typedef {it} {vt}_idx __attribute__((vector_size({ext.arg * dt.itemsize})));")
+            self.helpers.setdefault("KILN_PERMUTE", PERMUTE)
             start = self.expr(ctx.simplify(_flat(buf, (*idx[:-1], const(base, idx[-1].dtype)))), ctx, n)
-            return (f"__builtin_shuffle(*(const {vt}*)&{n(buf, buf.name, 'b')}[{start}], "
-                    f"({vt}_idx){{{', '.join(map(str, lanes_))}}})")
+            return (f"KILN_PERMUTE({vt}_idx, *(const {vt}*)&{n(buf, buf.name, 'b')}[{start}], "
+                    f"{', '.join(map(str, lanes_))})")
 
         def vec(e: Expr) -> tuple[str, bool]:   # (C text, whether a vector)
             if v not in free_vars(e):
@@ -609,6 +610,15 @@ class _Emitter:
         self.lines.append("  return -kiln_failed;")
         self.lines.append("}")
         return self.outlined + self.lines
+
+
+# a vector's lanes in another order (constant indices): GCC's __builtin_shuffle, clang's
+# __builtin_shufflevector (GCC has the latter only from 12)
+PERMUTE = """#if defined(__clang__)
+#define KILN_PERMUTE(it, v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define KILN_PERMUTE(it, v, ...) __builtin_shuffle(v, (it){__VA_ARGS__})
+#endif"""
 
 
 class _NotVector(Exception):

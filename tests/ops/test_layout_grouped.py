@@ -142,3 +142,15 @@ def test_grouped_chain_stays_blocked_with_a_symbolic_batch(cpg, monkeypatch):
     why = {f.node: f.choice for f in findings}
     assert why["grouped"].algorithm == "direct-nchwc" and "grouped (4 groups of" in why["grouped"].reason
     assert why["reduce"].algorithm == "direct-nchwc" and why["reduce"].reason.startswith("pointwise")
+
+
+def test_rotations_are_vector_shuffles():
+    """The rotated lanes are one vector load and a shuffle each (kiln.codegen.c's permuted loads),
+    not a per-lane gather: groups of 4 at a block of 16 take 3 shuffles per tap and column."""
+    from kiln.compiler import run_stages
+    g = grouped_graph(1, 64, 9, 9, 64, 16, 3, 1, 1, (1, 1, 1, 1), True, True)
+    blocked = g.clone()
+    transform(blocked, 16, selective=False, override="direct")
+    text = run_stages(blocked, "c", opt_level=0).source.text
+    assert "KILN_PERMUTE(" in text and "{1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8, 13, 14, 15, 12}" not in text
+    assert "1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8, 13, 14, 15, 12" in text
