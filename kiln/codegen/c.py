@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.codegen.csource import SHARED_BEGIN, SHARED_END, c_source
+from kiln.codegen.cvector import PERMUTE, _NotVector, _coefficient, _flat, permuted_lanes
 from kiln.codegen.narrow import CATALOG, helper_source
 from kiln.codegen.outline import outline
 from kiln.dtypes import DType
@@ -378,25 +379,15 @@ class _Emitter:
                 return None
             return f"{n(buf, buf.name, 'b')}[{self.expr(ctx.simplify(substitute(flat, {v: lo})), ctx, n)}]"
 
-        def permuted(buf, idx) -> str | None:
-            """The lanes of one vector's contiguous elements in another order (the last index,
-            of stride 1, a constant per lane, the lanes a permutation of a run: a grouped conv's
-            lane rotation, kiln.lower.nchwc) as one load and a shuffle, or None."""
-            if buf.dtype is not dt or not idx or buf.strides[-1] != 1 or any(v in free_vars(i) for i in idx[:-1]):
+        def permuted(buf, idx) -> str | None:   # lanes of one run in another order: a shuffle
+            got = permuted_lanes(buf, idx, v, lo, ext.arg, ctx) if buf.dtype is dt else None
+            if got is None:
                 return None
-            at = [ctx.simplify(substitute(idx[-1], {v: lo + i})) for i in range(ext.arg)]
-            if any(o.op != "const" for o in at):
-                return None
-            base = min(int(o.arg) for o in at)
-            lanes_ = [int(o.arg) - base for o in at]
-            if sorted(lanes_) != list(range(ext.arg)):
-                return None
-            it = "int32_t" if dt.itemsize == 4 else "int64_t"
-            self.helpers.setdefault(f"{vt}_idx", f"typedef {it} {vt}_idx __attribute__((vector_size({ext.arg * dt.itemsize})));")
             self.helpers.setdefault("KILN_PERMUTE", PERMUTE)
-            start = self.expr(ctx.simplify(_flat(buf, (*idx[:-1], const(base, idx[-1].dtype)))), ctx, n)
-            return (f"KILN_PERMUTE({vt}_idx, *(const {vt}*)&{n(buf, buf.name, 'b')}[{start}], "
-                    f"{', '.join(map(str, lanes_))})")
+            it = f"{ctype(DType.int32 if dt.itemsize == 4 else DType.int64)}"
+            self.helpers.setdefault(f"{vt}_idx", f"typedef {it} {vt}_idx __attribute__((vector_size({ext.arg * dt.itemsize})));")
+            start = self.expr(ctx.simplify(_flat(buf, (*idx[:-1], const(got[0], idx[-1].dtype)))), ctx, n)
+            return f"KILN_PERMUTE({vt}_idx, *(const {vt}*)&{n(buf, buf.name, 'b')}[{start}], {', '.join(map(str, got[1]))})"
 
         def vec(e: Expr) -> tuple[str, bool]:   # (C text, whether a vector)
             if v not in free_vars(e):
@@ -610,46 +601,6 @@ class _Emitter:
         self.lines.append("  return -kiln_failed;")
         self.lines.append("}")
         return self.outlined + self.lines
-
-
-# a vector's lanes in another order (constant indices): GCC's __builtin_shuffle, clang's
-# __builtin_shufflevector (GCC has the latter only from 12)
-PERMUTE = """#if defined(__clang__)
-#define KILN_PERMUTE(it, v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
-#else
-#define KILN_PERMUTE(it, v, ...) __builtin_shuffle(v, (it){__VA_ARGS__})
-#endif"""
-
-
-class _NotVector(Exception):
-    """An expression Emitter.vector_store does not write as vector code."""
-
-
-def _coefficient(e: Expr, v: Expr) -> int | None:
-    """c when `e` is c * v plus terms free of v (v only under + - and * by constants), else None."""
-    if v not in free_vars(e):
-        return 0
-    if e is v:
-        return 1
-    if e.op in ("add", "sub"):
-        a, b = (_coefficient(x, v) for x in e.args)
-        return None if a is None or b is None else a + b if e.op == "add" else a - b
-    if e.op == "mul":
-        (a, b), c = e.args, None
-        if a.op == "const":
-            a, b = b, a
-        if b.op == "const" and (c := _coefficient(a, v)) is not None:
-            return c * b.arg
-    return None
-
-
-def _flat(buf: S.Buffer, idx) -> Expr:
-    """The row-major flat index of `idx` into `buf` (not simplified)."""
-    total = None
-    for i, st in zip(idx, buf.strides):
-        term = i if st == 1 else i * st
-        total = term if total is None else total + term
-    return total
 
 
 def _work(s: S.Stmt):

@@ -86,7 +86,7 @@ class ConvShape:
     block: int = 8                # the layout's channel block (the target's float32 lanes)
     narrow: bool = False          # blocked, it would read its few input channels as one block
     blocked_kind: bool = False    # a kind the layout pass blocks when a neighbour is blocked (pointwise,
-                                  # depthwise, grouped, strided, 1-D, a stem: kiln.passes.layout._selected_kind)
+                                  # depthwise, grouped, strided, 1-D, a stem: kiln.passes.layout_rules._selected_kind)
     kind: str = ""                # which of those kinds, in words
     unblockable: str = ""         # why it is not blockable, in words (when not)
     per_image: bool = False       # the batch is symbolic: `n` is 1, the choice holds for every batch

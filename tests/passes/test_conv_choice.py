@@ -1,4 +1,4 @@
-"""The conv algorithm chooser as the layout pass applies it (kiln.passes.layout.choose_convs over
+"""The conv algorithm chooser as the layout pass applies it (kiln.passes.layout_rules.choose_convs over
 kiln.lower.conv_algo.choose): on random convs (dense, depthwise, grouped; 1x1, 3x3, 5x5, 7x7;
 strides, dilations, asymmetric pads; batch 1-3 or a symbolic batch) every conv gets one finding
 whose algorithm is what the rewritten graph runs and whose reason names its kind, and the
