@@ -31,12 +31,28 @@ kiln.codegen.outline) gets the spinning figures without their costs: its workers
 while the model's entry runs (and at most KILN_POOL_SPIN_US, 100 us, without work), sleep on a
 futex between inferences, change no thread's affinity, and a parallel loop's chunks are
 claimed by the calling thread too, so the caller never waits for a worker to wake or be
-scheduled: on a loaded machine it does the work alone instead of waiting. Workers: the OpenMP
-thread count minus one. `python benchmarks/fork_cost.py` (empty 2-chunk loop, load 9, the same
-minutes): pool 0.6-1.3 us median per fork and join (p90 0.9-12, p99 2-25), PASSIVE 8-11 us
-(p90 10-15), GOMP_SPINCOUNT=30000 3-8000 us; a loop of 8 x 36 us chunks (load 9, two threads
-but no free core): pool 36 us as one thread, PASSIVE OpenMP 47 us. Hand-written kernels
-(Winograd, flash attention, the recurrent ones) still fork libgomp's sleeping team.
+scheduled: on a loaded machine it does the work alone instead of waiting. A worker that finds
+itself descheduled while it spins (the machine is busy, or it shares the caller's core) stops
+spinning for 10 ms, doubled up to 1 s while that recurs: on a loaded machine any spinning
+costs several times its spin (mobilenet_v2 batch 1 at load 15: 40-55 ms with 5 ms pauses of
+spinning, 7.3-8.0 ms with the doubling or no spin at all, OpenMP's sleeping team 7.6-13.9);
+the caller waits at a join by a pause loop of at most 100 us, then sleeps.
+Workers: the OpenMP thread count minus one. `python benchmarks/fork_cost.py` (an empty 2-chunk
+loop; us per fork and join, median / p90 / p99, with 0, 50 and 500 us of serial work between):
+
+- quiet (load 1.5): pool 0.6 / 0.6 / 1.0, 2.0 / 8.6 / 12, 11.7 / 13 / 20 (asleep after 100 us);
+  PASSIVE OpenMP 31 / 33 / 59, 39 / 48 / 69, 56 / 83 / 127 (the VM wakes an idle vCPU slowly);
+- loaded (load 14): pool 0.6 / 0.6 / 0.7, 5.7 / 5.9 / 7.4, 6.7 / 2500 / 18600; PASSIVE 8.1 /
+  9.7 / 73, 9.6 / 10 / 80, 10.8 / 2300 / 14400.
+
+It is not the default (IMPL_DEFAULT): in the corpus harness (benchmarks/corpus/README.md,
+2026-11-26) it won at batch 1 on the quiet machine (mobilenet_v2 7.75 -> 4.38 ms) but lost
+tiny_cnn (0.038 -> 0.067 ms), and at load 9-16 mobilenet_v2 batch 1 took 24-41 ms against the
+sleeping team's 7.7 (whose threads the scheduler wakes with credit; the pool's caller never
+sleeps when it does the work itself).
+
+Hand-written kernels (Winograd, flash attention, the recurrent ones) still fork libgomp's
+sleeping team under either setting.
 """
 
 from __future__ import annotations
@@ -55,7 +71,7 @@ FORK_US_SLEEPING = 20.0
 IMPLS = ("omp", "pool")
 IMPL_DEFAULT = "omp"
 # What a fork and join costs with kiln's pool inside an inference (the caller never waits for a
-# worker to start: 0.6-1.3 us median in fork_cost.py at load 9), with a margin
+# worker to start: 0.6-1 us median in fork_cost.py, quiet or loaded), with a margin
 FORK_US_POOL = 2.0
 
 

@@ -50,7 +50,9 @@ _NOT_IN_KEY = ("KILN_CACHE_DIR",)
 def _kiln_source_digest() -> str:
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
+    # the Python and the hand-written C it pastes into modules (kiln/codegen/c_src: a kernel's
+    # or the thread pool's text changes what a cached module's library holds)
+    for p in sorted([*root.rglob("*.py"), *(root / "codegen" / "c_src").iterdir()]):
         h.update(str(p.relative_to(root)).encode())
         h.update(p.read_bytes())
     return h.hexdigest()

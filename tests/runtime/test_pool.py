@@ -121,8 +121,10 @@ def test_many_tiny_loops(lib, entered):
 
 
 def test_the_workers_take_chunks(lib):
+    """A worker joins a loop of 8 x 2 ms chunks (on a loaded machine it may not be scheduled
+    in time, and the caller does them all: tried a few times)."""
     lib.pool_threads(3)
-    assert lib.pool_distinct() >= 2
+    assert max(lib.pool_distinct() for _ in range(10)) >= 2
     lib.pool_threads(1)
     assert lib.pool_distinct() == 1
 

@@ -54,10 +54,10 @@ def test_the_runtime_sets_the_defaults_before_any_library_loads():
 
 
 def test_targets_record_the_settings_in_their_key():
-    named = Target.named("x86-64-v3")
+    named = Target.named("x86-64-v3", threads_impl="omp")
     assert (named.omp_wait_policy, named.omp_spincount) == threads.wait_settings({})
     assert not named.threads_spin and named.fork_us == threads.FORK_US_SLEEPING
-    spinning = Target.named("x86-64-v3", omp_spincount="2000")
+    spinning = Target.named("x86-64-v3", omp_spincount="2000", threads_impl="omp")
     assert spinning.threads_spin and spinning.fork_us == threads.FORK_US_SPINNING
     assert named.key() != spinning.key()
 

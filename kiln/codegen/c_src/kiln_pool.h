@@ -6,6 +6,19 @@
      microseconds so a worker sharing a core with the thread it waits for hands the core
      over), for at most KILN_POOL_SPIN_US without work; then, and between inferences, they
      sleep on a futex and cost nothing.
+   - Spinning pays only where the workers have cores to themselves. A spinning worker that
+     finds it was descheduled (200 us between two looks at the clock: the machine is busy, or
+     it shares the caller's core) marks the pool contended for 10 ms, doubled up to 1 s while
+     it recurs (on a loaded machine any spinning cost 5x: mobilenet_v2 batch 1 at load 15,
+     40-55 ms with 5 ms calms, 27 ms with 50 ms, 7.3 ms with 500 ms or no spin, as OpenMP's
+     sleeping threads 7.6-7.7): meanwhile workers sleep
+     as soon as they are idle (a sleeping thread is woken with the scheduler's credit, where a
+     spinning one has used its share and is preempted while it holds a chunk). The caller
+     waits at a join by a pause loop of at most 100 us (10 us when contended), then sleeps
+     until the last chunk ends (it never yields: on a busy machine sched_yield gives a whole
+     time slice away); a wait at a join that was descheduled marks the pool contended too.
+   - A fork wakes sleeping workers once: not again until a woken worker runs (the wake-up
+     takes 10-50 us, during which the caller's loops would each pay a futex call).
    - A parallel loop is cut into contiguous chunks (a few per thread) claimed from one atomic
      word; the calling thread claims chunks too, and the join waits only for chunks that were
      claimed and are not finished. A worker that is late (asleep, descheduled on a loaded
@@ -34,15 +47,23 @@
 #define KILN_POOL_H
 #define KILN_POOL_MAX 256          /* workers at most */
 #define KILN_POOL_CHUNKS 4         /* chunks per thread in a parallel loop */
+#define KILN_POOL_GAP_NS 200000    /* a spinning worker descheduled this long: contended */
+#define KILN_POOL_CALM_NS 10000000 /* ... for this long, doubled (to 1 s) while it recurs */
+#define KILN_POOL_CALM_MAX_NS 1000000000
+#define KILN_POOL_JOIN_NS 100000   /* the caller's pause loop at a join, then it sleeps */
+#define KILN_POOL_JOIN_BUSY_NS 10000   /* ... when contended */
 typedef void (*kiln_pool_fn)(void* ctx, int64_t lo, int64_t hi);
 typedef struct {
   uint64_t word __attribute__((aligned(64)));  /* gen | chunks | next */
-  int64_t done __attribute__((aligned(64)));   /* chunks of the current job finished */
+  uint32_t done __attribute__((aligned(64)));  /* chunks of the current job finished (a futex) */
+  uint32_t joining;                            /* the caller sleeps until `done` changes */
+  int64_t calm_after;                          /* contended until then (ns): workers do not spin */
   kiln_pool_fn fn; void* ctx; int64_t lo, n;   /* the current job (written before `word`) */
   uint32_t active __attribute__((aligned(64))); /* 1 inside an inference: idle workers spin */
   uint32_t wake;                               /* futex word: bumped to wake sleepers */
+  uint32_t pending;                            /* woken, and none of them has run yet */
   int32_t sleepers, stop, owner, state;        /* state: 0 none, 1 starting, 2 running */
-  int32_t nworkers; int64_t spin_ns; uint32_t gen;
+  int32_t nworkers; int64_t spin_ns, calm_ns, calm_cur; uint32_t gen;
   pthread_t threads[KILN_POOL_MAX];
 } kiln_pool_t;
 #pragma GCC visibility push(hidden)
@@ -69,11 +90,28 @@ static inline void kiln_pool_sleep(uint32_t* word, uint32_t seen) {
   if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) { struct timespec t = {0, 50000}; nanosleep(&t, 0); }
 #endif
 }
+static inline void kiln_pool_wake_one(uint32_t* word) {
+#if defined(__linux__)
+  syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, (void*)0, (void*)0, 0);
+#endif
+}
 static inline void kiln_pool_wake_all(kiln_pool_t* p) {
+  if (__atomic_exchange_n(&p->pending, 1, __ATOMIC_SEQ_CST) && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST)) return;
   __atomic_fetch_add(&p->wake, 1, __ATOMIC_SEQ_CST);
 #if defined(__linux__)
   syscall(SYS_futex, &p->wake, FUTEX_WAKE_PRIVATE, INT_MAX, (void*)0, (void*)0, 0);
 #endif
+}
+/* A thread of the pool was descheduled: no spinning for a while, longer each time it recurs
+   within a second of the last calm's end (a busy machine), from calm_ns again after that
+   (a blip). A spinning thread on a busy machine costs more than its spin: it has used its
+   share of the core, and the scheduler makes it wait while it holds a chunk. */
+static inline void kiln_pool_contended(kiln_pool_t* p, int64_t t) {
+  int64_t calm = __atomic_load_n(&p->calm_cur, __ATOMIC_RELAXED);
+  calm = t - __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED) < 1000000000 ? 2 * calm : 0;
+  calm = calm < p->calm_ns ? p->calm_ns : calm > KILN_POOL_CALM_MAX_NS ? KILN_POOL_CALM_MAX_NS : calm;
+  __atomic_store_n(&p->calm_cur, calm, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->calm_after, t + calm, __ATOMIC_RELAXED);
 }
 static inline int kiln_pool_open(uint64_t w) { return (w & 0xFFFF) < ((w >> 16) & 0xFFFF); }
 
@@ -87,7 +125,8 @@ __attribute__((weak)) void kiln_pool_run(kiln_pool_t* p, uint64_t w) {
     if (!__atomic_compare_exchange_n(&p->word, &w, w + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
     int64_t k = (int64_t)(w & 0xFFFF), m = (int64_t)((w >> 16) & 0xFFFF);
     fn(ctx, lo + n / m * k + (n % m) * k / m, lo + n / m * (k + 1) + (n % m) * (k + 1) / m);
-    __atomic_fetch_add(&p->done, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&p->done, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&p->joining, __ATOMIC_SEQ_CST)) kiln_pool_wake_one(&p->done);
     w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
   }
 }
@@ -95,17 +134,20 @@ __attribute__((weak)) void kiln_pool_run(kiln_pool_t* p, uint64_t w) {
 __attribute__((weak)) void* kiln_pool_worker(void* arg) {
   kiln_pool_t* p = (kiln_pool_t*)arg;
   kiln_pool_inline = 1;
-  int64_t idle_since = kiln_pool_now();
+  int64_t idle_since = kiln_pool_now(), last = idle_since;
   for (uint32_t k = 1;; ++k) {
     uint64_t w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
-    if (kiln_pool_open(w)) { kiln_pool_run(p, w); idle_since = kiln_pool_now(); continue; }
+    if (kiln_pool_open(w)) { kiln_pool_run(p, w); idle_since = last = kiln_pool_now(); continue; }
     if (__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) return 0;
     if (__atomic_load_n(&p->active, __ATOMIC_RELAXED)) {
       kiln_pool_pause();
-      if (k % 16 == 0) {
+      if (k % 16 != 0) continue;
+      int64_t t = kiln_pool_now();
+      if (t - last > KILN_POOL_GAP_NS)   /* descheduled meanwhile: stop spinning for a while */
+        kiln_pool_contended(p, t);
+      last = t;
+      if (t - idle_since < p->spin_ns && t >= __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED)) {
         sched_yield();   /* hands the core over to a thread that shares it (the caller, say) */
-        if (kiln_pool_now() - idle_since < p->spin_ns) continue;
-      } else {
         continue;
       }
     }
@@ -116,7 +158,8 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
     if (!kiln_pool_open(w) && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST))
       kiln_pool_sleep(&p->wake, seen);
     __atomic_fetch_sub(&p->sleepers, 1, __ATOMIC_SEQ_CST);
-    idle_since = kiln_pool_now();
+    __atomic_store_n(&p->pending, 0, __ATOMIC_SEQ_CST);
+    idle_since = last = kiln_pool_now();
   }
 }
 
@@ -136,7 +179,7 @@ __attribute__((weak, destructor)) void kiln_pool_unload(void) { kiln_pool_stop()
 /* a fork()ed child has none of the parent's workers (and no other thread holds the pool) */
 __attribute__((weak)) void kiln_pool_forked(void) {
   kiln_pool_t* p = &kiln_pool;
-  p->nworkers = 0; p->state = 0; p->stop = 0; p->sleepers = 0; p->owner = 0; p->active = 0;
+  p->nworkers = 0; p->state = 0; p->stop = 0; p->sleepers = 0; p->owner = 0; p->active = 0; p->pending = 0;
   kiln_pool_depth = 0; kiln_pool_held = 0; kiln_pool_inline = 0;
 }
 
@@ -154,6 +197,8 @@ __attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
 #endif
   const char* spin = getenv("KILN_POOL_SPIN_US");
   p->spin_ns = (spin && atoi(spin) >= 0 ? atoi(spin) : 100) * (int64_t)1000;
+  const char* calm = getenv("KILN_POOL_CALM_MS");
+  p->calm_ns = calm && atoi(calm) >= 0 ? atoi(calm) * (int64_t)1000000 : KILN_POOL_CALM_NS;
   int32_t want = threads - 1 < 0 ? 0 : threads - 1 > KILN_POOL_MAX ? KILN_POOL_MAX : (int32_t)(threads - 1);
   p->nworkers = 0;
   pthread_attr_t attr;
@@ -175,7 +220,8 @@ __attribute__((weak)) void kiln_pool_enter(void) {
   kiln_pool_held = 1;
   if (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) != 2) return;   /* started at the first parallel loop */
   __atomic_store_n(&p->active, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0) kiln_pool_wake_all(p);   /* spin from now on */
+  if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0   /* spin from now on (unless contended) */
+      && kiln_pool_now() >= __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED)) kiln_pool_wake_all(p);
 }
 __attribute__((weak)) void kiln_pool_leave(void) {
   if (--kiln_pool_depth > 0 || !kiln_pool_held) return;
@@ -209,7 +255,7 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
   __atomic_store_n(&p->ctx, ctx, __ATOMIC_RELAXED);
   __atomic_store_n(&p->lo, lo, __ATOMIC_RELAXED);
   __atomic_store_n(&p->n, n, __ATOMIC_RELAXED);
-  __atomic_store_n(&p->done, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->done, 0u, __ATOMIC_RELAXED);
   p->gen += 1;
   uint64_t w = ((uint64_t)p->gen << 32) | (m << 16);
   __atomic_store_n(&p->word, w, __ATOMIC_SEQ_CST);
@@ -217,9 +263,20 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
   kiln_pool_inline = 1;
   kiln_pool_run(p, w);
   kiln_pool_inline = 0;
-  for (uint32_t k = 1; __atomic_load_n(&p->done, __ATOMIC_ACQUIRE) < (int64_t)m; ++k) {
+  int64_t t0 = 0, last = 0;
+  for (uint32_t k = 1, d; (d = __atomic_load_n(&p->done, __ATOMIC_ACQUIRE)) < (uint32_t)m; ++k) {
     kiln_pool_pause();
-    if (k % 64 == 0) sched_yield();   /* the worker finishing the last chunk may share this core */
+    if (k % 64 != 0) continue;
+    int64_t t = kiln_pool_now();
+    if (!t0) t0 = last = t;
+    if (t - last > KILN_POOL_GAP_NS) kiln_pool_contended(p, t);
+    last = t;
+    if (t - t0 < (t < __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED) ? KILN_POOL_JOIN_BUSY_NS : KILN_POOL_JOIN_NS))
+      continue;   /* (no sched_yield: on a busy machine it gives a whole time slice away) */
+    /* sleep until a chunk ends (the worker finishing it may share this core, or be preempted) */
+    __atomic_store_n(&p->joining, 1, __ATOMIC_SEQ_CST);
+    if ((d = __atomic_load_n(&p->done, __ATOMIC_SEQ_CST)) < (uint32_t)m) kiln_pool_sleep(&p->done, d);
+    __atomic_store_n(&p->joining, 0, __ATOMIC_SEQ_CST);
   }
   if (alone) kiln_pool_leave();
 }
