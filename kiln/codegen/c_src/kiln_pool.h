@@ -46,6 +46,7 @@
 #ifndef KILN_POOL_H
 #define KILN_POOL_H
 #define KILN_POOL_MAX 256          /* workers at most */
+#define KILN_POOL_STR(x) #x        /* (no string literal in generated code: kiln.codegen.c's rule) */
 #define KILN_POOL_CHUNKS 4         /* chunks per thread in a parallel loop */
 #define KILN_POOL_GAP_NS 200000    /* a spinning worker descheduled this long: contended */
 #define KILN_POOL_CALM_NS 10000000 /* ... for this long, doubled (to 1 s) while it recurs */
@@ -76,7 +77,7 @@ static inline void kiln_pool_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
+  __asm__ __volatile__(KILN_POOL_STR(yield));
 #endif
 }
 static inline int64_t kiln_pool_now(void) {
@@ -192,12 +193,12 @@ __attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
   int64_t threads = omp_get_max_threads();
 #else
   int64_t threads = 1;
-  const char* env = getenv("OMP_NUM_THREADS");
+  const char* env = getenv(KILN_POOL_STR(OMP_NUM_THREADS));
   if (env && atoi(env) > 0) threads = atoi(env);
 #endif
-  const char* spin = getenv("KILN_POOL_SPIN_US");
+  const char* spin = getenv(KILN_POOL_STR(KILN_POOL_SPIN_US));
   p->spin_ns = (spin && atoi(spin) >= 0 ? atoi(spin) : 100) * (int64_t)1000;
-  const char* calm = getenv("KILN_POOL_CALM_MS");
+  const char* calm = getenv(KILN_POOL_STR(KILN_POOL_CALM_MS));
   p->calm_ns = calm && atoi(calm) >= 0 ? atoi(calm) * (int64_t)1000000 : KILN_POOL_CALM_NS;
   int32_t want = threads - 1 < 0 ? 0 : threads - 1 > KILN_POOL_MAX ? KILN_POOL_MAX : (int32_t)(threads - 1);
   p->nworkers = 0;
