@@ -37,7 +37,10 @@ BENCH_MODELS = "bench:resnet18,bench:gpt2_decoder"
 def parse_models(text: str) -> list[tuple[str, dict]]:
     out = []
     for item in text.split(","):
-        name, *dims = item.strip().split(":")
+        item = item.strip()
+        prefix = "bench:" if item.startswith("bench:") else ""
+        name, *dims = item[len(prefix):].split(":")
+        name = prefix + name
         out.append((name, {k: int(v) for k, v in (d.split("=", 1) for d in dims)}))
     return out
 
