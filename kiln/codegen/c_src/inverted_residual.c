@@ -57,7 +57,41 @@ static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_exp(kiln_ir_v x) 
   return p * (kiln_ir_v)e;
 }
 
-static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_act(kiln_ir_v v, int a, float lo, float hi) {
+/* The 1x1 tiles' activation in two forms, so GCC copies each register tile twice and not once
+   per activation (a five-way switch inside the unrolled tiles, and a tile per remainder width,
+   made 1.3 MB of code and 53 s of -O3 for the unit): a clamp to [lo, hi] (none, relu, clip),
+   or gated, v * min(max(v * alpha + beta, lo), hi) (hardswish: alpha 1/6, beta 1/2, [0, 1]).
+   A NaN stays NaN (comparisons false), as the reference's maximum.
+   Swish needs exp: its 1x1 tiles store the identity and kiln_ir_swish runs over the row after. */
+typedef struct { kiln_ir_v alpha, beta, lo, hi; int gated, swish; } kiln_ir_actp;
+
+static kiln_ir_actp kiln_ir_params(int a, float lo, float hi) {
+  const float inf = __builtin_inff();
+  kiln_ir_actp p = {(kiln_ir_v){0} + 1.0f, (kiln_ir_v){0}, (kiln_ir_v){0} - inf, (kiln_ir_v){0} + inf,
+                    a == 3, a == 4};
+  if (a == 1) p.lo = (kiln_ir_v){0};
+  if (a == 2) { p.lo = (kiln_ir_v){0} + lo; p.hi = (kiln_ir_v){0} + hi; }
+  if (a == 3) {
+    p.alpha = (kiln_ir_v){0} + 1.0f / 6.0f; p.beta = (kiln_ir_v){0} + 0.5f;
+    p.lo = (kiln_ir_v){0}; p.hi = (kiln_ir_v){0} + 1.0f;
+  }
+  return p;
+}
+
+static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_act(kiln_ir_v v, const kiln_ir_actp* p) {
+  if (!p->gated) {   /* none, relu, clip: a clamp (two tile copies, not five) */
+    const kiln_ir_v t = kiln_ir_sel(v < p->lo, p->lo, v);
+    return kiln_ir_sel(t > p->hi, p->hi, t);
+  }
+  kiln_ir_v t = v * p->alpha + p->beta;
+  t = kiln_ir_sel(t < p->lo, p->lo, t);
+  t = kiln_ir_sel(t > p->hi, p->hi, t);
+  return v * t;
+}
+
+/* The activation by its code: the depthwise tiles (two instances) use this, which GCC
+   specialises per case, cheaper per output than the branchless form (9 FMAs a vector) */
+static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_act_case(kiln_ir_v v, int a, float lo, float hi) {
   switch (a) {
     case 1: return kiln_ir_sel(v > 0.0f, v, (kiln_ir_v){0});           /* a NaN becomes 0, as max */
     case 2: { kiln_ir_v t = kiln_ir_sel(v < lo, (kiln_ir_v){0} + lo, v);
@@ -76,6 +110,24 @@ static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_act(kiln_ir_v v, 
   }
 }
 
+/* x * sigmoid(x) = x / (1 + exp(-x)) over n vectors `stride` floats apart in each of `blocks`
+   runs `bstride` apart, then + res (same layout, rstride) where given; exp's argument clamped
+   (the result is 0 or x there already) */
+static void kiln_ir_swish(float* restrict v, int64_t blocks, int64_t bstride, int64_t n,
+                          const float* restrict res, int64_t rstride) {
+  enum { L = KILN_IR_L };
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t i = 0; i < n; ++i) {
+      float* q = v + b * bstride + i * L;
+      kiln_ir_v x = IR_LD(q), m = -x;
+      m = kiln_ir_sel(m > 88.0f, (kiln_ir_v){0} + 88.0f, m);
+      m = kiln_ir_sel(m < -87.0f, (kiln_ir_v){0} - 87.0f, m);
+      x = x / (1.0f + kiln_ir_exp(m));
+      if (res) x += IR_LD(res + b * rstride + i * L);
+      IR_ST(q, x);
+    }
+}
+
 /* One register tile of a 1x1 conv: RW columns x OV output channel blocks, over all ICB * L
    input channels. in: the first column's block 0, channel blocks `ics` apart; w: the tile's
    first output block's weights [ICB*L][L], blocks IC*L apart; out/res: the first column's
@@ -83,7 +135,7 @@ static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_act(kiln_ir_v v, 
 static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
     const int RW, const int OV, const float* restrict in, int64_t ics, int64_t ICB,
     const float* restrict w, const float* restrict bias, float* restrict out, int64_t ocs,
-    const float* restrict res, int64_t rcs, int a, float lo, float hi) {
+    const float* restrict res, int64_t rcs, const kiln_ir_actp* p) {
   enum { L = KILN_IR_L };
   const int64_t IC = ICB * L;
   kiln_ir_v acc[14][4];
@@ -111,30 +163,31 @@ static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
   for (int o = 0; o < OV; ++o)
     #pragma GCC unroll 16
     for (int c = 0; c < RW; ++c) {
-      kiln_ir_v v = kiln_ir_act(acc[c][o], a, lo, hi);
+      kiln_ir_v v = kiln_ir_act(acc[c][o], p);
       if (res) v += IR_LD(res + o * rcs + c * L);
       IR_ST(out + o * ocs + c * L, v);
     }
 }
 
-#define KILN_IR_TILE_CASE(n, OVc) case n: kiln_ir_pw_tile(n, OVc, in + c0 * L, ics, ICB, wo, bo, \
-    out + ob * ocs + c0 * L, ocs, res ? res + ob * rcs + c0 * L : NULL, rcs, a, lo, hi); break;
-/* the tiles of OVc channel blocks over a row: RWc columns each, then the columns left over */
+#define KILN_IR_PIECE(n, OVc) if (ncols - c0 >= (n)) { \
+      kiln_ir_pw_tile(n, OVc, in + c0 * L, ics, ICB, wo, bo, out + ob * ocs + c0 * L, ocs, \
+                      res ? res + ob * rcs + c0 * L : NULL, rcs, p); \
+      c0 += (n); }
+/* the tiles of OVc channel blocks over a row: RWc columns each, then the columns left over in
+   pieces of 8, 4, 2 and 1 (each fewer than RWc, so their accumulators fit too): four tile
+   instances per group instead of one per remainder keep the unit small */
 #define KILN_IR_GROUP(OVc, RWc) do { \
     const float* wo = w + ob * IC * L; \
     const float* bo = bias + ob * L; \
     int64_t c0 = 0; \
     for (; c0 + (RWc) <= ncols; c0 += (RWc)) \
       kiln_ir_pw_tile(RWc, OVc, in + c0 * L, ics, ICB, wo, bo, out + ob * ocs + c0 * L, ocs, \
-                      res ? res + ob * rcs + c0 * L : NULL, rcs, a, lo, hi); \
-    switch (ncols - c0) { \
-      KILN_IR_TILE_CASE(1, OVc) KILN_IR_TILE_CASE(2, OVc) KILN_IR_TILE_CASE(3, OVc) \
-      KILN_IR_TILE_CASE(4, OVc) KILN_IR_TILE_CASE(5, OVc) KILN_IR_TILE_CASE(6, OVc) \
-      KILN_IR_TILE_CASE(7, OVc) KILN_IR_TILE_CASE(8, OVc) KILN_IR_TILE_CASE(9, OVc) \
-      KILN_IR_TILE_CASE(10, OVc) KILN_IR_TILE_CASE(11, OVc) KILN_IR_TILE_CASE(12, OVc) \
-      KILN_IR_TILE_CASE(13, OVc) \
-      default: break; \
-    } } while (0)
+                      res ? res + ob * rcs + c0 * L : NULL, rcs, p); \
+    if ((RWc) > 8) KILN_IR_PIECE(8, OVc) \
+    if ((RWc) > 4) KILN_IR_PIECE(4, OVc) \
+    if ((RWc) > 2) KILN_IR_PIECE(2, OVc) \
+    while (c0 < ncols) KILN_IR_PIECE(1, OVc) \
+  } while (0)
 
 /* A 1x1 conv over `ncols` columns of one row: out[ocb][col] = act(sum w * in + b) (+ res).
    Output blocks go KILN_IR_OV at a time, the rest in one smaller group; each group size
@@ -145,6 +198,10 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
                            int a, float lo, float hi) {
   enum { L = KILN_IR_L, OV = KILN_IR_OV };
   const int64_t IC = ICB * L;
+  const kiln_ir_actp params = kiln_ir_params(a, lo, hi);
+  const kiln_ir_actp* p = &params;
+  const float* const res_after = p->swish ? res : NULL;   /* swish: added after, with it */
+  if (p->swish) res = NULL;
   for (int64_t ob = 0; ob < OCB;) {
     const int64_t ov = OCB - ob < OV ? OCB - ob : OV;
     switch (ov) {
@@ -155,9 +212,10 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
     }
     ob += ov;
   }
+  if (p->swish) kiln_ir_swish(out, OCB, ocs, ncols, res_after, rcs);
 }
 #undef KILN_IR_GROUP
-#undef KILN_IR_TILE_CASE
+#undef KILN_IR_PIECE
 
 /* One output row of the depthwise conv, every channel block: rows[kh] are the ring's rows
    (column 0 = input column -pl), dst [ECB][OW][L]. DT output columns per tile. */
@@ -177,7 +235,7 @@ static inline __attribute__((always_inline)) void kiln_ir_dw_tile(
     }
   }
   #pragma GCC unroll 8
-  for (int c = 0; c < DT; ++c) IR_ST(dst + c * L, kiln_ir_act(acc[c], a, lo, hi));
+  for (int c = 0; c < DT; ++c) IR_ST(dst + c * L, kiln_ir_act_case(acc[c], a, lo, hi));
 }
 
 static void kiln_ir_dw_row(const float* const* ring_rows, int64_t rowstride, int64_t ECB, int64_t OW,
