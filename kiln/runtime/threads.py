@@ -95,14 +95,22 @@ def wait_settings(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     return env.get("OMP_WAIT_POLICY", "").upper(), env.get("GOMP_SPINCOUNT", "")
 
 
+def with_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of `env` with kiln's wait settings added where the user set neither (for a
+    child process that runs kernels: the tuner's measuring worker)."""
+    out = dict(env)
+    if "OMP_WAIT_POLICY" not in out and "GOMP_SPINCOUNT" not in out:
+        policy, spin = wait_settings(out)
+        out["OMP_WAIT_POLICY"] = policy
+        if spin:
+            out["GOMP_SPINCOUNT"] = spin
+    return out
+
+
 def apply_defaults() -> None:
     """Put kiln's wait settings in the environment unless the user chose theirs; must run
     before the first kernel library loads libgomp (which reads them once)."""
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        policy, spin = wait_settings()
-        os.environ["OMP_WAIT_POLICY"] = policy
-        if spin:
-            os.environ["GOMP_SPINCOUNT"] = spin
+    os.environ.update(with_defaults(os.environ))
 
 
 def spins(policy: str, spincount: str) -> bool:

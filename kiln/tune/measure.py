@@ -63,11 +63,8 @@ class Worker:
 
     def _start(self) -> None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from kiln.runtime.threads import wait_settings  # noqa: PLC0415
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-        if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:   # kiln's defaults
-            policy, spin = wait_settings(env)
-            env.update({"OMP_WAIT_POLICY": policy, **({"GOMP_SPINCOUNT": spin} if spin else {})})
+        from kiln.runtime.threads import with_defaults  # noqa: PLC0415
+        env = with_defaults(dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])))
         if self.threads is not None:
             env["OMP_NUM_THREADS"] = str(self.threads)
         self._proc = subprocess.Popen([sys.executable, "-m", "kiln.tune.worker"], stdin=subprocess.PIPE,
