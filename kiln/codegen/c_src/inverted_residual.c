@@ -57,36 +57,24 @@ static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_exp(kiln_ir_v x) 
   return p * (kiln_ir_v)e;
 }
 
-/* The 1x1 tiles' activation in two forms, so GCC copies each register tile twice and not once
-   per activation (a five-way switch inside the unrolled tiles, and a tile per remainder width,
-   made 1.3 MB of code and 53 s of -O3 for the unit): a clamp to [lo, hi] (none, relu, clip),
-   or gated, v * min(max(v * alpha + beta, lo), hi) (hardswish: alpha 1/6, beta 1/2, [0, 1]).
-   A NaN stays NaN (comparisons false), as the reference's maximum.
-   Swish needs exp: its 1x1 tiles store the identity and kiln_ir_swish runs over the row after. */
-typedef struct { kiln_ir_v alpha, beta, lo, hi; int gated, swish; } kiln_ir_actp;
+/* The 1x1 tiles' activation is a clamp to [lo, hi] (none: +-inf, relu, clip), one form, so GCC
+   makes each register tile once and not once per activation (a five-way switch inside the
+   unrolled tiles, and a tile per remainder width, made 1.3 MB of code and 53 s of -O3 for the
+   unit). Hardswish and swish tiles store the identity; kiln_ir_post runs over the row after
+   (it is in L1/L2). A NaN stays NaN (comparisons false), as the reference's maximum. */
+typedef struct { kiln_ir_v lo, hi; int post; } kiln_ir_actp;
 
 static kiln_ir_actp kiln_ir_params(int a, float lo, float hi) {
   const float inf = __builtin_inff();
-  kiln_ir_actp p = {(kiln_ir_v){0} + 1.0f, (kiln_ir_v){0}, (kiln_ir_v){0} - inf, (kiln_ir_v){0} + inf,
-                    a == 3, a == 4};
+  kiln_ir_actp p = {(kiln_ir_v){0} - inf, (kiln_ir_v){0} + inf, a == 3 || a == 4 ? a : 0};
   if (a == 1) p.lo = (kiln_ir_v){0};
   if (a == 2) { p.lo = (kiln_ir_v){0} + lo; p.hi = (kiln_ir_v){0} + hi; }
-  if (a == 3) {
-    p.alpha = (kiln_ir_v){0} + 1.0f / 6.0f; p.beta = (kiln_ir_v){0} + 0.5f;
-    p.lo = (kiln_ir_v){0}; p.hi = (kiln_ir_v){0} + 1.0f;
-  }
   return p;
 }
 
 static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_act(kiln_ir_v v, const kiln_ir_actp* p) {
-  if (!p->gated) {   /* none, relu, clip: a clamp (two tile copies, not five) */
-    const kiln_ir_v t = kiln_ir_sel(v < p->lo, p->lo, v);
-    return kiln_ir_sel(t > p->hi, p->hi, t);
-  }
-  kiln_ir_v t = v * p->alpha + p->beta;
-  t = kiln_ir_sel(t < p->lo, p->lo, t);
-  t = kiln_ir_sel(t > p->hi, p->hi, t);
-  return v * t;
+  const kiln_ir_v t = kiln_ir_sel(v < p->lo, p->lo, v);
+  return kiln_ir_sel(t > p->hi, p->hi, t);
 }
 
 /* The activation by its code: the depthwise tiles (two instances) use this, which GCC
@@ -110,19 +98,15 @@ static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_act_case(kiln_ir_
   }
 }
 
-/* x * sigmoid(x) = x / (1 + exp(-x)) over n vectors `stride` floats apart in each of `blocks`
-   runs `bstride` apart, then + res (same layout, rstride) where given; exp's argument clamped
-   (the result is 0 or x there already) */
-static void kiln_ir_swish(float* restrict v, int64_t blocks, int64_t bstride, int64_t n,
-                          const float* restrict res, int64_t rstride) {
+/* activation `a` (kiln_ir_act_case's codes: hardswish, swish) over n vectors in each of
+   `blocks` runs `bstride` floats apart, then + res (same layout, rstride) where given */
+static void kiln_ir_post(float* restrict v, int64_t blocks, int64_t bstride, int64_t n,
+                         const float* restrict res, int64_t rstride, int a) {
   enum { L = KILN_IR_L };
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t i = 0; i < n; ++i) {
       float* q = v + b * bstride + i * L;
-      kiln_ir_v x = IR_LD(q), m = -x;
-      m = kiln_ir_sel(m > 88.0f, (kiln_ir_v){0} + 88.0f, m);
-      m = kiln_ir_sel(m < -87.0f, (kiln_ir_v){0} - 87.0f, m);
-      x = x / (1.0f + kiln_ir_exp(m));
+      kiln_ir_v x = kiln_ir_act_case(IR_LD(q), a, 0.0f, 0.0f);
       if (res) x += IR_LD(res + b * rstride + i * L);
       IR_ST(q, x);
     }
@@ -200,8 +184,8 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
   const int64_t IC = ICB * L;
   const kiln_ir_actp params = kiln_ir_params(a, lo, hi);
   const kiln_ir_actp* p = &params;
-  const float* const res_after = p->swish ? res : NULL;   /* swish: added after, with it */
-  if (p->swish) res = NULL;
+  const float* const res_after = p->post ? res : NULL;   /* added after kiln_ir_post */
+  if (p->post) res = NULL;
   for (int64_t ob = 0; ob < OCB;) {
     const int64_t ov = OCB - ob < OV ? OCB - ob : OV;
     switch (ov) {
@@ -212,7 +196,7 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
     }
     ob += ov;
   }
-  if (p->swish) kiln_ir_swish(out, OCB, ocs, ncols, res_after, rcs);
+  if (p->post) kiln_ir_post(out, OCB, ocs, ncols, res_after, rcs, p->post);
 }
 #undef KILN_IR_GROUP
 #undef KILN_IR_PIECE
