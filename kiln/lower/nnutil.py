@@ -119,6 +119,26 @@ def bcast_load(t, idx):
     return t[tuple(0 if n == 1 else idx[lead + k] for k, n in enumerate(t.shape))]
 
 
+def accumulate_rows(sch, t, work: int, target: Target):
+    """A window op's stage t (pools, symbolic-size convs): (image, channel) fused and parallel
+    when the work pays, one row of results accumulated in a local array (registers) over the
+    window's taps and stored once, the row's axis vectorized. Returns the local array's stage
+    (its axes ordered rows, taps, row) for the caller's unrolling."""
+    row = sch.cache_write(t)
+    s = sch[t]
+    ax = list(s.axis)
+    nc = s.fuse(ax[0], ax[1])
+    if parallel_worth(work, target):
+        s.parallel(nc)
+    if hint(ax[-1].arg.dom[1]) >= 4:
+        s.vectorize(ax[-1])
+    sl = sch[row]
+    sl.compute_at(s, ax[-2] if len(ax) > 3 else nc)
+    lax = list(sl.axis)
+    sl.reorder(*lax[:-1], *sl.reduce_axis, lax[-1])
+    return sl
+
+
 def schedule_rows(stage, lead: int, target: Target, work: int | None = None, vector: bool = True):
     """Fuse the first `lead` axes into one (parallel when there is work) and the rest into one
     vectorized loop: the shape of per-row/per-channel elementwise and pooling stages."""

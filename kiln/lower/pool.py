@@ -15,8 +15,8 @@ from kiln.loops.symbols import static
 from kiln.lower import window_symbolic
 from kiln.lower.conv import ConvGeom, padded_plane, schedule_plane
 from kiln.lower.window_symbolic import symbolic_spatial
-from kiln.lower.nnutil import (_acc_dtype, _default_then, _pool_taps, _strides_of, _window_count, parallel_worth,
-                               schedule_rows)
+from kiln.lower.nnutil import (_acc_dtype, _default_then, _pool_taps, _strides_of, _window_count,
+                               accumulate_rows, parallel_worth, schedule_rows)
 from kiln.targets.target import Target
 from kiln.ops.nn import _lp_p, _pool_window, _unpool_shape
 from kiln.lower.context import lowering
@@ -28,20 +28,8 @@ def _pool_schedule(red_stages, out_stages, nd, work, target: Target, planes=()):
     """Pool stages: (n, c) parallel, rows, the window's taps, then the vectorized last output dim."""
     def fn(sch, outputs):
         for t in red_stages:
-            # a row of results accumulates in a local array (registers) over the window's
-            # taps, then is stored once
-            row = sch.cache_write(t)
-            s = sch[t]
-            ax = list(s.axis)
-            nc = s.fuse(ax[0], ax[1])
-            if parallel_worth(work, target):
-                s.parallel(nc)
-            if ax[-1].arg.dom[1] >= 4:
-                s.vectorize(ax[-1])
-            sl = sch[row]
-            sl.compute_at(s, ax[-2] if len(ax) > 3 else nc)
+            sl = accumulate_rows(sch, t, work, target)
             lax = list(sl.axis)
-            sl.reorder(*lax[:-1], *sl.reduce_axis, lax[-1])
             if sl.reduce_axis and math.prod(k.arg.dom[1] for k in sl.reduce_axis) <= 9:
                 for k in sl.reduce_axis:
                     sl.unroll(k)

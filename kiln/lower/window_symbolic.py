@@ -20,7 +20,7 @@ import math
 from kiln.dtypes import DType
 from kiln.loops import cast, ceil, compute, const, floor, max_, min_, reduce_axis, select, sum_
 from kiln.loops.symbols import UNBOUNDED, hint, static
-from kiln.lower.nnutil import _acc_dtype, _conj, _pool_taps, _window_count, parallel_worth, schedule_rows
+from kiln.lower.nnutil import _acc_dtype, _conj, _pool_taps, _window_count, accumulate_rows, parallel_worth, schedule_rows
 
 
 def symbolic_spatial(shape) -> bool:
@@ -69,20 +69,9 @@ def _row_schedule(stage_of, work: int, target):
     """A window op's result: (image, channel) fused and parallel, one row of outputs
     accumulated in a local array over the taps, the row's axis vectorized."""
     def fn(sch, outputs):
-        t = stage_of
-        row = sch.cache_write(t)
-        s = sch[t]
-        ax = list(s.axis)
-        nc = s.fuse(ax[0], ax[1])
-        if parallel_worth(work, target):
-            s.parallel(nc)
-        if hint(ax[-1].arg.dom[1]) >= 4:
-            s.vectorize(ax[-1])
-        sl = sch[row]
-        sl.compute_at(s, ax[-2] if len(ax) > 3 else nc)
+        sl = accumulate_rows(sch, stage_of, work, target)
         lax = list(sl.axis)
-        sl.reorder(*lax[:-1], *sl.reduce_axis, lax[-1])
-        taps = sl.reduce_axis[1:] if len(sl.reduce_axis) > len(ax) - 2 else sl.reduce_axis
+        taps = sl.reduce_axis[1:] if len(sl.reduce_axis) > len(lax) - 2 else sl.reduce_axis
         if taps and math.prod(int(k.arg.dom[1]) for k in taps) <= 9:
             for k in taps:
                 sl.unroll(k)
