@@ -180,9 +180,10 @@ def fuse_inverted_residual(graph: Graph, ctx: PassContext) -> Graph:
         desc = (f"{xs[1] * xs[4]}->{es[1] * es[4]}->{ys[1] * ys[4]} "
                 f"dw {'x'.join(map(str, c2.attrs['kernel_shape']))} s{c2.attrs.get('strides', [1, 1])[0]} "
                 f"on {xs[2]}x{xs[3]}{' +residual' if residual is not None else ''}")
-        choice = choose_inverted_residual(expanded, ctx.target, override)
+        choice = choose_inverted_residual(expanded, ctx.target, override, tuple(a[0] for a in acts))
         ctx.report(InvertedResidualChoice(c3.name, desc, choice))
         if choice.algorithm != "inverted-residual":
+            taken.update(id(n) for n in nodes)      # (reported once, not again without its Add)
             continue
         lanes = xs[4]
         ins = [c1.inputs[0], c1.inputs[1], _bias(namer, c1, es[1], lanes), c2.inputs[1],

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import kiln
 from benchmarks.inverted_residual import block_model
 from kiln.compiler import run_stages
-from kiln.lower.conv_algo import IR_MIN_L2_SHARE, choose_inverted_residual
+from kiln.lower.conv_algo import IR_MIN_L2_SHARE, IR_ROW_PASS_L2_SHARE, choose_inverted_residual
 from kiln.lower.inverted_residual import register_tiles
 from kiln.targets.target import Target
 
@@ -59,7 +59,8 @@ def test_fused_block_matches_onnxruntime(c, mult, o, h, w, k, s, n, acts, residu
 
 
 @pytest.mark.parametrize("acts,cpu", [(("Clip", "Clip", ""), None), (("HardSwish", "Relu", "SiLU"), None),
-                                      (("SiLU", "SiLU", ""), None), (("Clip", "HardSwish", "Relu"), "x86-64-v3")])
+                                      (("SiLU", "SiLU", ""), None), (("Relu", "SiLU", "HardSwish"), None),
+                                      (("Clip", "HardSwish", "Relu"), "x86-64-v3")])
 def test_fused_block_matches_the_reference_interpreter(acts, cpu):
     """(x86-64-v3: AVX2's 8 lanes and 16 registers, other register tiles; runs on any AVX2 host)"""
     model = block_model(24, 96, 24, 9, 3, 1, "", n=2, w=11, acts=acts, residual=True)
@@ -102,6 +103,18 @@ def test_rule_fuses_when_the_expanded_tensor_outgrows_l2_and_is_reported():
     m = kiln.compile(big, report=True, decisions=FUSED)
     (found,) = m.report.inverted_residuals
     assert found.choice.algorithm == "inverted-residual" and "16->96->16" in str(found)
+
+
+def test_rule_wants_more_than_l2_share_for_a_row_pass_activation():
+    t = Target.host()
+    between = int((IR_MIN_L2_SHARE + IR_ROW_PASS_L2_SHARE) / 2 * t.l2_bytes)
+    assert choose_inverted_residual(between, t, acts=("clip", "clip", "")).algorithm == "inverted-residual"
+    assert choose_inverted_residual(between, t, acts=("relu", "hardswish", "")).algorithm == "inverted-residual"
+    for acts in (("hardswish", "hardswish", ""), ("relu", "relu", "swish")):
+        choice = choose_inverted_residual(between, t, acts=acts)
+        assert choice.algorithm == "unfused" and "pass over the row" in choice.reason
+    big = int(IR_ROW_PASS_L2_SHARE * t.l2_bytes) + 4
+    assert choose_inverted_residual(big, t, acts=("hardswish", "hardswish", "")).algorithm == "inverted-residual"
 
 
 def test_register_tiles_fill_the_register_file():

@@ -99,18 +99,28 @@ static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_act_case(kiln_ir_
 }
 
 /* activation `a` (kiln_ir_act_case's codes: hardswish, swish) over n vectors in each of
-   `blocks` runs `bstride` floats apart, then + res (same layout, rstride) where given */
+   `blocks` runs `bstride` floats apart, then + res (same layout, rstride) where given. One loop
+   per case and per residual, each with its activation inlined: a switch per vector measured
+   15% of a 24->144->24 56x56 HardSwish block. */
+#define KILN_IR_POST_LOOP(A, RES) \
+  for (int64_t b = 0; b < blocks; ++b) { \
+    float* vb = v + b * bstride; \
+    const float* rb = (RES) ? res + b * rstride : NULL; \
+    for (int64_t i = 0; i < n; ++i) { \
+      kiln_ir_v x = kiln_ir_act_case(IR_LD(vb + i * L), (A), 0.0f, 0.0f); \
+      if (RES) x += IR_LD(rb + i * L); \
+      IR_ST(vb + i * L, x); \
+    } \
+  }
 static void kiln_ir_post(float* restrict v, int64_t blocks, int64_t bstride, int64_t n,
                          const float* restrict res, int64_t rstride, int a) {
   enum { L = KILN_IR_L };
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int64_t i = 0; i < n; ++i) {
-      float* q = v + b * bstride + i * L;
-      kiln_ir_v x = kiln_ir_act_case(IR_LD(q), a, 0.0f, 0.0f);
-      if (res) x += IR_LD(res + b * rstride + i * L);
-      IR_ST(q, x);
-    }
+  if (a == 3 && !res) KILN_IR_POST_LOOP(3, 0)
+  else if (a == 3) KILN_IR_POST_LOOP(3, 1)
+  else if (!res) KILN_IR_POST_LOOP(4, 0)
+  else KILN_IR_POST_LOOP(4, 1)
 }
+#undef KILN_IR_POST_LOOP
 
 /* One register tile of a 1x1 conv: RW columns x OV output channel blocks, over all ICB * L
    input channels. in: the first column's block 0, channel blocks `ics` apart; w: the tile's
