@@ -7,12 +7,19 @@
 At batch 1 a step of a recurrent layer multiplies the state by R (G * H * H floats: 1 MiB for an
 LSTM of 256 units) and does little else, so its time is set by how fast R streams from cache:
 per row this prints each engine's median ms per inference, kiln / ORT, kiln's ns per step and
-direction, and the bytes of R one step reads, as GB/s (R bytes / ns per step). The layers have
+direction, and the bytes of R one step reads, as GB/s (R bytes / ns per step), ns per step being the kiln::Recurrent kernel's
+alone (kiln's profile: the input projection's GEMM is in the ms, not in the steps). The layers have
 constant random weights (as exported models do), so kiln runs them as -O3 does: the input
 projection as one GEMM, then kiln::Recurrent (kiln.lower.recurrent). Engines are timed
 interleaved (kiln.bench.time_interleaved). `--clock cpu` times the calling thread's CPU time
 with one thread for both engines (`--threads` is then 1): on a loaded machine that is the
 figure that still says something about the kernel.
+
+The bound: a step must stream R's bytes from wherever R lives, so each row is also held against
+the read rate of one core streaming a buffer of R's size over and over (`read_bound`: a C loop of
+vector loads into independent sums, as the step's GEMV reads its panels, thread CPU time): "bound
+ns" is R bytes at that rate, "k/bound" how far the step is from it. With `--threads N` each
+thread streams 1/N of R, so the bound is taken for that share (on its own core's caches).
 
 `--corpus` profiles corpus models (benchmarks/corpus) kernel by kernel instead: per recurrent
 layer its kiln::Recurrent kernel alone in ns per step and direction against the bytes of R one
@@ -34,6 +41,55 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+
+READ_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+typedef float V __attribute__((vector_size(LANES * 4)));
+/* streams n floats of a `reps` times (the even passes forward, the odd ones backward, as
+   kiln::Recurrent's steps read their panels), 8 vectors per iteration into 8 sums */
+float read_loop(const float* a, int64_t n, int64_t reps) {
+  V s[8] = {{0}};
+  for (int64_t r = 0; r < reps; ++r)
+    for (int64_t i0 = 0; i0 + 8 * LANES <= n; i0 += 8 * LANES) {
+      const int64_t i = r & 1 ? n - 8 * LANES - i0 : i0;
+      for (int k = 0; k < 8; ++k) { V v; memcpy(&v, a + i + k * LANES, sizeof v); s[k] += v; }
+    }
+  float t = 0;
+  for (int k = 0; k < 8; ++k) for (int l = 0; l < LANES; ++l) t += s[k][l];
+  return t;
+}
+"""
+
+
+def read_bound(nbytes: int, seconds: float = 0.2) -> float:
+    """GB/s at which one core streams a buffer of `nbytes` again and again (its best of a few
+    timings, thread CPU time): the rate a batch-1 step that reads R of that size cannot beat."""
+    import ctypes
+    import subprocess
+    from kiln.targets.target import Target
+    lanes = Target.host().vector_lanes(4)
+    with tempfile.TemporaryDirectory() as d:
+        src, lib = os.path.join(d, "read.c"), os.path.join(d, "read.so")
+        with open(src, "w") as f:
+            f.write(READ_SOURCE)
+        subprocess.run(["cc", "-O2", "-march=native", "-shared", "-fPIC", f"-DLANES={lanes}", src, "-o", lib],
+                       check=True)
+        fn = ctypes.CDLL(lib).read_loop
+        fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        n = max(8 * lanes, nbytes // 4 // (8 * lanes) * (8 * lanes))
+        a = np.random.default_rng(0).random(n).astype(np.float32)
+        reps, best = 4, 0.0
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t = time.thread_time()
+            fn(a.ctypes.data, n, reps)
+            dt = time.thread_time() - t
+            if dt > 2e-3:
+                best = max(best, n * 4 * reps / dt / 1e9)
+            else:
+                reps *= 2
+        return best
 # (kind, direction, input size, hidden, steps, batch): the corpus' recurrent layers and their neighbours
 CASES = [("LSTM", "forward", 80, 64, 50, 1), ("LSTM", "forward", 80, 128, 128, 1),
          ("LSTM", "forward", 80, 256, 128, 1), ("LSTM", "bidirectional", 80, 256, 128, 1),
@@ -96,10 +152,26 @@ def run_case(case, threads: int, clock: str, budget: float) -> dict:
     k, o = stats(times["kiln"])["median_ms"], stats(times["ort"])["median_ms"]
     nd = 2 if direction == "bidirectional" else 1
     r_bytes = GATES[kind] * hs * hs * 4
-    ns_step = k * 1e6 / (seq * nd)
-    return {"case": f"{kind} {direction} in={inp} H={hs} seq={seq} batch={batch}", "kiln_ms": k, "ort_ms": o,
+    rec_ms = 1e3 * kernel_seconds(cm, feeds, clock, "Recurrent", 10)
+    ns_step = rec_ms * 1e6 / (seq * nd)
+    share = r_bytes * nd // max(1, threads)       # what one thread streams per step (all directions)
+    bound_ns = share / read_bound(share) / nd     # per step and direction, as ns_step
+    return {"bound_ns": bound_ns, "over_bound": ns_step / bound_ns, "case": f"{kind} {direction} in={inp} H={hs} seq={seq} batch={batch}", "kiln_ms": k, "ort_ms": o,
             "ratio": k / o, "kiln_ns_per_step": ns_step, "r_bytes": r_bytes, "gb_per_s": r_bytes / ns_step,
             "ok": bool(check["ok"]), "threads": threads, "clock": clock}
+
+
+def kernel_seconds(cm, feeds: dict, clock: str, what: str, runs: int) -> float:
+    """The median seconds of `cm`'s kernels whose description names `what`, summed, each called
+    alone (kiln's profile; with clock "cpu" the calling thread's CPU time)."""
+    clock_fn = time.perf_counter
+    if clock == "cpu":
+        time.perf_counter = time.thread_time    # the profile reads this clock
+    try:
+        prof = cm.profile(feeds, runs=runs)
+    finally:
+        time.perf_counter = clock_fn
+    return sum(s for name, s in prof if what in name)
 
 
 def corpus_rows(name: str, clock: str, runs: int) -> list[dict]:
@@ -172,14 +244,16 @@ def main(argv=None) -> int:
                 json.dump({"results": rows}, f, indent=1)
         return 0
     cases = [tuple(int(v) if v.isdigit() else v for v in c.split(",")) for c in args.case] if args.case else CASES
-    print(f"{'layer':<48} {'kiln ms':>9} {'ort ms':>9} {'k/ort':>6} {'ns/step':>9} {'R KiB':>7} {'GB/s':>6}  ok"
+    print(f"{'layer':<48} {'kiln ms':>9} {'ort ms':>9} {'k/ort':>6} {'ns/step':>9} {'R KiB':>7} {'GB/s':>6} "
+          f"{'bound ns':>8} {'k/bound':>7}  ok"
           f"   ({threads} thread{'s' * (threads > 1)}, {args.clock} clock, load {os.getloadavg()[0]:.1f})")
     rows = []
     for case in cases:
         r = run_case(case, threads, args.clock, args.budget)
         rows.append(r)
         print(f"{r['case']:<48} {r['kiln_ms']:9.3f} {r['ort_ms']:9.3f} {r['ratio']:6.2f} {r['kiln_ns_per_step']:9.0f} "
-              f"{r['r_bytes'] / 1024:7.0f} {r['gb_per_s']:6.1f}  {'yes' if r['ok'] else 'NO'}", flush=True)
+              f"{r['r_bytes'] / 1024:7.0f} {r['gb_per_s']:6.1f} {r['bound_ns']:8.0f} {r['over_bound']:7.2f}  "
+              f"{'yes' if r['ok'] else 'NO'}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": rows}, f, indent=1)

@@ -262,9 +262,9 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     for i, (gates, src, cell) in enumerate(phases):
         body = panel(gates, src, cell, i == nph - 1)
         step += [*([f"if (ph == {i}) {{"] if nph > 1 else ["{"]),
-                 "  int64_t cnt = 0, idx;",
-                 f"  while ((idx = claim ? kiln_rec_claim(&team, nt, tid, {nd * n_p}, stage) "
-                 ": lo + cnt < hi ? lo + cnt : -1) >= 0) {",
+                 f"  int64_t cnt = 0, idx; const int mirror = kiln_rec_mirror(stage, {nph});",
+                 f"  while ((idx = claim ? kiln_rec_claim(&team, nt, tid, {nd * n_p}, stage, mirror) "
+                 ": lo + cnt < hi ? (mirror ? hi - 1 - cnt : lo + cnt) : -1) >= 0) {",
                  "    ++cnt;",
                  f"    const int64_t d = idx / {n_p}, p = idx % {n_p};",
                  f"    const int rev = {rev}; (void)rev;",
