@@ -16,22 +16,76 @@ from kiln.tune.tasks import Task, tasks_of
 from kiln.tune.tuner import TuneReport, tune
 
 
-def specialized_graph(model, dims: dict | None = None, opt_level: int | None = None):
-    """The model's graph as kiln would lower it (specialised to `dims` for symbolic inputs)."""
+def specialized_graph(model, dims: dict | None = None, opt_level: int | None = None, decisions: dict | None = None,
+                      findings: list | None = None):
+    """The model's graph as kiln would lower it (specialised to `dims` for symbolic inputs), with
+    the decision overrides the passes read (`decisions`: the per-conv algorithms); the passes'
+    findings (each conv's algorithm) appended to `findings`."""
     from kiln.compiler import frontend, optimize, spec_of, specialize  # noqa: PLC0415
     from kiln.runtime.inputs import bind_dims, concrete_shape  # noqa: PLC0415
     if opt_level is None:
         from kiln.passes.pipeline import DEFAULT_LEVEL  # noqa: PLC0415
         opt_level = DEFAULT_LEVEL
     from kiln.targets.target import Target  # noqa: PLC0415
-    opt = optimize(frontend(model), opt_level, Target.host())
+    opt = optimize(frontend(model), opt_level, Target.host(), decisions)
     ins = [spec_of(v) for v in opt.graph.inputs]
     bound = bind_dims(ins, {}, dict(dims or {}))
     spec = specialize(opt, [concrete_shape(s, bound) for s in ins])
     if spec.breaks:
         raise KilnError("this model runs in stages (data-dependent shapes); kiln tune handles models "
                         "that are one native module: " + "; ".join(str(b) for b in spec.breaks))
+    if findings is not None:   # (passes that ran again at these shapes decided what is built)
+        findings.extend(f for p in (spec.stats if opt.source is not None else opt.stats) for f in p.findings)
     return spec.graph, spec.known
+
+
+def module_job(model, dims: dict | None, decisions: dict) -> dict:
+    """The measuring worker's job for the whole model built with `decisions` (kiln.tune.worker:
+    its entry over fresh random inputs, its outputs, its weights and its workspace)."""
+    from kiln.compiler import native  # noqa: PLC0415
+    from kiln.targets.target import Target  # noqa: PLC0415
+    graph, known = specialized_graph(model, dims, decisions=decisions)
+    mod = native(graph, known, Target.host(), decisions)
+    if not mod._plain:
+        raise KilnError("kiln tune times conv algorithms on models with numeric inputs and outputs only")
+    rng = np.random.default_rng(0)
+    ins = []
+    for v in graph.inputs:
+        dt = v.type.dtype.np
+        shape = tuple(v.type.shape)
+        ins.append(rng.standard_normal(shape).astype(dt) if np.issubdtype(dt, np.floating)
+                   else rng.integers(0, 2, size=shape).astype(dt))
+    outs = [np.empty(shape, dt) for shape, dt in mod.output_types]
+    return {"path": mod.library_path, "symbol": mod.info["entry"], "n_in": len(ins), "n_out": len(outs),
+            "arrays": ins + outs + [mod.weights, np.zeros(max(mod.workspace_bytes, 64), np.uint8)]}
+
+
+CONV_SHARE = 0.4   # of the budget at most, for the conv algorithms (whole models: each candidate a build)
+
+
+def tune_conv_algorithms(model, db_path: str, budget_s: float, *, dims: dict | None = None, clock: str = "wall",
+                         timeout: float = 60.0, on_progress=None) -> list:
+    """Each conv workload's other algorithms tried on the whole model for up to `budget_s`
+    (kiln.tune.convs); returns its ConvTasks."""
+    from kiln.tune.convs import conv_tasks, tune_convs  # noqa: PLC0415
+    from kiln.tune.measure import Worker  # noqa: PLC0415
+    from kiln.tune.records import Database  # noqa: PLC0415
+    from kiln.tune.signature import machine, signature  # noqa: PLC0415
+    t0 = time.perf_counter()
+    found: list = []
+    specialized_graph(model, dims, findings=found)
+    tasks = conv_tasks([f for f in found if type(f).__name__ == "ConvChoice"])
+    if not tasks:
+        return []
+    sig = signature(clock=clock)
+    worker = Worker(timeout, threads=1 if clock == "cpu" else None)
+    with Database(db_path) as db:
+        db.add_machine(sig, {**machine(), "clock": clock})
+        try:
+            return tune_convs(tasks, lambda d: module_job(model, dims, d), db, sig, worker,
+                              deadline=t0 + budget_s, clock=clock, on_progress=on_progress)
+        finally:
+            worker.close()
 
 
 def extract_tasks(model, dims: dict | None = None) -> list[Task]:
@@ -41,11 +95,26 @@ def extract_tasks(model, dims: dict | None = None) -> list[Task]:
 
 
 def tune_model(model, db_path: str, budget_s: float, *, dims: dict | None = None, end_to_end: bool = True,
-               **options) -> TuneReport:
-    """Tune `model` for `budget_s` seconds into `db_path` (options: kiln.tune.tuner.tune's);
-    then, unless interrupted, time it untuned and tuned (`report.end_to_end`)."""
-    graph, known = specialized_graph(model, dims)
-    report = tune(graph, known, db_path, budget_s, **options)
+               conv_share: float = CONV_SHARE, **options) -> TuneReport:
+    """Tune `model` for `budget_s` seconds into `db_path`: first (up to `conv_share` of the
+    budget) each conv's algorithm on the whole model, then the kernels of the model built with
+    the algorithms found (options: kiln.tune.tuner.tune's); then, unless interrupted, time it
+    untuned and tuned (`report.end_to_end`)."""
+    t0 = time.perf_counter()
+    convs = []
+    if conv_share > 0 and options.get("measurer") is None:   # (on this machine: builds are local)
+        try:
+            convs = tune_conv_algorithms(model, db_path, budget_s * conv_share, dims=dims,
+                                         clock=options.get("clock", "wall"), timeout=options.get("timeout", 60.0))
+        except KeyboardInterrupt:   # what was measured is in the database: run again to go on
+            from kiln.tune.signature import signature  # noqa: PLC0415
+            return TuneReport([], signature(clock=options.get("clock", "wall")), time.perf_counter() - t0,
+                              interrupted=True)
+    from kiln.targets.target import Target  # noqa: PLC0415
+    from kiln.tune.apply import with_conv_records  # noqa: PLC0415
+    graph, known = specialized_graph(model, dims, decisions=with_conv_records(db_path, {}, Target.host()))
+    report = tune(graph, known, db_path, max(budget_s - (time.perf_counter() - t0), 1.0), **options)
+    report.convs = convs
     if end_to_end and not report.interrupted:
         report.end_to_end = measure_end_to_end(model, db_path, dims, clock=options.get("clock", "wall"))
     return report

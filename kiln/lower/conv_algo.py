@@ -37,10 +37,18 @@ from kiln.errors import KilnError
 from kiln.lower.decisions import OneOf, declare
 from kiln.targets.target import Target
 
-ALGORITHMS = ("direct", "winograd")
+# "direct": the rule's direct conv (blocked or not: the layout pass's rule); "direct-nchwc" /
+# "direct-nchw": that direct conv on the blocked layout / on NCHW, whatever the neighbour rule says
+ALGORITHMS = ("direct", "winograd", "direct-nchwc", "direct-nchw")
 CONV_ALGORITHM = declare("conv.algorithm", OneOf(ALGORITHMS), lambda target: "direct",
-                         "how a 3x3 or 3-tap 1-D stride-1 conv runs: direct, or Winograd (kiln.lower.conv_algo)")
+                         "how a conv runs: direct (on the layout the rule picks), Winograd, or direct on "
+                         "the blocked layout / on NCHW (kiln.lower.conv_algo)")
 ENV = "KILN_CONV_ALGO"
+# Per conv, the algorithm is a decision keyed by the conv's workload (`conv_key`: what it
+# computes and on which shapes, not its name): {"@conv:<hash>": {"conv.algorithm": "winograd"}}
+# in kiln.compile's decisions, which is where `kiln tune` records go (kiln.tune.apply). Such an
+# override that cannot run on its conv is a KilnError naming the decision and the conv (a
+# tuning record's, marked "#record", a warning and the rule instead: kiln may have changed).
 
 # The rule, measured (benchmarks/conv_bench.py --convs resnet18|unet256|dbnet320|probe, one
 # thread, interleaved with ORT, p10 on the 2-core AVX2 EPYC at load 10-13): Winograd ran
@@ -147,21 +155,29 @@ def tile_use(out) -> float:
     return math.prod(out) / math.prod(-(-o // 4) * 4 for o in out)
 
 
-def choose(s: ConvShape, target: Target, override: str | None = None) -> Choice:
-    """The algorithm for conv `s` on `target` and why; `override` ("direct" or "winograd")
-    replaces the rule where Winograd can run at all."""
+def choose(s: ConvShape, target: Target, override: str | None = None, strict: str | None = None,
+           source: str = "a per-conv decision") -> Choice:
+    """The algorithm for conv `s` on `target` and why; `override` (one of ALGORITHMS) replaces
+    the rule where it can run. `strict`: the conv's name when the override was asked of this
+    conv alone (`source`: by whom): one that cannot run is then a KilnError naming it."""
     direct = Choice("direct-nchwc", f"{s.kind or 'pointwise, depthwise, grouped, strided, 1-D or a stem'}: "
                                     "blocked direct conv") if s.blockable and s.blocked_kind \
         else Choice("direct-nchw", "dense KxK direct conv (blocked measured no faster)") if s.blockable \
         else Choice("direct-nchw", f"not blockable: {s.unblockable or 'constant float32 1-D or 2-D weights in whole blocks needed'}")
-    why_not = winograd_applies(s, target)
+    how = source if strict is not None else "conv.algorithm / KILN_CONV_ALGO"
+    why_not = winograd_applies(s, target) if override != "direct-nchwc" else \
+        None if s.blockable else direct.reason
+    if why_not is not None and override in ("winograd", "direct-nchwc"):
+        if strict is not None:
+            raise KilnError(f"illegal value {override!r} for decision {CONV_ALGORITHM.name!r} in conv {strict!r} "
+                            f"[{s}]: {why_not}", stage="schedule")
+        return Choice(direct.algorithm, f"{direct.reason}; asked for {override}, but {why_not}")
+    if override in ("winograd", "direct-nchwc", "direct-nchw"):
+        return Choice(override, f"asked for ({how})")
     if why_not is not None:
-        return direct if override != "winograd" else Choice(direct.algorithm, f"{direct.reason}; asked "
-                                                            f"for winograd, but {why_not}")
-    if override == "winograd":
-        return Choice("winograd", "asked for (conv.algorithm / KILN_CONV_ALGO)")
+        return direct
     if override == "direct":
-        return Choice(direct.algorithm, f"{direct.reason}; asked for direct (conv.algorithm / KILN_CONV_ALGO)")
+        return Choice(direct.algorithm, f"{direct.reason}; asked for direct ({how})")
     if len(s.kernel) == 1:
         return choose_1d(s, direct)
     tiles = s.n * math.prod(-(-o // 4) for o in s.out)
@@ -184,9 +200,37 @@ class ConvChoice:
     node: str
     shape: ConvShape
     choice: Choice
+    key: str = ""                 # the conv's workload (`conv_key`): per-conv decisions and records name it
+    options: tuple = ()           # the algorithms this conv can take (`legal`): what `kiln tune` searches
 
     def __str__(self) -> str:
         return f"conv {self.node!r} [{self.shape}]: {self.choice.algorithm} ({self.choice.reason})"
+
+
+def legal(s: ConvShape, target: Target) -> tuple[str, ...]:
+    """The algorithms conv `s` can run by (for a per-conv decision; "direct" is the rule's direct)."""
+    return tuple(a for a in ("winograd", "direct-nchwc", "direct-nchw")
+                 if (a != "winograd" or winograd_applies(s, target) is None) and (a != "direct-nchwc" or s.blockable))
+
+
+def conv_key(node, opset: int) -> str:
+    """A conv's workload key (kiln.lower.workload, over the node alone, "conv:" before it): the
+    same for every conv computing the same thing on the same shapes, whatever its name and
+    weights' values, so one tuning record serves every repeat of a layer."""
+    from kiln.lower.workload import workload_key  # noqa: PLC0415
+    return "conv:" + workload_key([node], {id(node): opset}, {id(node): [v.const if v is not None else None
+                                                                         for v in node.inputs]}, lambda v: True)
+
+
+def asked_for(decisions: dict | None, key: str) -> tuple[str | None, int | None]:
+    """The algorithm a per-conv decision asks of the conv of workload `key`, and the
+    tuning record it comes from (None: asked by hand); (None, None) when none is."""
+    own = (decisions or {}).get("@" + key) or {}
+    v = own.get(CONV_ALGORITHM.name)
+    if v is not None and v not in CONV_ALGORITHM.domain:
+        raise KilnError(f"illegal value {v!r} for decision {CONV_ALGORITHM.name!r} in conv workload {key!r}: it "
+                        f"must be {CONV_ALGORITHM.domain}", stage="schedule")
+    return v, own.get("#record")
 
 
 def tiles_1d(n: int, ow: int, d: int, m: int) -> int:

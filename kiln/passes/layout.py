@@ -451,13 +451,15 @@ SELECTIVE = True
 
 
 def transform(graph: Graph, block: int, selective: bool | None = None, target: Target | None = None,
-              override: str | None = None, findings: list | None = None) -> dict[str, int]:
+              override: str | None = None, findings: list | None = None, decisions: dict | None = None
+              ) -> dict[str, int]:
     """Rewrite `graph` in place with blocks of `block` channels for `target` (None: the host;
-    `override`: the conv algorithm asked for, see kiln.lower.conv_algo); returns what fired,
-    and appends each conv's algorithm choice to `findings`."""
+    `override`: the conv algorithm asked for every conv, `decisions`: per conv, see
+    kiln.lower.conv_algo); returns what fired, and appends each conv's algorithm choice to `findings`."""
     if block < 2 or not any(n.op == "Conv" for n in graph.nodes):
         return {}
-    convs, choices = choose_convs(graph, block, target, override, SELECTIVE if selective is None else selective)
+    convs, choices = choose_convs(graph, block, target, override, SELECTIVE if selective is None else selective,
+                                  decisions)
     if findings is not None:
         findings.extend(choices)
     r = _Rewriter(graph, block, convs)
@@ -472,5 +474,5 @@ def transform_layout(graph: Graph, ctx: PassContext) -> Graph:
     """Run convolutions (and the elementwise ops between them) on the blocked NCHW[c]c layout,
     each by the algorithm kiln.lower.conv_algo chooses (listed in the pass's findings)."""
     ctx.tally(transform(graph, default_block(ctx.target), target=ctx.target,
-                        override=asked(ctx.decisions), findings=ctx.findings))
+                        override=asked(ctx.decisions), findings=ctx.findings, decisions=ctx.decisions))
     return graph

@@ -6,13 +6,15 @@ doc describes the rewrite), kept apart from its rewriter so that each file has o
 from __future__ import annotations
 
 import os
+import warnings
+from dataclasses import replace
 
 import numpy as np
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node
-from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, choose
+from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, asked_for, choose, conv_key, legal
 from kiln.ops.layout import block_groups
 from kiln.ops.nn import window
 from kiln.ops.registry import NodeCtx
@@ -252,38 +254,51 @@ def conv_shape(node: Node, opset: int, block: int, attrs: dict | None) -> ConvSh
 
 
 def choose_convs(graph: Graph, block: int, target: Target | None = None, override: str | None = None,
-                 selective: bool = True) -> tuple[dict[int, dict], list[ConvChoice]]:
+                 selective: bool = True, decisions: dict | None = None) -> tuple[dict[int, dict], list[ConvChoice]]:
     """id(conv node) -> its blocked attributes (with "winograd" set for a Winograd conv), for
     the convs to rewrite; and every 2-D conv's algorithm with the reason
-    (kiln.lower.conv_algo.choose, then the neighbour rule below)."""
+    (kiln.lower.conv_algo.choose, then the neighbour rule below). `decisions`: per-conv
+    algorithms keyed by the conv's workload (kiln.lower.conv_algo.asked_for), before `override`."""
     target = Target.of(target)
     opset = graph.opset("")
-    cands, choices = {}, {}
+    cands, choices, forced = {}, {}, set()
     for n in graph.nodes:
         a = blockable_conv(n, opset, block)
         shape = conv_shape(n, opset, block, a)
         if shape is None:
             continue
-        c = choose(shape, target, override)
-        choices[id(n)] = ConvChoice(n.name, shape, c)
+        key = conv_key(n, opset)
+        own, record = asked_for(decisions, key)
+        try:
+            c = choose(shape, target, own or override, strict=n.name if own else None,
+                       source="a per-conv decision" if record is None else f"tuning record {record}")
+        except KilnError as e:
+            if record is None:
+                raise
+            warnings.warn(f"tuning record {record} not applied: {e}", stacklevel=2)
+            own, c = None, choose(shape, target, override)
+        if own is not None and own != "direct" or override in ("direct-nchwc", "direct-nchw") and own is None:
+            forced.add(id(n))     # asked for: the neighbour rule does not move it
+        choices[id(n)] = ConvChoice(n.name, shape, c, key, legal(shape, target))
         if c.algorithm == "winograd":
             cands[id(n)] = {**a, "winograd": 1}
-        elif a is not None and (not selective or c.algorithm == "direct-nchwc"):
+        elif a is not None and ((not selective and id(n) not in forced) or c.algorithm == "direct-nchwc"):
             cands[id(n)] = a
             if c.algorithm != "direct-nchwc":
-                choices[id(n)] = ConvChoice(n.name, shape, Choice("direct-nchwc", f"{c.reason}; blocked all the "
+                choices[id(n)] = replace(choices[id(n)], choice=Choice("direct-nchwc", f"{c.reason}; blocked all the "
                                                                   "same (the layout pass not selective)"))
     if selective:
         kept = select_convs(graph, block, cands)
+        kept.update({k: a for k, a in cands.items() if k in forced})
         for k in set(cands) - set(kept):
             old = choices[k]
-            choices[k] = ConvChoice(old.node, old.shape, Choice(
+            choices[k] = replace(old, choice=Choice(
                 "direct-nchw", f"{old.choice.reason}, but no blocked neighbour: the layout conversions "
                                "would cost more than blocking saves"))
         for k, a in kept.items():
             old = choices[k]
             if not a.get("winograd") and alone(a):
-                choices[k] = ConvChoice(old.node, old.shape, Choice(old.choice.algorithm, (
+                choices[k] = replace(old, choice=Choice(old.choice.algorithm, (
                     f"{old.choice.reason}, {'x'.join(map(str, a['kernel_shape']))} taps: blocked whatever its "
                     f"neighbours (its conversions cost less than blocking saves)")))
         cands = kept

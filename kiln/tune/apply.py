@@ -28,6 +28,26 @@ def tuning_path(tuning) -> str | None:
     return None if path is None else os.fspath(path)
 
 
+def with_conv_records(path: str | None, decisions: dict, target=None) -> dict:
+    """`decisions` plus, per conv workload with an algorithm record for this machine (kiln tune's
+    graph-level task: kiln.lower.conv_algo.conv_key), the best one, for the layout pass:
+    {"@conv:<hash>": {"conv.algorithm": ..., "#record": id}} (none for another CPU than this)."""
+    if path is None:
+        return decisions
+    from kiln.tune.records import Database  # noqa: PLC0415
+    from kiln.tune.signature import machine, signature  # noqa: PLC0415
+    if target is not None and target.key() != machine()["target"]:
+        return decisions
+    found: dict = {}
+    with Database(path) as db:
+        for sig in (signature(clock="cpu"), signature()):    # timed on the model's threads wins
+            for key in db.workloads("conv:", sig):
+                best = db.best(key, sig)
+                if best is not None:
+                    found["@" + key] = None if best.is_default else {**best.decisions, "#record": best.id}
+    return {**{k: v for k, v in found.items() if v is not None}, **decisions}   # asked by hand wins
+
+
 def with_records(path: str | None, graph, known: dict, decisions: dict, target=None) -> dict:
     """`decisions` plus, per workload of `graph` with a record for this machine, the best one
     (none when the code is built for another CPU than this one: `target`)."""

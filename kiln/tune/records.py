@@ -152,6 +152,12 @@ class Database:
                                 "AND is_default = 1 AND seconds IS NOT NULL", (workload, signature)).fetchone()
         return row[0]
 
+    def workloads(self, prefix: str, signature: str) -> list[str]:
+        """The workloads whose key starts with `prefix` that have records of `signature`."""
+        rows = self._con.execute("SELECT DISTINCT workload FROM records WHERE signature = ? AND substr(workload, 1, ?) = ? "
+                                 "ORDER BY workload", (signature, len(prefix), prefix)).fetchall()
+        return [r[0] for r in rows]
+
     def count(self, signature: str | None = None) -> int:
         sql, args = "SELECT COUNT(*) FROM records", ()
         if signature is not None:

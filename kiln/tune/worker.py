@@ -20,41 +20,61 @@ def _kernel(path: str, symbol: str):
     return fn
 
 
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `a` whose data starts on 64 bytes (kernels may load aligned vectors)."""
+    a = np.ascontiguousarray(a)
+    if a.ctypes.data % 64 == 0:
+        return a
+    raw = np.empty(a.nbytes + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    out = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def run_job(job: dict) -> dict:
     """job: library path, symbol, arrays (inputs then outputs, in param order), n_in,
-    min_seconds (per repeat), repeats, number (calls per repeat; 0: chosen here), clock
-    ("wall": perf_counter; "cpu": this thread's CPU time, for a loaded machine, with the
-    worker on one thread), base (optional {"path", "symbol"}: the default schedule's kernel,
-    timed in turn with the candidate, repeat by repeat, so that both see the same moments of
-    a noisy machine: `base_times` beside `times`)."""
+    n_out (optional: how many arrays after the inputs are outputs; default all: a whole
+    module's entry takes its weights and workspace after them), min_seconds (per repeat),
+    repeats, number (calls per repeat; 0: chosen here), clock ("wall": perf_counter; "cpu":
+    this thread's CPU time, for a loaded machine, with the worker on one thread), base
+    (optional {"path", "symbol"}, and "arrays" when it takes others: the default schedule's
+    kernel or module, timed in turn with the candidate, repeat by repeat, so that both see
+    the same moments of a noisy machine: `base_times` beside `times`)."""
     fn = _kernel(job["path"], job["symbol"])
-    arrays = [np.ascontiguousarray(a) for a in job["arrays"]]
+    arrays = [_aligned(a) for a in job["arrays"]]
     ptrs = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
     rc = fn(*ptrs)   # the first call: its outputs are checked by the parent
     if rc != 0:
         return {"error": f"kernel returned status {rc}"}
-    outputs = [a.copy() for a in arrays[job["n_in"]:]]
-    base = _kernel(job["base"]["path"], job["base"]["symbol"]) if job.get("base") else None
+    n_in = job["n_in"]
+    outputs = [a.copy() for a in arrays[n_in:n_in + job.get("n_out", len(arrays))]]
+    base, base_ptrs = None, ptrs
+    if job.get("base"):
+        base = _kernel(job["base"]["path"], job["base"]["symbol"])
+        if job["base"].get("arrays") is not None:
+            base_arrays = [_aligned(a) for a in job["base"]["arrays"]]
+            base_ptrs = [ctypes.c_void_p(a.ctypes.data) for a in base_arrays]
     clock = time.thread_time if job.get("clock") == "cpu" else time.perf_counter
     t0 = clock()
     fn(*ptrs)
     once = max(clock() - t0, 1e-7)
     if base is not None:   # the repeat's size from the slower of the two
         t0 = clock()
-        base(*ptrs)
+        base(*base_ptrs)
         once = max(once, clock() - t0)
     number = job.get("number") or max(1, int(job["min_seconds"] / once))
 
-    def timed(f) -> float:
+    def timed(f, args) -> float:
         t0 = clock()
         for _ in range(number):
-            f(*ptrs)
+            f(*args)
         return (clock() - t0) / number
     times, base_times = [], []
     for _ in range(job["repeats"]):
         if base is not None:
-            base_times.append(timed(base))
-        times.append(timed(fn))
+            base_times.append(timed(base, base_ptrs))
+        times.append(timed(fn, ptrs))
     return {"outputs": outputs, "times": times, "base_times": base_times}
 
 

@@ -35,3 +35,24 @@ def two_layers(m=32, k=64, seed=0) -> onnx.ModelProto:
     g = helper.make_graph(nodes, "layers", [helper.make_tensor_value_info("x", F, [m, k])],
                           [helper.make_tensor_value_info(x, F, [m, 16])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def conv_net(n=1, c=32, hw=12, seed=0) -> onnx.ModelProto:
+    """3x3 conv + Relu, 1x1 conv, 3x3 stride-2 conv, 1x1 conv (channels c, c, c, 16): convs the
+    chooser gives Winograd, blocked and NCHW direct convs, each with other legal algorithms."""
+    rng = np.random.default_rng(seed)
+    specs = [(c, c, 3, 1, 1, "Relu"), (c, c, 1, 1, 0, None), (c, c, 3, 2, 1, "Relu"), (c, 16, 1, 1, 0, None)]
+    inits, nodes, x, size = [], [], "x", hw
+    for i, (ci, co, k, s, p, act) in enumerate(specs):
+        inits += [numpy_helper.from_array((rng.standard_normal((co, ci, k, k)) / np.sqrt(ci * k * k)).astype(np.float32),
+                                          f"w{i}"),
+                  numpy_helper.from_array(rng.standard_normal(co).astype(np.float32), f"b{i}")]
+        out = f"c{i}" if act else f"y{i}"
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [out], name=f"conv{i}", kernel_shape=[k, k],
+                                      strides=[s, s], pads=[p] * 4))
+        if act:
+            nodes.append(helper.make_node(act, [out], [f"y{i}"], name=f"act{i}"))
+        x, size = f"y{i}", (size + 2 * p - k) // s + 1
+    g = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", F, [n, c, hw, hw])],
+                          [helper.make_tensor_value_info(x, F, [n, 16, size, size])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
