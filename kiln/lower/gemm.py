@@ -28,7 +28,10 @@ The schedule, in kiln's schedule language:
   shared by the whole batch (a weight against batched activations) has its panel loop
   outside the batch too, so each panel is read once, not once per batch item;
 - the loop forks when the time the threads save pays for the fork and join
-  (kiln.lower.nnutil.parallel_worth: the target's vector width and wait policy).
+  (kiln.lower.nnutil.parallel_worth: the target's vector width and wait policy), the
+  serial time being the larger of the FMAs' and reading both operands once: a Linear at
+  batch 1 does one multiply-add per weight it reads from memory, so the FMA rate put a
+  classifier's 1280 -> 1000 (5 MiB, ~0.2 ms on one thread of the Zen 4) at 21 us, serial.
 
 Two ways to pack V. "Root": all of V once, before the tile loop (right when V is
 small or reused by many row blocks). "Panel" (few row blocks, e.g. M = 64 against
@@ -188,6 +191,7 @@ class Gemm:
     s_packed: Tensor | None = None  # S copied row-major at the root (its view divides indices)
     target: Target | None = None    # sizes the fork decisions (None: the host)
     v_shared: bool = False          # V has no batch dims of its own (one weight for the whole batch)
+    streamed: int = 0               # elements of S and V, each read at least once (the fork decision)
 
     @property
     def _target(self) -> Target:
@@ -235,7 +239,7 @@ class Gemm:
             so.vectorize(ji)
         if fused is None and not static(math.prod(self.acc.shape)):
             raise KilnError(f"{self.out.name}: a GEMM without tile loops needs static sizes", stage="lower")
-        if fused is not None and parallel_worth(self.work, self._target, "gemm"):
+        if fused is not None and parallel_worth(self.work, self._target, "gemm", streamed=self.streamed):
             so.parallel(fused)
         sa = sch[self.acc]
         if fused is not None:
@@ -468,4 +472,5 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     s_size, v_size = hint(R * K * math.prod(ba if not swap else bb)), hint(C * K * math.prod(vb))
     return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
                 s_outer=GEMM_S_OUTER.value(heuristic=bool(s_size > v_size)), panel=panel, dot=dot,
-                s_packed=s_packed, target=target, v_shared=all(isinstance(d, int) and d == 1 for d in vb) and hint(math.prod(batch)) > 1)
+                s_packed=s_packed, target=target, v_shared=all(isinstance(d, int) and d == 1 for d in vb) and hint(math.prod(batch)) > 1,
+                streamed=s_size + v_size)
