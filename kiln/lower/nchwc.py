@@ -356,7 +356,7 @@ def _global_average_lower(ctx, x):
         top = st.fuse(*a[:4])
         if blk >= 4:
             st.vectorize(a[4])
-        if parallel_worth(work, ctx.target) and hint(top.arg.dom[1]) > 1:
+        if parallel_worth(work, ctx.target, "sum") and hint(top.arg.dom[1]) > 1:
             st.parallel(top)
         _rows_schedule(sch[out], 0, 4, ctx.target)
     ctx.schedule(schedule)

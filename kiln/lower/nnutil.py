@@ -46,8 +46,13 @@ FORK_GAIN_DECISION = declare(
 # - "stream": weights read once per use, as a 1x1 conv on one pixel (a squeeze-excite block's)
 #   reads them: 7e3 floats per us (MobileNetV3's 960 -> 240 and 240 -> 960 on one pixel took 30
 #   and 36 us on the AVX-512 EPYC, one thread, where the "conv" rate says 4).
+# - "sum": a plane summed into one vector per channel block (a global average pool: one vector
+#   add per vector read, contiguous): 10e3-15e3 elements per us, squeeze-excite pools of
+#   EfficientNet-B0 from 7x7x1152 to 56x56x144, one thread of the AVX-512 EPYC, thread CPU
+#   time (corpus_cpu --profile, loaded); the "window" rate took them for 6x longer and forked
+#   pools of 5-30 us (2 threads, quiet: 0.33 ms of pools against 0.18 on one thread).
 MACS_PER_US_PER_LANE = {"conv": 3.75e3, "gemm": 3.75e3, "attention": 1.65e3}
-OPS_PER_US = {"depthwise": 10e3, "window": 2e3, "copy": 4e3, "stream": 7e3}
+OPS_PER_US = {"depthwise": 10e3, "window": 2e3, "copy": 4e3, "stream": 7e3, "sum": 12e3}
 
 
 def serial_rate(kind: str, target: Target) -> float:

@@ -311,3 +311,28 @@ def test_conversions_that_move_nothing_run_no_kernel(c, oc, n):
     assert ("ToNCHWc" in kernels) == (c != 1), kernels
     assert ("FromNCHWc" in kernels) == (oc % 16 != 0), kernels
     np.testing.assert_allclose(m.run({"x": xs[0]})["y"], Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_global_average_pool_forks_by_its_summing_rate():
+    """A blocked global average pool adds one vector per vector it reads (~12e3 elements a us
+    on one thread): a squeeze-excite pool of 480 x 14 x 14 (~8 us) stays serial where threads
+    sleep between kernels (a wake-up ~20 us), a 64 x 112 x 112 one (~67 us) forks; both give
+    the reference."""
+    from dataclasses import replace
+    from kiln.stages import stage_text
+    from kiln.targets.target import Target
+    sleep = replace(Target.named("x86-64-v4"), omp_wait_policy="PASSIVE", omp_spincount="0")
+    for c, h, forks in ((480, 14, False), (64, 112, True)):
+        body = (conv_text("x", "c", c, c, 1).replace("{c}", f"1,{c},{h},{h}")
+                + f'  %y: float32[1,{c},1,1] = GlobalAveragePool(%c) name "gap"')
+        g = graph(prog(f"(%x: float32[1,{c},{h},{h}]) -> (%y)", body), w_conv=R(c, c, 1, 1), b_conv=R(c))
+        blocked = g.clone()
+        transform(blocked, 16, selective=False, override="direct")
+        assert "GlobalAveragePoolNCHWc" in [n_.op for n_ in blocked.nodes]
+        text = stage_text(blocked, "c", None, opt_level=0, cpu=sleep)
+        pool = text[text.index(next(line for line in text.splitlines()
+                                    if "GlobalAveragePoolNCHWc(" in line and line.endswith("{"))):]
+        assert ("omp parallel" in pool[:pool.index("\n}\n")]) == forks, (c, h)
+        xs = random_inputs(g, 1)
+        got = kiln.compile(blocked, target="cpu", opt_level=0).run({"x": xs[0]})["y"]
+        np.testing.assert_allclose(got, Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
