@@ -711,12 +711,12 @@ def tune(model, budget, db_path, trials_per_round, timeout, seed, clock, end_to_
     out.print(table(f"kiln tune: {len(rep.tasks)} tasks, {rep.seconds:.0f} s, machine {rep.signature}",
                     ["task", "kernel", "x", "default us", "best us", "speedup", "trials", "failed",
                      *(["note"] if notes else [])], rows))
-    if rep.convs:   # the conv algorithms, timed on the whole model (kiln.tune.convs)
-        crow = [[t.key[5:13], t.description, str(t.weight), t.default,
+    if rep.passes:   # the graph passes' decisions, timed on the whole model (kiln.tune.pass_tasks)
+        prow = [[t.key[:13], t.decision, t.description, str(t.weight), str(t.default),
                  ", ".join(f"{a} {s * 1e3:.3f}" for a, s in sorted(t.seconds.items(), key=lambda kv: kv[1])) or "-",
-                 "; ".join(f"{a}: {e}" for a, e in t.errors.items())] for t in rep.convs]
-        out.print(table("conv algorithms (model ms with each, against the rule's)",
-                        ["conv", "shape", "x", "rule", "measured", "failed"], crow))
+                 "; ".join(f"{a}: {e}" for a, e in t.errors.items())] for t in rep.passes]
+        out.print(table("graph pass decisions (model ms with each value, against the rule's)",
+                        ["node", "decision", "shape", "x", "rule", "measured", "failed"], prow))
     summary = [["estimated end-to-end (kernel times x weights)", f"x{rep.estimated_speedup:.2f}"],
                ["cost model", f"Kendall tau {rep.mean_tau:.2f} on held-out batches ({len(rep.taus)} rounds)"]]
     if rep.end_to_end:

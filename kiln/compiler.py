@@ -163,9 +163,9 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     if target == "cpu":
         from kiln.codegen.build import start_probes  # noqa: PLC0415
         start_probes(cpu)      # the C toolchain's probes run while the passes do
-    if tuning is not None:   # the tuned conv algorithms, for the layout pass (kiln.tune.apply)
-        from kiln.tune.apply import with_conv_records  # noqa: PLC0415
-        decisions = with_conv_records(tuning, decisions, cpu)
+    if tuning is not None:   # the passes' tuned decisions: conv algorithms, weight panels (kiln.tune.apply)
+        from kiln.tune.apply import with_pass_records  # noqa: PLC0415
+        decisions = with_pass_records(tuning, decisions, cpu)
     optimized = optimize(source, opt_level, cpu, decisions)
     graph = optimized.graph
     ins, outs = [spec_of(v) for v in graph.inputs], [spec_of(v) for v in graph.outputs]

@@ -60,21 +60,22 @@ def module_job(model, dims: dict | None, decisions: dict) -> dict:
             "arrays": ins + outs + [mod.weights, np.zeros(max(mod.workspace_bytes, 64), np.uint8)]}
 
 
-CONV_SHARE = 0.4   # of the budget at most, for the conv algorithms (whole models: each candidate a build)
+PASS_SHARE = 0.4   # of the budget at most, for the passes' decisions (whole models: each candidate a build)
 
 
-def tune_conv_algorithms(model, db_path: str, budget_s: float, *, dims: dict | None = None, clock: str = "wall",
-                         timeout: float = 60.0, on_progress=None) -> list:
-    """Each conv workload's other algorithms tried on the whole model for up to `budget_s`
-    (kiln.tune.convs); returns its ConvTasks."""
-    from kiln.tune.convs import conv_tasks, tune_convs  # noqa: PLC0415
+def tune_pass_decisions(model, db_path: str, budget_s: float, *, dims: dict | None = None, clock: str = "wall",
+                        timeout: float = 60.0, on_progress=None) -> list:
+    """Each node workload's other values of the decisions graph passes make (a conv's algorithm,
+    a GEMM weight's panel width) tried on the whole model for up to `budget_s`
+    (kiln.tune.pass_tasks); returns its PassTasks."""
     from kiln.tune.measure import Worker  # noqa: PLC0415
+    from kiln.tune.pass_tasks import pass_tasks, tune_pass_tasks  # noqa: PLC0415
     from kiln.tune.records import Database  # noqa: PLC0415
     from kiln.tune.signature import machine, signature  # noqa: PLC0415
     t0 = time.perf_counter()
     found: list = []
     specialized_graph(model, dims, findings=found)
-    tasks = conv_tasks([f for f in found if type(f).__name__ == "ConvChoice"])
+    tasks = pass_tasks(found)
     if not tasks:
         return []
     sig = signature(clock=clock)
@@ -82,8 +83,8 @@ def tune_conv_algorithms(model, db_path: str, budget_s: float, *, dims: dict | N
     with Database(db_path) as db:
         db.add_machine(sig, {**machine(), "clock": clock})
         try:
-            return tune_convs(tasks, lambda d: module_job(model, dims, d), db, sig, worker,
-                              deadline=t0 + budget_s, clock=clock, on_progress=on_progress)
+            return tune_pass_tasks(tasks, lambda d: module_job(model, dims, d), db, sig, worker,
+                                   deadline=t0 + budget_s, clock=clock, on_progress=on_progress)
         finally:
             worker.close()
 
@@ -95,26 +96,26 @@ def extract_tasks(model, dims: dict | None = None) -> list[Task]:
 
 
 def tune_model(model, db_path: str, budget_s: float, *, dims: dict | None = None, end_to_end: bool = True,
-               conv_share: float = CONV_SHARE, **options) -> TuneReport:
-    """Tune `model` for `budget_s` seconds into `db_path`: first (up to `conv_share` of the
-    budget) each conv's algorithm on the whole model, then the kernels of the model built with
-    the algorithms found (options: kiln.tune.tuner.tune's); then, unless interrupted, time it
+               pass_share: float = PASS_SHARE, **options) -> TuneReport:
+    """Tune `model` for `budget_s` seconds into `db_path`: first (up to `pass_share` of the
+    budget) the decisions graph passes make per node (each conv's algorithm, each GEMM weight's
+    panel width) on the whole model, then the kernels of the model built with the values found (options: kiln.tune.tuner.tune's); then, unless interrupted, time it
     untuned and tuned (`report.end_to_end`)."""
     t0 = time.perf_counter()
-    convs = []
-    if conv_share > 0 and options.get("measurer") is None:   # (on this machine: builds are local)
+    passes = []
+    if pass_share > 0 and options.get("measurer") is None:   # (on this machine: builds are local)
         try:
-            convs = tune_conv_algorithms(model, db_path, budget_s * conv_share, dims=dims,
+            passes = tune_pass_decisions(model, db_path, budget_s * pass_share, dims=dims,
                                          clock=options.get("clock", "wall"), timeout=options.get("timeout", 60.0))
         except KeyboardInterrupt:   # what was measured is in the database: run again to go on
             from kiln.tune.signature import signature  # noqa: PLC0415
             return TuneReport([], signature(clock=options.get("clock", "wall")), time.perf_counter() - t0,
                               interrupted=True)
     from kiln.targets.target import Target  # noqa: PLC0415
-    from kiln.tune.apply import with_conv_records  # noqa: PLC0415
-    graph, known = specialized_graph(model, dims, decisions=with_conv_records(db_path, {}, Target.host()))
+    from kiln.tune.apply import with_pass_records  # noqa: PLC0415
+    graph, known = specialized_graph(model, dims, decisions=with_pass_records(db_path, {}, Target.host()))
     report = tune(graph, known, db_path, max(budget_s - (time.perf_counter() - t0), 1.0), **options)
-    report.convs = convs
+    report.passes = passes
     if end_to_end and not report.interrupted:
         report.end_to_end = measure_end_to_end(model, db_path, dims, clock=options.get("clock", "wall"))
     return report

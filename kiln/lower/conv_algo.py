@@ -202,6 +202,11 @@ class ConvChoice:
     choice: Choice
     key: str = ""                 # the conv's workload (`conv_key`): per-conv decisions and records name it
     options: tuple = ()           # the algorithms this conv can take (`legal`): what `kiln tune` searches
+    decision = CONV_ALGORITHM.name   # (what kiln.tune.pass_tasks reads of a pass's per-node choice)
+
+    @property
+    def value(self) -> str:
+        return self.choice.algorithm
 
     def __str__(self) -> str:
         return f"conv {self.node!r} [{self.shape}]: {self.choice.algorithm} ({self.choice.reason})"
@@ -214,23 +219,17 @@ def legal(s: ConvShape, target: Target) -> tuple[str, ...]:
 
 
 def conv_key(node, opset: int) -> str:
-    """A conv's workload key (kiln.lower.workload, over the node alone, "conv:" before it): the
-    same for every conv computing the same thing on the same shapes, whatever its name and
-    weights' values, so one tuning record serves every repeat of a layer."""
-    from kiln.lower.workload import workload_key  # noqa: PLC0415
-    return "conv:" + workload_key([node], {id(node): opset}, {id(node): [v.const if v is not None else None
-                                                                         for v in node.inputs]}, lambda v: True)
+    """A conv's workload key (kiln.lower.workload.node_key, "conv:" before it)."""
+    from kiln.lower.workload import node_key  # noqa: PLC0415
+    return node_key(node, opset, "conv:")
 
 
 def asked_for(decisions: dict | None, key: str) -> tuple[str | None, int | None]:
-    """The algorithm a per-conv decision asks of the conv of workload `key`, and the
-    tuning record it comes from (None: asked by hand); (None, None) when none is."""
-    own = (decisions or {}).get("@" + key) or {}
-    v = own.get(CONV_ALGORITHM.name)
-    if v is not None and v not in CONV_ALGORITHM.domain:
-        raise KilnError(f"illegal value {v!r} for decision {CONV_ALGORITHM.name!r} in conv workload {key!r}: it "
-                        f"must be {CONV_ALGORITHM.domain}", stage="schedule")
-    return v, own.get("#record")
+    """The algorithm a per-conv decision asks of the conv of workload `key`, and the tuning record
+    it comes from (None: asked by hand); (None, None) when none is (the global override is
+    `asked`'s: it does not make a choice strict)."""
+    from kiln.lower.workload import pass_override  # noqa: PLC0415
+    return pass_override({k: v for k, v in (decisions or {}).items() if k.startswith("@")}, key, CONV_ALGORITHM)
 
 
 def tiles_1d(n: int, ow: int, d: int, m: int) -> int:

@@ -138,7 +138,8 @@ def normalize(decisions: dict | None) -> dict:
             raise KilnError(f"decisions are keyed by name, got {key!r}")
         if isinstance(v, dict):
             for name in v:
-                _known(name)
+                if not (isinstance(name, str) and name.startswith("#")):   # "#record": a note
+                    _known(name)
             out[key] = dict(v)
         else:
             _known(key)

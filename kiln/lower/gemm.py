@@ -87,6 +87,11 @@ GEMM_NVEC = declare("gemm.nvec", Ints(1, 4), lambda t: 2, "vectors of V per micr
 GEMM_PACK = declare("gemm.pack", _BOOL, lambda t: True, "pack V into nr-wide panels")
 GEMM_PANEL = declare("gemm.panel", _BOOL, lambda t: False, "pack V panel by panel inside the parallel loop")
 GEMM_S_OUTER = declare("gemm.s_outer", _BOOL, lambda t: False, "loop over S blocks outside V panels")
+# Made by a graph pass (kiln.passes.pack_weights), per GEMM (keyed by its workload, as the conv
+# algorithm is) or for all: the panel width of a weight packed at compile time, in vectors
+WEIGHT_NR = declare("gemm.weight_nr", Ints(1, 256), lambda t: 4 * t.vector_lanes(4) if t else 64,
+                    "columns per panel of a constant weight packed at compile time (kiln::MatMulPacked): "
+                    "weight_panel_width's, or 1-4 vectors")
 
 
 def accumulator_dtype(dt: DType) -> DType:

@@ -63,6 +63,28 @@ def workload_key(nodes: list, opsets: dict, values: dict, needed_outside) -> str
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
+def node_key(node, opset: int, prefix: str) -> str:
+    """One node's workload key, `prefix` before it ("conv:", "gemm:"): the key of a decision a
+    graph pass makes per node (kiln.lower.conv_algo, kiln.passes.pack_weights), the same for
+    every node computing the same thing on the same shapes, whatever its name and weights' values."""
+    return prefix + workload_key([node], {id(node): opset}, {id(node): [v.const if v is not None else None
+                                                                        for v in node.inputs]}, lambda v: True)
+
+
+def pass_override(decisions: dict | None, key: str, decision) -> tuple:
+    """The value of `decision` (kiln.lower.decisions.Decision) asked of the node of workload `key`
+    ({"@<key>": {name: value}}), else asked of every node ({name: value}), and the tuning record
+    it comes from (None: asked by hand); (None, None) when none is. Outside the domain: a KilnError."""
+    own = (decisions or {}).get("@" + key) or {}
+    v, record = own.get(decision.name), own.get("#record")
+    if v is None:
+        v, record = (decisions or {}).get(decision.name), None
+    if v is not None and v not in decision.domain:
+        raise KilnError(f"illegal value {v!r} for decision {decision.name!r} in workload {key!r}: it must be "
+                        f"{decision.domain}", stage="schedule")
+    return v, record
+
+
 def workload_decisions(decisions: dict, nodes, opsets, values, needed_outside) -> dict | None:
     """The overrides keyed by this group's workload, if there are any."""
     if not any(k.startswith("@") for k in decisions):

@@ -18,11 +18,16 @@ to the target, as the native code is. Float32 only (other dtypes keep their GEMM
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
+
 import numpy as np
 
 from kiln.dtypes import DType
+from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node
-from kiln.lower.gemm import pack_weight, weight_panel_width
+from kiln.lower.gemm import WEIGHT_NR, pack_weight, weight_panel_width
+from kiln.lower.workload import node_key, pass_override
 from kiln.ops.packed import DOMAIN
 from kiln.passes.edit import Namer, new_const, producers
 from kiln.passes.registry import PassContext, graph_pass
@@ -64,16 +69,62 @@ def _packable(node: Node) -> bool:
     return True
 
 
-def pack(graph: Graph, target: Target) -> int:
-    """Rewrite every packable MatMul/Gemm in place (panels for `target`); the number rewritten."""
+@dataclass(frozen=True)
+class PanelChoice:
+    """A finding: the panel width (columns) a GEMM's constant weight was packed with (a decision:
+    gemm.weight_nr, per GEMM keyed by `key`, which `kiln tune` searches over `options`)."""
+    node: str
+    key: str
+    value: int
+    options: tuple
+    shape: str
+    reason: str
+    decision = WEIGHT_NR.name
+
+    def __str__(self) -> str:
+        return f"gemm {self.node!r} [{self.shape}]: weight panels of {self.value} columns ({self.reason})"
+
+
+def panel_options(rule: int, lanes: int) -> tuple:
+    """The panel widths a GEMM's weight may take: the rule's (kiln.lower.gemm.weight_panel_width,
+    fewer than a vector for a narrow weight), or 1-4 whole vectors."""
+    return tuple(dict.fromkeys([rule, *(lanes * k for k in range(1, 5))]))
+
+
+def panel_width(node: Node, key: str, rule: int, lanes: int, decisions: dict | None) -> tuple[int, str]:
+    """The panel width for the GEMM `node` and why: asked of it (or of all), else `rule`; one
+    outside `panel_options` is a KilnError naming the decision and the GEMM (a tuning record's: a
+    warning and the rule, kiln may have changed)."""
+    try:
+        v, record = pass_override(decisions, key, WEIGHT_NR)
+        if v is not None and v not in panel_options(rule, lanes):
+            raise KilnError(f"illegal value {v!r} for decision {WEIGHT_NR.name!r} in workload {key!r}: it must be "
+                            f"one of {list(panel_options(rule, lanes))} (the rule's, or 1-4 vectors of {lanes})")
+    except KilnError as e:
+        if "#record" not in ((decisions or {}).get("@" + key) or {}):
+            raise KilnError(f"{e.raw_message} (GEMM {node.name!r})", stage="schedule") from None
+        warnings.warn(f"tuning record not applied to GEMM {node.name!r}: {e}", stacklevel=2)   # kiln changed
+        v, record = None, None
+    if v is None:
+        return rule, "the rule (kiln.lower.gemm.weight_panel_width)"
+    return v, f"asked for ({'tuning record ' + str(record) if record is not None else WEIGHT_NR.name})"
+
+
+def pack(graph: Graph, target: Target, decisions: dict | None = None, findings: list | None = None) -> int:
+    """Rewrite every packable MatMul/Gemm in place (panels for `target`, of the widths `decisions`
+    ask, see `panel_width`); the number rewritten. Each choice is appended to `findings`."""
     namer, prod, count, nodes = Namer(graph), producers(graph), 0, []
+    lanes, opset = target.vector_lanes(4), graph.opset("")
     for node in graph.nodes:
         w = _weight(node, prod) if _packable(node) else None
         if w is None or w.dtype != np.float32 or w.shape[0] != node.inputs[0].type.shape[-1] or 0 in w.shape:
             nodes.append(node)
             continue
         k, n = w.shape
-        nr = weight_panel_width(n, k, DType.float32, target)
+        key, rule = node_key(node, opset, "gemm:"), weight_panel_width(n, k, DType.float32, target)
+        nr, why = panel_width(node, key, rule, lanes, decisions)
+        if findings is not None:
+            findings.append(PanelChoice(node.name, key, nr, panel_options(rule, lanes), f"K {k} x N {n}", why))
         wp = new_const(namer, f"{node.inputs[1].name}.panels{nr}", pack_weight(np.asarray(w), nr))
         ins, attrs = [node.inputs[0], wp], {"n": int(n)}
         if node.op == "Gemm":
@@ -91,7 +142,7 @@ def pack(graph: Graph, target: Target) -> int:
 @graph_pass("pack_weights")
 def pack_weights(graph: Graph, ctx: PassContext) -> Graph:
     """Pack constant MatMul/Gemm weights into the GEMM's panel layout, once."""
-    n = pack(graph, ctx.target)
+    n = pack(graph, ctx.target, ctx.decisions, ctx.findings)
     if n:
         ctx.tally({"MatMulPacked": n})
     return graph

@@ -28,12 +28,14 @@ def tuning_path(tuning) -> str | None:
     return None if path is None else os.fspath(path)
 
 
-def with_conv_records(path: str | None, decisions: dict, target=None) -> dict:
-    """`decisions` plus, per conv workload with an algorithm record for this machine (kiln tune's
-    graph-level task: kiln.lower.conv_algo.conv_key), the best one, for the layout pass:
-    {"@conv:<hash>": {"conv.algorithm": ..., "#record": id}} (none for another CPU than this)."""
+def with_pass_records(path: str | None, decisions: dict, target=None) -> dict:
+    """`decisions` plus, per node workload with a record of a decision a graph pass makes
+    (kiln.tune.pass_tasks: a conv's algorithm, a GEMM weight's panel width) for this machine, the
+    best one, for the passes: {"@conv:<hash>": {"conv.algorithm": ..., "#record": id}} (none
+    for another CPU than this one; asked by hand wins)."""
     if path is None:
         return decisions
+    from kiln.tune.pass_tasks import PREFIXES  # noqa: PLC0415
     from kiln.tune.records import Database  # noqa: PLC0415
     from kiln.tune.signature import machine, signature  # noqa: PLC0415
     if target is not None and target.key() != machine()["target"]:
@@ -41,7 +43,7 @@ def with_conv_records(path: str | None, decisions: dict, target=None) -> dict:
     found: dict = {}
     with Database(path) as db:
         for sig in (signature(clock="cpu"), signature()):    # timed on the model's threads wins
-            for key in db.workloads("conv:", sig):
+            for key in (k for p in PREFIXES for k in db.workloads(p, sig)):
                 best = db.best(key, sig)
                 if best is not None:
                     found["@" + key] = None if best.is_default else {**best.decisions, "#record": best.id}

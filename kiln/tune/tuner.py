@@ -66,7 +66,7 @@ class TuneReport:
     taus: list[float] = field(default_factory=list)    # per round: predicted vs measured order
     interrupted: bool = False
     end_to_end: dict | None = None                      # untuned / tuned model medians
-    convs: list = field(default_factory=list)           # conv algorithm tasks (kiln.tune.convs)
+    passes: list = field(default_factory=list)          # graph pass decisions' tasks (kiln.tune.pass_tasks)
 
     @property
     def estimated_speedup(self) -> float:

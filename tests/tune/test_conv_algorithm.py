@@ -1,4 +1,4 @@
-"""The conv algorithm as a tuned decision (kiln.lower.conv_algo per conv, kiln.tune.convs):
+"""The conv algorithm as a tuned decision (kiln.lower.conv_algo per conv, kiln.tune.pass_tasks):
 per-conv choices replay against the reference, an illegal one is a KilnError naming it, the
 tuner measures the alternatives on the whole model and `kiln.compile(..., tuning=db)` applies
 the best; untuned compiles are the rule's."""
@@ -17,7 +17,7 @@ from kiln.errors import KilnError
 from kiln.lower.conv_algo import CONV_ALGORITHM
 from kiln.tune.records import Database
 from kiln.tune.signature import signature
-from kiln.tuning import tune_conv_algorithms
+from kiln.tuning import tune_pass_decisions
 from tests.tune.models import conv_net
 
 
@@ -110,7 +110,7 @@ def test_a_stale_record_warns_and_builds_the_rule(tmp_path):
 
 def test_the_tuner_measures_every_alternative_and_compile_applies_the_best(tmp_path):
     db = str(tmp_path / "t.db")
-    tasks = tune_conv_algorithms(MODEL, db, 300, clock="cpu")
+    tasks = [t for t in tune_pass_decisions(MODEL, db, 300, clock="cpu") if t.key.startswith("conv:")]
     assert {t.key for t in tasks} == {c.key for c in CONVS.values()}
     sig = signature(clock="cpu")
     with Database(db) as d:
@@ -123,5 +123,5 @@ def test_the_tuner_measures_every_alternative_and_compile_applies_the_best(tmp_p
             got = {c.node: c.choice.algorithm for c in kiln.compile(MODEL, tuning=db, report=True).report.convs}
             assert got[next(n for n, c in CONVS.items() if c.key == t.key)] == want
     # resumed: nothing measured again
-    again = tune_conv_algorithms(MODEL, db, 300, clock="cpu")
+    again = [t for t in tune_pass_decisions(MODEL, db, 300, clock="cpu") if t.key.startswith("conv:")]
     assert all(not t.seconds for t in again)
