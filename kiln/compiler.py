@@ -268,7 +268,7 @@ def generic(optimized: Optimized, decisions: dict | None = None):
         module = GenericModule(str(lib.path), lib.sha256, func_symbol(lm.module.entry), sg.symbols,
                                sg.inputs, sg.outputs, lm.weights, sg.layout, lm.call_nodes, lm.call_errors,
                                check_bytes=lambda n, what: check_memory(n, what, stage="run"),
-                               derived=sg.derived)
+                               derived=sg.derived, atoms=sg.atoms)
     module.info = {"kernels": len(lm.module.funcs) - 1, "calls": lm.call_nodes,
                    "why_not_fused": lm.fusion.why_not if lm.fusion else [], "decisions": lm.decisions,
                    "findings": findings}

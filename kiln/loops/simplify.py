@@ -18,7 +18,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.loops.expr import BINARY, Expr, const, max_, min_, rebuild, substitute
-from kiln.loops.symbols import SYMBOL_MAX
+from kiln.loops.symbols import SYMBOL_MAX, least
 from kiln.loops import stmt as S
 
 COMMUTATIVE = {"add", "mul", "min", "max", "eq", "ne", "and", "or", "bitand", "bitor", "bitxor"}
@@ -128,7 +128,7 @@ def _bounds(ctx: Ctx, e: Expr):
             return (_int_bound(lo) if not isinstance(lo, Expr) else ctx.bounds(lo)[0],
                     _int_bound(hi) if not isinstance(hi, Expr) else ctx.bounds(hi)[1])
         if e.arg.kind == "symbol":     # a size known at run time (kiln.loops.symbols)
-            return (1, SYMBOL_MAX)
+            return (least(e), SYMBOL_MAX)
         dom = e.arg.dom
         if not dom:
             return (None, None)

@@ -22,16 +22,26 @@ SYMBOL_MAX = (1 << 31) - 1   # the largest value a symbol may take (the runtime 
 # accumulator's, computed a tile at a time): larger than any index a symbol can give
 UNBOUNDED = 1 << 40
 _HINTS: dict = {}    # symbol var -> its size hint
+_LEAST: dict = {}    # symbol var -> its least value, where more than 1
 # work (loop iterations) below which a kernel runs serially: the default of kiln.lower.decisions'
 # parallel_min_work, and what a parallel loop over a symbolic extent checks at run time
 SERIAL_WORK = 1 << 15
 
 
-def symbol(name: str, hint: int = DEFAULT_HINT) -> Expr:
-    """A fresh symbol var named `name` (a size >= 1 known at run time)."""
+def symbol(name: str, hint: int = DEFAULT_HINT, least: int = 1) -> Expr:
+    """A fresh symbol var named `name` (a size >= `least` >= 1 known at run time)."""
     v = var(name, INDEX, None, "symbol")
     _HINTS[v] = int(hint)
+    if least > 1:   # (vars are hash-consed by name: a name says its least value, `_ge<least>`)
+        if not name.endswith(f"_ge{least}"):
+            raise KilnError(f"symbol {name!r} of least value {least} must be named ..._ge{least}")
+        _LEAST[v] = int(least)
     return v
+
+
+def least(v: Expr) -> int:
+    """The least value of symbol var `v` (1 unless made with more)."""
+    return _LEAST.get(v, 1)
 
 
 def is_symbol(e) -> bool:
@@ -89,10 +99,13 @@ def evaluate(x, values: dict) -> int:
 
 
 def hint(x) -> int:
-    """An int standing in for size `x` in schedule decisions (a symbol's hint)."""
+    """An int standing in for size `x` in schedule decisions (a symbol's hint). A symbolic
+    size is at least 1 (the generic module's guards keep its sizes so), though floor
+    divisions at the hints may give less (the eighth halving of an audio length of 64)."""
     if not isinstance(x, Expr):
         return int(x)
-    return max(evaluate(x, {s: _HINTS.get(s, DEFAULT_HINT) for s in symbols_in(x)}), 0)
+    syms = symbols_in(x)
+    return max(evaluate(x, {s: _HINTS.get(s, DEFAULT_HINT) for s in syms}), 1 if syms else 0)
 
 
 _PROBES = ({}, {})   # filled lazily: two sets of large pseudo-random symbol values
@@ -122,7 +135,8 @@ _C_OPS = {"add": "+", "sub": "-", "mul": "*"}
 def c_size(x) -> str:
     """Size `x` as C text for a hand-written kernel's body: an int, or an expression of the
     symbol vars by name (a shape-generic module declares them as the kernel's locals,
-    kiln.lower.generic). Raises KilnError for what is not +, -, * of sizes."""
+    kiln.lower.generic). Raises KilnError for what is not +, -, * of sizes or a floor
+    division of one by a positive int."""
     if static(x):
         return str(as_int(x))
 
@@ -133,9 +147,14 @@ def c_size(x) -> str:
             return e.arg.name
         if e.op in _C_OPS:
             return f"({go(e.args[0])} {_C_OPS[e.op]} {go(e.args[1])})"
+        if e.op == "floordiv" and e.args[1].op == "const" and int(e.args[1].arg) > 0:
+            # a floor-division size (a strided window's, kiln.lower.symbolic_shapes): its
+            # numerator is >= 0 there (guarded), where C's truncating division is the floor
+            return f"({go(e.args[0])} / {int(e.args[1].arg)})"
         if e.op == "cast" and not e.dtype.is_float:
             return go(e.args[0])
-        raise KilnError(f"size {x} is not a sum of products of symbols", stage="lower")
+        raise KilnError(f"size {x} is not a sum of products of symbols (or their floor divisions)",
+                        stage="lower")
     return go(x)
 
 

@@ -32,7 +32,7 @@ from kiln.graph.types import TensorType
 from kiln.loops import Buffer, Call, PrimFunc
 from kiln.loops.expr import Expr, load
 from kiln.loops.stmt import ExternFunc, Let, View
-from kiln.loops.symbols import evaluate, symbol, symbols_in
+from kiln.loops.symbols import DEFAULT_HINT, evaluate, symbol, symbols_in
 from kiln.lower.memory import ArenaPlan
 from kiln.runtime.generic import spelt
 from kiln.runtime.native import interface_text
@@ -117,7 +117,8 @@ class ShapeGenericLowered:
     """A shape-generic module: the loop IR, its symbols, and what per-shape planning needs."""
     lowered: object                     # kiln.lower.module.LoweredModule (its entry takes dims, offsets)
     symbols: list[str]                  # the entry's dims[k] is symbol k
-    vars: list[Expr]                    # the loop IR's symbol var per symbol
+    vars: list[Expr]                    # the loop IR's symbol var per symbol, then per atom
+    atoms: list[str] = field(default_factory=list)   # dims[len(symbols) + k]: floor-division atom k
     buffers: list[tuple[object, int, int]] = field(default_factory=list)  # (size Expr/int, first, last)
     guards: list = field(default_factory=list)  # kiln.lower.symbolic_shapes.Guard: what the sizes assume
     derived: dict = field(default_factory=dict)  # size name -> Poly terms (kiln.runtime.generic evaluates)
@@ -158,7 +159,7 @@ class ShapeGenericLowered:
         return sizes, self._place_sizes(sizes)
 
     def _sizes(self, dims: tuple[int, ...]) -> list[int]:
-        values, memo = dict(zip(self.vars, dims)), {}
+        values, memo = dict(zip(self.vars, atom_values(self.symbols, dims, self.atoms))), {}
         return [memo[size] if size in memo else memo.setdefault(size, evaluate(size, values))
                 for size, _, _ in self.buffers]
 
@@ -167,6 +168,13 @@ class ShapeGenericLowered:
             self._overlaps = [[j for j, (_, a, b) in enumerate(self.buffers) if a <= last and first <= b]
                               for _, first, last in self.buffers]
         return _place(sizes, [a for _, a, _ in self.buffers], self._overlaps)
+
+
+def atom_values(symbols: list[str], dims: tuple, atoms: list[str]) -> tuple:
+    """`dims` (the input symbols' values) followed by the value of each floor-division atom."""
+    from kiln.lower.size_poly import Poly  # noqa: PLC0415
+    env = dict(zip(symbols, dims))
+    return tuple(dims) + tuple(Poly.sym(a).evaluate(env) for a in atoms)
 
 
 def _place(sizes: list[int], firsts: list[int], overlaps: list[list[int]]) -> tuple[int, np.ndarray]:
@@ -194,7 +202,7 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     from kiln.lower.module import (emit_module, lifetimes, lower_groups,  # noqa: PLC0415
                                    weights_blob, MemoryPlan)
     from kiln.lower.partition import partition  # noqa: PLC0415
-    from kiln.lower.symbolic_shapes import Undecided, resolve, spelt_sizes  # noqa: PLC0415
+    from kiln.lower.symbolic_shapes import Undecided, positive_atoms, resolve, spelt_sizes  # noqa: PLC0415
     names = graph_symbols(graph)
     try:
         res = resolve(graph, names)
@@ -204,10 +212,17 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     if why:
         raise NotGeneric("; ".join(why[:3]) + (f" (and {len(why) - 3} more)" if len(why) > 3 else ""),
                          stage="lower")
-    # symbol vars are C locals of the kernels (hand-written ones print sizes with them)
+    # symbol vars are C locals of the kernels (hand-written ones print sizes with them); so is
+    # each floor-division size that is at least 1 where the module runs (a strided window's
+    # output, (H+1)//2): a var, not a division, in the kernels' extents and indices
     syms = [symbol("sym_" + re.sub(r"\W", "_", s)) for s in names]
-    table = dict(zip(names, syms))
-    table.update({k: p.to_expr(table) for k, p in res.derived.items()})
+    least = positive_atoms(res)
+    atoms = list(least)
+    syms += [symbol(f"sym_atom{k}" + (f"_ge{least[a]}" if least[a] > 1 else ""),
+                    max(1, atom_values(names, (DEFAULT_HINT,) * len(names), [a])[-1]), least[a])
+             for k, a in enumerate(atoms)]
+    table = dict(zip(names + atoms, syms))
+    table.update({k: p.to_expr(table) for k, p in res.derived.items() if k not in table})
     ins = [(v.type.shape, v.type.dtype.name) for v in res.graph.inputs]
     outs = [(v.type.shape, v.type.dtype.name) for v in res.graph.outputs]
     g = _with_symbol_dims(res.graph, table)
@@ -234,7 +249,7 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     lm.module.funcs = kernels + [_entry(lm.module.funcs[-1], takes, dims, offsets)]
     lm.module.interface = interface_text(spelt(ins), spelt(outs), 0, len(weights))
     lm.workspace_bytes = 0
-    return ShapeGenericLowered(lm, names, syms, [(size[k], first[k], last[k]) for k in keys], res.guards,
+    return ShapeGenericLowered(lm, names, syms, atoms, [(size[k], first[k], last[k]) for k in keys], res.guards,
                                spelt_sizes(res.derived), ins, outs)
 
 

@@ -71,6 +71,16 @@ def _resize_value_getter(ctx, p):
 
 def _resize_lower(ctx, x, *rest):
     p = _params(ctx)
+    out = list(ctx.out_shape(0))
+    if (symbols_in(out) and ctx.node.op == "Resize" and ctx.opset >= 11 and ctx.has_input(3)
+            and ctx.value(3) is None):
+        # sizes computed from a run-time shape (a shape-generic module: kiln.lower.symbolic_shapes
+        # named them): each resampled axis at the ratio of its run-time sizes
+        if p["mode"] != "nearest" or x.dtype != ctx.out_dtype(0) or p["ctm"] == "tf_crop_and_resize":
+            ctx.fail("a linear or cubic Resize to run-time sizes: its tap tables need the sizes")
+        from kiln.lower.window_symbolic import resize_nearest  # noqa: PLC0415
+        return resize_nearest(ctx, x, p, [(a, n, None, None) for a, n in enumerate(out)
+                                          if not same_size(n, x.shape[a])])
     scales, sizes, roi = _resize_inputs(ctx, _resize_value_getter(ctx, p))
     if symbols_in(list(x.shape)) and scales is not None and np.size(scales):
         # symbolic sizes (a shape-generic module): the per-axis scales do not depend on them

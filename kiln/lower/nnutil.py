@@ -154,14 +154,14 @@ def schedule_rows(stage, lead: int, target: Target, work: int | None = None, vec
     outer = stage.fuse(*axes[:lead]) if lead > 1 else axes[0] if lead == 1 else None
     inner_axes = axes[lead:]
     if stage.reduce_axis:
-        if outer is not None and parallel_worth(work or 0, target) and extent(outer) > 1:
+        if outer is not None and parallel_worth(0 if work is None else work, target) and extent(outer) > 1:
             stage.parallel(outer)
         return
     inner = stage.fuse(*inner_axes) if len(inner_axes) > 1 else inner_axes[0]
     lanes = _lanes(stage.tensor.dtype, target)
     if vector and extent(inner) >= lanes:
         stage.vectorize(inner)
-    if outer is not None and parallel_worth(work or 0, target) and extent(outer) > 1:
+    if outer is not None and parallel_worth(0 if work is None else work, target) and extent(outer) > 1:
         stage.parallel(outer)
 
 

@@ -31,10 +31,10 @@ steps run each direction on a thread of its own, with no synchronisation at all.
 
 from __future__ import annotations
 
-import math
 
 from kiln.dtypes import DType
 from kiln.ops.recurrent import DOMAIN, GATES
+from kiln.loops.symbols import as_int, c_size, same_size, static
 from kiln.lower.rnn import _lit
 from kiln.codegen.csource import c_source
 from kiln.lower.context import lowering
@@ -134,6 +134,9 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     layout = int(ctx.attr("layout", 0))
     nd, g, hs = _num_dirs(ctx), GATES[kind], int(ctx.attr("hidden_size"))
     steps, batch = (xt.shape[1], xt.shape[0]) if layout else xt.shape[:2]
+    # steps and batch may be symbols (a shape-generic module): C expressions of the kernel's
+    # symbol locals, the schedule's choices (tile rows, threads) then made at run time
+    S, Bc = c_size(steps), c_size(batch)
     n_p, lanes = rt.shape[1], rt.shape[4]
     if tuple(rt.shape) != (nd, -(-hs // 16), hs, g, 16) or lanes != 16 or n_p * 16 < hs:
         ctx.fail(f"rp must be packed [{nd}, {-(-hs // 16)}, {hs}, {g}, 16], got {tuple(rt.shape)}", stage="lower")
@@ -146,8 +149,10 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     hshape = (batch, nd, hs) if layout else (nd, batch, hs)
     want = {"rbh": (nd, hs), "lens": (batch,), "h0": hshape, "c0": hshape, "P": (nd, 3 * hs)}
     for i, name in enumerate(names):
-        if ctx.has_input(i) and name in want and tuple(ctx.input_types[i].shape) != want[name]:
-            ctx.fail(f"{name} must have shape {want[name]}, got {tuple(ctx.input_types[i].shape)}", stage="lower")
+        got = tuple(ctx.input_types[i].shape) if ctx.has_input(i) else ()
+        if name in want and ctx.has_input(i) and (len(got) != len(want[name]) or
+                                                  not all(same_size(a, b) for a, b in zip(got, want[name]))):
+            ctx.fail(f"{name} must have shape {want[name]}, got {got}", stage="lower")
     specs = _activation_specs(ctx, kind, nd)
     clip = ctx.attr("clip", None)
     lbr = bool(ctx.attr("linear_before_reset", 0))
@@ -166,17 +171,17 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         (lambda v: f"kiln_rec_clamp({v}, -{_lit(float(clip), 'float')}, {_lit(float(clip), 'float')})")
     def peep(w: int, c: str) -> str:  # + the peephole term, when there are peepholes
         return f" + pp[{w * hs} + j] * {c}" if "P" in arg else ""
-    Y = (lambda: f"((b * {steps} + ti) * {nd} + d) * {hs}") if layout else \
-        (lambda: f"((ti * {nd} + d) * {batch} + b) * {hs}")
-    XW = (lambda: f"(b * {steps} + ti) * {nd * gh} + d * {gh}") if layout else \
-        (lambda: f"(ti * {batch} + b) * {nd * gh} + d * {gh}")
+    Y = (lambda: f"((b * S + ti) * {nd} + d) * {hs}") if layout else \
+        (lambda: f"((ti * {nd} + d) * B + b) * {hs}")
+    XW = (lambda: f"(b * S + ti) * {nd * gh} + d * {gh}") if layout else \
+        (lambda: f"(ti * B + b) * {nd * gh} + d * {gh}")
     H = (lambda d_, b_: f"(({b_}) * {nd} + ({d_})) * {hs}") if layout else \
-        (lambda d_, b_: f"(({d_}) * {batch} + ({b_})) * {hs}")
-    lens_b = f"(int64_t){arg['lens']}[b]" if "lens" in arg else str(steps)
+        (lambda d_, b_: f"(({d_}) * B + ({b_})) * {hs}")
+    lens_b = f"(int64_t){arg['lens']}[b]" if "lens" in arg else "S"
     gru2 = kind == "GRU" and not lbr  # two products per step: (z, r) from h, then h-gate from r * h
 
     # the state of one direction: h (2 buffers), c, and for gru2 r * h and z: [B][PU] each
-    per_dir = (2 + 1 + (2 if gru2 else 0)) * batch * pu
+    per_dir = f"({2 + 1 + (2 if gru2 else 0)} * B * PU)"
 
     def epilogue(rows: int, cell: list[str]) -> list[str]:
         """Per live row of the tile: pre[k][jj] = the row's sum for gate k, then `cell` over the
@@ -239,7 +244,20 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
 
     def panel(gates: list[int], src: str, cell: list[str], last: bool) -> list[str]:
         """C: panel p of a stage, for every tile of batch rows: the tile's sums for `gates`, a
-        pass of gates at a time, stored to pacc, then the epilogue."""
+        pass of gates at a time, stored to pacc, then the epilogue. A symbolic batch: one such
+        loop per tile height a batch of 1, 2, 4, ... rows takes, picked at run time."""
+        if static(batch):
+            return tiles(as_int(batch), gates, src, cell, last)
+        budget = target.vector_registers // 2 * target.vector_bytes // 64
+        heights = sorted({_tile(1 << k, len(gates), target)[0]: 1 << k for k in range(budget.bit_length())}.items())
+        out = []
+        for k, (rows, b) in enumerate(heights):
+            cond = "" if k == len(heights) - 1 else f"if (B <= {rows}) "
+            out += [("} else " if k else "") + cond + "{", *("  " + x for x in tiles(b, gates, src, cell, last))]
+        return out + ["}"]
+
+    def tiles(batch: int, gates: list[int], src: str, cell: list[str], last: bool) -> list[str]:
+        """panel's loop over tiles of batch rows, its tile height as for `batch` rows."""
         rows, per_pass, split = _tile(batch, len(gates), target)
         sums = []
         for i in range(0, len(gates), per_pass):
@@ -272,9 +290,9 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
                  *([f"    const float* rb = {arg['rbh']} + d * {hs};"] if "rbh" in arg else []),
                  *([f"    const float* pp = {arg['P']} + d * {3 * hs};"] if "P" in arg else []),
                  f"    float* sd = state + d * {per_dir};",
-                 f"    float* hc = sd + (s & 1) * {batch * pu}; float* hn = sd + ((s & 1) ^ 1) * {batch * pu};",
-                 f"    float* cb = sd + {2 * batch * pu};",
-                 f"    float* rhb = sd + {3 * batch * pu}; float* zb = sd + {4 * batch * pu}; (void)rhb; (void)zb;",
+                 "    float* hc = sd + (s & 1) * B * PU; float* hn = sd + ((s & 1) ^ 1) * B * PU;",
+                 "    float* cb = sd + 2 * B * PU;",
+                 "    float* rhb = sd + 3 * B * PU; float* zb = sd + 4 * B * PU; (void)rhb; (void)zb;",
                  *("    " + x for x in body),
                  "  }",
                  f"  stage = claim ? kiln_rec_finish(&team, {nd * n_p}, stage, cnt) : stage + 1;",
@@ -282,29 +300,40 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
 
     h_init = f"(float){arg['h0']}[{H('d', 'b')} + j]" if "h0" in arg else "0.0f"
     c_init = f"(float){arg['c0']}[{H('d', 'b')} + j]" if "c0" in arg else "0.0f"
-    macs = batch * g * hs * hs
-    split = macs >= SPLIT_MACS and steps > 1
-    # threads in the team: at most 2 * macs / SPLIT_MACS per direction, 64 (KILN_REC_MAXPER) in all
-    most = min(nd * max(1, min(n_p, 2 * macs // SPLIT_MACS)), 64) if split else nd
+    if static(batch) and static(steps):
+        macs = as_int(batch) * g * hs * hs
+        split = int(macs >= SPLIT_MACS and as_int(steps) > 1)
+        # threads in the team: at most 2 * macs / SPLIT_MACS per direction, 64 (KILN_REC_MAXPER) in all
+        most = min(nd * max(1, min(n_p, 2 * macs // SPLIT_MACS)), 64) if split else nd
+        sizes = [f"enum {{ B = {as_int(batch)}, H = {hs}, PU = {pu}, ND = {nd} }};", f"enum {{ S = {as_int(steps)} }};"]
+    else:   # the same choices at run time
+        split, most = "split", "most"
+        sizes = [f"enum {{ H = {hs}, PU = {pu}, ND = {nd} }};",
+                 f"const int64_t B = {Bc}, S = {S};",
+                 f"const int64_t macs = B * {g * hs * hs};",
+                 f"const int split = macs >= {SPLIT_MACS} && S > 1;",
+                 f"const int64_t per = 2 * macs / {SPLIT_MACS} < {n_p} ? 2 * macs / {SPLIT_MACS} : {n_p};",
+                 f"const int64_t most = split ? ({nd} * (per > 1 ? per : 1) < 64 ? {nd} * (per > 1 ? per : 1) : 64)"
+                 f" : {nd};"]
     body = [
         "typedef float kv __attribute__((vector_size(64)));",
-        f"enum {{ B = {batch}, H = {hs}, PU = {pu}, ND = {nd} }};",
+        *sizes,
         "const float* xw = in0;",
         "int rc = 0;",
-        *([f"for (int64_t b = 0; b < B; ++b) if ({int(direction != 'forward')} && {lens_b} > {steps}) rc = 1;",
+        *([f"for (int64_t b = 0; b < B; ++b) if ({int(direction != 'forward')} && {lens_b} > S) rc = 1;",
            "if (rc) return 1;"] if "lens" in arg else []),
-        f"float* state = (float*)kiln_alloc(sizeof(float) * {nd * per_dir});",
+        f"float* state = (float*)kiln_alloc(sizeof(float) * {nd} * {per_dir});",
         "if (!state) return -1;",
-        f"memset(state, 0, sizeof(float) * {nd * per_dir});",
-        *([f"memset(out0, 0, sizeof(float) * {math.prod(y_shape)});"] if "lens" in arg else []),
+        f"memset(state, 0, sizeof(float) * {nd} * {per_dir});",
+        *([f"memset(out0, 0, sizeof(float) * S * B * {nd * hs});"] if "lens" in arg else []),
         "for (int64_t d = 0; d < ND; ++d)",
         "  for (int64_t b = 0; b < B; ++b)",
         "    for (int64_t j = 0; j < H; ++j) {",
         f"      state[d * {per_dir} + b * PU + j] = {h_init};",
-        f"      state[d * {per_dir} + {2 * batch * pu} + b * PU + j] = {c_init};",
+        f"      state[d * {per_dir} + 2 * B * PU + b * PU + j] = {c_init};",
         "    }",
         "const int avail = omp_get_max_threads();",
-        f"const int team_n = avail < {most} ? avail : {most};",
+        f"const int team_n = avail < {most} ? avail : (int){most};",
         "kiln_rec_team team;",
         f"kiln_rec_init(&team, team_n, {nd * n_p});",
         "#pragma omp parallel num_threads(team_n) if (team_n > 1)",
@@ -313,11 +342,11 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         # split: one team claims every direction's panels stage by stage (its own range first), or
         # with fewer threads than asked for thread 0 takes them all in order; else each thread runs
         # whole directions on its own, with no synchronisation
-        f"  const int claim = {int(split)} && nt == team_n && nt > 1;",
-        f"  for (int64_t d0 = claim ? 0 : {int(split)} ? (tid == 0 ? 0 : ND) : tid; d0 < ND; "
-        f"d0 += {int(split)} ? ND : nt) {{",
-        f"    const int64_t lo = {int(split)} ? 0 : d0 * {n_p}, hi = {int(split)} ? {nd * n_p} : lo + {n_p};",
-        f"    for (int64_t stage = 0; stage < {steps * nph}; ) {{",
+        f"  const int claim = {split} && nt == team_n && nt > 1;",
+        f"  for (int64_t d0 = claim ? 0 : {split} ? (tid == 0 ? 0 : ND) : tid; d0 < ND; "
+        f"d0 += {split} ? ND : nt) {{",
+        f"    const int64_t lo = {split} ? 0 : d0 * {n_p}, hi = {split} ? {nd * n_p} : lo + {n_p};",
+        f"    for (int64_t stage = 0; stage < S * {nph}; ) {{",
         *("      " + x for x in step),
         "    }",
         "  }",
@@ -325,8 +354,8 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         *(["for (int64_t d = 0; d < ND; ++d)",
            "  for (int64_t b = 0; b < B; ++b) {",
            f"    const int live = {lens_b} > 0;",
-           f"    const float* hf = state + d * {per_dir} + ({steps} & 1) * {batch * pu} + b * PU;",
-           f"    const float* cf = state + d * {per_dir} + {2 * batch * pu} + b * PU; (void)cf;",
+           f"    const float* hf = state + d * {per_dir} + (S & 1) * B * PU + b * PU;",
+           f"    const float* cf = state + d * {per_dir} + 2 * B * PU + b * PU; (void)cf;",
            "    for (int64_t j = 0; j < H; ++j) {",
            *([f"      out1[{H('d', 'b')} + j] = live ? hf[j] : 0.0f;"] if n_out > 1 else []),
            *([f"      out2[{H('d', 'b')} + j] = live ? cf[j] : 0.0f;"] if n_out > 2 else []),
@@ -337,4 +366,5 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     ]
     return ctx.extern("\n".join("  " + x for x in body), [xw, rp, rbh, lens, h0, c0, p],
                       [(s, DType.float32) for s in shapes], preamble=PREAMBLE,
-                      errors={1: f"a sequence_lens value exceeds the sequence length {steps}"})
+                      errors={1: "a sequence_lens value exceeds the sequence length"
+                              + (f" {as_int(steps)}" if static(steps) else "")})

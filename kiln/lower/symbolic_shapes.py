@@ -26,234 +26,8 @@ import numpy as np
 
 from kiln.graph.ir import Graph, Node, const_value
 from kiln.graph.types import TensorType
+from kiln.lower.size_poly import BIG, Guard, Poly, Undecided, atom, least_value
 from kiln.ops.infer import Inferencer
-
-BIG = 2 ** 31 - 1    # exporters write INT_MAX / INT64_MAX for "to the end"
-
-
-class Undecided(Exception):
-    """A fact about symbolic sizes that the polynomials cannot settle."""
-
-
-# Floor divisions (a strided window's output size, floor((H + pads - span) / stride) + 1):
-# floor(p / d) that is not exact becomes an *atom*, a symbol-like name ("(H-1)//2") standing
-# for that quotient, so sizes stay polynomials over the input symbols and atoms. An atom's
-# value is computed from its numerator at run time; it may be 0 (its least value is tracked).
-_ATOMS: dict = {}    # atom name -> (numerator Poly, divisor int > 0)
-
-
-def atom(name: str) -> tuple | None:
-    """(numerator, divisor) of floor-division atom `name`, or None for an input symbol."""
-    return _ATOMS.get(name)
-
-
-@dataclass(frozen=True)
-class Poly:
-    """sum(coeff * prod(symbols)) over monomials: `terms` is a sorted tuple of
-    (monomial: sorted tuple of symbol names, coeff != 0)."""
-    terms: tuple = ()
-
-    @staticmethod
-    def of(x) -> Poly:
-        if isinstance(x, Poly):
-            return x
-        if isinstance(x, (bool, np.bool_)):
-            raise Undecided("a boolean is not a size")
-        if isinstance(x, (float, np.floating)):
-            if x != int(x):
-                raise Undecided(f"{x} is not an integer")
-        return Poly((((), int(x)),)) if int(x) else Poly()
-
-    @staticmethod
-    def sym(name: str) -> Poly:
-        return Poly((((name,), 1),))
-
-    @staticmethod
-    def _make(acc: dict) -> Poly:
-        return Poly(tuple(sorted(((m, c) for m, c in acc.items() if c), key=lambda t: (-len(t[0]), t[0]))))
-
-    def __add__(self, other):
-        acc = dict(self.terms)
-        for m, c in Poly.of(other).terms:
-            acc[m] = acc.get(m, 0) + c
-        return Poly._make(acc)
-
-    __radd__ = __add__
-
-    def __neg__(self):
-        return Poly(tuple((m, -c) for m, c in self.terms))
-
-    def __sub__(self, other):
-        return self + (-Poly.of(other))
-
-    def __rsub__(self, other):
-        return Poly.of(other) - self
-
-    def __mul__(self, other):
-        acc: dict = {}
-        for m1, c1 in self.terms:
-            for m2, c2 in Poly.of(other).terms:
-                m = tuple(sorted(m1 + m2))
-                acc[m] = acc.get(m, 0) + c1 * c2
-        return Poly._make(acc)
-
-    __rmul__ = __mul__
-
-    def __floordiv__(self, other):
-        q = self.exact_div(Poly.of(other))
-        if q is None:
-            raise Undecided(f"{self} / {other} is not exact")
-        return q
-
-    __truediv__ = __floordiv__
-
-    def floordiv(self, d: int, assume_nonnegative: bool = False) -> Poly:
-        """floor(self / d) for an int d > 0: the terms d divides come out as a polynomial,
-        the rest stays under one floor-division atom (kept exact, never rounded at compile
-        time: floor((2H + 1) / 2) = H + floor(1 / 2) = H)."""
-        d = int(d)
-        if d <= 0:
-            raise Undecided(f"a floor division by {d}")
-        if d == 1:
-            return self
-        whole, rest = {}, {}
-        for m, c in self.terms:
-            if m:
-                q, r = divmod(c, d)
-                (whole.__setitem__(m, q) if r == 0 else rest.__setitem__(m, c))
-        const = self.value - sum(c for m, c in self.terms if m)      # the constant term
-        if not rest:
-            return Poly._make(whole) + const // d
-        # keep the constant's multiples of d outside: floor((H + 5) / 2) = 2 + floor((H + 1) / 2)
-        q, r = divmod(const, d)
-        num = Poly._make({**rest, **({(): r} if r else {})})
-        lo = num.lower_bound()
-        if (lo is None or lo < 0) and not assume_nonnegative:
-            raise Undecided(f"floor(({num}) / {d}) of a numerator that may be negative")
-        name = f"({num})//{d}"
-        _ATOMS.setdefault(name, (num, d))
-        return Poly._make(whole) + q + Poly.sym(name)
-
-    def exact_div(self, d: Poly) -> Poly | None:
-        """self / d when it divides exactly (d a constant or a single term), else None."""
-        if d == self and self.terms:
-            return Poly.of(1)
-        if len(d.terms) != 1:
-            return None
-        (dm, dc), = d.terms
-        acc = {}
-        for m, c in self.terms:
-            rest = list(m)
-            for s in dm:
-                if s not in rest:
-                    return None
-                rest.remove(s)
-            if c % dc:
-                return None
-            acc[tuple(rest)] = c // dc
-        return Poly._make(acc)
-
-    @property
-    def is_const(self) -> bool:
-        return all(not m for m, _ in self.terms)
-
-    @property
-    def value(self) -> int:
-        return sum(c for _, c in self.terms)
-
-    def lower_bound(self) -> int | None:
-        """The least value for symbols >= 1 (floor-division atoms at their least), when every
-        non-constant coefficient is positive, or is so once each symbol s is written least(s) + s'
-        (s' >= 0): batch*past + batch*seq - batch, a KV cache's rows with past = symbol - 1, is
-        batch' + past' + seq' + ... + 1 >= 1."""
-        if not any(m and c < 0 for m, c in self.terms):
-            return sum(c * math.prod(_least(s) for s in m) for m, c in self.terms)
-        shifted = Poly()
-        for m, c in self.terms:
-            t = Poly.of(c)
-            for s in m:
-                t = t * (Poly.sym(s) + _least(s))
-            shifted = shifted + t
-        if any(m and c < 0 for m, c in shifted.terms):
-            return None
-        return sum(c for m, c in shifted.terms if not m)
-
-    def compare(self, other) -> int:
-        """-1, 0 or 1 as self <, ==, > other for every value of the symbols (>= 1)."""
-        d = self - Poly.of(other)
-        if not d.terms:
-            return 0
-        lo, hi = d.lower_bound(), (-d).lower_bound()
-        if lo is not None and lo > 0:
-            return 1
-        if hi is not None and hi > 0:
-            return -1
-        raise Undecided(f"cannot compare {self} with {other}")
-
-    def symbols(self) -> set:
-        """The input symbols this size depends on (through its atoms too)."""
-        out = set()
-        for m, _ in self.terms:
-            for s in m:
-                a = atom(s)
-                out |= a[0].symbols() if a else {s}
-        return out
-
-    def evaluate(self, env: dict) -> int:
-        def value(s):
-            if s in env:
-                return env[s]
-            a = atom(s)
-            if a is None:
-                raise KeyError(s)
-            return a[0].evaluate(env) // a[1]
-        return sum(c * math.prod(value(s) for s in m) for m, c in self.terms)
-
-    def to_expr(self, table: dict):
-        """The loop-IR expression of this size, symbol names mapped by `table` to vars."""
-        from kiln.loops.expr import INDEX, const  # noqa: PLC0415
-        e = None
-        def sym(s):
-            if s in table:
-                return table[s]
-            num, d = _ATOMS[s]
-            return num.to_expr(table) // const(d, INDEX)
-        for m, c in self.terms:
-            t = None
-            for s in m:
-                t = sym(s) if t is None else t * sym(s)
-            t = const(c, INDEX) if t is None else (t if c == 1 else t * c)
-            e = t if e is None else e + t
-        return const(0, INDEX) if e is None else e
-
-    def __str__(self) -> str:
-        if not self.terms:
-            return "0"
-        out = ""
-        for m, c in self.terms:
-            body = "*".join(m)
-            term = (str(abs(c)) if not body else body if abs(c) == 1 else f"{abs(c)}*{body}")
-            out += (("-" if c < 0 else "+") if out else ("-" if c < 0 else "")) + term
-        return out
-
-    __repr__ = __str__
-
-
-def _least(s: str) -> int:
-    """The least value of input symbol (1) or floor-division atom `s`."""
-    a = atom(s)
-    if a is None:
-        return 1
-    lo = a[0].lower_bound()
-    return 0 if lo is None else max(lo // a[1], 0)
-
-
-@dataclass
-class Guard:
-    """`size` <= `bound` must hold for the shapes the generic module runs."""
-    size: Poly
-    bound: int
-    why: str
 
 
 @dataclass
@@ -283,6 +57,7 @@ def resolve(graph: Graph, symbols: list[str], for_lowering: bool = True) -> Reso
     res = Resolved(g, list(symbols))
     inf = _Inferencer(g.opsets, res)
     inf.infer_graph(g)
+    _rename_aliases(g, inf.aliases)
     if for_lowering:
         _fix_slices(g, inf)
     res.known = inf.known
@@ -302,6 +77,38 @@ class _Inferencer(Inferencer):
         self.res = res
         self.sym: dict[int, np.ndarray] = {}     # value id -> object array of Poly
         self.positive: set = set()                # sizes a guard keeps >= 1
+        self.aliases: dict = {}                   # size name -> the name a guard makes it equal to
+
+    def canon(self, name):
+        """The name a size `name` stands as, after the aliases unify made."""
+        while isinstance(name, str) and name in self.aliases:
+            name = self.aliases[name]
+        return name
+
+    def unify(self, a: Poly, b: Poly, where: str) -> Poly:
+        """`a`, given that the graph needs a == b (a Concat's other axes, a broadcast of two
+        sizes neither of which is 1): equal polynomials, or, where they may differ (the 2x
+        upsampled floor(H / 2) meeting H), a guard that they are equal at run time, under
+        which one's name is an alias of the other's (an input's symbol stays the name; renamed
+        throughout: `_rename_aliases`). Sizes that differ for every value of the symbols, or
+        a symbol against an int, stay undecided."""
+        if a == b:
+            return a
+        c = _compare_or_none(a, b)
+        if c is not None or a.is_const or b.is_const:   # (a symbol against an int: left to the
+            raise Undecided(f"{where}: {a} against {b}")  # blockers, kiln.lower.generic)
+        ka, kb = self.canon(self.name(a)), self.canon(self.name(b))
+        if ka == kb:                          # made equal before
+            return self.res.poly(ka)
+        inputs = set(self.res.symbols)
+        if ka in inputs and kb in inputs:     # (an input's symbol is read from its shape: kept)
+            raise Undecided(f"{where}: input sizes {a} and {b} must agree")
+        if kb in inputs:                      # the input's symbol names both
+            a, b, ka, kb = b, a, kb, ka
+        self.res.guards += [Guard(a - b, 0, f"{where} needs {a} == {b}"),
+                            Guard(b - a, 0, f"{where} needs {b} == {a}")]
+        self.aliases[kb] = ka
+        return self.res.poly(ka)
 
     # -- sizes <-> names --
     def dim_poly(self, d) -> Poly | None:
@@ -530,8 +337,15 @@ def _reshape_shape(inf, node):
     if len(minus) > 1:
         raise Undecided("more than one -1")
     if minus:
-        rest = math.prod((d for k, d in enumerate(dims) if k != minus[0]), start=Poly.of(1))
-        q = math.prod(ins, start=Poly.of(1)).exact_div(rest)
+        # sizes kept on both sides cancel first ([b, T, 768] -> [b, T, -1, 64], T = floor(n / 2) - 1:
+        # b*T*768 / (b*T*64), whose divisor is not one term, is 768 / 64)
+        left, right = list(ins), [d for k, d in enumerate(dims) if k != minus[0]]
+        for d in list(right):
+            if not d.is_const and d in left:
+                left.remove(d)
+                right.remove(d)
+        rest = math.prod(right, start=Poly.of(1))
+        q = math.prod(left, start=Poly.of(1)).exact_div(rest)
         if q is None:
             raise Undecided("the -1 is not a product of sizes")
         dims[minus[0]] = q
@@ -546,7 +360,9 @@ def _flatten_shape(inf, node):
     return [[math.prod(ins[:a], start=one), math.prod(ins[a:], start=one)]]
 
 
-def _broadcast(a: list, b: list) -> list:
+def _broadcast(a: list, b: list, unify=None) -> list:
+    """numpy's broadcast of two shapes of Polys; sizes neither of which is 1 that may differ
+    are equal under a guard where `unify` (_Inferencer.unify bound to a place) is given."""
     out = []
     for k in range(max(len(a), len(b))):
         x = a[len(a) - 1 - k] if k < len(a) else Poly.of(1)
@@ -555,9 +371,22 @@ def _broadcast(a: list, b: list) -> list:
             out.append(y)
         elif y == Poly.of(1) or x == y:
             out.append(x)
+        elif unify is not None:
+            out.append(unify(x, y))
         else:
             raise Undecided(f"{x} against {y}")
     return out[::-1]
+
+
+def _elementwise_shape(inf, node):
+    """A numpy-broadcasting op: its inputs' shapes broadcast, sizes that may differ made equal
+    under a guard (the skip connection a 2x upsampling of floor(H / 2) is added to)."""
+    where = f"{node.op} node {node.name!r}"
+    shapes = [_in_polys(inf, node, i) for i, v in enumerate(node.inputs) if v is not None]
+    out = shapes[0]
+    for s in shapes[1:]:
+        out = _broadcast(out, s, lambda x, y: inf.unify(x, y, where))
+    return [out]
 
 
 def _expand_shape(inf, node):
@@ -690,6 +519,16 @@ def _resize_shape(inf, node):
     from fractions import Fraction  # noqa: PLC0415
     ins = _in_polys(inf, node)
     idx = 1 if node.op == "Upsample" or inf.opsets.get("", 0) < 11 else 2
+    if idx == 2 and len(node.inputs) > 3 and node.inputs[3] is not None and "axes" not in node.attrs:
+        # sizes computed from the run-time shape (F.interpolate(x, size=y.shape[2:])): the
+        # lowering resamples with the ratio of the run-time sizes
+        policy = node.attrs.get("keep_aspect_ratio_policy", "stretch")
+        if (policy.decode() if isinstance(policy, bytes) else str(policy)) != "stretch":
+            raise Undecided("keep_aspect_ratio_policy")
+        sizes = _vector(inf, node, 3)
+        if len(sizes) != len(ins):
+            raise Undecided("sizes of another rank")
+        return [sizes]
     if len(node.inputs) <= idx or node.inputs[idx] is None or "axes" in node.attrs:
         raise Undecided("no scales input, or axes")
     k = inf.known_value(node.inputs[idx])
@@ -705,10 +544,56 @@ def _resize_shape(inf, node):
     return [out]
 
 
-_SHAPES = {"Reshape": _reshape_shape, "Flatten": _flatten_shape, "Expand": _expand_shape,
+def _concat_shape(inf, node):
+    """Sizes add along the axis; the other axes are the first input's (inference checked
+    that they agree)."""
+    shapes = [_in_polys(inf, node, i) for i in range(len(node.inputs))]
+    a = int(node.attrs.get("axis", 0))
+    a = a + len(shapes[0]) if a < 0 else a
+    out = list(shapes[0])
+    where = f"{node.op} node {node.name!r}"
+    for s in shapes[1:]:
+        if len(s) != len(out):
+            raise Undecided("inputs of different ranks")
+        for k in range(len(out)):
+            if k != a:
+                out[k] = inf.unify(out[k], s[k], where)
+    out[a] = sum((s[a] for s in shapes[1:]), start=shapes[0][a])
+    return [out]
+
+
+def _depth_space_shape(inf, node):
+    """DepthToSpace: C / b^2, H * b, W * b; SpaceToDepth: C * b^2, H / b, W / b (exact
+    divisions of a symbolic H only where the polynomial divides: else undecided)."""
+    n, c, *sp = _in_polys(inf, node)
+    b = int(node.attrs["blocksize"])
+    if node.op == "DepthToSpace":
+        return [[n, c // (b * b), *(d * b for d in sp)]]
+    return [[n, c * (b * b), *(d // b for d in sp)]]
+
+
+_SHAPES = {"Reshape": _reshape_shape, "Concat": _concat_shape, "DepthToSpace": _depth_space_shape,
+           "SpaceToDepth": _depth_space_shape,
+           **{op: _elementwise_shape for op in ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Mean",
+                                                "Sum", "Where", "Equal", "Less", "LessOrEqual", "Greater",
+                                                "GreaterOrEqual", "And", "Or", "Xor", "PRelu")}, "Flatten": _flatten_shape, "Expand": _expand_shape,
            "ConstantOfShape": _constant_of_shape_shape, "Range": _range_shape, "Tile": _tile_shape,
            "Slice": _slice_shape, "Conv": _window_shape, "MaxPool": _window_shape,
            "AveragePool": _window_shape, "LpPool": _window_shape, "Resize": _resize_shape}
+
+
+def _rename_aliases(g: Graph, aliases: dict) -> None:
+    """Sizes a guard made equal (_Inferencer.unify) named one way throughout `g`."""
+    def canon(d):
+        while isinstance(d, str) and d in aliases:
+            d = aliases[d]
+        return d
+    if not aliases:
+        return
+    for v in [*g.inputs, *(x for n in g.nodes for x in (*n.inputs, *n.outputs)), *g.outputs]:
+        t = None if v is None else v.type
+        if isinstance(t, TensorType) and t.shape is not None and any(canon(d) != d for d in t.shape):
+            v.type = TensorType(t.dtype, tuple(canon(d) for d in t.shape))
 
 
 def _fix_slices(g: Graph, inf: _Inferencer) -> None:
@@ -722,6 +607,22 @@ def _fix_slices(g: Graph, inf: _Inferencer) -> None:
         count = len(inf.sym[n.inputs[2].id].reshape(-1))
         dt = n.inputs[2].type.dtype.np
         n.inputs[2] = const_value(f"{n.name}/ends_to_the_end", np.full(count, np.iinfo(dt).max, dt))
+
+
+def positive_atoms(res: Resolved) -> dict[str, int]:
+    """The floor-division atoms of `res`'s sizes that are at least 1 wherever the module runs
+    (least value 1, or a guard keeps them so), sorted, each with that least value: each is a
+    run-time value of its own (kiln.lower.generic), which the loops treat as a symbol."""
+    least: dict = {}
+    for g in res.guards:       # size <= bound, size = -(a + k): a >= -bound - k
+        p = -g.size
+        var = [(m, c) for m, c in p.terms if m]
+        if len(var) == 1 and var[0][1] == 1 and len(var[0][0]) == 1:
+            a = var[0][0][0]
+            least[a] = max(least.get(a, 0), -g.bound - sum(c for m, c in p.terms if not m))
+    out = {a: max(least_value(a), least.get(a, 0)) for a, spec in spelt_sizes(res.derived).items()
+           if spec and spec[0] == "floordiv"}
+    return {a: out[a] for a in sorted(out) if out[a] >= 1}
 
 
 def spelt_sizes(derived: dict) -> dict:
@@ -739,4 +640,4 @@ def spelt_sizes(derived: dict) -> dict:
     return out
 
 
-__all__ = ["Guard", "Poly", "Resolved", "Undecided", "resolve", "spelt_sizes"]
+__all__ = ["Guard", "Poly", "Resolved", "Undecided", "positive_atoms", "resolve", "spelt_sizes"]

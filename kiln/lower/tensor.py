@@ -296,7 +296,7 @@ def _concat_lower(ctx, *xs):
     a = normalize_axis(ctx, _concat_axis(ctx), len(shape))
     parts, off = [], 0
     for x in xs:
-        if x is not None and x.shape[a]:
+        if x is not None and (not static(x.shape[a]) or x.shape[a]):   # (a symbolic size is >= 1)
             parts.append((x, off))
             off += x.shape[a]
 
@@ -408,7 +408,11 @@ def _slice_lower(ctx, x, *_):
     if sl is None:
         ctx.fail("starts, ends, axes and steps must be known at compile time for native code")
     # an axis left whole reads as it is (a symbolic size, kiln.loops.symbols, included)
-    first_step = [(0, d, 1) if k == slice(None) else _clamped(d, k).indices(d) for d, k in zip(x.shape, sl)]
+    # an axis of symbolic size read from a start >= 0 by steps > 0 starts there (the output's
+    # size, from kiln.lower.symbolic_shapes, says how far it reads)
+    first_step = [(0, d, 1) if k == slice(None) else
+                  (k.start, None, k.step) if not static(d) and k.step > 0 and 0 <= k.start else
+                  _clamped(d, k).indices(d) for d, k in zip(x.shape, sl)]
     ctx.schedule(rows_schedule())
     return compute(ctx.out_shape(), lambda *i: x[tuple(b + v * st for v, (b, _, st) in zip(i, first_step))],
                    "slice")

@@ -211,7 +211,8 @@ _ROUND = {"round_prefer_floor": lambda v: ceil(v - 0.5), "round_prefer_ceil": la
 def resize_nearest(ctx, x, p: dict, passes: list):
     """Nearest Resize by constant scales over symbolic sizes: each output reads the input at
     its source index, computed per output from the coordinate transformation (as
-    kiln.ops.image._axis_taps does for the tables of the static kernel)."""
+    kiln.ops.image._axis_taps does for the tables of the static kernel). A pass's scale of
+    None: resized to run-time sizes, its scale out / in in double, as the reference's."""
     f64 = DType.float64
     axes = {a: (s, roi) for a, _, s, roi in passes}
     nm = p["nearest_mode"]
@@ -219,22 +220,25 @@ def resize_nearest(ctx, x, p: dict, passes: list):
 
     def src(a, j):
         s, _ = axes[a]
+        in_len, out_len = x.shape[a], ctx.out_shape(0)[a]
         if nm == "simple":
+            if s is None:
+                ctx.fail("nearest_mode 'simple' (ceil or floor by the scale) to run-time sizes")
             mode = "ceil" if s < 1 else "floor"
         else:
             mode = nm
-        in_len, out_len = x.shape[a], ctx.out_shape(0)[a]
+        scale = cast(f64, out_len) / cast(f64, in_len) if s is None else const(float(s), f64)
         jf = cast(f64, j)
         if ctm == "asymmetric":
-            v = jf / const(float(s), f64)
+            v = jf / scale
         elif ctm in ("half_pixel", "pytorch_half_pixel"):
-            v = (jf + const(0.5, f64)) / const(float(s), f64) - const(0.5, f64)
+            v = (jf + const(0.5, f64)) / scale - const(0.5, f64)
             if ctm == "pytorch_half_pixel":
                 v = select(out_len > 1, v, const(0.0, f64))
         elif ctm == "align_corners":
             v = select(out_len > 1, jf * cast(f64, in_len - 1) / cast(f64, max_(out_len - 1, 1)), const(0.0, f64))
         elif ctm == "tf_half_pixel_for_nn":
-            v = (jf + const(0.5, f64)) / const(float(s), f64)
+            v = (jf + const(0.5, f64)) / scale
         else:
             ctx.fail(f"coordinate_transformation_mode {ctm!r} over a symbolic image size")
         r = cast(DType.int64, _ROUND[mode](v))

@@ -43,10 +43,10 @@ def _plan(node: Node):
     if node.domain or node.op not in GATES or len(node.inputs) < 3 or node.inputs[0] is None:
         return None
     x = node.inputs[0].type
-    # static shapes only (kiln specialises symbolic dims per shape and runs the passes again):
-    # the projection is a 2-D GEMM over [steps * batch, I]
+    # the input size static; steps and batch may be symbols (a shape-generic module): the
+    # projection is then a 3-D MatMul, [steps, batch, I] x [I, nd * G * H]
     if getattr(x, "dtype", None) != DType.float32 or x.shape is None or len(x.shape) != 3 \
-            or not all(isinstance(d, int) for d in x.shape):
+            or not isinstance(x.shape[2], int):
         return None
     w, r, b = _const(node, 1), _const(node, 2), _const(node, 3)
     has_b = len(node.inputs) > 3 and node.inputs[3] is not None
@@ -80,11 +80,16 @@ def decompose(graph: Graph) -> int:
         base = node.name or node.op
         wt = new_const(namer, f"{base}.Wt", np.ascontiguousarray(w.transpose(2, 0, 1).reshape(w.shape[2], nd * gh)))
         shape = node.inputs[0].type.shape
-        flat = new_node(graph, "Reshape", [node.inputs[0], new_const(namer, f"{base}.rows", np.array(
-            [shape[0] * shape[1], shape[2]], np.int64))], namer.fresh(f"{base}/rows"), [namer.fresh(f"{base}.x2d")])
-        mm = new_node(graph, "MatMul", [flat.outputs[0], wt], namer.fresh(f"{base}/input_projection"),
+        static = all(isinstance(d, int) for d in shape)
+        x2d = node.inputs[0]
+        if static:   # (a symbolic steps * batch is no Reshape constant: the MatMul takes 3-D X)
+            flat = new_node(graph, "Reshape", [x2d, new_const(namer, f"{base}.rows", np.array(
+                [shape[0] * shape[1], shape[2]], np.int64))], namer.fresh(f"{base}/rows"), [namer.fresh(f"{base}.x2d")])
+            nodes.append(flat)
+            x2d = flat.outputs[0]
+        mm = new_node(graph, "MatMul", [x2d, wt], namer.fresh(f"{base}/input_projection"),
                       [namer.fresh(f"{base}.xw_nobias")])
-        nodes += [flat, mm]
+        nodes.append(mm)
         xw = mm.outputs[0]
         bias = (wb + rb).reshape(nd * gh)
         if bias.any():
@@ -92,10 +97,11 @@ def decompose(graph: Graph) -> int:
                            namer.fresh(f"{base}/input_bias"), [namer.fresh(f"{base}.xw")])
             nodes.append(add)
             xw = add.outputs[0]
-        back = new_node(graph, "Reshape", [xw, new_const(namer, f"{base}.steps", np.array(
-            [shape[0], shape[1], nd * gh], np.int64))], namer.fresh(f"{base}/steps"), [namer.fresh(f"{base}.xw3d")])
-        nodes.append(back)
-        xw = back.outputs[0]
+        if static:
+            back = new_node(graph, "Reshape", [xw, new_const(namer, f"{base}.steps", np.array(
+                [shape[0], shape[1], nd * gh], np.int64))], namer.fresh(f"{base}/steps"), [namer.fresh(f"{base}.xw3d")])
+            nodes.append(back)
+            xw = back.outputs[0]
         rest = [node.inputs[i] if i < len(node.inputs) else None for i in range(4, 8)]
         ins = [xw, new_const(namer, f"{base}.Rpacked", pack_r(r, g, LANES)),
                None if rbh is None or not rbh.any() else new_const(namer, f"{base}.rbh", rbh), *rest]

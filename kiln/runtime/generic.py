@@ -1,7 +1,7 @@
 """Running a shape-generic native module: one library for every value of the symbols.
 
 The entry takes, after the usual (inputs.., outputs.., weights, workspace), the symbols'
-values `dims` (int64) and the workspace offset of each arena buffer `offsets` (int64),
+values `dims` (int64; then the values of the floor-division sizes the kernels read, `atoms`) and the workspace offset of each arena buffer `offsets` (int64),
 planned per shape by a `layout(dims) -> (workspace bytes, offsets)` the loader is given
 (the compiler's liveness planner; a saved artifact would carry the plan's inputs). The
 plan of each shape is kept, so a new shape costs one plan, never a compile.
@@ -47,7 +47,7 @@ class GenericModule(NativeModule):
     def __init__(self, library_path: str, library_sha256: str, entry_symbol: str, symbols: list[str],
                  input_types: list, output_types: list, weights: np.ndarray, layout,
                  call_nodes: list[str], call_errors: list | None = None, check_bytes=None,
-                 derived: dict | None = None):
+                 derived: dict | None = None, atoms: list[str] | None = None):
         super().__init__(library_path, library_sha256, entry_symbol, spelt(input_types), spelt(output_types),
                          weights, 0, call_nodes, call_errors)
         self.symbols = list(symbols)
@@ -58,6 +58,9 @@ class GenericModule(NativeModule):
         # sizes computed from the symbols ("batch*seq"): name -> ((monomial symbols, coeff), ...),
         # or for a floor-division atom ("(H+1)//2"): ("floordiv", its numerator's terms, divisor)
         self.derived = dict(derived or {})
+        # floor-division sizes the kernels read as values of their own: dims holds each after
+        # the symbols
+        self.atoms = list(atoms or [])
         # where each symbol is read: (input, axis) of its first appearance
         self._where = {}
         for i, shape in enumerate(self.input_shapes):
@@ -92,7 +95,9 @@ class GenericModule(NativeModule):
                            for s, (_, dt) in zip(self.output_shapes, self.output_types))
                 self._check_bytes(int(np.size(self.weights)) + int(ws) + outs,
                                   f"the module's planned memory at {dict(zip(self.symbols, dims))}")
-            hit = self.layouts[dims] = (np.array(dims or (0,), np.int64), np.ascontiguousarray(offsets, np.int64),
+            env = dict(zip(self.symbols, dims))
+            values = tuple(dims) + tuple(self._size(a, env) for a in self.atoms)
+            hit = self.layouts[dims] = (np.array(values or (0,), np.int64), np.ascontiguousarray(offsets, np.int64),
                                         int(ws))
         return hit
 
