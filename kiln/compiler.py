@@ -152,13 +152,21 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
              times: StageTimes | None = None) -> CompiledModel:
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
+    # a model file compiled before, unchanged since: its module loaded, the file not even read
+    file = None if report else model_file(model, target, opt_level, cpu, decisions, tuning)
+    if file is not None:
+        with stage("cache load"):
+            key = file.compile_key()
+        compiled = key and cached_model(key, lambda: frontend(file.unchanged(model)), opt_level, cpu, decisions)
+        if compiled is not None:
+            return compiled
     source = frontend(model)
     # (None, the default level, is keyed as such: the level it is is kiln's source, in the key)
     key = whole_key(source, target, opt_level, cpu, decisions, tuning)
     if key is not None and not report:   # a static model compiled before: load it, run no pass
-        compiled = cached_model(key, source, opt_level, cpu, decisions)
+        compiled = cached_model(key, lambda: source, opt_level, cpu, decisions)
         if compiled is not None:
-            return compiled
+            return _remembered(file, source, key, compiled)
     opt_level = level_of(opt_level)
     if target == "cpu":
         from kiln.codegen.build import start_probes  # noqa: PLC0415
@@ -172,7 +180,7 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     if target == "interpreter":
         compiled = InterpretedModel(graph)
     else:
-        compiled = _cpu_model(optimized, decisions, tuning, shapes, ins, outs, key)
+        compiled = _remembered(file, source, key, _cpu_model(optimized, decisions, tuning, shapes, ins, outs, key))
     if report:
         compiled.report = _report(optimized, compiled if target == "cpu" else None, times)
         for m in (compiled, getattr(compiled, "special", None)):   # passes run again per input
@@ -181,12 +189,17 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     return compiled
 
 
+def _cached_whole_ok(target: str, tuning) -> bool:
+    """Whether a compile may be served whole from the cache (not: tuning records, which are
+    not in the key; KILN_DUMP_IR, which must run the passes)."""
+    return target == "cpu" and tuning is None and not os.environ.get("KILN_DUMP_IR")
+
+
 def whole_key(graph: Graph, target: str, level: int | None, cpu, decisions: dict, tuning) -> str | None:
     """The compile key (kiln.targets.cache.compile_key) under which a static model's module
-    is cached whole, or None where there is none: another target than "cpu", some input
-    size unknown (built per shape at run time), tuning records asked for (their database
-    is not in the key), or KILN_DUMP_IR set (the passes must run to dump their IR)."""
-    if target != "cpu" or tuning is not None or os.environ.get("KILN_DUMP_IR") or not all(
+    is cached whole, or None where there is none (`_cached_whole_ok`; some input size
+    unknown: built per shape at run time)."""
+    if not _cached_whole_ok(target, tuning) or not all(
             isinstance(v.type, TensorType) and v.type.is_static for v in graph.inputs):
         return None
     from kiln.limits import current  # noqa: PLC0415
@@ -195,33 +208,39 @@ def whole_key(graph: Graph, target: str, level: int | None, cpu, decisions: dict
         return cache.compile_key(graph, level, cpu, decisions, current())
 
 
-def cached_model(key: str, source: Graph, level: int | None, cpu, decisions: dict) -> CompiledModel | None:
+def model_file(model: Any, target: str, level: int | None, cpu, decisions: dict, tuning):
+    """A model given as a path as a kiln.targets.cache.ModelFile (found by its identity), or None."""
+    if not isinstance(model, (str, os.PathLike)) or not _cached_whole_ok(target, tuning):
+        return None
+    from kiln.limits import current  # noqa: PLC0415
+    from kiln.targets.cache import ModelFile  # noqa: PLC0415
+    with stage("cache key"):
+        return ModelFile.of(model, level, cpu, decisions, current())
+
+
+def _remembered(file, source: Graph, key: str | None, compiled: CompiledModel) -> CompiledModel:
+    """`compiled`, the model file `file` (`model_file`) read as `source` having been cached
+    whole under compile key `key` (when both are given), remembered as such."""
+    if file is not None and key is not None:
+        file.remember(getattr(source, "data_files", ()), key)
+    return compiled
+
+
+def cached_model(key: str, graph, level: int | None, cpu, decisions: dict) -> CompiledModel | None:
     """The model compiled under `key` before, loaded from the module cache (its library and
-    its weights blob as built), or None. Its pipeline (the passes over `source`) runs only
+    its weights blob as built), or None. Its pipeline (the passes over `graph()`) runs only
     if something later needs the optimized graph (an artifact, `kiln compile --emit`)."""
-    from kiln.targets.cpu import CpuModel  # noqa: PLC0415
+    from kiln.targets.cpu import CpuModel, Deferred  # noqa: PLC0415
     module = _cached_whole(key)
     if module is None:
         return None
     ins, outs = ([TensorSpec(n, d, None if s is None else tuple(s), k) for n, d, s, k in specs]
                  for specs in module.specs)
-    pipeline = Deferred(lambda: ShapePipeline(optimize(source, level_of(level), cpu, decisions), decisions), cpu)
+
+    pipeline = Deferred(lambda: ShapePipeline(optimize(graph(), level_of(level), cpu, decisions), decisions), cpu)
     model = CpuModel(pipeline, ins, outs, built=module)
     model.shapes, model.shapes_reason = "static", None
     return model
-
-
-class Deferred:
-    """A ShapePipeline made when first used: a model loaded whole from the cache runs its
-    module without one, and runs the passes only if asked for more (another shape, an export)."""
-
-    def __init__(self, make, target):
-        self._make, self.target, self._made = make, target, None
-
-    def __getattr__(self, name: str):
-        if self._made is None:
-            self._made = self._make()
-        return getattr(self._made, name)
 
 
 def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, outs,

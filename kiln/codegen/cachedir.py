@@ -21,6 +21,7 @@ import os
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from kiln.errors import KilnError
@@ -66,6 +67,59 @@ def check_private(d: Path) -> None:
                         f"code there that kiln would load and run as you. Fix it with `{why[1]}` (if you "
                         "trust what is inside; else delete it), or set KILN_CACHE_DIR to a directory "
                         "only you can write", stage="cache")
+
+
+# a file changed less than this long before it was read is not trusted by its identity
+# (`file_identity`): a second write within one tick of the file system's clock could leave
+# size and times as they were (git's racy-clean problem), one made later shows in them
+RACY_NS = 1_000_000_000
+
+
+def file_identity(path) -> list | None:
+    """What says a model file is the one seen before without reading it, as CPython's .pyc
+    and ccache's direct mode do: [real path, device, inode, size, mtime_ns, ctime_ns] (an
+    edit changes the times, a replacing rename the inode); None if it is no regular file."""
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except (OSError, TypeError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return [real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def unchanged_since(identity: list, read_at: int) -> bool:
+    """Whether the file `identity` (`file_identity`) names is still so, and was last changed
+    RACY_NS or more before `read_at` (time.time_ns(), taken before the identity): what was
+    read after `read_at` is then what the identity stands for."""
+    return file_identity(identity[0]) == identity and max(identity[4], identity[5]) <= read_at - RACY_NS
+
+
+def stamped(name: str, paths: list, compute) -> str:
+    """`compute()`: a text that is a function of the files `paths` alone, kept in the cache
+    dir under `name` and the files' identities and read back while none of them changed
+    (a hash of kiln's source, a compiler's version banner: each costs a new process
+    milliseconds). Kept beside its sha256, so a damaged copy is computed again."""
+    read_at = time.time_ns()
+    ids = [file_identity(p) for p in paths]
+    try:
+        if None in ids:
+            raise KilnError("a file is missing")
+        key = hashlib.sha256(repr((name, ids)).encode()).hexdigest()
+        path = private_dir("stamps") / f"{name}-{key}"
+    except KilnError:
+        return compute()   # (no cache dir, or no such file: compute it every time)
+    try:
+        value, _, check = path.read_bytes().decode().rpartition("\n")
+        if hashlib.sha256(value.encode()).hexdigest() == check:
+            return value
+    except (OSError, UnicodeDecodeError):
+        pass
+    value = compute()
+    if all(unchanged_since(i, read_at) for i in ids):
+        write_atomic(path, f"{value}\n{hashlib.sha256(value.encode()).hexdigest()}".encode())
+    return value
 
 
 def sha256_file(path: str | os.PathLike) -> str | None:

@@ -58,7 +58,9 @@ SUPPORTED_OPSETS = {"": 28, "ai.onnx.ml": 5, "ai.onnx.preview.training": 1, "ai.
 
 
 def load_onnx(model, *, infer: bool = True) -> Graph:
-    """Import an ONNX model (path, bytes or ModelProto) as a typed kiln Graph."""
+    """Import an ONNX model (path, bytes or ModelProto) as a typed kiln Graph. Its
+    `data_files` lists the external-data files read (real paths), which a cache keyed on
+    the model file's identity must watch too (kiln.targets.cache.ModelFile)."""
     with resource_guard("onnx import"):
         return _load(model, infer)
 
@@ -72,6 +74,7 @@ def _load(model, infer: bool) -> Graph:
     graph, declared = conv.graph(proto.graph, scope=None)
     if infer:
         infer_types(graph, declared)
+    graph.data_files = list(conv.data_files)
     return graph
 
 
@@ -119,6 +122,7 @@ class _Converter:
     def __init__(self, base_dir: str | None, opsets: dict[str, int]):
         self.base_dir = base_dir
         self.opsets = opsets
+        self.data_files: dict[str, None] = {}   # external data read (real paths, in order)
 
     def graph(self, g: onnx.GraphProto, scope: _Scope | None) -> tuple[Graph, dict[str, Type]]:
         _refuse_map_ops(g)
@@ -307,6 +311,7 @@ class _Converter:
         if not os.path.isfile(path):
             raise KilnError(f"{what}: external data file {printable(loc)} not found",
                             stage="onnx import")
+        self.data_files[path] = None
         count = math.prod(t.dims)
         want = count * dtype.itemsize
         offset = _external_int(info, "offset", 0, what)

@@ -27,11 +27,13 @@ import json
 import os
 import re
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kiln.codegen.cachedir import write_atomic
+from kiln.codegen.cachedir import file_identity, stamped, unchanged_since, write_atomic
 from kiln.errors import KilnError
 from kiln.graph.canonical import digest
 from kiln.graph.ir import Graph
@@ -41,6 +43,7 @@ from kiln.targets.target import Target
 
 KEY_VERSION = "kiln-module-key 4"
 COMPILE_KEY_VERSION = "kiln-compile-key 1"
+FILE_KEY_VERSION = "kiln-file-key 1"
 # environment variables that do not change what a compile makes (every other KILN_ one
 # may: KILN_NCHWC, KILN_CONV_ALGO steer passes; KILN_CC, KILN_CFLAGS, KILN_SANITIZE the build)
 _NOT_IN_KEY = ("KILN_CACHE_DIR",)
@@ -48,14 +51,20 @@ _NOT_IN_KEY = ("KILN_CACHE_DIR",)
 
 @functools.lru_cache(maxsize=1)
 def _kiln_source_digest() -> str:
+    """sha256 of kiln's source: the Python and the hand-written C it pastes into modules
+    (kiln/codegen/c_src: a kernel's or the thread pool's text changes what a cached module's
+    library holds). Kept in the cache dir by the files' identities, so a new process stats
+    the files instead of reading them all (2 MB)."""
     root = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    # the Python and the hand-written C it pastes into modules (kiln/codegen/c_src: a kernel's
-    # or the thread pool's text changes what a cached module's library holds)
-    for p in sorted([*root.rglob("*.py"), *(root / "codegen" / "c_src").iterdir()]):
-        h.update(str(p.relative_to(root)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
+    paths = sorted([*root.rglob("*.py"), *(root / "codegen" / "c_src").iterdir()])
+
+    def compute() -> str:
+        h = hashlib.sha256()
+        for p in paths:
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+        return h.hexdigest()
+    return stamped("kiln-source", paths, compute)
 
 
 def graph_key(graph: Graph, known: dict, target: Target, decisions: dict | None = None) -> str:
@@ -72,7 +81,7 @@ def graph_key(graph: Graph, known: dict, target: Target, decisions: dict | None 
 def _toolchain(target: Target, probe: bool = True) -> tuple:
     """kiln's source, the C compiler, its flags and version banner, and the target.
     `probe=False`: the flags without the libmvec probe's answer (kiln.codegen.build._flags)."""
-    from kiln.codegen.build import _cc, _flags, compiler_version
+    from kiln.codegen.toolchain import _cc, _flags, compiler_version
     cc, flags = _cc(None), _flags(None, target, probe=probe)
     return (_kiln_source_digest(), cc, flags, compiler_version(tuple(cc)), target.key())
 
@@ -86,10 +95,70 @@ def compile_key(graph: Graph, level: int | None, target: Target, decisions: dict
     probe's answer (a function of the toolchain and the machine's libraries: a library
     built with it that no longer loads is refused and built again), so a cold compile
     probes while its passes run (kiln.codegen.build.start_probes)."""
+    return digest(COMPILE_KEY_VERSION, *_settings(level, target, decisions, limits), graph)
+
+
+def _settings(level: int | None, target: Target, decisions: dict | None, limits) -> tuple:
+    """What a compile depends on besides the model: the toolchain (kiln's source, compiler,
+    flags, target), the decision overrides, the -O level, the limits and the KILN_ variables."""
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("KILN_") and k not in _NOT_IN_KEY)
     asked = json.dumps(decisions or {}, sort_keys=True, default=repr)
-    return digest(COMPILE_KEY_VERSION, _toolchain(target, probe=False), asked, repr(level), repr(limits),
-                  tuple(env), graph)
+    return _toolchain(target, probe=False), asked, repr(level), repr(limits), tuple(env)
+
+
+# -- model files: their compile key found from the file's identity, without reading it --------
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A model given as a path, found again by the file's identity (`file_identity`, as
+    CPython's .pyc and ccache's direct mode do) without reading it: under `key` (the
+    identity and the settings its `compile_key` hashes beside the graph) the compile key
+    of its graph is remembered once known. `read_at`: time.time_ns() before the identity."""
+    key: str
+    identity: list
+    read_at: int
+
+    @staticmethod
+    def of(path, level: int | None, target: Target, decisions: dict | None, limits) -> "ModelFile | None":
+        read_at = time.time_ns()
+        identity = file_identity(path)
+        if identity is None:
+            return None   # (no such file: the frontend says so)
+        return ModelFile(digest(FILE_KEY_VERSION, *_settings(level, target, decisions, limits), tuple(identity)),
+                         identity, read_at)
+
+    def compile_key(self) -> str | None:
+        """The compile key remembered for this file, or None: none, a damaged entry, or an
+        external data file changed since (then the model is read again)."""
+        try:
+            entry = json.loads(_path(self.key, "files").read_bytes())
+            validate(entry, FILE_ENTRY, f"model file entry {self.key}")
+        except (OSError, ValueError, SchemaError):
+            return None
+        if entry["file"] != self.identity or any(file_identity(d[0]) != d for d in entry["data"]):
+            return None
+        return entry["compile_key"]
+
+    def unchanged(self, path):
+        """`path`, this file, if it is still as it was (else a KilnError: a model loaded by its
+        file's identity reads the file only when asked for its graph)."""
+        if file_identity(path) != self.identity:
+            raise KilnError(f"model file {path} changed after it was compiled (its module was loaded "
+                            "from the cache); compile it again")
+        return path
+
+    def remember(self, data_files, compile_key: str) -> bool:
+        """Remember that this file, read with the external data files `data_files` (paths),
+        compiles under `compile_key`. Not done (False) where a file is not as it was when
+        read, or had changed less than RACY_NS before (kiln.codegen.cachedir.unchanged_since):
+        its next compile then reads it again."""
+        data = [file_identity(p) for p in data_files]
+        if None in data or not all(unchanged_since(i, self.read_at) for i in (self.identity, *data)):
+            return False
+        entry = {"compile_key": compile_key, "file": self.identity, "data": data}
+        validate(entry, FILE_ENTRY, "new model file entry")
+        write_atomic(_path(self.key, "files"), json.dumps(entry).encode())
+        return True
 
 
 def _decision_value(v, path) -> None:
@@ -129,12 +198,27 @@ def _spec(v, path) -> None:
         raise SchemaError(f"field {path}: expected [name, dtype, shape or null, kind], found {v!r:.80}")
 
 
+def _identity(v, path) -> None:
+    """A `file_identity`: [path, device, inode, size, mtime_ns, ctime_ns]."""
+    if not (isinstance(v, list) and len(v) == 6 and isinstance(v[0], str)
+            and all(type(x) is int for x in v[1:])):
+        raise SchemaError(f"field {path}: expected [path, device, inode, size, mtime_ns, ctime_ns], "
+                          f"found {v!r:.80}")
+
+
 # a whole static model's entry (`store_whole`): its module's, and what compile() returns
 WHOLE_ENTRY = record({
     "module": MODULE_ENTRY,
     "inputs": list_of(_spec, 1 << 16),
     "outputs": list_of(_spec, 1 << 16),
     "weights_sum": integer(0, (1 << 64) - 1),   # `checksum` of KEY.weights
+})
+
+# a model file's entry (`ModelFile.remember`): the compile key it was found to have
+FILE_ENTRY = record({
+    "compile_key": string(SHA256),
+    "file": _identity,              # the model file, as when its compile key was taken
+    "data": list_of(_identity),     # the external-data files its tensors were read from
 })
 
 
@@ -206,11 +290,11 @@ def load_whole(key: str) -> tuple[dict, np.ndarray] | None:
     return entry, blob
 
 
-def _path(key: str) -> Path:
+def _path(key: str, kind: str = "modules") -> Path:
     from kiln.codegen.cachedir import private_dir
     if not re.fullmatch(r"[0-9a-f]{64}", key):
         raise KilnError(f"not a module cache key: {key!r}", stage="cache")
-    return private_dir("modules") / f"{key}.json"
+    return private_dir(kind) / f"{key}.json"
 
 
 def library_path(manifest: dict) -> Path:

@@ -28,6 +28,19 @@ from kiln.graph.types import TensorType
 from kiln.runtime.model import CompiledModel, TensorSpec
 
 
+class Deferred:
+    """A ShapePipeline made when first used: a model loaded whole from the cache runs its
+    module without one, and runs the passes only if asked for more (another shape, an export)."""
+
+    def __init__(self, make, target):
+        self._make, self.target, self._made = make, target, None
+
+    def __getattr__(self, name: str):
+        if self._made is None:
+            self._made = self._make()
+        return getattr(self._made, name)
+
+
 class CpuModel(CompiledModel):
     def __init__(self, pipeline, inputs: list[TensorSpec], outputs: list[TensorSpec], built=None):
         """`pipeline` (kiln.compiler.ShapePipeline) specialises and builds per input shapes:

@@ -86,7 +86,7 @@ def test_stage_times_add_up_and_name_the_pipeline():
 
 def test_the_libmvec_probe_runs_once_per_compiler_and_flags(cache, monkeypatch):
     """Its answer is kept in the cache dir: a new process asks the compiler nothing."""
-    import kiln.codegen.build as b
+    import kiln.codegen.toolchain as b
     started = []
     real = b.subprocess.run
     monkeypatch.setattr(b.subprocess, "run", lambda argv, **kw: started.append(argv) or real(argv, **kw))

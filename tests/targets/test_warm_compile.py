@@ -142,3 +142,142 @@ def test_the_entry_keeps_the_models_specs_and_blob(cache):
     assert e["inputs"] == [["x", "float32", [1, 16, 12, 12], "tensor"]]
     assert e["outputs"] == [["y", "float32", [1, 8, 12, 12], "tensor"]]
     assert entry.with_suffix(".weights").stat().st_size == e["module"]["weights_bytes"]
+
+
+# -- a model given as a path: found by the file's identity, the file not even read -------------
+
+@pytest.fixture
+def no_racy_wait(monkeypatch):
+    """Remember files however recently written (the racy-clean margin is tested on its own)."""
+    from kiln.codegen import cachedir
+    monkeypatch.setattr(cachedir, "RACY_NS", 0)
+
+
+def saved(path, onnx_model, **kw):
+    onnx.save(onnx_model, str(path), **kw)
+    return str(path)
+
+
+def test_a_model_file_compiled_before_loads_in_a_new_process_without_onnx(tmp_path, cache, no_racy_wait):
+    import subprocess
+    import sys
+    path = saved(tmp_path / "m.onnx", conv_model())
+    cold, ran, _ = compiled(path)
+    assert "frontend" in ran and len(list((cache / "files").glob("*.json"))) == 1
+    np.save(tmp_path / "x.npy", FEEDS["x"])
+    child = (
+        "import json, sys\nimport numpy as np\nimport kiln\nfrom kiln.timing import recording\n"
+        f"with recording() as t:\n    m = kiln.compile({path!r})\n"
+        f"np.save({str(tmp_path / 'y.npy')!r}, m.run({{'x': np.load({str(tmp_path / 'x.npy')!r})}})['y'])\n"
+        "print(json.dumps({'onnx': [n for n in sys.modules if n == 'onnx' or n.startswith('onnx.')],"
+        " 'stages': sorted(t.runs), 'passes': 'kiln.passes' in sys.modules}))\n")
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["onnx"] == [] and not got["passes"], got
+    assert "frontend" not in got["stages"] and not set(got["stages"]) & WORK, got
+    want = kiln.compile(conv_model(), "interpreter").run(FEEDS)["y"]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_touched_file_is_read_again_and_found_by_its_graph(tmp_path, no_racy_wait):
+    import os
+    path = saved(tmp_path / "m.onnx", conv_model())
+    compiled(path)
+    _, ran, _ = compiled(path)
+    assert "frontend" not in ran
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))   # `touch`: same bytes
+    model, ran, cc = compiled(path)
+    assert "frontend" in ran and not ran & WORK and cc == 0    # read, then found by its compile key
+    check(model, conv_model())
+    _, ran, _ = compiled(path)
+    assert "frontend" not in ran                              # and remembered under its new identity
+
+
+def test_a_rewritten_file_of_the_same_size_gives_the_new_models_answer(tmp_path, no_racy_wait):
+    path = saved(tmp_path / "m.onnx", conv_model())
+    check(compiled(path)[0], conv_model())
+    size = len(open(path, "rb").read())
+    saved(tmp_path / "m.onnx", conv_model(bump=0.5))
+    assert len(open(path, "rb").read()) == size
+    model, ran, _ = compiled(path)
+    assert "frontend" in ran and "optimize" in ran
+    check(model, conv_model(bump=0.5))
+
+
+def test_changed_external_data_is_read_again(tmp_path, no_racy_wait):
+    path = saved(tmp_path / "m.onnx", conv_model(), save_as_external_data=True, location="m.data",
+                 size_threshold=0)
+    check(compiled(path)[0], conv_model())
+    _, ran, _ = compiled(path)
+    assert "frontend" not in ran
+    other = tmp_path / "other"
+    other.mkdir()
+    saved(other / "m.onnx", conv_model(bump=0.5), save_as_external_data=True, location="m.data",
+          size_threshold=0)
+    (tmp_path / "m.data").write_bytes((other / "m.data").read_bytes())   # the .onnx file untouched
+    model, ran, _ = compiled(path)
+    assert "frontend" in ran
+    check(model, conv_model(bump=0.5))
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "another file's", "module gone"])
+def test_a_damaged_file_entry_is_built_again(tmp_path, cache, no_racy_wait, damage):
+    path = saved(tmp_path / "m.onnx", conv_model())
+    compiled(path)
+    (entry,) = (cache / "files").glob("*.json")
+    text = entry.read_text()
+    if damage == "garbage":
+        entry.write_bytes(b"\x00garbage{")
+    elif damage == "truncated":
+        entry.write_text(text[:len(text) // 2])
+    elif damage == "another file's":
+        e = json.loads(text)
+        e["file"][3] += 1                       # recorded for a file of another size
+        entry.write_text(json.dumps(e))
+    else:
+        for f in (cache / "modules").glob("*.weights"):
+            f.unlink()
+    model, ran, _ = compiled(path)
+    assert "frontend" in ran
+    check(model, conv_model())
+    json.loads(entry.read_text())               # written again, whole
+    _, ran, _ = compiled(path)
+    assert "frontend" not in ran
+
+
+def test_a_file_changed_just_before_it_was_read_is_not_remembered(tmp_path, cache):
+    """Within a tick of the file system's clock a second write could keep size and times
+    (git's racy-clean problem): a file changed under RACY_NS before it was read is read again."""
+    path = saved(tmp_path / "m.onnx", conv_model())
+    compiled(path)
+    assert not list((cache / "files").glob("*.json"))
+    _, ran, _ = compiled(path)
+    assert "frontend" in ran and not ran & WORK
+
+
+def test_a_model_with_symbolic_dims_from_a_file_stays_shape_generic(tmp_path, cache, no_racy_wait):
+    from tests.targets.test_generic_shapes import _models
+    path = saved(tmp_path / "mlp.onnx", _models().build_mlp())
+    ref = kiln.compile(path, "interpreter")
+    for _ in range(2):
+        m = kiln.compile(path, shapes="generic")
+        assert m.shapes == "generic"
+        for batch in (1, 7):
+            x = {"x": np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)}
+            np.testing.assert_allclose(m.run(x)["probs"], ref.run(x)["probs"], rtol=1e-4, atol=1e-5)
+    assert not list((cache / "files").glob("*.json"))       # (no whole module: nothing remembered)
+
+
+def test_a_model_loaded_by_its_file_reads_it_for_its_graph_and_refuses_a_changed_one(tmp_path, no_racy_wait):
+    path = saved(tmp_path / "m.onnx", conv_model())
+    compiled(path)
+    warm, ran, _ = compiled(path)
+    assert "frontend" not in ran
+    assert warm.graph.nodes                     # the file read and its passes run now
+    warm2, _, _ = compiled(path)
+    saved(tmp_path / "m.onnx", conv_model(bump=0.5))
+    with pytest.raises(kiln.KilnError, match="changed after it was compiled"):
+        warm2.graph
+    check(warm2, conv_model())                  # its module still runs the model it was compiled from
