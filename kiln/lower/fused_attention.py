@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.loops.symbols import as_int, c_size, hint, same_size, static
+from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import parallel_worth
 from kiln.ops.fused_attention import DOMAIN, MASK_KINDS, contiguous_strides, logical_shapes, mask_strides
 from kiln.lower.context import LowerCtx, lowering
@@ -39,6 +40,17 @@ class FlashTile:
     bq: int
 
 
+# The tile as decisions (the tuner's knobs; the heuristic below gives their defaults): rows per
+# micro-tile, keys per block, and micro-tiles of rows per parallel task, the kernel's parallel
+# granularity (batch x heads x ceil(queries / bq) tasks: 48 for a 4-head layer at batch 4 x 64,
+# 12 at batch 1, for 2 threads)
+ATTN_MR = declare("attention.mr", Ints(1, 12), lambda t: 6, "query rows per micro-tile of the fused attention kernel")
+ATTN_BK = declare("attention.bk", Ints(1, 4096), lambda t: 64,
+                  "keys per block of the fused attention kernel (a multiple of its micro-tile's keys)")
+ATTN_Q_TILES = declare("attention.q_tiles", Ints(1, 16), lambda t: 4,
+                       "micro-tiles of query rows per parallel task of the fused attention kernel")
+
+
 def flash_tile(target: Target, dv: int, sk: int) -> FlashTile:
     """Accumulators mr x max(nk, no) plus one row of loads and a broadcast fit the register
     file (AVX-512's 32: 6 rows x 4 vectors, 64 keys or 64 dims; AVX2's 16: 6 x 2). A block
@@ -51,9 +63,11 @@ def flash_tile(target: Target, dv: int, sk: int) -> FlashTile:
     nv = 4 if regs >= 32 else 2
     no = max(1, min(nv, -(-dv // lanes)))
     nk = max(1, min(nv, -(-sk // lanes)))
-    mr = max(1, min(6, (regs - nv - 1) // nv))
-    bk = nk * lanes * max(1, min(64 // (nk * lanes), -(-sk // (nk * lanes))))
-    return FlashTile(lanes, mr, nk, no, bk, 4 * mr)
+    mr = ATTN_MR.value(heuristic=max(1, min(6, (regs - nv - 1) // nv)))
+    bk = ATTN_BK.value(heuristic=nk * lanes * max(1, min(64 // (nk * lanes), -(-sk // (nk * lanes)))))
+    if bk % (nk * lanes):
+        raise ATTN_BK.illegal(bk, f"not a multiple of the micro-tile's {nk * lanes} keys")
+    return FlashTile(lanes, mr, nk, no, bk, ATTN_Q_TILES.value(heuristic=4) * mr)
 
 
 @dataclass(frozen=True)
@@ -120,7 +134,7 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
     ct, ld, st = _types(q.dtype)
     mt = "float" if mask is None else mask.dtype.c
     fn = (f"kiln_flash_attention_{q.dtype.name}_{mask.dtype.name if mask is not None else 'none'}_{d}_{dv}"
-          f"_{t.nk}_{t.bk}")
+          f"_{t.nk}_{t.bk}_{t.mr}_{t.bq}")
     macros = {"KILN_FA_FN": fn, "KILN_FA_TQ": ct, "KILN_FA_TK": ct, "KILN_FA_TV": ct, "KILN_FA_TM": mt,
               "KILN_FA_TO": ct, "KILN_FA_LD(x)": ld, "KILN_FA_ST(x)": st, "KILN_FA_L": t.lanes,
               "KILN_FA_MR": t.mr, "KILN_FA_NK": t.nk, "KILN_FA_NO": t.no, "KILN_FA_BK": t.bk, "KILN_FA_BQ": t.bq,

@@ -94,6 +94,17 @@ def store_features(st: Store, loops: list, cores: int, caches=CACHES) -> list[fl
     return rows
 
 
+def decision_features(decisions: dict) -> np.ndarray:
+    """A hand-written kernel's vector (it has no loop IR to read): its numeric decisions in name
+    order, then zeros, the length of `featurize`'s, its last entry -1 (not a store count)."""
+    vals = [float(v) for _, v in sorted(decisions.items()) if isinstance(v, (int, float))]
+    n = PER_STORE * (TOP + 1) + 1
+    out = np.zeros(n)
+    out[:min(len(vals), n - 1)] = vals[:n - 1]
+    out[-1] = -1.0
+    return out
+
+
 def featurize(func, cores: int | None = None, caches=None) -> np.ndarray:
     """The fixed-length feature vector of a lowered PrimFunc."""
     if cores is None or caches is None:

@@ -161,7 +161,10 @@ class Measurer:
             kernel = lower_with(task.ctx, decisions)
         except KilnError as e:
             return Result(decisions, error=f"lowering: {e}")
-        feats = self.featurize(kernel.func) if self.featurize is not None else None
+        from kiln.loops.stmt import PrimFunc  # noqa: PLC0415
+        from kiln.tune.features import decision_features  # noqa: PLC0415
+        feats = None if self.featurize is None else self.featurize(kernel.func) \
+            if isinstance(kernel.func, PrimFunc) else decision_features(taken(kernel))   # hand-written C
         return Result(decisions, features=feats, func=kernel.func, taken=taken(kernel))
 
     def job(self, task: Task, r: Result) -> dict | str:

@@ -60,10 +60,17 @@ def candidates(name: str, default) -> list:
     return [default] + [v for v in vals if v != default]
 
 
+# Decisions a graph pass makes before partitioning (a kernel records the value it was built
+# for): searched on the whole model (kiln.tune.pass_tasks), never per kernel
+GRAPH_DECISIONS = frozenset({"conv.algorithm", "conv.inverted_residual", "gemm.weight_nr"})
+
+
 def decision_space(decisions: dict) -> dict[str, list]:
     """name -> candidate values, for the decisions a kernel's default lowering took
-    (`Kernel.decisions`); entries starting with "#" are annotations, not decisions."""
-    return {n: candidates(n, v) for n, v in sorted(decisions.items()) if not n.startswith("#")}
+    (`Kernel.decisions`); entries starting with "#" are annotations, not decisions, and
+    GRAPH_DECISIONS keep the value the kernel was built for."""
+    return {n: [v] if n in GRAPH_DECISIONS else candidates(n, v)
+            for n, v in sorted(decisions.items()) if not n.startswith("#")}
 
 
 def lower_with(ctx: GroupContext, decisions: dict | None):

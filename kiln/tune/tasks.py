@@ -4,7 +4,8 @@ A specialised graph (kiln.tuning.specialized_graph: the compiler's own stages) i
 partitioned, each fusion group is lowered once with the default decisions, and groups
 with the same workload key (kiln.lower.workload: what is computed, on which shapes)
 become one task whose weight is how many kernels of the model it stands for. Kernels
-without decisions (hand-written C) are not tasks.
+without decisions are not tasks; hand-written C kernels with decisions (the fused attention's
+tile, kiln.lower.fused_attention) are.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def group_contexts(graph, known: dict) -> list[GroupContext]:
 
 def tasks_of(graph, known: dict) -> list[Task]:
     """The distinct tunable workloads of a specialised graph, heaviest (most repeated) first."""
-    from kiln.loops.stmt import PrimFunc  # noqa: PLC0415
+    from kiln.loops.stmt import ExternFunc, PrimFunc  # noqa: PLC0415
     from kiln.lower.kernel import Unfusable  # noqa: PLC0415
     from kiln.lower.workload import workload_key  # noqa: PLC0415
     tasks: dict[str, Task] = {}
@@ -61,8 +62,8 @@ def tasks_of(graph, known: dict) -> list[Task]:
             kernel = lower_with(ctx, None)
         except Unfusable:
             continue    # a hand-written member: its group is lowered node by node, no decisions
-        if not isinstance(kernel.func, PrimFunc):
-            continue
+        if not isinstance(kernel.func, (PrimFunc, ExternFunc)) or getattr(kernel.func, "dynamic", False):
+            continue   # (a hand-written kernel is a task too when it has decisions: its tiles)
         space = decision_space(kernel.decisions)
         if not space or all(len(v) == 1 for v in space.values()):
             continue

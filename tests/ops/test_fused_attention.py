@@ -243,3 +243,27 @@ def test_forks_only_where_the_threads_save_more_than_the_fork():
     assert fork_arg(1, 4, 4, 32, 32, 64, 64) == "INT64_MAX"
     assert fork_arg(1, 8, 8, 256, 256, 64, 64) == "0"
     assert fork_arg(1, 4, 4, 32, 32, 64, 64, fork_gain=0, parallel_min_work=0) == "0"   # a tuner's override
+
+
+@settings(max_examples=6, deadline=None)
+@given(mr=st.integers(1, 8), q_tiles=st.integers(1, 6), blocks=st.integers(1, 4), sq=st.integers(1, 40),
+       sk=st.integers(1, 90), causal=st.sampled_from([-1, 0]))
+def test_tile_decisions_replay_against_the_reference(mr, q_tiles, blocks, sq, sk, causal):
+    """The tuner's knobs (attention.mr, .q_tiles, .bk: kiln.lower.fused_attention) give the
+    reference's result whatever their values; keys per block in whole micro-tiles of keys."""
+    from kiln.lower.fused_attention import flash_tile
+    from kiln.targets.target import Target
+    step = flash_tile(Target.host(), 32, sk).nk * Target.host().vector_lanes(4)
+    g = fused_graph(2, 4, 2, sq, sk, 32, 32, scale=0.2, causal=causal if causal < 0 else max(0, sk - sq))
+    xs = feeds_for(g, np.random.default_rng(sq * 100 + sk))
+    want = Interpreter(g).run(xs)[0]
+    got = kiln.compile(g, opt_level=0, decisions={"attention.mr": mr, "attention.q_tiles": q_tiles,
+                                                  "attention.bk": step * blocks})(*xs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_keys_per_block_outside_whole_micro_tiles_is_an_error():
+    from kiln.errors import KilnError
+    g = fused_graph(1, 2, 2, 8, 40, 32, 32, scale=0.2)
+    with pytest.raises(KilnError, match=r"illegal value 7 for decision 'attention.bk'.*multiple"):
+        kiln.compile(g, opt_level=0, decisions={"attention.bk": 7})

@@ -109,3 +109,26 @@ def test_the_cpu_clock_times_one_thread_by_its_cpu_time():
             assert set(t.space(task)) == set(task.space) - THREAD_DECISIONS
         finally:
             t.close()
+
+
+def test_a_hand_written_kernel_with_decisions_is_a_task_measured_like_any():
+    """kiln::FusedAttention (C written by hand) has tile decisions: a task, its candidates built,
+    timed and checked against its default in the worker, ranked on its decisions' features."""
+    from kiln.lower.specialize import specialize
+    from kiln.tune.tasks import tasks_of
+    from tests.ops.test_fused_attention import fused_graph
+    g = fused_graph(2, 4, 2, 24, 40, 32, 32, scale=0.2, causal=-1)
+    graph, known = specialize(g, [tuple(v.type.shape) for v in g.inputs], {})
+    (task,) = [t for t in tasks_of(graph, known) if "FusedAttention" in t.description]
+    assert {"attention.mr", "attention.q_tiles", "attention.bk"} <= set(task.space)
+    m = Measurer(repeats=2, min_seconds=0.001, featurize=featurize, clock="cpu")
+    try:
+        other = {**task.defaults, "attention.mr": 3, "attention.q_tiles": 2}
+        base, cand, bad = (m.lower(task, d) for d in (task.defaults, other, {**task.defaults, "attention.bk": 5}))
+        m.measure(task, [base])
+        m.measure(task, [cand])
+        assert base.seconds and cand.seconds and cand.error is None and cand.ratio is not None
+        assert cand.features is not None and cand.features.shape == base.features.shape
+        assert bad.error is not None and "attention.bk" in bad.error
+    finally:
+        m.close()
