@@ -24,10 +24,37 @@ from kiln.codegen.csource import c_instance, c_shared
 from kiln.dtypes import DType
 from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM
+from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import parallel_from
 from kiln.lower.context import lowering
 from kiln.ops.winograd import DOMAIN, M, geometry
 from kiln.targets.target import Target
+
+
+# The plan as decisions (the tuner's knobs; `plan` gives their defaults): the GEMM's register
+# block (TR tiles x OV channel vectors), tiles per task in register blocks (the kernel's parallel
+# granularity and the L2 footprint of its transformed input) and the parts a chunk's output
+# channels are cut into (tasks for the threads when there are few chunks)
+WG_TR = declare("winograd.tr", Ints(1, 16), lambda t: 6, "tiles per register block of the Winograd GEMM")
+WG_OV = declare("winograd.ov", Ints(1, 4), lambda t: 4,
+                "output channel vectors per register block of the Winograd GEMM (dividing the blocks)")
+WG_BLOCKS = declare("winograd.chunk_blocks", Ints(1, 1 << 16), lambda t: 4,
+                    "register blocks of tiles per Winograd task (its parallel granularity)")
+WG_OSPLIT = declare("winograd.osplit", Ints(1, 256), lambda t: 1,
+                    "parts each Winograd chunk's output channels are cut into (tasks for threads)")
+
+
+def decided(tr: int, ov: int, t: int, osplit: int, ocb: int) -> tuple[int, int, int, int]:
+    """A plan's (TR, OV, T, osplit) through the decisions (the heuristic's values the defaults;
+    an OV that does not divide `ocb` or an osplit past the channel groups: a KilnError naming it)."""
+    tr2, ov2 = WG_TR.value(heuristic=tr), WG_OV.value(heuristic=ov)
+    if ocb % ov2:
+        raise WG_OV.illegal(ov2, f"it does not divide the {ocb} output channel blocks")
+    blocks = WG_BLOCKS.value(heuristic=max(1, round(t / tr2)))
+    split = WG_OSPLIT.value(heuristic=min(osplit, ocb // ov2))
+    if split > ocb // ov2:
+        raise WG_OSPLIT.illegal(split, f"more than the {ocb // ov2} groups of {ov2} output channel blocks")
+    return tr2, ov2, tr2 * blocks, split
 
 
 def register_tile(ocb: int, target: Target) -> tuple[int, int]:
@@ -63,7 +90,7 @@ def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Targe
     nchunk = -(-tiles // t)
     groups = ocb // ov
     osplit = 1 if nchunk >= 2 * target.cores else min(groups, -(-2 * target.cores // nchunk))
-    return tr, ov, t, max(osplit, 1)
+    return decided(tr, ov, t, max(osplit, 1), ocb)
 
 
 def macs(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int) -> int:

@@ -14,7 +14,7 @@ from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM, tiles_1d
 from kiln.lower.context import lowering
 from kiln.lower.nnutil import parallel_from
-from kiln.lower.winograd import gemm_instance, register_tile
+from kiln.lower.winograd import decided, gemm_instance, register_tile
 from kiln.ops.winograd import matrices
 from kiln.ops.winograd1d import DOMAIN, geometry, taps
 from kiln.targets.target import Target
@@ -40,7 +40,7 @@ def plan(tiles: int, positions: int, ic: int, ocb: int, target: Target) -> tuple
     t = max(tr, min(t, (target.l2_bytes // 2) // per_tile // tr * tr))
     nchunk = -(-tiles // t)
     osplit = 1 if nchunk >= 2 * threads else min(ocb // ov, -(-2 * threads // nchunk))
-    return tr, ov, t, max(osplit, 1)
+    return decided(tr, ov, t, max(osplit, 1), ocb)
 
 
 def _c_matrix(a) -> str:

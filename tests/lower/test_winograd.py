@@ -209,3 +209,27 @@ def test_report_lists_each_conv_with_its_algorithm():
     (c,) = r.convs
     assert c.node == "conv3" and c.choice.algorithm == "winograd" and "tiles" in c.choice.reason
     assert "conv 'conv3' [3x3 64->64 out 1x24x24]: winograd" in str(r)
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(1, 2), h=st.integers(4, 17), tr=st.integers(1, 12), ov=st.sampled_from([1, 2, 4]),
+       blocks=st.integers(1, 6), osplit=st.integers(1, 2))
+def test_plan_decisions_replay_against_the_reference(n, h, tr, ov, blocks, osplit):
+    """The tuner's knobs (winograd.tr / .ov / .chunk_blocks / .osplit: kiln.lower.winograd.decided)
+    give the direct convolution's result whatever their values."""
+    model, wt, bv = conv_model(n, 64, 64, h, h + 3, [1, 1, 1, 1], True, relu=True, seed=h)
+    x = np.random.default_rng(h).standard_normal((n, 64, h, h + 3)).astype(np.float32)
+    ocb = -(-64 // BLOCK)
+    asked = {**WINO, "winograd.tr": tr, "winograd.ov": ov if ocb % ov == 0 else 1, "winograd.chunk_blocks": blocks,
+             "winograd.osplit": min(osplit, ocb // (ov if ocb % ov == 0 else 1))}
+    got = kiln.compile(model, decisions=asked).run(x=x)["y"]
+    want = np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)
+    assert rel_error(got, want) < WINOGRAD_ERROR_BOUND
+
+
+def test_an_illegal_plan_is_an_error_naming_it():
+    model, _, _ = conv_model(1, 48, 48, 12, 12, [1, 1, 1, 1], True)
+    ocb = -(-48 // BLOCK)
+    bad_ov = next(v for v in (2, 3, 4) if ocb % v)
+    with pytest.raises(KilnError, match=rf"illegal value {bad_ov} for decision 'winograd.ov'.*divide"):
+        kiln.compile(model, decisions={**WINO, "winograd.ov": bad_ov})
