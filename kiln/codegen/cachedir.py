@@ -75,12 +75,13 @@ def check_private(d: Path) -> None:
 RACY_NS = 1_000_000_000
 
 
-def file_identity(path) -> list | None:
+def file_identity(path, resolve: bool = True) -> list | None:
     """What says a model file is the one seen before without reading it, as CPython's .pyc
     and ccache's direct mode do: [real path, device, inode, size, mtime_ns, ctime_ns] (an
-    edit changes the times, a replacing rename the inode); None if it is no regular file."""
+    edit changes the times, a replacing rename the inode); None if it is no regular file.
+    `resolve=False`: `path` as given (already real), its links not resolved."""
     try:
-        real = os.path.realpath(path)
+        real = os.path.realpath(path) if resolve else os.fspath(path)
         st = os.stat(real)
     except (OSError, TypeError, ValueError):
         return None
@@ -93,16 +94,16 @@ def unchanged_since(identity: list, read_at: int) -> bool:
     """Whether the file `identity` (`file_identity`) names is still so, and was last changed
     RACY_NS or more before `read_at` (time.time_ns(), taken before the identity): what was
     read after `read_at` is then what the identity stands for."""
-    return file_identity(identity[0]) == identity and max(identity[4], identity[5]) <= read_at - RACY_NS
+    return file_identity(identity[0], resolve=False) == identity and max(identity[4], identity[5]) <= read_at - RACY_NS
 
 
 def stamped(name: str, paths: list, compute) -> str:
-    """`compute()`: a text that is a function of the files `paths` alone, kept in the cache
+    """`compute()`: a text that is a function of the files `paths` (real paths) alone, kept in the cache
     dir under `name` and the files' identities and read back while none of them changed
     (a hash of kiln's source, a compiler's version banner: each costs a new process
     milliseconds). Kept beside its sha256, so a damaged copy is computed again."""
     read_at = time.time_ns()
-    ids = [file_identity(p) for p in paths]
+    ids = [file_identity(p, resolve=False) for p in paths]
     try:
         if None in ids:
             raise KilnError("a file is missing")

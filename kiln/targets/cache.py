@@ -55,14 +55,18 @@ def _kiln_source_digest() -> str:
     (kiln/codegen/c_src: a kernel's or the thread pool's text changes what a cached module's
     library holds). Kept in the cache dir by the files' identities, so a new process stats
     the files instead of reading them all (2 MB)."""
-    root = Path(__file__).resolve().parent.parent
-    paths = sorted([*root.rglob("*.py"), *(root / "codegen" / "c_src").iterdir()])
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    c_src = os.path.join(root, "codegen", "c_src")
+    # (os.walk and strings: rglob and Paths took as long as the stats)
+    paths = sorted([os.path.join(d, f) for d, _, files in os.walk(root) for f in files if f.endswith(".py")]
+                   + [os.path.join(c_src, f) for f in os.listdir(c_src)])
 
     def compute() -> str:
         h = hashlib.sha256()
         for p in paths:
-            h.update(str(p.relative_to(root)).encode())
-            h.update(p.read_bytes())
+            h.update(os.path.relpath(p, root).encode())
+            with open(p, "rb") as f:
+                h.update(f.read())
         return h.hexdigest()
     return stamped("kiln-source", paths, compute)
 
