@@ -10,7 +10,8 @@ same again in that process on the cache it filled, "warm new process" the same, 
 included, in another fresh process on that cache (marked if it imported onnx: a hit finds
 the model by the file's identity without reading it). Per stage (kiln.timing): wall
 and CPU seconds, CPU counting the C compilers too: on a shared machine wall time grows
-with the load (printed), CPU time much less. With --repeat N the row with the median
+with the load (printed), CPU time much less (the warm new process's CPU seconds, all
+its threads, are printed beside its wall time). With --repeat N the row with the median
 cold wall time is shown, and every run is in the JSON.
 
 --kernels N: instead, the N kernels of each model the C compiler takes longest over,
@@ -45,13 +46,14 @@ def one(path: str, feeds_path: str, cache: str) -> dict:
     out = {}
     for run in ("first", "second"):
         runs = _compiler_runs()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         import kiln
         from kiln.timing import recording
         with recording() as times:
             kiln.compile(path).run(feeds)
-        out[run] = {"wall_s": time.perf_counter() - t, "compiler_runs": _compiler_runs() - runs,
-                    "stages": times.to_json(), "onnx_imported": "onnx" in sys.modules}
+        out[run] = {"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - cpu,
+                    "compiler_runs": _compiler_runs() - runs, "stages": times.to_json(),
+                    "onnx_imported": "onnx" in sys.modules}
     return out
 
 
@@ -134,7 +136,8 @@ def fmt(row: dict) -> list[str]:
     top = sorted(c["stages"].items(), key=lambda kv: -kv[1]["wall_s"])[:4]
     w = row["warm_new_process"]
     return [row["model"], f"{c['wall_s']:.2f}", f"{cpu:.2f}", str(c["compiler_runs"]),
-            f"{row['warm']['wall_s']:.3f}", f"{w['wall_s']:.3f}" + (" (onnx imported)" if w.get("onnx_imported") else ""),
+            f"{row['warm']['wall_s']:.3f}",
+            f"{w['wall_s']:.3f} ({w['cpu_s']:.3f})" + (" onnx imported" if w["onnx_imported"] else ""),
             f"{row['load']:.1f}",
             ", ".join(f"{k} {v['wall_s']:.2f}" for k, v in top)]
 
@@ -162,11 +165,11 @@ def main(argv=None) -> list[dict]:
         shown.append(sorted(runs, key=lambda r: r["cold"]["wall_s"])[len(runs) // 2])
         print(f"done {name}: cold {statistics.median(r['cold']['wall_s'] for r in runs):.2f} s",
               file=sys.stderr, flush=True)
-    head = ["model", "cold s", "cold cpu s", "cc runs", "warm s", "warm new proc s", "load",
+    head = ["model", "cold s", "cold cpu s", "cc runs", "warm s", "warm new proc s (cpu)", "load",
             "slowest cold stages (wall s)"]
     lines = [head] + [fmt(r) for r in shown]
     widths = [max(len(x[k]) for x in lines) for k in range(len(head))]
-    print(f"cold = compile + first run, empty cache, fresh process; median of {args.repeat}; "
+    print(f"cold = import kiln + compile(model file) + first run, empty cache, fresh process; median of {args.repeat}; "
           f"{os.cpu_count()} cores")
     for line in lines:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)))
