@@ -152,6 +152,9 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
              times: StageTimes | None = None) -> CompiledModel:
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
+    if target == "cpu":
+        from kiln.codegen.fork_cost import calibrated  # noqa: PLC0415
+        cpu = calibrated(cpu)   # the host's fork cost, measured once per machine (cached)
     # a model file compiled before, unchanged since: its module loaded, the file not even read
     file = None if report else model_file(model, target, opt_level, cpu, decisions, tuning)
     if file is not None:
@@ -719,11 +722,13 @@ def run_stages(model: Any, until: str, *, opt_level: int | None = None, dims: di
     from kiln.lower.decisions import normalize  # noqa: PLC0415
     from kiln.runtime.inputs import bind_dims, concrete_shape  # noqa: PLC0415
     opt_level = level_of(opt_level)
+    from kiln.codegen.fork_cost import calibrated  # noqa: PLC0415
     from kiln.targets.target import Target  # noqa: PLC0415
     st = Stages(frontend(model))
     if until == "graph":
         return st
-    st.optimized = optimize(st.graph, opt_level, Target.of(cpu), normalize(decisions))
+    cpu = calibrated(Target.of(cpu))   # as kiln.compile's (_compile)
+    st.optimized = optimize(st.graph, opt_level, cpu, normalize(decisions))
     if until == "optimized":
         return st
     ins = [spec_of(v) for v in st.optimized.graph.inputs]

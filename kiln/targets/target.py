@@ -75,6 +75,9 @@ class Target:
     omp_wait_policy: str = threads.wait_settings({})[0]
     omp_spincount: str = threads.wait_settings({})[1]
     threads_impl: str = threads.IMPL_DEFAULT   # who runs parallel loops: "omp" or kiln's "pool"
+    # a fork and join measured on this machine (us; kiln.codegen.fork_cost.calibrated), 0: the
+    # table's figure for the settings above (kiln.runtime.threads)
+    fork_us_measured: float = 0.0
 
     # -- made from ... ----------------------------------------------------------------
     @staticmethod
@@ -135,8 +138,9 @@ class Target:
 
     @property
     def fork_us(self) -> float:
-        """What forking a parallel kernel (and joining it) costs on this target, in us."""
-        return threads.fork_us(self.omp_wait_policy, self.omp_spincount, self.threads_impl)
+        """What forking a parallel kernel (and joining it) costs on this target, in us: as
+        measured on this machine where the compiler did (the host), else the table's figure."""
+        return self.fork_us_measured or threads.fork_us(self.omp_wait_policy, self.omp_spincount, self.threads_impl)
 
     def arch_flags(self) -> list[str]:
         """The C compiler flags that pick this CPU: -march, and on x86 the vector width the
@@ -154,7 +158,8 @@ class Target:
         return (f"{self.arch};march={self.march};features={','.join(sorted(self.features))};"
                 f"cores={self.cores};cache={self.l1d_bytes},{self.l2_bytes},{self.l3_bytes};"
                 f"omp={self.omp_wait_policy},{self.omp_spincount}"
-                + (f";threads={self.threads_impl}" if self.threads_impl != "omp" else ""))
+                + (f";threads={self.threads_impl}" if self.threads_impl != "omp" else "")
+                + (f";fork_us={self.fork_us_measured:g}" if self.fork_us_measured else ""))
 
     def describe(self) -> str:
         return (f"{self.name} ({self.arch}, -march={self.march}, {self.vector_bytes * 8}-bit vectors, "
