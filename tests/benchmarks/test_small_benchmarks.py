@@ -46,3 +46,30 @@ def test_kernel_profile_lists_kernels_beside_ort(capsys, monkeypatch, tmp_path):
     kernel_profile.main(["tiny", "--dims", "batch=2", "--runs", "2"])
     out = capsys.readouterr().out
     assert re.search(r"kiln: \d+ kernels", out) and "Relu" in out and "ONNX Runtime:" in out
+
+
+def test_work_split_reads_each_kernels_parallel_loop(monkeypatch):
+    """benchmarks/work_split.py finds the loop each kernel forks over (OpenMP's or the pool's)
+    and how evenly whole iterations split; a hand-written kernel forks on its own."""
+    pytest.importorskip("onnx")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from benchmarks.work_split import balance, parallel_loops
+    from kiln.stages import stage_text
+    assert balance(3, 2) == 0.75 and balance(4, 2) == 1.0 and balance(1, 2) == 0.5
+    w = np.random.default_rng(0).standard_normal((64, 64, 1, 1)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 12, 12])],
+                          [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    for impl in ("omp", "pool"):
+        monkeypatch.setenv("KILN_THREADS_IMPL", impl)
+        monkeypatch.setenv("KILN_FORK_US", "1")
+        loops = parallel_loops(stage_text(model, "c", {}))
+        assert loops and all(k.startswith("kiln_k") for k in loops)
+        forked = [r for rs in loops.values() for r in rs]
+        assert forked and all(re.fullmatch(r"for \d+|own", r) for r in forked), (impl, loops)
+        monkeypatch.setenv("KILN_FORK_US", "100000")
+        assert not any(parallel_loops(stage_text(model, "c", {})).values())
