@@ -122,8 +122,9 @@ def build_many(funcs: list, jobs: int | None = None) -> list:
     from kiln.codegen.c import emit_c  # noqa: PLC0415
     from kiln.loops.stmt import LoopModule  # noqa: PLC0415
 
+    from kiln.codegen.fork_cost import calibrated  # noqa: PLC0415
     from kiln.targets.target import Target  # noqa: PLC0415
-    target = Target.host()   # candidates are measured here
+    target = calibrated(Target.host())   # candidates are measured here (with kiln.compile's target)
 
     def one(f):
         try:

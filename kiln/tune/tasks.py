@@ -45,8 +45,9 @@ def _describe(nodes, func) -> str:
 def group_contexts(graph, known: dict) -> list[GroupContext]:
     """Each fusion group that becomes a kernel, with what lowering it again takes."""
     from kiln.lower.module import group_inputs  # noqa: PLC0415
+    from kiln.codegen.fork_cost import calibrated  # noqa: PLC0415
     from kiln.targets.target import Target  # noqa: PLC0415
-    target = Target.host()   # tuning measures on this machine, for this machine
+    target = calibrated(Target.host())   # tuning measures on this machine, for this machine (as kiln.compile)
     return [GroupContext(g.nodes, g.opsets, g.values, g.needed_outside, f"k{g.index}_{g.nodes[-1].op}", target,
                          known) for g in group_inputs(graph, known)]
 
