@@ -9,7 +9,8 @@ import math
 from kiln.dtypes import DType
 from kiln.loops import (cast, compute, const, max_, min_, reduce_axis, select,
                         sum_)
-from kiln.lower.nnutil import _acc_dtype, _conj, _norm_schedule
+from kiln.lower.nnutil import _acc_dtype, _conj
+from kiln.lower.schedules import norm_schedule
 from kiln.lower.pool import _pool_schedule
 from kiln.ops.nn import _int_list, _transpose_geometry, attr_str, window
 from kiln.lower.context import lowering
@@ -88,7 +89,7 @@ def _causal_conv_lower(ctx, x, w, b=None, past=None):
         return cast(x.dtype, v)
     y = compute((bsz, c, length), fin, "causal_out")
     state = compute((bsz, c, hist), lambda n, ch, t: padded(n, ch, t + length), "present_state")
-    ctx.schedule(_norm_schedule([y], 2, bsz * c * length * k, ctx.target))
+    ctx.schedule(norm_schedule([y], 2, bsz * c * length * k, ctx.target))
     return [y, state]
 
 

@@ -19,6 +19,7 @@ from kiln.loops.expr import walk
 from kiln.loops.symbols import extent, static
 from kiln.lower.schedules import symbolic_rows
 from kiln.lower.decisions import parallel_min_work
+from kiln.lower.nnutil import parallel_worth
 from kiln.ops.elementwise import _BINARY, _F8, _UNARY, _attrs, _b_pad, _str_attr
 from kiln.lower.context import lowering
 
@@ -61,7 +62,7 @@ def _injective_schedule(sch, outputs, target) -> None:
             continue
         axes = list(st.axis)
         lanes = max(target.vector_lanes(st.tensor.dtype.itemsize), 1)
-        parallel = math.prod(ext) >= parallel_min_work()
+        parallel = parallel_worth(math.prod(ext), target, "copy")   # past the floor, and worth the fork
         inner, n = axes.pop(), ext[-1]
         chunk = _divisor_near(n, lanes * -(-n // (64 * lanes))) \
             if parallel and math.prod(ext[:-1]) < 64 and n >= 128 * lanes \

@@ -165,31 +165,6 @@ def schedule_rows(stage, lead: int, target: Target, work: int | None = None, vec
         stage.parallel(outer)
 
 
-def _default_then(extra, target: Target):
-    """A schedule: the default one for every stage, then `extra(sch)` adjustments."""
-    from kiln.lower.schedules import default_schedule
-
-    def fn(sch, outputs):
-        extra(sch)
-        done = {s for s in sch.stages if s.relations or s.kinds or s.attach is not None}
-        rest = [s for s in sch.stages if s not in done]
-        saved = sch.stages
-        sch.stages = rest
-        try:
-            default_schedule(sch, outputs, target)
-        finally:
-            sch.stages = saved
-    return fn
-
-
-def _norm_schedule(out_tensors, lead: int, work: int, target: Target):
-    """Statistics stages by default; the normalized outputs as rows (lead axes parallel)."""
-    def extra(sch):
-        for t in out_tensors:
-            schedule_rows(sch[t], lead, target, work)
-    return _default_then(extra, target)
-
-
 # ---------------------------------------------------------------- sliding windows (pools, symbolic-size windows)
 
 def _pool_taps(win, o, ks, spatial, lo=None, hi=None):

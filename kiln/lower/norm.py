@@ -10,7 +10,8 @@ import math
 from kiln.dtypes import DType
 from kiln.loops import (Expr, cast, compute, const, max_, min_, reduce_axis, select,
                         sum_)
-from kiln.lower.nnutil import _acc_dtype, _norm_schedule, bcast_load
+from kiln.lower.nnutil import _acc_dtype, bcast_load
+from kiln.lower.schedules import norm_schedule
 from kiln.lower.pool import _abs_pow, _root
 from kiln.lower.reduce import schedule_per_row
 from kiln.ops.nn import _bn_training, _stash
@@ -85,13 +86,13 @@ def _batch_norm_lower(ctx, x, scale, bias, mean, var):
                           "running_var")
         saved_mean = compute((C,), lambda c: cast(mean.dtype, bmean[(0, c, *zi)]), "saved_mean")
         saved_var = compute((C,), lambda c: cast(var.dtype, inv[(0, c, *zi)]), "saved_var")
-        ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape), ctx.target))
+        ctx.schedule(norm_schedule([y], 2, math.prod(x.shape), ctx.target))
         return [y, run_mean, run_var, saved_mean, saved_var][:max(ctx.num_outputs, 1)]
     from kiln.loops import sqrt
     a = compute((C,), lambda c: f(scale, c) / sqrt(f(var, c) + const(eps, acc)), "bn_scale")
     y = compute(x.shape, lambda n, c, *sp: cast(x.dtype, (cast(acc, x[(n, c, *sp)]) - f(mean, c)) * a[c]
                                                  + f(bias, c)), "bn")
-    ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape), ctx.target))
+    ctx.schedule(norm_schedule([y], 2, math.prod(x.shape), ctx.target))
     extra = [compute(t.shape, lambda c, t=t: t[c], f"stat{k}")
              for k, t in enumerate([mean, var, mean, var][:ctx.num_outputs - 1])]
     return [y, *extra]
@@ -108,7 +109,7 @@ def _instance_norm_lower(ctx, x, scale, bias):
     y = compute(x.shape, lambda n, c, *sp: cast(x.dtype, (cast(acc, x[(n, c, *sp)]) - mean[(n, c, *zi)])
                                                  * inv[(n, c, *zi)] * cast(acc, scale[c]) + cast(acc, bias[c])),
                 "instnorm")
-    ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape), ctx.target))
+    ctx.schedule(norm_schedule([y], 2, math.prod(x.shape), ctx.target))
     return y
 
 
@@ -144,7 +145,7 @@ def _layer_norm_lower(ctx, x, scale, bias=None):
         return y
     mean_out = compute(mean.shape, lambda *i: mean[i], "mean")
     inv_out = compute(inv.shape, lambda *i: inv[i], "invstd")
-    ctx.schedule(_norm_schedule([y], axis, math.prod(x.shape), ctx.target))
+    ctx.schedule(norm_schedule([y], axis, math.prod(x.shape), ctx.target))
     return [y, mean_out, inv_out][:max(ctx.num_outputs, 1)]
 
 
@@ -168,7 +169,7 @@ def _rms_norm_lower(ctx, x, scale):
     if axis == rank - 1 and rank >= 2:
         ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [den, ss], ctx.target))
         return y
-    ctx.schedule(_norm_schedule([y], axis, math.prod(x.shape), ctx.target))
+    ctx.schedule(norm_schedule([y], axis, math.prod(x.shape), ctx.target))
     return y
 
 
@@ -201,7 +202,7 @@ def _group_norm_lower(ctx, x, scale, bias):
         return cast(x.dtype, (cast(acc, x[(b, ch, *s)]) - mean[k]) * inv[k] * per_channel(scale, ch)
                     + per_channel(bias, ch))
     y = compute(x.shape, body, "groupnorm")
-    ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape), ctx.target))
+    ctx.schedule(norm_schedule([y], 2, math.prod(x.shape), ctx.target))
     return y
 
 
@@ -229,7 +230,7 @@ def _lp_normalization_lower(ctx, x):
         safe = select(nv.eq(zero), const(1, acc), nv)
         return cast(x.dtype, select(nv.eq(zero), zero, cast(acc, x[i]) / safe))
     y = compute(x.shape, body, "lpnorm")
-    ctx.schedule(_norm_schedule([y], rank - 1 if axis == rank - 1 else 1, math.prod(x.shape), ctx.target))
+    ctx.schedule(norm_schedule([y], rank - 1 if axis == rank - 1 else 1, math.prod(x.shape), ctx.target))
     return y
 
 
@@ -246,7 +247,7 @@ def _mvn_lower(ctx, x):
         k = tuple(0 if a in axes else i[a] for a in range(rank))
         return cast(x.dtype, (cast(acc, x[i]) - mean[k]) / den[k])
     y = compute(x.shape, body, "mvn")
-    ctx.schedule(_norm_schedule([y], 1, math.prod(x.shape), ctx.target))
+    ctx.schedule(norm_schedule([y], 1, math.prod(x.shape), ctx.target))
     return y
 
 
@@ -267,5 +268,5 @@ def _lrn_lower(ctx, x):
     tot = compute(x.shape, ss, "lrn_sqsum")
     y = compute(x.shape, lambda *i: cast(x.dtype, cast(acc, x[i]) / pow_(
         const(bias, acc) + const(alpha / size, acc) * tot[i], const(beta, acc))), "lrn")
-    ctx.schedule(_norm_schedule([y], 2, math.prod(x.shape) * size, ctx.target))
+    ctx.schedule(norm_schedule([y], 2, math.prod(x.shape) * size, ctx.target))
     return y

@@ -15,7 +15,8 @@ from kiln.loops.symbols import static
 from kiln.lower import window_symbolic
 from kiln.lower.conv import ConvGeom, padded_plane, schedule_plane
 from kiln.lower.window_symbolic import symbolic_spatial
-from kiln.lower.nnutil import (_acc_dtype, _default_then, _pool_taps, _strides_of, _window_count,
+from kiln.lower.schedules import default_then
+from kiln.lower.nnutil import (_acc_dtype, _pool_taps, _strides_of, _window_count,
                                accumulate_rows, parallel_worth, schedule_rows)
 from kiln.targets.target import Target
 from kiln.ops.nn import _lp_p, _pool_window, _unpool_shape
@@ -202,7 +203,7 @@ def _global_lower(kind):
             nc = s.fuse(*s.axis)
             if parallel_worth(work, ctx.target):
                 s.parallel(nc)
-        ctx.schedule(_default_then(sched, ctx.target))
+        ctx.schedule(default_then(sched, ctx.target))
         return y
     return lower_fn
 

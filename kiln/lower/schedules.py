@@ -1,9 +1,9 @@
 """Default schedules: what a kernel gets when its op's lowering does not choose one.
 
-Heuristics, hardware-aware through the target's vector width only; tuned schedules
-(kiln.tune) replace them later. Small kernels stay serial: an OpenMP fork
-costs more than a few thousand multiply-adds (the `parallel_min_work` decision,
-kiln.lower.decisions).
+Heuristics, hardware-aware through the target's vector width and fork cost; tuned schedules
+(kiln.tune) replace them later. Small kernels stay serial: below the `parallel_min_work`
+floor (kiln.lower.decisions), or where the time threads would save is less than the
+target's fork and join (kiln.lower.nnutil.parallel_worth, at its "copy" rate).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 
 from kiln.loops import Schedule
 from kiln.loops.symbols import extent, hint, static
-from kiln.lower.decisions import parallel_min_work
+from kiln.lower.nnutil import parallel_worth, schedule_rows
 from kiln.targets.target import Target
 
 
@@ -29,7 +29,8 @@ def default_schedule(sch: Schedule, outputs, target: Target) -> None:
         extents = [hint(v.arg.dom[1] - v.arg.dom[0]) for v in axes]
         points = math.prod(extents)
         red = math.prod(hint(v.arg.dom[1] - v.arg.dom[0]) for v in stage.reduce_axis) if stage.reduce_axis else 1
-        parallel = points * red >= parallel_min_work()
+        # past the serial floor, and the time threads save worth the target's fork and join
+        parallel = parallel_worth(points * red, target, "copy")
         if stage.reduce_axis:
             if parallel and extents[0] > 1:
                 stage.parallel(axes[0])
@@ -67,3 +68,26 @@ def symbolic_rows(stage, parallel: bool) -> None:
             stage.parallel(o)
     if extent(inner) > 1:
         stage.vectorize(inner)
+
+
+def default_then(extra, target: Target):
+    """A schedule: the default one for every stage, then `extra(sch)` adjustments."""
+    def fn(sch, outputs):
+        extra(sch)
+        done = {s for s in sch.stages if s.relations or s.kinds or s.attach is not None}
+        rest = [s for s in sch.stages if s not in done]
+        saved = sch.stages
+        sch.stages = rest
+        try:
+            default_schedule(sch, outputs, target)
+        finally:
+            sch.stages = saved
+    return fn
+
+
+def norm_schedule(out_tensors, lead: int, work: int, target: Target):
+    """Statistics stages by default; the normalized outputs as rows (lead axes parallel)."""
+    def extra(sch):
+        for t in out_tensors:
+            schedule_rows(sch[t], lead, target, work)
+    return default_then(extra, target)

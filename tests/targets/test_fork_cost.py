@@ -79,18 +79,26 @@ def test_overrides_and_other_cpus(fresh, monkeypatch):
     assert fork_cost.calibrated(named) is named     # not this machine: the table's figure
 
 
-def test_the_measured_cost_decides_what_forks(monkeypatch):
-    """A 1x1 conv whose threads save a few us forks where a fork costs 1 us, not where it costs 1000."""
-    pytest.importorskip("onnx")
+def _model(kind: str):
     from onnx import TensorProto, helper, numpy_helper
+    if kind == "conv":   # a 1x1 conv of 64 channels over 12x12
+        w = np.random.default_rng(0).standard_normal((64, 64, 1, 1)).astype(np.float32)
+        nodes, shape, inits = [helper.make_node("Conv", ["x", "w"], ["y"])], [1, 64, 12, 12], \
+            [numpy_helper.from_array(w, "w")]
+    else:                # an injective kernel of 100k elements
+        nodes, shape, inits = [helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])], \
+            [1, 256, 400], []
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
+
+@pytest.mark.parametrize("kind", ["conv", "elementwise"])
+def test_the_measured_cost_decides_what_forks(monkeypatch, kind):
+    """A kernel whose threads save a few us forks where a fork costs 1 us, not where it costs 1000."""
+    pytest.importorskip("onnx")
     from kiln.stages import stage_text
-    w = np.random.default_rng(0).standard_normal((64, 64, 1, 1)).astype(np.float32)
-    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 12, 12])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 12, 12])],
-                          [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model = _model(kind)
     texts = {}
     for us in ("1", "1000"):
         monkeypatch.setenv("KILN_FORK_US", us)
