@@ -150,11 +150,10 @@ def _is_torch(model: Any) -> bool:
 def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisions: dict,
              tuning: str | None = None, shapes: str = "specialize",
              times: StageTimes | None = None) -> CompiledModel:
+    from kiln.codegen.fork_cost import calibrated  # noqa: PLC0415
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
-    if target == "cpu":
-        from kiln.codegen.fork_cost import calibrated  # noqa: PLC0415
-        cpu = calibrated(cpu)   # the host's fork cost, measured once per machine (cached)
+    cpu = calibrated(cpu) if target == "cpu" else cpu   # its fork cost, measured once per machine
     # a model file compiled before, unchanged since: its module loaded, the file not even read
     file = None if report else model_file(model, target, opt_level, cpu, decisions, tuning)
     if file is not None:
@@ -727,8 +726,7 @@ def run_stages(model: Any, until: str, *, opt_level: int | None = None, dims: di
     st = Stages(frontend(model))
     if until == "graph":
         return st
-    cpu = calibrated(Target.of(cpu))   # as kiln.compile's (_compile)
-    st.optimized = optimize(st.graph, opt_level, cpu, normalize(decisions))
+    st.optimized = optimize(st.graph, opt_level, calibrated(Target.of(cpu)), normalize(decisions))
     if until == "optimized":
         return st
     ins = [spec_of(v) for v in st.optimized.graph.inputs]

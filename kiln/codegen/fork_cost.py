@@ -31,6 +31,7 @@ from pathlib import Path
 
 from kiln.codegen.cachedir import private_dir, write_atomic
 from kiln.errors import KilnError
+from kiln.runtime import threads
 from kiln.targets.target import Target
 
 GAP_US = 50        # serial work between two regions, as between two parallel kernels of a model
@@ -119,15 +120,11 @@ def run(exe: str, gap_us: int, regions: int, env: dict) -> list[float]:
     return [float(v) for v in out]
 
 
-def settings_env(target: Target, base: dict | None = None) -> dict:
-    """The environment the target's code runs under: its thread count and wait settings."""
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+def settings_env(target: Target) -> dict:
+    """The environment the target's code runs under: its thread count, and the wait settings
+    this process's libraries load with (the host target's, kiln.runtime.threads)."""
+    env = threads.with_defaults(os.environ)
     env["OMP_NUM_THREADS"] = str(target.cores)
-    if target.omp_wait_policy:
-        env["OMP_WAIT_POLICY"] = target.omp_wait_policy
-    if target.omp_spincount:
-        env["GOMP_SPINCOUNT"] = target.omp_spincount
     return env
 
 
@@ -185,9 +182,10 @@ def override() -> float | str | None:
 def host_fork_us(target: Target) -> float | None:
     """This machine's fork cost under `target`'s settings (KILN_FORK_US, else the cached
     measurement, else measured now and cached); None where the table's figure stands: a CPU
-    other than the host, KILN_FORK_US=table, a busy machine, or a loop that did not build."""
-    if target.name != "host":
-        return None
+    other than the host or other wait settings than this process's, KILN_FORK_US=table, a busy
+    machine, or a loop that did not build."""
+    if target.name != "host" or (target.omp_wait_policy, target.omp_spincount) != threads.wait_settings():
+        return None   # another CPU, or settings this process's threads do not run under
     o = override()
     if o is not None:
         return None if o == "table" else o
