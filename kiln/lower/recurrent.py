@@ -15,7 +15,7 @@ once per step, so a tile takes as many rows as half the register file holds sums
 its gates then summed in passes of a few gates (`_tile`): batch 8 of an LSTM is one tile,
 two passes of 2 gates x 8 rows, instead of two tiles of 4 rows that read R twice.
 
-Threads: when a step is big enough (`SPLIT_MACS`), one team of threads shares the
+Threads: when a step is big enough (`team_per_direction`), one team of threads shares the
 panels of every direction, each thread streaming its own range of R from its own core's
 cache: at 2 threads a bidirectional layer's directions one each, a unidirectional
 layer's panels half each (an LSTM of 256 units: 512 KiB of its 1 MiB of R, which fits
@@ -40,14 +40,26 @@ from kiln.codegen.csource import c_source
 from kiln.lower.context import lowering
 from kiln.targets.target import Target
 
-# A direction's panels are split between threads only when a step has at least this many
-# multiply-adds (batch x G x H x H), and into at most 2 * macs / SPLIT_MACS parts (each
-# thread's share of a step at least half of it): a step then takes a microsecond or more
-# (an LSTM of 128 units at batch 1, 256 KiB of R: 3.5 us on one core of the 2-core Zen 4
-# dev machine) against ~0.1-0.3 us for the claims and the wait that end it; an LSTM of 64
-# units at batch 1 steps in 1.2 us, where the synchronisation and the fork cost as much as
-# they save.
-SPLIT_MACS = 1 << 16
+# One thread or several per step, from R's size and the caches. A step streams R (G x H x H
+# floats) once per tile of batch rows, from the cache level it fits; shared by t threads it
+# costs each thread 1/t of that, plus the stage's end: the claims and the wait, a few cache
+# lines passed between cores (~0.1-0.3 us), a fork (once per kernel) aside. So a thread's share
+# must stream from L2 several times that long: a share of SHARE_L1 x L1d bytes of R x rows
+# (128 KiB on Zen 4's 32 KiB L1d: ~1.3 us at the ~100 GB/s one core streams from L2, measured
+# by benchmarks/recurrent.py's bound). R of at most one such share runs on one thread (an LSTM
+# of 64 units at batch 1: 64 KiB, 1.2 us a step, where the split's synchronisation cost as
+# much as it saved); past it, each thread gets at least one share, so an LSTM of 128 units
+# (256 KiB) splits in two and one of 256 units (1 MiB) in up to eight: its halves (512 KiB)
+# also fit each core's 1 MiB L2, where the whole, with the projected inputs streaming
+# through, overfills one (a step at 85-96 GB/s instead of ~104).
+SHARE_L1 = 4
+
+
+def team_per_direction(r_bytes: int, batch: int, panels: int, target: Target) -> int:
+    """Threads that share one direction's step (1: it runs on one thread): one per
+    SHARE_L1 x L1d bytes of R x batch rows, at most one per panel."""
+    return max(1, min(panels, r_bytes * batch // (SHARE_L1 * target.l1d_bytes)))
+
 
 # the panel claims, activations and exp every kiln::Recurrent kernel shares
 PREAMBLE = c_source("kiln_exp.h") + c_source("recurrent.h")
@@ -300,21 +312,21 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
 
     h_init = f"(float){arg['h0']}[{H('d', 'b')} + j]" if "h0" in arg else "0.0f"
     c_init = f"(float){arg['c0']}[{H('d', 'b')} + j]" if "c0" in arg else "0.0f"
+    share = SHARE_L1 * target.l1d_bytes   # team_per_direction's, for the run-time batch
     if static(batch) and static(steps):
-        macs = as_int(batch) * g * hs * hs
-        split = int(macs >= SPLIT_MACS and as_int(steps) > 1)
-        # threads in the team: at most 2 * macs / SPLIT_MACS per direction, 64 (KILN_REC_MAXPER) in all
-        most = min(nd * max(1, min(n_p, 2 * macs // SPLIT_MACS)), 64) if split else nd
+        per = team_per_direction(g * hs * hs * 4, as_int(batch), n_p, target)
+        split = int(per > 1 and as_int(steps) > 1)
+        # threads in the team: `per` per direction, 64 (KILN_REC_MAXPER) in all
+        most = min(nd * per, 64) if split else nd
         sizes = [f"enum {{ B = {as_int(batch)}, H = {hs}, PU = {pu}, ND = {nd} }};", f"enum {{ S = {as_int(steps)} }};"]
     else:   # the same choices at run time
         split, most = "split", "most"
         sizes = [f"enum {{ H = {hs}, PU = {pu}, ND = {nd} }};",
                  f"const int64_t B = {Bc}, S = {S};",
-                 f"const int64_t macs = B * {g * hs * hs};",
-                 f"const int split = macs >= {SPLIT_MACS} && S > 1;",
-                 f"const int64_t per = 2 * macs / {SPLIT_MACS} < {n_p} ? 2 * macs / {SPLIT_MACS} : {n_p};",
-                 f"const int64_t most = split ? ({nd} * (per > 1 ? per : 1) < 64 ? {nd} * (per > 1 ? per : 1) : 64)"
-                 f" : {nd};"]
+                 f"const int64_t work = B * {g * hs * hs * 4} / {share};",
+                 f"const int64_t per = work < 1 ? 1 : work < {n_p} ? work : {n_p};",
+                 "const int split = per > 1 && S > 1;",
+                 f"const int64_t most = split ? ({nd} * per < 64 ? {nd} * per : 64) : {nd};"]
     body = [
         "typedef float kv __attribute__((vector_size(64)));",
         *sizes,

@@ -123,7 +123,7 @@ def _split_layers():
 
 
 def test_split_between_threads():
-    """Steps past kiln.lower.recurrent.SPLIT_MACS: a direction's panels claimed by the threads
+    """Steps big enough to share (kiln.lower.recurrent.team_per_direction): a direction's panels claimed by the threads
     (when the machine has two) stage by stage; ragged lens, odd batch, a tail panel, GRU's two
     stages per step, batch tiles whose gates are summed in passes."""
     check(_split_layers())
@@ -202,3 +202,17 @@ def test_reference_of_the_decomposed_graph():
     want = kiln.compile(m, target="interpreter", opt_level=0).run(feeds)
     for name, w in want.items():
         np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_team_size_follows_r_and_the_l1():
+    """A step is shared by one thread per SHARE_L1 x L1d bytes of R x rows (at most one per
+    panel): with a 32 KiB L1d an LSTM of 64 units at batch 1 runs on one thread, 128 units on
+    two, 256 on eight; batch rows count as more work; a bigger L1d asks for bigger shares."""
+    from kiln.lower.recurrent import team_per_direction
+    from kiln.targets.target import Target
+    t32 = Target.named("x86-64-v3", l1d_bytes=32 << 10)
+    t64 = Target.named("x86-64-v3", l1d_bytes=64 << 10)
+    lstm = lambda h: 4 * h * h * 4   # noqa: E731  R's bytes
+    assert [team_per_direction(lstm(h), 1, -(-h // 16), t32) for h in (64, 128, 256)] == [1, 2, 8]
+    assert team_per_direction(lstm(64), 8, 4, t32) == 4            # 8 rows: more work, one thread per panel
+    assert team_per_direction(lstm(128), 1, 8, t64) == 1 and team_per_direction(lstm(256), 1, 16, t64) == 4
