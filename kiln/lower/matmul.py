@@ -209,11 +209,11 @@ def _lower_det(ctx: LowerCtx, x):
 @lowering("MatMulPacked", domain=DOMAIN)
 def _lower(ctx, a, wp, c=None):
     n = int(ctx.attr("n"))
-    _, k, nr = wp.shape
+    *wb, _, k, nr = wp.shape
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
     ep = accumulator_dtype(a.dtype)
-    # b only gives the GEMM its [K, n] shape: the kernel reads the panels
-    b = L.compute((k, n), lambda kk, j: wp[j // nr, kk, j % nr], "w")
+    # b only gives the GEMM its [..., K, n] shape: the kernel reads the panels
+    b = L.compute((*wb, k, n), lambda *ix: wp[(*ix[:-2], ix[-1] // nr, ix[-2], ix[-1] % nr)], "w")
 
     g = build_gemm(a, b, epilogue=gemm_epilogue(alpha, beta, c, ep), name="matmul_packed", prepacked=wp,
                    target=ctx.target)

@@ -1,11 +1,12 @@
 """kiln's GEMM with a weight packed ahead of time (introduced by kiln.passes.pack_weights).
 
 - `MatMulPacked(a, wp, c?) {n, alpha, beta}`: y = alpha * (a @ w) + beta * c, where
-  a is [..., M, K] (numpy.matmul batch rules, rank >= 2), w is the [K, n] weight and
-  wp is w packed as the GEMM micro-kernel reads it: panels [ceil(n / nr), K, nr] of
-  nr columns (kiln.lower.gemm.pack_weight), the padded columns zero; c (optional)
-  broadcasts into the output [..., M, n]. Without c it is MatMul(a, w) exactly; with
-  it, Gemm(a, w, c) (alpha and beta default to 1).
+  a is [..., M, K] (numpy.matmul batch rules, rank >= 2), w is the [..., K, n] weight and
+  wp is w packed as the GEMM micro-kernel reads it: each matrix as panels [ceil(n / nr),
+  K, nr] of nr columns (kiln.lower.gemm.pack_weight), the padded columns zero, so wp is
+  [..., P, K, nr] (a stack of weights: kiln.passes.merge_gemms); c (optional) broadcasts
+  into the output [..., M, n]. Without c it is MatMul(a, w) exactly; with it, Gemm(a, w, c)
+  (alpha and beta default to 1).
 
 The panel width nr is the vector width times the micro-kernel's vectors per row
 (kiln.lower.gemm.weight_panel_width, from the `Target` compiled for), so
@@ -25,17 +26,18 @@ DOMAIN = "kiln"
 
 
 def unpack_weight(wp: np.ndarray, n: int) -> np.ndarray:
-    """The [K, n] weight of panels [P, K, nr]."""
-    p, k, nr = wp.shape
-    return wp.transpose(1, 0, 2).reshape(k, p * nr)[:, :n]
+    """The [..., K, n] weight of panels [..., P, K, nr]."""
+    *wb, p, k, nr = wp.shape
+    r = len(wb)
+    return wp.transpose(*range(r), r + 1, r, r + 2).reshape(*wb, k, p * nr)[..., :n]
 
 
 def _check(ctx, a, wp, n):
     if wp is None:
         return
-    if len(wp) != 3:
-        ctx.fail(f"MatMulPacked needs weight panels [P, K, nr], got shape {tuple(wp)}")
-    p, k, nr = wp
+    if len(wp) < 3:
+        ctx.fail(f"MatMulPacked needs weight panels [..., P, K, nr], got shape {tuple(wp)}")
+    p, k, nr = wp[-3:]
     if isinstance(n, int) and isinstance(p, int) and isinstance(nr, int) and -(-n // nr) != p:
         ctx.fail(f"weight panels {tuple(wp)} do not hold n={n} columns")
     if a is not None and len(a) < 2:
@@ -47,7 +49,7 @@ def _infer(ctx):
     _check(ctx, a, wp, n)
     if a is None or wp is None:
         return [TensorType(ctx.dtype(0), None)]
-    return [TensorType(ctx.dtype(0), matmul_shape(ctx, a, (wp[1], n)))]
+    return [TensorType(ctx.dtype(0), matmul_shape(ctx, a, (*wp[:-3], wp[-2], n)))]
 
 
 @op("MatMulPacked", infer=_infer, domain=DOMAIN, fusion=OUT_FUSABLE)

@@ -9,7 +9,8 @@
          (kiln::FusedAttention, online softmax), NCHWc layout for convolutions,
          expand/depthwise/project chains fused into one kernel (kiln::InvertedResidual),
          recurrent layers' input projections taken out of the time loop (one GEMM) and their
-         recurrent weights packed, constant GEMM weights packed into panels at compile time
+         recurrent weights packed, constant GEMM weights packed into panels at compile time,
+         GEMMs that read one input (Q/K/V, gate/up) merged into one whose outputs are views
 
 The default (`DEFAULT_LEVEL`, used by kiln.compile and the CLI) is the fastest
 level, -O3: the lower levels are there to debug a rewrite, not to trade speed
@@ -56,7 +57,8 @@ def level3() -> list[str]:
             "recognize_layernorm", "recognize_rmsnorm", "recognize_gelu", "recognize_rotary",
             "simplify_algebra", "sink_transposes", "recognize_swiglu", "fold_batchnorm", "conv_transpose_to_conv",
             "matmul_add_to_gemm", "transform_layout", "fuse_inverted_residual",
-            "decompose_recurrent", "pack_weights", "fuse_attention", "eliminate_nops", "eliminate_dead_code"]
+            "decompose_recurrent", "pack_weights", "fuse_attention", "merge_gemms", "eliminate_nops",
+            "eliminate_dead_code"]
 
 
 LEVELS = {0: level0, 1: level1, 2: level2, 3: level3}

@@ -9,7 +9,8 @@ import pytest
 from benchmarks.models import MODELS, inputs_for
 from kiln.frontends.onnx import load_onnx
 from kiln.interpreter import Interpreter
-from kiln.passes import run_passes
+from kiln.passes import AttentionGroup, run_passes
+from kiln.passes.merge_gemms import MergedGemms
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,15 +42,17 @@ def test_bert_encoder_layernorm_gelu_attention():
     assert ops["LayerNormalization"] == 13   # embeddings + 2 per layer, 6 layers
     assert ops["Gelu"] == 6
     assert not {"ReduceMean", "Pow", "Sqrt", "Erf", "Div", "Identity"} & set(ops)
-    attention = [f for s in stats for f in s.findings if type(f).__name__ == "AttentionGroup"]
+    attention = [f for s in stats for f in s.findings if isinstance(f, AttentionGroup)]
     assert len(attention) == 6 and all(a.mask == "additive" for a in attention)
     assert all(abs(a.scale - 1 / np.sqrt(32)) < 1e-6 for a in attention)
+    merged = [f for s in stats for f in s.findings if isinstance(f, MergedGemms)]
+    assert len(merged) == 6 and all(len(f.nodes) == 3 for f in merged)   # Q, K and V of each layer
 
 
 def test_gpt2_decoder_tanh_gelu_and_causal_attention():
     _, g, out, stats = optimized("gpt2_decoder")
     assert _ops(out)["Gelu"] == 4 and _ops(out)["Tanh"] == 0
-    attention = [f for s in stats for f in s.findings if type(f).__name__ == "AttentionGroup"]
+    attention = [f for s in stats for f in s.findings if isinstance(f, AttentionGroup)]
     assert len(attention) == 4 and all(a.mask == "where" for a in attention)
 
 

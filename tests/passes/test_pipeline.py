@@ -25,7 +25,8 @@ def test_levels_list_named_passes_in_order():
     assert set(passes_for(1)) < set(two) < set(three)
     assert {"recognize_layernorm", "recognize_rmsnorm", "recognize_gelu", "recognize_rotary", "recognize_swiglu",
             "fuse_attention", "transform_layout", "fuse_inverted_residual", "decompose_recurrent",
-            "pack_weights"} == set(three) - set(two)
+            "pack_weights", "merge_gemms"} == set(three) - set(two)
+    assert three.index("merge_gemms") > three.index("pack_weights")   # it merges packed GEMMs
     assert all(name in PASSES for name in three)
     with pytest.raises(KilnError, match="optimization level 7"):
         passes_for(7)
