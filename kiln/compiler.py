@@ -49,6 +49,7 @@ from kiln.timing import current as current_times
 
 TARGETS = ("interpreter", "cpu")
 SHAPES = ("specialize", "generic", "tiered")
+STATIC_REASON = "every input size is static: one module"
 STAGES = ("graph", "optimized", "partition", "loops", "c")
 
 
@@ -241,7 +242,7 @@ def cached_model(key: str, graph, level: int | None, cpu, decisions: dict) -> Co
 
     pipeline = Deferred(lambda: ShapePipeline(optimize(graph(), level_of(level), cpu, decisions), decisions), cpu)
     model = CpuModel(pipeline, ins, outs, built=module)
-    model.shapes, model.shapes_reason = "static", None
+    model.shapes, model.shapes_reason = "static", STATIC_REASON
     return model
 
 
@@ -262,11 +263,13 @@ def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, 
             special = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning), ins, outs)
             return (TieredModel if shapes == "tiered" else GenericModel)(module, optimized, ins, outs, special)
         except NotGeneric as e:
-            reason = e.raw_message
+            reason = f"shapes={shapes!r} asked for, but one module cannot serve every shape: {e.raw_message}"
     whole = (key, ins, outs) if static and key is not None else None
     model = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning, whole=whole), ins, outs)
     model.shapes = "static" if static else "specialize"
-    model.shapes_reason = reason
+    model.shapes_reason = reason or (STATIC_REASON if static else
+                                     "shapes='specialize' (the default): one module per input shape, built at "
+                                     "its first run; shapes='generic' or 'tiered' builds one for every shape")
     return model
 
 
@@ -290,7 +293,8 @@ def generic(optimized: Optimized, decisions: dict | None = None):
                                sg.inputs, sg.outputs, lm.weights, sg.layout, lm.call_nodes, lm.call_errors,
                                check_bytes=lambda n, what: check_memory(n, what, stage="run"),
                                derived=sg.derived, atoms=sg.atoms)
-    module.info = {"kernels": len(lm.module.funcs) - 1, "calls": lm.call_nodes,
+    module.info = {"kernels": len(lm.module.funcs) - 1, "calls": sg.steps, "variants": sg.variants,
+                   "guards": len(sg.guards),
                    "why_not_fused": lm.fusion.why_not if lm.fusion else [], "decisions": lm.decisions,
                    "findings": findings}
     return module

@@ -11,6 +11,7 @@ tiles pad and clamp, so a hint only changes speed.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 from kiln.errors import KilnError
@@ -37,6 +38,22 @@ def symbol(name: str, hint: int = DEFAULT_HINT, least: int = 1) -> Expr:
             raise KilnError(f"symbol {name!r} of least value {least} must be named ..._ge{least}")
         _LEAST[v] = int(least)
     return v
+
+
+@contextlib.contextmanager
+def hints(values: dict):
+    """Symbol vars' hints set to `values` ({var: int}) inside the block (a lowering made for
+    small values of a symbol, kiln.lower.generic), restored after."""
+    saved = {v: _HINTS.get(v) for v in values}
+    _HINTS.update({v: int(h) for v, h in values.items()})
+    try:
+        yield
+    finally:
+        for v, h in saved.items():
+            if h is None:
+                _HINTS.pop(v, None)
+            else:
+                _HINTS[v] = h
 
 
 def least(v: Expr) -> int:

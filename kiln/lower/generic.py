@@ -124,6 +124,8 @@ class ShapeGenericLowered:
     derived: dict = field(default_factory=dict)  # size name -> Poly terms (kiln.runtime.generic evaluates)
     inputs: list = field(default_factory=list)   # (shape, dtype name) per graph input, sizes by name
     outputs: list = field(default_factory=list)  # (shape, dtype name) per graph output
+    steps: list = field(default_factory=list)    # per kernel call of the entry: the nodes it computes
+    variants: dict = field(default_factory=dict)  # kernel name -> symbols with a variant for 1
     _overlaps: list | None = field(default=None, repr=False)   # per buffer: those alive with it
 
     _covers: dict = field(default_factory=dict, repr=False)   # rounded-up dims -> (sizes, plan) or None
@@ -229,6 +231,8 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     fusion = partition(g, fuse_anchors=True)
     try:
         groups = lower_groups(g, fusion, res.known, target, decisions)
+        small = _small_variants(groups, lambda: lower_groups(g, fusion, res.known, target, decisions),
+                                list(zip(names, syms)))
     except NotGeneric:
         raise
     except (KilnError, TypeError, ValueError) as e:   # a schedule decision or size that needs an int
@@ -246,11 +250,15 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     lm = emit_module(g, groups, MemoryPlan(weights, woffsets, plan), fusion)
     kernels = [_with_dims(f, dims, syms) for f in lm.module.funcs[:-1]]
     takes = {f.name for f, was in zip(kernels, lm.module.funcs) if f is not was}   # given `dims`
-    lm.module.funcs = kernels + [_entry(lm.module.funcs[-1], takes, dims, offsets)]
+    small = {name: [(k, _with_dims(f, dims, syms)) for k, f in fs] for name, fs in small.items() if name in takes}
+    steps = list(lm.call_nodes)
+    entry = _dispatch(_entry(lm.module.funcs[-1], takes, dims, offsets), small, dims, lm)
+    lm.module.funcs = kernels + [f for fs in small.values() for _, f in fs] + [entry]
     lm.module.interface = interface_text(spelt(ins), spelt(outs), 0, len(weights))
     lm.workspace_bytes = 0
     return ShapeGenericLowered(lm, names, syms, atoms, [(size[k], first[k], last[k]) for k in keys], res.guards,
-                               spelt_sizes(res.derived), ins, outs)
+                               spelt_sizes(res.derived), ins, outs, steps,
+                               {name: [names[k] for k, _ in fs] for name, fs in small.items()})
 
 
 def _value_bytes(t: TensorType):
@@ -290,6 +298,60 @@ def _with_dims(f, dims: Buffer, syms: list):
     for k, s in reversed(list(enumerate(syms))):
         body = Let(s, load(dims, (k,)), body)
     return dataclasses.replace(f, params=f.params + (dims,), body=body)
+
+
+def _small_variants(groups, lower_again, symbols: list) -> dict:
+    """Kernels lowered again with one symbol's hint at 1 where that gives other code (a GEMM
+    over a symbolic batch: one row per register tile instead of six, five of them padding at
+    batch 1; a fork decided for one row): {kernel name: [(symbol index, variant)]}, each
+    variant renamed. `lower_again()` lowers the same groups (under the hints in force).
+    A variant whose parameters differ from its kernel's is left out: the entry passes both
+    the same arguments (`_dispatch`)."""
+    from kiln.loops.symbols import hints  # noqa: PLC0415
+    kept = {f.name for f in groups.funcs}
+    out: dict = {}
+    for k, (name, var_) in enumerate(symbols):
+        with hints({var_: 1}):
+            again = lower_again()
+        if len(again.kernels) != len(groups.kernels):
+            continue
+        for a, b in zip(groups.kernels, again.kernels):
+            fa, fb = a.func, b.func
+            if fa.name not in kept or type(fa) is not type(fb) or len(fa.params) != len(fb.params) \
+                    or [v.id for v in a.inputs] != [v.id for v in b.inputs] \
+                    or any(p.dtype != q.dtype or p.shape != q.shape for p, q in zip(fa.params, fb.params)):
+                continue
+            if str(fa).replace(fa.name, "", 1) != str(fb).replace(fb.name, "", 1):
+                out.setdefault(fa.name, []).append(
+                    (k, dataclasses.replace(fb, name=f"{fa.name}_{re.sub(r'[^A-Za-z0-9]', '_', name)}1")))
+    return out
+
+
+def _dispatch(entry: PrimFunc, small: dict, dims: Buffer, lm) -> PrimFunc:
+    """The entry calling a kernel's variant for a symbol of 1 (`_small_variants`) when that
+    symbol is 1 at run time, the kernel otherwise: per dispatched call, the C numbers each
+    call in turn (variants first), so its node and errors are listed once per call."""
+    from kiln.loops.stmt import IfThenElse, Seq  # noqa: PLC0415
+    if not small:
+        return entry
+    stmts, nodes, errors, k = [], [], [], 0
+    for c in entry.body.stmts:
+        if not isinstance(c, Call):
+            stmts.append(c)
+            continue
+        variants = small.get(c.func, [])
+        stmt = c
+        for j, f in reversed(variants):
+            stmt = IfThenElse(load(dims, (j,)).eq(1), Call(f.name, c.args), stmt)
+        for _, f in variants:
+            nodes.append(lm.call_nodes[k])
+            errors.append([list(e) for e in f.errors])
+        nodes.append(lm.call_nodes[k])
+        errors.append(lm.call_errors[k])
+        stmts.append(stmt)
+        k += 1
+    lm.call_nodes, lm.call_errors = nodes, errors
+    return dataclasses.replace(entry, body=Seq(tuple(stmts)))
 
 
 def _entry(entry: PrimFunc, takes: set, dims: Buffer, offsets: Buffer) -> PrimFunc:

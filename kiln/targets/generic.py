@@ -19,7 +19,6 @@ from kiln.runtime.model import CompiledModel, TensorSpec
 
 class GenericModel(CompiledModel):
     shapes = "generic"
-    shapes_reason = None
 
     def __init__(self, module, optimized, inputs: list[TensorSpec], outputs: list[TensorSpec], special):
         """`module`: a kiln.runtime.generic.GenericModule of `optimized`'s graph; `special`: the
@@ -31,6 +30,22 @@ class GenericModel(CompiledModel):
         self.special = special
         self.graph = optimized.graph
         self.cpu = optimized.target
+        self.shapes_reason = self.why()
+
+    def why(self) -> str:
+        """What the report says of this model's shapes: one module, its run-time choices."""
+        info = getattr(self.module, "info", None) or {}
+        out = f"one module for every value of {', '.join(self.module.symbols)}"
+        by_symbol: dict = {}
+        for syms in info.get("variants", {}).values():
+            for s in syms:
+                by_symbol[s] = by_symbol.get(s, 0) + 1
+        out += "".join(f"; {n} kernel(s) also built for {s} = 1 (register tiles, forks), picked at run time"
+                       for s, n in by_symbol.items())
+        if info.get("guards"):
+            out += (f"; {info['guards']} run-time guard(s) on its sizes (a shape outside them runs "
+                    "specialised)")
+        return out
 
     @property
     def specializations(self) -> int:
@@ -76,6 +91,10 @@ class TieredModel(GenericModel):
     def specializations(self) -> int:
         """Native modules built: the generic one and each specialised one ready."""
         return 1 + len(self.ready)
+
+    def why(self) -> str:
+        return (super().why() + "; it serves each new input shape at once while the module specialised to "
+                "that shape is built in the background, which then takes over")
 
     def _run(self, inputs: list) -> list:
         key = tuple([x.shape for x in inputs])
