@@ -212,9 +212,12 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
 #undef KILN_IR_PIECE
 
 /* One output row of the depthwise conv, every channel block: rows[kh] are the ring's rows
-   (column 0 = input column -pl), dst [ECB][OW][L]. DT output columns per tile. */
+   (column 0 = input column -pl), dst [ECB][OW][L]. DT output columns per tile. W3 (a constant):
+   the window is 3 wide at stride W3 (1 or 2), and each input vector of a row is loaded once
+   for every tap that reads it ((DT - 1) * W3 + 3 loads for 3 * DT FMAs); W3 = 0: KW and sw
+   from the arguments, one load per FMA (bound by loads). */
 static inline __attribute__((always_inline)) void kiln_ir_dw_tile(
-    const int DT, const float* const* rows, int64_t off, int64_t KH, int64_t KW, int64_t sw,
+    const int DT, const int W3, const float* const* rows, int64_t off, int64_t KH, int64_t KW, int64_t sw,
     const float* restrict wk, kiln_ir_v bv, float* restrict dst, int a, float lo, float hi) {
   enum { L = KILN_IR_L };
   kiln_ir_v acc[8];
@@ -222,35 +225,21 @@ static inline __attribute__((always_inline)) void kiln_ir_dw_tile(
   for (int c = 0; c < DT; ++c) acc[c] = bv;
   for (int64_t kh = 0; kh < KH; ++kh) {
     const float* rp = rows[kh] + off;
+    if (W3) {
+      kiln_ir_v xin[17];
+      #pragma GCC unroll 17
+      for (int j = 0; j < (DT - 1) * W3 + 3; ++j) xin[j] = IR_LD(rp + j * L);
+      const kiln_ir_v w0 = IR_LD(wk + (kh * 3) * L), w1 = IR_LD(wk + (kh * 3 + 1) * L),
+                      w2 = IR_LD(wk + (kh * 3 + 2) * L);
+      #pragma GCC unroll 8
+      for (int c = 0; c < DT; ++c) acc[c] += xin[c * W3] * w0 + xin[c * W3 + 1] * w1 + xin[c * W3 + 2] * w2;
+      continue;
+    }
     for (int64_t kw = 0; kw < KW; ++kw) {
       const kiln_ir_v wv = IR_LD(wk + (kh * KW + kw) * L);
       #pragma GCC unroll 8
       for (int c = 0; c < DT; ++c) acc[c] += IR_LD(rp + (c * sw + kw) * L) * wv;
     }
-  }
-  #pragma GCC unroll 8
-  for (int c = 0; c < DT; ++c) IR_ST(dst + c * L, kiln_ir_act_case(acc[c], a, lo, hi));
-}
-
-/* The tile for a 3-wide window at stride SW (1 or 2), all constants: each input vector of a
-   row is loaded once and used by every tap that reads it ((DT - 1) * SW + 3 loads for 3 * DT
-   FMAs, where the general tile loads one per FMA and is bound by loads) */
-static inline __attribute__((always_inline)) void kiln_ir_dw_tile3(
-    const int DT, const int SW, const float* const* rows, int64_t off, int64_t KH,
-    const float* restrict wk, kiln_ir_v bv, float* restrict dst, int a, float lo, float hi) {
-  enum { L = KILN_IR_L };
-  kiln_ir_v acc[8];
-  #pragma GCC unroll 8
-  for (int c = 0; c < DT; ++c) acc[c] = bv;
-  for (int64_t kh = 0; kh < KH; ++kh) {
-    const float* rp = rows[kh] + off;
-    kiln_ir_v xin[17];
-    #pragma GCC unroll 17
-    for (int j = 0; j < (DT - 1) * SW + 3; ++j) xin[j] = IR_LD(rp + j * L);
-    const kiln_ir_v w0 = IR_LD(wk + (kh * 3) * L), w1 = IR_LD(wk + (kh * 3 + 1) * L),
-                    w2 = IR_LD(wk + (kh * 3 + 2) * L);
-    #pragma GCC unroll 8
-    for (int c = 0; c < DT; ++c) acc[c] += xin[c * SW] * w0 + xin[c * SW + 1] * w1 + xin[c * SW + 2] * w2;
   }
   #pragma GCC unroll 8
   for (int c = 0; c < DT; ++c) IR_ST(dst + c * L, kiln_ir_act_case(acc[c], a, lo, hi));
@@ -269,15 +258,16 @@ static void kiln_ir_dw_row(const float* const* ring_rows, int64_t rowstride, int
     float* de = dst + e * OW * L;
     int64_t c0 = 0;
     if (w3 && sw == 1) {
-      for (; c0 + DT <= OW; c0 += DT) kiln_ir_dw_tile3(DT, 1, rows, c0 * L, KH, wk, bv, de + c0 * L, a, lo, hi);
+      for (; c0 + DT <= OW; c0 += DT) kiln_ir_dw_tile(DT, 1, rows, c0 * L, KH, 3, 1, wk, bv, de + c0 * L, a, lo, hi);
     } else if (w3) {
-      for (; c0 + DT <= OW; c0 += DT) kiln_ir_dw_tile3(DT, 2, rows, c0 * 2 * L, KH, wk, bv, de + c0 * L, a, lo, hi);
+      for (; c0 + DT <= OW; c0 += DT)
+        kiln_ir_dw_tile(DT, 2, rows, c0 * 2 * L, KH, 3, 2, wk, bv, de + c0 * L, a, lo, hi);
     } else {
       for (; c0 + DT <= OW; c0 += DT)
-        kiln_ir_dw_tile(DT, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
+        kiln_ir_dw_tile(DT, 0, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
     }
     for (; c0 < OW; ++c0)
-      kiln_ir_dw_tile(1, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
+      kiln_ir_dw_tile(1, 0, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
   }
 }
 
