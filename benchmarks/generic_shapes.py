@@ -15,9 +15,9 @@ runs.
 `--corpus`: corpus models (~/.cache/kiln-corpus), one thread (OMP_NUM_THREADS=1), timed by
 the calling thread's CPU time (robust to a loaded machine): per model its generic compile,
 the 20 new (batch, seq) pairs' first-use extra time and compiler runs, and generic vs
-specialised medians at the corpus cases. `--tiered`: the model compiled shapes="tiered" runs
-a new shape at once on the generic module, the specialised module built in the background
-then serves it (checked equal), timed against the generic one. `--reserve`: the generic model
+specialised medians at the corpus cases. `--tiered`: at each case the model compiled shapes="tiered" runs
+the new shape at once on the generic module, the specialised module built in the background
+then serves it, timed interleaved with the other two. `--pairs 0`: steady state only. `--reserve`: the generic model
 first reserves the pairs' largest sizes (GenericModel.reserve: the arena planned and its memory
 mapped), so a pair's first use pays for its plan, not for fresh memory.
 """
@@ -129,49 +129,61 @@ def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool 
     """One corpus model: generic compile, first use of `pairs`, generic vs specialised."""
     import json
     from benchmarks.corpus.build import corpus_dir, random_feeds
-    from benchmarks.corpus.spec import case_label
     path = os.path.join(corpus_dir(), name + ".onnx")
     with open(os.path.join(corpus_dir(), name + ".json")) as f:
         meta = json.load(f)
-    counter = _Counting(c_build.subprocess)
-    c_build.subprocess = counter
-    try:
-        t0 = time.perf_counter()
-        g = kiln.compile(path, shapes="generic")
-        compile_s = time.perf_counter() - t0
-        if g.shapes != "generic":
-            print(f"{name}: not generic ({g.shapes_reason})")
-            return
+    t0 = time.perf_counter()
+    g = kiln.compile(path, shapes="generic")
+    compile_s = time.perf_counter() - t0
+    print(f"{name}: shapes={g.shapes} ({g.shapes_reason})", flush=True)
+    if g.shapes != "generic":
+        return
+    if pairs:
         sym = [d for i in meta["inputs"] for d in i["shape"] if isinstance(d, str)]
-        feeds = lambda b, s, seed: random_feeds(meta["inputs"], {"batch": b, "seq": s, **{
+        feeds = lambda b, s, seed: random_feeds(meta["inputs"], {"batch": b, "seq": s, **{  # noqa: E731
             k: s for k in sym if k not in ("batch", "seq")}}, seed)
-        g.run(feeds(1, 8, 0))
-        if reserve:   # the pairs' largest sizes: memory mapped now, not on a pair's first run
-            g.reserve(**{s: max(p[0 if s == "batch" else 1] for p in pairs) for s in g.module.symbols})
-        before = counter.n
-        extras, firsts, plans = [], [], []
-        for k, (b, s) in enumerate(pairs):
-            f = feeds(b, s, k + 1)
-            ins = g.ordered(f)
-            plans.append(_cpu_ms(lambda: g.module._prepare(ins)))   # what is new for a new shape: its plan
-            g.module._by_shapes.clear()
-            g.module.layouts.clear()
-            t0 = time.perf_counter()
-            first_cpu = _cpu_ms(lambda: g.run(f))
-            first_wall = (time.perf_counter() - t0) * 1e3
-            steady = float(np.median([_cpu_ms(lambda: g.run(f)) for _ in range(3)]))
-            extras.append(first_cpu - steady)
-            firsts.append(first_wall)
-        compiles = counter.n - before
-    finally:
-        c_build.subprocess = counter.real
+        counter = _Counting(c_build.subprocess)
+        c_build.subprocess = counter
+        try:
+            g.run(feeds(1, 8, 0))
+            if reserve:   # the pairs' largest sizes: memory mapped now, not on a pair's first run
+                g.reserve(**{s: max(p[0 if s == "batch" else 1] for p in pairs) for s in g.module.symbols})
+            before = counter.n
+            extras, firsts, plans = [], [], []
+            for k, (b, s) in enumerate(pairs):
+                f = feeds(b, s, k + 1)
+                ins = g.ordered(f)
+                plans.append(_cpu_ms(lambda: g.module._prepare(ins)))   # what is new for a new shape: its plan
+                g.module._by_shapes.clear()
+                g.module.layouts.clear()
+                t0 = time.perf_counter()
+                first_cpu = _cpu_ms(lambda: g.run(f))
+                first_wall = (time.perf_counter() - t0) * 1e3
+                steady = float(np.median([_cpu_ms(lambda: g.run(f)) for _ in range(3)]))
+                extras.append(first_cpu - steady)
+                firsts.append(first_wall)
+        finally:
+            c_build.subprocess = counter.real
+        _first_use(name, compile_s, pairs, plans, extras, firsts, counter.n - before)
+    steady_rows(path, meta, g, runs, tiered, batches)
+
+
+def _first_use(name, compile_s, pairs, plans, extras, firsts, compiles) -> None:
     print(f"{name}: generic compile {compile_s:.1f} s; {len(pairs)} new (batch, seq) pairs: arena plan per new "
           f"shape median {np.median(plans):.2f} ms, max {max(plans):.2f} ms; first-use extra "
           f"(thread CPU, first run minus the median of 3 more) median {np.median(extras):.2f} ms, "
           f"max {max(extras):.2f} ms (wall, whole first run: median {np.median(firsts):.1f} ms); "
           f"C compiler runs after the first shape: {compiles}")
     print("  first-use extra ms per pair: " + ", ".join(f"{b}x{s_}: {e:.1f}" for (b, s_), e in zip(pairs, extras)))
+
+
+def steady_rows(path, meta, g, runs: int, tiered: bool, batches) -> None:
+    """Generic vs specialised (and, `tiered`, the tiered model once its background
+    specialisation is in) at the corpus cases, one thread, thread CPU, interleaved."""
+    from benchmarks.corpus.build import random_feeds
+    from benchmarks.corpus.spec import case_label
     sp = kiln.compile(path, shapes="specialize")
+    t = kiln.compile(path, shapes="tiered") if tiered else None
     cases = meta["cases"]
     if batches:     # the corpus cases at these batches instead of their own
         cases = [dict(c) for c in {tuple(sorted({**c, "batch": b}.items())): 0 for c in cases for b in batches}]
@@ -179,34 +191,32 @@ def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool 
         f = random_feeds(meta["inputs"], case, 99)
         want, got = sp.run(f), g.run(f)
         err = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
-        tg, ts = [], []
+        built = first = None
+        if t is not None:   # a new shape: served generic at once, specialised in the background
+            first = _cpu_ms(lambda: t.run(f))
+            t0 = time.perf_counter()
+            t.wait(1800)
+            built = time.perf_counter() - t0
+            assert not t.failed, t.failed
+        engines = [g, sp] + ([t] if t is not None else [])
+        times = [[] for _ in engines]
         for _ in range(runs):
-            tg.append(_cpu_ms(lambda: g.run(f)))
-            ts.append(_cpu_ms(lambda: sp.run(f)))
-        mg, ms = float(np.median(tg)), float(np.median(ts))
-        print(f"  [{case_label(case)}] generic {mg:.2f} ms, specialised {ms:.2f} ms, generic/specialised "
-              f"{mg / ms:.3f} (1 thread, thread CPU, {runs} interleaved runs; max |diff| {err:.1e})")
-    if tiered:
-        t = kiln.compile(path, shapes="tiered")
-        case = meta["cases"][0]
-        f = random_feeds(meta["inputs"], case, 5)
-        first = _cpu_ms(lambda: t.run(f))
-        t0 = time.perf_counter()
-        t.wait(1800)
-        built = time.perf_counter() - t0
-        assert not t.failed, t.failed
-        tt = [_cpu_ms(lambda: t.run(f)) for _ in range(runs)]
-        want = g.run(f)
-        got = t.run(f)
-        err = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
-        print(f"  tiered [{case_label(case)}]: first run {first:.2f} ms (generic), specialised module ready "
-              f"{built:.1f} s later, then {np.median(tt):.2f} ms; specialisations {t.specializations}; "
-              f"max |tiered - generic| {err:.1e}")
+            for e, acc in zip(engines, times):
+                acc.append(_cpu_ms(lambda: e.run(f)))
+        mg, ms = float(np.median(times[0])), float(np.median(times[1]))
+        line = (f"  [{case_label(case)}] generic {mg:.3f} ms, specialised {ms:.3f} ms, generic/specialised "
+                f"{mg / ms:.3f}")
+        if t is not None:
+            mt = float(np.median(times[2]))
+            line += (f"; tiered: first run {first:.2f} ms (generic), specialised in the background in "
+                     f"{built:.1f} s, then {mt:.3f} ms, tiered/specialised {mt / ms:.3f}")
+        print(line + f" (1 thread, thread CPU, {runs} interleaved runs; max |diff| {err:.1e})", flush=True)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--pairs", type=int, default=20, help="new (batch, seq) pairs run for their first use; "
+                    "0 with --corpus: the steady state only")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--corpus", default="")
     ap.add_argument("--tiered", action="store_true")
