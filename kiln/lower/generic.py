@@ -308,7 +308,7 @@ def _small_variants(groups, lower_again, symbols: list) -> dict:
     A variant whose parameters differ from its kernel's is left out: the entry passes both
     the same arguments (`_dispatch`)."""
     from kiln.loops.symbols import hints  # noqa: PLC0415
-    kept = {f.name for f in groups.funcs}
+    kept = {id(f) for f in groups.funcs}   # (a kernel deduplicated into another may share a kept one's name)
     out: dict = {}
     for k, (name, var_) in enumerate(symbols):
         with hints({var_: 1}):
@@ -317,9 +317,10 @@ def _small_variants(groups, lower_again, symbols: list) -> dict:
             continue
         for a, b in zip(groups.kernels, again.kernels):
             fa, fb = a.func, b.func
-            if fa.name not in kept or type(fa) is not type(fb) or len(fa.params) != len(fb.params) \
+            if id(fa) not in kept or type(fa) is not type(fb) or len(fa.params) != len(fb.params) \
                     or [v.id for v in a.inputs] != [v.id for v in b.inputs] \
-                    or any(p.dtype != q.dtype or p.shape != q.shape for p, q in zip(fa.params, fb.params)):
+                    or [id(n) for n in a.nodes] != [id(n) for n in b.nodes] \
+                    or any(p.dtype != q.dtype or str(p.shape) != str(q.shape) for p, q in zip(fa.params, fb.params)):
                 continue
             if str(fa).replace(fa.name, "", 1) != str(fb).replace(fb.name, "", 1):
                 out.setdefault(fa.name, []).append(

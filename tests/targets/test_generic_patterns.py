@@ -165,3 +165,16 @@ def test_a_symbol_of_one_runs_kernels_built_for_it(compiler_runs):  # noqa: F811
     assert "also built for N = 1" in str(m.report), m.report
     feeds = [{"x": rng.standard_normal((n, 64)).astype(np.float32)} for n in (1, 2, 7, 1, 64, 331)]
     _check_runs(m, feeds, compiler_runs, rtol=1e-4, atol=1e-5)
+
+
+def test_kernels_built_for_one_follow_deduplicated_kernels(compiler_runs):  # noqa: F811
+    """Repeated layers share one kernel; the next kernel then takes the index (and so the name)
+    the repeat would have had: its variant for batch 1 must be its own, built once."""
+    rng = np.random.default_rng(7)
+    inits = [_w(rng, "w1", 64, 64), _w(rng, "w2", 64, 64), _w(rng, "w3", 64, 32)]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"]), helper.make_node("Relu", ["h1"], ["r1"]),
+             helper.make_node("MatMul", ["r1", "w2"], ["h2"]), helper.make_node("Relu", ["h2"], ["r2"]),
+             helper.make_node("MatMul", ["r2", "w3"], ["h3"]), helper.make_node("Relu", ["h3"], ["y"])]
+    m = _generic(_graph(nodes, [helper.make_tensor_value_info("x", F, ["N", 64])], ["y"], inits))
+    feeds = [{"x": rng.standard_normal((n, 64)).astype(np.float32)} for n in (1, 3, 1, 97)]
+    _check_runs(m, feeds, compiler_runs, rtol=1e-4, atol=1e-5)
