@@ -41,7 +41,7 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Value
 from kiln.graph.types import OptionalType, SequenceType, TensorType
-from kiln.limits import Limits
+from kiln.limits import Limits, check_planned
 from kiln.limits import use as use_limits
 from kiln.runtime.model import CompiledModel, TensorSpec
 from kiln.timing import StageTimes, recording, stage
@@ -655,28 +655,6 @@ def _cached_whole(key: str):
         return None   # a library damaged or gone: build it again
     module.specs = entry["inputs"], entry["outputs"]
     return module
-
-
-def check_planned(weights: int, workspace: int, outputs: list, graph: Graph | None = None,
-                  arena=None) -> None:
-    """Before building or loading a module: weights + workspace arena + outputs within the
-    memory limit (the error names the largest output or arena buffer, when known)."""
-    from kiln.dtypes import DType  # noqa: PLC0415
-    from kiln.limits import check_memory, nbytes  # noqa: PLC0415
-    sizes = [nbytes(tuple(s), DType.from_name(d).itemsize) or 0 for s, d in outputs]
-    where = {}
-    if graph is not None:
-        made = {v.id: (n, v) for n in graph.nodes for v in n.outputs if v is not None}
-        big = [(size, graph.outputs[k].id) for k, size in enumerate(sizes)]
-        big += [(b.size, b.key) for b in (arena.buffers if arena is not None else ())]
-        if big:
-            size, key = max(big, key=lambda sk: sk[0])
-            if key in made:
-                n, v = made[key]
-                where = dict(node=n.name, op=n.op)
-    check_memory(int(weights) + int(workspace) + sum(sizes),
-                 f"the compiled module's planned memory (weights {int(weights):,} + workspace "
-                 f"{int(workspace):,} + outputs {sum(sizes):,} bytes)", stage="lower", **where)
 
 
 def _call_args(lm, func_symbol) -> list:

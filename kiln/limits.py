@@ -192,3 +192,24 @@ def check_trips(count: int, what: str, *, node: str | None = None, op: str | Non
         raise KilnResourceError(f"{what}: {count:,} iterations, above the limit of {cap:,} "
                                 f"(raise it with KILN_MAX_TRIP_COUNT or "
                                 f"limits={{'max_trip_count': ...}})", node=node, op=op, stage="run")
+
+
+def check_planned(weights: int, workspace: int, outputs: list, graph=None,
+                  arena=None) -> None:
+    """Before building or loading a module: weights + workspace arena + outputs within the
+    memory limit (the error names the largest output or arena buffer, when known)."""
+    from kiln.dtypes import DType  # noqa: PLC0415
+    sizes = [nbytes(tuple(s), DType.from_name(d).itemsize) or 0 for s, d in outputs]
+    where = {}
+    if graph is not None:
+        made = {v.id: (n, v) for n in graph.nodes for v in n.outputs if v is not None}
+        big = [(size, graph.outputs[k].id) for k, size in enumerate(sizes)]
+        big += [(b.size, b.key) for b in (arena.buffers if arena is not None else ())]
+        if big:
+            size, key = max(big, key=lambda sk: sk[0])
+            if key in made:
+                n, v = made[key]
+                where = dict(node=n.name, op=n.op)
+    check_memory(int(weights) + int(workspace) + sum(sizes),
+                 f"the compiled module's planned memory (weights {int(weights):,} + workspace "
+                 f"{int(workspace):,} + outputs {sum(sizes):,} bytes)", stage="lower", **where)
