@@ -152,7 +152,7 @@ def run_case(case, threads: int, clock: str, budget: float) -> dict:
     k, o = stats(times["kiln"])["median_ms"], stats(times["ort"])["median_ms"]
     nd = 2 if direction == "bidirectional" else 1
     r_bytes = GATES[kind] * hs * hs * 4
-    rec_ms = 1e3 * kernel_seconds(cm, feeds, clock, "Recurrent", 10)
+    rec_ms = 1e3 * sum(s for what, s in kernel_profile(cm, feeds, clock, 10) if "Recurrent" in what)
     ns_step = rec_ms * 1e6 / (seq * nd)
     share = r_bytes * nd // max(1, threads)       # what one thread streams per step (all directions)
     bound_ns = share / read_bound(share) / nd     # per step and direction, as ns_step
@@ -161,17 +161,16 @@ def run_case(case, threads: int, clock: str, budget: float) -> dict:
             "ok": bool(check["ok"]), "threads": threads, "clock": clock}
 
 
-def kernel_seconds(cm, feeds: dict, clock: str, what: str, runs: int) -> float:
-    """The median seconds of `cm`'s kernels whose description names `what`, summed, each called
-    alone (kiln's profile; with clock "cpu" the calling thread's CPU time)."""
+def kernel_profile(cm, feeds: dict, clock: str, runs: int) -> list:
+    """kiln's profile of `cm`: (kernel, median seconds) each called alone, with clock "cpu"
+    the calling thread's CPU time."""
     clock_fn = time.perf_counter
     if clock == "cpu":
         time.perf_counter = time.thread_time    # the profile reads this clock
     try:
-        prof = cm.profile(feeds, runs=runs)
+        return cm.profile(feeds, runs=runs)
     finally:
         time.perf_counter = clock_fn
-    return sum(s for name, s in prof if what in name)
 
 
 def corpus_rows(name: str, clock: str, runs: int) -> list[dict]:
@@ -197,13 +196,7 @@ def corpus_rows(name: str, clock: str, runs: int) -> list[dict]:
         feeds = random_feeds(meta["inputs"], case, 7)
         m = kiln.compile(path)
         m.run(feeds)
-        clock_fn = time.perf_counter
-        if clock == "cpu":
-            time.perf_counter = time.thread_time    # the profile reads this clock
-        try:
-            prof = m.profile(feeds, runs=runs)
-        finally:
-            time.perf_counter = clock_fn
+        prof = kernel_profile(m, feeds, clock, runs)
         steps = case.get("seq")
         rec = [s for what, s in prof if "Recurrent" in what]
         proj = sum(s for what, s in prof if "input_projection" in what)
