@@ -55,6 +55,15 @@ from kiln.targets.target import Target
 SHARE_L1 = 4
 
 
+# The panel order turns round from step to step (kiln_rec_mirror, recurrent.h) only while a
+# thread streams at most this many L2s of R a stage. Measured at one thread, thread CPU time,
+# corpus models (benchmarks/recurrent.py --corpus): 1 MiB of R (an LSTM of 256 units, the
+# L2's size) 11.6-12.4 us a step turning, 12.9-13.1 not; 2 MiB (a bidirectional one, both
+# directions on the thread) 14.6-16.2 turning, 12.8-13.7 not; 768 KiB (GRU 256) the same
+# either way.
+TURN_L2 = 1.5
+
+
 def team_per_direction(r_bytes: int, batch: int, panels: int, target: Target) -> int:
     """Threads that share one direction's step (1: it runs on one thread): one per
     SHARE_L1 x L1d bytes of R x batch rows, at most one per panel."""
@@ -292,7 +301,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     for i, (gates, src, cell) in enumerate(phases):
         body = panel(gates, src, cell, i == nph - 1)
         step += [*([f"if (ph == {i}) {{"] if nph > 1 else ["{"]),
-                 f"  int64_t cnt = 0, idx; const int mirror = kiln_rec_mirror(stage, {nph});",
+                 f"  int64_t cnt = 0, idx; const int mirror = turn && kiln_rec_mirror(stage, {nph});",
                  f"  while ((idx = claim ? kiln_rec_claim(&team, nt, tid, {nd * n_p}, stage, mirror) "
                  ": lo + cnt < hi ? (mirror ? hi - 1 - cnt : lo + cnt) : -1) >= 0) {",
                  "    ++cnt;",
@@ -358,6 +367,11 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         f"  for (int64_t d0 = claim ? 0 : {split} ? (tid == 0 ? 0 : ND) : tid; d0 < ND; "
         f"d0 += {split} ? ND : nt) {{",
         f"    const int64_t lo = {split} ? 0 : d0 * {n_p}, hi = {split} ? {nd * n_p} : lo + {n_p};",
+        # steps turn the panel order round while what this thread streams a stage (its own range,
+        # or all it takes in order) is at most TURN_L2 x L2: past that too little of it stays
+        # for the next step, and each panel's descending jump costs the prefetcher more
+        f"    const int turn = (claim ? {nd * n_p} / nt : hi - lo) * {hs * g * 16 * 4} <= "
+        f"{int(TURN_L2 * target.l2_bytes)};",
         f"    for (int64_t stage = 0; stage < S * {nph}; ) {{",
         *("      " + x for x in step),
         "    }",

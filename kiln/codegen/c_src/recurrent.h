@@ -54,8 +54,10 @@ static inline int64_t kiln_rec_claim(kiln_rec_team* t, int per, int part, int64_
    the projected inputs overfills a 1 MiB L2) would otherwise miss on every line, each step
    evicting what the next one reads first (LRU on a cyclic stream); turned around, the next
    step starts on the lines the last one left in L2 (one thread, reading 1 MiB again and again:
-   96 -> 104 GB/s on the Zen 4 dev machine, 1.25 MiB 93 -> 99). Panels are independent within
-   a stage, so any order gives the same result. */
+   96 -> 104 GB/s on the Zen 4 dev machine, 1.25 MiB 93 -> 99). Only while a thread streams
+   at most TURN_L2 L2s a stage (kiln.lower.recurrent): of twice L2 too little stays, and the
+   turned order measured slower. Panels are independent within a stage, so any order gives
+   the same result. */
 static inline int kiln_rec_mirror(int64_t stage, int64_t phases) { return (int)((stage / phases) & 1); }
 /* this thread finished n panels of `stage`; returns the stage to go on with (waiting for the
    panels others claimed): whoever finishes the last panel publishes the next stage */
