@@ -8,8 +8,9 @@ vCPU wakes slowly); a table measured on one machine misjudges another. So the co
 measures it here, on the host, for the threads implementation and wait settings the code
 will run under: a loop of near-empty two-chunk regions with GAP_US of serial work between
 them (the kernels between two parallel ones), built with kiln's C compiler and run in a
-child process; the median microseconds per fork and join. The result is kept in kiln's cache
-directory per machine and settings (`fork-cost/<key>.json`), so each machine measures once.
+child process; the median microseconds per fork and join. The result is kept per machine and
+settings (`store_dir()`: ~/.cache/kiln/fork-cost/<key>.json; delete it to measure again), so
+each machine measures once.
 
 A machine busier than it has cores does not measure (its threads wait for the CPU, not for
 each other): the Target keeps the table's figure (kiln.runtime.threads) and the next compile
@@ -29,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kiln.codegen.cachedir import private_dir, write_atomic
+from kiln.codegen.cachedir import check_private, private_dir, write_atomic
 from kiln.errors import KilnError
 from kiln.runtime import threads
 from kiln.targets.target import Target
@@ -140,8 +141,22 @@ def _key(target: Target) -> str:
     return hashlib.sha256(f"{target.key()};gap={GAP_US}".encode()).hexdigest()[:32]
 
 
+def store_dir() -> Path:
+    """Where measurements are kept: beside kiln's default cache (~/.cache/kiln/fork-cost)
+    whatever KILN_CACHE_DIR says, since they describe the machine, not a compile (a new, empty
+    cache directory, as a cold-compile benchmark makes, does not measure again); under
+    KILN_CACHE_DIR when that one cannot be made or is not this user's alone."""
+    d = Path.home() / ".cache" / "kiln" / "fork-cost"
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_private(d)
+        return d
+    except (OSError, KilnError):
+        return private_dir("fork-cost")
+
+
 def _path(target: Target) -> Path:
-    return private_dir("fork-cost") / f"{_key(target)}.json"
+    return store_dir() / f"{_key(target)}.json"
 
 
 def cached(target: Target) -> float | None:

@@ -22,6 +22,8 @@ from kiln.targets.target import Target
 def fresh(monkeypatch, tmp_path):
     """An empty cache, no override, nothing remembered by this process, an idle machine."""
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "store").mkdir()
+    monkeypatch.setattr(fork_cost, "store_dir", lambda: tmp_path / "store")
     monkeypatch.delenv("KILN_FORK_US", raising=False)
     monkeypatch.setattr(fork_cost, "_MEASURED", {})
     monkeypatch.setattr(fork_cost, "busy", lambda cores: False)
@@ -45,7 +47,7 @@ def test_measured_once_then_read_from_the_cache(fresh, monkeypatch):
     t = fork_cost.calibrated(host(threads_impl="omp"))
     assert t.fork_us == 12.3 and calls and t.key() != host(threads_impl="omp").key()
     assert "fork_us=12.3" in t.key()
-    stored = json.loads(next((fresh / "cache" / "fork-cost").glob("*.json")).read_text())
+    stored = json.loads(next((fresh / "store").glob("*.json")).read_text())
     assert stored["fork_us"] == 12.34 and stored["threads"] == "omp"
     monkeypatch.setattr(fork_cost, "_MEASURED", {})    # a new process: the file answers
     assert fork_cost.calibrated(host(threads_impl="omp")).fork_us == 12.3 and len(calls) == 1
@@ -60,7 +62,7 @@ def test_a_busy_machine_keeps_the_table_and_tries_again(fresh, monkeypatch):
     monkeypatch.setattr(fork_cost, "busy", lambda cores: True)
     t = fork_cost.calibrated(host(threads_impl="omp"))
     assert t.fork_us == threads.fork_us(t.omp_wait_policy, t.omp_spincount, "omp") and not calls
-    assert not (fresh / "cache" / "fork-cost").exists() or not list((fresh / "cache" / "fork-cost").iterdir())
+    assert not list((fresh / "store").iterdir())
     monkeypatch.setattr(fork_cost, "busy", lambda cores: False)
     assert fork_cost.calibrated(host(threads_impl="omp")).fork_us == 30.0 and len(calls) == 1
 
