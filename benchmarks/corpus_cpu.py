@@ -11,7 +11,6 @@ kiln's N heaviest kernels (each called alone, thread CPU time).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,8 +19,7 @@ os.environ["OMP_NUM_THREADS"] = "1"    # read when kiln's first module loads
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kiln  # noqa: E402
-from benchmarks.corpus.build import corpus_dir, random_feeds  # noqa: E402
-from benchmarks.corpus.spec import case_label  # noqa: E402
+from benchmarks.corpus.build import one_case  # noqa: E402
 from kiln.bench import compare, ort_session, stats  # noqa: E402
 
 
@@ -32,13 +30,7 @@ def main(argv=None) -> None:
     ap.add_argument("--budget", type=float, default=3.0, help="seconds of alternating runs (at least 5 each)")
     ap.add_argument("--profile", type=int, default=0, help="list kiln's N heaviest kernels")
     args = ap.parse_args(argv)
-    with open(os.path.join(corpus_dir(), args.model + ".json")) as f:
-        meta = json.load(f)
-    case = next((c for c in meta["cases"] if case_label(c) == args.case), None)
-    if case is None:
-        sys.exit(f"{args.model} has no case {args.case!r}: {[case_label(c) for c in meta['cases']]}")
-    path = os.path.join(corpus_dir(), args.model + ".onnx")
-    feeds = random_feeds(meta["inputs"], case, 7)
+    path, _, feeds = one_case(args.model, args.case)
     m = kiln.compile(path)
     sess = ort_session(path, 1)
     check = compare(m.run(feeds), dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds))))

@@ -20,7 +20,6 @@ thread) and the latency that split allows on `--threads` idle cores with free fo
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -66,17 +65,10 @@ def main(argv=None) -> None:
     import numpy as np
 
     import kiln
-    from benchmarks.corpus.build import corpus_dir, random_feeds
-    from benchmarks.corpus.spec import case_label
+    from benchmarks.corpus.build import one_case
     from kiln.stages import stage_text
 
-    with open(os.path.join(corpus_dir(), args.model + ".json")) as f:
-        meta = json.load(f)
-    case = next((c for c in meta["cases"] if case_label(c) == args.case), None)
-    if case is None:
-        sys.exit(f"{args.model} has no case {args.case!r}: {[case_label(c) for c in meta['cases']]}")
-    path = os.path.join(corpus_dir(), args.model + ".onnx")
-    feeds = random_feeds(meta["inputs"], case, 7)
+    path, case, feeds = one_case(args.model, args.case)
     m = kiln.compile(path)
     m.run(feeds)
     runner = m.program.runner_for([np.asarray(x) for x in m.ordered(feeds)])

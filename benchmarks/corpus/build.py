@@ -49,6 +49,20 @@ def load_meta(spec: Spec) -> dict | None:
         return json.load(f)
 
 
+def one_case(model: str, label: str, seed: int = 7) -> tuple[str, dict, dict]:
+    """A built corpus model's file, the case `label` names (as `python -m benchmarks.corpus list`
+    prints it: batch=1,samples=16000) and random inputs for it; exits naming the cases if none."""
+    import sys  # noqa: PLC0415
+
+    from benchmarks.corpus.spec import case_label  # noqa: PLC0415
+    with open(os.path.join(corpus_dir(), model + ".json")) as f:
+        meta = json.load(f)
+    case = next((c for c in meta["cases"] if case_label(c) == label), None)
+    if case is None:
+        sys.exit(f"{model} has no case {label!r}: {[case_label(c) for c in meta['cases']]}")
+    return os.path.join(corpus_dir(), model + ".onnx"), case, random_feeds(meta["inputs"], case, seed)
+
+
 def random_feeds(spec_inputs, dims: dict, seed: int) -> dict[str, np.ndarray]:
     """Fresh inputs at a case's shape: normal floats, integers uniform in [low, high) (never all zeros)."""
     rng = np.random.default_rng(seed)
