@@ -136,9 +136,11 @@ def measure(target: Target, regions: int = REGIONS, gap_us: int = GAP_US) -> flo
 
 
 def _key(target: Target) -> str:
-    """What the measurement depends on: the machine and the threads' settings (the target's
-    key without a measured cost); not the C compiler (a warm compile runs none)."""
-    return hashlib.sha256(f"{target.key()};gap={GAP_US}".encode()).hexdigest()[:32]
+    """What the measurement depends on: the machine, the threads' settings (the target's key
+    without a measured cost) and the timed loop's source (kiln's pool header with it: a changed
+    pool is measured again); not the C compiler (a warm compile runs none)."""
+    text = f"{target.key()};gap={GAP_US};{program_source(target.threads_impl)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def store_dir() -> Path:

@@ -51,9 +51,14 @@ def test_measured_once_then_read_from_the_cache(fresh, monkeypatch):
     assert stored["fork_us"] == 12.34 and stored["threads"] == "omp"
     monkeypatch.setattr(fork_cost, "_MEASURED", {})    # a new process: the file answers
     assert fork_cost.calibrated(host(threads_impl="omp")).fork_us == 12.3 and len(calls) == 1
-    # other settings are another measurement
+    # other settings are another measurement, and so is another pool
     fork_cost.calibrated(host(threads_impl="pool"))
     assert len(calls) == 2 and calls[1].threads_impl == "pool"
+    monkeypatch.setattr(fork_cost, "_MEASURED", {})
+    source = fork_cost.program_source
+    monkeypatch.setattr(fork_cost, "program_source", lambda impl: source(impl) + "/* changed */")
+    fork_cost.calibrated(host(threads_impl="pool"))
+    assert len(calls) == 3
 
 
 def test_a_busy_machine_keeps_the_table_and_tries_again(fresh, monkeypatch):
