@@ -510,7 +510,10 @@ class _Emitter:
             out(f"{pad}(void){self.expr(s.expr, ctx, n)};")
         elif isinstance(s, S.Call):
             # the first failing call ends the run: the runtime names its node and what failed
-            out(f"{pad}if (!kiln_failed) {{ int32_t s_ = {func_symbol(s.func)}({self.call_args(s, n)}); "
+            # (kiln's pool sleeps while a hand-written kernel forks OpenMP's team: kiln_pool_park)
+            park = self.pool and forks_openmp(self.module[s.func])
+            out(f"{pad}if (!kiln_failed) {{ {'kiln_pool_park(); ' if park else ''}"
+                f"int32_t s_ = {func_symbol(s.func)}({self.call_args(s, n)}); {'kiln_pool_unpark(); ' if park else ''}"
                 f"if (s_ != 0) kiln_failed = KILN_CALL_STATUS({self.calls}, s_); }}")
             self.calls += 1
         else:
@@ -601,6 +604,19 @@ class _Emitter:
         self.lines.append("  return -kiln_failed;")
         self.lines.append("}")
         return self.outlined + self.lines
+
+
+_OPENMP_FORK = re.compile(r"#\s*pragma\s+omp\s+parallel\b|\bomp_get_(?:max_threads|num_threads|thread_num)\b")
+
+
+def forks_openmp(f) -> bool:
+    """Whether kernel `f` is hand-written C that forks OpenMP's team itself (not kiln's pool)."""
+    if not isinstance(f, S.ExternFunc):
+        return False
+    text = f.c_body + f.preamble   # less kiln_par_for's texts (it runs on the module's threads)
+    for name in ("kiln_pool.h", "kiln_par.h"):
+        text = text.replace(c_source(name), "")
+    return bool(_OPENMP_FORK.search(text))
 
 
 def _work(s: S.Stmt):

@@ -35,6 +35,14 @@ def c_source(name: str) -> str:
                         "the package data under kiln/codegen/c_src was not shipped)", stage="codegen") from None
 
 
+def c_parallel(threads_impl: str) -> str:
+    """What a hand-written kernel includes to run its parallel loops with kiln_par_for
+    (kiln/codegen/c_src/kiln_par.h) on the module's threads: kiln's pool (`threads_impl`
+    "pool", Target.threads_impl) or OpenMP's team. For a shared kernel's `helpers` (its unit
+    is compiled apart from the module's header, which holds the pool too)."""
+    return (c_source("kiln_pool.h") if threads_impl == "pool" else "") + c_source("kiln_par.h")
+
+
 DEFINITION = "/* kiln: definition */\n"   # in a shared kernel's file: declarations above, definition below
 SHARED_BEGIN = "/* kiln: shared unit */\n"
 SHARED_END = "/* kiln: end of shared unit */\n"

@@ -129,7 +129,7 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
     # kernel compares its work with the cost model's floor then
     work = b * hq * sq * sk * (d + dv)
     fork_at = (str(_fork_floor(target)) if kv_lens is not None or not static(work) else
-               "0" if parallel_worth(work, target, "attention") else "INT64_MAX")
+               "0" if parallel_worth(work, target, "attention", openmp=True) else "INT64_MAX")
     dvp = -(-dv // (t.no * t.lanes)) * t.no * t.lanes
     ct, ld, st = _types(q.dtype)
     mt = "float" if mask is None else mask.dtype.c
@@ -159,11 +159,11 @@ def _fork_floor(target: Target) -> int | str:
     """The least work (the products' multiply-adds) at which the kernel forks on `target`
     (parallel_worth is monotonic in it), for a kernel whose key count is known at run time."""
     lo, hi = 1, 1 << 50
-    if not parallel_worth(hi, target, "attention"):
+    if not parallel_worth(hi, target, "attention", openmp=True):
         return "INT64_MAX"
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if parallel_worth(mid, target, "attention") else (mid + 1, hi)
+        lo, hi = (lo, mid) if parallel_worth(mid, target, "attention", openmp=True) else (mid + 1, hi)
     return lo
 
 

@@ -72,7 +72,7 @@ def _lower(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
               **{f"KILN_IR_RW{o}": str(c) for o, c in cols.items()}}
     preamble = c_shared("inverted_residual.c", macros, fn.upper())
     par = parallel_worth(macs(n, icb, h, w, ecb, ocb, oh, ow, kh, kw, lanes), target, "conv",
-                         streamed=w1.shape[0] * w1.shape[1] * lanes * lanes * 2)
+                         streamed=w1.shape[0] * w1.shape[1] * lanes * lanes * 2, openmp=True)
     nb = bands(n, oh, par, target)
     codes = ", ".join(str(ACTIVATIONS[a][0]) for a in acts)
     los = ", ".join(_c_float(c) for c in clip[0::2])

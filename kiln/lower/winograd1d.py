@@ -70,7 +70,8 @@ def _lower(ctx, x, u, b=None):
         "KILN_WG1_FN": fn, "KILN_WG1_GEMM": gemm[0], "KILN_WG1_L": str(lanes), "KILN_WG1_M": str(m), "KILN_WG1_R": str(r),
         "KILN_WG1_TR": str(tr),
         "KILN_WG1_OV": str(ov), "KILN_WG1_AT": _c_matrix(at), "KILN_WG1_BT": _c_matrix(bt)}, fn.upper())
-    par = parallel_from(n, lambda k: tiles_1d(k, ow, d, m) * (m + r - 1) * icb * st * lanes * ocb * lanes, target)
+    par = parallel_from(n, lambda k: tiles_1d(k, ow, d, m) * (m + r - 1) * icb * st * lanes * ocb * lanes, target,
+                        openmp=True)
     body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {c_size(n)}, {icb}, {w}, "
             f"{ocb}, {ow}, {pads[0]}, {d}, {st}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,

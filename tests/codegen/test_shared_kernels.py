@@ -33,7 +33,7 @@ def test_c_shared_declares_before_the_shared_block_and_defines_inside_it():
     text = c_shared("winograd.c", MACROS, "KILN_WG_TEST")
     decl, block = text.split(SHARED_BEGIN)
     assert block.endswith(SHARED_END) and block.count(SHARED_END) == 1
-    assert "#pragma omp" not in decl and "#pragma omp" in block      # the definition only in the block
+    assert "kiln_par_for(" not in decl and "kiln_par_for(" in block  # the definition only in the block
     assert "int32_t KILN_WG_FN(" in decl and "#define KILN_WG_FN kiln_winograd_test" in decl
     assert c_source("winograd.c") in block
     with pytest.raises(KilnError, match="not a shared kernel"):

@@ -1,28 +1,32 @@
 /* kiln's thread pool (kiln.runtime.threads, KILN_THREADS_IMPL=pool): fork/join for the
-   generated code's parallel loops, with threads that spin only inside an inference.
+   generated code's parallel loops and the hand-written kernels' (kiln_par_for), with threads
+   that spin a bounded time and then sleep.
 
-   - The model's entry marks the pool active (kiln_pool_enter) and inactive (kiln_pool_leave).
-     While active, idle workers spin on the job word (a pause, and sched_yield every few
+   - An idle worker spins on the job word for at most KILN_POOL_SPIN_US (100 us) after its last
+     chunk, inside an inference or between two (a pause, and sched_yield every few
      microseconds so a worker sharing a core with the thread it waits for hands the core
-     over), for at most KILN_POOL_SPIN_US without work; then, and between inferences, they
-     sleep on a futex and cost nothing.
-   - Spinning pays only where the workers have cores to themselves. A spinning worker that
-     finds it was descheduled (200 us between two looks at the clock: the machine is busy, or
-     it shares the caller's core) marks the pool contended for 10 ms, doubled up to 1 s while
-     it recurs (on a loaded machine any spinning cost 5x: mobilenet_v2 batch 1 at load 15,
-     40-55 ms with 5 ms calms, 27 ms with 50 ms, 7.3 ms with 500 ms or no spin, as OpenMP's
-     sleeping threads 7.6-7.7): meanwhile workers sleep
-     as soon as they are idle (a sleeping thread is woken with the scheduler's credit, where a
-     spinning one has used its share and is preempted while it holds a chunk). The caller
-     waits at a join by a pause loop of at most 100 us (10 us when contended), then sleeps
-     until the last chunk ends (it never yields: on a busy machine sched_yield gives a whole
-     time slice away); a wait at a join that was descheduled marks the pool contended too.
-   - A fork wakes sleeping workers once: not again until a woken worker runs (the wake-up
-     takes 10-50 us, during which the caller's loops would each pay a futex call).
+     over); then it sleeps on a futex and costs nothing. The model's entry (kiln_pool_enter)
+     wakes sleeping workers, so back-to-back inferences find them spinning.
+   - Spinning pays only where the workers have cores to themselves. The pool is contended when
+     a spinning worker finds it was descheduled (200 us between two looks at the clock), a
+     woken worker ran 200 us after its wake-up, or the caller's wait at a join was
+     descheduled: the machine is busy, or other threads (another runtime's spinning pool)
+     share the cores. Contended for 10 ms, doubled (to 1 s) while it recurs within a second:
+     meanwhile parallel loops run on the calling thread alone and the workers sleep. On a
+     busy machine a worker holds the chunks it claimed while the scheduler keeps it waiting
+     (each such wait costs the caller a time slice at a join: mobilenet_v2 batch 1 at load 15,
+     40-55 ms with 5 ms calms against 7.3 ms with no worker); one thread's loops never wait.
+   - The caller waits at a join by a pause loop of at most 100 us (10 us when contended), then
+     sleeps until the last chunk ends (it never yields: on a busy machine sched_yield gives a
+     whole time slice away).
+   - A fork wakes sleeping workers once: not again until a woken worker runs or 1 ms passed
+     (the wake-up takes 10-50 us, during which the caller's loops would each pay a futex call).
    - A parallel loop is cut into contiguous chunks (a few per thread) claimed from one atomic
      word; the calling thread claims chunks too, and the join waits only for chunks that were
      claimed and are not finished. A worker that is late (asleep, descheduled on a loaded
      machine) leaves its chunks to the caller: the caller never waits for a worker to start.
+   - Kernels that still fork OpenMP's team are bracketed by kiln_pool_park/unpark: the pool's
+     workers sleep meanwhile, so two teams never spin against each other for the cores.
    - No thread's affinity is changed. Workers: the OpenMP thread count (OMP_NUM_THREADS,
      omp_get_max_threads) minus one, created at the first parallel loop; one thread: none.
    - One pool per library (weak hidden symbols: one copy whatever the translation units).
@@ -53,6 +57,7 @@
 #define KILN_POOL_CALM_MAX_NS 1000000000
 #define KILN_POOL_JOIN_NS 100000   /* the caller's pause loop at a join, then it sleeps */
 #define KILN_POOL_JOIN_BUSY_NS 10000   /* ... when contended */
+#define KILN_POOL_REWAKE_NS 1000000    /* a wake-up no worker answered is sent again after this */
 typedef void (*kiln_pool_fn)(void* ctx, int64_t lo, int64_t hi);
 typedef struct {
   uint64_t word __attribute__((aligned(64)));  /* gen | chunks | next */
@@ -60,8 +65,10 @@ typedef struct {
   uint32_t joining;                            /* the caller sleeps until `done` changes */
   int64_t calm_after;                          /* contended until then (ns): workers do not spin */
   kiln_pool_fn fn; void* ctx; int64_t lo, n;   /* the current job (written before `word`) */
-  uint32_t active __attribute__((aligned(64))); /* 1 inside an inference: idle workers spin */
+  uint32_t active __attribute__((aligned(64))); /* 1 inside an inference */
+  uint32_t parked;                             /* an OpenMP kernel runs: workers sleep at once */
   uint32_t wake;                               /* futex word: bumped to wake sleepers */
+  int64_t woke_at;                             /* when the last wake-up was sent (ns) */
   uint32_t pending;                            /* woken, and none of them has run yet */
   int32_t sleepers, stop, owner, state;        /* state: 0 none, 1 starting, 2 running */
   int32_t nworkers; int64_t spin_ns, calm_ns, calm_cur; uint32_t gen;
@@ -97,7 +104,12 @@ static inline void kiln_pool_wake_one(uint32_t* word) {
 #endif
 }
 static inline void kiln_pool_wake_all(kiln_pool_t* p) {
-  if (__atomic_exchange_n(&p->pending, 1, __ATOMIC_SEQ_CST) && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST)) return;
+  /* (again after 1 ms: a wake-up sent as the worker went to sleep may have found no sleeper) */
+  const int64_t t = kiln_pool_now();
+  if (__atomic_load_n(&p->pending, __ATOMIC_SEQ_CST) && t - __atomic_load_n(&p->woke_at, __ATOMIC_RELAXED) < KILN_POOL_REWAKE_NS
+      && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST)) return;
+  __atomic_store_n(&p->woke_at, t, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->pending, 1, __ATOMIC_SEQ_CST);
   __atomic_fetch_add(&p->wake, 1, __ATOMIC_SEQ_CST);
 #if defined(__linux__)
   syscall(SYS_futex, &p->wake, FUTEX_WAKE_PRIVATE, INT_MAX, (void*)0, (void*)0, 0);
@@ -115,6 +127,7 @@ static inline void kiln_pool_contended(kiln_pool_t* p, int64_t t) {
   __atomic_store_n(&p->calm_after, t + calm, __ATOMIC_RELAXED);
 }
 static inline int kiln_pool_open(uint64_t w) { return (w & 0xFFFF) < ((w >> 16) & 0xFFFF); }
+static inline int kiln_pool_calm(kiln_pool_t* p, int64_t t) { return t < __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED); }
 
 /* Claims and runs chunks of the job `w` was read from, until none is left. */
 __attribute__((weak)) void kiln_pool_run(kiln_pool_t* p, uint64_t w) {
@@ -140,27 +153,30 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
     uint64_t w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
     if (kiln_pool_open(w)) { kiln_pool_run(p, w); idle_since = last = kiln_pool_now(); continue; }
     if (__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) return 0;
-    if (__atomic_load_n(&p->active, __ATOMIC_RELAXED)) {
+    if (!__atomic_load_n(&p->parked, __ATOMIC_RELAXED)) {
       kiln_pool_pause();
       if (k % 16 != 0) continue;
       int64_t t = kiln_pool_now();
       if (t - last > KILN_POOL_GAP_NS)   /* descheduled meanwhile: stop spinning for a while */
         kiln_pool_contended(p, t);
       last = t;
-      if (t - idle_since < p->spin_ns && t >= __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED)) {
+      if (t - idle_since < p->spin_ns && !kiln_pool_calm(p, t)) {
         sched_yield();   /* hands the core over to a thread that shares it (the caller, say) */
         continue;
       }
     }
-    /* sleep: inactive, or no work for spin_ns */
+    /* sleep: parked, contended, or no work for spin_ns */
     uint32_t seen = __atomic_load_n(&p->wake, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&p->sleepers, 1, __ATOMIC_SEQ_CST);
     w = __atomic_load_n(&p->word, __ATOMIC_SEQ_CST);
     if (!kiln_pool_open(w) && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST))
       kiln_pool_sleep(&p->wake, seen);
     __atomic_fetch_sub(&p->sleepers, 1, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&p->pending, 0, __ATOMIC_SEQ_CST);
     idle_since = last = kiln_pool_now();
+    /* the first worker to run after a wake-up: a late one means the cores are busy */
+    if (__atomic_exchange_n(&p->pending, 0, __ATOMIC_SEQ_CST)
+        && idle_since - __atomic_load_n(&p->woke_at, __ATOMIC_RELAXED) > KILN_POOL_GAP_NS)
+      kiln_pool_contended(p, idle_since);
   }
 }
 
@@ -181,6 +197,7 @@ __attribute__((weak, destructor)) void kiln_pool_unload(void) { kiln_pool_stop()
 __attribute__((weak)) void kiln_pool_forked(void) {
   kiln_pool_t* p = &kiln_pool;
   p->nworkers = 0; p->state = 0; p->stop = 0; p->sleepers = 0; p->owner = 0; p->active = 0; p->pending = 0;
+  p->parked = 0;
   kiln_pool_depth = 0; kiln_pool_held = 0; kiln_pool_inline = 0;
 }
 
@@ -221,8 +238,8 @@ __attribute__((weak)) void kiln_pool_enter(void) {
   kiln_pool_held = 1;
   if (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) != 2) return;   /* started at the first parallel loop */
   __atomic_store_n(&p->active, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0   /* spin from now on (unless contended) */
-      && kiln_pool_now() >= __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED)) kiln_pool_wake_all(p);
+  if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0   /* spinning by the first loop (unless contended) */
+      && !kiln_pool_calm(p, kiln_pool_now())) kiln_pool_wake_all(p);
 }
 __attribute__((weak)) void kiln_pool_leave(void) {
   if (--kiln_pool_depth > 0 || !kiln_pool_held) return;
@@ -230,6 +247,17 @@ __attribute__((weak)) void kiln_pool_leave(void) {
   __atomic_store_n(&p->active, 0, __ATOMIC_SEQ_CST);
   kiln_pool_held = 0;
   __atomic_store_n(&p->owner, 0, __ATOMIC_RELEASE);
+}
+/* Around a kernel that forks OpenMP's team: the pool's workers sleep meanwhile (not spin
+   against that team's threads for the cores), and are woken after it (unless contended). */
+__attribute__((weak)) void kiln_pool_park(void) {
+  if (kiln_pool_held) __atomic_store_n(&kiln_pool.parked, 1, __ATOMIC_SEQ_CST);
+}
+__attribute__((weak)) void kiln_pool_unpark(void) {
+  if (!kiln_pool_held) return;
+  kiln_pool_t* p = &kiln_pool;
+  __atomic_store_n(&p->parked, 0, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0 && !kiln_pool_calm(p, kiln_pool_now())) kiln_pool_wake_all(p);
 }
 
 /* Runs fn(ctx, a, b) over [lo, hi) cut in chunks, on the workers and this thread. */
@@ -244,7 +272,8 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
     kiln_pool_start(p);
     __atomic_store_n(&p->active, 1, __ATOMIC_SEQ_CST);
   }
-  if (!kiln_pool_held || p->nworkers == 0) {
+  /* contended: this thread alone (a worker the scheduler keeps waiting would hold its chunks) */
+  if (!kiln_pool_held || p->nworkers == 0 || kiln_pool_calm(p, kiln_pool_now())) {
     kiln_pool_inline = 1; fn(ctx, lo, hi); kiln_pool_inline = 0;
     if (alone) kiln_pool_leave();
     return;
@@ -272,7 +301,7 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
     if (!t0) t0 = last = t;
     if (t - last > KILN_POOL_GAP_NS) kiln_pool_contended(p, t);
     last = t;
-    if (t - t0 < (t < __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED) ? KILN_POOL_JOIN_BUSY_NS : KILN_POOL_JOIN_NS))
+    if (t - t0 < (kiln_pool_calm(p, t) ? KILN_POOL_JOIN_BUSY_NS : KILN_POOL_JOIN_NS))
       continue;   /* (no sched_yield: on a busy machine it gives a whole time slice away) */
     /* sleep until a chunk ends (the worker finishing it may share this core, or be preempted) */
     __atomic_store_n(&p->joining, 1, __ATOMIC_SEQ_CST);

@@ -20,7 +20,8 @@
         (register blocks of TR tiles x OV vectors, input channels innermost: per channel, OV
         weight vectors and TR broadcasts for TR * OV FMAs), then the output transform
         A^T M A of each tile, + bias, ReLU when asked, stored into y (cropped at the edges).
-   Tasks run in parallel (`par`). Returns 0, or -1 when out of memory.
+   Tasks run in parallel (`par`: kiln_par_for, on the module's threads), each range of them with
+   transform buffers of its own. Returns 0, or -1 when out of memory.
 
    A shared kernel (kiln.codegen.csource.c_shared): the sizes are arguments, so one instance
    serves every layer of every model with the same register tile; it is compiled once, in a
@@ -30,10 +31,24 @@ __attribute__((visibility("hidden"))) int32_t KILN_WG_FN(
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
     int64_t pt, int64_t pl, int64_t T, int64_t osplit, int relu, int par);
 /* kiln: definition */
-__attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_WG_FN(
-    const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
-    int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
-    int64_t pt, int64_t pl, int64_t T, int64_t osplit, int relu, int par) {
+#define KILN_WG_CAT2(a, b) a##b
+#define KILN_WG_CAT(a, b) KILN_WG_CAT2(a, b)
+#define KILN_WG_CTX KILN_WG_CAT(KILN_WG_FN, _ctx)
+#define KILN_WG_TASKS KILN_WG_CAT(KILN_WG_FN, _tasks)
+/* what a range of tasks reads (kiln_par_for's context) */
+struct KILN_WG_CTX {
+  const float* x; const float* u; const float* bias; float* y;
+  int64_t N, ICB, H, W, OCB, OH, OW, pt, pl, T, osplit;
+  int relu; int32_t failed;
+};
+/* tasks [lo, hi), with transform buffers of their own */
+static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
+  const struct KILN_WG_CTX* c = (const struct KILN_WG_CTX*)ctx_;
+  const float* restrict x = c->x; const float* restrict u = c->u; const float* restrict bias = c->bias;
+  float* restrict y = c->y;
+  const int64_t ICB = c->ICB, H = c->H, W = c->W, OCB = c->OCB, OH = c->OH, OW = c->OW, pt = c->pt, pl = c->pl;
+  const int64_t T = c->T, osplit = c->osplit, N = c->N;
+  const int relu = c->relu;
   typedef float V __attribute__((vector_size(KILN_WG_L * 4)));
   typedef int32_t VI __attribute__((vector_size(KILN_WG_L * 4)));
 #define WG_LD(p) ({ V v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
@@ -53,97 +68,104 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_WG_FN(
   enum { L = KILN_WG_L, TR = KILN_WG_TR, OV = KILN_WG_OV };
   const int64_t IC = ICB * L;
   const int64_t TH = (OH + 3) / 4, TW = (OW + 3) / 4, per_image = TH * TW, ntile = N * per_image;
-  const int64_t nchunk = (ntile + T - 1) / T, ngroup = OCB / OV, ntask = nchunk * osplit;
+  const int64_t ngroup = OCB / OV;
   const size_t vbytes = ((size_t)36 * T * IC * sizeof(float) + 63) / 64 * 64;
   const size_t mbytes = ((size_t)36 * T * OV * L * sizeof(float) + 63) / 64 * 64;
-  int32_t failed = 0;
-  #pragma omp parallel if (par)
-  {
-    float* vbuf = (float*)aligned_alloc(64, vbytes);
-    float* mbuf = (float*)aligned_alloc(64, mbytes);
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < ntask; ++task) {
-      if (!vbuf || !mbuf) {
-        #pragma omp atomic write
-        failed = 1;
+  float* vbuf = (float*)aligned_alloc(64, vbytes);
+  float* mbuf = (float*)aligned_alloc(64, mbytes);
+  if (!vbuf || !mbuf) {
+    __atomic_store_n(&((struct KILN_WG_CTX*)ctx_)->failed, 1, __ATOMIC_RELAXED);
+    hi = lo;
+  }
+  for (int64_t task = lo; task < hi; ++task) {
+    const int64_t chunk = task / osplit, part = task % osplit;
+    const int64_t first = chunk * T, nt = ntile - first < T ? ntile - first : T;
+    /* 1. input transform */
+    for (int64_t j = 0; j < T; ++j) {
+      if (j >= nt) {                 /* a short last chunk: its register blocks read zeros */
+        for (int t = 0; t < 36; ++t)
+          __builtin_memset(vbuf + ((int64_t)t * T + j) * IC, 0, IC * sizeof(float));
         continue;
       }
-      const int64_t chunk = task / osplit, part = task % osplit;
-      const int64_t first = chunk * T, nt = ntile - first < T ? ntile - first : T;
-      /* 1. input transform */
-      for (int64_t j = 0; j < T; ++j) {
-        if (j >= nt) {                 /* a short last chunk: its register blocks read zeros */
-          for (int t = 0; t < 36; ++t)
-            __builtin_memset(vbuf + ((int64_t)t * T + j) * IC, 0, IC * sizeof(float));
-          continue;
-        }
-        const int64_t g = first + j, n = g / per_image, r = g % per_image;
-        const int64_t iy0 = r / TW * 4 - pt, ix0 = r % TW * 4 - pl;
-        const int inside = iy0 >= 0 && iy0 + 6 <= H && ix0 >= 0 && ix0 + 6 <= W;
-        for (int64_t cb = 0; cb < ICB; ++cb) {
-          const float* xc = x + (n * ICB + cb) * H * W * L;
-          V d[6][6], tm[6][6];
-          if (inside) {
+      const int64_t g = first + j, n = g / per_image, r = g % per_image;
+      const int64_t iy0 = r / TW * 4 - pt, ix0 = r % TW * 4 - pl;
+      const int inside = iy0 >= 0 && iy0 + 6 <= H && ix0 >= 0 && ix0 + 6 <= W;
+      for (int64_t cb = 0; cb < ICB; ++cb) {
+        const float* xc = x + (n * ICB + cb) * H * W * L;
+        V d[6][6], tm[6][6];
+        if (inside) {
+          #pragma GCC unroll 6
+          for (int i = 0; i < 6; ++i)
             #pragma GCC unroll 6
-            for (int i = 0; i < 6; ++i)
-              #pragma GCC unroll 6
-              for (int k = 0; k < 6; ++k) d[i][k] = WG_LD(xc + ((iy0 + i) * W + ix0 + k) * L);
-          } else {
-            for (int i = 0; i < 6; ++i)
-              for (int k = 0; k < 6; ++k) {
-                const int64_t iy = iy0 + i, ix = ix0 + k;
-                d[i][k] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? WG_LD(xc + (iy * W + ix) * L) : (V){0};
-              }
-          }
-          #pragma GCC unroll 6
-          for (int k = 0; k < 6; ++k)
-            WG_BT(d[0][k], d[1][k], d[2][k], d[3][k], d[4][k], d[5][k],
-                  tm[0][k], tm[1][k], tm[2][k], tm[3][k], tm[4][k], tm[5][k]);
-          #pragma GCC unroll 6
-          for (int a = 0; a < 6; ++a) {
-            V o[6];
-            WG_BT(tm[a][0], tm[a][1], tm[a][2], tm[a][3], tm[a][4], tm[a][5], o[0], o[1], o[2], o[3], o[4], o[5]);
-            for (int b = 0; b < 6; ++b) WG_ST(vbuf + ((int64_t)(a * 6 + b) * T + j) * IC + cb * L, o[b]);
-          }
+            for (int k = 0; k < 6; ++k) d[i][k] = WG_LD(xc + ((iy0 + i) * W + ix0 + k) * L);
+        } else {
+          for (int i = 0; i < 6; ++i)
+            for (int k = 0; k < 6; ++k) {
+              const int64_t iy = iy0 + i, ix = ix0 + k;
+              d[i][k] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? WG_LD(xc + (iy * W + ix) * L) : (V){0};
+            }
+        }
+        #pragma GCC unroll 6
+        for (int k = 0; k < 6; ++k)
+          WG_BT(d[0][k], d[1][k], d[2][k], d[3][k], d[4][k], d[5][k],
+                tm[0][k], tm[1][k], tm[2][k], tm[3][k], tm[4][k], tm[5][k]);
+        #pragma GCC unroll 6
+        for (int a = 0; a < 6; ++a) {
+          V o[6];
+          WG_BT(tm[a][0], tm[a][1], tm[a][2], tm[a][3], tm[a][4], tm[a][5], o[0], o[1], o[2], o[3], o[4], o[5]);
+          for (int b = 0; b < 6; ++b) WG_ST(vbuf + ((int64_t)(a * 6 + b) * T + j) * IC + cb * L, o[b]);
         }
       }
-      const int64_t g0 = part * ngroup / osplit, g1 = (part + 1) * ngroup / osplit;
-      for (int64_t og = g0; og < g1; ++og) {
-        /* 2. the 36 GEMMs of this group of output channel blocks (winograd_gemm.h) */
-        KILN_WG_GEMM(u, vbuf, mbuf, 36, OCB, og, T, IC);
-        /* 3. output transform */
-        for (int64_t j = 0; j < nt; ++j) {
-          const int64_t g = first + j, n = g / per_image, r = g % per_image;
-          const int64_t oy0 = r / TW * 4, ox0 = r % TW * 4;
-          const int rows = OH - oy0 < 4 ? (int)(OH - oy0) : 4, cols = OW - ox0 < 4 ? (int)(OW - ox0) : 4;
-          for (int o = 0; o < OV; ++o) {
-            const int64_t ocb = og * OV + o;
-            V mm[6][6], tm[4][6];
-            for (int a = 0; a < 6; ++a)
-              for (int b = 0; b < 6; ++b) mm[a][b] = WG_LD(mbuf + (((int64_t)(a * 6 + b) * T + j) * OV + o) * L);
-            for (int b = 0; b < 6; ++b)
-              WG_AT(mm[0][b], mm[1][b], mm[2][b], mm[3][b], mm[4][b], mm[5][b], tm[0][b], tm[1][b], tm[2][b], tm[3][b]);
-            const V bv = bias ? WG_LD(bias + ocb * L) : (V){0};
-            float* yo = y + ((n * OCB + ocb) * OH + oy0) * OW * L + ox0 * L;
-            for (int i = 0; i < rows; ++i) {
-              V out[4];
-              WG_AT(tm[i][0], tm[i][1], tm[i][2], tm[i][3], tm[i][4], tm[i][5], out[0], out[1], out[2], out[3]);
-              for (int k = 0; k < cols; ++k) {
-                V v = out[k] + bv;
-                if (relu) v = (V)((VI)v & ~(VI)(v < (V){0}));   /* max(v, 0); a NaN stays NaN */
-                WG_ST(yo + (i * OW + k) * L, v);
-              }
+    }
+    const int64_t g0 = part * ngroup / osplit, g1 = (part + 1) * ngroup / osplit;
+    for (int64_t og = g0; og < g1; ++og) {
+      /* 2. the 36 GEMMs of this group of output channel blocks (winograd_gemm.h) */
+      KILN_WG_GEMM(u, vbuf, mbuf, 36, OCB, og, T, IC);
+      /* 3. output transform */
+      for (int64_t j = 0; j < nt; ++j) {
+        const int64_t g = first + j, n = g / per_image, r = g % per_image;
+        const int64_t oy0 = r / TW * 4, ox0 = r % TW * 4;
+        const int rows = OH - oy0 < 4 ? (int)(OH - oy0) : 4, cols = OW - ox0 < 4 ? (int)(OW - ox0) : 4;
+        for (int o = 0; o < OV; ++o) {
+          const int64_t ocb = og * OV + o;
+          V mm[6][6], tm[4][6];
+          for (int a = 0; a < 6; ++a)
+            for (int b = 0; b < 6; ++b) mm[a][b] = WG_LD(mbuf + (((int64_t)(a * 6 + b) * T + j) * OV + o) * L);
+          for (int b = 0; b < 6; ++b)
+            WG_AT(mm[0][b], mm[1][b], mm[2][b], mm[3][b], mm[4][b], mm[5][b], tm[0][b], tm[1][b], tm[2][b], tm[3][b]);
+          const V bv = bias ? WG_LD(bias + ocb * L) : (V){0};
+          float* yo = y + ((n * OCB + ocb) * OH + oy0) * OW * L + ox0 * L;
+          for (int i = 0; i < rows; ++i) {
+            V out[4];
+            WG_AT(tm[i][0], tm[i][1], tm[i][2], tm[i][3], tm[i][4], tm[i][5], out[0], out[1], out[2], out[3]);
+            for (int k = 0; k < cols; ++k) {
+              V v = out[k] + bv;
+              if (relu) v = (V)((VI)v & ~(VI)(v < (V){0}));   /* max(v, 0); a NaN stays NaN */
+              WG_ST(yo + (i * OW + k) * L, v);
             }
           }
         }
       }
     }
-    free(vbuf);
-    free(mbuf);
   }
+  free(vbuf);
+  free(mbuf);
 #undef WG_LD
 #undef WG_ST
 #undef WG_BT
 #undef WG_AT
-  return failed ? -1 : 0;
 }
+
+__attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_WG_FN(
+    const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
+    int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
+    int64_t pt, int64_t pl, int64_t T, int64_t osplit, int relu, int par) {
+  const int64_t ntile = N * ((OH + 3) / 4) * ((OW + 3) / 4);
+  struct KILN_WG_CTX c = { x, u, bias, y, N, ICB, H, W, OCB, OH, OW, pt, pl, T, osplit, relu, 0 };
+  kiln_par_for(KILN_WG_TASKS, &c, 0, (ntile + T - 1) / T * osplit, par);
+  return c.failed ? -1 : 0;
+}
+#undef KILN_WG_TASKS
+#undef KILN_WG_CTX
+#undef KILN_WG_CAT
+#undef KILN_WG_CAT2
