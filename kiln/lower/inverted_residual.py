@@ -12,7 +12,7 @@ in one pass over rows (kiln/codegen/c_src/inverted_residual.c). What is chosen h
 
 from __future__ import annotations
 
-from kiln.codegen.csource import c_shared
+from kiln.codegen.csource import c_parallel, c_shared
 from kiln.dtypes import DType
 from kiln.lower.context import lowering
 from kiln.lower.nnutil import parallel_worth
@@ -70,9 +70,9 @@ def _lower(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
     fn = f"kiln_inverted_residual_l{lanes}_o{main}_" + "_".join(str(cols[o]) for o in (1, 2, 3, 4))
     macros = {"KILN_IR_FN": fn, "KILN_IR_L": str(lanes), "KILN_IR_OV": str(main),
               **{f"KILN_IR_RW{o}": str(c) for o, c in cols.items()}}
-    preamble = c_shared("inverted_residual.c", macros, fn.upper())
+    preamble = c_shared("inverted_residual.c", macros, fn.upper(), helpers=c_parallel(target.threads_impl))
     par = parallel_worth(macs(n, icb, h, w, ecb, ocb, oh, ow, kh, kw, lanes), target, "conv",
-                         streamed=w1.shape[0] * w1.shape[1] * lanes * lanes * 2, openmp=True)
+                         streamed=w1.shape[0] * w1.shape[1] * lanes * lanes * 2)
     nb = bands(n, oh, par, target)
     codes = ", ".join(str(ACTIVATIONS[a][0]) for a in acts)
     los = ", ".join(_c_float(c) for c in clip[0::2])

@@ -8,7 +8,7 @@ kernel's (kiln.lower.winograd.register_tile); the chunks of tiles are small (`pl
 
 from __future__ import annotations
 
-from kiln.codegen.csource import c_instance
+from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM, tiles_1d
@@ -66,12 +66,11 @@ def _lower(ctx, x, u, b=None):
     fn = f"kiln_winograd1d_f{m}x{r}_l{lanes}_r{tr}_o{ov}"
     at, _, bt = matrices(m, r)
     gemm = gemm_instance(fn, lanes, tr, ov)
-    preamble = gemm[1] + c_instance("winograd1d.c", {
+    preamble = gemm[1] + c_source("kiln_par.h") + c_instance("winograd1d.c", {
         "KILN_WG1_FN": fn, "KILN_WG1_GEMM": gemm[0], "KILN_WG1_L": str(lanes), "KILN_WG1_M": str(m), "KILN_WG1_R": str(r),
         "KILN_WG1_TR": str(tr),
         "KILN_WG1_OV": str(ov), "KILN_WG1_AT": _c_matrix(at), "KILN_WG1_BT": _c_matrix(bt)}, fn.upper())
-    par = parallel_from(n, lambda k: tiles_1d(k, ow, d, m) * (m + r - 1) * icb * st * lanes * ocb * lanes, target,
-                        openmp=True)
+    par = parallel_from(n, lambda k: tiles_1d(k, ow, d, m) * (m + r - 1) * icb * st * lanes * ocb * lanes, target)
     body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {c_size(n)}, {icb}, {w}, "
             f"{ocb}, {ow}, {pads[0]}, {d}, {st}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,

@@ -23,7 +23,8 @@
    row once as the band moves down (a band's first rows also compute the KH - sh rows it shares
    with the band above), runs the depthwise conv of one output row into a row buffer
    [ECB][OW][L] and projects that row straight into y. The ring and the row stay in L1/L2.
-   Tasks run in parallel (`par`); `bands` per image. Returns 0, or -1 when out of memory.
+   Tasks run in parallel (`par`: kiln_par_for, on the module's threads), each range of them with a
+   ring of its own; `bands` per image. Returns 0, or -1 when out of memory.
 
    A shared kernel (kiln.codegen.csource.c_shared): the sizes are arguments, one instance
    serves every block of every model with the same vector width. */
@@ -271,6 +272,69 @@ static void kiln_ir_dw_row(const float* const* ring_rows, int64_t rowstride, int
   }
 }
 
+#define KILN_IR_CAT2(a, b) a##b
+#define KILN_IR_CAT(a, b) KILN_IR_CAT2(a, b)
+#define KILN_IR_CTX KILN_IR_CAT(KILN_IR_FN, _ctx)
+#define KILN_IR_TASKS KILN_IR_CAT(KILN_IR_FN, _tasks)
+/* what a range of tasks reads (kiln_par_for's context) */
+struct KILN_IR_CTX {
+  const float* x; const float* w1; const float* b1; const float* w2; const float* b2; const float* w3;
+  const float* b3; const float* r; float* y;
+  int64_t ICB, H, W, ECB, OCB, OH, OW, KH, KW, sw, sh, pt, pl, bands, Wp;
+  const int32_t* act; const float* lo; const float* hi;
+  int32_t failed;
+};
+/* tasks [lo, hi) (image, band of output rows), with a ring and a row of their own */
+static void KILN_IR_TASKS(void* ctx_, int64_t t0, int64_t t1) {
+  const struct KILN_IR_CTX* c = (const struct KILN_IR_CTX*)ctx_;
+  enum { L = KILN_IR_L };
+  const float* restrict x = c->x; const float* restrict w1 = c->w1; const float* restrict b1 = c->b1;
+  const float* restrict w2 = c->w2; const float* restrict b2 = c->b2; const float* restrict w3 = c->w3;
+  const float* restrict b3 = c->b3; const float* restrict r = c->r; float* restrict y = c->y;
+  const int64_t ICB = c->ICB, H = c->H, W = c->W, ECB = c->ECB, OCB = c->OCB, OH = c->OH, OW = c->OW;
+  const int64_t KH = c->KH, KW = c->KW, sh = c->sh, sw = c->sw, pt = c->pt, pl = c->pl, bands = c->bands;
+  const int32_t* act = c->act; const float* lo = c->lo; const float* hi = c->hi;
+  const int64_t rowstride = c->Wp * L;                    /* floats per channel block of a row */
+  const size_t rowbytes = (size_t)ECB * rowstride * sizeof(float);
+  const size_t ringbytes = ((size_t)KH * rowbytes + 63) / 64 * 64;
+  const size_t zbytes = (rowbytes + 63) / 64 * 64;
+  const size_t dbytes = ((size_t)ECB * OW * L * sizeof(float) + 63) / 64 * 64;
+  float* ring = (float*)aligned_alloc(64, ringbytes + zbytes + dbytes);
+  if (!ring) {
+    __atomic_store_n(&((struct KILN_IR_CTX*)ctx_)->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  __builtin_memset(ring, 0, ringbytes + zbytes);
+  const float* zero = ring + ringbytes / sizeof(float);
+  float* drow = ring + (ringbytes + zbytes) / sizeof(float);
+  for (int64_t task = t0; task < t1; ++task) {
+    const int64_t n = task / bands, band = task % bands;
+    const int64_t oh0 = band * OH / bands, oh1 = (band + 1) * OH / bands;
+    int64_t held[16];
+    for (int64_t k = 0; k < KH; ++k) held[k] = -1;
+    const float* xn = x + n * ICB * H * W * L;
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      const float* rows[16];
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        const int64_t ih = oh * sh - pt + kh;
+        if (ih < 0 || ih >= H) { rows[kh] = zero; continue; }
+        float* slot = ring + (ih % KH) * (rowbytes / sizeof(float));
+        if (held[ih % KH] != ih) {        /* expand input row ih into the ring */
+          kiln_ir_pw_row(xn + ih * W * L, H * W * L, ICB, W, w1, b1, ECB, slot + pl * L, rowstride,
+                         NULL, 0, act[0], lo[0], hi[0]);
+          held[ih % KH] = ih;
+        }
+        rows[kh] = slot;
+      }
+      kiln_ir_dw_row(rows, rowstride, ECB, OW, KH, KW, sw, w2, b2, drow, act[1], lo[1], hi[1]);
+      const int64_t yo = (n * OCB * OH + oh) * OW * L;
+      kiln_ir_pw_row(drow, OW * L, ECB, OW, w3, b3, OCB, y + yo, OH * OW * L, r ? r + yo : NULL,
+                     OH * OW * L, act[2], lo[2], hi[2]);
+    }
+  }
+  free(ring);
+}
+
 __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_IR_FN(
     const float* restrict x, const float* restrict w1, const float* restrict b1,
     const float* restrict w2, const float* restrict b2, const float* restrict w3,
@@ -278,58 +342,18 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_IR_FN(
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t ECB, int64_t OCB, int64_t OH, int64_t OW,
     int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
     const int32_t* act, const float* lo, const float* hi, int64_t bands, int par) {
-  enum { L = KILN_IR_L };
   if (KH > 16) return -1;
   /* the ring's rows: every column a window reads, the padding columns zero */
   int64_t Wp = (OW - 1) * sw + KW;
   if (Wp < pl + W) Wp = pl + W;
-  const int64_t rowstride = Wp * L;                       /* floats per channel block of a row */
-  const size_t rowbytes = (size_t)ECB * rowstride * sizeof(float);
-  const size_t ringbytes = ((size_t)KH * rowbytes + 63) / 64 * 64;
-  const size_t zbytes = (rowbytes + 63) / 64 * 64;
-  const size_t dbytes = ((size_t)ECB * OW * L * sizeof(float) + 63) / 64 * 64;
-  const int64_t ntask = N * bands;
-  int32_t failed = 0;
-  #pragma omp parallel if (par)
-  {
-    float* ring = (float*)aligned_alloc(64, ringbytes + zbytes + dbytes);
-    if (ring) __builtin_memset(ring, 0, ringbytes + zbytes);
-    const float* zero = ring ? ring + ringbytes / sizeof(float) : NULL;
-    float* drow = ring ? ring + (ringbytes + zbytes) / sizeof(float) : NULL;
-    #pragma omp for schedule(static, 1)
-    for (int64_t task = 0; task < ntask; ++task) {
-      if (!ring) {
-        #pragma omp atomic write
-        failed = 1;
-        continue;
-      }
-      const int64_t n = task / bands, band = task % bands;
-      const int64_t oh0 = band * OH / bands, oh1 = (band + 1) * OH / bands;
-      int64_t held[16];
-      for (int64_t k = 0; k < KH; ++k) held[k] = -1;
-      const float* xn = x + n * ICB * H * W * L;
-      for (int64_t oh = oh0; oh < oh1; ++oh) {
-        const float* rows[16];
-        for (int64_t kh = 0; kh < KH; ++kh) {
-          const int64_t ih = oh * sh - pt + kh;
-          if (ih < 0 || ih >= H) { rows[kh] = zero; continue; }
-          float* slot = ring + (ih % KH) * (rowbytes / sizeof(float));
-          if (held[ih % KH] != ih) {        /* expand input row ih into the ring */
-            kiln_ir_pw_row(xn + ih * W * L, H * W * L, ICB, W, w1, b1, ECB, slot + pl * L, rowstride,
-                           NULL, 0, act[0], lo[0], hi[0]);
-            held[ih % KH] = ih;
-          }
-          rows[kh] = slot;
-        }
-        kiln_ir_dw_row(rows, rowstride, ECB, OW, KH, KW, sw, w2, b2, drow, act[1], lo[1], hi[1]);
-        const int64_t yo = (n * OCB * OH + oh) * OW * L;
-        kiln_ir_pw_row(drow, OW * L, ECB, OW, w3, b3, OCB, y + yo, OH * OW * L, r ? r + yo : NULL,
-                       OH * OW * L, act[2], lo[2], hi[2]);
-      }
-    }
-    free(ring);
-  }
-  return failed ? -1 : 0;
+  struct KILN_IR_CTX c = { x, w1, b1, w2, b2, w3, b3, r, y, ICB, H, W, ECB, OCB, OH, OW, KH, KW, sw, sh, pt, pl,
+                           bands, Wp, act, lo, hi, 0 };
+  kiln_par_for(KILN_IR_TASKS, &c, 0, N * bands, par);
+  return c.failed ? -1 : 0;
 }
+#undef KILN_IR_TASKS
+#undef KILN_IR_CTX
+#undef KILN_IR_CAT
+#undef KILN_IR_CAT2
 #undef IR_LD
 #undef IR_ST

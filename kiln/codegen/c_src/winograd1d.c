@@ -29,11 +29,26 @@
      2. per group of OV output channel blocks: the m + r - 1 GEMMs M[t] = V[t] U[t] over the chunk
         (register blocks of TR tiles x OV vectors, input channels innermost), then the output
         transform A^T M of each tile, + bias, ReLU when asked, stored into y (cropped at the end).
-   Tasks run in parallel (`par`). Returns 0, or -1 when out of memory. */
-__attribute__((noinline)) static int32_t KILN_WG1_FN(
-    const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
-    int64_t N, int64_t ICB, int64_t W, int64_t OCB, int64_t OW, int64_t pl, int64_t dil, int64_t S,
-    int64_t T, int64_t osplit, int relu, int par) {
+   Tasks run in parallel (`par`: kiln_par_for, on the module's threads), each range of them with
+   transform buffers of its own. Returns 0, or -1 when out of memory. */
+#define KILN_WG1_CAT2(a, b) a##b
+#define KILN_WG1_CAT(a, b) KILN_WG1_CAT2(a, b)
+#define KILN_WG1_CTX KILN_WG1_CAT(KILN_WG1_FN, _ctx)
+#define KILN_WG1_TASKS KILN_WG1_CAT(KILN_WG1_FN, _tasks)
+/* what a range of tasks reads (kiln_par_for's context) */
+struct KILN_WG1_CTX {
+  const float* x; const float* u; const float* bias; float* y;
+  int64_t N, ICB, W, OCB, OW, pl, dil, S, T, osplit;
+  int relu; int32_t failed;
+};
+/* tasks [lo, hi), with transform buffers of their own */
+static void KILN_WG1_TASKS(void* ctx_, int64_t lo, int64_t hi) {
+  const struct KILN_WG1_CTX* c = (const struct KILN_WG1_CTX*)ctx_;
+  const float* restrict x = c->x; const float* restrict u = c->u; const float* restrict bias = c->bias;
+  float* restrict y = c->y;
+  const int64_t N = c->N, ICB = c->ICB, W = c->W, OCB = c->OCB, OW = c->OW, pl = c->pl, dil = c->dil, S = c->S;
+  const int64_t T = c->T, osplit = c->osplit;
+  const int relu = c->relu;
   typedef float V __attribute__((vector_size(KILN_WG1_L * 4)));
   typedef int32_t VI __attribute__((vector_size(KILN_WG1_L * 4)));
 #define WG1_LD(p) ({ V v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
@@ -44,95 +59,102 @@ __attribute__((noinline)) static int32_t KILN_WG1_FN(
   const int64_t IC = ICB * S * L, step = S * dil;   /* the reduction: channel block, phase, lane */
   const int64_t per_phase = ((OW + dil - 1) / dil + M - 1) / M;      /* tiles of one phase */
   const int64_t per_image = dil * per_phase, ntile = N * per_image;
-  const int64_t nchunk = (ntile + T - 1) / T, ngroup = OCB / OV, ntask = nchunk * osplit;
+  const int64_t ngroup = OCB / OV;
   const size_t vbytes = ((size_t)NT * T * IC * sizeof(float) + 63) / 64 * 64;
   const size_t mbytes = ((size_t)NT * T * OV * L * sizeof(float) + 63) / 64 * 64;
-  int32_t failed = 0;
-  #pragma omp parallel if (par)
-  {
-    float* vbuf = (float*)aligned_alloc(64, vbytes);
-    float* mbuf = (float*)aligned_alloc(64, mbytes);
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < ntask; ++task) {
-      if (!vbuf || !mbuf) {
-        #pragma omp atomic write
-        failed = 1;
+  float* vbuf = (float*)aligned_alloc(64, vbytes);
+  float* mbuf = (float*)aligned_alloc(64, mbytes);
+  if (!vbuf || !mbuf) {
+    __atomic_store_n(&((struct KILN_WG1_CTX*)ctx_)->failed, 1, __ATOMIC_RELAXED);
+    hi = lo;
+  }
+  for (int64_t task = lo; task < hi; ++task) {
+    const int64_t chunk = task / osplit, part = task % osplit;
+    const int64_t first = chunk * T, nt = ntile - first < T ? ntile - first : T;
+    /* 1. input transform */
+    for (int64_t j = 0; j < T; ++j) {
+      if (j >= nt) {                 /* a short last chunk: its register blocks read zeros */
+        for (int t = 0; t < NT; ++t)
+          __builtin_memset(vbuf + ((int64_t)t * T + j) * IC, 0, IC * sizeof(float));
         continue;
       }
-      const int64_t chunk = task / osplit, part = task % osplit;
-      const int64_t first = chunk * T, nt = ntile - first < T ? ntile - first : T;
-      /* 1. input transform */
-      for (int64_t j = 0; j < T; ++j) {
-        if (j >= nt) {                 /* a short last chunk: its register blocks read zeros */
-          for (int t = 0; t < NT; ++t)
-            __builtin_memset(vbuf + ((int64_t)t * T + j) * IC, 0, IC * sizeof(float));
-          continue;
-        }
-        const int64_t g = first + j, n = g / per_image, r = g % per_image;
-        const int64_t xs = S * (r / per_phase + dil * M * (r % per_phase)) - pl;
-        for (int64_t cp = 0; cp < ICB * S; ++cp) {
-          const int64_t cb = cp / S, x0 = xs + cp % S;
-          const int inside = x0 >= 0 && x0 + step * (NT - 1) < W;
-          const float* xc = x + (n * ICB + cb) * W * L;
-          V d[NT];
-          if (inside) {
-            #pragma GCC unroll 16
-            for (int k = 0; k < NT; ++k) d[k] = WG1_LD(xc + (x0 + step * k) * L);
-          } else {
-            for (int k = 0; k < NT; ++k) {
-              const int64_t ix = x0 + step * k;
-              d[k] = (ix >= 0 && ix < W) ? WG1_LD(xc + ix * L) : (V){0};
-            }
-          }
+      const int64_t g = first + j, n = g / per_image, r = g % per_image;
+      const int64_t xs = S * (r / per_phase + dil * M * (r % per_phase)) - pl;
+      for (int64_t cp = 0; cp < ICB * S; ++cp) {
+        const int64_t cb = cp / S, x0 = xs + cp % S;
+        const int inside = x0 >= 0 && x0 + step * (NT - 1) < W;
+        const float* xc = x + (n * ICB + cb) * W * L;
+        V d[NT];
+        if (inside) {
           #pragma GCC unroll 16
-          for (int a = 0; a < NT; ++a) {
-            V o = (V){0};
-            int none = 1;              /* the first term starts the sum (0 + v is no fold) */
-            #pragma GCC unroll 16
-            for (int k = 0; k < NT; ++k)
-              if (BT[a][k] != 0.0f) {
-                const V t_ = BT[a][k] * d[k];
-                o = none ? t_ : o + t_;
-                none = 0;
-              }
-            WG1_ST(vbuf + ((int64_t)a * T + j) * IC + cp * L, o);
+          for (int k = 0; k < NT; ++k) d[k] = WG1_LD(xc + (x0 + step * k) * L);
+        } else {
+          for (int k = 0; k < NT; ++k) {
+            const int64_t ix = x0 + step * k;
+            d[k] = (ix >= 0 && ix < W) ? WG1_LD(xc + ix * L) : (V){0};
           }
+        }
+        #pragma GCC unroll 16
+        for (int a = 0; a < NT; ++a) {
+          V o = (V){0};
+          int none = 1;              /* the first term starts the sum (0 + v is no fold) */
+          #pragma GCC unroll 16
+          for (int k = 0; k < NT; ++k)
+            if (BT[a][k] != 0.0f) {
+              const V t_ = BT[a][k] * d[k];
+              o = none ? t_ : o + t_;
+              none = 0;
+            }
+          WG1_ST(vbuf + ((int64_t)a * T + j) * IC + cp * L, o);
         }
       }
-      const int64_t g0 = part * ngroup / osplit, g1 = (part + 1) * ngroup / osplit;
-      for (int64_t og = g0; og < g1; ++og) {
-        /* 2. the m + r - 1 GEMMs of this group of output channel blocks (winograd_gemm.h) */
-        KILN_WG1_GEMM(u, vbuf, mbuf, NT, OCB, og, T, IC);
-        /* 3. output transform */
-        for (int64_t j = 0; j < nt; ++j) {
-          const int64_t g = first + j, n = g / per_image, r = g % per_image;
-          const int64_t o0 = r / per_phase + dil * M * (r % per_phase);
-          for (int o = 0; o < OV; ++o) {
-            const int64_t ocb = og * OV + o;
-            V mm[NT];
+    }
+    const int64_t g0 = part * ngroup / osplit, g1 = (part + 1) * ngroup / osplit;
+    for (int64_t og = g0; og < g1; ++og) {
+      /* 2. the m + r - 1 GEMMs of this group of output channel blocks (winograd_gemm.h) */
+      KILN_WG1_GEMM(u, vbuf, mbuf, NT, OCB, og, T, IC);
+      /* 3. output transform */
+      for (int64_t j = 0; j < nt; ++j) {
+        const int64_t g = first + j, n = g / per_image, r = g % per_image;
+        const int64_t o0 = r / per_phase + dil * M * (r % per_phase);
+        for (int o = 0; o < OV; ++o) {
+          const int64_t ocb = og * OV + o;
+          V mm[NT];
+          #pragma GCC unroll 16
+          for (int a = 0; a < NT; ++a) mm[a] = WG1_LD(mbuf + (((int64_t)a * T + j) * OV + o) * L);
+          const V bv = bias ? WG1_LD(bias + ocb * L) : (V){0};
+          float* yo = y + (n * OCB + ocb) * OW * L;
+          #pragma GCC unroll 16
+          for (int k = 0; k < M; ++k) {
+            const int64_t oo = o0 + dil * k;
+            if (oo >= OW) break;
+            V v = bv;
             #pragma GCC unroll 16
-            for (int a = 0; a < NT; ++a) mm[a] = WG1_LD(mbuf + (((int64_t)a * T + j) * OV + o) * L);
-            const V bv = bias ? WG1_LD(bias + ocb * L) : (V){0};
-            float* yo = y + (n * OCB + ocb) * OW * L;
-            #pragma GCC unroll 16
-            for (int k = 0; k < M; ++k) {
-              const int64_t oo = o0 + dil * k;
-              if (oo >= OW) break;
-              V v = bv;
-              #pragma GCC unroll 16
-              for (int a = 0; a < NT; ++a)
-                if (AT[k][a] != 0.0f) v += AT[k][a] * mm[a];
-              if (relu) v = (V)((VI)v & ~(VI)(v < (V){0}));   /* max(v, 0); a NaN stays NaN */
-              WG1_ST(yo + oo * L, v);
-            }
+            for (int a = 0; a < NT; ++a)
+              if (AT[k][a] != 0.0f) v += AT[k][a] * mm[a];
+            if (relu) v = (V)((VI)v & ~(VI)(v < (V){0}));   /* max(v, 0); a NaN stays NaN */
+            WG1_ST(yo + oo * L, v);
           }
         }
       }
     }
-    free(vbuf);
-    free(mbuf);
   }
+  free(vbuf);
+  free(mbuf);
 #undef WG1_LD
 #undef WG1_ST
-  return failed ? -1 : 0;
 }
+
+__attribute__((noinline)) static int32_t KILN_WG1_FN(
+    const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
+    int64_t N, int64_t ICB, int64_t W, int64_t OCB, int64_t OW, int64_t pl, int64_t dil, int64_t S,
+    int64_t T, int64_t osplit, int relu, int par) {
+  const int64_t per_phase = ((OW + dil - 1) / dil + KILN_WG1_M - 1) / KILN_WG1_M, ntile = N * dil * per_phase;
+  struct KILN_WG1_CTX c = { x, u, bias, y, N, ICB, W, OCB, OW, pl, dil, S, T, osplit, relu, 0 };
+  kiln_par_for(KILN_WG1_TASKS, &c, 0, (ntile + T - 1) / T * osplit, par);
+  return c.failed ? -1 : 0;
+}
+#undef KILN_WG1_TASKS
+#undef KILN_WG1_CTX
+#undef KILN_WG1_CAT
+#undef KILN_WG1_CAT2
