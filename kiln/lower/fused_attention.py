@@ -129,7 +129,7 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
     # kernel compares its work with the cost model's floor then
     work = b * hq * sq * sk * (d + dv)
     fork_at = (str(_fork_floor(target)) if kv_lens is not None or not static(work) else
-               "0" if parallel_worth(work, target, "attention", openmp=True) else "INT64_MAX")
+               "0" if parallel_worth(work, target, "attention") else "INT64_MAX")
     dvp = -(-dv // (t.no * t.lanes)) * t.no * t.lanes
     ct, ld, st = _types(q.dtype)
     mt = "float" if mask is None else mask.dtype.c
@@ -141,7 +141,7 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
               "KILN_FA_D": d, "KILN_FA_DV": dv, "KILN_FA_DVP": dvp,
               # in-place reads of K and V rows (decoding, see flash_attention.c): float32 whole vectors
               "KILN_FA_DIRECT": int(q.dtype is DType.float32 and d % t.lanes == 0 and dv % t.lanes == 0)}
-    preamble = c_source("kiln_exp.h") + c_instance("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper())
+    preamble = c_source("kiln_exp.h") + c_source("kiln_par.h") + c_instance("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper())
     if kv_lens is not None and (kv_lens.dtype is not DType.int64 or len(kv_lens.shape) != 1
                                 or not same_size(kv_lens.shape[0], b)):
         ctx.fail(f"the keys' valid lengths must be int64 of shape ({b},), got {kv_lens.dtype} "
@@ -159,11 +159,11 @@ def _fork_floor(target: Target) -> int | str:
     """The least work (the products' multiply-adds) at which the kernel forks on `target`
     (parallel_worth is monotonic in it), for a kernel whose key count is known at run time."""
     lo, hi = 1, 1 << 50
-    if not parallel_worth(hi, target, "attention", openmp=True):
+    if not parallel_worth(hi, target, "attention"):
         return "INT64_MAX"
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if parallel_worth(mid, target, "attention", openmp=True) else (mid + 1, hi)
+        lo, hi = (lo, mid) if parallel_worth(mid, target, "attention") else (mid + 1, hi)
     return lo
 
 

@@ -62,33 +62,29 @@ def serial_rate(kind: str, target: Target) -> float:
     return OPS_PER_US[kind]
 
 
-def parallel_worth(work: int, target: Target, kind: str = "window", streamed: int = 0,
-                   openmp: bool = False) -> bool:
+def parallel_worth(work: int, target: Target, kind: str = "window", streamed: int = 0) -> bool:
     """Whether a kernel doing `work` multiply-adds (window ops, elements copied) should run
     in parallel on `target`: past the serial floor (`parallel_min_work`), when the time `target.cores` threads
     save is `fork_gain` (FORK_GAIN by default) times the fork and join (`Target.fork_us`: a wake-up when threads sleep
     between kernels, kiln's default; ~2 us when they spin). `streamed`: elements (weights) the
     kernel reads once each, which take longer than its arithmetic where there is little of it
-    (the "stream" rate). `openmp`: a hand-written kernel that forks OpenMP's team itself (its
-    fork costs `Target.omp_fork_us` whatever runs the generated loops). A symbolic `work` is
-    judged at its symbols' hints (kiln.loops.symbols)."""
+    (the "stream" rate). A symbolic `work` is judged at its symbols' hints (kiln.loops.symbols)."""
     work = hint(work)
     if work < parallel_min_work():
         return False
     serial_us = max(work / serial_rate(kind, target), hint(streamed) / OPS_PER_US["stream"])
     saved = serial_us * (1 - 1 / max(2, target.cores))
-    return saved >= FORK_GAIN_DECISION.value() * (target.omp_fork_us if openmp else target.fork_us)
+    return saved >= FORK_GAIN_DECISION.value() * target.fork_us
 
 
-def parallel_from(n, work_of, target: Target, kind: str = "conv", openmp: bool = False) -> str:
+def parallel_from(n, work_of, target: Target, kind: str = "conv") -> str:
     """A hand-written kernel's `parallel` argument as C: "1"/"0" for a static batch `n`, else
     `(n >= k)` for the least batch k whose work (`work_of(k)`) is worth threads, so a symbolic
     batch of 1 stays serial as its specialised kernel is (kiln.loops.symbols.c_size spells n)."""
     from kiln.loops.symbols import as_int, c_size, static  # noqa: PLC0415
     if static(n):
-        return str(int(parallel_worth(work_of(as_int(n)), target, kind, openmp=openmp)))
-    k = next((k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
-              if parallel_worth(work_of(k), target, kind, openmp=openmp)),
+        return str(int(parallel_worth(work_of(as_int(n)), target, kind)))
+    k = next((k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256) if parallel_worth(work_of(k), target, kind)),
              None)
     return "0" if k is None else "1" if k == 1 else f"({c_size(n)} >= {k})"
 

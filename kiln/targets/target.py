@@ -142,12 +142,6 @@ class Target:
         measured on this machine where the compiler did (the host), else the table's figure."""
         return self.fork_us_measured or threads.fork_us(self.omp_wait_policy, self.omp_spincount, self.threads_impl)
 
-    @property
-    def omp_fork_us(self) -> float:
-        """What forking OpenMP's team costs (hand-written kernels that fork it themselves,
-        whichever implementation runs the generated loops), in us."""
-        return threads.fork_us(self.omp_wait_policy, self.omp_spincount, "omp")
-
     def arch_flags(self) -> list[str]:
         """The C compiler flags that pick this CPU: -march, and on x86 the vector width the
         register tiles are sized for (-march=native also picks a tuning, and some tunings

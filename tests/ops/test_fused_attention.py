@@ -234,7 +234,7 @@ def test_forks_only_where_the_threads_save_more_than_the_fork():
     on one AVX-512 core) stay serial where threads sleep between kernels, 8 heads x 256 keys fork."""
     from kiln.compiler import run_stages
     from kiln.targets.target import Target
-    sleep = Target.named("x86-64-v4", omp_wait_policy="PASSIVE", omp_spincount="")
+    sleep = Target.named("x86-64-v4", omp_wait_policy="PASSIVE", omp_spincount="", threads_impl="omp")
 
     def fork_arg(*dims, **decisions):
         src = run_stages(fused_graph(*dims), "c", cpu=sleep, opt_level=0, decisions=decisions or None).source.text

@@ -83,17 +83,55 @@ int32_t pool_busy(int32_t* hits, int64_t n, int64_t* workers_used) {
   pthread_join(t, 0);
   return 0;
 }
+/* contended for a second (as a descheduled worker marks it): how many distinct threads ran 8 slow chunks */
+int32_t pool_contended_distinct(void) {
+  __atomic_store_n(&kiln_pool.calm_after, kiln_pool_now() + 1000000000, __ATOMIC_RELAXED);
+  int32_t d = pool_distinct();
+  __atomic_store_n(&kiln_pool.calm_after, 0, __ATOMIC_RELAXED);
+  return d;
+}
+/* workers asleep (out of nworkers) `ms` after parking inside an inference, and `ms` after unparking */
+int32_t pool_parked(int32_t ms, int32_t* asleep_parked, int32_t* asleep_after) {
+  job_t c = { 0, 0, 0 };
+  kiln_pool_enter();
+  kiln_pool_for(slow, 0, 0, 2);   /* workers made and running */
+  kiln_pool_park();
+  struct timespec t = {0, ms * 1000000L};
+  nanosleep(&t, 0);
+  *asleep_parked = __atomic_load_n(&kiln_pool.sleepers, __ATOMIC_SEQ_CST);
+  kiln_pool_unpark();
+  *asleep_after = __atomic_load_n(&kiln_pool.sleepers, __ATOMIC_SEQ_CST);   /* (woken: not yet counted off) */
+  kiln_pool_leave();
+  (void)c;
+  return 0;
+}
+"""
+
+PAR = r"""
+typedef struct { int32_t* hits; } par_t;
+static void par_mark(void* c_, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) __atomic_fetch_add(&((par_t*)c_)->hits[i], 1, __ATOMIC_RELAXED);
+}
+int32_t par_loops(int32_t* hits, int64_t lo, int64_t hi, int32_t par, int64_t loops) {
+  par_t c = { hits };
+  for (int64_t r = 0; r < loops; ++r) kiln_par_for(par_mark, &c, lo, hi, par);
+  return 0;
+}
 """
 
 
 @pytest.fixture(scope="module")
 def lib():
+    # never contended unless a test says so (a loaded machine would run the loops inline)
+    os.environ["KILN_POOL_CALM_MS"] = "0"
     path = compile_c(PRELUDE + "\n" + c_source("kiln_pool.h") + HARNESS, Target.host())
     lib = ctypes.CDLL(str(path))
     lib.pool_loops.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32]
     lib.pool_busy.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.pool_parked.argtypes = [ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
     yield lib
     lib.pool_threads(2)
+    del os.environ["KILN_POOL_CALM_MS"]
 
 
 def _loops(lib, n, loops=1, nested=False, entered=True):
@@ -127,6 +165,41 @@ def test_the_workers_take_chunks(lib):
     assert max(lib.pool_distinct() for _ in range(10)) >= 2
     lib.pool_threads(1)
     assert lib.pool_distinct() == 1
+
+
+def test_a_contended_pool_runs_loops_on_the_calling_thread(lib):
+    """Contended (a worker found itself descheduled: a busy machine, or another runtime's
+    threads on the cores), the caller runs every chunk: a worker the scheduler keeps waiting
+    would hold the chunks it claimed."""
+    lib.pool_threads(3)
+    assert lib.pool_contended_distinct() == 1
+    assert max(lib.pool_distinct() for _ in range(10)) >= 2   # and the calm ends
+
+
+def test_parked_workers_sleep(lib):
+    """Around a kernel that forks OpenMP's team the pool's workers sleep (not spin against
+    that team for the cores); unparked, they are woken."""
+    lib.pool_threads(3)
+    parked, after = np.zeros(1, np.int32), np.zeros(1, np.int32)
+    for _ in range(20):   # (a busy machine may not run a worker within the wait)
+        lib.pool_parked(20, parked.ctypes.data, after.ctypes.data)
+        if parked[0] == 2:
+            break
+    assert parked[0] == 2
+
+
+@pytest.mark.parametrize("pool", [True, False])
+@pytest.mark.parametrize("lo,hi", [(0, 0), (0, 1), (3, 5), (0, 7), (5, 1000)])
+def test_kiln_par_for_runs_every_iteration_once(pool, lo, hi):
+    """A hand-written kernel's kiln_par_for (kiln/codegen/c_src/kiln_par.h) on kiln's pool or
+    on OpenMP's team, in parallel or not."""
+    head = c_source("kiln_pool.h") if pool else ""
+    par = ctypes.CDLL(str(compile_c(PRELUDE + "\n" + head + c_source("kiln_par.h") + PAR, Target.host())))
+    par.par_loops.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_int64]
+    for flag in (1, 0):
+        hits = np.zeros(1000, np.int32)
+        par.par_loops(hits.ctypes.data, lo, hi, flag, 7)
+        assert (hits[lo:hi] == 7).all() and hits[:lo].sum() == 0 and hits[hi:].sum() == 0
 
 
 def test_loops_inside_a_chunk_run_inline(lib):
@@ -283,3 +356,29 @@ def test_a_failed_check_inside_a_chunk_is_reported(pool_env):
     idx[200] = 9999
     with pytest.raises(kiln.KilnError, match="9999"):
         c(idx)
+
+
+def test_only_kernels_forking_openmp_themselves_park_the_pool():
+    """A hand-written kernel with its own `omp parallel` is bracketed by kiln_pool_park/unpark
+    in a pool module; one whose loops go through kiln_par_for (the module's threads) is not."""
+    from kiln.codegen.c import forks_openmp
+    from kiln.codegen.csource import c_parallel
+    from kiln.loops import stmt as S
+    own = S.ExternFunc("k", (), "  #pragma omp parallel for\n  for (int i = 0; i < 4; ++i) f(i);\n  return 0;")
+    team = S.ExternFunc("k", (), "  return g();", preamble="static int g(void) { return omp_get_thread_num(); }")
+    simd = S.ExternFunc("k", (), "  #pragma omp simd\n  for (int i = 0; i < 4; ++i) f(i);\n  return 0;")
+    shared = [S.ExternFunc("k", (), "  return h();", preamble=c_parallel(impl) + "static int h(void) { return 0; }")
+              for impl in ("pool", "omp")]
+    assert forks_openmp(own) and forks_openmp(team)
+    assert not forks_openmp(simd) and not any(forks_openmp(f) for f in shared)
+
+
+def test_a_winograd_model_forks_no_openmp_team_on_the_pool(pool_env):
+    """The Winograd kernel's tasks run on the pool (kiln_par_for), the model's source has no
+    OpenMP fork left and no parking around the kernel."""
+    from kiln.compiler import run_stages
+    from tests.lower.test_winograd import conv_model
+    model, *_ = conv_model(2, 32, 32, 20, 20, [1, 1, 1, 1], True, seed=5)
+    src = run_stages(model, "c").source.text
+    assert "kiln_winograd" in src and "kiln_par_for(" in src
+    assert "kiln_pool_park();" not in src

@@ -58,6 +58,288 @@ static inline uint16_t kiln_fa_to_bf16(float f) {
 }
 #endif
 
+#define KILN_FA_CAT2(a, b) a##b
+#define KILN_FA_CAT(a, b) KILN_FA_CAT2(a, b)
+#define KILN_FA_CTX KILN_FA_CAT(KILN_FA_FN, _ctx)
+/* what the three parallel loops read (kiln_par_for's context): the arguments and the sizes */
+struct KILN_FA_CTX {
+  const KILN_FA_TQ* q; const KILN_FA_TK* k; const KILN_FA_TV* v; const KILN_FA_TM* mask;
+  const int64_t* kv_lens; KILN_FA_TO* out;
+  int64_t B, HQ, HKV, SQ, SK, qb, qh, qs, qd, kb_, kh, ks, kd, vb, vh, vs, vd, ob, oh, os, od;
+  int mask_kind; int64_t mb, mh, mq, mk; float fill, scale; int64_t causal; int empty_nan;
+  int64_t G, SKM, HG, RQ, NKB, NQT, SKP, MBN, MHN, MQN, NKBP; int direct;
+  float* kp; float* vp; unsigned char* states;
+};
+#define KILN_FA_UNPACK(c_) \
+  typedef float fv __attribute__((vector_size(KILN_FA_L * 4))); \
+  enum { L = KILN_FA_L, MR = KILN_FA_MR, NK = KILN_FA_NK, NO = KILN_FA_NO, BK = KILN_FA_BK, BQ = KILN_FA_BQ, \
+         D = KILN_FA_D, DV = KILN_FA_DV, DVP = KILN_FA_DVP }; \
+  const struct KILN_FA_CTX* c = (const struct KILN_FA_CTX*)(c_); \
+  const KILN_FA_TQ* q = c->q; const KILN_FA_TK* k = c->k; const KILN_FA_TV* v = c->v; \
+  const KILN_FA_TM* mask = c->mask; const int64_t* kv_lens = c->kv_lens; KILN_FA_TO* out = c->out; \
+  const int64_t B = c->B, HQ = c->HQ, HKV = c->HKV, SQ = c->SQ, SK = c->SK; \
+  const int64_t qb = c->qb, qh = c->qh, qs = c->qs, qd = c->qd, kb_ = c->kb_, kh = c->kh, ks = c->ks, kd = c->kd; \
+  const int64_t vb = c->vb, vh = c->vh, vs = c->vs, vd = c->vd, ob = c->ob, oh = c->oh, os = c->os, od = c->od; \
+  const int mask_kind = c->mask_kind; const int64_t mb = c->mb, mh = c->mh, mq = c->mq, mk = c->mk; \
+  const float fill = c->fill, scale = c->scale; const int64_t causal = c->causal; const int empty_nan = c->empty_nan; \
+  const int64_t G = c->G, SKM = c->SKM, HG = c->HG, RQ = c->RQ, NKB = c->NKB, NQT = c->NQT, SKP = c->SKP; \
+  const int64_t MBN = c->MBN, MHN = c->MHN, MQN = c->MQN, NKBP = c->NKBP; const int direct = c->direct; \
+  float* kp = c->kp; float* vp = c->vp; unsigned char* states = c->states; \
+  (void)q; (void)k; (void)v; (void)mask; (void)kv_lens; (void)out; (void)B; (void)HQ; (void)HKV; (void)SQ; \
+  (void)SK; (void)qb; (void)qh; (void)qs; (void)qd; (void)kb_; (void)kh; (void)ks; (void)kd; (void)vb; (void)vh; \
+  (void)vs; (void)vd; (void)ob; (void)oh; (void)os; (void)od; (void)mask_kind; (void)mb; (void)mh; (void)mq; \
+  (void)mk; (void)fill; (void)scale; (void)causal; (void)empty_nan; (void)G; (void)SKM; (void)HG; (void)RQ; \
+  (void)NKB; (void)NQT; (void)SKP; (void)MBN; (void)MHN; (void)MQN; (void)NKBP; (void)direct; (void)kp; (void)vp; \
+  (void)states
+/* 1. K and V packed per (batch, K/V head, key block) */
+static void KILN_FA_CAT(KILN_FA_FN, _pack)(void* c_, int64_t lo, int64_t hi) {
+  KILN_FA_UNPACK(c_);
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t b = i / (HKV * NKBP), g = i / NKBP % HKV, blk = i % NKBP;
+    const int64_t SKb = kv_lens ? (kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b]) : SK;
+    float* kdst = kp + ((size_t)(b * HKV + g) * NKB + blk) * D * BK;
+    float* vdst = vp + ((size_t)(b * HKV + g) * SKP + blk * BK) * DVP;
+    for (int64_t j = 0; j < BK; ++j) {
+      const int64_t t = blk * BK + j;
+      if (t < SKb) {
+        const KILN_FA_TK* kr = k + b * kb_ + g * kh + t * ks;
+        for (int64_t d = 0; d < D; ++d) kdst[d * BK + j] = KILN_FA_LD(kr[d * kd]);
+        const KILN_FA_TV* vr = v + b * vb + g * vh + t * vs;
+        for (int64_t e = 0; e < DV; ++e) vdst[j * DVP + e] = KILN_FA_LD(vr[e * vd]);
+        for (int64_t e = DV; e < DVP; ++e) vdst[j * DVP + e] = 0.0f;
+      } else {
+        for (int64_t d = 0; d < D; ++d) kdst[d * BK + j] = 0.0f;
+        for (int64_t e = 0; e < DVP; ++e) vdst[j * DVP + e] = 0.0f;
+      }
+    }
+  }
+}
+/* 2. the mask's block states per (mask batch, mask head; q tile, key block) */
+static void KILN_FA_CAT(KILN_FA_FN, _states)(void* c_, int64_t lo, int64_t hi) {
+  KILN_FA_UNPACK(c_);
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t x = i / (MQN * NKB), y = i % (MQN * NKB);
+    const int64_t b = x / MHN, h = x % MHN, qt = y / NKB, blk = y % NKB;
+    const int64_t q0 = qt * BQ, k0 = blk * BK;
+    const int64_t nr = mq ? (SQ - q0 < BQ ? SQ - q0 : BQ) : 1, nk = SKM - k0 < BK ? SKM - k0 : BK;
+    int dead = 1, zero = 1;
+    for (int64_t r = 0; r < nr && (dead || zero); ++r) {
+      const KILN_FA_TM* row = mask + b * mb + h * mh + (q0 + r) * mq + k0 * mk;
+      for (int64_t j = 0; j < nk; ++j) {
+        if (mask_kind == 1) {
+          const float m = (float)row[j * mk];
+          dead &= m <= KILN_FA_DEAD;
+          zero &= m == 0.0f;
+        } else {
+          const int on = (row[j * mk] != 0) != (mask_kind == 3);
+          dead &= !on && fill <= KILN_FA_DEAD;
+          zero &= on;
+        }
+      }
+    }
+    states[x * MQN * NKB + y] = (unsigned char)(dead ? 1 : zero ? 2 : 0);
+  }
+}
+/* 3. the attention of each (batch, head group, q tile) */
+static void KILN_FA_CAT(KILN_FA_FN, _tiles)(void* c_, int64_t lo, int64_t hi) {
+  KILN_FA_UNPACK(c_);
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t b = i / (HQ / HG * NQT), hg = i / NQT % (HQ / HG), qt = i % NQT;
+    const int64_t h = hg * HG, g = h / G, q0 = qt * BQ, nrows = RQ - q0 < BQ ? RQ - q0 : BQ;
+    const int64_t SKb = kv_lens ? (kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b]) : SK;
+    const int64_t NKBb = (SKb + BK - 1) / BK;
+    const int cmode = causal >= 0;
+    const int64_t cz = cmode && kv_lens ? causal + SKb - SQ : causal;
+    float qt_[BQ][D] __attribute__((aligned(64)));
+    float o[BQ][DVP] __attribute__((aligned(64)));
+    float s[BQ][BK] __attribute__((aligned(64)));
+    float m[BQ], l[BQ], alpha[BQ];
+    int64_t rh[BQ], rs[BQ], smax = 0;  /* each row's query head and position */
+    for (int64_t r = 0; r < BQ; ++r) {
+      const int64_t rr = q0 + (r < nrows ? r : nrows - 1);
+      rh[r] = h + rr / SQ;
+      rs[r] = rr % SQ;
+      smax = rs[r] > smax ? rs[r] : smax;
+      const KILN_FA_TQ* qr = q + b * qb + rh[r] * qh + rs[r] * qs;
+      for (int64_t d = 0; d < D; ++d) qt_[r][d] = scale * KILN_FA_LD(qr[d * qd]);
+      for (int64_t e = 0; e < DVP; ++e) o[r][e] = 0.0f;
+      m[r] = -INFINITY; l[r] = 0.0f;
+    }
+    const unsigned char* st = mask_kind ? states + ((mb ? b : 0) * MHN + (mh ? h : 0)) * MQN * NKB
+                                            + (mq ? qt : 0) * NKB : 0;
+    const float* kpg = kp + (size_t)(b * HKV + g) * NKB * D * BK;
+    const float* vpg = vp + (size_t)(b * HKV + g) * SKP * DVP;
+    int live = 0;  /* every row of the tile has seen a score above the dead level */
+    for (int64_t blk = 0; blk < NKBb; ++blk) {
+      const int64_t k0 = blk * BK, nk = SKb - k0 < BK ? SKb - k0 : BK;
+      if (cmode && k0 > smax + cz) break;
+      const int state = mask_kind ? st[blk] : 2;
+      if (state == 1 && live) continue;
+      const float* kb = kpg + blk * D * BK;
+#if KILN_FA_DIRECT
+      if (direct) {  /* S = Q·Kᵀ from the key rows in place: per key, a dot product per row */
+        const float* krow = (const float*)k + b * kb_ + g * kh + k0 * ks;
+        for (int64_t j = 0; j < nk; ++j, krow += ks) {
+          fv kk[D / L];
+          #pragma GCC unroll 16
+          for (int c = 0; c < D / L; ++c) memcpy(&kk[c], krow + c * L, sizeof(fv));
+          for (int64_t r = 0; r < nrows; ++r) {
+            fv acc = (fv){0};
+            #pragma GCC unroll 16
+            for (int c = 0; c < D / L; ++c) {
+              fv qq;
+              memcpy(&qq, &qt_[r][c * L], sizeof(fv));
+              acc += qq * kk[c];
+            }
+            float t[L];  /* a tree of halves, not L dependent adds */
+            memcpy(t, &acc, sizeof(fv));
+            #pragma GCC unroll 8
+            for (int w = L / 2; w >= 1; w /= 2)
+              #pragma GCC unroll 16
+              for (int i = 0; i < w; ++i) t[i] += t[i + w];
+            s[r][j] = t[0];
+          }
+        }
+      } else
+#endif
+      /* S = Q·Kᵀ, MR x (NK * L) micro-tiles held in registers over d */
+      for (int64_t r0 = 0; r0 < nrows; r0 += MR)
+        for (int64_t c0 = 0; c0 < BK; c0 += NK * L) {
+          fv acc[MR][NK];
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r)
+            #pragma GCC unroll 8
+            for (int n = 0; n < NK; ++n) acc[r][n] = (fv){0};
+          for (int64_t d = 0; d < D; ++d) {
+            fv kk[NK];
+            #pragma GCC unroll 8
+            for (int n = 0; n < NK; ++n) memcpy(&kk[n], kb + d * BK + c0 + n * L, sizeof(fv));
+            #pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+              const float qv = qt_[r0 + r][d];
+              #pragma GCC unroll 8
+              for (int n = 0; n < NK; ++n) acc[r][n] += qv * kk[n];
+            }
+          }
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r)
+            #pragma GCC unroll 8
+            for (int n = 0; n < NK; ++n) memcpy(&s[r0 + r][c0 + n * L], &acc[r][n], sizeof(fv));
+        }
+      /* mask, causal bound, keys past the end; then the online softmax per row */
+      int all_live = 1;
+      for (int64_t r = 0; r < nrows; ++r) {
+        float* sr = s[r];
+        const int64_t row = rs[r];
+        if (state == 0) {
+          const KILN_FA_TM* mr_ = mask + (mask_kind ? b * mb + h * mh + row * mq + k0 * mk : 0);
+          if (mask_kind == 1) {
+            for (int64_t j = 0; j < nk; ++j) sr[j] += (float)mr_[j * mk];
+          } else if (mask_kind == 2) {
+            for (int64_t j = 0; j < nk; ++j) sr[j] = mr_[j * mk] ? sr[j] : fill;
+          } else {
+            for (int64_t j = 0; j < nk; ++j) sr[j] = mr_[j * mk] ? fill : sr[j];
+          }
+        } else if (state == 1) {  /* dead, but some row has seen nothing live yet */
+          if (mask_kind == 1) {
+            const KILN_FA_TM* mr_ = mask + b * mb + h * mh + row * mq + k0 * mk;
+            for (int64_t j = 0; j < nk; ++j) sr[j] += (float)mr_[j * mk];
+          } else {
+            for (int64_t j = 0; j < nk; ++j) sr[j] = fill;
+          }
+        }
+        int64_t vis = nk;
+        if (cmode && row + cz - k0 + 1 < vis) vis = row + cz - k0 + 1;
+        if (vis < 0) vis = 0;
+        for (int64_t j = vis; j < BK; ++j) sr[j] = -INFINITY;
+        float mx = -INFINITY;
+        #pragma omp simd reduction(max:mx)
+        for (int64_t j = 0; j < BK; ++j) mx = sr[j] > mx ? sr[j] : mx;
+        const float mnew = mx > m[r] ? mx : m[r];
+        if (mnew == -INFINITY) {  /* nothing visible yet: no weight, nothing to rescale */
+          for (int64_t j = 0; j < BK; ++j) sr[j] = 0.0f;
+          alpha[r] = 1.0f;
+          all_live = 0;
+          continue;
+        }
+        alpha[r] = kiln_fa_exp(m[r] - mnew);
+        float sum = 0.0f;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t j = 0; j < BK; ++j) {
+          const float p = kiln_fa_exp(sr[j] - mnew);
+          sr[j] = p;
+          sum += p;
+        }
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = mnew;
+        all_live &= mnew > 0.1f * KILN_FA_DEAD;
+      }
+      live = all_live;
+      const float* vblk = vpg + k0 * DVP;
+#if KILN_FA_DIRECT
+      if (direct) {  /* O = O * alpha + P·V from the value rows in place */
+        const float* vrow0 = (const float*)v + b * vb + g * vh + k0 * vs;
+        for (int64_t r = 0; r < nrows; ++r) {
+          fv acc[DV / L];
+          #pragma GCC unroll 16
+          for (int c = 0; c < DV / L; ++c) {
+            memcpy(&acc[c], &o[r][c * L], sizeof(fv));
+            acc[c] *= alpha[r];
+          }
+          const float* vrow = vrow0;
+          for (int64_t j = 0; j < nk; ++j, vrow += vs) {
+            const float p = s[r][j];
+            #pragma GCC unroll 16
+            for (int c = 0; c < DV / L; ++c) {
+              fv vv;
+              memcpy(&vv, vrow + c * L, sizeof(fv));
+              acc[c] += p * vv;
+            }
+          }
+          #pragma GCC unroll 16
+          for (int c = 0; c < DV / L; ++c) memcpy(&o[r][c * L], &acc[c], sizeof(fv));
+        }
+      } else
+#endif
+      /* O = O * alpha + P·V, MR x (NO * L) micro-tiles held in registers over the keys */
+      for (int64_t r0 = 0; r0 < nrows; r0 += MR)
+        for (int64_t c0 = 0; c0 < DVP; c0 += NO * L) {
+          fv acc[MR][NO];
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r) {
+            const float a = r0 + r < nrows ? alpha[r0 + r] : 0.0f;
+            #pragma GCC unroll 8
+            for (int n = 0; n < NO; ++n) {
+              memcpy(&acc[r][n], &o[r0 + r][c0 + n * L], sizeof(fv));
+              acc[r][n] *= a;
+            }
+          }
+          for (int64_t j = 0; j < nk; ++j) {
+            fv vv[NO];
+            #pragma GCC unroll 8
+            for (int n = 0; n < NO; ++n) memcpy(&vv[n], vblk + j * DVP + c0 + n * L, sizeof(fv));
+            #pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+              const float p = s[r0 + r][j];
+              #pragma GCC unroll 8
+              for (int n = 0; n < NO; ++n) acc[r][n] += p * vv[n];
+            }
+          }
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r)
+            #pragma GCC unroll 8
+            for (int n = 0; n < NO; ++n) memcpy(&o[r0 + r][c0 + n * L], &acc[r][n], sizeof(fv));
+        }
+    }
+    for (int64_t r = 0; r < nrows; ++r) {
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : empty_nan ? NAN : 0.0f;
+      KILN_FA_TO* orow = out + b * ob + rh[r] * oh + rs[r] * os;
+      for (int64_t e = 0; e < DV; ++e) orow[e * od] = KILN_FA_ST(o[r][e] * inv);
+    }
+  }
+}
+
+
 __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
     const KILN_FA_TQ* q, const KILN_FA_TK* k, const KILN_FA_TV* v, const KILN_FA_TM* mask,
     const int64_t* kv_lens, KILN_FA_TO* out,
@@ -98,251 +380,17 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
   unsigned char* states = (unsigned char*)(vp + vbytes / sizeof(float));
   const int64_t NKBP = direct ? 0 : NKB;  /* blocks packed */
   const int par = B * HQ * SQ * SKM * (D + DV) >= parallel_min;
-  #pragma omp parallel if (par)
-  {
-    #pragma omp for collapse(3) schedule(static)
-    for (int64_t b = 0; b < B; ++b)
-    for (int64_t g = 0; g < HKV; ++g)
-    for (int64_t blk = 0; blk < NKBP; ++blk) {
-      const int64_t SKb = kv_lens ? (kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b]) : SK;
-      float* kdst = kp + ((size_t)(b * HKV + g) * NKB + blk) * D * BK;
-      float* vdst = vp + ((size_t)(b * HKV + g) * SKP + blk * BK) * DVP;
-      for (int64_t j = 0; j < BK; ++j) {
-        const int64_t t = blk * BK + j;
-        if (t < SKb) {
-          const KILN_FA_TK* kr = k + b * kb_ + g * kh + t * ks;
-          for (int64_t d = 0; d < D; ++d) kdst[d * BK + j] = KILN_FA_LD(kr[d * kd]);
-          const KILN_FA_TV* vr = v + b * vb + g * vh + t * vs;
-          for (int64_t e = 0; e < DV; ++e) vdst[j * DVP + e] = KILN_FA_LD(vr[e * vd]);
-          for (int64_t e = DV; e < DVP; ++e) vdst[j * DVP + e] = 0.0f;
-        } else {
-          for (int64_t d = 0; d < D; ++d) kdst[d * BK + j] = 0.0f;
-          for (int64_t e = 0; e < DVP; ++e) vdst[j * DVP + e] = 0.0f;
-        }
-      }
-    }
-    if (mask_kind) {
-      #pragma omp for collapse(2) schedule(static)
-      for (int64_t x = 0; x < MBN * MHN; ++x)
-      for (int64_t y = 0; y < MQN * NKB; ++y) {
-        const int64_t b = x / MHN, h = x % MHN, qt = y / NKB, blk = y % NKB;
-        const int64_t q0 = qt * BQ, k0 = blk * BK;
-        const int64_t nr = mq ? (SQ - q0 < BQ ? SQ - q0 : BQ) : 1, nk = SKM - k0 < BK ? SKM - k0 : BK;
-        int dead = 1, zero = 1;
-        for (int64_t r = 0; r < nr && (dead || zero); ++r) {
-          const KILN_FA_TM* row = mask + b * mb + h * mh + (q0 + r) * mq + k0 * mk;
-          for (int64_t j = 0; j < nk; ++j) {
-            if (mask_kind == 1) {
-              const float m = (float)row[j * mk];
-              dead &= m <= KILN_FA_DEAD;
-              zero &= m == 0.0f;
-            } else {
-              const int on = (row[j * mk] != 0) != (mask_kind == 3);
-              dead &= !on && fill <= KILN_FA_DEAD;
-              zero &= on;
-            }
-          }
-        }
-        states[x * MQN * NKB + y] = (unsigned char)(dead ? 1 : zero ? 2 : 0);
-      }
-    }
-    #pragma omp for collapse(3) schedule(dynamic, 1)
-    for (int64_t b = 0; b < B; ++b)
-    for (int64_t hg = 0; hg < HQ / HG; ++hg)
-    for (int64_t qt = 0; qt < NQT; ++qt) {
-      const int64_t h = hg * HG, g = h / G, q0 = qt * BQ, nrows = RQ - q0 < BQ ? RQ - q0 : BQ;
-      const int64_t SKb = kv_lens ? (kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b]) : SK;
-      const int64_t NKBb = (SKb + BK - 1) / BK;
-      const int cmode = causal >= 0;
-      const int64_t cz = cmode && kv_lens ? causal + SKb - SQ : causal;
-      float qt_[BQ][D] __attribute__((aligned(64)));
-      float o[BQ][DVP] __attribute__((aligned(64)));
-      float s[BQ][BK] __attribute__((aligned(64)));
-      float m[BQ], l[BQ], alpha[BQ];
-      int64_t rh[BQ], rs[BQ], smax = 0;  /* each row's query head and position */
-      for (int64_t r = 0; r < BQ; ++r) {
-        const int64_t rr = q0 + (r < nrows ? r : nrows - 1);
-        rh[r] = h + rr / SQ;
-        rs[r] = rr % SQ;
-        smax = rs[r] > smax ? rs[r] : smax;
-        const KILN_FA_TQ* qr = q + b * qb + rh[r] * qh + rs[r] * qs;
-        for (int64_t d = 0; d < D; ++d) qt_[r][d] = scale * KILN_FA_LD(qr[d * qd]);
-        for (int64_t e = 0; e < DVP; ++e) o[r][e] = 0.0f;
-        m[r] = -INFINITY; l[r] = 0.0f;
-      }
-      const unsigned char* st = mask_kind ? states + ((mb ? b : 0) * MHN + (mh ? h : 0)) * MQN * NKB
-                                              + (mq ? qt : 0) * NKB : 0;
-      const float* kpg = kp + (size_t)(b * HKV + g) * NKB * D * BK;
-      const float* vpg = vp + (size_t)(b * HKV + g) * SKP * DVP;
-      int live = 0;  /* every row of the tile has seen a score above the dead level */
-      for (int64_t blk = 0; blk < NKBb; ++blk) {
-        const int64_t k0 = blk * BK, nk = SKb - k0 < BK ? SKb - k0 : BK;
-        if (cmode && k0 > smax + cz) break;
-        const int state = mask_kind ? st[blk] : 2;
-        if (state == 1 && live) continue;
-        const float* kb = kpg + blk * D * BK;
-#if KILN_FA_DIRECT
-        if (direct) {  /* S = Q·Kᵀ from the key rows in place: per key, a dot product per row */
-          const float* krow = (const float*)k + b * kb_ + g * kh + k0 * ks;
-          for (int64_t j = 0; j < nk; ++j, krow += ks) {
-            fv kk[D / L];
-            #pragma GCC unroll 16
-            for (int c = 0; c < D / L; ++c) memcpy(&kk[c], krow + c * L, sizeof(fv));
-            for (int64_t r = 0; r < nrows; ++r) {
-              fv acc = (fv){0};
-              #pragma GCC unroll 16
-              for (int c = 0; c < D / L; ++c) {
-                fv qq;
-                memcpy(&qq, &qt_[r][c * L], sizeof(fv));
-                acc += qq * kk[c];
-              }
-              float t[L];  /* a tree of halves, not L dependent adds */
-              memcpy(t, &acc, sizeof(fv));
-              #pragma GCC unroll 8
-              for (int w = L / 2; w >= 1; w /= 2)
-                #pragma GCC unroll 16
-                for (int i = 0; i < w; ++i) t[i] += t[i + w];
-              s[r][j] = t[0];
-            }
-          }
-        } else
-#endif
-        /* S = Q·Kᵀ, MR x (NK * L) micro-tiles held in registers over d */
-        for (int64_t r0 = 0; r0 < nrows; r0 += MR)
-          for (int64_t c0 = 0; c0 < BK; c0 += NK * L) {
-            fv acc[MR][NK];
-            #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r)
-              #pragma GCC unroll 8
-              for (int n = 0; n < NK; ++n) acc[r][n] = (fv){0};
-            for (int64_t d = 0; d < D; ++d) {
-              fv kk[NK];
-              #pragma GCC unroll 8
-              for (int n = 0; n < NK; ++n) memcpy(&kk[n], kb + d * BK + c0 + n * L, sizeof(fv));
-              #pragma GCC unroll 16
-              for (int r = 0; r < MR; ++r) {
-                const float qv = qt_[r0 + r][d];
-                #pragma GCC unroll 8
-                for (int n = 0; n < NK; ++n) acc[r][n] += qv * kk[n];
-              }
-            }
-            #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r)
-              #pragma GCC unroll 8
-              for (int n = 0; n < NK; ++n) memcpy(&s[r0 + r][c0 + n * L], &acc[r][n], sizeof(fv));
-          }
-        /* mask, causal bound, keys past the end; then the online softmax per row */
-        int all_live = 1;
-        for (int64_t r = 0; r < nrows; ++r) {
-          float* sr = s[r];
-          const int64_t row = rs[r];
-          if (state == 0) {
-            const KILN_FA_TM* mr_ = mask + (mask_kind ? b * mb + h * mh + row * mq + k0 * mk : 0);
-            if (mask_kind == 1) {
-              for (int64_t j = 0; j < nk; ++j) sr[j] += (float)mr_[j * mk];
-            } else if (mask_kind == 2) {
-              for (int64_t j = 0; j < nk; ++j) sr[j] = mr_[j * mk] ? sr[j] : fill;
-            } else {
-              for (int64_t j = 0; j < nk; ++j) sr[j] = mr_[j * mk] ? fill : sr[j];
-            }
-          } else if (state == 1) {  /* dead, but some row has seen nothing live yet */
-            if (mask_kind == 1) {
-              const KILN_FA_TM* mr_ = mask + b * mb + h * mh + row * mq + k0 * mk;
-              for (int64_t j = 0; j < nk; ++j) sr[j] += (float)mr_[j * mk];
-            } else {
-              for (int64_t j = 0; j < nk; ++j) sr[j] = fill;
-            }
-          }
-          int64_t vis = nk;
-          if (cmode && row + cz - k0 + 1 < vis) vis = row + cz - k0 + 1;
-          if (vis < 0) vis = 0;
-          for (int64_t j = vis; j < BK; ++j) sr[j] = -INFINITY;
-          float mx = -INFINITY;
-          #pragma omp simd reduction(max:mx)
-          for (int64_t j = 0; j < BK; ++j) mx = sr[j] > mx ? sr[j] : mx;
-          const float mnew = mx > m[r] ? mx : m[r];
-          if (mnew == -INFINITY) {  /* nothing visible yet: no weight, nothing to rescale */
-            for (int64_t j = 0; j < BK; ++j) sr[j] = 0.0f;
-            alpha[r] = 1.0f;
-            all_live = 0;
-            continue;
-          }
-          alpha[r] = kiln_fa_exp(m[r] - mnew);
-          float sum = 0.0f;
-          #pragma omp simd reduction(+:sum)
-          for (int64_t j = 0; j < BK; ++j) {
-            const float p = kiln_fa_exp(sr[j] - mnew);
-            sr[j] = p;
-            sum += p;
-          }
-          l[r] = l[r] * alpha[r] + sum;
-          m[r] = mnew;
-          all_live &= mnew > 0.1f * KILN_FA_DEAD;
-        }
-        live = all_live;
-        const float* vblk = vpg + k0 * DVP;
-#if KILN_FA_DIRECT
-        if (direct) {  /* O = O * alpha + P·V from the value rows in place */
-          const float* vrow0 = (const float*)v + b * vb + g * vh + k0 * vs;
-          for (int64_t r = 0; r < nrows; ++r) {
-            fv acc[DV / L];
-            #pragma GCC unroll 16
-            for (int c = 0; c < DV / L; ++c) {
-              memcpy(&acc[c], &o[r][c * L], sizeof(fv));
-              acc[c] *= alpha[r];
-            }
-            const float* vrow = vrow0;
-            for (int64_t j = 0; j < nk; ++j, vrow += vs) {
-              const float p = s[r][j];
-              #pragma GCC unroll 16
-              for (int c = 0; c < DV / L; ++c) {
-                fv vv;
-                memcpy(&vv, vrow + c * L, sizeof(fv));
-                acc[c] += p * vv;
-              }
-            }
-            #pragma GCC unroll 16
-            for (int c = 0; c < DV / L; ++c) memcpy(&o[r][c * L], &acc[c], sizeof(fv));
-          }
-        } else
-#endif
-        /* O = O * alpha + P·V, MR x (NO * L) micro-tiles held in registers over the keys */
-        for (int64_t r0 = 0; r0 < nrows; r0 += MR)
-          for (int64_t c0 = 0; c0 < DVP; c0 += NO * L) {
-            fv acc[MR][NO];
-            #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r) {
-              const float a = r0 + r < nrows ? alpha[r0 + r] : 0.0f;
-              #pragma GCC unroll 8
-              for (int n = 0; n < NO; ++n) {
-                memcpy(&acc[r][n], &o[r0 + r][c0 + n * L], sizeof(fv));
-                acc[r][n] *= a;
-              }
-            }
-            for (int64_t j = 0; j < nk; ++j) {
-              fv vv[NO];
-              #pragma GCC unroll 8
-              for (int n = 0; n < NO; ++n) memcpy(&vv[n], vblk + j * DVP + c0 + n * L, sizeof(fv));
-              #pragma GCC unroll 16
-              for (int r = 0; r < MR; ++r) {
-                const float p = s[r0 + r][j];
-                #pragma GCC unroll 8
-                for (int n = 0; n < NO; ++n) acc[r][n] += p * vv[n];
-              }
-            }
-            #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r)
-              #pragma GCC unroll 8
-              for (int n = 0; n < NO; ++n) memcpy(&o[r0 + r][c0 + n * L], &acc[r][n], sizeof(fv));
-          }
-      }
-      for (int64_t r = 0; r < nrows; ++r) {
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : empty_nan ? NAN : 0.0f;
-        KILN_FA_TO* orow = out + b * ob + rh[r] * oh + rs[r] * os;
-        for (int64_t e = 0; e < DV; ++e) orow[e * od] = KILN_FA_ST(o[r][e] * inv);
-      }
-    }
-  }
+  struct KILN_FA_CTX c = { q, k, v, mask, kv_lens, out, B, HQ, HKV, SQ, SK, qb, qh, qs, qd, kb_, kh, ks, kd,
+                           vb, vh, vs, vd, ob, oh, os, od, mask_kind, mb, mh, mq, mk, fill, scale, causal, empty_nan,
+                           G, SKM, HG, RQ, NKB, NQT, SKP, MBN, MHN, MQN, NKBP, direct, kp, vp, states };
+  kiln_par_for(KILN_FA_CAT(KILN_FA_FN, _pack), &c, 0, B * HKV * NKBP, par);
+  if (mask_kind) kiln_par_for(KILN_FA_CAT(KILN_FA_FN, _states), &c, 0, MBN * MHN * MQN * NKB, par);
+  kiln_par_for(KILN_FA_CAT(KILN_FA_FN, _tiles), &c, 0, B * (HQ / HG) * NQT, par);
   free(kp);
   return 0;
 }
+
+#undef KILN_FA_UNPACK
+#undef KILN_FA_CTX
+#undef KILN_FA_CAT
+#undef KILN_FA_CAT2
