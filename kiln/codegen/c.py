@@ -613,9 +613,8 @@ def forks_openmp(f) -> bool:
     """Whether kernel `f` is hand-written C that forks OpenMP's team itself (not kiln's pool)."""
     if not isinstance(f, S.ExternFunc):
         return False
-    text = f.c_body + f.preamble   # less kiln_par_for's texts (it runs on the module's threads)
-    for name in ("kiln_pool.h", "kiln_par.h"):
-        text = text.replace(c_source(name), "")
+    # (less kiln_par_for's texts: it runs on the module's threads)
+    text = f.c_body + f.preamble.replace(c_source("kiln_pool.h"), "").replace(c_source("kiln_par.h"), "")
     return bool(_OPENMP_FORK.search(text))
 
 
