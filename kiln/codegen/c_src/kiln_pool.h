@@ -9,7 +9,7 @@
      wakes sleeping workers, so back-to-back inferences find them spinning.
    - Spinning pays only where the workers have cores to themselves. The pool is contended when
      a spinning worker finds it was descheduled (200 us between two looks at the clock), a
-     woken worker ran 200 us after its wake-up, or the caller's wait at a join was
+     woken worker ran 1 ms after its wake-up, or the caller's wait at a join was
      descheduled: the machine is busy, or other threads (another runtime's spinning pool)
      share the cores. Contended for 10 ms, doubled (to 1 s) while it recurs within a second:
      meanwhile parallel loops run on the calling thread alone and the workers sleep. On a
@@ -39,6 +39,7 @@
 #include <sched.h>
 #include <time.h>
 #include <limits.h>
+#include <stdio.h>
 #if defined(__linux__)
 #include <unistd.h>
 #include <sys/syscall.h>
@@ -58,6 +59,7 @@
 #define KILN_POOL_JOIN_NS 100000   /* the caller's pause loop at a join, then it sleeps */
 #define KILN_POOL_JOIN_BUSY_NS 10000   /* ... when contended */
 #define KILN_POOL_REWAKE_NS 1000000    /* a wake-up no worker answered is sent again after this */
+#define KILN_POOL_LATE_NS 1000000      /* a worker running this long after its wake-up: contended */
 typedef void (*kiln_pool_fn)(void* ctx, int64_t lo, int64_t hi);
 typedef struct {
   uint64_t word __attribute__((aligned(64)));  /* gen | chunks | next */
@@ -72,6 +74,9 @@ typedef struct {
   uint32_t pending;                            /* woken, and none of them has run yet */
   int32_t sleepers, stop, owner, state;        /* state: 0 none, 1 starting, 2 running */
   int32_t nworkers; int64_t spin_ns, calm_ns, calm_cur; uint32_t gen;
+  /* counts (KILN_POOL_STATS=1 prints them at unload): loops forked, run alone while contended;
+     contended after a descheduled spin, a late wake-up, a descheduled join */
+  uint64_t forks, alone, by_spin, by_wake, by_join;
   pthread_t threads[KILN_POOL_MAX];
 } kiln_pool_t;
 #pragma GCC visibility push(hidden)
@@ -157,8 +162,10 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
       kiln_pool_pause();
       if (k % 16 != 0) continue;
       int64_t t = kiln_pool_now();
-      if (t - last > KILN_POOL_GAP_NS)   /* descheduled meanwhile: stop spinning for a while */
+      if (t - last > KILN_POOL_GAP_NS) {   /* descheduled meanwhile: stop spinning for a while */
         kiln_pool_contended(p, t);
+        __atomic_fetch_add(&p->by_spin, 1, __ATOMIC_RELAXED);
+      }
       last = t;
       if (t - idle_since < p->spin_ns && !kiln_pool_calm(p, t)) {
         sched_yield();   /* hands the core over to a thread that shares it (the caller, say) */
@@ -175,8 +182,10 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
     idle_since = last = kiln_pool_now();
     /* the first worker to run after a wake-up: a late one means the cores are busy */
     if (__atomic_exchange_n(&p->pending, 0, __ATOMIC_SEQ_CST)
-        && idle_since - __atomic_load_n(&p->woke_at, __ATOMIC_RELAXED) > KILN_POOL_GAP_NS)
+        && idle_since - __atomic_load_n(&p->woke_at, __ATOMIC_RELAXED) > KILN_POOL_LATE_NS) {
       kiln_pool_contended(p, idle_since);
+      __atomic_fetch_add(&p->by_wake, 1, __ATOMIC_RELAXED);
+    }
   }
 }
 
@@ -185,6 +194,12 @@ __attribute__((weak)) void kiln_pool_stop(void) {
   kiln_pool_t* p = &kiln_pool;
   int32_t running = 2;
   if (!__atomic_compare_exchange_n(&p->state, &running, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+  const char* stats = getenv(KILN_POOL_STR(KILN_POOL_STATS));
+  if (stats && atoi(stats) > 0)
+    fprintf(stderr, KILN_POOL_STR(kiln_pool: %llu loops forked; %llu run alone while contended; contended by spin %llu wake %llu join %llu),
+            (unsigned long long)p->forks, (unsigned long long)p->alone, (unsigned long long)p->by_spin,
+            (unsigned long long)p->by_wake, (unsigned long long)p->by_join);
+  if (stats && atoi(stats) > 0) fputc(10, stderr);
   __atomic_store_n(&p->stop, 1, __ATOMIC_SEQ_CST);
   kiln_pool_wake_all(p);
   for (int32_t i = 0; i < p->nworkers; ++i) pthread_join(p->threads[i], 0);
@@ -274,6 +289,7 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
   }
   /* contended: this thread alone (a worker the scheduler keeps waiting would hold its chunks) */
   if (!kiln_pool_held || p->nworkers == 0 || kiln_pool_calm(p, kiln_pool_now())) {
+    if (kiln_pool_held && p->nworkers) p->alone += 1;
     kiln_pool_inline = 1; fn(ctx, lo, hi); kiln_pool_inline = 0;
     if (alone) kiln_pool_leave();
     return;
@@ -281,6 +297,7 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
   int64_t most = (int64_t)KILN_POOL_CHUNKS * (p->nworkers + 1);
   uint64_t m = (uint64_t)(n < most ? n : most);
   if (m > 0xFFFF) m = 0xFFFF;
+  p->forks += 1;
   __atomic_store_n(&p->fn, fn, __ATOMIC_RELAXED);
   __atomic_store_n(&p->ctx, ctx, __ATOMIC_RELAXED);
   __atomic_store_n(&p->lo, lo, __ATOMIC_RELAXED);
@@ -299,7 +316,7 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
     if (k % 64 != 0) continue;
     int64_t t = kiln_pool_now();
     if (!t0) t0 = last = t;
-    if (t - last > KILN_POOL_GAP_NS) kiln_pool_contended(p, t);
+    if (t - last > KILN_POOL_GAP_NS) { kiln_pool_contended(p, t); p->by_join += 1; }
     last = t;
     if (t - t0 < (kiln_pool_calm(p, t) ? KILN_POOL_JOIN_BUSY_NS : KILN_POOL_JOIN_NS))
       continue;   /* (no sched_yield: on a busy machine it gives a whole time slice away) */
