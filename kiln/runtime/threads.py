@@ -26,33 +26,42 @@ variable set: kiln sets neither), and the compiler counts the wake-up: the Targe
 settings in force (`wait_settings`) and when forking pays follows from `fork_us`
 (kiln.lower.nnutil.parallel_worth).
 
-kiln's own pool (KILN_THREADS_IMPL=pool; kiln/codegen/c_src/kiln_pool.h, the loops outlined by
-kiln.codegen.outline) gets the spinning figures without their costs: its workers spin only
-while the model's entry runs (and at most KILN_POOL_SPIN_US, 100 us, without work), sleep on a
-futex between inferences, change no thread's affinity, and a parallel loop's chunks are
-claimed by the calling thread too, so the caller never waits for a worker to wake or be
-scheduled: on a loaded machine it does the work alone instead of waiting. A worker that finds
-itself descheduled while it spins (the machine is busy, or it shares the caller's core) stops
-spinning for 10 ms, doubled up to 1 s while that recurs: on a loaded machine any spinning
-costs several times its spin (mobilenet_v2 batch 1 at load 15: 40-55 ms with 5 ms pauses of
-spinning, 7.3-8.0 ms with the doubling or no spin at all, OpenMP's sleeping team 7.6-13.9);
-the caller waits at a join by a pause loop of at most 100 us, then sleeps.
-Workers: the OpenMP thread count minus one. `python benchmarks/fork_cost.py` (an empty 2-chunk
-loop; us per fork and join, median / p90 / p99, with 0, 50 and 500 us of serial work between):
+kiln's own pool (KILN_THREADS_IMPL=pool; kiln/codegen/c_src/kiln_pool.h, the generated loops
+outlined by kiln.codegen.outline, the hand-written kernels' loops run by kiln_par_for,
+kiln/codegen/c_src/kiln_par.h) gets the spinning figures without their costs:
+- a parallel loop's chunks are claimed by the calling thread too, so the caller never waits for
+  a worker to wake or be scheduled;
+- an idle worker spins at most KILN_POOL_SPIN_US (100 us) after its last chunk, inside an
+  inference or between two, then sleeps on a futex (the model's entry wakes it); no thread's
+  affinity is changed; workers: the OpenMP thread count minus one;
+- contended (a spinning worker found itself descheduled for 200 us, a woken one ran 1 ms after
+  its wake-up, or the caller's wait at a join was descheduled: a busy machine, or another
+  runtime's spinning threads on the cores), the calling thread runs every loop alone for 10 ms,
+  doubled up to 1 s while that recurs, and the workers sleep. On a busy machine a worker the
+  scheduler keeps waiting holds the chunks it claimed, and each such wait costs the caller a
+  time slice at the join: that was the 3-5x loss in the corpus harness at load 9-16
+  (mobilenet_v2 batch 1 24-41 ms against the sleeping team's 7.7, when the contended pool still
+  handed chunks to workers it woke at each loop);
+- the caller waits at a join by a pause loop of at most 100 us (10 us contended), then sleeps;
+- the few kernels that still fork OpenMP's team themselves (the recurrent team, TopK, DFT, ...)
+  park the pool around their call (kiln_pool_park: its workers sleep meanwhile), so two teams
+  never spin for the cores; KILN_POOL_STATS=1 prints the forks and contentions at unload.
+`python benchmarks/fork_cost.py` (an empty 2-chunk loop; us per fork and join, median / p90 /
+p99, with 0, 50 and 500 us of serial work between):
 
 - quiet (load 1.5): pool 0.6 / 0.6 / 1.0, 2.0 / 8.6 / 12, 11.7 / 13 / 20 (asleep after 100 us);
   PASSIVE OpenMP 31 / 33 / 59, 39 / 48 / 69, 56 / 83 / 127 (the VM wakes an idle vCPU slowly);
 - loaded (load 14): pool 0.6 / 0.6 / 0.7, 5.7 / 5.9 / 7.4, 6.7 / 2500 / 18600; PASSIVE 8.1 /
   9.7 / 73, 9.6 / 10 / 80, 10.8 / 2300 / 14400.
 
-It is not the default (IMPL_DEFAULT): in the corpus harness (benchmarks/corpus/README.md,
-2026-11-26) it won at batch 1 on the quiet machine (mobilenet_v2 7.75 -> 4.38 ms) but lost
-tiny_cnn (0.038 -> 0.067 ms), and at load 9-16 mobilenet_v2 batch 1 took 24-41 ms against the
-sleeping team's 7.7 (whose threads the scheduler wakes with credit; the pool's caller never
-sleeps when it does the work itself).
-
-Hand-written kernels (Winograd, flash attention, the recurrent ones) still fork libgomp's
-sleeping team under either setting.
+In the corpus harness, quiet (2026-11-26 05:55, load 1-4, `python -m benchmarks.corpus run
+--only tiny_cnn,mobilenet_v2,transformer_layer,lstm_stacked,kws_dscnn,mobilenet_v3_small,
+mlp_tabular --budget 0.5`, pool and omp alternating, 2 processes each): geomean kiln / best
+peer 1.17 pool against 1.23 omp over those 17 rows; mobilenet_v2 batch 1 3.7-5.4 ms against
+7.4-7.5, tiny_cnn batch 1 0.035-0.042 against 0.034-0.044 (its regression, 0.038 -> 0.067
+before, was Winograd forking libgomp's sleeping team by the pool's 2 us fork cost). Loaded
+(load 13, a plain loop): transformer_layer batch 1 x 64 1.14 ms median on the pool, 3.6 on the
+sleeping team; tiny_cnn batch 8 0.156 ms on the pool, as quiet.
 """
 
 from __future__ import annotations

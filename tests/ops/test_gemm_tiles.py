@@ -75,9 +75,9 @@ def test_spill_one(target, mr):
 
 
 # -- when the GEMM forks: its serial time (from the target's vector width) against the fork
-# and join (Target.fork_us: a wake-up when threads sleep between kernels, kiln's default)
-SPIN = Target.named("x86-64-v4", omp_spincount="10000")
-SLEEP = Target.named("x86-64-v4", omp_wait_policy="PASSIVE", omp_spincount="")
+# and join (Target.fork_us: a wake-up when OpenMP's team sleeps between kernels, KILN_THREADS_IMPL=omp)
+SPIN = Target.named("x86-64-v4", omp_spincount="10000", threads_impl="omp")
+SLEEP = Target.named("x86-64-v4", omp_wait_policy="PASSIVE", omp_spincount="", threads_impl="omp")
 
 
 def _forks(m, k, n, target, batch=(), overrides=None):

@@ -255,7 +255,8 @@ def test_one_pixel_pointwise_conv_forks_for_its_weights():
     g = conv_case(n=1, c=960, h=1, oc=240, k=1)
     blocked = g.clone()
     transform(blocked, 16, selective=False)
-    spin = replace(Target.named("x86-64-v4"), omp_wait_policy="PASSIVE", omp_spincount="10000")
+    spin = replace(Target.named("x86-64-v4"), omp_wait_policy="PASSIVE", omp_spincount="10000",
+                   threads_impl="omp")
     sleep = replace(spin, omp_spincount="0")
 
     def forks(target):
