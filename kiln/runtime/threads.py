@@ -78,7 +78,7 @@ FORK_US_SLEEPING = 20.0
 
 
 IMPLS = ("omp", "pool")
-IMPL_DEFAULT = "omp"
+IMPL_DEFAULT = "pool"   # KILN_THREADS_IMPL=omp: OpenMP's sleeping team instead
 # What a fork and join costs with kiln's pool inside an inference (the caller never waits for a
 # worker to start: 0.6-1 us median in fork_cost.py, quiet or loaded), with a margin
 FORK_US_POOL = 2.0

@@ -64,7 +64,8 @@ def test_targets_record_the_settings_in_their_key():
 
 def test_the_threads_implementation_is_chosen_by_env_and_enters_the_key(monkeypatch):
     from kiln.errors import KilnError
-    assert threads.impl({}) == threads.IMPL_DEFAULT
+    assert threads.impl({}) == threads.IMPL_DEFAULT == "pool"   # kiln's pool by default
+    assert threads.impl({"KILN_THREADS_IMPL": "omp"}) == "omp"   # the switch back
     assert threads.impl({"KILN_THREADS_IMPL": "Pool"}) == "pool"
     with pytest.raises(KilnError, match="KILN_THREADS_IMPL"):
         threads.impl({"KILN_THREADS_IMPL": "tbb"})
