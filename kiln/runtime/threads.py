@@ -54,14 +54,19 @@ p99, with 0, 50 and 500 us of serial work between):
 - loaded (load 14): pool 0.6 / 0.6 / 0.7, 5.7 / 5.9 / 7.4, 6.7 / 2500 / 18600; PASSIVE 8.1 /
   9.7 / 73, 9.6 / 10 / 80, 10.8 / 2300 / 14400.
 
-In the corpus harness, quiet (2026-11-26 05:55, load 1-4, `python -m benchmarks.corpus run
---only tiny_cnn,mobilenet_v2,transformer_layer,lstm_stacked,kws_dscnn,mobilenet_v3_small,
-mlp_tabular --budget 0.5`, pool and omp alternating, 2 processes each): geomean kiln / best
-peer 1.17 pool against 1.23 omp over those 17 rows; mobilenet_v2 batch 1 3.7-5.4 ms against
-7.4-7.5, tiny_cnn batch 1 0.035-0.042 against 0.034-0.044 (its regression, 0.038 -> 0.067
-before, was Winograd forking libgomp's sleeping team by the pool's 2 us fork cost). Loaded
-(load 13, a plain loop): transformer_layer batch 1 x 64 1.14 ms median on the pool, 3.6 on the
-sleeping team; tiny_cnn batch 8 0.156 ms on the pool, as quiet.
+The default (IMPL_DEFAULT) since 2026-11-26: in the corpus harness, quiet (05:55 and 06:35,
+load 0.7-5, `python -m benchmarks.corpus run --only tiny_cnn,mobilenet_v2,transformer_layer,
+lstm_stacked,kws_dscnn,mobilenet_v3_small,mlp_tabular[,gru_stacked,audio_tcn,distilbert,
+efficientnet_b0] --budget 0.5`, pool and omp alternating in separate processes, 7 processes
+in all), the geomean of kiln / best peer over those 29 rows was 0.94 with the pool against
+1.02 with OpenMP's sleeping team: mobilenet_v2 batch 1 4.6 ms against 7.4, efficientnet_b0
+batch 1 7.1 against 9.3, gru_stacked seq 128 batch 1 3.3 against 4.6, audio_tcn batch 1 3.7
+against 5.4, transformer_layer 4 x 64 3.8 against 4.4, tiny_cnn batch 1 0.044 against 0.041
+(its regression, 0.038 -> 0.067 before, was Winograd forking libgomp's sleeping team by the
+pool's 2 us fork cost); worse by more than 10%: lstm_stacked seq 512 batch 1, 14.5 against
+12.5 (its recurrent team is still OpenMP's). kiln's p90/p10 no wider than the wider peer's on
+66 of 92 rows against 43 of 63. Loaded (load 13, a plain loop): transformer_layer 1 x 64 1.14
+ms median on the pool, 3.6 on the sleeping team.
 """
 
 from __future__ import annotations
