@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.compiler import run_stages
+from tests.helpers import forks as forks_in
 
 rng = np.random.default_rng(0)
 F = np.float32
@@ -86,4 +87,4 @@ def test_batch_one_linear_forks_where_reading_its_weight_pays():
         x = rng.standard_normal((1, k)).astype(F)
         m = _model([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], x.shape, {"w": w})
         _check(m, x, x @ w.T)
-        assert ("omp parallel" in run_stages(m, "c").source.text) == forks
+        assert forks_in(run_stages(m, "c").source.text) == forks
