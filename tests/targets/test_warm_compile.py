@@ -4,7 +4,9 @@ no C compiler (counted: kiln.timing's stages, kiln.codegen.build.compiler_runs).
 changes the generated code or its weights is in the key, so it misses."""
 
 import json
+import os
 import platform
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -171,7 +173,9 @@ def test_a_model_file_compiled_before_loads_in_a_new_process_without_onnx(tmp_pa
         f"np.save({str(tmp_path / 'y.npy')!r}, m.run({{'x': np.load({str(tmp_path / 'x.npy')!r})}})['y'])\n"
         "print(json.dumps({'onnx': [n for n in sys.modules if n == 'onnx' or n.startswith('onnx.')],"
         " 'stages': sorted(t.runs), 'passes': 'kiln.passes' in sys.modules}))\n")
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=str(tmp_path))
+    root = str(Path(kiln.__file__).resolve().parents[1])   # this checkout's kiln, whatever is installed
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=str(tmp_path), env=env)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["onnx"] == [] and not got["passes"], got
@@ -187,7 +191,8 @@ def test_a_touched_file_is_read_again_and_found_by_its_graph(tmp_path, no_racy_w
     _, ran, _ = compiled(path)
     assert "frontend" not in ran
     st = os.stat(path)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))   # `touch`: same bytes
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 1_000_000_000))   # `touch`: same bytes (a time
+    # not after the read: a file changed after it was read is not remembered, RACY_NS or not)
     model, ran, cc = compiled(path)
     assert "frontend" in ran and not ran & WORK and cc == 0    # read, then found by its compile key
     check(model, conv_model())
