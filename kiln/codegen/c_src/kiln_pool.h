@@ -27,7 +27,7 @@
      machine) leaves its chunks to the caller: the caller never waits for a worker to start.
    - Kernels that still fork OpenMP's team are bracketed by kiln_pool_park/unpark: the pool's
      workers sleep meanwhile, so two teams never spin against each other for the cores.
-   - No thread's affinity is changed. Workers: the OpenMP thread count (OMP_NUM_THREADS,
+   - Each worker is pinned to one CPU of the process's mask (kiln_pool_pin; never the caller). Workers: the OpenMP thread count (OMP_NUM_THREADS,
      omp_get_max_threads) minus one, created at the first parallel loop; one thread: none.
    - One pool per library (weak hidden symbols: one copy whatever the translation units).
      One thread at a time holds it (a try-lock at the entry); another thread running the same
@@ -74,6 +74,7 @@ typedef struct {
   uint32_t pending;                            /* woken, and none of them has run yet */
   int32_t sleepers, stop, owner, state;        /* state: 0 none, 1 starting, 2 running */
   int32_t nworkers; int64_t spin_ns, calm_ns, calm_cur; uint32_t gen;
+  int32_t placed; unsigned long cpus[16];   /* workers pinned so far; the process's CPU mask */
   /* counts (KILN_POOL_STATS=1 prints them at unload): loops forked, run alone while contended;
      contended after a descheduled spin, a late wake-up, a descheduled join */
   uint64_t forks, alone, by_spin, by_wake, by_join;
@@ -150,9 +151,28 @@ __attribute__((weak)) void kiln_pool_run(kiln_pool_t* p, uint64_t w) {
   }
 }
 
+/* Worker i runs on the (i+1)-th CPU of the process's mask (the caller's thread is never pinned):
+   woken after an idle spell (a server between requests), an unpinned worker was placed on the
+   caller's core (wake-affine) and shared it for several runs, at one thread's speed
+   (transformer layer 4x64 after 50 ms idle: 4.9 ms unpinned, 2.8 pinned, 2.5 without the idle). */
+static inline void kiln_pool_pin(kiln_pool_t* p) {
+  int32_t n = 0, me = __atomic_fetch_add(&p->placed, 1, __ATOMIC_RELAXED) + 1;
+  const int32_t bits = (int32_t)(8 * sizeof p->cpus[0]);
+  for (int32_t c = 0; c < 16 * bits; ++c) n += (int32_t)((p->cpus[c / bits] >> (c % bits)) & 1);
+  if (n < 2) return;
+  for (int32_t c = 0, seen = 0; c < 16 * bits; ++c)
+    if (((p->cpus[c / bits] >> (c % bits)) & 1) && seen++ == me % n) {
+      unsigned long one[16] = {0};
+      one[c / bits] = 1UL << (c % bits);
+      syscall(SYS_sched_setaffinity, 0, sizeof one, one);
+      return;
+    }
+}
+
 __attribute__((weak)) void* kiln_pool_worker(void* arg) {
   kiln_pool_t* p = (kiln_pool_t*)arg;
   kiln_pool_inline = 1;
+  kiln_pool_pin(p);
   int64_t idle_since = kiln_pool_now(), last = idle_since;
   for (uint32_t k = 1;; ++k) {
     uint64_t w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
@@ -234,6 +254,9 @@ __attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
   p->calm_ns = calm && atoi(calm) >= 0 ? atoi(calm) * (int64_t)1000000 : KILN_POOL_CALM_NS;
   int32_t want = threads - 1 < 0 ? 0 : threads - 1 > KILN_POOL_MAX ? KILN_POOL_MAX : (int32_t)(threads - 1);
   p->nworkers = 0;
+  p->placed = 0;
+  for (int k = 0; k < 16; ++k) p->cpus[k] = 0;
+  if (syscall(SYS_sched_getaffinity, 0, sizeof p->cpus, p->cpus) < 0) for (int k = 0; k < 16; ++k) p->cpus[k] = 0;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   for (int32_t i = 0; i < want; ++i) {
