@@ -286,7 +286,7 @@ def generic(optimized: Optimized, decisions: dict | None = None):
     with stage("lower"):
         sg = lower_generic(graph, optimized.target, decisions)
     lm = sg.lowered
-    source = generate(lm)
+    source = generate(lm, optimized.target)
     lib = build_c(lm.module, optimized.target, units=source.units)
     with stage("load"):
         module = GenericModule(str(lib.path), lib.sha256, func_symbol(lm.module.entry), sg.symbols,
@@ -459,10 +459,12 @@ class CSource:
         return joined_source(self.units)
 
 
-def generate(lowered) -> CSource:
+def generate(lowered, target) -> CSource:
+    """C for `target`: its threads_impl (set from $KILN_THREADS_IMPL once, when the Target
+    was made) runs the parallel loops, as it did the lowering's fork decisions."""
     from kiln.codegen.build import c_units  # noqa: PLC0415
     with stage("generate C"):
-        return CSource(c_units(lowered.module))
+        return CSource(c_units(lowered.module, target))
 
 
 @dataclass(frozen=True)
@@ -577,12 +579,12 @@ def native(graph: Graph, known: dict, target, decisions: dict | None = None, str
         prebuild = functools.partial(prebuild_shared, target=target)
         if whole is None:
             lowered = lower(graph, known, target, decisions, strict, on_kernel=prebuild)
-            built = build(graph, lowered, generate(lowered), target)
+            built = build(graph, lowered, generate(lowered, target), target)
             cache.store(key, built.manifest())
         else:   # the weights blob made in the cache's file, checked while the C compiler runs
             with cache.WeightsFile(key) as file:
                 lowered = lower(graph, known, target, decisions, strict, alloc=file.alloc, on_kernel=prebuild)
-                source = generate(lowered)
+                source = generate(lowered, target)
                 with _background(cache.checksum, lowered.weights) as weights_sum:
                     built = build(graph, lowered, source, target)
                 file.keep()
@@ -721,7 +723,7 @@ def run_stages(model: Any, until: str, *, opt_level: int | None = None, dims: di
     st.lowered = lower(st.specialized.graph, st.specialized.known, st.optimized.target, normalize(decisions))
     if until in ("partition", "loops"):
         return st
-    st.source = generate(st.lowered)
+    st.source = generate(st.lowered, st.optimized.target)
     return st
 
 

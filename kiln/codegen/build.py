@@ -300,15 +300,17 @@ class CModule:
         return self[name](*arrays)
 
 
-def c_units(module: LoopModule) -> list[str]:
-    """The module's C source as translation units: for a big module one per core of the
+def c_units(module: LoopModule, target: Target | None = None) -> list[str]:
+    """The module's C source for `target` (None: this host; its threads_impl says who runs
+    the parallel loops) as translation units: for a big module one per core of the
     building machine (compiled in parallel), and one per shared kernel (its object cached
     per machine: `compile_c`)."""
+    impl = Target.of(target).threads_impl
     if len(module.funcs) > 4:
-        return emit_c_units(module, host_cores())
+        return emit_c_units(module, host_cores(), impl)
     if any(isinstance(f, ExternFunc) and SHARED_BEGIN in f.preamble for f in module.funcs):
-        return emit_c_units(module, 1)
-    return [emit_c(module)]
+        return emit_c_units(module, 1, impl)
+    return [emit_c(module, impl)]
 
 
 def joined_source(units: list[str]) -> str:
@@ -327,7 +329,7 @@ def build_c(module: LoopModule | PrimFunc, target: Target | None = None, cc: str
     libs = sorted({lib for f in module.funcs if isinstance(f, ExternFunc) for lib in f.libs})
     for name, header, package in libs:
         require_c_library(name, header, package, tuple(_cc(cc)))
-    units = c_units(module) if units is None else units
+    units = c_units(module, target) if units is None else units
     return CModule(module, "\n".join(units), compile_c(units, target, cc, cflags, [name for name, _, _ in libs]))
 
 

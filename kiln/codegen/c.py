@@ -181,14 +181,14 @@ def with_prefix(source: str, prefix: str, old: str = DEFAULT_PREFIX) -> str:
 
 
 class _Emitter:
-    def __init__(self, module: S.LoopModule):
+    def __init__(self, module: S.LoopModule, threads_impl: str):
         self.module = module
         self.helpers: dict = {}
         self.narrow: set = set()   # kiln.codegen.narrow helpers used
         self.unrounded: dict = {}  # C text of a rounded value -> the text before rounding
         self.lines: list = []
         self.unrolled = 0          # unrolled loops around the statement being emitted
-        self.pool = threads.impl() == "pool"   # parallel loops outlined for kiln's pool, not OpenMP
+        self.pool = threads_impl == "pool"   # parallel loops outlined for kiln's pool, not OpenMP
         self.scope: dict = {}      # C name -> (type, how) of the variables in scope (kiln.codegen.outline)
         self.outlined: list = []   # the current function's outlined loops (C lines)
 
@@ -653,11 +653,13 @@ def _extern_signature(f: S.ExternFunc) -> str:
     return f"int32_t {func_symbol(f.name)}({params or 'void'})"
 
 
-def _emit(module: S.LoopModule, split_shared: bool = False) -> tuple[str, list[str], list[str]]:
+def _emit(module: S.LoopModule, threads_impl: str | None = None,
+          split_shared: bool = False) -> tuple[str, list[str], list[str]]:
     """(shared header: prelude, helpers, prototypes; one source text per function; the
     shared kernels' units). `split_shared`: the preambles' shared definitions (csource.c_shared)
-    go into units of their own (else they stay in the header, and the last list is empty)."""
-    em = _Emitter(module)
+    go into units of their own (else they stay in the header, and the last list is empty).
+    `threads_impl`: who runs the parallel loops, the Target's (`threads_impl_of`)."""
+    em = _Emitter(module, threads_impl_of(threads_impl))
     bodies = [[_extern_signature(f) + " {", f.c_body, "}"] if isinstance(f, S.ExternFunc) else em.func(f)
               for f in module.funcs]
     protos = [(_extern_signature(f) if isinstance(f, S.ExternFunc) else em.signature(f, _Names())) + ";"
@@ -741,20 +743,35 @@ def with_interface_fields(source: str, prefix: str, **fields: str) -> str:
     return source.replace(head, head + extra)
 
 
-def emit_c(module: S.LoopModule) -> str:
+def threads_impl_of(threads_impl: str | None) -> str:
+    """Who runs a module's parallel loops: `threads_impl` as the compile's Target says
+    ("omp" or kiln's "pool"), None for a kernel built by hand: the host Target's. The
+    Target is the one source (lowering forks hand-written kernels on it too, and its key
+    names it), so a module's code and its report agree."""
+    if threads_impl is None:
+        from kiln.targets.target import Target  # noqa: PLC0415
+        return Target.host().threads_impl
+    if threads_impl not in threads.IMPLS:
+        raise KilnError(f"threads_impl={threads_impl!r}: choose one of {', '.join(threads.IMPLS)}",
+                        stage="codegen")
+    return threads_impl
+
+
+def emit_c(module: S.LoopModule, threads_impl: str | None = None) -> str:
     """The C source of a whole module: prelude, helpers, prototypes, kernels (shared
-    kernels' definitions in the header)."""
-    header, bodies, _ = _emit(module)
+    kernels' definitions in the header); parallel loops on `threads_impl` (the Target's,
+    `threads_impl_of`)."""
+    header, bodies, _ = _emit(module, threads_impl)
     return "\n".join([header, *bodies])
 
 
-def emit_c_units(module: S.LoopModule, n: int) -> list[str]:
+def emit_c_units(module: S.LoopModule, n: int, threads_impl: str | None = None) -> list[str]:
     """The module as up to `n` translation units of similar compile time, to compile in
     parallel (the longest first, each into the unit with the least so far), then one unit
     per shared kernel (`shared_unit`). A hand-written kernel's cost counts its preamble (once
     per preamble): its body is often one call of a function the preamble inlines into it
     (flash attention: 1.1 s of bert_encoder's 1.4 s, was placed as if free)."""
-    header, bodies, shared = _emit(module, split_shared=True)
+    header, bodies, shared = _emit(module, threads_impl, split_shared=True)
     units: list[list[str]] = [[] for _ in range(max(1, min(n, len(bodies))))]
     sizes = [0.0] * len(units)
     costs, seen = [compile_cost(b) for b in bodies], set()

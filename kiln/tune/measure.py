@@ -128,7 +128,7 @@ def build_many(funcs: list, jobs: int | None = None) -> list:
 
     def one(f):
         try:
-            return compile_c(emit_c(LoopModule([f])), target)
+            return compile_c(emit_c(LoopModule([f]), target.threads_impl), target)
         except KilnError as e:
             return e
     if jobs is None:

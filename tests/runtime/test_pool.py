@@ -299,6 +299,26 @@ def test_generated_parallel_loops_use_the_pool(pool_env):
     assert "kiln_pool_for(" in src and "kiln_pool_enter();" in src and "#pragma omp parallel" not in src
 
 
+@pytest.mark.parametrize("impl, other", [("omp", "pool"), ("pool", "omp")])
+def test_the_targets_threads_impl_picks_the_emitted_forks(monkeypatch, impl, other):
+    """The Target's threads_impl, not $KILN_THREADS_IMPL at emission, says who runs the
+    parallel loops: the code then agrees with the lowering's fork decisions and the cache key."""
+    import dataclasses
+
+    from kiln.compiler import run_stages
+    from kiln.targets.target import Target
+    target = dataclasses.replace(Target.host(), threads_impl=impl)
+    monkeypatch.setenv("KILN_THREADS_IMPL", other)   # the environment now says otherwise
+    model, _ = _mlp(0, batch=256, width=512)   # GEMMs that fork under OpenMP's sleeping team too
+    st = run_stages(model, "c", cpu=target)
+    src = st.source.text
+    assert st.optimized.target.threads_impl == impl
+    if impl == "omp":
+        assert "#pragma omp parallel" in src and "kiln_pool_for(" not in src and "kiln_pool_enter" not in src
+    else:
+        assert "kiln_pool_for(" in src and "kiln_pool_enter();" in src and "#pragma omp parallel" not in src
+
+
 def test_two_python_threads_run_two_models_at_once(pool_env):
     import kiln
     models = [_mlp(seed) for seed in (1, 2)]
