@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
@@ -33,22 +34,35 @@ def stats(ms: list[float]) -> dict:
 SWITCH_PAUSE_S = 0.05  # between engines: longer than ORT's and libgomp's spin-waits
 
 
-def time_interleaved(fns: dict, runs: dict, rounds: int) -> dict:
+def time_interleaved(fns: dict, runs: dict, rounds: int, record: list | None = None) -> dict:
     """Alternate rounds of a few runs of each fn; returns {name: [ms per run]}.
 
     Each round starts with a pause and one untimed run: the engine timed before may leave
     threads spinning after its last call (ONNX Runtime's and PyTorch's pools do by default),
     and those take a core from whatever runs next; the pause lets them go to sleep and the
-    untimed run wakes the next engine's own, for every engine alike."""
+    untimed run wakes the next engine's own, for every engine alike.
+
+    `record`, a list: one dict per timed run is appended (engine, round, index in the round,
+    ms, and outside the timed span the process's page faults and context switches and the
+    calling thread's CPU ms during the run: what benchmarks/spread.py attributes slow runs by)."""
     times = {k: [] for k in fns}
-    for _ in range(rounds):
+    for r in range(rounds):
         for name, fn in fns.items():
             time.sleep(SWITCH_PAUSE_S)
             fn()
-            for _ in range(math.ceil(runs[name] / rounds)):
+            for k in range(math.ceil(runs[name] / rounds)):
+                if record is not None:
+                    u0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
                 t = time.perf_counter()
                 fn()
-                times[name].append((time.perf_counter() - t) * 1e3)
+                t = time.perf_counter() - t
+                times[name].append(t * 1e3)
+                if record is not None:
+                    c1, u1 = time.thread_time(), resource.getrusage(resource.RUSAGE_SELF)
+                    record.append({"engine": name, "round": r, "k": k, "ms": t * 1e3,
+                                   "cpu_ms": (c1 - c0) * 1e3, "minflt": u1.ru_minflt - u0.ru_minflt,
+                                   "majflt": u1.ru_majflt - u0.ru_majflt, "nvcsw": u1.ru_nvcsw - u0.ru_nvcsw,
+                                   "nivcsw": u1.ru_nivcsw - u0.ru_nivcsw})
     return times
 
 

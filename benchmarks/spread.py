@@ -1,0 +1,163 @@
+"""Where the latency spread comes from: the corpus harness's timing of a few rows, with every
+timed run recorded raw (engine, round, index in the round, ms, page faults, context switches,
+the calling thread's CPU time), so slow runs can be attributed: first of a round (the wake-up
+after the harness's 50 ms pause), one round (drift), page faults, preemption, or at random.
+
+    python -m benchmarks.spread unet:batch=1,height=128,width=192 gru_stacked:seq=128,batch=1 \
+        --repeat 3 [--equal-runs] [--no-openvino] [--json PATH]
+
+A row is model[:shape] (shape as `python -m benchmarks.corpus list` prints it; none: every
+shape). Each repeat is one measurement exactly as `python -m benchmarks.corpus run` takes it
+(plan_runs, then kiln.bench.time_interleaved); the verdict per repeat is whether kiln's p90/p10
+is no wider than the wider peer's, the corpus acceptance's test. `--equal-runs` gives every
+engine the largest planned run count (the same estimator for all). Under load the figures
+are noise: read the structure (which runs are slow), not the milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def rows_of(spec: str) -> list[tuple[dict, dict]]:
+    """'model[:shape]' -> [(meta, case)]."""
+    from benchmarks.corpus.build import corpus_dir
+    from benchmarks.corpus.spec import case_label
+    name, _, label = spec.partition(":")
+    with open(os.path.join(corpus_dir(), name + ".json")) as f:
+        meta = json.load(f)
+    cases = [c for c in meta["cases"] if not label or case_label(c) == label]
+    if not cases:
+        raise SystemExit(f"{name} has no shape {label!r}: {[case_label(c) for c in meta['cases']]}")
+    return [(meta, c) for c in cases]
+
+
+def engines(meta: dict, case: dict, threads: int, openvino: bool) -> dict:
+    """{engine: fn()} for one row, as the corpus harness builds them (kiln checked against ORT)."""
+    import kiln
+    from benchmarks.corpus.build import corpus_dir, random_feeds
+    from benchmarks.corpus.run import ATOL, INPUT_SEED, RTOL, openvino_available, openvino_runner
+    from kiln.bench import compare, ort_session
+    path = os.path.join(corpus_dir(), meta["name"] + ".onnx")
+    feeds = random_feeds(meta["inputs"], case, INPUT_SEED)
+    compiled = kiln.compile(path)
+    sess = ort_session(path, threads)
+    names = [o.name for o in sess.get_outputs()]
+    got, want = compiled.run(feeds), dict(zip(names, sess.run(None, feeds)))
+    if not compare(got, want, RTOL, ATOL)["ok"]:
+        raise SystemExit(f"{meta['name']}: kiln differs from ORT")
+    fns = {"kiln": lambda: compiled.run(feeds), "ort": lambda: sess.run(None, feeds)}
+    if openvino and openvino_available():
+        ov_run, _ = openvino_runner(path, feeds, threads)
+        fns["openvino"] = lambda: ov_run(feeds)
+    return fns
+
+
+def measure(fns: dict, budget: float, lo: int, hi: int, equal: bool, scale: float = 1.0) -> tuple[dict, int, list]:
+    """One measurement as the corpus harness takes it; returns (runs, rounds, raw records)."""
+    from benchmarks.corpus.run import plan_runs
+    from kiln.bench import time_interleaved
+    runs = plan_runs(fns, budget, lo, hi)
+    runs = {k: max(1, int(round(v * scale))) for k, v in runs.items()}
+    if equal:
+        runs = dict.fromkeys(runs, max(runs.values()))
+    rounds = max(1, min(10, min(runs.values())))
+    raw: list = []
+    time_interleaved(fns, runs, rounds, record=raw)
+    return runs, rounds, raw
+
+
+def spread(ms) -> float:
+    p10, p90 = np.percentile(ms, [10, 90])
+    return float(p90 / p10)
+
+
+def analyse(raw: list, engine: str) -> dict:
+    """The structure of one engine's runs in one measurement."""
+    rs = [r for r in raw if r["engine"] == engine]
+    ms = np.array([r["ms"] for r in rs])
+    med = float(np.median(ms))
+    first = np.array([r["k"] == 0 for r in rs])
+    out = {"n": len(rs), "median_ms": med, "spread": spread(ms), "per_round": int(max(r["k"] for r in rs)) + 1}
+    if first.all() or not first.any():
+        out["first_over_rest"] = None
+    else:
+        out["first_over_rest"] = float(np.median(ms[first]) / np.median(ms[~first]))
+        out["spread_first_only"] = spread(ms[first]) if first.sum() > 1 else None
+    slow = ms >= np.percentile(ms, 90)
+    out["slow_first_frac"] = float(first[slow].mean())
+    rounds = sorted({r["round"] for r in rs})
+    rmed = np.array([np.median([r["ms"] for r in rs if r["round"] == k]) for k in rounds])
+    out["between_rounds"] = float(rmed.max() / rmed.min())     # drift: the slowest round's median / the fastest's
+    out["slow_rounds"] = sorted({r["round"] for r, s in zip(rs, slow) if s})
+    for key in ("minflt", "nivcsw", "nvcsw"):
+        v = np.array([r[key] for r in rs])
+        out[key] = float(np.median(v))
+        out[key + "_slow"] = float(np.median(v[slow]))
+    cpu = np.array([r["cpu_ms"] for r in rs])
+    out["cpu_over_wall"] = float(np.median(cpu / ms))
+    out["cpu_over_wall_slow"] = float(np.median(cpu[slow] / ms[slow]))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.spread", description=__doc__.split("\n\n")[0])
+    p.add_argument("rows", nargs="+", help="model[:shape]")
+    p.add_argument("--repeat", type=int, default=3, help="measurements per row (default 3)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--budget", type=float, default=1.0, help="as the corpus harness (default 1 s)")
+    p.add_argument("--min-runs", type=int, default=5)
+    p.add_argument("--max-runs", type=int, default=50)
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every engine's planned runs")
+    p.add_argument("--equal-runs", action="store_true", help="every engine the largest planned run count")
+    p.add_argument("--no-openvino", dest="openvino", action="store_false")
+    p.add_argument("--json", metavar="PATH", help="write the raw runs and the analysis")
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from benchmarks.corpus.spec import case_label
+    out = []
+    for spec in args.rows:
+        for meta, case in rows_of(spec):
+            fns = engines(meta, case, args.threads, args.openvino)
+            label = f"{meta['name']} [{case_label(case)}]"
+            for rep in range(args.repeat):
+                t = time.perf_counter()
+                runs, rounds, raw = measure(fns, args.budget, args.min_runs, args.max_runs, args.equal_runs,
+                                            args.scale)
+                res = {e: analyse(raw, e) for e in fns}
+                peers = [res[e]["spread"] for e in fns if e != "kiln"]
+                verdict = res["kiln"]["spread"] <= max(peers)
+                out.append({"row": label, "repeat": rep, "runs": runs, "rounds": rounds, "verdict": verdict,
+                            "analysis": res, "raw": raw, "load": os.getloadavg()[0],
+                            "seconds": time.perf_counter() - t})
+                print(f"{label} #{rep}: {rounds} rounds, load {os.getloadavg()[0]:.1f}, kiln "
+                      f"{'<=' if verdict else '>'} wider peer", flush=True)
+                for e, a in res.items():
+                    f = a["first_over_rest"]
+                    print(f"  {e:<9} n {a['n']:>3} ({a['per_round']}/round)  median {a['median_ms']:9.3f} ms  "
+                          f"p90/p10 {a['spread']:.3f}  first/rest {'-' if f is None else format(f, '.3f')}  "
+                          f"slow runs first-of-round {a['slow_first_frac']:.0%}  rounds max/min {a['between_rounds']:.3f}  "
+                          f"slow rounds {a['slow_rounds']}  faults {a['minflt']:.0f}/{a['minflt_slow']:.0f}  "
+                          f"invol.cs {a['nivcsw']:.0f}/{a['nivcsw_slow']:.0f}  cpu/wall {a['cpu_over_wall']:.2f}/"
+                          f"{a['cpu_over_wall_slow']:.2f}", flush=True)
+    rows = sorted({o["row"] for o in out})
+    print("verdicts (kiln's p90/p10 no wider than the wider peer's):")
+    for r in rows:
+        v = [o["verdict"] for o in out if o["row"] == r]
+        print(f"  {r}: {sum(v)}/{len(v)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "measurements": out}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""benchmarks/spread.py and kiln.bench.time_interleaved's raw record: every timed run is recorded
+with its engine, round and place in the round (what slow runs are attributed by), the record
+agrees with the times returned, and the script runs a corpus row end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kiln.bench import time_interleaved
+
+
+def test_record_has_one_entry_per_timed_run_in_round_order(monkeypatch):
+    monkeypatch.setattr("kiln.bench.SWITCH_PAUSE_S", 0.0)
+    calls = {"a": 0, "b": 0}
+
+    def fn(name):
+        def run():
+            calls[name] += 1
+        return run
+    raw: list = []
+    times = time_interleaved({"a": fn("a"), "b": fn("b")}, {"a": 6, "b": 3}, rounds=3, record=raw)
+    assert calls == {"a": 3 + 6, "b": 3 + 3}            # one untimed call per round each
+    assert [r["ms"] for r in raw if r["engine"] == "a"] == times["a"]
+    a = [(r["round"], r["k"]) for r in raw if r["engine"] == "a"]
+    assert a == [(r, k) for r in range(3) for k in range(2)]
+    assert [(r["round"], r["k"]) for r in raw if r["engine"] == "b"] == [(0, 0), (1, 0), (2, 0)]
+    # rounds alternate engines: all of a's runs of a round come before b's of that round
+    order = [(r["round"], r["engine"]) for r in raw]
+    assert order == sorted(order)
+    assert all(r["minflt"] >= 0 and r["nivcsw"] >= 0 and r["cpu_ms"] >= 0 for r in raw)
+
+
+def test_analyse_finds_slow_first_runs_of_a_round():
+    from benchmarks.spread import analyse
+    raw = [{"engine": "x", "round": r, "k": k, "ms": 3.0 if k == 0 else 1.0 + 0.01 * k, "cpu_ms": 1.0,
+            "minflt": 0, "majflt": 0, "nvcsw": 0, "nivcsw": 0} for r in range(5) for k in range(4)]
+    a = analyse(raw, "x")
+    assert a["n"] == 20 and a["per_round"] == 4
+    assert a["first_over_rest"] == pytest.approx(3.0 / 1.02)
+    assert a["slow_first_frac"] == 1.0 and a["between_rounds"] == pytest.approx(1.0)
+
+
+def test_spread_script_runs_a_row(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+                          [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "mm.onnx"))
+    meta = {"name": "mm", "family": "small", "inputs": [{"name": "x", "shape": ["batch", 8], "dtype": "float32",
+                                                          "low": 0, "high": 2}],
+            "cases": [{"batch": 2}, {"batch": 3}]}
+    (tmp_path / "mm.json").write_text(json.dumps(meta))
+    monkeypatch.setenv("KILN_CORPUS_DIR", str(tmp_path))
+    monkeypatch.setattr("kiln.bench.SWITCH_PAUSE_S", 0.0)
+    from benchmarks import spread
+    out = tmp_path / "raw.json"
+    spread.main(["mm:batch=3", "--repeat", "2", "--budget", "0.001", "--no-openvino", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert "mm [batch=3] #1" in text and "mm [batch=3]: " in text
+    ms = json.loads(out.read_text())["measurements"]
+    assert len(ms) == 2 and {r["engine"] for r in ms[0]["raw"]} == {"kiln", "ort"}
+    assert all(len([r for r in m["raw"] if r["engine"] == "kiln"]) >= 5 for m in ms)   # --min-runs
