@@ -4,13 +4,13 @@ the calling thread's CPU time), so slow runs can be attributed: first of a round
 after the harness's 50 ms pause), one round (drift), page faults, preemption, or at random.
 
     python -m benchmarks.spread unet:batch=1,height=128,width=192 gru_stacked:seq=128,batch=1 \
-        --repeat 3 [--equal-runs] [--no-openvino] [--json PATH]
+        --repeat 3 [--scale 2] [--no-openvino] [--json PATH]
 
 A row is model[:shape] (shape as `python -m benchmarks.corpus list` prints it; none: every
 shape). Each repeat is one measurement exactly as `python -m benchmarks.corpus run` takes it
 (plan_runs, then kiln.bench.time_interleaved); the verdict per repeat is whether kiln's p90/p10
-is no wider than the wider peer's, the corpus acceptance's test. `--equal-runs` gives every
-engine the largest planned run count (the same estimator for all). Under load the figures
+is no wider than the wider peer's, the corpus acceptance's test. `--scale` multiplies the
+planned runs (the same for every engine). Under load the figures
 are noise: read the structure (which runs are slow), not the milliseconds.
 """
 
@@ -61,18 +61,20 @@ def engines(meta: dict, case: dict, threads: int, openvino: bool) -> dict:
     return fns
 
 
-def measure(fns: dict, budget: float, lo: int, hi: int, equal: bool, scale: float = 1.0) -> tuple[dict, int, list]:
+def measure(fns: dict, budget: float, lo: int, hi: int, scale: float = 1.0) -> tuple[dict, int, list]:
     """One measurement as the corpus harness takes it; returns (runs, rounds, raw records)."""
     from benchmarks.corpus.run import plan_runs
     from kiln.bench import time_interleaved
     runs = plan_runs(fns, budget, lo, hi)
     runs = {k: max(1, int(round(v * scale))) for k, v in runs.items()}
-    if equal:
-        runs = dict.fromkeys(runs, max(runs.values()))
     rounds = max(1, min(10, min(runs.values())))
     raw: list = []
     time_interleaved(fns, runs, rounds, record=raw)
     return runs, rounds, raw
+
+
+def fmt(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def spread(ms) -> float:
@@ -105,6 +107,11 @@ def analyse(raw: list, engine: str) -> dict:
     cpu = np.array([r["cpu_ms"] for r in rs])
     out["cpu_over_wall"] = float(np.median(cpu / ms))
     out["cpu_over_wall_slow"] = float(np.median(cpu[slow] / ms[slow]))
+    wait = np.array([r.get("wait_ms") if r.get("wait_ms") is not None else np.nan for r in rs])
+    out["wait_ms"] = float(np.nanmedian(wait)) if np.isfinite(wait).any() else None   # the caller runnable, not running
+    out["wait_ms_slow"] = float(np.nanmedian(wait[slow])) if np.isfinite(wait[slow]).any() else None
+    moved = np.array([r.get("cpu_before", -1) != r.get("cpu_after", -1) for r in rs])
+    out["moved"], out["moved_slow"] = float(moved.mean()), float(moved[slow].mean())   # caller changed CPU
     return out
 
 
@@ -117,12 +124,15 @@ def main(argv=None) -> int:
     p.add_argument("--min-runs", type=int, default=5)
     p.add_argument("--max-runs", type=int, default=50)
     p.add_argument("--scale", type=float, default=1.0, help="multiply every engine's planned runs")
-    p.add_argument("--equal-runs", action="store_true", help="every engine the largest planned run count")
     p.add_argument("--no-openvino", dest="openvino", action="store_false")
     p.add_argument("--json", metavar="PATH", help="write the raw runs and the analysis")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from benchmarks.corpus.spec import case_label
+    print("per engine: runs, median, p90/p10; first/rest: median of each round's first timed run over the "
+          "others'; slow runs (p90 and over): share first of their round, rounds they fell in; then "
+          "all runs / slow runs: page faults, involuntary context switches (process), the caller's CPU "
+          "over wall time and its run-queue wait, the share of runs the caller changed CPU")
     out = []
     for spec in args.rows:
         for meta, case in rows_of(spec):
@@ -130,15 +140,14 @@ def main(argv=None) -> int:
             label = f"{meta['name']} [{case_label(case)}]"
             for rep in range(args.repeat):
                 t = time.perf_counter()
-                runs, rounds, raw = measure(fns, args.budget, args.min_runs, args.max_runs, args.equal_runs,
-                                            args.scale)
+                runs, rounds, raw = measure(fns, args.budget, args.min_runs, args.max_runs, args.scale)
                 res = {e: analyse(raw, e) for e in fns}
                 peers = [res[e]["spread"] for e in fns if e != "kiln"]
                 verdict = res["kiln"]["spread"] <= max(peers)
                 out.append({"row": label, "repeat": rep, "runs": runs, "rounds": rounds, "verdict": verdict,
                             "analysis": res, "raw": raw, "load": os.getloadavg()[0],
                             "seconds": time.perf_counter() - t})
-                print(f"{label} #{rep}: {rounds} rounds, load {os.getloadavg()[0]:.1f}, kiln "
+                print(f"{label} #{rep}: {rounds} rounds, {runs['kiln']} runs each, load {os.getloadavg()[0]:.1f}, kiln "
                       f"{'<=' if verdict else '>'} wider peer", flush=True)
                 for e, a in res.items():
                     f = a["first_over_rest"]
@@ -147,7 +156,8 @@ def main(argv=None) -> int:
                           f"slow runs first-of-round {a['slow_first_frac']:.0%}  rounds max/min {a['between_rounds']:.3f}  "
                           f"slow rounds {a['slow_rounds']}  faults {a['minflt']:.0f}/{a['minflt_slow']:.0f}  "
                           f"invol.cs {a['nivcsw']:.0f}/{a['nivcsw_slow']:.0f}  cpu/wall {a['cpu_over_wall']:.2f}/"
-                          f"{a['cpu_over_wall_slow']:.2f}", flush=True)
+                          f"{a['cpu_over_wall_slow']:.2f}  queue wait ms {fmt(a['wait_ms'])}/{fmt(a['wait_ms_slow'])}"
+                          f"  moved {a['moved']:.0%}/{a['moved_slow']:.0%}", flush=True)
     rows = sorted({o["row"] for o in out})
     print("verdicts (kiln's p90/p10 no wider than the wider peer's):")
     for r in rows:

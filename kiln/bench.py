@@ -43,27 +43,68 @@ def time_interleaved(fns: dict, runs: dict, rounds: int, record: list | None = N
     untimed run wakes the next engine's own, for every engine alike.
 
     `record`, a list: one dict per timed run is appended (engine, round, index in the round,
-    ms, and outside the timed span the process's page faults and context switches and the
-    calling thread's CPU ms during the run: what benchmarks/spread.py attributes slow runs by)."""
+    ms, and, probed outside the timed span, what happened meanwhile: see run_probe; what
+    benchmarks/spread.py attributes slow runs by)."""
     times = {k: [] for k in fns}
+    stat = _schedstat() if record is not None else None
     for r in range(rounds):
         for name, fn in fns.items():
             time.sleep(SWITCH_PAUSE_S)
             fn()
             for k in range(math.ceil(runs[name] / rounds)):
                 if record is not None:
-                    u0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
+                    before = run_probe(stat)
                 t = time.perf_counter()
                 fn()
                 t = time.perf_counter() - t
                 times[name].append(t * 1e3)
                 if record is not None:
-                    c1, u1 = time.thread_time(), resource.getrusage(resource.RUSAGE_SELF)
                     record.append({"engine": name, "round": r, "k": k, "ms": t * 1e3,
-                                   "cpu_ms": (c1 - c0) * 1e3, "minflt": u1.ru_minflt - u0.ru_minflt,
-                                   "majflt": u1.ru_majflt - u0.ru_majflt, "nvcsw": u1.ru_nvcsw - u0.ru_nvcsw,
-                                   "nivcsw": u1.ru_nivcsw - u0.ru_nivcsw})
+                                   **probe_delta(before, run_probe(stat))})
+    if stat is not None:
+        os.close(stat)
     return times
+
+
+def _sched_getcpu():
+    try:
+        import ctypes
+        f = ctypes.CDLL(None).sched_getcpu
+        f.restype = ctypes.c_int
+        return f
+    except (OSError, AttributeError):
+        return lambda: -1
+
+
+_getcpu = _sched_getcpu()
+
+
+def _schedstat() -> int | None:
+    """A descriptor of the calling thread's Linux schedstat (None where there is none)."""
+    try:
+        return os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def run_probe(stat: int | None = None) -> tuple:
+    """What the process and the calling thread have had so far: rusage (page faults, context
+    switches), the thread's CPU time, its time waiting on a run queue (ns, from `stat`, a
+    _schedstat() descriptor; -1 where unknown) and the CPU it is on. A few microseconds."""
+    try:
+        wait = int(os.pread(stat, 128, 0).split()[1]) if stat is not None else -1
+    except (OSError, IndexError, ValueError):
+        wait = -1
+    return resource.getrusage(resource.RUSAGE_SELF), time.thread_time(), wait, _getcpu()
+
+
+def probe_delta(a: tuple, b: tuple) -> dict:
+    """Between two run_probe()s: page faults, voluntary and involuntary context switches (the
+    process's), the calling thread's CPU ms and run-queue wait ms, and its CPU before and after."""
+    return {"minflt": b[0].ru_minflt - a[0].ru_minflt, "majflt": b[0].ru_majflt - a[0].ru_majflt,
+            "nvcsw": b[0].ru_nvcsw - a[0].ru_nvcsw, "nivcsw": b[0].ru_nivcsw - a[0].ru_nivcsw,
+            "cpu_ms": (b[1] - a[1]) * 1e3, "wait_ms": (b[2] - a[2]) / 1e6 if a[2] >= 0 <= b[2] else None,
+            "cpu_before": a[3], "cpu_after": b[3]}
 
 
 def compare(got: dict, want: dict, rtol: float = 1e-3, atol: float = 1e-4) -> dict:

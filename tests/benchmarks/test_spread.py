@@ -31,6 +31,7 @@ def test_record_has_one_entry_per_timed_run_in_round_order(monkeypatch):
     order = [(r["round"], r["engine"]) for r in raw]
     assert order == sorted(order)
     assert all(r["minflt"] >= 0 and r["nivcsw"] >= 0 and r["cpu_ms"] >= 0 for r in raw)
+    assert all(r["wait_ms"] is None or r["wait_ms"] >= 0 for r in raw)
 
 
 def test_analyse_finds_slow_first_runs_of_a_round():
@@ -67,3 +68,14 @@ def test_spread_script_runs_a_row(tmp_path, monkeypatch, capsys):
     ms = json.loads(out.read_text())["measurements"]
     assert len(ms) == 2 and {r["engine"] for r in ms[0]["raw"]} == {"kiln", "ort"}
     assert all(len([r for r in m["raw"] if r["engine"] == "kiln"]) >= 5 for m in ms)   # --min-runs
+
+
+def test_plan_runs_gives_every_engine_as_many_runs():
+    """p90/p10 reads wider from more runs: an engine is never given more runs for being faster."""
+    import time
+
+    from benchmarks.corpus.run import plan_runs
+    runs = plan_runs({"fast": lambda: None, "slow": lambda: time.sleep(0.004)}, budget_s=0.02, lo=2, hi=40)
+    assert runs["fast"] == runs["slow"] == 40          # the fast engine's count, capped at hi
+    runs = plan_runs({"a": lambda: time.sleep(0.004), "b": lambda: time.sleep(0.004)}, budget_s=0.001, lo=3, hi=40)
+    assert runs == {"a": 3, "b": 3}
