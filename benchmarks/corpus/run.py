@@ -60,7 +60,16 @@ def openvino_available() -> bool:
 # ---- one model -----------------------------------------------------------------------------------
 
 def plan_runs(fns: dict, budget_s: float, lo: int, hi: int) -> dict:
-    """Runs per engine so each spends about `budget_s` timed, from one warm call each."""
+    """Runs per engine: as many for every engine (the most any needs to spend about `budget_s`
+    timed, from one warm call each, within [lo, hi]).
+
+    The same count for all, because p90/p10 is read from the runs: the more runs, the further out
+    their p10 and p90 lie (with 5 runs they are about the 23rd and 77th percentiles, with 50 the
+    12th and 88th), and more runs per round put a smaller share right after the round's pause.
+    Given runs by its own speed, the fastest engine had the most and so the widest spread by the
+    estimator alone: in the six corpus runs of 2026-11-25/26, kiln's p90/p10 was no wider than the
+    wider peer's on 19 of 43 rows where kiln had more runs than both peers, 220 of 334 where all
+    had as many."""
     runs = {}
     for name, fn in fns.items():
         fn()
@@ -68,7 +77,7 @@ def plan_runs(fns: dict, budget_s: float, lo: int, hi: int) -> dict:
         fn()
         ms = (time.perf_counter() - t) * 1e3
         runs[name] = int(min(hi, max(lo, budget_s * 1e3 / max(ms, 1e-3))))
-    return runs
+    return dict.fromkeys(runs, max(runs.values(), default=lo))
 
 
 def bench_model(meta: dict, args) -> list[dict]:
