@@ -3,6 +3,9 @@ packed at compile time; the interpreter gives the same numbers before and after.
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
 
 from kiln.dtypes import DType
 from kiln.lower.gemm import pack_weight, weight_panel_width
@@ -78,3 +81,29 @@ def test_left_alone(case):
             '  %y: float32[4] = MatMul(%x, %w) name "mm"', {"w": rng.normal(size=(3, 4)).astype(F)}
     _, stats = check("pack_weights", prog(sig, body), None, **consts)
     assert not stats.fired
+
+
+@pytest.mark.parametrize("n", [40, 80, 96, 97, 160])
+def test_panel_width_fits_the_columns_and_matches_the_reference(n):
+    """A weight whose columns four-vector panels would pad (96 = 6 x 16) takes panels that pad
+    no more columns than four vectors would; the packed GEMM matches numpy at odd sizes, a
+    symbolic batch, for any width the rule picks."""
+    t = Target.host()
+    lanes = t.vector_lanes(4)
+    nr = weight_panel_width(n, 24, DType.float32, t)
+    assert nr % lanes == 0 or nr < lanes
+    if nr >= lanes:
+        assert -(-n // nr) * nr <= -(-n // (4 * lanes)) * 4 * lanes
+    rng = np.random.default_rng(n)
+    w = rng.standard_normal((24, n)).astype(np.float32)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 13, 24])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 13, n])],
+        [numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    m = kiln.compile(model)
+    assert f"panels{nr}" in str(m.graph)
+    for b in (1, 3):
+        x = rng.standard_normal((b, 13, 24)).astype(np.float32)
+        np.testing.assert_allclose(m.run(x=x)["y"], x @ w, rtol=1e-4, atol=1e-5)

@@ -20,6 +20,8 @@ from onnx import helper, numpy_helper
 
 import kiln
 from kiln import KilnError
+from kiln.dtypes import DType
+from kiln.lower.gemm import weight_panel_width
 from kiln.runtime.cpu import cpu_features
 from kiln.targets.target import NAMED, Target
 
@@ -97,8 +99,10 @@ def _model() -> onnx.ModelProto:
 def test_graph_decisions_follow_the_target_not_the_host():
     """The NCHWc block and the packed weight's panel width come from the target's vector width."""
     m = _model()
-    for name, block, panel in (("x86-64-v3", 8, 16), ("x86-64-v4", 16, 32)):
+    for name, block, lanes in (("x86-64-v3", 8, 8), ("x86-64-v4", 16, 16)):
         text = str(kiln.compile(m, cpu=name).graph)
+        panel = weight_panel_width(40, 32, DType.float32, Target.named(name))    # 40 columns
+        assert panel % lanes == 0 and panel <= 4 * lanes, (name, panel)
         assert f"{{block = {block}}}" in text and f"%m.panels{panel}" in text, name
     same = kiln.compile(m, target=Target.named("x86-64-v3"))
     assert same.cpu == Target.named("x86-64-v3") and "{block = 8}" in str(same.graph)
