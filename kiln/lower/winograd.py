@@ -105,14 +105,7 @@ def _lower(ctx, x, u, b=None):
     m, pads, oh, ow = geometry(ctx, x.shape, u.shape)
     if m != M:
         ctx.fail(f"the native Winograd kernel computes F({M}x{M}, 3x3), not m={m}", stage="lower")
-    if x.dtype is not DType.float32 or u.dtype is not DType.float32:
-        ctx.fail(f"ConvWinograd's native kernel takes float32, got {x.dtype} and {u.dtype}", stage="lower")
-    # the algorithm was chosen by the layout pass (the weights are transformed there): recorded
-    # with the kernel's decisions; another value asked of this kernel alone cannot be taken here
-    if CONV_ALGORITHM.asked() not in (None, "winograd"):
-        raise CONV_ALGORITHM.illegal(CONV_ALGORITHM.asked(), "the conv algorithm is chosen by the layout pass; "
-                                     "ask it of kiln.compile (decisions={'conv.algorithm': ...}) for the model")
-    CONV_ALGORITHM.value("winograd")
+    taken(ctx, "ConvWinograd", x, u)
     n, icb, h, w, lanes = x.shape
     ocb = u.shape[1]
     if lanes % 4:
@@ -129,6 +122,19 @@ def _lower(ctx, x, u, b=None):
             f"{ocb}, {oh}, {ow}, {pads[0]}, {pads[1]}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,
                       errors={-1: "out of memory for the Winograd transform buffers"})
+
+
+def taken(ctx, op: str, x, u) -> None:
+    """What a Winograd kernel (2-D or 1-D) checks of its inputs before it is lowered: float32
+    data, and the algorithm decision, recorded with the kernel's decisions. The algorithm was
+    chosen by the layout pass (the weights are transformed there); another value asked of
+    this kernel alone cannot be taken here."""
+    if x.dtype is not DType.float32 or u.dtype is not DType.float32:
+        ctx.fail(f"{op}'s native kernel takes float32, got {x.dtype} and {u.dtype}", stage="lower")
+    if CONV_ALGORITHM.asked() not in (None, "winograd"):
+        raise CONV_ALGORITHM.illegal(CONV_ALGORITHM.asked(), "the conv algorithm is chosen by the layout pass; "
+                                     "ask it of kiln.compile (decisions={'conv.algorithm': ...}) for the model")
+    CONV_ALGORITHM.value("winograd")
 
 
 def gemm_instance(fn: str, lanes: int, tr: int, ov: int) -> tuple[str, str]:

@@ -9,12 +9,11 @@ kernel's (kiln.lower.winograd.register_tile); the chunks of tiles are small (`pl
 from __future__ import annotations
 
 from kiln.codegen.csource import c_instance, c_source
-from kiln.dtypes import DType
 from kiln.loops.symbols import c_size, static
-from kiln.lower.conv_algo import CONV_ALGORITHM, tiles_1d
+from kiln.lower.conv_algo import tiles_1d
 from kiln.lower.context import lowering
 from kiln.lower.nnutil import parallel_from
-from kiln.lower.winograd import decided, gemm_instance, register_tile
+from kiln.lower.winograd import decided, gemm_instance, register_tile, taken
 from kiln.ops.winograd import matrices
 from kiln.ops.winograd1d import DOMAIN, geometry, taps
 from kiln.targets.target import Target
@@ -52,12 +51,7 @@ def _lower(ctx, x, u, b=None):
     target = Target.of(ctx.target)
     m, pads, d, st, k, ow = geometry(ctx, x.shape, u.shape)
     r = taps(k, st)
-    if x.dtype is not DType.float32 or u.dtype is not DType.float32:
-        ctx.fail(f"ConvWinograd1D's native kernel takes float32, got {x.dtype} and {u.dtype}", stage="lower")
-    if CONV_ALGORITHM.asked() not in (None, "winograd"):
-        raise CONV_ALGORITHM.illegal(CONV_ALGORITHM.asked(), "the conv algorithm is chosen by the layout pass; "
-                                     "ask it of kiln.compile (decisions={'conv.algorithm': ...}) for the model")
-    CONV_ALGORITHM.value("winograd")
+    taken(ctx, "ConvWinograd1D", x, u)
     n, icb, _, w, lanes = x.shape
     ocb = u.shape[1]
     # chunks planned for one image when the batch is symbolic (images are the kernel's outer loop)

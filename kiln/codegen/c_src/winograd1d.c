@@ -60,24 +60,14 @@ static void KILN_WG1_TASKS(void* ctx_, int64_t lo, int64_t hi) {
   const int64_t per_phase = ((OW + dil - 1) / dil + M - 1) / M;      /* tiles of one phase */
   const int64_t per_image = dil * per_phase, ntile = N * per_image;
   const int64_t ngroup = OCB / OV;
-  const size_t vbytes = ((size_t)NT * T * IC * sizeof(float) + 63) / 64 * 64;
-  const size_t mbytes = ((size_t)NT * T * OV * L * sizeof(float) + 63) / 64 * 64;
-  float* vbuf = (float*)aligned_alloc(64, vbytes);
-  float* mbuf = (float*)aligned_alloc(64, mbytes);
-  if (!vbuf || !mbuf) {
-    __atomic_store_n(&((struct KILN_WG1_CTX*)ctx_)->failed, 1, __ATOMIC_RELAXED);
-    hi = lo;
-  }
+  float *vbuf, *mbuf;   /* the buffers and the tasks: winograd_gemm.h */
+  if (!kiln_wg_buffers(&vbuf, &mbuf, NT, T, IC, OV * L, &((struct KILN_WG1_CTX*)ctx_)->failed)) return;
   for (int64_t task = lo; task < hi; ++task) {
-    const int64_t chunk = task / osplit, part = task % osplit;
-    const int64_t first = chunk * T, nt = ntile - first < T ? ntile - first : T;
+    const kiln_wg_task k_ = kiln_wg_task_of(task, osplit, T, ntile, ngroup);
+    const int64_t first = k_.first, nt = k_.nt;
     /* 1. input transform */
     for (int64_t j = 0; j < T; ++j) {
-      if (j >= nt) {                 /* a short last chunk: its register blocks read zeros */
-        for (int t = 0; t < NT; ++t)
-          __builtin_memset(vbuf + ((int64_t)t * T + j) * IC, 0, IC * sizeof(float));
-        continue;
-      }
+      if (kiln_wg_past_end(vbuf, NT, T, j, nt, IC)) continue;
       const int64_t g = first + j, n = g / per_image, r = g % per_image;
       const int64_t xs = S * (r / per_phase + dil * M * (r % per_phase)) - pl;
       for (int64_t cp = 0; cp < ICB * S; ++cp) {
@@ -109,8 +99,7 @@ static void KILN_WG1_TASKS(void* ctx_, int64_t lo, int64_t hi) {
         }
       }
     }
-    const int64_t g0 = part * ngroup / osplit, g1 = (part + 1) * ngroup / osplit;
-    for (int64_t og = g0; og < g1; ++og) {
+    for (int64_t og = k_.g0; og < k_.g1; ++og) {
       /* 2. the m + r - 1 GEMMs of this group of output channel blocks (winograd_gemm.h) */
       KILN_WG1_GEMM(u, vbuf, mbuf, NT, OCB, og, T, IC);
       /* 3. output transform */

@@ -1,4 +1,5 @@
-/* The batched GEMM of the Winograd kernels (winograd.c, winograd1d.c): for each of NP
+/* The batched GEMM of the Winograd kernels (winograd.c, winograd1d.c), and (at the end) how
+   they cut their work into tasks. The GEMM: for each of NP
    transform positions t, M[t] = V[t] U[t] over a chunk of T tiles and one group of OV output
    channel blocks, in register blocks of TR tiles x OV vectors with the input channels
    innermost (per channel, OV weight vectors and TR broadcasts for TR * OV FMAs). Instantiated
@@ -44,3 +45,36 @@ static inline __attribute__((always_inline)) void KILN_WGG_FN(
     }
   }
 }
+#ifndef KILN_WG_TASKS_H
+#define KILN_WG_TASKS_H
+/* How the Winograd kernels (winograd.c, winograd1d.c) cut their work into tasks: task `task`
+   covers the chunk of T tiles from `first` (`nt` of them: the last chunk may be short) and
+   part task % osplit of the output channel groups, [g0, g1). */
+typedef struct { int64_t first, nt, g0, g1; } kiln_wg_task;
+static inline kiln_wg_task kiln_wg_task_of(int64_t task, int64_t osplit, int64_t T, int64_t ntile,
+                                           int64_t ngroup) {
+  const int64_t part = task % osplit, first = task / osplit * T;
+  const kiln_wg_task k = { first, ntile - first < T ? ntile - first : T, part * ngroup / osplit,
+                           (part + 1) * ngroup / osplit };
+  return k;
+}
+/* A range of tasks' own transform buffers, 64-byte aligned: vbuf [NP][T][IC] (the transformed
+   inputs) and mbuf [NP][T][OVL] (the GEMMs' outputs). Out of memory: none held, *failed set, 0. */
+static inline int kiln_wg_buffers(float** vbuf, float** mbuf, int64_t NP, int64_t T, int64_t IC, int64_t OVL,
+                                  int32_t* failed) {
+  *vbuf = (float*)aligned_alloc(64, ((size_t)NP * T * IC * sizeof(float) + 63) / 64 * 64);
+  *mbuf = (float*)aligned_alloc(64, ((size_t)NP * T * OVL * sizeof(float) + 63) / 64 * 64);
+  if (*vbuf && *mbuf) return 1;
+  free(*vbuf);
+  free(*mbuf);
+  __atomic_store_n(failed, 1, __ATOMIC_RELAXED);
+  return 0;
+}
+/* Whether tile j lies past the end (nt tiles) of a short last chunk; then its inputs are zeros
+   at all NP positions (its register blocks read them). */
+static inline int kiln_wg_past_end(float* vbuf, int64_t NP, int64_t T, int64_t j, int64_t nt, int64_t IC) {
+  if (j < nt) return 0;
+  for (int64_t t = 0; t < NP; ++t) __builtin_memset(vbuf + (t * T + j) * IC, 0, IC * sizeof(float));
+  return 1;
+}
+#endif
