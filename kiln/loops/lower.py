@@ -106,10 +106,16 @@ class _Lowering:
 
     def _read_bounds(self, prod: Stage, body: Expr, free: dict, los: list, his: list) -> None:
         shape = prod.tensor.shape
+        ctx = None
         for e in walk(body):
             if e.op != "load" or e.arg is not prod.tensor:
                 continue
             for d, idx in enumerate(e.args):
+                if any(x.op in _DIGITS for x in walk(idx)):
+                    # a fused loop's digits put back together ((f // M) * M + f % M: a GEMM's rows
+                    # over a batch folded into one matrix) span what f spans, not the digits' hull
+                    ctx = ctx or Ctx(self.ranges)
+                    idx = ctx.simplify(idx)
                 iv = sym_interval(idx, free)
                 if iv is None:
                     los[d], his[d] = ZERO, _ix(shape[d] - 1)
@@ -292,6 +298,9 @@ def _check_buffers(body: S.Stmt, params, name):
                                 stage="lower")
 
     go(body)
+
+
+_DIGITS = ("floordiv", "floormod")
 
 
 def sym_interval(e: Expr, free: dict):

@@ -9,6 +9,7 @@ and every transpose combination.
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from onnx import helper, numpy_helper
 
 import kiln
@@ -224,3 +225,36 @@ def test_gemm_builder_knobs_agree():
         mod[f.name](a, b, out)
         np.testing.assert_allclose(out, a @ (np.swapaxes(b, -1, -2) if tb else b), rtol=1e-4, atol=1e-4,
                                    err_msg=f.name)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases=st.lists(st.tuples(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.integers(1, 19),
+                                st.integers(1, 70), st.integers(1, 40), st.booleans(), st.booleans(),
+                                st.sampled_from([None, (5, 16), (3, 7)])), min_size=3, max_size=3))
+def test_gemm_batch_rows_folded_against_a_shared_weight(cases):
+    """A batch of A matrices against one B (a Linear's weight) runs as one matrix of all the
+    batch's rows (Gemm.flat): odd M, N, K, one to three batch dims, B read transposed or not,
+    packed or not, forced tiles, and a fused epilogue that reads a residual of the output's
+    shape (its indices are the batch's, put back from the folded row)."""
+    from kiln.dtypes import DType
+    from kiln.loops import Schedule, compute, lower, placeholder
+    from kiln.lower.gemm import gemm
+
+    funcs, want = [], []
+    for batch, m, n, k, tb, pack, tile in cases:
+        a = placeholder((*batch, m, k), DType.float32, "a")
+        b = placeholder((n, k) if tb else (k, n), DType.float32, "b")
+        r = placeholder((*batch, m, n), DType.float32, "r")
+        g = gemm(a, b, trans_b=tb, swap=False, pack=pack, tile=tile, target=Target.host())
+        assert g.flat == (int(np.prod(batch)) > 1)
+        y = compute(g.out.shape, lambda *ix: g.out[ix] * 0.5 + r[ix], "epilogue")
+        sch = Schedule(y)
+        g.schedule(sch, y)
+        funcs.append(lower(sch, [a, b, r, y], f"k{len(funcs)}"))
+        want.append(tb)
+    mod = build_c(LoopModule(funcs))
+    for f, tb in zip(funcs, want):
+        a, b, r, out = (np.empty(p.shape, np.float32) for p in f.params)
+        a[...], b[...], r[...] = rand(a.shape), rand(b.shape), rand(r.shape)
+        mod[f.name](a, b, r, out)
+        np.testing.assert_allclose(out, (a @ (b.T if tb else b)) * 0.5 + r, rtol=1e-4, atol=1e-4, err_msg=f.name)
