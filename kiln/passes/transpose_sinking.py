@@ -13,6 +13,13 @@ laid out, so a Transpose feeding it can move to its output:
   * the same Transpose of another value: T(x) + T(y) → T(x + y), one transpose
     instead of two.
 
+A Reshape sinks past a unary elementwise op the same way (op(R(x)) → R(op(x))), so that
+the op reaches the producer of a pure data-movement chain: a detector head's Conv →
+Reshape → Transpose → Reshape → Sigmoid becomes Conv → Sigmoid → ..., the Sigmoid then an
+epilogue of the (blocked) conv, computed once per element in its vector registers, and the
+chain a plain copy (it had evaluated the Sigmoid per gathered element, and again per
+element of every Concat branch that read it).
+
 When a sunk Transpose reaches another one, the pair composes (the transpose-pair
 rule of `simplify_algebra`, reused here): into one Transpose, or into nothing when
 the perms are inverse. A Transpose is only moved when the op it passes is its only
@@ -35,6 +42,9 @@ UNARY = tuple(ops_of_kind(Kind.ELEMWISE)) + (
 BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu", "And", "Or", "Xor", "Equal", "Less",
           "LessOrEqual", "Greater", "GreaterOrEqual", "Max", "Min", "BitShift", "BitwiseAnd",
           "BitwiseOr", "BitwiseXor")
+# the unary ops a Reshape sinks past: not the casts (a mask's Reshape -> Cast, which the
+# attention patterns read in that order; nothing to gain by moving a cast to its producer)
+RESHAPE_UNARY = tuple(op for op in UNARY if op not in ("Cast", "CastLike"))
 NOT_FIRST = {"PRelu"}   # broadcast one way only: the transposed operand must be the data
 
 TRANSPOSE_PAIR = next(r for r in ALGEBRA_RULES if r.name == "transpose pair")
@@ -95,12 +105,23 @@ def _sink_binary(m: Match, b):
     return _sunk(m, b, [m["x"], other] if pos == 0 else [other, m["x"]])
 
 
+def _sink_reshape_unary(m: Match, b):
+    """R(op(x)): the matched Reshape's shape input and attributes, the op's own extra inputs."""
+    root, r = m.root_node, m.node("r")
+    if len(root.outputs) != 1 or len(r.inputs) != 2:
+        return None
+    inner = b.op(root.op, [m["x"], *root.inputs[1:]], dict(root.attrs))
+    return b.op("Reshape", [inner, r.inputs[1]], dict(r.attrs))
+
+
 def _transposed(name: str = "t") -> Op:
     return Op("Transpose", Var("x"), name=name)
 
 
 RULES = [
     Rule("sink past unary", Op(UNARY, _transposed()), _sink_unary, private=True),
+    Rule("sink reshape past unary", Op(RESHAPE_UNARY, Op("Reshape", Var("x"), name="r")), _sink_reshape_unary,
+         private=True),
     Rule("sink past binary", Op(BINARY, _transposed(), Var()), _sink_binary, private=True),
     Rule("sink past binary", Op(BINARY, Var(), _transposed()), _sink_binary, private=True),
     TRANSPOSE_PAIR,

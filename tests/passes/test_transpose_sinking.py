@@ -122,3 +122,36 @@ def test_non_agnostic_op_stops_the_sinking():
 def test_runs_after_algebraic_simplification(level):
     names = passes_for(level)
     assert names.index("sink_transposes") == names.index("simplify_algebra") + 1
+
+
+def test_unary_moves_up_a_reshape_transpose_chain():
+    """A detector head's Reshape -> Transpose -> Reshape -> Sigmoid: the Sigmoid reaches the
+    chain's source (where a conv's epilogue can take it); the numbers are unchanged."""
+    sig = "(%x: float32[1,6,2,2]) -> (%y)"
+    before = "\n".join([
+        '  %r1: float32[1,2,3,2,2] = Reshape(%x, %s1) name "r1"',
+        '  %t: float32[1,2,2,2,3] = Transpose(%r1) {perm = [0,1,3,4,2]} name "t"',
+        '  %r2: float32[1,8,3] = Reshape(%t, %s2) name "r2"',
+        '  %y: float32[1,8,3] = Sigmoid(%r2) name "sig"'])
+    after = "\n".join([
+        '  %sig.Sigmoid.Sigmoid.Sigmoid: float32[1,6,2,2] = Sigmoid(%x) name "sig.Sigmoid.Sigmoid.Sigmoid"',
+        '  %sig.Sigmoid.Sigmoid: float32[1,2,3,2,2] = Reshape(%sig.Sigmoid.Sigmoid.Sigmoid, %s1) '
+        'name "sig.Sigmoid.Sigmoid.Reshape"',
+        '  %sig.Sigmoid: float32[1,2,2,2,3] = Transpose(%sig.Sigmoid.Sigmoid) {perm = [0,1,3,4,2]} '
+        'name "sig.Sigmoid.Transpose"',
+        '  %y: float32[1,8,3] = Reshape(%sig.Sigmoid, %s2) name "sig.Reshape"'])
+    out, stats = _check(sig, before, after, s1=np.array([1, 2, 3, 2, 2], I), s2=np.array([1, 8, 3], I))
+    assert stats.fired == {"sink reshape past unary": 2, "sink past unary": 1}
+
+
+def test_reshape_with_two_readers_stays():
+    sig = "(%x: float32[2,6]) -> (%y, %w)"
+    _check(sig, '  %r: float32[3,4] = Reshape(%x, %s) name "r"\n'
+                '  %y: float32[3,4] = Relu(%r) name "relu"\n'
+                '  %w: float32[3,4] = Exp(%r) name "exp"', None, s=np.array([3, 4], I))
+
+
+def test_cast_does_not_move_up_a_reshape():
+    sig = "(%x: int64[2,6]) -> (%y)"
+    _check(sig, '  %r: int64[3,4] = Reshape(%x, %s) name "r"\n'
+                '  %y: float32[3,4] = Cast(%r) {to = 1} name "cast"', None, s=np.array([3, 4], I))
