@@ -140,6 +140,43 @@ static void KILN_FA_CAT(KILN_FA_FN, _states)(void* c_, int64_t lo, int64_t hi) {
     states[x * MQN * NKB + y] = (unsigned char)(dead ? 1 : zero ? 2 : 0);
   }
 }
+/* A tile's two products, C = C * alpha + A·B over its nrows rows: S = Q·Kᵀ (from zero: ALPHA
+   a null pointer, C not read) and O = O * alpha + P·V (the online softmax's rescaling; rows past
+   nrows scaled by 0). Micro-tiles of MR rows x NV vectors held in registers over k < K: A[r][k]
+   broadcast, B's row k (LDB floats) loaded as NV vectors; C's rows NC floats wide. */
+#define KILN_FA_PRODUCT(NV, A, B, LDB, K, C, NC, ALPHA) \
+  for (int64_t r0 = 0; r0 < nrows; r0 += MR) \
+    for (int64_t c0 = 0; c0 < (NC); c0 += (NV) * L) { \
+      fv acc_[MR][NV]; \
+      _Pragma("GCC unroll 16") \
+      for (int r_ = 0; r_ < MR; ++r_) { \
+        const float a_ = (ALPHA) && r0 + r_ < nrows ? (ALPHA)[r0 + r_] : 0.0f; \
+        _Pragma("GCC unroll 8") \
+        for (int n_ = 0; n_ < (NV); ++n_) { \
+          if (ALPHA) { \
+            memcpy(&acc_[r_][n_], &(C)[r0 + r_][c0 + n_ * L], sizeof(fv)); \
+            acc_[r_][n_] *= a_; \
+          } else { \
+            acc_[r_][n_] = (fv){0}; \
+          } \
+        } \
+      } \
+      for (int64_t k_ = 0; k_ < (K); ++k_) { \
+        fv b_[NV]; \
+        _Pragma("GCC unroll 8") \
+        for (int n_ = 0; n_ < (NV); ++n_) memcpy(&b_[n_], (B) + k_ * (LDB) + c0 + n_ * L, sizeof(fv)); \
+        _Pragma("GCC unroll 16") \
+        for (int r_ = 0; r_ < MR; ++r_) { \
+          const float p_ = (A)[r0 + r_][k_]; \
+          _Pragma("GCC unroll 8") \
+          for (int n_ = 0; n_ < (NV); ++n_) acc_[r_][n_] += p_ * b_[n_]; \
+        } \
+      } \
+      _Pragma("GCC unroll 16") \
+      for (int r_ = 0; r_ < MR; ++r_) \
+        _Pragma("GCC unroll 8") \
+        for (int n_ = 0; n_ < (NV); ++n_) memcpy(&(C)[r0 + r_][c0 + n_ * L], &acc_[r_][n_], sizeof(fv)); \
+    }
 /* 3. the attention of each (batch, head group, q tile) */
 static void KILN_FA_CAT(KILN_FA_FN, _tiles)(void* c_, int64_t lo, int64_t hi) {
   KILN_FA_UNPACK(c_);
@@ -203,29 +240,7 @@ static void KILN_FA_CAT(KILN_FA_FN, _tiles)(void* c_, int64_t lo, int64_t hi) {
       } else
 #endif
       /* S = Q·Kᵀ, MR x (NK * L) micro-tiles held in registers over d */
-      for (int64_t r0 = 0; r0 < nrows; r0 += MR)
-        for (int64_t c0 = 0; c0 < BK; c0 += NK * L) {
-          fv acc[MR][NK];
-          #pragma GCC unroll 16
-          for (int r = 0; r < MR; ++r)
-            #pragma GCC unroll 8
-            for (int n = 0; n < NK; ++n) acc[r][n] = (fv){0};
-          for (int64_t d = 0; d < D; ++d) {
-            fv kk[NK];
-            #pragma GCC unroll 8
-            for (int n = 0; n < NK; ++n) memcpy(&kk[n], kb + d * BK + c0 + n * L, sizeof(fv));
-            #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r) {
-              const float qv = qt_[r0 + r][d];
-              #pragma GCC unroll 8
-              for (int n = 0; n < NK; ++n) acc[r][n] += qv * kk[n];
-            }
-          }
-          #pragma GCC unroll 16
-          for (int r = 0; r < MR; ++r)
-            #pragma GCC unroll 8
-            for (int n = 0; n < NK; ++n) memcpy(&s[r0 + r][c0 + n * L], &acc[r][n], sizeof(fv));
-        }
+      KILN_FA_PRODUCT(NK, qt_, kb, BK, D, s, BK, (const float*)0);
       /* mask, causal bound, keys past the end; then the online softmax per row */
       int all_live = 1;
       for (int64_t r = 0; r < nrows; ++r) {
@@ -302,34 +317,7 @@ static void KILN_FA_CAT(KILN_FA_FN, _tiles)(void* c_, int64_t lo, int64_t hi) {
       } else
 #endif
       /* O = O * alpha + P·V, MR x (NO * L) micro-tiles held in registers over the keys */
-      for (int64_t r0 = 0; r0 < nrows; r0 += MR)
-        for (int64_t c0 = 0; c0 < DVP; c0 += NO * L) {
-          fv acc[MR][NO];
-          #pragma GCC unroll 16
-          for (int r = 0; r < MR; ++r) {
-            const float a = r0 + r < nrows ? alpha[r0 + r] : 0.0f;
-            #pragma GCC unroll 8
-            for (int n = 0; n < NO; ++n) {
-              memcpy(&acc[r][n], &o[r0 + r][c0 + n * L], sizeof(fv));
-              acc[r][n] *= a;
-            }
-          }
-          for (int64_t j = 0; j < nk; ++j) {
-            fv vv[NO];
-            #pragma GCC unroll 8
-            for (int n = 0; n < NO; ++n) memcpy(&vv[n], vblk + j * DVP + c0 + n * L, sizeof(fv));
-            #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r) {
-              const float p = s[r0 + r][j];
-              #pragma GCC unroll 8
-              for (int n = 0; n < NO; ++n) acc[r][n] += p * vv[n];
-            }
-          }
-          #pragma GCC unroll 16
-          for (int r = 0; r < MR; ++r)
-            #pragma GCC unroll 8
-            for (int n = 0; n < NO; ++n) memcpy(&o[r0 + r][c0 + n * L], &acc[r][n], sizeof(fv));
-        }
+      KILN_FA_PRODUCT(NO, s, vblk, DVP, nk, o, DVP, alpha);
     }
     for (int64_t r = 0; r < nrows; ++r) {
       const float inv = l[r] > 0.0f ? 1.0f / l[r] : empty_nan ? NAN : 0.0f;
@@ -391,6 +379,7 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
 }
 
 #undef KILN_FA_UNPACK
+#undef KILN_FA_PRODUCT
 #undef KILN_FA_CTX
 #undef KILN_FA_CAT
 #undef KILN_FA_CAT2
