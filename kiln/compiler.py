@@ -29,10 +29,8 @@ emit_module, kernels taking the symbols' values, the arena planned per shape at 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -424,10 +422,11 @@ class ShapePipeline:
 
 
 def lower(graph: Graph, known: dict | None = None, target=None, decisions: dict | None = None,
-          strict: bool = True, alloc=None, on_kernel=None):
+          strict: bool = True, place=None, on_kernel=None):
     """partition → lower_groups → plan_memory → emit_module: a static graph as loop IR for CPU
     `target` (None: this host). `strict`: a decision override for a kernel the module does
-    not have is an error. `alloc(nbytes)`: where the weights blob is made (default: memory);
+    not have is an error. `place(nbytes, pieces)`: where the weights blob is made
+    (kiln.lower.module.weights_blob; default: memory);
     `on_kernel(func)`: called with each kernel as it is lowered (`native`: builds start)."""
     from kiln.lower.module import check_static, emit_module, lower_groups, plan_memory  # noqa: PLC0415
     from kiln.lower.partition import partition  # noqa: PLC0415
@@ -440,7 +439,7 @@ def lower(graph: Graph, known: dict | None = None, target=None, decisions: dict 
         from kiln.lower.decisions import check_kernels  # noqa: PLC0415
         check_kernels(decisions or {}, [k.func.name for k in groups.kernels])
     with stage("plan memory"):
-        memory = plan_memory(graph, groups, alloc)
+        memory = plan_memory(graph, groups, place)
     with stage("emit module"):
         lowered = emit_module(graph, groups, memory, fusion)
     check_planned(int(lowered.weights.size), lowered.workspace_bytes,
@@ -581,43 +580,17 @@ def native(graph: Graph, known: dict, target, decisions: dict | None = None, str
             lowered = lower(graph, known, target, decisions, strict, on_kernel=prebuild)
             built = build(graph, lowered, generate(lowered, target), target)
             cache.store(key, built.manifest())
-        else:   # the weights blob made in the cache's file, checked while the C compiler runs
+        else:   # the weights blob written into the cache's file while the C compiler runs
             with cache.WeightsFile(key) as file:
-                lowered = lower(graph, known, target, decisions, strict, alloc=file.alloc, on_kernel=prebuild)
-                source = generate(lowered, target)
-                with _background(cache.checksum, lowered.weights) as weights_sum:
-                    built = build(graph, lowered, source, target)
+                lowered = lower(graph, known, target, decisions, strict, place=file.place, on_kernel=prebuild)
+                built = build(graph, lowered, generate(lowered, target), target)
+                weights_sum = file.written()
                 file.keep()
                 cache.store_whole(key, built.manifest(), *[[_spec_json(s) for s in specs] for specs in whole[1:]],
-                                  weights_sum())
-    with stage("load"):   # the blob lowering filled (whole: the cache file's pages), not copied
+                                  weights_sum)
+    with stage("load"):   # the blob lowering made (whole: the cache file's pages), not copied
         return _native_module(built.manifest(), [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
                               lowered.weights)
-
-
-@contextlib.contextmanager
-def _background(fn, *args):
-    """Run fn(*args) in a thread during the block; yields a function returning its result
-    (or raising its error), joined at the block's end."""
-    out: list = []
-
-    def run():
-        try:
-            out.append((fn(*args), None))
-        except BaseException as e:  # noqa: BLE001 (handed to the caller)
-            out.append((None, e))
-    t = threading.Thread(target=run, name="kiln-cache-write", daemon=True)
-    t.start()
-
-    def result():
-        value, error = out[0]
-        if error is not None:
-            raise error
-        return value
-    try:
-        yield result
-    finally:
-        t.join()
 
 
 def _spec_json(s: TensorSpec) -> list:

@@ -235,13 +235,13 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
     return LoweredGroups(kernels, funcs, steps, alias, share, out_params, str_consts, view_offsets)
 
 
-def plan_memory(graph: Graph, lowered: LoweredGroups, alloc=None) -> MemoryPlan:
+def plan_memory(graph: Graph, lowered: LoweredGroups, place=None) -> MemoryPlan:
     """Constants into one weights blob; every intermediate value and scratch output into one
     workspace arena, by liveness over the steps (in place where a kernel may overwrite a dead
     input). Inputs, constants and values written straight into output params need none.
-    `alloc(nbytes)`: where the blob is made (zeroed uint8; default: memory)."""
+    `place(nbytes, pieces)`: where the blob is made (`weights_blob`; default: memory)."""
     steps, alias = lowered.steps, lowered.alias
-    weights, offsets = weights_blob(lowered, alloc)
+    weights, offsets = weights_blob(lowered, place)
     first, last, size = lifetimes(graph, lowered, _nbytes, lambda b: b.nbytes)
 
     def root_id(v):
@@ -255,11 +255,13 @@ def plan_memory(graph: Graph, lowered: LoweredGroups, alloc=None) -> MemoryPlan:
     return MemoryPlan(weights, offsets, arena)
 
 
-def weights_blob(lowered: LoweredGroups, alloc=None) -> tuple[np.ndarray, dict[int, int]]:
+def weights_blob(lowered: LoweredGroups, place=None) -> tuple[np.ndarray, dict[int, int]]:
     """Every constant the steps read, in one uint8 blob: (blob, value id -> byte offset).
-    `alloc(nbytes)` makes the zeroed blob (the module cache's file: written once, in place)."""
+    `place(nbytes, pieces)` makes the blob of `nbytes` from `pieces`, [(offset, uint8 array)]
+    in offset order, zeros between and after them: `in_memory` by default; the module cache's
+    kiln.targets.cache.WeightsFile writes them into its file while the C compiler runs."""
     steps, str_consts = lowered.steps, lowered.str_consts
-    offsets, consts, size = {}, [], 0
+    offsets, pieces, size = {}, [], 0
     for st in steps:
         for a in st.args:
             if isinstance(a, Value) and a.const is not None and a.id not in offsets and a.id not in str_consts:
@@ -267,18 +269,18 @@ def weights_blob(lowered: LoweredGroups, alloc=None) -> tuple[np.ndarray, dict[i
                     raise KilnError(f"constant %{a.name} has dtype {a.type.dtype}, which the C backend "
                                     "cannot handle", stage="lower")
                 offsets[a.id] = size
-                consts.append((size, a.const))
+                pieces.append((size, np.ascontiguousarray(a.const).reshape(-1).view(np.uint8)))
                 size = _align(size + a.const.nbytes)
-    # each constant copied once into its place (appending to a bytearray copied a model's
-    # weights four times: 0.5 s of a 90 MB encoder's compile)
-    blob = (alloc or _zeros)(max(size, ALIGN))
-    for offset, c in consts:
-        blob[offset:offset + c.nbytes] = np.ascontiguousarray(c).reshape(-1).view(np.uint8)
-    return blob, offsets
+    return (place or in_memory)(max(size, ALIGN), pieces), offsets
 
 
-def _zeros(nbytes: int) -> np.ndarray:
-    return np.zeros(nbytes, np.uint8)
+def in_memory(nbytes: int, pieces: list) -> np.ndarray:
+    """A zeroed blob of `nbytes` with each piece copied once into its place (appending to a
+    bytearray copied a model's weights four times: 0.5 s of a 90 MB encoder's compile)."""
+    blob = np.zeros(nbytes, np.uint8)
+    for offset, b in pieces:
+        blob[offset:offset + b.size] = b
+    return blob
 
 
 def lifetimes(graph: Graph, lowered: LoweredGroups, value_bytes, buffer_bytes) -> tuple[dict, dict, dict]:

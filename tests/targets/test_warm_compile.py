@@ -146,6 +146,52 @@ def test_the_entry_keeps_the_models_specs_and_blob(cache):
     assert entry.with_suffix(".weights").stat().st_size == e["module"]["weights_bytes"]
 
 
+def test_the_blob_written_to_the_cache_is_the_one_built_in_memory(cache):
+    """WeightsFile.place writes the constants into the cache's file (zeros between and after
+    them) and maps it back: once written(), byte for byte what kiln.lower.module.in_memory
+    makes, with its checksum; the file is removed unless kept, and kept in place."""
+    from kiln.errors import KilnError
+    from kiln.lower.module import in_memory
+    from kiln.targets.cache import WeightsFile, checksum
+    (cache / "modules").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+    pieces = [(0, rng.integers(1, 256, 100, dtype=np.uint8)), (128, rng.integers(1, 256, 7, dtype=np.uint8)),
+              (192, np.zeros(0, np.uint8)), (192, rng.integers(1, 256, 3000, dtype=np.uint8))]
+    want = in_memory(3264, pieces)
+    with WeightsFile("ab" * 32) as f:
+        blob = f.place(3264, pieces)
+        assert f.written() == checksum(want)
+        np.testing.assert_array_equal(blob, want)
+        written = Path(f.tmp)
+        assert written.stat().st_size == 3264
+    assert not written.exists()
+    with WeightsFile("cd" * 32) as f:
+        f.place(3264, pieces)
+        f.written()
+        f.keep()
+    np.testing.assert_array_equal(np.fromfile(f.path, np.uint8), want)
+    assert f.path.name == "cd" * 32 + ".weights"
+    with WeightsFile("ef" * 32) as f:
+        with pytest.raises(KilnError, match="overlaps"):
+            f.place(256, [(0, np.ones(100, np.uint8)), (64, np.ones(8, np.uint8))])
+        with pytest.raises(KilnError, match="outside"):
+            f.place(64, [(0, np.ones(100, np.uint8))])
+        with pytest.raises(KilnError, match="no weights blob"):
+            f.written()
+
+
+def test_a_cold_compile_runs_on_the_blob_it_stored(cache):
+    """The module a cold compile returns runs on the blob it wrote to the cache (mapped back,
+    copy-on-write), and a warm one on that blob."""
+    cold, ran, _ = compiled(conv_model())
+    assert "lower" in ran
+    assert len(list((cache / "modules").glob("*.weights"))) == 1
+    check(cold, conv_model())
+    warm, ran, _ = compiled(conv_model())
+    assert not ran & WORK
+    check(warm, conv_model())
+
+
 # -- a model given as a path: found by the file's identity, the file not even read -------------
 
 @pytest.fixture
