@@ -214,7 +214,7 @@ class Gemm:
     target: Target | None = None    # sizes the fork decisions (None: the host)
     v_shared: bool = False          # V has no batch dims of its own (one weight for the whole batch)
     streamed: int = 0               # elements of S and V, each read at least once (the fork decision)
-    flat: bool = False              # the batch's rows are one matrix against a shared V (`_flat_rows`)
+    flat: int = 0                   # trailing batch dims whose rows are one matrix against a shared V (`_flat_rows`)
 
     @property
     def _target(self) -> Target:
@@ -244,8 +244,8 @@ class Gemm:
         axes = list(so.axis)
         j = None if "n" in self.squeeze else axes.pop()
         i = None if "m" in self.squeeze else axes.pop()
-        if self.flat:   # the row blocks run over the batch's rows as one matrix
-            i, axes = so.fuse(*axes, i), []
+        if self.flat:   # the row blocks run over the folded batch dims' rows as one matrix
+            i, axes = so.fuse(*axes[len(axes) - self.flat:], i), axes[:len(axes) - self.flat]
         mi, nj = (self.nr, self.mr) if self.swapped else (self.mr, self.nr)
         io, ii = so.split(i, mi) if i is not None else (None, None)
         jo, ji = so.split(j, nj) if j is not None else (None, None)
@@ -418,19 +418,17 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     s_contiguous = trans_b if swap else not trans_a
     # matrix-vector: a single column to vectorize over is no use; vectorize k instead
     dot = lanes if tile is None and C == 1 and s_contiguous and K % lanes == 0 and K >= 2 * lanes else 0
-    s_items = math.prod(batch)
-    flat = not (swap or dot or squeeze) and _flat_rows(M, ba, vb, batch)
-    if flat:   # R counts the rows of every batch item; acc has no batch dims
-        s_row, R, acc_batch = s_at, M * s_items, []
+    flat = 0 if swap or dot or squeeze else _flat_rows(M, ba, vb, batch)
+    lead, folded = batch[:len(batch) - flat], batch[len(batch) - flat:]
+    if flat:   # R counts the rows of the folded items; acc keeps only the leading batch dims
+        s_row, R = s_at, M * math.prod(folded)
 
         def s_at(bi, r, k):
             q, item = r // M, []
-            for d in reversed(batch[1:]):
+            for d in reversed(folded[1:]):
                 q, rem = q // d, q % d
                 item.insert(0, rem)
-            return s_row((q, *item), r % M, k)
-    else:
-        acc_batch = batch
+            return s_row((*bi, q, *item), r % M, k)
     aliasing = s_contiguous and weight_aliasing(K, a.dtype)
     if prepacked is not None:
         dot, nr = 0, prepacked.shape[-1]
@@ -489,7 +487,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     def acc_body(*ix):
         *bi, co, r, ci = ix
         sv = s_at(tuple(bi), min_(r, R - 1), k)
-        vv = v_load((0,) * len(vb) if flat else _bcast(tuple(bi), vb), co, ci)
+        vv = v_load(_bcast((*bi, *(0,) * flat), vb), co, ci)
         return sum_(cast(acc_dtype, sv) * cast(acc_dtype, vv), axis=k)
 
     # the panel index is a dim of its own: no div/mod between the tile loops and the
@@ -498,7 +496,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     # (at the output's tile loop) and reads clamped rows and columns, so no index of it
     # needs clamping to the padded size (which the simplifier could not prove, leaving a
     # guard in the micro-kernel)
-    acc = compute(tuple(d if static(d) else UNBOUNDED for d in (*acc_batch, Cp // nr, Rp, nr)), acc_body,
+    acc = compute(tuple(d if static(d) else UNBOUNDED for d in (*lead, Cp // nr, Rp, nr)), acc_body,
                   f"{name}.acc")
 
     def out_body(*ix):
@@ -506,27 +504,38 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
         r, c = (j, i) if swap else (i, j)
         if flat:
             item = 0
-            for v, d in zip(bi, batch):
+            for v, d in zip(bi[len(lead):], folded):
                 item = item * d + v
-            bi, r = [], item * M + r
+            bi, r = bi[:len(lead)], item * M + r
         return cast(out_dtype, epi(acc[(*bi, c // nr, r, c % nr)], ix))
 
     out = compute(shape, out_body, name)
-    s_size, v_size = hint((M if flat else R) * K * math.prod(ba if not swap else bb)), hint(C * K * math.prod(vb))
+    s_size, v_size = hint((R // math.prod(folded) if flat else R) * K * math.prod(ba if not swap else bb)), \
+        hint(C * K * math.prod(vb))
     return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
                 s_outer=GEMM_S_OUTER.value(heuristic=bool(s_size > v_size)), panel=panel, dot=dot,
                 s_packed=s_packed, target=target, v_shared=all(isinstance(d, int) and d == 1 for d in vb) and hint(math.prod(batch)) > 1,
                 streamed=s_size + v_size, flat=flat)
 
 
-def _flat_rows(M, ba, vb, batch) -> bool:
-    """Run a batch of S matrices against one shared V as a single matrix of all their rows?
-    A transformer's Linear at batch 8 x seq 32 is 8 products of 32 rows by one weight: tiled
-    per item, 32 rows take six 6-row blocks (36 rows of FMAs, 12% wasted) and each V panel
-    is swept 8 times in short runs; as one 256-row matrix, 43 blocks (258 rows). 1 thread,
-    AVX-512 Zen 4, 32x768x3072 x 8: 48.2 GMAC/s per item, 54.9 as 256x768x3072. Only for
-    static sizes (the row -> item division is by constants), V without batch dims of its
-    own, and an S that is not broadcast over the batch (each item its own rows)."""
-    return (len(batch) > 0 and math.prod(batch) > 1 and all(static(d) for d in (M, *batch))
-            and all(isinstance(d, int) and d == 1 for d in vb)
-            and len(ba) == len(batch) and all(x == y for x, y in zip(ba, batch)))
+def _flat_rows(M, ba, vb, batch) -> int:
+    """How many trailing batch dims to fold into the rows: a batch of S matrices against one
+    shared V runs as a single matrix of all their rows. A transformer's Linear at batch 8 x
+    seq 32 is 8 products of 32 rows by one weight: tiled per item, 32 rows take six 6-row
+    blocks (36 rows of FMAs, 12% wasted) and each V panel is swept 8 times in short runs; as
+    one 256-row matrix, 43 blocks (258 rows). 1 thread, AVX-512 Zen 4, 32x768x3072 x 8:
+    48.2 GMAC/s per item, 54.9 as 256x768x3072. A dim folds where V is 1 (shared) and S is
+    not broadcast (each item its own rows), counted from the last batch dim inward (the
+    merged Q/K/V GEMM's [3, batch, M, N] folds the batch, not its weight's planes); static
+    sizes only (the row -> item division is by constants)."""
+    n = len(batch)
+    vb_full = [1] * (n - len(vb)) + list(vb)
+    ba_full = [1] * (n - len(ba)) + list(ba)
+    flat = 0
+    while flat < n:
+        d = n - 1 - flat
+        if not (isinstance(vb_full[d], int) and vb_full[d] == 1 and ba_full[d] == batch[d] and static(batch[d])):
+            break
+        flat += 1
+    folded = batch[n - flat:]
+    return flat if static(M) and math.prod(folded) > 1 else 0

@@ -230,23 +230,26 @@ def test_gemm_builder_knobs_agree():
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases=st.lists(st.tuples(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.integers(1, 19),
                                 st.integers(1, 70), st.integers(1, 40), st.booleans(), st.booleans(),
-                                st.sampled_from([None, (5, 16), (3, 7)])), min_size=3, max_size=3))
+                                st.sampled_from([None, (5, 16), (3, 7)]), st.sampled_from([0, 2, 3])),
+                      min_size=3, max_size=3))
 def test_gemm_batch_rows_folded_against_a_shared_weight(cases):
     """A batch of A matrices against one B (a Linear's weight) runs as one matrix of all the
     batch's rows (Gemm.flat): odd M, N, K, one to three batch dims, B read transposed or not,
-    packed or not, forced tiles, and a fused epilogue that reads a residual of the output's
+    packed or not, forced tiles, planes of B over a leading batch dim that A broadcasts over
+    (merged GEMMs: not folded), and a fused epilogue that reads a residual of the output's
     shape (its indices are the batch's, put back from the folded row)."""
     from kiln.dtypes import DType
     from kiln.loops import Schedule, compute, lower, placeholder
     from kiln.lower.gemm import gemm
 
     funcs, want = [], []
-    for batch, m, n, k, tb, pack, tile in cases:
+    for batch, m, n, k, tb, pack, tile, planes in cases:
+        lead = (planes, *[1] * len(batch)) if planes else ()
         a = placeholder((*batch, m, k), DType.float32, "a")
-        b = placeholder((n, k) if tb else (k, n), DType.float32, "b")
-        r = placeholder((*batch, m, n), DType.float32, "r")
+        b = placeholder((*lead, *((n, k) if tb else (k, n))), DType.float32, "b")
+        r = placeholder((*lead[:1], *batch, m, n), DType.float32, "r")
         g = gemm(a, b, trans_b=tb, swap=False, pack=pack, tile=tile, target=Target.host())
-        assert g.flat == (int(np.prod(batch)) > 1)
+        assert g.flat == (len(batch) if int(np.prod(batch)) > 1 else 0)
         y = compute(g.out.shape, lambda *ix: g.out[ix] * 0.5 + r[ix], "epilogue")
         sch = Schedule(y)
         g.schedule(sch, y)
@@ -257,4 +260,5 @@ def test_gemm_batch_rows_folded_against_a_shared_weight(cases):
         a, b, r, out = (np.empty(p.shape, np.float32) for p in f.params)
         a[...], b[...], r[...] = rand(a.shape), rand(b.shape), rand(r.shape)
         mod[f.name](a, b, r, out)
-        np.testing.assert_allclose(out, (a @ (b.T if tb else b)) * 0.5 + r, rtol=1e-4, atol=1e-4, err_msg=f.name)
+        np.testing.assert_allclose(out, (a @ (np.swapaxes(b, -1, -2) if tb else b)) * 0.5 + r, rtol=1e-4,
+                                   atol=1e-4, err_msg=f.name)
