@@ -140,14 +140,19 @@ def merge(graph: Graph, findings: list) -> int:
         if len(why) + sum(len(ms) for k, ms in groups.items() if k[0] == a_id) > 1:
             findings += [MergedGemms((node.name,), int(node.attrs["n"]), f"not merged: {w}") for node, w in why]
     namer, done, replace = Namer(graph), 0, {}
+    stacked: dict[tuple, Value] = {}   # the members' weights (and scales) -> their planes, stacked once
     for (_, n, _), ms in groups.items():
         if len(ms) < 2:
             continue
         a = ms[0].node.inputs[0]
         rank = len(a.type.shape)
         base = namer.fresh(ms[0].node.name + ".merged")
-        wp = new_const(namer, f"{base}.panels", np.stack([m.wp for m in ms]).reshape(
-            len(ms), *([1] * (rank - 2)), *ms[0].wp.shape))
+        # layers sharing their weights (ALBERT) share the merged planes too
+        key = (rank, *((m.node.inputs[1].id, float(m.node.attrs.get("alpha", 1.0))) for m in ms))
+        wp = stacked.get(key)
+        if wp is None:
+            wp = stacked[key] = new_const(namer, f"{base}.panels", np.stack([m.wp for m in ms]).reshape(
+                len(ms), *([1] * (rank - 2)), *ms[0].wp.shape))
         c = new_const(namer, f"{base}.bias", np.stack([m.bias for m in ms]).reshape(len(ms), *([1] * (rank - 1)), n))
         mm = new_node(graph, "MatMulPacked", [a, wp, c], base, [namer.fresh(base)], {"n": n}, DOMAIN)
         made = [mm]

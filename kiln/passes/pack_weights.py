@@ -55,6 +55,15 @@ def _weight(node: Node, prod: dict) -> np.ndarray | None:
     return w
 
 
+def _source(node: Node, prod: dict) -> tuple:
+    """What `_weight` read, as a key: the constant's value id and whether it came transposed."""
+    v = node.inputs[1]
+    flip = bool(node.op == "Gemm" and node.attrs.get("transB", 0))
+    if v.const is None:   # Transpose(W')
+        v, flip = prod[v.id].inputs[0], not flip
+    return v.id, flip
+
+
 def _packable(node: Node) -> bool:
     if node.domain or node.op not in ("MatMul", "Gemm") or not node.outputs or node.outputs[0] is None:
         return False
@@ -114,6 +123,7 @@ def pack(graph: Graph, target: Target, decisions: dict | None = None, findings: 
     """Rewrite every packable MatMul/Gemm in place (panels for `target`, of the widths `decisions`
     ask, see `panel_width`); the number rewritten. Each choice is appended to `findings`."""
     namer, prod, count, nodes = Namer(graph), producers(graph), 0, []
+    packed: dict[tuple, object] = {}   # (weight source, transposed, nr) -> its panels, packed once
     lanes, opset = target.vector_lanes(4), graph.opset("")
     for node in graph.nodes:
         w = _weight(node, prod) if _packable(node) else None
@@ -125,7 +135,12 @@ def pack(graph: Graph, target: Target, decisions: dict | None = None, findings: 
         nr, why = panel_width(node, key, rule, lanes, decisions)
         if findings is not None:
             findings.append(PanelChoice(node.name, key, nr, panel_options(rule, lanes), f"K {k} x N {n}", why))
-        wp = new_const(namer, f"{node.inputs[1].name}.panels{nr}", pack_weight(np.asarray(w), nr))
+        # a weight shared by several GEMMs (ALBERT's layers, a tied embedding) is one constant:
+        # one packed copy, read by all (twelve copies were 12x the weight bytes to stream)
+        src = _source(node, prod)
+        wp = packed.get((src, nr))
+        if wp is None:
+            wp = packed[(src, nr)] = new_const(namer, f"{node.inputs[1].name}.panels{nr}", pack_weight(np.asarray(w), nr))
         ins, attrs = [node.inputs[0], wp], {"n": int(n)}
         if node.op == "Gemm":
             attrs.update(alpha=float(node.attrs.get("alpha", 1.0)), beta=float(node.attrs.get("beta", 1.0)))

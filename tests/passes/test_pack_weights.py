@@ -107,3 +107,33 @@ def test_panel_width_fits_the_columns_and_matches_the_reference(n):
     for b in (1, 3):
         x = rng.standard_normal((b, 13, 24)).astype(np.float32)
         np.testing.assert_allclose(m.run(x=x)["y"], x @ w, rtol=1e-4, atol=1e-5)
+
+
+def test_shared_weights_pack_once_and_merge_once():
+    """Layers sharing their weights (ALBERT): each weight is packed into one constant, and the
+    merged Q/K-style GEMMs of both layers read one stack of planes; numbers as NumPy's."""
+    from kiln.frontends.onnx import load_onnx
+    from kiln.passes import run_passes
+
+    k, n = 24, 16
+    wq, wk = (rng.normal(size=(k, n)).astype(F) for _ in range(2))
+    wo = rng.normal(size=(n, k)).astype(F)
+    nodes = []
+    for layer, x in enumerate(["x", "h1"]):
+        nodes += [helper.make_node("MatMul", [x, "wq"], [f"q{layer}"]),
+                  helper.make_node("MatMul", [x, "wk"], [f"k{layer}"]),
+                  helper.make_node("Mul", [f"q{layer}", f"k{layer}"], [f"p{layer}"]),
+                  helper.make_node("MatMul", [f"p{layer}", "wo"], [f"h{layer + 1}"])]
+    g = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, k])],
+                          [helper.make_tensor_value_info("h2", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, name) for name, v in (("wq", wq), ("wk", wk), ("wo", wo))])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    opt, _ = run_passes(load_onnx(model.SerializeToString()), 3)
+    gemms = [nd for nd in opt.nodes if nd.op == "MatMulPacked"]
+    assert len(gemms) == 4 and len({nd.inputs[1].id for nd in gemms}) == 2, [str(nd) for nd in gemms]
+    x = rng.normal(size=(2, 5, k)).astype(F)
+    h = x
+    for _ in range(2):
+        h = ((h @ wq) * (h @ wk)) @ wo
+    got = kiln.compile(model.SerializeToString()).run({"x": x})["h2"]
+    np.testing.assert_allclose(got, h, rtol=1e-4, atol=1e-4 * float(np.abs(h).max()))
