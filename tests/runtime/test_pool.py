@@ -67,6 +67,8 @@ int32_t pool_threads(int32_t threads) {
   return 0;
 }
 int32_t pool_workers(void) { return kiln_pool.nworkers; }
+/* the CPU worker `me` of a pool of `team` threads is pinned to under the mask `cpus` (-1: none) */
+int32_t pool_cpu(const unsigned long* cpus, int32_t me, int32_t team) { return kiln_pool_cpu(cpus, me, team); }
 /* a second thread holding the pool: the caller's loops then run inline */
 static void* hold(void* arg) { kiln_pool_enter(); __atomic_store_n((int32_t*)arg, 1, __ATOMIC_SEQ_CST);
   while (__atomic_load_n((int32_t*)arg, __ATOMIC_SEQ_CST) == 1) sched_yield(); kiln_pool_leave(); return 0; }
@@ -129,6 +131,7 @@ def lib():
     lib.pool_loops.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32]
     lib.pool_busy.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.pool_parked.argtypes = [ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
+    lib.pool_cpu.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
     yield lib
     lib.pool_threads(2)
     del os.environ["KILN_POOL_CALM_MS"]
@@ -200,6 +203,22 @@ def test_kiln_par_for_runs_every_iteration_once(pool, lo, hi):
         hits = np.zeros(1000, np.int32)
         par.par_loops(hits.ctypes.data, lo, hi, flag, 7)
         assert (hits[lo:hi] == 7).all() and hits[:lo].sum() == 0 and hits[hi:].sum() == 0
+
+
+def test_workers_are_pinned_only_where_the_pool_fills_the_mask(lib):
+    """Worker i goes to the (i+1)-th CPU of the mask when the pool's threads fill it; a pool
+    smaller than the mask (two models run at once, OMP_NUM_THREADS at half the CPUs: each
+    library's pool would pin its workers to the same first CPUs) is left to the scheduler."""
+    def cpu(cpus, me, team):
+        mask = (ctypes.c_ulong * 16)()
+        for c in cpus:
+            mask[c // 64] |= 1 << (c % 64)
+        return lib.pool_cpu(mask, me, team)
+    assert [cpu([0, 1], me, 2) for me in (1, 2)] == [1, 0]
+    assert [cpu(range(8), me, 8) for me in range(1, 8)] == list(range(1, 8))
+    assert [cpu(range(8), me, 4) for me in range(1, 4)] == [-1] * 3     # half the CPUs: not pinned
+    assert cpu([2, 5], 1, 2) == 5 and cpu([3, 70], 1, 2) == 70        # the mask's own CPUs, past 64 too
+    assert cpu([3], 1, 2) == -1                                          # one CPU: nothing to choose
 
 
 def test_loops_inside_a_chunk_run_inline(lib):

@@ -27,7 +27,7 @@
      machine) leaves its chunks to the caller: the caller never waits for a worker to start.
    - Kernels that still fork OpenMP's team are bracketed by kiln_pool_park/unpark: the pool's
      workers sleep meanwhile, so two teams never spin against each other for the cores.
-   - Each worker is pinned to one CPU of the process's mask (kiln_pool_pin; never the caller). Workers: the OpenMP thread count (OMP_NUM_THREADS,
+   - Each worker is pinned to one CPU of the process's mask where the pool fills it (kiln_pool_pin; never the caller). Workers: the OpenMP thread count (OMP_NUM_THREADS,
      omp_get_max_threads) minus one, created at the first parallel loop; one thread: none.
    - One pool per library (weak hidden symbols: one copy whatever the translation units).
      One thread at a time holds it (a try-lock at the entry); another thread running the same
@@ -74,7 +74,7 @@ typedef struct {
   uint32_t pending;                            /* woken, and none of them has run yet */
   int32_t sleepers, stop, owner, state;        /* state: 0 none, 1 starting, 2 running */
   int32_t nworkers; int64_t spin_ns, calm_ns, calm_cur; uint32_t gen;
-  int32_t placed; unsigned long cpus[16];   /* workers pinned so far; the process's CPU mask */
+  int32_t placed, team; unsigned long cpus[16];   /* workers pinned so far; threads; the CPU mask */
   /* counts (KILN_POOL_STATS=1 prints them at unload): loops forked, run alone while contended;
      contended after a descheduled spin, a late wake-up, a descheduled join */
   uint64_t forks, alone, by_spin, by_wake, by_join;
@@ -154,19 +154,30 @@ __attribute__((weak)) void kiln_pool_run(kiln_pool_t* p, uint64_t w) {
 /* Worker i runs on the (i+1)-th CPU of the process's mask (the caller's thread is never pinned):
    woken after an idle spell (a server between requests), an unpinned worker was placed on the
    caller's core (wake-affine) and shared it for several runs, at one thread's speed
-   (transformer layer 4x64 after 50 ms idle: 4.9 ms unpinned, 2.8 pinned, 2.5 without the idle). */
-static inline void kiln_pool_pin(kiln_pool_t* p) {
-  int32_t n = 0, me = __atomic_fetch_add(&p->placed, 1, __ATOMIC_RELAXED) + 1;
-  const int32_t bits = (int32_t)(8 * sizeof p->cpus[0]);
-  for (int32_t c = 0; c < 16 * bits; ++c) n += (int32_t)((p->cpus[c / bits] >> (c % bits)) & 1);
-  if (n < 2) return;
+   (transformer layer 4x64 after 50 ms idle: 4.9 ms unpinned, 2.8 pinned, 2.5 without the idle).
+   Only a pool whose `team` (workers and caller) fills the mask is pinned: each loaded library
+   has a pool of its own and no pool knows another's CPUs, so two models run at once from two
+   threads with OMP_NUM_THREADS at half the CPUs would pin both teams to the first half and
+   leave the rest idle; unpinned, the scheduler spreads them. (A thread given a CPU set of its
+   own, sched_setaffinity, gives its pool that mask: pools of threads on disjoint sets stay
+   apart.) The CPU for worker `me` (1, 2, ...), or -1: not pinned. */
+static inline int32_t kiln_pool_cpu(const unsigned long* cpus, int32_t me, int32_t team) {
+  int32_t n = 0;
+  const int32_t bits = (int32_t)(8 * sizeof cpus[0]);
+  for (int32_t c = 0; c < 16 * bits; ++c) n += (int32_t)((cpus[c / bits] >> (c % bits)) & 1);
+  if (n < 2 || team < n) return -1;
   for (int32_t c = 0, seen = 0; c < 16 * bits; ++c)
-    if (((p->cpus[c / bits] >> (c % bits)) & 1) && seen++ == me % n) {
-      unsigned long one[16] = {0};
-      one[c / bits] = 1UL << (c % bits);
-      syscall(SYS_sched_setaffinity, 0, sizeof one, one);
-      return;
-    }
+    if (((cpus[c / bits] >> (c % bits)) & 1) && seen++ == me % n) return c;
+  return -1;
+}
+static inline void kiln_pool_pin(kiln_pool_t* p) {
+  const int32_t me = __atomic_fetch_add(&p->placed, 1, __ATOMIC_RELAXED) + 1;
+  const int32_t c = kiln_pool_cpu(p->cpus, me, p->team);
+  if (c < 0) return;
+  const int32_t bits = (int32_t)(8 * sizeof p->cpus[0]);
+  unsigned long one[16] = {0};
+  one[c / bits] = 1UL << (c % bits);
+  syscall(SYS_sched_setaffinity, 0, sizeof one, one);
 }
 
 __attribute__((weak)) void* kiln_pool_worker(void* arg) {
@@ -255,6 +266,7 @@ __attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
   int32_t want = threads - 1 < 0 ? 0 : threads - 1 > KILN_POOL_MAX ? KILN_POOL_MAX : (int32_t)(threads - 1);
   p->nworkers = 0;
   p->placed = 0;
+  p->team = want + 1;
   for (int k = 0; k < 16; ++k) p->cpus[k] = 0;
   if (syscall(SYS_sched_getaffinity, 0, sizeof p->cpus, p->cpus) < 0) for (int k = 0; k < 16; ++k) p->cpus[k] = 0;
   pthread_attr_t attr;
