@@ -38,9 +38,10 @@ def c_source(name: str) -> str:
 def c_parallel(threads_impl: str) -> str:
     """What a hand-written kernel includes to run its parallel loops with kiln_par_for
     (kiln/codegen/c_src/kiln_par.h) on the module's threads: kiln's pool (`threads_impl`
-    "pool", Target.threads_impl) or OpenMP's team. For a shared kernel's `helpers` (its unit
-    is compiled apart from the module's header, which holds the pool too)."""
-    return (c_source("kiln_pool.h") if threads_impl == "pool" else "") + c_source("kiln_par.h")
+    "pool", Target.threads_impl) or OpenMP's team. For a shared kernel's `helpers`: its unit
+    is compiled apart from the module's, one of which defines the pool (kiln_pool.h), so it
+    declares the pool (kiln_pool_decl.h)."""
+    return (c_source("kiln_pool_decl.h") if threads_impl == "pool" else "") + c_source("kiln_par.h")
 
 
 DEFINITION = "/* kiln: definition */\n"   # in a shared kernel's file: declarations above, definition below
