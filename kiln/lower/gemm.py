@@ -75,6 +75,11 @@ from kiln.targets.target import Target
 # take more rows than this where the product has them, even at the cost of a padded row.
 FOLD_ROWS = 4
 ONE_BLOCK_SPILL = 2   # rows past the register budget that one block still takes (choose_tile)
+# The cost per row of a tile with spilled accumulators (8 x 4 vectors on AVX-512) against one
+# that fits (6 x 4), so that it is taken only where it pads fewer rows: 1 thread, Zen 4,
+# benchmarks/linear.py --also gemm.mr=8: M = 32 (4 blocks of 8, not 6 of 6 = 36 rows)
+# 45.3 -> 51.1 GMAC/s; M = 64 and 128 +1-2%; M = 197, 256, 750 (6 pads little) -1 to -3.5%
+SPILL_COST = 1.05
 PANEL_MAX_BLOCKS = 8  # S blocks per panel: each an unrolled copy of the micro-kernel (compile time)
 PANEL_MIN_BYTES = 1 << 20  # V smaller than this packs at the root: it stays in L2 anyway
 
@@ -131,7 +136,11 @@ def choose_tile(rows: int, cols: int, dtype: DType, target: Target, max_padded_r
         return rows, nr
     # and more than FOLD_ROWS rows where the product has more rows than the registers hold
     cands = [rows] if rows <= budget else range(max(min(FOLD_ROWS + 1, budget), budget // 2), budget + 1)
-    cost = {mr: -(-rows // mr) * (mr + 1) for mr in cands
+    # with four-vector tiles and 32 registers, tiles of up to ONE_BLOCK_SPILL rows past the budget
+    # (8 x 4, a few accumulators spilled) where they pad fewer rows, at SPILL_COST per row
+    spilled = range(budget + 1, (regs - nvec - 1) // nvec + ONE_BLOCK_SPILL + 1) \
+        if exact_rows and rows > budget and nvec >= 4 and regs >= 32 else ()
+    cost = {mr: -(-rows // mr) * (mr + 1) * (SPILL_COST if mr > budget else 1) for mr in (*cands, *spilled)
             if max_padded_rows is None or -(-rows // mr) * mr <= max_padded_rows}
     return (min(cost, key=lambda mr: (cost[mr], -mr)), nr) if cost else None
 
