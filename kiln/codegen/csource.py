@@ -58,14 +58,17 @@ def c_instance(name: str, macros: dict[str, str], guard: str) -> str:
             + c_source(name) + "".join(f"#undef {k.split('(')[0]}\n" for k in macros) + "#endif\n")
 
 
-def c_shared(name: str, macros: dict[str, str], guard: str, helpers: str = "") -> str:
+def c_shared(name: str, macros: dict[str, str], guard: str, helpers: str = "", parts: int = 1) -> str:
     """A preamble for kiln/codegen/c_src/`name`, a kernel file whose declarations come before
     the line `/* kiln: definition */` and whose definition (non-static, weak and hidden, so
     any number of units and libraries may hold it) after: the declarations instantiated
     (as c_instance), then the whole file instantiated between SHARED_BEGIN and SHARED_END.
     The emitter moves that block into a translation unit of its own (kiln.codegen.c); in one
     whole-module text it stays where it is, still valid C. `helpers`: text the definition needs
-    (an instantiated header's static inline functions), placed in that unit before it."""
+    (an instantiated header's static inline functions), placed in that unit before it.
+    `parts` > 1: one block (unit, compiled in parallel) per part k, with KILN_SHARED_PART
+    defined to k; the file defines in each part what that part holds (and all of it when
+    KILN_SHARED_PART is not defined)."""
     text = c_source(name)
     if DEFINITION not in text:
         raise KilnError(f"kiln's C source {name!r} has no {DEFINITION.strip()} line: not a shared kernel",
@@ -73,5 +76,9 @@ def c_shared(name: str, macros: dict[str, str], guard: str, helpers: str = "") -
     defs = "".join(f"#define {k} {v}\n" for k, v in macros.items())
     undefs = "".join(f"#undef {k.split('(')[0]}\n" for k in macros)
     decl = text.split(DEFINITION, 1)[0]
-    return (f"#ifndef {guard}_DECL\n#define {guard}_DECL\n{defs}{decl}{undefs}#endif\n"
-            f"{SHARED_BEGIN}#ifndef {guard}\n#define {guard}\n{helpers}{defs}{text}{undefs}#endif\n{SHARED_END}")
+    blocks = [f"{SHARED_BEGIN}#ifndef {guard}\n#define {guard}\n{helpers}{defs}{text}{undefs}#endif\n{SHARED_END}"]
+    if parts > 1:
+        blocks = [f"{SHARED_BEGIN}#ifndef {guard}_PART{k}\n#define {guard}_PART{k}\n{helpers}{defs}"
+                  f"#define KILN_SHARED_PART {k}\n{text}#undef KILN_SHARED_PART\n{undefs}#endif\n{SHARED_END}"
+                  for k in range(parts)]
+    return f"#ifndef {guard}_DECL\n#define {guard}_DECL\n{defs}{decl}{undefs}#endif\n" + "".join(blocks)

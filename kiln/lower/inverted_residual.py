@@ -70,7 +70,9 @@ def _lower(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
     fn = f"kiln_inverted_residual_l{lanes}_o{main}_" + "_".join(str(cols[o]) for o in (1, 2, 3, 4))
     macros = {"KILN_IR_FN": fn, "KILN_IR_L": str(lanes), "KILN_IR_OV": str(main),
               **{f"KILN_IR_RW{o}": str(c) for o, c in cols.items()}}
-    preamble = c_shared("inverted_residual.c", macros, fn.upper(), helpers=c_parallel(target.threads_impl))
+    # two units compiled in parallel (the 1x1 tiles of 3 and 2 blocks apart: the file says why)
+    preamble = c_shared("inverted_residual.c", macros, fn.upper(), helpers=c_parallel(target.threads_impl),
+                        parts=2)
     par = parallel_worth(macs(n, icb, h, w, ecb, ocb, oh, ow, kh, kw, lanes), target, "conv",
                          streamed=w1.shape[0] * w1.shape[1] * lanes * lanes * 2)
     nb = bands(n, oh, par, target)

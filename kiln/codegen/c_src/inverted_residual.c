@@ -36,10 +36,18 @@ __attribute__((visibility("hidden"))) int32_t KILN_IR_FN(
     int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
     const int32_t* act, const float* lo, const float* hi, int64_t bands, int par);
 /* kiln: definition */
-typedef float kiln_ir_v __attribute__((vector_size(KILN_IR_L * 4)));
-typedef int32_t kiln_ir_vi __attribute__((vector_size(KILN_IR_L * 4)));
+/* Compiled as two units in parallel (kiln.codegen.csource.c_shared's parts: KILN_SHARED_PART),
+   each with the helpers above its part, all of it in one unit where it is not split: part 1
+   holds the 1x1 tiles of 3 and 2 channel blocks (KILN_IR_G3, G2: their 27 and 26 accumulators
+   were 1.5 of the unit's 2.6 s at -O3), part 0 the rest. */
+#define KILN_IR_CAT2(a, b) a##b
+#define KILN_IR_CAT(a, b) KILN_IR_CAT2(a, b)
 #define IR_LD(p) ({ kiln_ir_v v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
 #define IR_ST(p, v) do { kiln_ir_v v_ = (v); __builtin_memcpy((p), &v_, sizeof v_); } while (0)
+#ifndef KILN_IR_COMMON
+#define KILN_IR_COMMON
+typedef float kiln_ir_v __attribute__((vector_size(KILN_IR_L * 4)));
+typedef int32_t kiln_ir_vi __attribute__((vector_size(KILN_IR_L * 4)));
 
 static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_sel(kiln_ir_vi m, kiln_ir_v a, kiln_ir_v b) {
   return (kiln_ir_v)(((kiln_ir_vi)a & m) | ((kiln_ir_vi)b & ~m));
@@ -164,14 +172,24 @@ static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
     }
 }
 
+#endif
+
 #define KILN_IR_PIECE(n, OVc) if (ncols - c0 >= (n)) { \
       kiln_ir_pw_tile(n, OVc, in + c0 * L, ics, ICB, wo, bo, out + ob * ocs + c0 * L, ocs, \
                       res ? res + ob * rcs + c0 * L : NULL, rcs, p); \
       c0 += (n); }
-/* the tiles of OVc channel blocks over a row: RWc columns each, then the columns left over in
-   pieces of 8, 4, 2 and 1 (each fewer than RWc, so their accumulators fit too): four tile
-   instances per group instead of one per remainder keep the unit small */
-#define KILN_IR_GROUP(OVc, RWc) do { \
+/* KILN_IR_G<OVc>: the tiles of OVc channel blocks (from block ob) over a row: RWc columns
+   each, then the columns left over in pieces of 8, 4, 2 and 1 (each fewer than RWc, so their
+   accumulators fit too): four tile instances per group instead of one per remainder keep the
+   unit small. Weak and hidden, as the kernel: a function of its own so the groups can be
+   compiled in two units. */
+#define KILN_IR_GROUP(OVc, RWc) \
+  __attribute__((weak, visibility("hidden"))) void KILN_IR_CAT(KILN_IR_FN, _g##OVc)( \
+      const float* restrict in, int64_t ics, int64_t ICB, int64_t ncols, const float* restrict w, \
+      const float* restrict bias, int64_t ob, float* restrict out, int64_t ocs, const float* restrict res, \
+      int64_t rcs, const kiln_ir_actp* p) { \
+    enum { L = KILN_IR_L }; \
+    const int64_t IC = ICB * L; \
     const float* wo = w + ob * IC * L; \
     const float* bo = bias + ob * L; \
     int64_t c0 = 0; \
@@ -182,7 +200,24 @@ static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
     if ((RWc) > 4) KILN_IR_PIECE(4, OVc) \
     if ((RWc) > 2) KILN_IR_PIECE(2, OVc) \
     while (c0 < ncols) KILN_IR_PIECE(1, OVc) \
-  } while (0)
+  }
+#define KILN_IR_G1 KILN_IR_CAT(KILN_IR_FN, _g1)
+#define KILN_IR_G2 KILN_IR_CAT(KILN_IR_FN, _g2)
+#define KILN_IR_G3 KILN_IR_CAT(KILN_IR_FN, _g3)
+#define KILN_IR_G4 KILN_IR_CAT(KILN_IR_FN, _g4)
+#define KILN_IR_GROUP_ARGS const float* restrict, int64_t, int64_t, int64_t, const float* restrict, \
+  const float* restrict, int64_t, float* restrict, int64_t, const float* restrict, int64_t, const kiln_ir_actp*
+__attribute__((visibility("hidden"))) void KILN_IR_G1(KILN_IR_GROUP_ARGS);
+__attribute__((visibility("hidden"))) void KILN_IR_G2(KILN_IR_GROUP_ARGS);
+__attribute__((visibility("hidden"))) void KILN_IR_G3(KILN_IR_GROUP_ARGS);
+__attribute__((visibility("hidden"))) void KILN_IR_G4(KILN_IR_GROUP_ARGS);
+#if !defined(KILN_SHARED_PART) || KILN_SHARED_PART == 1
+KILN_IR_GROUP(3, KILN_IR_RW3)
+KILN_IR_GROUP(2, KILN_IR_RW2)
+#endif
+#if !defined(KILN_SHARED_PART) || KILN_SHARED_PART == 0
+KILN_IR_GROUP(4, KILN_IR_RW4)
+KILN_IR_GROUP(1, KILN_IR_RW1)
 
 /* A 1x1 conv over `ncols` columns of one row: out[ocb][col] = act(sum w * in + b) (+ res).
    Output blocks go KILN_IR_OV at a time, the rest in one smaller group; each group size
@@ -191,8 +226,7 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
                            const float* restrict w, const float* restrict bias, int64_t OCB,
                            float* restrict out, int64_t ocs, const float* restrict res, int64_t rcs,
                            int a, float lo, float hi) {
-  enum { L = KILN_IR_L, OV = KILN_IR_OV };
-  const int64_t IC = ICB * L;
+  enum { OV = KILN_IR_OV };
   const kiln_ir_actp params = kiln_ir_params(a, lo, hi);
   const kiln_ir_actp* p = &params;
   const float* const res_after = p->post ? res : NULL;   /* added after kiln_ir_post */
@@ -200,17 +234,15 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
   for (int64_t ob = 0; ob < OCB;) {
     const int64_t ov = OCB - ob < OV ? OCB - ob : OV;
     switch (ov) {
-      case 4: KILN_IR_GROUP(4, KILN_IR_RW4); break;
-      case 3: KILN_IR_GROUP(3, KILN_IR_RW3); break;
-      case 2: KILN_IR_GROUP(2, KILN_IR_RW2); break;
-      default: KILN_IR_GROUP(1, KILN_IR_RW1); break;
+      case 4: KILN_IR_G4(in, ics, ICB, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
+      case 3: KILN_IR_G3(in, ics, ICB, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
+      case 2: KILN_IR_G2(in, ics, ICB, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
+      default: KILN_IR_G1(in, ics, ICB, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
     }
     ob += ov;
   }
   if (p->post) kiln_ir_post(out, OCB, ocs, ncols, res_after, rcs, p->post);
 }
-#undef KILN_IR_GROUP
-#undef KILN_IR_PIECE
 
 /* One output row of the depthwise conv, every channel block: rows[kh] are the ring's rows
    (column 0 = input column -pl), dst [ECB][OW][L]. DT output columns per tile. W3 (a constant):
@@ -272,8 +304,6 @@ static void kiln_ir_dw_row(const float* const* ring_rows, int64_t rowstride, int
   }
 }
 
-#define KILN_IR_CAT2(a, b) a##b
-#define KILN_IR_CAT(a, b) KILN_IR_CAT2(a, b)
 #define KILN_IR_CTX KILN_IR_CAT(KILN_IR_FN, _ctx)
 #define KILN_IR_TASKS KILN_IR_CAT(KILN_IR_FN, _tasks)
 /* what a range of tasks reads (kiln_par_for's context) */
@@ -353,6 +383,14 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_IR_FN(
 }
 #undef KILN_IR_TASKS
 #undef KILN_IR_CTX
+#endif
+#undef KILN_IR_GROUP_ARGS
+#undef KILN_IR_G1
+#undef KILN_IR_G2
+#undef KILN_IR_G3
+#undef KILN_IR_G4
+#undef KILN_IR_GROUP
+#undef KILN_IR_PIECE
 #undef KILN_IR_CAT
 #undef KILN_IR_CAT2
 #undef IR_LD
