@@ -14,6 +14,12 @@ with the load (printed), CPU time much less (the warm new process's CPU seconds,
 its threads, are printed beside its wall time). With --repeat N the row with the median
 cold wall time is shown, and every run is in the JSON.
 
+kiln's own .py files are byte-compiled ahead (kiln/**/__pycache__, as `pip install` does at
+install time, and as site-packages' numpy and onnx are), so `import kiln` reads bytecode; where
+PYTHONDONTWRITEBYTECODE=1 and no __pycache__ exists, a new process compiles each kiln module it
+imports from source (0.6-0.9 s of CPU for a model's 170 modules). --source-imports measures
+that instead (the child looks for bytecode in an empty PYTHONPYCACHEPREFIX).
+
 --kernels N: instead, the N kernels of each model the C compiler takes longest over,
 each compiled alone with the module's header and flags (CPU seconds, the header's own
 cost taken off): where a lowering's code shape costs compile time.
@@ -64,7 +70,20 @@ def _compiler_runs() -> int:
     return build.compiler_runs() if build is not None else 0
 
 
-def measure(name: str) -> dict:
+def child_env(source_imports: bool, scratch: str) -> dict:
+    """The measured processes' environment: kiln's bytecode compiled ahead and read, or
+    (`source_imports`) every kiln module compiled at import (an empty bytecode prefix)."""
+    env = dict(os.environ)
+    if source_imports:
+        env.update(PYTHONPYCACHEPREFIX=os.path.join(scratch, "no-bytecode"), PYTHONDONTWRITEBYTECODE="1")
+    else:
+        import compileall
+        compileall.compile_dir(os.path.join(ROOT, "kiln"), quiet=1)
+        env.pop("PYTHONPYCACHEPREFIX", None)
+    return env
+
+
+def measure(name: str, source_imports: bool = False) -> dict:
     """Cold then warm in one fresh process, then warm in another, on the model saved as a file
     (kiln.compile(path), as users call it: a warm compile then finds it by the file's identity)."""
     import time
@@ -83,16 +102,18 @@ def measure(name: str) -> dict:
         # is usually older than that): wait so the cold compile may remember it
         time.sleep(max(0.0, (os.stat(path).st_ctime_ns + RACY_NS - time.time_ns()) / 1e9))
 
+        env = child_env(source_imports, cache)
+
         def child() -> dict:
             r = subprocess.run([sys.executable, __file__, "--child", path, feeds, cache], capture_output=True,
-                               text=True, cwd=ROOT)
+                               text=True, cwd=ROOT, env=env)
             if r.returncode != 0:
                 raise RuntimeError(f"{name}: {r.stderr[-2000:]}")
             return json.loads(r.stdout.strip().split("\n")[-1])
         first = child()
         again = child()
     return {"model": name, "load": os.getloadavg()[0], "cold": first["first"], "warm": first["second"],
-            "warm_new_process": again["first"]}
+            "warm_new_process": again["first"], "source_imports": source_imports}
 
 
 def kernel_costs(name: str, top: int) -> None:
@@ -153,6 +174,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--kernels", type=int, metavar="N", help="the N kernels slowest to compile, per model")
+    p.add_argument("--source-imports", action="store_true",
+                   help="kiln's modules compiled from source at import (no bytecode ahead)")
     args = p.parse_args(argv)
     if args.kernels:
         for name in args.models.split(","):
@@ -160,7 +183,7 @@ def main(argv=None) -> list[dict]:
         return []
     rows, shown = [], []
     for name in args.models.split(","):
-        runs = [measure(name) for _ in range(args.repeat)]
+        runs = [measure(name, args.source_imports) for _ in range(args.repeat)]
         rows += runs
         shown.append(sorted(runs, key=lambda r: r["cold"]["wall_s"])[len(runs) // 2])
         print(f"done {name}: cold {statistics.median(r['cold']['wall_s'] for r in runs):.2f} s",
@@ -170,7 +193,9 @@ def main(argv=None) -> list[dict]:
     lines = [head] + [fmt(r) for r in shown]
     widths = [max(len(x[k]) for x in lines) for k in range(len(head))]
     print(f"cold = import kiln + compile(model file) + first run, empty cache, fresh process; median of {args.repeat}; "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores; kiln's modules "
+          + ("compiled from source at import (--source-imports)" if args.source_imports else
+             "byte-compiled ahead, as pip install does (--source-imports: compiled at import)"))
     for line in lines:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)))
     for r in shown:
