@@ -35,7 +35,8 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
-from kiln.ops.packed import DOMAIN
+from kiln.lower.gemm import pack_weight
+from kiln.ops.packed import DOMAIN, unpack_weight
 from kiln.passes.edit import Namer, new_const, new_node, use_counts
 from kiln.passes.registry import PassContext, graph_pass
 
@@ -171,11 +172,66 @@ def merge(graph: Graph, findings: list) -> int:
     return done
 
 
+def split_planes(graph: Graph, findings: list) -> int:
+    """The other way round: one GEMM whose output is only cut into k equal column ranges by a
+    Split on its last axis (GPT-2's c_attn: [M, 3 * 768] -> Q, K, V; a Reshape that keeps the
+    last axis may come between) computes the k ranges as planes [k, ..., M, n / k] of the
+    same weights, and the Split's outputs become views of them: no copy, as for GEMMs merged
+    above. Rewritten in place; the number rewritten."""
+    counts, consumers, outputs = use_counts(graph), graph.consumers(), {v.id for v in graph.outputs}
+    namer, replace, done = Namer(graph), {}, 0
+
+    def only_user(v: Value) -> Node | None:
+        users = consumers.get(v.id, [])
+        return users[0] if counts[v.id] == 1 and v.id not in outputs and len(users) == 1 else None
+
+    for node in graph.nodes:
+        if node.domain != DOMAIN or node.op != "MatMulPacked" or node.inputs[0] is None or id(node) in replace:
+            continue
+        m = _member(node, counts, consumers, outputs)
+        if isinstance(m, str):
+            continue
+        n, user, reshape = int(node.attrs["n"]), only_user(m.out), None
+        if user is not None and user.op == "Reshape" and not user.domain and user.outputs[0] is not None \
+                and _static(user.outputs[0]) and user.outputs[0].type.shape[-1] == n:
+            reshape, user = user, only_user(user.outputs[0])
+        if user is None or user.op != "Split" or user.domain or len(user.outputs) < 2:
+            continue
+        rank = len((reshape.outputs[0] if reshape else m.out).type.shape)
+        parts = user.outputs
+        k = len(parts)
+        if int(user.attrs.get("axis", 0)) % rank != rank - 1 or n % k \
+                or any(o is None or not _static(o) or o.type.shape[-1] != n // k for o in parts):
+            continue
+        w = unpack_weight(m.wp, n)
+        nr, a = m.wp.shape[-1], node.inputs[0]
+        arank = len(a.type.shape)
+        base = namer.fresh(node.name + ".planes")
+        wp = new_const(namer, f"{base}.panels", np.stack([pack_weight(w[:, i * (n // k):(i + 1) * (n // k)], nr)
+                                                          for i in range(k)]).reshape(k, *([1] * (arank - 2)), -1, w.shape[0], nr))
+        c = new_const(namer, f"{base}.bias", m.bias.reshape(k, *([1] * (arank - 1)), n // k))
+        mm = new_node(graph, "MatMulPacked", [a, wp, c], base, [namer.fresh(base)], {"n": n // k}, DOMAIN)
+        made = [mm]
+        for i, o in enumerate(parts):
+            made += _views(graph, namer, mm.outputs[0], i, o, base)
+        replace[id(node)] = made
+        for gone in (m.add, reshape, user):
+            if gone is not None:
+                replace[id(gone)] = []
+        findings.append(MergedGemms((node.name,), n, f"split into {k} planes of {n // k} columns ({base}): "
+                                    f"{user.name}'s outputs are views"))
+        done += 1
+    if done:
+        graph.nodes = [x for node in graph.nodes for x in replace.get(id(node), [node])]
+    return done
+
+
 @graph_pass("merge_gemms")
 def merge_gemms(graph: Graph, ctx: PassContext) -> Graph:
-    """Merge GEMMs with constant weights that read the same input into one (planes, as views)."""
+    """Merge GEMMs with constant weights that read the same input into one (planes, as views);
+    a GEMM cut into equal column ranges by a Split becomes planes the same way."""
     found: list = []
-    n = merge(graph, found)
+    n = merge(graph, found) + split_planes(graph, found)
     for f in found:
         ctx.report(f)
     if n:

@@ -146,3 +146,73 @@ def test_symbolic_shapes_are_left_alone_and_reported():
     assert [n.op for n in g.nodes].count("MatMulPacked") == 2
     found = [f for s in stats for f in s.findings if isinstance(f, MergedGemms)]
     assert len(found) == 2 and all("symbolic" in f.decision for f in found), found
+
+
+def _split_model(lead, k, n, parts, opset=17, reshape=True, sizes=None, symbolic=False):
+    """x [*lead, k] -> (Reshape to 2-D) -> Gemm(W [k, n], b) -> (Reshape back) -> Split on the
+    last axis into `parts` (equal, or `sizes`), each part * (i + 1) a graph output (GPT-2's
+    c_attn -> Q, K, V)."""
+    rng = np.random.default_rng(11)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(F)
+    b = rng.standard_normal(n).astype(F)
+    m = int(np.prod(lead))
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array(np.array([-1, k], np.int64), "flat"),
+             numpy_helper.from_array(np.array([-1, *lead[1:], n], np.int64), "back")]
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["x2"]), helper.make_node("Gemm", ["x2", "w", "b"], ["g"])]
+    if reshape:
+        nodes.append(helper.make_node("Reshape", ["g", "back"], ["y"]))
+    split_in = ["y" if reshape else "g"]
+    attrs = {"axis": -1}
+    if sizes is not None:
+        inits.append(numpy_helper.from_array(np.array(sizes, np.int64), "sizes"))
+        split_in.append("sizes")
+    elif opset >= 18:
+        attrs["num_outputs"] = parts
+    outs = [f"s{i}" for i in range(parts)]
+    nodes.append(helper.make_node("Split", split_in, outs, **attrs))
+    for i in range(parts):
+        inits.append(numpy_helper.from_array(np.array(i + 1, F), f"c{i}"))
+        nodes.append(helper.make_node("Mul", [f"s{i}", f"c{i}"], [f"y{i}"]))
+    shape = ["batch", *lead[1:], k] if symbolic else [*lead, k]
+    g = helper.make_graph(nodes, "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(parts)],
+                          inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    cuts = np.cumsum(sizes or [n // parts] * parts)[:-1]
+    return model, lambda x: {f"y{i}": p * (i + 1) for i, p in enumerate(np.split(
+        (x.reshape(m, k).astype(np.float64) @ w + b).reshape(*lead, n), cuts, axis=-1))}
+
+
+@pytest.mark.parametrize("lead,k,n,parts,opset,reshape", [((2, 5), 24, 48, 3, 17, True), ((7,), 13, 40, 2, 18, False),
+                                                          ((3, 4), 40, 96, 4, 13, True)])
+def test_a_gemm_split_into_equal_columns_computes_planes(lead, k, n, parts, opset, reshape):
+    """A GEMM only read by an equal Split of its columns (through a Reshape keeping them) is
+    one GEMM of `parts` planes whose outputs are views: no Split kernel, numbers as NumPy's."""
+    model, want = _split_model(lead, k, n, parts, opset, reshape)
+    g, _ = run_passes(load_onnx(model.SerializeToString()), 3)
+    ops = [nd.op for nd in g.nodes]
+    assert "Split" not in ops and ops.count("MatMulPacked") == 1 and ops.count("Slice") == parts, ops
+    x = np.random.default_rng(12).standard_normal((*lead, k)).astype(F)
+    m = kiln.compile(model.SerializeToString(), report=True)
+    got = m.run({"x": x})
+    for name, v in want(x).items():
+        np.testing.assert_allclose(got[name], v, rtol=1e-4, atol=1e-4, err_msg=name)
+    assert any(isinstance(f, MergedGemms) and f.decision.startswith("split into") for f in m.report.findings)
+    assert not any("Split" in what for what, _ in m.profile({"x": x}, runs=1))
+
+
+def test_unequal_splits_and_symbolic_shapes_keep_the_split():
+    """Unequal column ranges stay a Split; with a symbolic batch the optimized graph keeps it
+    too (planes need static shapes), and the numbers are right at two batch sizes."""
+    model, _ = _split_model((4,), 16, 40, 2, sizes=[24, 16])
+    g, _ = run_passes(load_onnx(model.SerializeToString()), 3)
+    assert "Split" in [nd.op for nd in g.nodes]
+    model, _ = _split_model((2, 3), 16, 48, 3, symbolic=True)
+    m = kiln.compile(model.SerializeToString())
+    for batch in (2, 5):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 16)).astype(F)
+        _, want = _split_model((batch, 3), 16, 48, 3)
+        got = m.run({"x": x})
+        for name, v in want(x).items():
+            np.testing.assert_allclose(got[name], v, rtol=1e-4, atol=1e-4, err_msg=name)
