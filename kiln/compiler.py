@@ -170,8 +170,9 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
             return _remembered(file, source, key, compiled)
     opt_level = level_of(opt_level)
     if target == "cpu":
-        from kiln.codegen.build import start_probes  # noqa: PLC0415
+        from kiln.codegen.build import prebuild_pool, start_probes  # noqa: PLC0415
         start_probes(cpu)      # the C toolchain's probes run while the passes do
+        prebuild_pool(cpu)     # and then kiln's pool is compiled (once per machine)
     if tuning is not None:   # the passes' tuned decisions: conv algorithms, weight panels (kiln.tune.apply)
         from kiln.tune.apply import with_pass_records  # noqa: PLC0415
         decisions = with_pass_records(tuning, decisions, cpu)

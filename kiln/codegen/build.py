@@ -127,10 +127,30 @@ def prebuild_shared(func, target: Target) -> None:
     preamble = getattr(func, "preamble", None)
     if not preamble or SHARED_BEGIN not in preamble:
         return
-    from kiln.codegen.c import _SHARED, shared_unit
+    from kiln.codegen.c import _SHARED
+    _prebuild_blocks(_SHARED.findall(preamble), target)
+
+
+def prebuild_pool(target: Target) -> None:
+    """At the start of a cold compile for `target`: compile kiln's pool (a shared unit of
+    every pool module, kiln.codegen.c.pool_block) in a thread, after the toolchain's probes,
+    while the passes run, unless the per-machine cache has its object."""
+    if target.threads_impl != "pool":
+        return
+    from kiln.codegen.c import pool_block
+    threading.Thread(target=_prebuild_blocks, args=([pool_block()], target), name="kiln-cc-pool",
+                     daemon=True).start()
+
+
+def _prebuild_blocks(blocks: list[str], target: Target) -> None:
+    """Start compiling, each in a thread, the shared `blocks` whose objects the cache lacks."""
+    from kiln.codegen.c import shared_unit
     cmd = _cc(None)
-    flags = _flags(None, target, cmd)
-    for block in _SHARED.findall(preamble):
+    try:
+        flags = _flags(None, target, cmd)
+    except KilnError:
+        return      # (a bad $KILN_SANITIZE: the build says so)
+    for block in blocks:
         unit = shared_unit(block)
         try:
             obj = private_dir("o") / f"{_key([unit], cmd, flags, target)}.o"
@@ -303,12 +323,15 @@ class CModule:
 def c_units(module: LoopModule, target: Target | None = None) -> list[str]:
     """The module's C source for `target` (None: this host; its threads_impl says who runs
     the parallel loops) as translation units: for a big module one per core of the
-    building machine (compiled in parallel), and one per shared kernel (its object cached
-    per machine: `compile_c`)."""
+    building machine (compiled in parallel), and one per shared kernel and for kiln's pool
+    (their objects cached per machine: `compile_c`)."""
     impl = Target.of(target).threads_impl
     if len(module.funcs) > 4:
         return emit_c_units(module, host_cores(), impl)
-    if any(isinstance(f, ExternFunc) and SHARED_BEGIN in f.preamble for f in module.funcs):
+    # a model's module on kiln's pool: the pool is a shared unit (kiln.codegen.c.pool_block);
+    # kernels built by hand stay one unit (compiled and linked by one process)
+    pooled = impl == "pool" and module.entry is not None
+    if pooled or any(isinstance(f, ExternFunc) and SHARED_BEGIN in f.preamble for f in module.funcs):
         return emit_c_units(module, 1, impl)
     return [emit_c(module, impl)]
 

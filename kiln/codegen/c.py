@@ -676,13 +676,25 @@ def _emit(module: S.LoopModule, threads_impl: str | None = None,
     shared: dict[str, None] = {}
     if split_shared:
         preambles = dict.fromkeys(_lift_shared(p, shared) for p in preambles)
-    pool = [c_source("kiln_pool.h")] if em.pool else []
+    # kiln's pool: in one text, defined in its header; split, a shared unit of its own (the
+    # same in every module: its object compiled once per machine, `pool_block`), declared
+    pool = [c_source("kiln_pool_decl.h") if split_shared else c_source("kiln_pool.h")] if em.pool else []
+    if split_shared and em.pool:
+        shared = {pool_block(): None, **shared}
     header = "\n".join([PRELUDE, *pool, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
                         FUNCTIONS])
     return header, ["\n".join(b) + "\n" for b in bodies], [shared_unit(block) for block in shared]
 
 
 _SHARED = re.compile(re.escape(SHARED_BEGIN) + ".*?" + re.escape(SHARED_END), re.S)
+
+
+def pool_block() -> str:
+    """kiln's thread pool (kiln_pool.h) as a shared block: a unit of its own in every module
+    split into units, whose object the build keeps per machine (`shared_unit`). Its weak
+    definitions took 0.12 s of CPU in every unit that held them; compiled once per machine
+    (and, cold, at the start of the compile, kiln.codegen.build.prebuild_pool), none."""
+    return SHARED_BEGIN + c_source("kiln_pool.h") + SHARED_END
 
 
 def _lift_shared(preamble: str, into: dict) -> str:
@@ -783,11 +795,7 @@ def emit_c_units(module: S.LoopModule, n: int, threads_impl: str | None = None) 
         k = sizes.index(min(sizes))
         units[k].append(b)
         sizes[k] += cost
-    # kiln's pool defined in the unit with the least work, declared in the others (its
-    # definitions cost 0.1 s of CPU per unit that held them)
-    pool, least = c_source("kiln_pool.h"), sizes.index(min(sizes))
-    lean = header.replace(pool, c_source("kiln_pool_decl.h"), 1)
-    return ["\n".join([header if k == least else lean, *u]) for k, u in enumerate(units)] + shared
+    return ["\n".join([header, *u]) for u in units] + shared
 
 
 _UNROLL = re.compile(r"#pragma GCC unroll (\d+)")

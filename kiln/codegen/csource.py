@@ -39,8 +39,8 @@ def c_parallel(threads_impl: str) -> str:
     """What a hand-written kernel includes to run its parallel loops with kiln_par_for
     (kiln/codegen/c_src/kiln_par.h) on the module's threads: kiln's pool (`threads_impl`
     "pool", Target.threads_impl) or OpenMP's team. For a shared kernel's `helpers`: its unit
-    is compiled apart from the module's, one of which defines the pool (kiln_pool.h), so it
-    declares the pool (kiln_pool_decl.h)."""
+    is compiled apart from the module's, and declares the pool (kiln_pool_decl.h), which is
+    a shared unit of every pool module (kiln.codegen.c.pool_block)."""
     return (c_source("kiln_pool_decl.h") if threads_impl == "pool" else "") + c_source("kiln_par.h")
 
 

@@ -62,14 +62,19 @@ def units_of(model):
     return run_stages(model, "c", decisions=WINO).source.units
 
 
+def shared_of(units) -> int:
+    """The shared units (the kernel's, and kiln's pool's where it runs the loops)."""
+    return sum(map(is_shared_unit, units))
+
+
 def test_one_shared_unit_the_same_in_every_module():
     a = units_of(winograd_model(16, 12, 12, convs=2)[0])        # two convs, two shapes: one kernel
     b = units_of(winograd_model(24, 9, 14)[0])
     shared_a, shared_b = [u for u in a if is_shared_unit(u)], [u for u in b if is_shared_unit(u)]
-    assert len(shared_a) == 1 and shared_a == shared_b
+    assert len([u for u in shared_a if "kiln_winograd" in u]) == 1 and shared_a == shared_b
     assert all(SHARED_BEGIN not in u for u in a + b if not is_shared_unit(u))
-    # one text (an artifact's model.c) still holds the definition once
-    assert single_unit("".join(a)).count(SHARED_BEGIN) == 1
+    # one text (an artifact's model.c) still holds each definition once
+    assert single_unit("".join(a)).count(SHARED_BEGIN) == len(shared_a)
 
 
 def run_checked(model, weights, c, h, w, seed):
@@ -88,10 +93,11 @@ def test_two_models_sharing_a_kernel_compile_it_once(cache):
     first = compiler_runs() - before
     assert first == len(units_of(ma)) + 1                      # every unit, then the link
     objects = sorted((cache / "o").glob("*.o"))
-    assert len(objects) == 1
+    assert len(objects) == shared_of(units_of(ma))
     before = compiler_runs()
     run_checked(mb, wb, 24, 9, 14, seed=2)
-    assert compiler_runs() - before == len(units_of(mb)) - 1 + 1   # its own units and the link
+    units = units_of(mb)
+    assert compiler_runs() - before == len(units) - shared_of(units) + 1   # its own units and the link
     assert sorted((cache / "o").glob("*.o")) == objects
 
 
@@ -105,13 +111,14 @@ def test_a_build_compiles_the_shared_kernel_as_lowering_meets_it_and_emitting_c_
     assert compiler_runs() == before and not list((cache / "o").glob("*.o"))
     run_checked(m, weights, 16, 12, 12, seed=4)
     assert compiler_runs() - before == len(units) + 1        # each unit once, then the link
-    assert len(list((cache / "o").glob("*.o"))) == 1
+    assert len(list((cache / "o").glob("*.o"))) == shared_of(units)
 
 
 def test_threads_compiling_models_that_share_a_kernel_compile_it_once():
     models = [(winograd_model(16, 12, 12, seed=k), 16, 12, 12) if k % 2 else
               (winograd_model(24, 9, 14, seed=k), 24, 9, 14) for k in range(2)]
-    own = sum(len(units_of(m)) - 1 + 1 for (m, _), *_ in models)   # each model's units and link
+    own = sum(len(units_of(m)) - shared_of(units_of(m)) + 1 for (m, _), *_ in models)   # units, link
+    shared = shared_of(units_of(models[0][0][0]))
     start, errors = threading.Barrier(len(models)), []
 
     def call(k):
@@ -129,15 +136,57 @@ def test_threads_compiling_models_that_share_a_kernel_compile_it_once():
     for t in threads:
         t.join(timeout=600)
     assert not errors, errors
-    assert compiler_runs() - before == own + 1                  # the shared kernel once
+    assert compiler_runs() - before == own + shared             # the shared units once
 
 
 def test_a_damaged_shared_object_is_compiled_again(cache):
     (ma, wa), (mb, wb) = winograd_model(16, 12, 12), winograd_model(24, 9, 14, seed=3)
     run_checked(ma, wa, 16, 12, 12, seed=1)
-    (obj,) = (cache / "o").glob("*.o")
+    (obj,) = [o for o in (cache / "o").glob("*.o") if "kiln_winograd" in o.with_suffix(".c").read_text()]
     obj.write_bytes(obj.read_bytes()[:100])                    # cut short: not the recorded bytes
     before = compiler_runs()
     run_checked(mb, wb, 24, 9, 14, seed=2)
-    assert compiler_runs() - before == len(units_of(mb)) + 1   # the shared unit again, with its own
+    units = units_of(mb)
+    assert compiler_runs() - before == len(units) - shared_of(units) + 2   # the kernel again, its own, link
     assert obj.stat().st_size > 100
+
+
+def test_kilns_pool_is_a_shared_unit_compiled_once_per_machine(cache):
+    """In a pool module kiln's pool (kiln_pool.h) is a shared unit of its own (kiln.codegen.c
+    pool_block), which the module's units declare (kiln_pool_decl.h): compiled once per machine
+    (a second model compiles its own unit and links), and one text (an artifact's model.c)
+    still defines it, once."""
+    import shutil
+    import subprocess
+
+    from onnx import TensorProto, helper
+
+    from kiln.codegen.build import compile_c
+    from kiln.codegen.c import pool_block
+    from kiln.targets.target import Target
+
+    def model(n):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, n])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, n])
+        g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"]), helper.make_node("Sigmoid", ["t"], ["y"])],
+                              "g", [x], [y])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    if Target.host().threads_impl != "pool":
+        pytest.skip("KILN_THREADS_IMPL=omp: no pool")
+    units = run_stages(model(1000), "c").source.units
+    shared = [u for u in units if is_shared_unit(u)]
+    assert len(shared) == 1 and pool_block() in shared[0]
+    assert all("KILN_POOL_DECL_H" in u and "kiln_pool_worker" not in u for u in units if not is_shared_unit(u))
+    before = compiler_runs()
+    x = np.random.default_rng(0).standard_normal((64, 1000)).astype(np.float32)
+    np.testing.assert_allclose(kiln.compile(model(1000)).run(x=x)["y"], 1 / (1 + np.exp(-np.maximum(x, 0))),
+                               rtol=1e-5, atol=1e-6)
+    assert compiler_runs() - before == len(units) + 1 and len(list((cache / "o").glob("*.o"))) == 1
+    before = compiler_runs()
+    kiln.compile(model(999))
+    assert compiler_runs() - before == 2                        # its own unit and the link
+    one = single_unit("".join(units))
+    assert one.count(SHARED_BEGIN) == 1
+    lib = compile_c(one, Target.host())
+    if shutil.which("nm"):
+        assert " kiln_pool_for" in subprocess.run(["nm", str(lib)], capture_output=True, text=True).stdout

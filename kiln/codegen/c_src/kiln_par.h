@@ -1,5 +1,5 @@
 /* kiln_par_for: a hand-written kernel's parallel loop on the threads that run the module's
-   generated loops: kiln's pool where the unit has it (kiln_pool.h before this file:
+   generated loops: kiln's pool where the unit has it (kiln_pool.h or kiln_pool_decl.h before this file:
    KILN_THREADS_IMPL=pool, see kiln.codegen.csource.c_parallel), else OpenMP's team. So a model
    never has two teams of threads waiting for work side by side.
 
@@ -18,7 +18,7 @@ static inline void kiln_par_for(kiln_par_fn fn, void* ctx, int64_t lo, int64_t h
   const int64_t n = hi - lo;
   if (n <= 0) return;
   if (n == 1 || !par) { fn(ctx, lo, hi); return; }
-#ifdef KILN_POOL_H
+#if defined(KILN_POOL_H) || defined(KILN_POOL_DECL_H)
   kiln_pool_for(fn, ctx, lo, hi);
 #elif defined(_OPENMP)
   const int64_t most = 4 * (int64_t)omp_get_max_threads(), m = n < most ? n : most;
