@@ -169,10 +169,20 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
         if compiled is not None:
             return _remembered(file, source, key, compiled)
     opt_level = level_of(opt_level)
+    pool = None
     if target == "cpu":
         from kiln.codegen.build import prebuild_pool, start_probes  # noqa: PLC0415
         start_probes(cpu)      # the C toolchain's probes run while the passes do
-        prebuild_pool(cpu)     # and then kiln's pool is compiled (once per machine)
+        pool = prebuild_pool(cpu)   # and then kiln's pool is compiled (once per machine)
+    try:
+        return _passes_on(source, file, key, target, opt_level, cpu, decisions, tuning, shapes, report, times)
+    finally:   # no compiler process outlives the compile that started it (a failed one too)
+        if pool is not None:
+            pool.join()
+
+
+def _passes_on(source, file, key, target, opt_level, cpu, decisions, tuning, shapes, report, times):
+    """_compile past the caches: the passes, then the model for `target`."""
     if tuning is not None:   # the passes' tuned decisions: conv algorithms, weight panels (kiln.tune.apply)
         from kiln.tune.apply import with_pass_records  # noqa: PLC0415
         decisions = with_pass_records(tuning, decisions, cpu)

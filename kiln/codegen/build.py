@@ -131,19 +131,23 @@ def prebuild_shared(func, target: Target) -> None:
     _prebuild_blocks(_SHARED.findall(preamble), target)
 
 
-def prebuild_pool(target: Target) -> None:
+def prebuild_pool(target: Target) -> threading.Thread | None:
     """At the start of a cold compile for `target`: compile kiln's pool (a shared unit of
     every pool module, kiln.codegen.c.pool_block) in a thread, after the toolchain's probes,
-    while the passes run, unless the per-machine cache has its object."""
+    while the passes run, unless the per-machine cache has its object. The thread (None: no
+    pool) is the compile's to join."""
     if target.threads_impl != "pool":
-        return
+        return None
     from kiln.codegen.c import pool_block
-    threading.Thread(target=_prebuild_blocks, args=([pool_block()], target), name="kiln-cc-pool",
-                     daemon=True).start()
+    t = threading.Thread(target=_prebuild_blocks, args=([pool_block()], target, True), name="kiln-cc-pool",
+                         daemon=True)
+    t.start()
+    return t
 
 
-def _prebuild_blocks(blocks: list[str], target: Target) -> None:
-    """Start compiling, each in a thread, the shared `blocks` whose objects the cache lacks."""
+def _prebuild_blocks(blocks: list[str], target: Target, here: bool = False) -> None:
+    """Start compiling, each in a thread (`here`: one after another in this one), the shared
+    `blocks` whose objects the cache lacks."""
     from kiln.codegen.c import shared_unit
     cmd = _cc(None)
     try:
@@ -159,9 +163,12 @@ def _prebuild_blocks(blocks: list[str], target: Target) -> None:
         with _PREBUILDING_LOCK:
             if str(obj) in _PREBUILDING or verified_sha256(obj) is not None:
                 continue
-            t = _PREBUILDING[str(obj)] = threading.Thread(target=_prebuild, args=(unit, obj, cmd, flags),
-                                                          name="kiln-cc-shared", daemon=True)
-        t.start()
+            t = _PREBUILDING[str(obj)] = threading.current_thread() if here else \
+                threading.Thread(target=_prebuild, args=(unit, obj, cmd, flags), name="kiln-cc-shared", daemon=True)
+        if here:
+            _prebuild(unit, obj, cmd, flags)
+        else:
+            t.start()
 
 
 def _prebuild(unit: str, obj: Path, cmd: list, flags: list) -> None:
