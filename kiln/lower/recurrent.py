@@ -31,6 +31,7 @@ steps run each direction on a thread of its own, with no synchronisation at all.
 
 from __future__ import annotations
 
+import hashlib
 
 from kiln.dtypes import DType
 from kiln.ops.recurrent import DOMAIN, GATES
@@ -71,7 +72,7 @@ def team_per_direction(r_bytes: int, batch: int, panels: int, target: Target) ->
 
 
 # the panel claims, activations and exp every kiln::Recurrent kernel shares
-PREAMBLE = c_source("kiln_exp.h") + c_source("recurrent.h")
+PREAMBLE = c_source("kiln_exp.h") + c_source("kiln_par.h") + c_source("recurrent.h")
 
 
 def _act(name: str, a, b, v: str) -> str:
@@ -302,7 +303,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         body = panel(gates, src, cell, i == nph - 1)
         step += [*([f"if (ph == {i}) {{"] if nph > 1 else ["{"]),
                  f"  int64_t cnt = 0, idx; const int mirror = turn && kiln_rec_mirror(stage, {nph});",
-                 f"  while ((idx = claim ? kiln_rec_claim(&team, nt, tid, {nd * n_p}, stage, mirror) "
+                 f"  while ((idx = claim ? kiln_rec_claim(team, nt, tid, {nd * n_p}, stage, mirror) "
                  ": lo + cnt < hi ? (mirror ? hi - 1 - cnt : lo + cnt) : -1) >= 0) {",
                  "    ++cnt;",
                  f"    const int64_t d = idx / {n_p}, p = idx % {n_p};",
@@ -316,7 +317,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
                  "    float* rhb = sd + 3 * B * PU; float* zb = sd + 4 * B * PU; (void)rhb; (void)zb;",
                  *("    " + x for x in body),
                  "  }",
-                 f"  stage = claim ? kiln_rec_finish(&team, {nd * n_p}, stage, cnt) : stage + 1;",
+                 f"  stage = claim ? kiln_rec_finish(team, {nd * n_p}, stage, cnt) : stage + 1;",
                  "}"]
 
     h_init = f"(float){arg['h0']}[{H('d', 'b')} + j]" if "h0" in arg else "0.0f"
@@ -336,10 +337,47 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
                  f"const int64_t per = work < 1 ? 1 : work < {n_p} ? work : {n_p};",
                  "const int split = per > 1 && S > 1;",
                  f"const int64_t most = split ? ({nd} * per < 64 ? {nd} * per : 64) : {nd};"]
-    body = [
+    # the team's work, one call per member [kiln_lo, kiln_hi) of team_n (kiln_par_for: kiln's
+    # pool, or OpenMP's team where the module has no pool): a file-scope function named by a
+    # hash of its text, its sizes and pointers from the kernel (kiln_rec_job)
+    ins = [f"const {ctx.input_types[i].dtype.c_storage}* restrict {arg[nm]} = "
+           f"(const {ctx.input_types[i].dtype.c_storage}*)job->in[{i}];"
+           for i, nm in enumerate(names) if nm in arg and nm not in ("h0", "c0")]
+    member = [
+        "const kiln_rec_job* job = (const kiln_rec_job*)kiln_ctx;",
         "typedef float kv __attribute__((vector_size(64)));",
+        *(sizes if static(batch) and static(steps) else
+          [f"enum {{ H = {hs}, PU = {pu}, ND = {nd} }};", "const int64_t B = job->B, S = job->S;",
+           "const int split = job->split;"]),
+        *ins,
+        "float* restrict out0 = job->out0; float* state = job->state; kiln_rec_team* team = job->team;",
+        "const float* xw = in0; (void)xw;",
+        "const int nt = job->team_n;",
+        "for (int64_t tid = kiln_lo; tid < kiln_hi; ++tid) {",
+        # split: the team claims every direction's panels stage by stage (its own range first;
+        # a member that comes late, or never, leaves its panels to those that run); one member
+        # takes them all in order; else each member runs whole directions with no synchronisation
+        f"  const int claim = {split} && nt > 1;",
+        f"  for (int64_t d0 = claim ? 0 : {split} ? (tid == 0 ? 0 : ND) : tid; "
+        f"d0 < ND; d0 += {split} ? ND : nt) {{",
+        f"    const int64_t lo = {split} ? 0 : d0 * {n_p}, hi = {split} ? {nd * n_p} : lo + {n_p};",
+        # steps turn the panel order round while what this thread streams a stage (its own range,
+        # or all it takes in order) is at most TURN_L2 x L2: past that too little of it stays
+        # for the next step, and each panel's descending jump costs the prefetcher more
+        f"    const int turn = (claim ? {nd * n_p} / nt : hi - lo) * {hs * g * 16 * 4} <= "
+        f"{int(TURN_L2 * target.l2_bytes)};",
+        f"    for (int64_t stage = 0; stage < S * {nph}; ) {{",
+        *("      " + x for x in step),
+        "    }",
+        "  }",
+        "}",
+    ]
+    text = "\n".join("  " + x for x in member) + "\n}\n"
+    fn = "kiln_rec_member_" + hashlib.sha1(text.encode()).hexdigest()[:16]
+    member_c = f"static void {fn}(void* kiln_ctx, int64_t kiln_lo, int64_t kiln_hi) {{\n" + text
+    ptrs = ", ".join(arg[nm] if nm in arg and nm not in ("h0", "c0") else "0" for nm in names)
+    body = [
         *sizes,
-        "const float* xw = in0;",
         "int rc = 0;",
         *([f"for (int64_t b = 0; b < B; ++b) if ({int(direction != 'forward')} && {lens_b} > S) rc = 1;",
            "if (rc) return 1;"] if "lens" in arg else []),
@@ -353,30 +391,12 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         f"      state[d * {per_dir} + b * PU + j] = {h_init};",
         f"      state[d * {per_dir} + 2 * B * PU + b * PU + j] = {c_init};",
         "    }",
-        "const int avail = omp_get_max_threads();",
+        "const int avail = kiln_par_threads();",
         f"const int team_n = avail < {most} ? avail : (int){most};",
         "kiln_rec_team team;",
         f"kiln_rec_init(&team, team_n, {nd * n_p});",
-        "#pragma omp parallel num_threads(team_n) if (team_n > 1)",
-        "{",
-        "  const int nt = omp_get_num_threads(), tid = omp_get_thread_num();",
-        # split: one team claims every direction's panels stage by stage (its own range first), or
-        # with fewer threads than asked for thread 0 takes them all in order; else each thread runs
-        # whole directions on its own, with no synchronisation
-        f"  const int claim = {split} && nt == team_n && nt > 1;",
-        f"  for (int64_t d0 = claim ? 0 : {split} ? (tid == 0 ? 0 : ND) : tid; d0 < ND; "
-        f"d0 += {split} ? ND : nt) {{",
-        f"    const int64_t lo = {split} ? 0 : d0 * {n_p}, hi = {split} ? {nd * n_p} : lo + {n_p};",
-        # steps turn the panel order round while what this thread streams a stage (its own range,
-        # or all it takes in order) is at most TURN_L2 x L2: past that too little of it stays
-        # for the next step, and each panel's descending jump costs the prefetcher more
-        f"    const int turn = (claim ? {nd * n_p} / nt : hi - lo) * {hs * g * 16 * 4} <= "
-        f"{int(TURN_L2 * target.l2_bytes)};",
-        f"    for (int64_t stage = 0; stage < S * {nph}; ) {{",
-        *("      " + x for x in step),
-        "    }",
-        "  }",
-        "}",
+        f"const kiln_rec_job job = {{ {{ {ptrs} }}, out0, state, &team, B, S, team_n, {split} }};",
+        f"kiln_par_for({fn}, (void*)&job, 0, team_n, team_n > 1);",
         *(["for (int64_t d = 0; d < ND; ++d)",
            "  for (int64_t b = 0; b < B; ++b) {",
            f"    const int live = {lens_b} > 0;",
@@ -391,6 +411,6 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         "return 0;",
     ]
     return ctx.extern("\n".join("  " + x for x in body), [xw, rp, rbh, lens, h0, c0, p],
-                      [(s, DType.float32) for s in shapes], preamble=PREAMBLE,
+                      [(s, DType.float32) for s in shapes], preamble=PREAMBLE + member_c,
                       errors={1: "a sequence_lens value exceeds the sequence length"
                               + (f" {as_int(steps)}" if static(steps) else "")})

@@ -28,4 +28,15 @@ static inline void kiln_par_for(kiln_par_fn fn, void* ctx, int64_t lo, int64_t h
   fn(ctx, lo, hi);
 #endif
 }
+/* the threads a kiln_par_for loop may run on: the OpenMP thread count, as kiln's pool has
+   (kiln_pool_start: workers, that count less one, and the calling thread) */
+static inline int kiln_par_threads(void) {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+#define KILN_PAR_STR(x) #x   /* (no string literal in generated code: kiln.codegen.c's rule) */
+  const char* env = getenv(KILN_PAR_STR(OMP_NUM_THREADS));
+  return env && atoi(env) > 0 ? atoi(env) : 1;
+#endif
+}
 #endif

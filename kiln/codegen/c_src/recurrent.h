@@ -1,6 +1,8 @@
-#include <omp.h>
+#ifndef KILN_RECURRENT_H
+#define KILN_RECURRENT_H
 #include <sched.h>
-/* kiln::Recurrent: a team of threads claims the panels of every direction stage by stage (a
+/* kiln::Recurrent: a team of threads (the members of one kiln_par_for job, on kiln's pool or
+   OpenMP's team: one fork per kernel, not per step) claims the panels of every direction stage by stage (a
    stage is one product of a step: one per step, two for GRU without linear_before_reset). Each
    thread takes the panels of its own range first (their R stays in its core's cache from step
    to step), then whatever is left of the others' ranges: a partner that is late (waking up) or
@@ -23,6 +25,12 @@ typedef struct {
   int64_t done; char pad1[56];    /* panels finished, all stages so far */
   kiln_rec_slot slot[KILN_REC_MAXPER];
 } kiln_rec_team __attribute__((aligned(64)));
+/* what a member of the team reads: the kernel's inputs (in node order, NULL where absent), Y,
+   the state, the claims; B and S (run-time values in a shape-generic module); the team's size;
+   whether the members share the panels (else each runs whole directions) */
+typedef struct {
+  const void* in[7]; float* out0; float* state; kiln_rec_team* team; int64_t B, S; int team_n, split;
+} kiln_rec_job;
 /* the first panel of thread q's range, of np panels shared by per threads */
 static inline int64_t kiln_rec_lo(int64_t np, int per, int q) { return (int64_t)q * np / per; }
 static inline void kiln_rec_init(kiln_rec_team* t, int per, int64_t np) {
@@ -97,3 +105,4 @@ static inline float kiln_rec_tanh(float x) {
   q = q * x2 + 1.18534705686654e-04f; q = q * x2 + 2.26843463243900e-03f; q = q * x2 + 4.89352518554385e-03f;
   return fabsf(x) < 0.0004f ? x : c * p / q;
 }
+#endif
