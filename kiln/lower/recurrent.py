@@ -286,11 +286,25 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
             part = gates[i:i + per_pass]
             sums += ["{", *("  " + x for x in _gemv(rows, part, g, split, f"{src} + PU * ", target)),
                      *(f"  memcpy(pacc[{r}][{k}], &acc_{r}_{k}, 64);" for r in range(rows) for k in part), "}"]
+        # the epilogue's projected inputs (a line or two per row and gate, far apart: the
+        # prefetcher misses them) and Y's lines asked for before the tile's sums, which take
+        # long enough to hide their misses
+        ahead = [f"for (int64_t r = 0; r < {rows} && b0 + r < B; ++r) {{",
+                 f"  const int64_t b = b0 + r, len = {lens_b};",
+                 "  if (s < len) {",
+                 "    const int64_t ti = rev ? len - 1 - s : s;",
+                 f"    const float* xr = xw + {XW()} + p * 16;",
+                 *(f"    __builtin_prefetch(xr + {k * hs}); __builtin_prefetch(xr + {k * hs + 15});" for k in gates),
+                 *([f"    __builtin_prefetch(out0 + {Y()} + p * 16, 1); __builtin_prefetch(out0 + {Y()} + p * 16 + 15, 1);"]
+                   if last else []),
+                 "  }",
+                 "}"]
         return [f"const float* wp = rpd + p * {hs * g * 16};",
                 "const int64_t n = H - p * 16 < 16 ? H - p * 16 : 16;",
                 f"const int copy_dead = {int(last)};",
                 f"for (int64_t b0 = 0; b0 < B; b0 += {rows}) {{",
                 f"  float pacc[{rows}][{g}][16];",
+                *("  " + x for x in ahead),
                 *("  " + x for x in sums),
                 *("  " + x for x in epilogue(rows, cell)),
                 "}"]
