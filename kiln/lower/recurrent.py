@@ -65,6 +65,19 @@ SHARE_L1 = 4
 TURN_L2 = 1.5
 
 
+# Batch rows shared out instead of panels: each member (a thread) runs a group of the batch's rows
+# through every step on its own, reading all of R per step from its own core's caches, with no
+# synchronisation at all between steps. A tile of r rows does r multiply-adds (vectors) per vector
+# of R it reads: at r >= ROW_MIN the member is bound by its FMAs, not by streaming R (Zen 4: one
+# 64-byte FMA a cycle, ~27 bytes a cycle from L2), so reading all of R costs it no more than a
+# panel split's half does, and the split's per-step barrier (and its stolen panels, read from the
+# other core's cache) is gone. Only while R fits ROW_L2 of a core's L2 (it stays there from step
+# to step, next to the projected inputs streaming through): an LSTM of 64 units (64 KiB) at
+# batch 8 takes two groups of 4 rows; one of 256 units (1 MiB) keeps its panels split.
+ROW_MIN = 4
+ROW_L2 = 0.5
+
+
 def team_per_direction(r_bytes: int, batch: int, panels: int, target: Target) -> int:
     """Threads that share one direction's step (1: it runs on one thread): one per
     SHARE_L1 x L1d bytes of R x batch rows, at most one per panel."""
@@ -117,7 +130,7 @@ def _gemv(nrows: int, gates: list[int], g: int, split: int, src: str, target: Ta
     lines = [f"kv acc_{r}_{k} = {{0}};" for r in range(nrows) for k in gates]
     if split == 2:
         lines += [f"kv acc2_{r}_{k} = {{0}};" for r in range(nrows) for k in gates]
-    lines += [f"const float* s_{r} = {src}(b0 + {r} < B ? b0 + {r} : B - 1);" for r in range(nrows)]
+    lines += [f"const float* s_{r} = {src}(b0 + {r} < rhi ? b0 + {r} : rhi - 1);" for r in range(nrows)]
 
     # with several rows each panel vector feeds several FMAs: hold it in a register (GCC would
     # fold a load into every FMA, and Zen 4 loads one 64-byte vector per cycle, one FMA too)
@@ -163,6 +176,8 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     if tuple(rt.shape) != (nd, -(-hs // 16), hs, g, 16) or lanes != 16 or n_p * 16 < hs:
         ctx.fail(f"rp must be packed [{nd}, {-(-hs // 16)}, {hs}, {g}, 16], got {tuple(rt.shape)}", stage="lower")
     gh, pu = g * hs, n_p * 16
+    # whether the batch's rows may be shared out between threads (ROW_MIN, ROW_L2), decided at run time
+    rows_ok = g * hs * hs * 4 <= target.l2_bytes * ROW_L2 and (not static(batch) or as_int(batch) >= 2 * ROW_MIN)
     names = ["xw", "rp", "rbh", "lens", "h0", "c0", "P"][:len(ctx.node.inputs)]
     arg, k = {}, 0
     for i, name in enumerate(names):
@@ -210,7 +225,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         panel's units (j = p * 16 + jj < H) with xr the row's projected input, hp / hq its state."""
         out = []
         for r in range(rows):
-            out += [f"if (b0 + {r} < B) {{",
+            out += [f"if (b0 + {r} < rhi) {{",
                     f"  const int64_t b = b0 + {r};",
                     f"  const int64_t len = {lens_b};",
                     "  float* hq = hn + b * PU + p * 16; const float* hp = hc + b * PU + p * 16;",
@@ -267,14 +282,15 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     def panel(gates: list[int], src: str, cell: list[str], last: bool) -> list[str]:
         """C: panel p of a stage, for every tile of batch rows: the tile's sums for `gates`, a
         pass of gates at a time, stored to pacc, then the epilogue. A symbolic batch: one such
-        loop per tile height a batch of 1, 2, 4, ... rows takes, picked at run time."""
-        if static(batch):
+        loop per tile height a batch of 1, 2, 4, ... rows takes, picked at run time (from the
+        member's rows [rlo, rhi), where the rows may be shared out)."""
+        if static(batch) and not rows_ok:
             return tiles(as_int(batch), gates, src, cell, last)
         budget = target.vector_registers // 2 * target.vector_bytes // 64
         heights = sorted({_tile(1 << k, len(gates), target)[0]: 1 << k for k in range(budget.bit_length())}.items())
         out = []
         for k, (rows, b) in enumerate(heights):
-            cond = "" if k == len(heights) - 1 else f"if (B <= {rows}) "
+            cond = "" if k == len(heights) - 1 else f"if (rhi - rlo <= {rows}) "
             out += [("} else " if k else "") + cond + "{", *("  " + x for x in tiles(b, gates, src, cell, last))]
         return out + ["}"]
 
@@ -289,7 +305,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         # the epilogue's projected inputs (a line or two per row and gate, far apart: the
         # prefetcher misses them) and Y's lines asked for before the tile's sums, which take
         # long enough to hide their misses
-        ahead = [f"for (int64_t r = 0; r < {rows} && b0 + r < B; ++r) {{",
+        ahead = [f"for (int64_t r = 0; r < {rows} && b0 + r < rhi; ++r) {{",
                  f"  const int64_t b = b0 + r, len = {lens_b};",
                  "  if (s < len) {",
                  "    const int64_t ti = rev ? len - 1 - s : s;",
@@ -302,7 +318,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         return [f"const float* wp = rpd + p * {hs * g * 16};",
                 "const int64_t n = H - p * 16 < 16 ? H - p * 16 : 16;",
                 f"const int copy_dead = {int(last)};",
-                f"for (int64_t b0 = 0; b0 < B; b0 += {rows}) {{",
+                f"for (int64_t b0 = rlo; b0 < rhi; b0 += {rows}) {{",
                 f"  float pacc[{rows}][{g}][16];",
                 *("  " + x for x in ahead),
                 *("  " + x for x in sums),
@@ -361,8 +377,8 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         "const kiln_rec_job* job = (const kiln_rec_job*)kiln_ctx;",
         "typedef float kv __attribute__((vector_size(64)));",
         *(sizes if static(batch) and static(steps) else
-          [f"enum {{ H = {hs}, PU = {pu}, ND = {nd} }};", "const int64_t B = job->B, S = job->S;",
-           "const int split = job->split;"]),
+          [f"enum {{ H = {hs}, PU = {pu}, ND = {nd} }};", "const int64_t B = job->B, S = job->S;"]),
+        "const int split = job->split; const int64_t groups = job->groups; (void)groups;",
         *ins,
         "float* restrict out0 = job->out0; float* state = job->state; kiln_rec_team* team = job->team;",
         "const float* xw = in0; (void)xw;",
@@ -370,11 +386,12 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         "for (int64_t tid = kiln_lo; tid < kiln_hi; ++tid) {",
         # split: the team claims every direction's panels stage by stage (its own range first;
         # a member that comes late, or never, leaves its panels to those that run); one member
-        # takes them all in order; else each member runs whole directions with no synchronisation
-        f"  const int claim = {split} && nt > 1;",
-        f"  for (int64_t d0 = claim ? 0 : {split} ? (tid == 0 ? 0 : ND) : tid; "
-        f"d0 < ND; d0 += {split} ? ND : nt) {{",
-        f"    const int64_t lo = {split} ? 0 : d0 * {n_p}, hi = {split} ? {nd * n_p} : lo + {n_p};",
+        # takes them all in order; else each member runs one direction for one group of batch
+        # rows, all its panels, with no synchronisation
+        "  const int claim = split && nt > 1;",
+        "  const int64_t grp = split ? 0 : tid / ND, rlo = grp * B / groups, rhi = (grp + 1) * B / groups;",
+        "  for (int64_t d0 = claim ? 0 : split ? (tid == 0 ? 0 : ND) : tid % ND; d0 < ND; d0 += ND) {",
+        f"    const int64_t lo = split ? 0 : d0 * {n_p}, hi = split ? {nd * n_p} : lo + {n_p};",
         # steps turn the panel order round while what this thread streams a stage (its own range,
         # or all it takes in order) is at most TURN_L2 x L2: past that too little of it stays
         # for the next step, and each panel's descending jump costs the prefetcher more
@@ -406,10 +423,15 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         f"      state[d * {per_dir} + 2 * B * PU + b * PU + j] = {c_init};",
         "    }",
         "const int avail = kiln_par_threads();",
-        f"const int team_n = avail < {most} ? avail : (int){most};",
+        # batch rows shared out (rows_ok): a group of at least ROW_MIN rows per thread
+        f"int64_t groups = avail / ND < B / {ROW_MIN} ? avail / ND : B / {ROW_MIN};" if rows_ok else
+        "int64_t groups = 1;",
+        "if (groups < 1) groups = 1;",
+        f"const int split_ = {split} && groups == 1;",
+        f"const int team_n = !split_ ? (int)(ND * groups) : avail < {most} ? avail : (int){most};",
         "kiln_rec_team team;",
         f"kiln_rec_init(&team, team_n, {nd * n_p});",
-        f"const kiln_rec_job job = {{ {{ {ptrs} }}, out0, state, &team, B, S, team_n, {split} }};",
+        f"const kiln_rec_job job = {{ {{ {ptrs} }}, out0, state, &team, B, S, groups, team_n, split_ }};",
         f"kiln_par_for({fn}, (void*)&job, 0, team_n, team_n > 1);",
         *(["for (int64_t d = 0; d < ND; ++d)",
            "  for (int64_t b = 0; b < B; ++b) {",

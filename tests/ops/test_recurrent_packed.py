@@ -119,26 +119,36 @@ def _split_layers():
             layer(1, "GRU", rng, seq=5, batch=1, inp=6, hs=150, direction="reverse"),
             layer(2, "GRU", rng, seq=4, batch=2, inp=6, hs=150, linear_before_reset=1, nd=2),
             layer(3, "LSTM", rng, seq=3, batch=8, inp=5, hs=40),        # one tile, gates in two passes
-            layer(4, "GRU", rng, seq=3, batch=19, inp=5, hs=20, linear_before_reset=1)]   # two tiles
+            layer(4, "GRU", rng, seq=3, batch=19, inp=5, hs=20, linear_before_reset=1),   # two tiles
+            # batch rows shared out between threads (kiln.lower.recurrent.ROW_MIN): ragged lens and
+            # initial states per group, both directions, GRU's two stages, a tail panel
+            layer(5, "LSTM", rng, seq=6, batch=9, inp=4, hs=24, nd=2, lens=[6, 1, 0, 4, 6, 2, 5, 3, 6], h0=True,
+                  c0=True, peep=True),
+            layer(6, "GRU", rng, seq=5, batch=13, inp=3, hs=33, direction="reverse", lens=[5, 4, 3, 2, 1, 0, 5, 5, 5,
+                                                                                          4, 3, 2, 1], h0=True),
+            layer(7, "RNN", rng, seq=1, batch=8, inp=2, hs=16)]
 
 
 def test_split_between_threads():
     """Steps big enough to share (kiln.lower.recurrent.team_per_direction): a direction's panels claimed by the threads
     (when the machine has two) stage by stage; ragged lens, odd batch, a tail panel, GRU's two
-    stages per step, batch tiles whose gates are summed in passes."""
+    stages per step, batch tiles whose gates are summed in passes; batches whose rows are
+    shared out instead."""
     check(_split_layers())
 
 
 @pytest.mark.slow
-def test_split_between_more_threads_than_cores():
-    """Three threads on fewer cores: partners are descheduled mid-run, and whoever runs claims
-    their panels (the same results as the reference, run after run)."""
+@pytest.mark.parametrize("threads,impl", [("3", "pool"), ("4", "omp"), ("1", "pool")])
+def test_split_between_more_threads_than_cores(threads, impl):
+    """More threads than cores: partners are descheduled mid-run, and whoever runs claims
+    their panels (the same results as the reference, run after run); on kiln's pool and on
+    OpenMP's team (KILN_THREADS_IMPL), whose members kiln_par_for hands out alike; one thread."""
     import os
     import subprocess
     import sys
     code = ("from tests.ops.test_recurrent_packed import check, _split_layers\n"
             "for _ in range(20): check(_split_layers())\n")
-    env = dict(os.environ, OMP_NUM_THREADS="3")
+    env = dict(os.environ, OMP_NUM_THREADS=threads, KILN_THREADS_IMPL=impl)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,

@@ -26,10 +26,11 @@ typedef struct {
   kiln_rec_slot slot[KILN_REC_MAXPER];
 } kiln_rec_team __attribute__((aligned(64)));
 /* what a member of the team reads: the kernel's inputs (in node order, NULL where absent), Y,
-   the state, the claims; B and S (run-time values in a shape-generic module); the team's size;
-   whether the members share the panels (else each runs whole directions) */
+   the state, the claims; B and S (run-time values in a shape-generic module); the groups the
+   batch rows are shared out in; the team's size; whether the members share the panels (else
+   each runs one direction for one group of rows) */
 typedef struct {
-  const void* in[7]; float* out0; float* state; kiln_rec_team* team; int64_t B, S; int team_n, split;
+  const void* in[7]; float* out0; float* state; kiln_rec_team* team; int64_t B, S, groups; int team_n, split;
 } kiln_rec_job;
 /* the first panel of thread q's range, of np panels shared by per threads */
 static inline int64_t kiln_rec_lo(int64_t np, int per, int q) { return (int64_t)q * np / per; }
