@@ -15,7 +15,9 @@ once per step, so a tile takes as many rows as half the register file holds sums
 its gates then summed in passes of a few gates (`_tile`): batch 8 of an LSTM is one tile,
 two passes of 2 gates x 8 rows, instead of two tiles of 4 rows that read R twice.
 
-Threads: when a step is big enough (`team_per_direction`), one team of threads shares the
+Threads: the team is one kiln_par_for job (kiln/codegen/c_src/kiln_par.h: kiln's pool, the
+module's threads; one fork per kernel, none per step), each member a file-scope function
+call. When a step is big enough (`team_per_direction`), the team shares the
 panels of every direction, each thread streaming its own range of R from its own core's
 cache: at 2 threads a bidirectional layer's directions one each, a unidirectional
 layer's panels half each (an LSTM of 256 units: 512 KiB of its 1 MiB of R, which fits
@@ -26,7 +28,12 @@ machine) costs a step only the panels it holds, never a wait for it, and the ker
 never falls back to one thread. A stage is a step's product (two for GRU without
 linear_before_reset, whose reset gate must be complete before the h gate's product); h
 is double-buffered so a step reads the previous state while writing the next. Smaller
-steps run each direction on a thread of its own, with no synchronisation at all.
+steps run each direction on a thread of its own, with no synchronisation at all, and so
+do groups of a batch's rows where R is small enough (ROW_MIN, ROW_L2): a member then runs
+one direction for its rows through the whole sequence.
+
+Each tile asks for its projected inputs' and Y's cache lines before its sums (far apart, a
+line or two per row and gate: the hardware prefetcher misses them), so the sums hide the misses.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ kiln/codegen/c_src/kiln_par.h) gets the spinning figures without their costs:
   (mobilenet_v2 batch 1 24-41 ms against the sleeping team's 7.7, when the contended pool still
   handed chunks to workers it woke at each loop);
 - the caller waits at a join by a pause loop of at most 100 us (10 us contended), then sleeps;
-- the few kernels that still fork OpenMP's team themselves (the recurrent team, TopK, DFT, ...)
+- the few kernels that still fork OpenMP's team themselves (TopK, DFT, ...)
   park the pool around their call (kiln_pool_park: its workers sleep meanwhile), so two teams
   never spin for the cores; KILN_POOL_STATS=1 prints the forks and contentions at unload.
 `python benchmarks/fork_cost.py` (an empty 2-chunk loop; us per fork and join, median / p90 /
@@ -64,7 +64,7 @@ batch 1 7.1 against 9.3, gru_stacked seq 128 batch 1 3.3 against 4.6, audio_tcn 
 against 5.4, transformer_layer 4 x 64 3.8 against 4.4, tiny_cnn batch 1 0.044 against 0.041
 (its regression, 0.038 -> 0.067 before, was Winograd forking libgomp's sleeping team by the
 pool's 2 us fork cost); worse by more than 10%: lstm_stacked seq 512 batch 1, 14.5 against
-12.5 (its recurrent team is still OpenMP's). kiln's p90/p10 no wider than the wider peer's on
+12.5 (its recurrent team was still OpenMP's then; now on the pool, kiln.lower.recurrent). kiln's p90/p10 no wider than the wider peer's on
 66 of 92 rows against 43 of 63. Loaded (load 13, a plain loop): transformer_layer 1 x 64 1.14
 ms median on the pool, 3.6 on the sleeping team.
 """
