@@ -338,7 +338,13 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     step = [f"const int64_t s = stage / {nph}, ph = stage % {nph}; (void)ph;"]
     for i, (gates, src, cell) in enumerate(phases):
         body = panel(gates, src, cell, i == nph - 1)
+        # shared panels: the state this stage reads was written by the team's other cores in
+        # the last one; its lines asked for at once (their misses overlap) rather than one by
+        # one as the sums reach them
+        at = "(s & 1) * B * PU" if src == "hc" else "3 * B * PU"
         step += [*([f"if (ph == {i}) {{"] if nph > 1 else ["{"]),
+                 f"  if (claim) for (int64_t dd = 0; dd < ND; ++dd) for (int64_t i = 0; i < B * PU; i += 16) "
+                 f"__builtin_prefetch(state + dd * {per_dir} + {at} + i);",
                  f"  int64_t cnt = 0, idx; const int mirror = turn && kiln_rec_mirror(stage, {nph});",
                  f"  while ((idx = claim ? kiln_rec_claim(team, nt, tid, {nd * n_p}, stage, mirror) "
                  ": lo + cnt < hi ? (mirror ? hi - 1 - cnt : lo + cnt) : -1) >= 0) {",
