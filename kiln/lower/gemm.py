@@ -547,4 +547,11 @@ def _flat_rows(M, ba, vb, batch) -> int:
             break
         flat += 1
     folded = batch[n - flat:]
+    # one folded dim and no symbolic one before it: with a fused epilogue, a fold of two dims
+    # ([1, 8, 32]: the 1 and the 8) or one under a symbolic batch ([batch, 56, 56]) left a
+    # `% R` in the accumulator's row index, whose region then spanned every row, computed again
+    # per tile (a ConvNeXt at 30 s an inference instead of 70 ms; 1x8x32x96 @ 96x384 + bias +
+    # Relu 19.8 ms instead of 0.19)
+    if flat > 1 or not all(static(d) for d in batch[:n - flat]):
+        return 0
     return flat if static(M) and math.prod(folded) > 1 else 0
