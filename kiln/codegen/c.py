@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.codegen.csource import SHARED_BEGIN, SHARED_END, c_source
+from kiln.codegen.csource import SHARED_BEGIN, SHARED_END, c_source, threads_impl_of
 from kiln.codegen.cvector import PERMUTE, _NotVector, _coefficient, _flat, permuted_lanes
 from kiln.codegen.narrow import CATALOG, helper_source
 from kiln.codegen.outline import outline
@@ -41,7 +41,6 @@ from kiln.loops import stmt as S
 from kiln.loops.expr import Expr, const, free_vars, substitute
 from kiln.loops.simplify import Ctx
 from kiln.loops.symbols import SERIAL_WORK
-from kiln.runtime import threads
 
 STACK_LIMIT = 16 * 1024  # bytes; larger "auto" allocations go to the heap
 # How a parallel loop's iterations go to the threads: taken in shrinking chunks (guided)
@@ -753,20 +752,6 @@ def with_interface_fields(source: str, prefix: str, **fields: str) -> str:
     if source.count(head) > 1:
         raise KilnError(f"{prefix}_{INTERFACE} is defined twice", stage="codegen")
     return source.replace(head, head + extra)
-
-
-def threads_impl_of(threads_impl: str | None) -> str:
-    """Who runs a module's parallel loops: `threads_impl` as the compile's Target says
-    ("omp" or kiln's "pool"), None for a kernel built by hand: the host Target's. The
-    Target is the one source (lowering forks hand-written kernels on it too, and its key
-    names it), so a module's code and its report agree."""
-    if threads_impl is None:
-        from kiln.targets.target import Target  # noqa: PLC0415
-        return Target.host().threads_impl
-    if threads_impl not in threads.IMPLS:
-        raise KilnError(f"threads_impl={threads_impl!r}: choose one of {', '.join(threads.IMPLS)}",
-                        stage="codegen")
-    return threads_impl
 
 
 def emit_c(module: S.LoopModule, threads_impl: str | None = None) -> str:

@@ -21,6 +21,7 @@ import functools
 from pathlib import Path
 
 from kiln.errors import KilnError
+from kiln.runtime.threads import IMPLS
 
 C_SRC = Path(__file__).with_name("c_src")
 
@@ -42,6 +43,20 @@ def c_parallel(threads_impl: str) -> str:
     is compiled apart from the module's, and declares the pool (kiln_pool_decl.h), which is
     a shared unit of every pool module (kiln.codegen.c.pool_block)."""
     return (c_source("kiln_pool_decl.h") if threads_impl == "pool" else "") + c_source("kiln_par.h")
+
+
+def threads_impl_of(threads_impl: str | None) -> str:
+    """Who runs a module's parallel loops: `threads_impl` as the compile's Target says
+    ("omp" or kiln's "pool"), None for a kernel built by hand: the host Target's. The
+    Target is the one source (lowering forks hand-written kernels on it too, and its key
+    names it), so a module's code and its report agree."""
+    if threads_impl is None:
+        from kiln.targets.target import Target  # noqa: PLC0415
+        return Target.host().threads_impl
+    if threads_impl not in IMPLS:
+        raise KilnError(f"threads_impl={threads_impl!r}: choose one of {', '.join(IMPLS)}",
+                        stage="codegen")
+    return threads_impl
 
 
 DEFINITION = "/* kiln: definition */\n"   # in a shared kernel's file: declarations above, definition below
