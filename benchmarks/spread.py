@@ -4,13 +4,16 @@ the calling thread's CPU time), so slow runs can be attributed: first of a round
 after the harness's 50 ms pause), one round (drift), page faults, preemption, or at random.
 
     python -m benchmarks.spread unet:batch=1,height=128,width=192 gru_stacked:seq=128,batch=1 \
-        --repeat 3 [--scale 2] [--no-openvino] [--json PATH]
+        --repeat 3 [--scale 2] [--no-openvino] [--ab KILN_POOL_SPIN_US=1000] [--json PATH]
 
 A row is model[:shape] (shape as `python -m benchmarks.corpus list` prints it; none: every
 shape). Each repeat is one measurement exactly as `python -m benchmarks.corpus run` takes it
 (plan_runs, then kiln.bench.time_interleaved); the verdict per repeat is whether kiln's p90/p10
 is no wider than the wider peer's, the corpus acceptance's test. `--scale` multiplies the
-planned runs (the same for every engine). Under load the figures
+planned runs (the same for every engine). `--ab VAR=VALUE` adds an engine: kiln's library loaded
+a second time (from a copy of the build cache), its thread pool started under that setting
+(KILN_POOL_SPIN_US, KILN_POOL_CALM_MS, ...), timed interleaved with the rest: an A/B that
+meets the same noise as the default. Under load the figures
 are noise: read the structure (which runs are slow), not the milliseconds.
 """
 
@@ -40,8 +43,11 @@ def rows_of(spec: str) -> list[tuple[dict, dict]]:
     return [(meta, c) for c in cases]
 
 
-def engines(meta: dict, case: dict, threads: int, openvino: bool) -> dict:
-    """{engine: fn()} for one row, as the corpus harness builds them (kiln checked against ORT)."""
+def engines(meta: dict, case: dict, threads: int, openvino: bool, ab: list | None = None) -> dict:
+    """{engine: fn()} for one row, as the corpus harness builds them (kiln checked against ORT).
+    `ab`, a list of {VAR: value}: also per item "kiln+VAR=value", the same model's library loaded
+    again (from a copy of the build cache) whose thread pool starts under those environment
+    settings: a paired A/B of run-time settings, all timed interleaved through the same minutes."""
     import kiln
     from benchmarks.corpus.build import corpus_dir, random_feeds
     from benchmarks.corpus.run import ATOL, INPUT_SEED, RTOL, openvino_available, openvino_runner
@@ -54,11 +60,41 @@ def engines(meta: dict, case: dict, threads: int, openvino: bool) -> dict:
     got, want = compiled.run(feeds), dict(zip(names, sess.run(None, feeds)))
     if not compare(got, want, RTOL, ATOL)["ok"]:
         raise SystemExit(f"{meta['name']}: kiln differs from ORT")
-    fns = {"kiln": lambda: compiled.run(feeds), "ort": lambda: sess.run(None, feeds)}
+    fns = {"kiln": lambda: compiled.run(feeds)}
+    for env in ab or []:
+        fns["kiln+" + ",".join(f"{k}={v}" for k, v in env.items())] = (
+            lambda m: lambda: m.run(feeds))(second_copy(path, feeds, env))
+    fns["ort"] = lambda: sess.run(None, feeds)
     if openvino and openvino_available():
         ov_run, _ = openvino_runner(path, feeds, threads)
         fns["openvino"] = lambda: ov_run(feeds)
     return fns
+
+
+def second_copy(path: str, feeds: dict, env: dict):
+    """The model compiled again from a copy of kiln's build cache (so its library is loaded
+    anew, with its own thread pool), run once with `env` set (the pool reads it as it starts)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import kiln
+    from kiln.codegen.cachedir import cache_dir
+    copy = tempfile.mkdtemp(prefix="kiln-ab-")
+    atexit.register(shutil.rmtree, copy, True)   # (a loaded library's file may go: it stays mapped)
+    shutil.copytree(cache_dir(), copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns("locks"))
+    saved = {k: os.environ.get(k) for k in [*env, "KILN_CACHE_DIR"]}
+    os.environ.update({**env, "KILN_CACHE_DIR": copy})
+    try:
+        model = kiln.compile(path)
+        model.run(feeds)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return model
 
 
 def measure(fns: dict, budget: float, lo: int, hi: int, scale: float = 1.0) -> tuple[dict, int, list]:
@@ -125,6 +161,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-runs", type=int, default=50)
     p.add_argument("--scale", type=float, default=1.0, help="multiply every engine's planned runs")
     p.add_argument("--no-openvino", dest="openvino", action="store_false")
+    p.add_argument("--ab", metavar="VAR=VALUE[,VAR=VALUE]", action="append", default=[],
+                   help="also time kiln's library loaded again, its pool started under these settings "
+                        "(repeatable: one more engine each)")
     p.add_argument("--json", metavar="PATH", help="write the raw runs and the analysis")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -136,15 +175,18 @@ def main(argv=None) -> int:
     out = []
     for spec in args.rows:
         for meta, case in rows_of(spec):
-            fns = engines(meta, case, args.threads, args.openvino)
+            ab = [dict(kv.split("=", 1) for kv in a.split(",")) for a in args.ab]
+            fns = engines(meta, case, args.threads, args.openvino, ab)
             label = f"{meta['name']} [{case_label(case)}]"
             for rep in range(args.repeat):
                 t = time.perf_counter()
                 runs, rounds, raw = measure(fns, args.budget, args.min_runs, args.max_runs, args.scale)
                 res = {e: analyse(raw, e) for e in fns}
-                peers = [res[e]["spread"] for e in fns if e != "kiln"]
+                peers = [res[e]["spread"] for e in fns if not e.startswith("kiln")]
                 verdict = res["kiln"]["spread"] <= max(peers)
+                kilns = {e: res[e]["spread"] <= max(peers) for e in fns if e.startswith("kiln")}
                 out.append({"row": label, "repeat": rep, "runs": runs, "rounds": rounds, "verdict": verdict,
+                            "verdicts": kilns,
                             "analysis": res, "raw": raw, "load": os.getloadavg()[0],
                             "seconds": time.perf_counter() - t})
                 print(f"{label} #{rep}: {rounds} rounds, {runs['kiln']} runs each, load {os.getloadavg()[0]:.1f}, kiln "
@@ -161,8 +203,8 @@ def main(argv=None) -> int:
     rows = sorted({o["row"] for o in out})
     print("verdicts (kiln's p90/p10 no wider than the wider peer's):")
     for r in rows:
-        v = [o["verdict"] for o in out if o["row"] == r]
-        print(f"  {r}: {sum(v)}/{len(v)}")
+        got = [o["verdicts"] for o in out if o["row"] == r]
+        print(f"  {r}: " + ", ".join(f"{e} {sum(g[e] for g in got)}/{len(got)}" for e in got[0]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "measurements": out}, f)

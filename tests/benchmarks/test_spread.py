@@ -5,6 +5,7 @@ agrees with the times returned, and the script runs a corpus row end to end."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -59,14 +60,17 @@ def test_spread_script_runs_a_row(tmp_path, monkeypatch, capsys):
             "cases": [{"batch": 2}, {"batch": 3}]}
     (tmp_path / "mm.json").write_text(json.dumps(meta))
     monkeypatch.setenv("KILN_CORPUS_DIR", str(tmp_path))
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))   # (--ab copies the build cache)
     monkeypatch.setattr("kiln.bench.SWITCH_PAUSE_S", 0.0)
     from benchmarks import spread
     out = tmp_path / "raw.json"
-    spread.main(["mm:batch=3", "--repeat", "2", "--budget", "0.001", "--no-openvino", "--json", str(out)])
+    spread.main(["mm:batch=3", "--repeat", "2", "--budget", "0.001", "--no-openvino", "--json", str(out),
+                 "--ab", "KILN_POOL_SPIN_US=1000"])
     text = capsys.readouterr().out
-    assert "mm [batch=3] #1" in text and "mm [batch=3]: " in text
+    assert "mm [batch=3] #1" in text and "mm [batch=3]: kiln " in text
     ms = json.loads(out.read_text())["measurements"]
-    assert len(ms) == 2 and {r["engine"] for r in ms[0]["raw"]} == {"kiln", "ort"}
+    assert len(ms) == 2 and {r["engine"] for r in ms[0]["raw"]} == {"kiln", "kiln+KILN_POOL_SPIN_US=1000", "ort"}
+    assert "KILN_POOL_SPIN_US" not in os.environ   # restored after the second copy started
     assert all(len([r for r in m["raw"] if r["engine"] == "kiln"]) >= 5 for m in ms)   # --min-runs
 
 
