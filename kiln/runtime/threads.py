@@ -45,7 +45,9 @@ kiln/codegen/c_src/kiln_par.h) gets the spinning figures without their costs:
 - the caller waits at a join by a pause loop of at most 100 us (10 us contended), then sleeps;
 - the few kernels that still fork OpenMP's team themselves (TopK, DFT, ...)
   park the pool around their call (kiln_pool_park: its workers sleep meanwhile), so two teams
-  never spin for the cores; KILN_POOL_STATS=1 prints the forks and contentions at unload.
+  never spin for the cores; KILN_POOL_STATS=1 prints at unload the forks, the contentions, the
+  workers' naps inside an inference (asleep after a serial stretch over the spin) and the loops
+  whose chunks the caller ran all.
 `python benchmarks/fork_cost.py` (an empty 2-chunk loop; us per fork and join, median / p90 /
 p99, with 0, 50 and 500 us of serial work between):
 

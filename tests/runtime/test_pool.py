@@ -67,6 +67,9 @@ int32_t pool_threads(int32_t threads) {
   return 0;
 }
 int32_t pool_workers(void) { return kiln_pool.nworkers; }
+/* KILN_POOL_STATS's counts: workers asleep inside an inference; loops forked */
+int64_t pool_naps(void) { return (int64_t)kiln_pool.naps; }
+int64_t pool_forks(void) { return (int64_t)kiln_pool.forks; }
 /* the CPU worker `me` of a pool of `team` threads is pinned to under the mask `cpus` (-1: none) */
 int32_t pool_cpu(const unsigned long* cpus, int32_t me, int32_t team) { return kiln_pool_cpu(cpus, me, team); }
 /* a second thread holding the pool: the caller's loops then run inline */
@@ -183,12 +186,15 @@ def test_parked_workers_sleep(lib):
     """Around a kernel that forks OpenMP's team the pool's workers sleep (not spin against
     that team for the cores); unparked, they are woken."""
     lib.pool_threads(3)
+    lib.pool_naps.restype = lib.pool_forks.restype = ctypes.c_int64
     parked, after = np.zeros(1, np.int32), np.zeros(1, np.int32)
+    naps = lib.pool_naps()
     for _ in range(20):   # (a busy machine may not run a worker within the wait)
         lib.pool_parked(20, parked.ctypes.data, after.ctypes.data)
         if parked[0] == 2:
             break
     assert parked[0] == 2
+    assert lib.pool_naps() >= naps + 2   # counted as naps inside an inference (KILN_POOL_STATS)
 
 
 @pytest.mark.parametrize("pool", [True, False])

@@ -78,6 +78,9 @@ typedef struct {
   /* counts (KILN_POOL_STATS=1 prints them at unload): loops forked, run alone while contended;
      contended after a descheduled spin, a late wake-up, a descheduled join */
   uint64_t forks, alone, by_spin, by_wake, by_join;
+  /* ... workers gone to sleep inside an inference (a serial stretch over spin_ns), loops that
+     woke them, loops whose chunks the caller ran all (no worker came in time) */
+  uint64_t naps, loop_wakes, solo;
   pthread_t threads[KILN_POOL_MAX];
 } kiln_pool_t;
 #pragma GCC visibility push(hidden)
@@ -136,8 +139,9 @@ static inline int kiln_pool_open(uint64_t w) { return (w & 0xFFFF) < ((w >> 16) 
 static inline int kiln_pool_calm(kiln_pool_t* p, int64_t t) { return t < __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED); }
 
 /* Claims and runs chunks of the job `w` was read from, until none is left. */
-__attribute__((weak)) void kiln_pool_run(kiln_pool_t* p, uint64_t w) {
+__attribute__((weak)) int64_t kiln_pool_run(kiln_pool_t* p, uint64_t w) {
   const uint64_t gen = w >> 32;
+  int64_t ran = 0;
   while ((w >> 32) == gen && kiln_pool_open(w)) {
     kiln_pool_fn fn = __atomic_load_n(&p->fn, __ATOMIC_RELAXED);
     void* ctx = __atomic_load_n(&p->ctx, __ATOMIC_RELAXED);
@@ -148,7 +152,9 @@ __attribute__((weak)) void kiln_pool_run(kiln_pool_t* p, uint64_t w) {
     __atomic_fetch_add(&p->done, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&p->joining, __ATOMIC_SEQ_CST)) kiln_pool_wake_one(&p->done);
     w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
+    ran += 1;
   }
+  return ran;
 }
 
 /* Worker i runs on the (i+1)-th CPU of the process's mask (the caller's thread is never pinned):
@@ -205,6 +211,7 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
     }
     /* sleep: parked, contended, or no work for spin_ns */
     uint32_t seen = __atomic_load_n(&p->wake, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&p->active, __ATOMIC_RELAXED)) __atomic_fetch_add(&p->naps, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&p->sleepers, 1, __ATOMIC_SEQ_CST);
     w = __atomic_load_n(&p->word, __ATOMIC_SEQ_CST);
     if (!kiln_pool_open(w) && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST))
@@ -227,9 +234,10 @@ __attribute__((weak)) void kiln_pool_stop(void) {
   if (!__atomic_compare_exchange_n(&p->state, &running, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
   const char* stats = getenv(KILN_POOL_STR(KILN_POOL_STATS));
   if (stats && atoi(stats) > 0)
-    fprintf(stderr, KILN_POOL_STR(kiln_pool: %llu loops forked; %llu run alone while contended; contended by spin %llu wake %llu join %llu),
+    fprintf(stderr, KILN_POOL_STR(kiln_pool: %llu loops forked; %llu run alone while contended; contended by spin %llu wake %llu join %llu; workers asleep inside an inference %llu and woken by a loop %llu; loops the caller ran all chunks of %llu),
             (unsigned long long)p->forks, (unsigned long long)p->alone, (unsigned long long)p->by_spin,
-            (unsigned long long)p->by_wake, (unsigned long long)p->by_join);
+            (unsigned long long)p->by_wake, (unsigned long long)p->by_join, (unsigned long long)p->naps,
+            (unsigned long long)p->loop_wakes, (unsigned long long)p->solo);
   if (stats && atoi(stats) > 0) fputc(10, stderr);
   __atomic_store_n(&p->stop, 1, __ATOMIC_SEQ_CST);
   kiln_pool_wake_all(p);
@@ -341,9 +349,9 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
   p->gen += 1;
   uint64_t w = ((uint64_t)p->gen << 32) | (m << 16);
   __atomic_store_n(&p->word, w, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0) kiln_pool_wake_all(p);
+  if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0) { kiln_pool_wake_all(p); p->loop_wakes += 1; }
   kiln_pool_inline = 1;
-  kiln_pool_run(p, w);
+  if (kiln_pool_run(p, w) == (int64_t)m) p->solo += 1;
   kiln_pool_inline = 0;
   int64_t t0 = 0, last = 0;
   for (uint32_t k = 1, d; (d = __atomic_load_n(&p->done, __ATOMIC_ACQUIRE)) < (uint32_t)m; ++k) {
