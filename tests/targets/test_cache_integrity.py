@@ -15,6 +15,7 @@ import pytest
 import kiln
 from kiln import KilnError
 from kiln.codegen.build import verified_sha256
+from kiln.compiler import run_stages
 from tests.runtime.models import elementwise_model, inputs, reference
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
@@ -162,8 +163,10 @@ def test_new_cache_directories_are_private(cache):
 
 def test_processes_filling_the_same_entry_stay_safe(cache):
     """Several processes compile the same new model into one cache at once: each gets the
-    right numbers, one of them runs the C compiler (the others wait for its file lock, then
-    load what it built), and the cache ends with one verified library per key and no temp files."""
+    right numbers, each unit is compiled and the library linked once, by whichever process met
+    it first (the others wait for its file lock, then load what it built: the module's units by
+    one process, kiln's pool, a per-machine object, maybe by another), and the cache ends with
+    one verified library per key and no temp files."""
     script = textwrap.dedent("""
         import sys, numpy as np, kiln
         from kiln.codegen.build import compiler_runs
@@ -182,7 +185,8 @@ def test_processes_filling_the_same_entry_stay_safe(cache):
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0 and out.split()[0] == "ok", err
         runs.append(int(out.split()[1]))
-    assert sorted(runs)[:-1] == [0] * (len(runs) - 1) and runs != [0] * len(runs), runs
+    units = run_stages(elementwise_model(5), "c").source.units
+    assert sum(runs) == len(units) + (len(units) > 1) and 0 in runs, runs   # (+ the link)
     libs = _libraries(cache)
     assert libs and all(verified_sha256(p) for p in libs)
     leftovers = [p.name for d in (cache / "c", cache / "modules") for p in d.iterdir() if p.name.startswith(".")]
