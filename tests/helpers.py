@@ -23,3 +23,27 @@ def forks(c_text: str) -> bool:
     from kiln.codegen.csource import c_source
     c_text = c_text.replace(c_source("kiln_par.h"), "")   # (its OpenMP branch: no fork of its own)
     return "omp parallel" in c_text or re.search(r"kiln_pool_for\(\w+_par\d+, ", c_text) is not None
+
+
+def examples(full: int, fast: int = 3):
+    """A property test's example counts: `fast` examples in the default suite (each one compiles
+    a native module, seconds on CI's 2 cores), all `full` under `-m slow`. The test takes
+    `examples` and runs its @given check with settings(max_examples=examples)."""
+    import pytest
+    return pytest.mark.parametrize("examples", [fast, pytest.param(full, marks=pytest.mark.slow)],
+                                   ids=["fast", "full"])
+
+
+def property_test(full: int, fast: int = 3, settings: dict | None = None, **strategies):
+    """A property check as a test of `examples` (above): `check` runs under
+    @given(**strategies) with `fast` examples in the default suite, all `full` under -m slow."""
+    from hypothesis import given, settings as hsettings
+
+    def wrap(check):
+        @examples(full, fast)
+        def test(examples):
+            hsettings(max_examples=examples, **(settings or {}))(given(**strategies)(check))()
+        test.__name__, test.__qualname__, test.__doc__ = check.__name__, check.__qualname__, check.__doc__
+        test.__module__ = check.__module__
+        return test
+    return wrap

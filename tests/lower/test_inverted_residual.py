@@ -18,6 +18,7 @@ from kiln.compiler import run_stages
 from kiln.lower.conv_algo import IR_MIN_L2_SHARE, IR_ROW_PASS_L2_SHARE, choose_inverted_residual
 from kiln.lower.inverted_residual import register_tiles
 from kiln.targets.target import Target
+from tests.helpers import examples
 
 FUSED = {"conv.inverted_residual": "fused"}
 ACTS = ["", "Relu", "Clip", "HardSwish", "SiLU"]
@@ -40,11 +41,16 @@ BLOCK = Target.host().vector_lanes(4)
 CHANNELS = st.one_of(st.integers(1, 4).map(lambda b: b * BLOCK), st.integers(3, 40))
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
-@given(c=CHANNELS, mult=st.integers(1, 6), o=CHANNELS, h=st.integers(1, 13),
-       w=st.integers(1, 13), k=st.sampled_from([3, 5]), s=st.sampled_from([1, 2]), n=st.integers(1, 3),
-       acts=st.tuples(*[st.sampled_from(ACTS)] * 3), residual=st.booleans(), seed=st.integers(0, 99))
-def test_fused_block_matches_onnxruntime(c, mult, o, h, w, k, s, n, acts, residual, seed):
+@examples(10)
+def test_fused_block_matches_onnxruntime(examples):
+    settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))(
+        given(c=CHANNELS, mult=st.integers(1, 6), o=CHANNELS, h=st.integers(1, 13),
+              w=st.integers(1, 13), k=st.sampled_from([3, 5]), s=st.sampled_from([1, 2]), n=st.integers(1, 3),
+              acts=st.tuples(*[st.sampled_from(ACTS)] * 3), residual=st.booleans(),
+              seed=st.integers(0, 99))(_fused_matches_onnxruntime))()
+
+
+def _fused_matches_onnxruntime(c, mult, o, h, w, k, s, n, acts, residual, seed):
     residual = residual and s == 1 and c == o
     model = block_model(c, c * mult, o, h, k, s, "", seed=seed, n=n, w=w, acts=acts, residual=residual)
     x = np.random.default_rng(seed).standard_normal((n, c, h, w)).astype(np.float32)

@@ -18,6 +18,7 @@ from kiln.ops.nn import Window, conv_core
 from kiln.ops.winograd import matrices, transform_weight, winograd_conv
 from kiln.passes.layout import worth_blocking
 from kiln.targets.target import Target
+from tests.helpers import examples
 
 F = TensorProto.FLOAT
 # The stated bound (kiln.ops.winograd): F(4x4, 3x3) in float32 against the direct convolution
@@ -105,11 +106,15 @@ BLOCK = Target.host().vector_lanes(4)
 CHANNELS = st.sampled_from([6, 7, 8, 12, 13, 16, 20, 23, 24, 30, 32, 40])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(n=st.integers(1, 2), c=CHANNELS, oc=CHANNELS, h=st.integers(1, 13),
-       w=st.integers(1, 13), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
-       bias=st.booleans(), relu=st.booleans())
-def test_native_winograd_matches_direct_on_random_shapes(n, c, oc, h, w, pads, bias, relu):
+@examples(12)
+def test_native_winograd_matches_direct_on_random_shapes(examples):
+    settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])(
+        given(n=st.integers(1, 2), c=CHANNELS, oc=CHANNELS, h=st.integers(1, 13),
+              w=st.integers(1, 13), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+              bias=st.booleans(), relu=st.booleans())(_native_matches_direct))()
+
+
+def _native_matches_direct(n, c, oc, h, w, pads, bias, relu):
     # channels the layout pass blocks (whole blocks or a few padding ones: 7, 13, 30, ...),
     # odd sizes, asymmetric pads, batch > 1
     assume(h + pads[0] + pads[2] >= 3 and w + pads[1] + pads[3] >= 3)
@@ -211,12 +216,16 @@ def test_report_lists_each_conv_with_its_algorithm():
     assert "conv 'conv3' [3x3 64->64 out 1x24x24]: winograd" in str(r)
 
 
-@settings(max_examples=6, deadline=None)
-@given(n=st.integers(1, 2), h=st.integers(4, 17), tr=st.integers(1, 12), ov=st.sampled_from([1, 2, 4]),
-       blocks=st.integers(1, 6), osplit=st.integers(1, 2))
-def test_plan_decisions_replay_against_the_reference(n, h, tr, ov, blocks, osplit):
+@examples(6, fast=2)
+def test_plan_decisions_replay_against_the_reference(examples):
     """The tuner's knobs (winograd.tr / .ov / .chunk_blocks / .osplit: kiln.lower.winograd.decided)
     give the direct convolution's result whatever their values."""
+    settings(max_examples=examples, deadline=None)(
+        given(n=st.integers(1, 2), h=st.integers(4, 17), tr=st.integers(1, 12), ov=st.sampled_from([1, 2, 4]),
+              blocks=st.integers(1, 6), osplit=st.integers(1, 2))(_plan_replays))()
+
+
+def _plan_replays(n, h, tr, ov, blocks, osplit):
     model, wt, bv = conv_model(n, 64, 64, h, h + 3, [1, 1, 1, 1], True, relu=True, seed=h)
     x = np.random.default_rng(h).standard_normal((n, 64, h, h + 3)).astype(np.float32)
     ocb = -(-64 // BLOCK)

@@ -17,6 +17,7 @@ from kiln.ops.nn import Window, conv_core
 from kiln.ops.winograd1d import transform_weight_1d, winograd_conv1d
 from kiln.passes.layout import worth_blocking
 from kiln.targets.target import Target
+from tests.helpers import examples
 
 F = TensorProto.FLOAT
 # The stated bound: F(m, 3) in float32 against the direct convolution in float64, max |error| /
@@ -101,10 +102,15 @@ def ops_of(model, **kw):
 CHANNELS = st.sampled_from([6, 7, 8, 12, 13, 16, 20, 23, 24, 30, 32, 40])
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(n=st.integers(1, 3), c=CHANNELS, oc=CHANNELS, length=st.integers(1, 70), d=st.integers(1, 6),
-       pads=st.tuples(st.integers(0, 7), st.integers(0, 7)), bias=st.booleans(), relu=st.booleans())
-def test_native_winograd1d_matches_direct_on_random_shapes(n, c, oc, length, d, pads, bias, relu):
+@examples(15)
+def test_native_winograd1d_matches_direct_on_random_shapes(examples):
+    settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])(
+        given(n=st.integers(1, 3), c=CHANNELS, oc=CHANNELS, length=st.integers(1, 70), d=st.integers(1, 6),
+              pads=st.tuples(st.integers(0, 7), st.integers(0, 7)), bias=st.booleans(),
+              relu=st.booleans())(_native_matches_direct))()
+
+
+def _native_matches_direct(n, c, oc, length, d, pads, bias, relu):
     assume(length + pads[0] + pads[1] - 2 * d >= 1)
     assume(worth_blocking(c, BLOCK) and worth_blocking(oc, BLOCK))
     model, wt, bv = conv1d_model(n, c, oc, length, pads, d, bias, relu)
@@ -120,11 +126,15 @@ def test_native_winograd1d_matches_direct_on_random_shapes(n, c, oc, length, d, 
     np.testing.assert_allclose(got, interp, rtol=1e-3, atol=1e-3 * np.max(np.abs(want)))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(n=st.integers(1, 2), c=CHANNELS, oc=CHANNELS, length=st.integers(4, 90), s=st.integers(2, 5),
-       r=st.integers(2, 3), short=st.integers(0, 1), pads=st.tuples(st.integers(0, 5), st.integers(0, 5)),
-       bias=st.booleans(), relu=st.booleans())
-def test_native_strided_winograd1d_matches_direct(n, c, oc, length, s, r, short, pads, bias, relu):
+@examples(12)
+def test_native_strided_winograd1d_matches_direct(examples):
+    settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])(
+        given(n=st.integers(1, 2), c=CHANNELS, oc=CHANNELS, length=st.integers(4, 90), s=st.integers(2, 5),
+              r=st.integers(2, 3), short=st.integers(0, 1), pads=st.tuples(st.integers(0, 5), st.integers(0, 5)),
+              bias=st.booleans(), relu=st.booleans())(_strided_matches_direct))()
+
+
+def _strided_matches_direct(n, c, oc, length, s, r, short, pads, bias, relu):
     k = s * r - short * (s - 1)                   # r taps per phase, the last phase's taps full or 1
     assume((length + pads[0] + pads[1] - k) // s + 1 >= 1 and length + pads[0] + pads[1] >= k)
     assume(worth_blocking(c, BLOCK) and worth_blocking(oc, BLOCK))
@@ -153,10 +163,15 @@ def test_error_within_the_stated_bound_at_audio_widths(d):
     np.testing.assert_allclose(got, plain, rtol=1e-3, atol=1e-3 * np.max(np.abs(plain)))
 
 
-@pytest.mark.parametrize("m", [2, 4, 6])
-@pytest.mark.parametrize("n, c, oc, length, d, pads, k, s", [
+KERNEL_SHAPES = [
     (1, 16, 32, 37, 1, (1, 1), 3, 1), (2, 32, 16, 41, 3, (2, 5), 3, 1), (3, 16, 16, 9, 2, (0, 0), 3, 1),
-    (1, 16, 32, 83, 1, (0, 0), 8, 4), (2, 32, 16, 40, 1, (1, 2), 4, 2), (1, 16, 16, 29, 1, (2, 0), 7, 3)])
+    (1, 16, 32, 83, 1, (0, 0), 8, 4), (2, 32, 16, 40, 1, (1, 2), 4, 2), (1, 16, 16, 29, 1, (2, 0), 7, 3)]
+
+
+# every shape at one m and every m at two shapes in the default suite (a module each); all pairs slow
+@pytest.mark.parametrize("m, n, c, oc, length, d, pads, k, s", [
+    pytest.param(m, *shape, marks=[] if m == (2, 4, 6)[i % 3] else [pytest.mark.slow])
+    for m in (2, 4, 6) for i, shape in enumerate(KERNEL_SHAPES)])
 def test_native_kernel_for_each_m(m, n, c, oc, length, d, pads, k, s):
     """The op itself (no chooser): odd lengths, short last phases, a short last chunk, strides."""
     from kiln.graph import parse_graph

@@ -15,6 +15,7 @@ from kiln.interpreter import Interpreter
 from kiln.ops.layout import block_groups, pack_grouped_weight
 from kiln.passes.layout import transform, worth_blocking
 from tests.passes.util import graph, prog, random_inputs
+from tests.helpers import examples
 
 F = np.float32
 
@@ -84,12 +85,16 @@ BLOCKS = [8, 16]
 GROUPINGS = st.sampled_from([(4, 2), (4, 4), (4, 6), (2, 8), (8, 2), (8, 3), (16, 2), (32, 2), (16, 4)])
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(n=st.integers(1, 2), grouping=GROUPINGS, mult=st.sampled_from([1, 2]), h=st.integers(1, 12),
-       w=st.integers(1, 12), k=st.sampled_from([1, 3, 5]), s=st.integers(1, 2), d=st.integers(1, 2),
-       pads=st.lists(st.integers(0, 2), min_size=4, max_size=4), relu=st.booleans(), bias=st.booleans(),
-       block=st.sampled_from(BLOCKS))
-def test_grouped_blocked_conv_matches_reference(n, grouping, mult, h, w, k, s, d, pads, relu, bias, block):
+@examples(20, fast=5)
+def test_grouped_blocked_conv_matches_reference(examples):
+    settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])(
+        given(n=st.integers(1, 2), grouping=GROUPINGS, mult=st.sampled_from([1, 2]), h=st.integers(1, 12),
+              w=st.integers(1, 12), k=st.sampled_from([1, 3, 5]), s=st.integers(1, 2), d=st.integers(1, 2),
+              pads=st.lists(st.integers(0, 2), min_size=4, max_size=4), relu=st.booleans(), bias=st.booleans(),
+              block=st.sampled_from(BLOCKS))(_grouped_matches_reference))()
+
+
+def _grouped_matches_reference(n, grouping, mult, h, w, k, s, d, pads, relu, bias, block):
     cpg, group = grouping
     c, oc = cpg * group, cpg * group * mult
     assume(h + pads[0] + pads[2] >= (k - 1) * d + 1 and w + pads[1] + pads[3] >= (k - 1) * d + 1)

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.frontends.onnx import load_onnx
 from kiln.passes import run_passes
+from tests.helpers import examples
 
 F = np.float32
 
@@ -47,11 +48,16 @@ def _x(n, c, h, w, seed=1):
     return x
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck),
-          phases=[Phase.explicit, Phase.reuse, Phase.generate])
-@given(c=st.integers(1, 20), m=st.integers(1, 19), k=st.integers(2, 3), n=st.integers(1, 3),
-       h=st.integers(1, 9), w=st.integers(1, 9), bias=st.booleans(), bn=st.booleans(), sym=st.booleans())
-def test_matches_reference(c, m, k, n, h, w, bias, bn, sym):
+@examples(8)
+def test_matches_reference(examples):
+    settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck),
+             phases=[Phase.explicit, Phase.reuse, Phase.generate])(
+        given(c=st.integers(1, 20), m=st.integers(1, 19), k=st.integers(2, 3), n=st.integers(1, 3),
+              h=st.integers(1, 9), w=st.integers(1, 9), bias=st.booleans(), bn=st.booleans(),
+              sym=st.booleans())(_matches_reference))()
+
+
+def _matches_reference(c, m, k, n, h, w, bias, bn, sym):
     model = _model(c, m, k, bias=bias, bn=bn, sym=sym)
     ops = _ops(model)
     assert "ConvTranspose" not in ops and "BatchNormalization" not in ops and "DepthToSpace" in ops

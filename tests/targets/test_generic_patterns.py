@@ -111,7 +111,9 @@ def test_resize_to_the_run_time_size_of_another_tensor(compiler_runs):  # noqa: 
                 rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind,direction", [("LSTM", "bidirectional"), ("GRU", "forward"), ("LSTM", "reverse")])
+# LSTM reverse alone is slow only: the bidirectional case runs a reverse direction too
+@pytest.mark.parametrize("kind,direction", [("LSTM", "bidirectional"), ("GRU", "forward"),
+                                            pytest.param("LSTM", "reverse", marks=pytest.mark.slow)])
 def test_recurrent_over_a_symbolic_sequence_and_batch(kind, direction, compiler_runs):  # noqa: F811
     """[seq, batch, 12] through a 20-unit layer (constant weights: kiln::Recurrent), then a
     second layer on its output: sequence and batch 1, primes, large, from one module."""
