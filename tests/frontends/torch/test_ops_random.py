@@ -15,13 +15,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, strategies as st  # noqa: E402
 from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes  # noqa: E402
 
 import kiln  # noqa: E402
 from tests.frontends.torch.opcheck import Fn, assert_same, rnd  # noqa: E402
+from tests.helpers import property_test  # noqa: E402
 
-SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+# 12 examples each under -m slow, 4 in the default suite (each one a torch.export: seconds on CI)
+SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck))
 FLOATS = (torch.float32, torch.float64)
 NUMBERS = FLOATS + (torch.int32, torch.int64)
 
@@ -45,8 +47,7 @@ UNARY = {
 }
 
 
-@SETTINGS
-@given(op=st.sampled_from(sorted(UNARY)), shape=shapes, dtype=st.sampled_from(FLOATS), seed=seeds)
+@property_test(12, 4, SETTINGS, op=st.sampled_from(sorted(UNARY)), shape=shapes, dtype=st.sampled_from(FLOATS), seed=seeds)
 def test_unary(op, shape, dtype, seed):
     torch.manual_seed(seed)
     check(UNARY[op], rnd(*shape, dtype=dtype))
@@ -59,8 +60,7 @@ BINARY = {
 }
 
 
-@SETTINGS
-@given(op=st.sampled_from(sorted(BINARY)), shapes=mutually_broadcastable_shapes(num_shapes=2, max_dims=4, max_side=6),
+@property_test(12, 4, SETTINGS, op=st.sampled_from(sorted(BINARY)), shapes=mutually_broadcastable_shapes(num_shapes=2, max_dims=4, max_side=6),
        dtypes=st.tuples(st.sampled_from(NUMBERS), st.sampled_from(NUMBERS)), seed=seeds)
 def test_binary_broadcast_and_promotion(op, shapes, dtypes, seed):
     torch.manual_seed(seed)
@@ -68,8 +68,7 @@ def test_binary_broadcast_and_promotion(op, shapes, dtypes, seed):
     check(BINARY[op], a, b)
 
 
-@SETTINGS
-@given(shapes=mutually_broadcastable_shapes(num_shapes=2, max_dims=4, max_side=6),
+@property_test(12, 4, SETTINGS, shapes=mutually_broadcastable_shapes(num_shapes=2, max_dims=4, max_side=6),
        dtypes=st.tuples(st.sampled_from(FLOATS), st.sampled_from(FLOATS)), seed=seeds)
 def test_true_division(shapes, dtypes, seed):
     torch.manual_seed(seed)
@@ -87,8 +86,7 @@ REDUCE = {
 }
 
 
-@SETTINGS
-@given(op=st.sampled_from(sorted(REDUCE)), shape=nonscalar, keep=st.booleans(), data=st.data(), seed=seeds)
+@property_test(12, 4, SETTINGS, op=st.sampled_from(sorted(REDUCE)), shape=nonscalar, keep=st.booleans(), data=st.data(), seed=seeds)
 def test_reduction_over_random_dims(op, shape, keep, data, seed):
     dims = data.draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1, max_size=len(shape),
                               unique_by=lambda d: d % len(shape)))
@@ -96,16 +94,14 @@ def test_reduction_over_random_dims(op, shape, keep, data, seed):
     check(lambda x: REDUCE[op](x, tuple(dims), keep), rnd(*shape))
 
 
-@SETTINGS
-@given(shape=nonscalar, data=st.data(), log=st.booleans(), seed=seeds)
+@property_test(12, 4, SETTINGS, shape=nonscalar, data=st.data(), log=st.booleans(), seed=seeds)
 def test_softmax_random_axis(shape, data, log, seed):
     dim = data.draw(st.integers(-len(shape), len(shape) - 1))
     torch.manual_seed(seed)
     check(lambda x: (F.log_softmax if log else torch.softmax)(x, dim), rnd(*shape, lo=-6, hi=6))
 
 
-@SETTINGS
-@given(batch=mutually_broadcastable_shapes(num_shapes=2, max_dims=2, max_side=3), m=st.integers(1, 9),
+@property_test(12, 4, SETTINGS, batch=mutually_broadcastable_shapes(num_shapes=2, max_dims=2, max_side=3), m=st.integers(1, 9),
        k=st.integers(1, 9), n=st.integers(1, 9), seed=seeds)
 def test_matmul_batch_broadcast(batch, m, k, n, seed):
     torch.manual_seed(seed)
@@ -128,8 +124,7 @@ def conv2d_cases(draw):
                 dil=dil, groups=groups, bias=draw(st.booleans()))
 
 
-@SETTINGS
-@given(c=conv2d_cases(), seed=seeds)
+@property_test(12, 4, SETTINGS, c=conv2d_cases(), seed=seeds)
 def test_conv2d_random_attributes(c, seed):
     torch.manual_seed(seed)
     x = rnd(c["n"], c["cin"], *c["hw"])
@@ -138,8 +133,7 @@ def test_conv2d_random_attributes(c, seed):
     check(lambda x, w: F.conv2d(x, w, b, c["stride"], c["pad"], c["dil"], c["groups"]), x, w, rtol=1e-4, atol=1e-4)
 
 
-@SETTINGS
-@given(kind=st.sampled_from(["max", "avg", "avg_excl"]), k=st.integers(1, 3), s=st.integers(1, 3),
+@property_test(12, 4, SETTINGS, kind=st.sampled_from(["max", "avg", "avg_excl"]), k=st.integers(1, 3), s=st.integers(1, 3),
        ceil=st.booleans(), hw=st.tuples(st.integers(3, 9), st.integers(3, 9)), data=st.data(), seed=seeds)
 def test_pool2d_random_attributes(kind, k, s, ceil, hw, data, seed):
     p = data.draw(st.integers(0, k // 2))
@@ -151,8 +145,7 @@ def test_pool2d_random_attributes(kind, k, s, ceil, hw, data, seed):
     check(fn, rnd(1, 2, *hw))
 
 
-@SETTINGS
-@given(shape=nonscalar, data=st.data(), seed=seeds)
+@property_test(12, 4, SETTINGS, shape=nonscalar, data=st.data(), seed=seeds)
 def test_permute_slice_flip(shape, data, seed):
     perm = data.draw(st.permutations(range(len(shape))))
     axis = data.draw(st.integers(0, len(shape) - 1))
@@ -167,8 +160,7 @@ def test_permute_slice_flip(shape, data, seed):
     check(fn, rnd(*shape))
 
 
-@SETTINGS
-@given(shape=nonscalar, n=st.integers(2, 3), data=st.data(), dtype=st.sampled_from(NUMBERS), seed=seeds)
+@property_test(12, 4, SETTINGS, shape=nonscalar, n=st.integers(2, 3), data=st.data(), dtype=st.sampled_from(NUMBERS), seed=seeds)
 def test_cat_random_axis(shape, n, data, dtype, seed):
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     sizes = data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
@@ -181,8 +173,7 @@ def test_cat_random_axis(shape, n, data, dtype, seed):
     check(lambda *xs: torch.cat(xs, axis), *xs)
 
 
-@SETTINGS
-@given(shape=nonscalar, data=st.data(), affine=st.booleans(), seed=seeds)
+@property_test(12, 4, SETTINGS, shape=nonscalar, data=st.data(), affine=st.booleans(), seed=seeds)
 def test_layer_norm_random_normalized_shape(shape, data, affine, seed):
     r = data.draw(st.integers(1, len(shape)))
     norm = tuple(shape[-r:])
