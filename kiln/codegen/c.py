@@ -33,6 +33,7 @@ import numpy as np
 
 from kiln.codegen.csource import SHARED_BEGIN, SHARED_END, c_source, threads_impl_of
 from kiln.codegen.cvector import PERMUTE, _NotVector, _coefficient, _flat, permuted_lanes
+from kiln.codegen.compile_cost import compile_cost  # noqa: F401 (kiln.codegen.c.compile_cost)
 from kiln.codegen.narrow import CATALOG, helper_source
 from kiln.codegen.outline import outline
 from kiln.dtypes import DType
@@ -781,31 +782,3 @@ def emit_c_units(module: S.LoopModule, n: int, threads_impl: str | None = None) 
         units[k].append(b)
         sizes[k] += cost
     return ["\n".join([header, *u]) for u in units] + shared
-
-
-_UNROLL = re.compile(r"#pragma GCC unroll (\d+)")
-
-
-def compile_cost(body: str) -> float:
-    """A guess at how long the C compiler takes over a function: its memory references
-    once the `#pragma GCC unroll` loops are unrolled, to the power 1.5 (GCC's alias
-    queries grow faster than linearly in the references of one block). Text length was a
-    poor guess: MobileNetV2's 2 KB depthwise kernels unroll 126 ways and took 0.8-1.8 s
-    each at -O3, its 2 KB pointwise ones 0.1 s, so two units split by length compiled in
-    3.6 and 6.8 s."""
-    stack: list[int] = []
-    pending, refs = 1, 0
-    for line in body.split("\n"):
-        m = _UNROLL.search(line)
-        if m:
-            pending = int(m.group(1))
-            continue
-        refs += line.count("[") * math.prod(stack)
-        for _ in range(line.count("}")):
-            if stack:
-                stack.pop()
-        for _ in range(line.count("{")):
-            stack.append(pending)
-            pending = 1
-    return (1 + refs) ** 1.5 + len(body) / 100
-
