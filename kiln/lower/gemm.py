@@ -430,14 +430,10 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     flat = 0 if swap or dot or squeeze else _flat_rows(M, ba, vb, batch)
     lead, folded = batch[:len(batch) - flat], batch[len(batch) - flat:]
     if flat:   # R counts the rows of the folded items; acc keeps only the leading batch dims
-        s_row, R = s_at, M * math.prod(folded)
+        s_row, R = s_at, M * folded[0]
 
         def s_at(bi, r, k):
-            q, item = r // M, []
-            for d in reversed(folded[1:]):
-                q, rem = q // d, q % d
-                item.insert(0, rem)
-            return s_row((*bi, q, *item), r % M, k)
+            return s_row((*bi, r // M), r % M, k)
     aliasing = s_contiguous and weight_aliasing(K, a.dtype)
     if prepacked is not None:
         dot, nr = 0, prepacked.shape[-1]
@@ -512,10 +508,7 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
         *bi, i, j = ix = _unsqueeze(ix, squeeze)
         r, c = (j, i) if swap else (i, j)
         if flat:
-            item = 0
-            for v, d in zip(bi[len(lead):], folded):
-                item = item * d + v
-            bi, r = bi[:len(lead)], item * M + r
+            bi, r = bi[:len(lead)], bi[len(lead)] * M + r
         return cast(out_dtype, epi(acc[(*bi, c // nr, r, c % nr)], ix))
 
     out = compute(shape, out_body, name)
@@ -528,30 +521,27 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
 
 
 def _flat_rows(M, ba, vb, batch) -> int:
-    """How many trailing batch dims to fold into the rows: a batch of S matrices against one
-    shared V runs as a single matrix of all their rows. A transformer's Linear at batch 8 x
+    """1 where the last batch dim folds into the rows (0: none): a batch of S matrices against
+    one shared V runs as a single matrix of all their rows. A transformer's Linear at batch 8 x
     seq 32 is 8 products of 32 rows by one weight: tiled per item, 32 rows take six 6-row
     blocks (36 rows of FMAs, 12% wasted) and each V panel is swept 8 times in short runs; as
     one 256-row matrix, 43 blocks (258 rows). 1 thread, AVX-512 Zen 4, 32x768x3072 x 8:
-    48.2 GMAC/s per item, 54.9 as 256x768x3072. A dim folds where V is 1 (shared) and S is
-    not broadcast (each item its own rows), counted from the last batch dim inward (the
-    merged Q/K/V GEMM's [3, batch, M, N] folds the batch, not its weight's planes); static
-    sizes only (the row -> item division is by constants)."""
+    48.2 GMAC/s per item, 54.9 as 256x768x3072. A dim folds where V is 1 (shared), S is not
+    broadcast (each item its own rows) and its size is static (the row -> item division is by
+    constants); the merged Q/K/V GEMM's [3, batch, M, N] folds the batch, not its weight's
+    planes.
+
+    One dim only, and none under a symbolic dim or beside a second foldable one: with a fused
+    epilogue, a fold of two dims ([1, 8, 32]: the 1 and the 8) or one under a symbolic batch
+    ([batch, 56, 56]) left a `% R` in the accumulator's row index, whose region then spanned
+    every row, computed again per tile (a ConvNeXt at 30 s an inference instead of 70 ms;
+    1x8x32x96 @ 96x384 + bias + Relu 19.8 ms instead of 0.19)."""
     n = len(batch)
     vb_full = [1] * (n - len(vb)) + list(vb)
     ba_full = [1] * (n - len(ba)) + list(ba)
-    flat = 0
-    while flat < n:
-        d = n - 1 - flat
-        if not (isinstance(vb_full[d], int) and vb_full[d] == 1 and ba_full[d] == batch[d] and static(batch[d])):
-            break
-        flat += 1
-    folded = batch[n - flat:]
-    # one folded dim and no symbolic one before it: with a fused epilogue, a fold of two dims
-    # ([1, 8, 32]: the 1 and the 8) or one under a symbolic batch ([batch, 56, 56]) left a
-    # `% R` in the accumulator's row index, whose region then spanned every row, computed again
-    # per tile (a ConvNeXt at 30 s an inference instead of 70 ms; 1x8x32x96 @ 96x384 + bias +
-    # Relu 19.8 ms instead of 0.19)
-    if flat > 1 or not all(static(d) for d in batch[:n - flat]):
+
+    def foldable(d: int) -> bool:
+        return isinstance(vb_full[d], int) and vb_full[d] == 1 and ba_full[d] == batch[d] and static(batch[d])
+    if n == 0 or not foldable(n - 1) or (n > 1 and foldable(n - 2)):
         return 0
-    return flat if static(M) and math.prod(folded) > 1 else 0
+    return int(all(static(d) for d in batch[:-1]) and static(M) and batch[-1] > 1)
