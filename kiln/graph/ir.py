@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from kiln.graph.deferred import Deferred
 from kiln.graph.types import TensorType, Type
 
 _ids = itertools.count()
@@ -24,15 +25,43 @@ _ids = itertools.count()
 class Value:
     name: str
     type: Type
+    # the data of a constant (else None); a kiln.graph.deferred.Deferred given here is made
+    # when `const` is first read (`deferred`: it, while it is not made)
     const: np.ndarray | None = None
     id: int = field(default_factory=lambda: next(_ids), repr=False)
 
     @property
     def is_const(self) -> bool:
-        return self.const is not None
+        return self._data is not None
+
+    @property
+    def deferred(self) -> Deferred | None:
+        """The constant's Deferred data while the array is not made (else None)."""
+        d = self._data
+        return d if isinstance(d, Deferred) and d.made is None else None
+
+    @property
+    def data(self) -> np.ndarray | Deferred | None:
+        """The constant's data as given: an array, or a Deferred left as it is (a copy of the
+        Value keeps it deferred)."""
+        return self._data
 
     def __repr__(self) -> str:
         return f"%{self.name}: {self.type}"
+
+
+def _get_const(v: Value) -> np.ndarray | None:
+    d = v._data
+    return d.value() if isinstance(d, Deferred) else d
+
+
+def _set_const(v: Value, data) -> None:
+    v._data = data
+
+
+# `const` is a dataclass field (Value(name, type, const) as before) read through a property:
+# a Deferred is made on the first read
+Value.const = property(_get_const, _set_const, doc="The constant's data (a Deferred made here), or None.")
 
 
 @dataclass(eq=False)
@@ -135,7 +164,7 @@ def _clone(g: Graph, vmap: dict[int, Value]) -> Graph:
         if v is None:
             return None
         if v.id not in vmap:
-            vmap[v.id] = Value(v.name, v.type, v.const)
+            vmap[v.id] = Value(v.name, v.type, v.data)
         return vmap[v.id]
 
     def attr(a):
@@ -151,8 +180,8 @@ def _clone(g: Graph, vmap: dict[int, Value]) -> Graph:
     return Graph(g.name, inputs, [val(v) for v in g.outputs], nodes, dict(g.opsets))
 
 
-def const_value(name: str, data: np.ndarray) -> Value:
-    """A constant Value whose type is read off its data."""
+def const_value(name: str, data: np.ndarray | Deferred) -> Value:
+    """A constant Value whose type is read off its data (a Deferred stays deferred)."""
     from kiln.dtypes import DType
-    data = np.asarray(data)
+    data = data if isinstance(data, Deferred) else np.asarray(data)
     return Value(name, TensorType(DType.from_numpy(data.dtype), tuple(data.shape)), data)

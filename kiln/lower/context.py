@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from kiln.dtypes import DType
+from kiln.graph.deferred import Deferred
 from kiln.graph.ir import Node
 from kiln.graph.types import Type
 from kiln.loops import check
@@ -102,8 +103,10 @@ class LowerCtx(NodeCtx):
                             preamble, tuple(libs), tuple(sorted((errors or {}).items())))
 
     def value(self, i: int) -> np.ndarray | None:
-        """The input's data when known at compile time (weights, shape tensors), else None."""
-        return self.values[i] if self.has_input(i) else None
+        """The input's data when known at compile time (weights, shape tensors), else None
+        (data still deferred is made here: kiln.graph.deferred)."""
+        v = self.values[i] if self.has_input(i) else None
+        return v.value() if isinstance(v, Deferred) else v
 
     def check(self, value, ok, reported, message: str):
         """kiln.loops.check (a run-time check: where `ok` is false the run fails with

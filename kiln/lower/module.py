@@ -26,6 +26,7 @@ import numpy as np
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
+from kiln.graph.deferred import byte_parts, settle_in
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
 from kiln.loops import Buffer, Call, LoopModule, PrimFunc, compute, lower, placeholder, seq
@@ -223,7 +224,7 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
     # string constants are written by a kernel of their own (pointers to literals in the
     # library), first thing in every run: the weights blob holds bytes, not pointers
     str_consts = {a.id: a for st in steps for a in st.args
-                  if isinstance(a, Value) and a.const is not None and a.type.dtype is DType.string}
+                  if isinstance(a, Value) and a.is_const and a.type.dtype is DType.string}
     for k, v in enumerate(str_consts.values()):
         name = f"const_str{k}"
         funcs.append(constant_kernel(name, v.const))
@@ -257,20 +258,24 @@ def plan_memory(graph: Graph, lowered: LoweredGroups, place=None) -> MemoryPlan:
 
 def weights_blob(lowered: LoweredGroups, place=None) -> tuple[np.ndarray, dict[int, int]]:
     """Every constant the steps read, in one uint8 blob: (blob, value id -> byte offset).
-    `place(nbytes, pieces)` makes the blob of `nbytes` from `pieces`, [(offset, uint8 array)]
-    in offset order, zeros between and after them: `in_memory` by default; the module cache's
-    kiln.targets.cache.WeightsFile writes them into its file while the C compiler runs."""
+    `place(nbytes, pieces)` makes the blob of `nbytes` from `pieces`, [(offset, uint8 array
+    or kiln.graph.deferred.Deferred)] in offset order, zeros between and after them:
+    `in_memory` by default; the module cache's kiln.targets.cache.WeightsFile writes them into
+    its file while the C compiler runs. A constant whose data is still deferred (Winograd's
+    transformed weights) is made there, part by part, never whole in memory."""
     steps, str_consts = lowered.steps, lowered.str_consts
     offsets, pieces, size = {}, [], 0
     for st in steps:
         for a in st.args:
-            if isinstance(a, Value) and a.const is not None and a.id not in offsets and a.id not in str_consts:
+            if isinstance(a, Value) and a.is_const and a.id not in offsets and a.id not in str_consts:
                 if a.type.dtype.c_storage is None:  # bfloat16, float8, int4.. are bytes as numpy's
                     raise KilnError(f"constant %{a.name} has dtype {a.type.dtype}, which the C backend "
                                     "cannot handle", stage="lower")
                 offsets[a.id] = size
-                pieces.append((size, np.ascontiguousarray(a.const).reshape(-1).view(np.uint8)))
-                size = _align(size + a.const.nbytes)
+                data = a.deferred
+                data = np.ascontiguousarray(a.const).reshape(-1).view(np.uint8) if data is None else data
+                pieces.append((size, data))
+                size = _align(size + data.nbytes)
     return (place or in_memory)(max(size, ALIGN), pieces), offsets
 
 
@@ -279,7 +284,9 @@ def in_memory(nbytes: int, pieces: list) -> np.ndarray:
     bytearray copied a model's weights four times: 0.5 s of a 90 MB encoder's compile)."""
     blob = np.zeros(nbytes, np.uint8)
     for offset, b in pieces:
-        blob[offset:offset + b.size] = b
+        for at, part in byte_parts(b):
+            blob[offset + at:offset + at + part.size] = part
+        settle_in(b, blob, offset)
     return blob
 
 
@@ -298,7 +305,7 @@ def lifetimes(graph: Graph, lowered: LoweredGroups, value_bytes, buffer_bytes) -
     for k, st in enumerate(steps):
         for a in st.args:
             if isinstance(a, Value):
-                if a.id not in str_consts and (a.const is not None or a.id in in_ids or a.id in out_ids):
+                if a.id not in str_consts and (a.is_const or a.id in in_ids or a.id in out_ids):
                     continue
                 key, nbytes = a.id, value_bytes(a.type)
             elif a in outs:
@@ -336,7 +343,7 @@ def emit_module(graph: Graph, lowered: LoweredGroups, memory: MemoryPlan,
                 return in_params[a.id]
             if a.id in lowered.str_consts:
                 return View(abuf, plan.offsets[a.id])
-            if a.const is not None:
+            if a.is_const:
                 return View(wbuf, offsets[a.id])
             if a.id in out_of:
                 return out_of[a.id]
@@ -430,7 +437,8 @@ def _lower_group_or_split(graph: Graph, nodes: list[Node], known, needed_outside
                           target: Target, decisions: dict):
     """Lower a fusion group as one kernel; if a member can only stand alone, one kernel per node."""
     def one(ns, k):
-        values = {id(n): [None if v is None else (v.const if v.const is not None else known.get(v.id))
+        # (a constant's data still deferred is passed as such: made if the lowering reads it)
+        values = {id(n): [None if v is None else (v.data if v.is_const else known.get(v.id))
                           for v in n.inputs] for n in ns}
         opsets = {id(n): graph.opset(n.domain) for n in ns}
         name = f"k{k}_{ns[-1].op}"

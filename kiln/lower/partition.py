@@ -120,7 +120,7 @@ def partition(graph: Graph, fuse_anchors: bool = False, fuse_prologues: bool | N
         folded, refused = _prologues(n, producer, group_of, consumers, outputs) \
             if fuse_prologues and k > Kind.INJECTIVE else ([], {})
         for v in n.inputs:
-            if v is None or v.const is not None or v.id not in producer:
+            if v is None or v.is_const or v.id not in producer:
                 continue
             p = producer[v.id]
             g = group_of[id(p)]
@@ -197,7 +197,7 @@ def _prologues(n: Node, producer, group_of, consumers, outputs) -> tuple[list[Gr
     found: list[Group] = []
     refused: dict[int, str] = {}
     for v in n.inputs:
-        if v is None or v.const is not None or v.id not in producer:
+        if v is None or v.is_const or v.id not in producer:
             continue
         g = group_of[id(producer[v.id])]
         if any(g is f for f in found) or id(g) in refused:

@@ -23,6 +23,7 @@ import numpy as np
 
 from kiln.errors import KilnError
 from kiln.graph.canonical import canonical_bytes
+from kiln.graph.deferred import Deferred
 
 SMALL_CONST = 64  # elements: an integer constant this small (or a scalar) may steer lowering (shapes, axes, pads)
 KEY_VERSION = "kiln-workload 1"
@@ -37,6 +38,8 @@ def _value_part(v, refs: dict, data) -> tuple:
     ref = refs[v.id] = ("in", sum(1 for r in refs.values() if r[0] == "in"))
     if data is None:
         return (*ref, t)
+    if isinstance(data, Deferred):      # (big transformed weights, not made for a key)
+        return (*ref, t, "const")
     arr = np.asarray(data)
     if arr.dtype != object and arr.size <= SMALL_CONST and (arr.size == 1 or not np.issubdtype(arr.dtype, np.floating)):
         return (*ref, t, "=", hashlib.sha256(canonical_bytes(arr)).hexdigest())

@@ -49,8 +49,8 @@ class Inferencer:
     def known_value(self, v: Value | None) -> np.ndarray | None:
         if v is None:
             return None
-        if v.const is not None:
-            return v.const
+        if v.is_const:   # (data still deferred, a weight transform's, is made where it is written)
+            return v.const if v.deferred is None else None
         return self.known.get(v.id)
 
     def infer_graph(self, graph: Graph, input_types: list[Type] | None = None) -> list[Type]:

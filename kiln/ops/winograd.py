@@ -8,7 +8,10 @@ Networks", 2015): with the tile d, the filter g and the transform matrices below
     Y = A^T [ (G g G^T) (.) (B^T d B) ] A        ((.) : elementwise product)
 
 The filter transform U = G g G^T is done once, at compile time, here (numpy, in
-float64, rounded to float32): the op reads U, not the 3x3 weights. Summed over input
+float64, rounded to float32): the op reads U, not the 3x3 weights. The layout pass gives U
+as deferred data (`deferred_weight`, kiln.graph.deferred), made part by part where the
+weights blob is written, in a thread beside the C compiler: made whole on the compile's
+path it cost ResNet-18 0.4 s of CPU (176 MB, most of it first touches of new pages). Summed over input
 channels, the elementwise products are (m + 2)^2 independent GEMMs over tiles.
 
 - `ConvWinograd(x, u, b?) {m, pads, relu}`: x blocked N,ICB,H,W,cb; u the
@@ -34,6 +37,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from kiln.graph.deferred import Deferred
 from kiln.graph.types import TensorType
 from kiln.ops.layout import from_blocked, to_blocked
 from kiln.ops.nn import compute_dtype
@@ -93,26 +97,42 @@ def matrices(m: int, r: int = R) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def transform_weight(w: np.ndarray, block: int, m: int = M, dtype=np.float32) -> np.ndarray:
     """OIHW 3x3 weights -> U = G w G^T as [(m+2)^2, OCB, ICB*block, block] (rounded to `dtype`
     once, from float64; padded channels zero): position t = row * (m+2) + col, then the output channel block, then the
-    input channel (scalar), then the block's output channels (one vector)."""
+    input channel (scalar), then the block's output channels (one vector). `deferred_weight`'s
+    array, made now."""
+    return deferred_weight(w, block, m, dtype).value()
+
+
+def deferred_weight(w: np.ndarray, block: int, m: int = M, dtype=np.float32) -> Deferred:
+    """`transform_weight`'s U as kiln.graph.deferred.Deferred data: made, an output channel
+    block at a time, only when read (or streamed into the weights blob, never whole in memory:
+    ResNet-18's U is 176 MB, four times its 3x3 weights)."""
     _, g, _ = matrices(m)
     oc, ic = w.shape[:2]
     ocp, icp = -(-oc // block) * block, -(-ic // block) * block
     n = g.shape[0]
-    # w laid out as U is ([9, OCB, ICp, block], zero padded: a quarter of U's size), then
-    # G w G^T for every (o, i) as a GEMM with kron(G, G) written straight into U, 2048
-    # columns at a time: no float64 copy of U, no transposed copy, and GEMMs small enough
-    # that OpenBLAS runs them on this thread (from 4096 columns it wakes its threads, which
-    # spin: a 512x512 layer took 0.3-0.6 s of CPU in one GEMM, 0.01 s in these)
-    wp = np.zeros((ocp, icp, w.shape[2] * w.shape[3]), w.dtype)
-    wp[:oc, :ic] = w.reshape(oc, ic, -1)
-    src = np.ascontiguousarray(wp.reshape(ocp // block, block, icp, -1).transpose(3, 0, 2, 1)).reshape(wp.shape[2], -1)
-    k = np.kron(g, g)
-    out = np.empty((n * n, ocp // block, icp, block), dtype)
-    flat = out.reshape(n * n, -1)
-    step = 2048
-    for c in range(0, flat.shape[1], step):
-        flat[:, c:c + step] = k @ src[:, c:c + step].astype(np.float64)
-    return out
+    k = np.kron(g, g)                                    # [(m+2)^2, 9]: U[t] = sum_j k[t, j] w[tap j]
+    cols = icp * block                                   # U[t, ocb] as [ICp, block], contiguous
+    taps = w.reshape(oc, ic, -1)
+
+    def parts():
+        # per output channel block: its taps as [9, ICp * block] (float64, zero padded), then
+        # k times that as a GEMM in 2048-column pieces (small enough that OpenBLAS runs them on
+        # this thread: from 4096 columns it wakes its threads, which spin), rounded once to
+        # `dtype`; each U[t, ocb] row is then one contiguous part
+        src = np.zeros((taps.shape[2], icp, block))
+        out = np.empty((n * n, cols), dtype)
+        step = 2048
+        for ob in range(ocp // block):
+            o0, o1 = ob * block, min(oc, (ob + 1) * block)
+            src[:] = 0
+            src[:, :ic, :o1 - o0] = taps[o0:o1].transpose(2, 1, 0)
+            flat = src.reshape(src.shape[0], -1)
+            for c in range(0, cols, step):
+                out[:, c:c + step] = k @ flat[:, c:c + step]
+            for t in range(n * n):
+                yield (t * (ocp // block) + ob) * cols, out[t]
+
+    return Deferred((n * n, ocp // block, icp, block), dtype, parts)
 
 
 def winograd_conv(x: np.ndarray, u: np.ndarray, pads, m: int = M) -> np.ndarray:

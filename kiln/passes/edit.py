@@ -11,6 +11,7 @@ from typing import Iterator
 
 import numpy as np
 
+from kiln.graph.deferred import Deferred
 from kiln.graph.ir import Graph, Node, Value, const_value
 from kiln.graph.types import TensorType, Type, dims_compatible
 from kiln.ops.infer import Inferencer
@@ -86,7 +87,9 @@ def hoist(graph: Graph, node: Node) -> None:
     graph.nodes.insert(at, node)
 
 
-def new_const(namer: Namer, base: str, data: np.ndarray) -> Value:
+def new_const(namer: Namer, base: str, data: np.ndarray | Deferred) -> Value:
+    if isinstance(data, Deferred):     # (made C-contiguous, when it is made)
+        return const_value(namer.fresh(base), data)
     data = np.asarray(data)
     return const_value(namer.fresh(base), data if data.flags.c_contiguous else data.copy(order="C"))
 

@@ -77,7 +77,7 @@ from kiln.graph.ir import Graph, Node, Value
 from kiln.lower.conv_algo import asked, winograd_1d_m
 from kiln.ops.infer import Inferencer
 from kiln.ops.layout import DOMAIN, pack_bias, pack_conv_weight, pack_grouped_weight, pack_rotated_weight, to_blocked
-from kiln.ops.winograd import transform_weight
+from kiln.ops.winograd import deferred_weight
 from kiln.ops.winograd1d import transform_weight_1d
 from kiln.passes.edit import Namer, images, new_const, reads, use_counts
 from kiln.passes.edit import per_image_shape as static_shape   # (a symbolic batch allowed)
@@ -217,7 +217,7 @@ class _Rewriter:
             op, kind = "ConvWinograd1D", {"m": m, "pads": [attrs["pads"][1], attrs["pads"][3]], "dilation": d,
                                           "stride": st, "kernel": k}
         else:
-            u = transform_weight(w, self.block)
+            u = deferred_weight(w, self.block)    # made where it is written (the weights blob)
             op, kind = "ConvWinograd", {"m": 4, "pads": list(attrs["pads"])}
         u = new_const(self.namer, f"{node.inputs[1].name}.winograd{self.block}", u)
         ins = [self.to_blocked(node.inputs[0]), u]

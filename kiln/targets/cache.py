@@ -36,6 +36,7 @@ import numpy as np
 
 from kiln.codegen.cachedir import file_identity, stamped, unchanged_since, write_atomic
 from kiln.errors import KilnError
+from kiln.graph.deferred import byte_parts, settle_in
 from kiln.graph.canonical import digest
 from kiln.graph.ir import Graph
 from kiln.runtime.schema import (SHA256, SchemaError, integer, list_of, mapping, pair, record, string,
@@ -232,9 +233,23 @@ def checksum(blob: np.ndarray) -> int:
     sum of its 64-bit words mod 2^64, at memory speed (sha256 took 0.15 s on ResNet-18's
     160 MB of transformed weights, this about 0.02). Not against tampering: as for the
     libraries, whoever can write the private cache directory can run code as you."""
-    if blob.size % 8:
-        blob = np.concatenate([blob, np.zeros(8 - blob.size % 8, np.uint8)])
-    return int(np.add.reduce(blob.view(np.uint64), dtype=np.uint64))
+    return _word_sum(blob, 0)
+
+
+def _word_sum(part: np.ndarray, at: int) -> int:
+    """What uint8 array `part`, at byte `at` of a blob, adds to the blob's `checksum` (mod 2^64):
+    a sum of words is a sum over bytes (each weighted by its place in its word), so the
+    writer sums the parts it writes instead of reading the file back."""
+    lead = at % 8
+    head = np.concatenate([np.zeros(lead, np.uint8), part[:8 - lead]]) if lead else part[:0]
+    body = part[len(head) - lead if lead else 0:]
+    whole = body.size - body.size % 8
+    tail = body[whole:]
+    total = int(np.add.reduce(body[:whole].view(np.uint64), dtype=np.uint64))
+    for word in (head, tail):
+        if word.size:
+            total += int(np.concatenate([word, np.zeros(8 - word.size, np.uint8)]).view(np.uint64)[0])
+    return total % 2 ** 64
 
 
 class WeightsFile:
@@ -258,31 +273,36 @@ class WeightsFile:
         overlapping) at their offsets, zeros elsewhere; being written until `written()`."""
         at = 0
         for offset, b in pieces:
-            if offset < at or offset + b.size > nbytes:
-                raise KilnError(f"weights piece at {offset} ({b.size} bytes) overlaps the one before or lies "
+            if offset < at or offset + b.nbytes > nbytes:
+                raise KilnError(f"weights piece at {offset} ({b.nbytes} bytes) overlaps the one before or lies "
                                 f"outside the {nbytes}-byte blob", stage="cache")
-            at = offset + b.size
+            at = offset + b.nbytes
         fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
         try:
             os.ftruncate(fd, nbytes)    # (the gaps between pieces: zeros, never written)
         finally:
             os.close(fd)
-        self._writer = threading.Thread(target=self._write, args=(self.tmp, nbytes, pieces),
+        blob = np.memmap(self.tmp, dtype=np.uint8, mode="c", shape=(nbytes,))
+        self._writer = threading.Thread(target=self._write, args=(self.tmp, nbytes, pieces, blob),
                                         name="kiln-weights-write", daemon=True)
         self._writer.start()
-        return np.memmap(self.tmp, dtype=np.uint8, mode="c", shape=(nbytes,))
+        return blob
 
-    def _write(self, path: str, nbytes: int, pieces: list) -> None:
+    def _write(self, path: str, nbytes: int, pieces: list, blob: np.ndarray) -> None:
         try:
-            fd = os.open(path, os.O_WRONLY)
+            fd, total = os.open(path, os.O_WRONLY), 0
             try:
-                for offset, b in pieces:
-                    view, done = memoryview(b), 0
-                    while done < b.size:
-                        done += os.pwrite(fd, view[done:], offset + done)
+                for offset, b in pieces:   # (a Deferred piece is made here, part by part)
+                    for at, part in byte_parts(b):
+                        view, done = memoryview(part), 0
+                        while done < part.size:
+                            done += os.pwrite(fd, view[done:], offset + at + done)
+                        total += _word_sum(part, offset + at)
             finally:
                 os.close(fd)
-            self._result.append(checksum(np.memmap(path, dtype=np.uint8, mode="r", shape=(nbytes,))))
+            for offset, b in pieces:
+                settle_in(b, blob, offset)
+            self._result.append(total % 2 ** 64)
         except BaseException as e:  # noqa: BLE001 (raised by written())
             self._result.append(e)
 
