@@ -9,10 +9,11 @@ here, from the `Target` and the shapes:
   vectors and a broadcast beside them in the register file (AVX2's 16: 4 x 3 or 6 x 2;
   AVX-512's 32: 6 x 4 or 9 x 3), the fewest loads per FMA; OV divides the output
   channel blocks;
-- the chunk, T tiles (a multiple of TR): its transformed input (36 T IC floats) takes at
-  most half the target's L2, and there are chunks for every thread when the image has
-  the tiles; but when the weights do not fit L2 (they stream once per chunk), as few
-  chunks as L2 holds;
+- the chunk, T tiles (a multiple of TR; the chunks equal): when the weights fit L2, its
+  buffers (transformed input and GEMM output, 36 T (IC + OV L) floats) take a quarter of
+  the target's L2, and there are chunks for every thread when the image has the tiles;
+  when the weights do not fit L2 (they stream once per chunk), one chunk if its buffers
+  fit L2, else chunks of half of L2 but at least STREAM_MIN_TILES tiles;
 - `osplit`: how many parts a chunk's output channels are cut into when there are fewer
   chunks than twice the threads (each part transforms the chunk's input again: a few
   percent of the GEMM's work, against an idle core).
@@ -71,23 +72,35 @@ def register_tile(ocb: int, target: Target) -> tuple[int, int]:
     return best[1], best[2]
 
 
+STREAM_MIN_TILES = 18   # tiles per chunk at least when the weights stream from beyond L2 (see plan)
+
+
 def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Target) -> tuple[int, int, int, int]:
     """(TR, OV, T, osplit) for a ConvWinograd of these sizes on `target` (see the module doc)."""
     tr, ov = register_tile(ocb, target)
     ic = icb * lanes
     tiles = n * (-(-oh // M)) * (-(-ow // M))
-    per_tile = 36 * ic * 4                            # transformed input bytes per tile
-    if 36 * ic * ocb * lanes * 4 > target.l2_bytes:
-        # weights larger than L2 stream from L3 or memory once per chunk: as few chunks as fit
-        # L2 (the threads share a chunk's output channels instead: osplit). One thread, thread
-        # CPU time, load 12-17: 14x14x256 (16 tiles, one chunk instead of two) 1.76 -> 1.39 ms,
-        # 28x28x128 (49 tiles, one chunk instead of two) 1.20 -> 0.95 ms
-        t = max(tr, min(-(-tiles // tr) * tr, target.l2_bytes // per_tile // tr * tr))
+    whole = -(-tiles // tr) * tr                      # every tile in one chunk
+    per_tile = 36 * (ic + ov * lanes) * 4             # a tile's transformed input and GEMM output
+    l2 = target.l2_bytes
+    if 36 * ic * ocb * lanes * 4 > l2:
+        # weights larger than L2 stream from L3 or memory once per chunk: one chunk when its
+        # buffers fit L2, else chunks of half of L2 but at least STREAM_MIN_TILES (the weights'
+        # bytes per multiply-add fall as 4 / T). One thread, thread CPU time, caches flushed,
+        # load ~10 (chunk tiles, ms): 28x28x128 54 -> 18 1.01 -> 0.97, 40x40x128 54 -> 18 1.85
+        # -> 1.81; 14x14x256 18 (one chunk) 1.30, 6 1.31 (median 1.36 -> 1.57: the weights
+        # three times), 12 1.60
+        t = whole if whole * per_tile <= l2 else max(STREAM_MIN_TILES, (l2 // 2) // per_tile // tr * tr)
     else:
-        t = max(tr, (target.l2_bytes // 2) // per_tile // tr * tr)
+        # weights that stay in L2 beside a chunk's buffers: chunks of a quarter of L2 (larger
+        # ones push the weights out). 56x56x64 54 -> 12 tiles 1.11 -> 1.03 ms (warm caches 0.89
+        # -> 0.72), 80x80x64 54 -> 12 2.16 -> 1.98, 160x160x32 108 -> 24 2.51 -> 2.37
+        t = max(tr, (l2 // 4) // per_tile // tr * tr)
         per_thread = -(-tiles // max(target.cores, 1))
         t = min(t, -(-per_thread // tr) * tr)         # a chunk per thread at least, if there are tiles
+    t = min(t, whole)
     nchunk = -(-tiles // t)
+    t = -(-(-(-tiles // nchunk)) // tr) * tr          # as many chunks, as equal as register blocks allow
     groups = ocb // ov
     osplit = 1 if nchunk >= 2 * target.cores else min(groups, -(-2 * target.cores // nchunk))
     return decided(tr, ov, t, max(osplit, 1), ocb)

@@ -14,6 +14,7 @@ import kiln
 from kiln.compiler import run_stages
 from kiln.errors import KilnError
 from kiln.lower.conv_algo import ConvShape, choose
+from kiln.lower.winograd import STREAM_MIN_TILES, plan
 from kiln.ops.nn import Window, conv_core
 from kiln.ops.winograd import matrices, transform_weight, winograd_conv
 from kiln.passes.layout import worth_blocking
@@ -234,6 +235,36 @@ def _plan_replays(n, h, tr, ov, blocks, osplit):
     got = kiln.compile(model, decisions=asked).run(x=x)["y"]
     want = np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)
     assert rel_error(got, want) < WINOGRAD_ERROR_BOUND
+
+
+@pytest.mark.parametrize("tr,blocks", [(2, 4), (5, 2), (4, 3)])
+def test_a_short_last_chunk_computes_only_its_register_blocks(tr, blocks):
+    """12 tiles (a 10x13 output) in chunks of T = tr x blocks: the last chunk's GEMMs stop at its
+    tiles rounded up to whole register blocks (winograd_gemm.h), its other rows left unwritten."""
+    model, wt, bv = conv_model(1, 32, 48, 10, 13, [1, 1, 1, 1], True, relu=True, seed=tr)
+    x = np.random.default_rng(tr).standard_normal((1, 32, 10, 13)).astype(np.float32)
+    asked = {**WINO, "winograd.tr": tr, "winograd.ov": 1, "winograd.chunk_blocks": blocks, "winograd.osplit": 1}
+    got = kiln.compile(model, decisions=asked).run(x=x)["y"]
+    assert rel_error(got, np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)) < WINOGRAD_ERROR_BOUND
+
+
+@pytest.mark.parametrize("n,c,oc,h", [(1, 64, 64, 56), (1, 128, 128, 28), (1, 256, 256, 14), (1, 512, 512, 7),
+                                      (4, 256, 256, 14), (1, 32, 32, 160), (3, 48, 80, 9)])
+def test_plan_chunks_cover_the_tiles_in_register_blocks(n, c, oc, h):
+    target = Target.host()
+    lanes = target.vector_lanes(4)
+    icb, ocb = -(-c // lanes), -(-oc // lanes)
+    tr, ov, t, osplit = plan(n, icb, ocb, h, h, lanes, target)
+    tiles = n * (-(-h // 4)) ** 2
+    assert t % tr == 0 and ocb % ov == 0 and 1 <= osplit <= ocb // ov
+    assert t <= -(-tiles // tr) * tr                 # no chunk longer than all the tiles
+    nchunk = -(-tiles // t)
+    assert tiles - (nchunk - 1) * t > 0              # the last chunk is not empty
+    buffers = 36 * (icb + ov) * lanes * 4 * t        # the chunk's transformed input and GEMM output
+    if 36 * icb * ocb * lanes * lanes * 4 <= target.l2_bytes:      # weights stay in L2: small chunks
+        assert t == tr or buffers <= target.l2_bytes // 4
+    else:                                            # weights stream once per chunk: few, long chunks
+        assert nchunk == 1 or t + tr > STREAM_MIN_TILES    # (chunks evened out in register blocks)
 
 
 def test_an_illegal_plan_is_an_error_naming_it():

@@ -74,8 +74,8 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
   for (int64_t task = lo; task < hi; ++task) {
     const kiln_wg_task k_ = kiln_wg_task_of(task, osplit, T, ntile, ngroup);
     const int64_t first = k_.first, nt = k_.nt;
-    /* 1. input transform */
-    for (int64_t j = 0; j < T; ++j) {
+    /* 1. input transform (a short last chunk: up to whole register blocks) */
+    for (int64_t j = 0; j < kiln_wg_rounded(nt, TR); ++j) {
       if (kiln_wg_past_end(vbuf, 36, T, j, nt, IC)) continue;
       const int64_t g = first + j, n = g / per_image, r = g % per_image;
       const int64_t iy0 = r / TW * 4 - pt, ix0 = r % TW * 4 - pl;
@@ -109,7 +109,7 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
     }
     for (int64_t og = k_.g0; og < k_.g1; ++og) {
       /* 2. the 36 GEMMs of this group of output channel blocks (winograd_gemm.h) */
-      KILN_WG_GEMM(u, vbuf, mbuf, 36, OCB, og, T, IC);
+      KILN_WG_GEMM(u, vbuf, mbuf, 36, OCB, og, T, nt, IC);
       /* 3. output transform */
       for (int64_t j = 0; j < nt; ++j) {
         const int64_t g = first + j, n = g / per_image, r = g % per_image;

@@ -66,7 +66,7 @@ static void KILN_WG1_TASKS(void* ctx_, int64_t lo, int64_t hi) {
     const kiln_wg_task k_ = kiln_wg_task_of(task, osplit, T, ntile, ngroup);
     const int64_t first = k_.first, nt = k_.nt;
     /* 1. input transform */
-    for (int64_t j = 0; j < T; ++j) {
+    for (int64_t j = 0; j < kiln_wg_rounded(nt, TR); ++j) {
       if (kiln_wg_past_end(vbuf, NT, T, j, nt, IC)) continue;
       const int64_t g = first + j, n = g / per_image, r = g % per_image;
       const int64_t xs = S * (r / per_phase + dil * M * (r % per_phase)) - pl;
@@ -101,7 +101,7 @@ static void KILN_WG1_TASKS(void* ctx_, int64_t lo, int64_t hi) {
     }
     for (int64_t og = k_.g0; og < k_.g1; ++og) {
       /* 2. the m + r - 1 GEMMs of this group of output channel blocks (winograd_gemm.h) */
-      KILN_WG1_GEMM(u, vbuf, mbuf, NT, OCB, og, T, IC);
+      KILN_WG1_GEMM(u, vbuf, mbuf, NT, OCB, og, T, nt, IC);
       /* 3. output transform */
       for (int64_t j = 0; j < nt; ++j) {
         const int64_t g = first + j, n = g / per_image, r = g % per_image;

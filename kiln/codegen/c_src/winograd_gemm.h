@@ -9,18 +9,25 @@
      KILN_WGG_TR   tiles per register block
      KILN_WGG_OV   channel blocks per register block
    u [NP][OCB][IC][L] transformed weights (this group's blocks start at og * OV), vbuf
-   [NP][T][IC] transformed inputs, mbuf [NP][T][OV][L] out; T a multiple of TR. Always inlined:
+   [NP][T][IC] transformed inputs, mbuf [NP][T][OV][L] out; T a multiple of TR; the GEMMs cover
+   the chunk's first nt tiles rounded up to TR (a short last chunk computes no more). Always inlined:
    its loops unroll in the caller's as they did when they were written out there. */
+#ifndef KILN_WG_ROUNDED_H
+#define KILN_WG_ROUNDED_H
+/* nt tiles rounded up to whole register blocks of TR: what a chunk's GEMMs compute */
+static inline int64_t kiln_wg_rounded(int64_t nt, int64_t TR) { return (nt + TR - 1) / TR * TR; }
+#endif
 static inline __attribute__((always_inline)) void KILN_WGG_FN(
     const float* restrict u, const float* restrict vbuf, float* restrict mbuf, int NP, int64_t OCB,
-    int64_t og, int64_t T, int64_t IC) {
+    int64_t og, int64_t T, int64_t nt, int64_t IC) {
   typedef float V __attribute__((vector_size(KILN_WGG_L * 4)));
   enum { L = KILN_WGG_L, TR = KILN_WGG_TR, OV = KILN_WGG_OV };
+  const int64_t jn = kiln_wg_rounded(nt, TR);
   for (int t = 0; t < NP; ++t) {
     const float* ut = u + ((int64_t)t * OCB + og * OV) * IC * L;
     const float* vt = vbuf + (int64_t)t * T * IC;
     float* mt = mbuf + (int64_t)t * T * OV * L;
-    for (int64_t j0 = 0; j0 < T; j0 += TR) {
+    for (int64_t j0 = 0; j0 < jn; j0 += TR) {
       V acc[TR][OV];
       #pragma GCC unroll 16
       for (int r = 0; r < TR; ++r)
@@ -71,7 +78,7 @@ static inline int kiln_wg_buffers(float** vbuf, float** mbuf, int64_t NP, int64_
   return 0;
 }
 /* Whether tile j lies past the end (nt tiles) of a short last chunk; then its inputs are zeros
-   at all NP positions (its register blocks read them). */
+   at all NP positions (its register block reads them; callers stop at kiln_wg_rounded(nt, TR)). */
 static inline int kiln_wg_past_end(float* vbuf, int64_t NP, int64_t T, int64_t j, int64_t nt, int64_t IC) {
   if (j < nt) return 0;
   for (int64_t t = 0; t < NP; ++t) __builtin_memset(vbuf + (t * T + j) * IC, 0, IC * sizeof(float));
