@@ -240,6 +240,9 @@ class _Emitter:
             nan = " || a != a" if dt.is_float else ""
             body = f"return (a {cmp} b{nan}) ? a : b;"
             sig = f"{t} a, {t} b"
+        elif kind == "sigmoid" and t == "float":    # inline and vectorized (the file says why)
+            self.helpers[name] = c_source("kiln_sigmoid.h")
+            return name
         elif kind == "sigmoid":
             f, w = ("exp", "double") if t == "double" else ("expf", "float")
             body, sig = f"return ({t})(({w})1 / (({w})1 + {f}(-({w})a)));", f"{t} a"

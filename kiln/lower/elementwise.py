@@ -162,7 +162,11 @@ def _map(ctx, fn, ins, pads=None, k: int = 0) -> L.Tensor:
 # Loop-expression forms of the same formulas. x is already widened (float16 -> float32).
 
 def _sigmoid_e(x):
-    """The reference's overflow-free form, one exp: (x >= 0 ? 1 : e) / (1 + e), e = exp(-|x|)."""
+    """float32: the `sigmoid` intrinsic (the C backend's inline kiln_sigmoid_f32, 1.4x faster than
+    a vector expf call); else the reference's overflow-free form, one exp: (x >= 0 ? 1 : e) /
+    (1 + e), e = exp(-|x|)."""
+    if x.dtype is DType.float32:
+        return L.sigmoid(x)
     e = _let(L.exp(-L.fabs(x)))
     return L.select(x >= 0, L.const(1, x.dtype), e) / (1 + e)
 

@@ -141,6 +141,28 @@ def test_unary_special_values():
     check(cases)
 
 
+def test_sigmoid_float32_every_range():
+    """float32 Sigmoid and Swish (kiln_sigmoid_f32: exp by a polynomial, 2^n from bits) against
+    float64 over the whole range: near 0, both tails, where exp(-|x|) turns denormal (|x| > 87)
+    and underflows (|x| > 104), huge values and random bit patterns (NaN and inf among them)."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate([np.linspace(-120, 120, 24001), rng.standard_normal(4000) * 10,
+                        np.float32(10.0) ** rng.uniform(-30, 38, 2000) * rng.choice([-1, 1], 2000),
+                        np.nextafter(np.float32([87, 88, 103, 104, 105]), np.float32(0)) * -1]).astype(F32)
+    x = np.concatenate([x, rng.integers(0, 2 ** 32, 4000, dtype=np.uint32).view(F32)])
+    mod = build_c(LoopModule([lower_node(Case(op, [x]).graph().nodes[0], 21, [None], f"k{k}")
+                              for k, op in enumerate(("Sigmoid", "Swish"))]))
+    with np.errstate(all="ignore"):
+        e = np.exp(-np.abs(x.astype(F64)))
+        sig = np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(F32)   # the float32 sigmoid, rounded once
+        # Swish: x times it, as the reference; 3.9e-7 relative where the sigmoid is a normal float,
+        # a few of a denormal's steps (1.4e-45) below, times |x| <= 104 in Swish
+        for k, (want, atol) in enumerate(((sig, 1e-44), (x * sig, 1e-42))):
+            got = np.empty_like(x)
+            mod[f"k{k}"](x, got)
+            np.testing.assert_allclose(got, want, rtol=5e-7, atol=atol, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8])
 def test_unary_integer(dtype):
     x = rnd((4, 9), dtype)
