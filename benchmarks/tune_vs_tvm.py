@@ -32,7 +32,23 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _tvm_child(n: int, trials: int, threads: int, work_dir: str, q) -> None:
+def _log_errors(work_dir: str, limit: int = 3) -> list[str]:
+    """The first few distinct build/run errors MetaSchedule's task logs name (its records keep none)."""
+    import glob  # noqa: PLC0415
+    seen: list[str] = []
+    for path in sorted(glob.glob(os.path.join(work_dir, "logs", "*task_0*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if ("Error" in line or "Timeout" in line) and "[INFO]" not in line:
+                    text = line.strip()[:300]
+                    if text not in seen:
+                        seen.append(text)
+                if len(seen) >= limit:
+                    return seen
+    return seen
+
+
+def _tvm_child(n: int, trials: int, threads: int, work_dir: str, q, build_timeout: float = 30.0) -> None:
     """MetaSchedule on the GEMM, in a child process; puts a dict (figures or the error) on q."""
     out: dict = {"engine": "TVM MetaSchedule"}
     try:
@@ -65,7 +81,9 @@ def _tvm_child(n: int, trials: int, threads: int, work_dir: str, q) -> None:
             return float(min(ev(*args).results))
         t0 = time.perf_counter()
         db = ms.tune_tir(mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
-                         num_tuning_cores=threads, seed=0)
+                         num_tuning_cores=threads, seed=0,
+                         builder=ms.builder.LocalBuilder(timeout_sec=build_timeout),
+                         runner=ms.runner.LocalRunner(timeout_sec=build_timeout))
         out["tuning_s"] = time.perf_counter() - t0
         records = db.get_all_tuning_records()
         out["records"] = len(records)
@@ -74,6 +92,7 @@ def _tvm_child(n: int, trials: int, threads: int, work_dir: str, q) -> None:
         sch = ms.tir_integration.compile_tir(db, mod, target)
         if sch is None:
             out["error"] = f"MetaSchedule produced no valid schedule in {trials} trials ({len(records)} records)"
+            out["log_errors"] = _log_errors(work_dir)
         else:
             out["tuned_s"] = timed(tvm.compile(sch.mod, target=target))
             q.put({**out, "partial": True})
@@ -94,7 +113,8 @@ def _llvm_cpu() -> str:
         return "x86-64-v3"
 
 
-def run_tvm(n: int, trials: int, budget: float, threads: int) -> dict:
+def run_tvm(n: int, trials: int, budget: float, threads: int, build_timeout: float = 30.0,
+            keep: str | None = None) -> dict:
     """MetaSchedule's figures, or {"error": ...} (not installed, failed, or past `budget` s)."""
     try:
         import tvm  # noqa: F401,PLC0415
@@ -103,8 +123,9 @@ def run_tvm(n: int, trials: int, budget: float, threads: int) -> dict:
         return {"engine": "TVM MetaSchedule", "error": f"not installed ({e}); pip install apache-tvm"}
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="kiln-tvm-") as work:
-        p = ctx.Process(target=_tvm_child, args=(n, trials, threads, work, q))
+    with tempfile.TemporaryDirectory(prefix="kiln-tvm-") as tmp:
+        work = keep or tmp   # (--tvm-work: its logs kept)
+        p = ctx.Process(target=_tvm_child, args=(n, trials, threads, work, q, build_timeout))
         t0 = time.perf_counter()
         p.start()
         last = None
@@ -127,7 +148,7 @@ def run_tvm(n: int, trials: int, budget: float, threads: int) -> dict:
         if last is None:
             return {"engine": "TVM MetaSchedule", "tuning_s": time.perf_counter() - t0,
                     "error": f"no result within the {budget:.0f} s budget" if p.exitcode in (None, -9)
-                    else f"the tuning process died (exit code {p.exitcode})"}
+                    else f"the tuning process died (exit code {p.exitcode})", "log_errors": _log_errors(work)}
         if last.get("partial"):
             last["error"] = f"tuned in {last['tuning_s']:.0f} s, but timing it ran past the {budget:.0f} s budget"
         return last
@@ -166,6 +187,9 @@ def main(argv=None) -> None:
     ap.add_argument("--tvm-trials", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="kiln's measurement clock")
+    ap.add_argument("--tvm-build-timeout", type=float, default=30.0,
+                    help="seconds MetaSchedule's local builder and runner give a candidate (its default: 30)")
+    ap.add_argument("--tvm-work", default=None, help="MetaSchedule's work directory, kept (default: a temporary one)")
     ap.add_argument("--only", choices=("tvm", "kiln"), default=None)
     ap.add_argument("--db", default=None, help="kiln's records database (default: a fresh temporary one)")
     ap.add_argument("--json", default=None)
@@ -173,7 +197,7 @@ def main(argv=None) -> None:
     flops = 2 * args.n ** 3
     rows = []
     if args.only != "kiln":
-        rows.append(run_tvm(args.n, args.tvm_trials, args.budget, args.threads))
+        rows.append(run_tvm(args.n, args.tvm_trials, args.budget, args.threads, args.tvm_build_timeout, args.tvm_work))
     if args.only != "tvm":
         with tempfile.TemporaryDirectory(prefix="kiln-tune-") as tmp:
             rows.append(run_kiln(args.n, args.budget, args.clock, args.db or os.path.join(tmp, "t.db")))
@@ -185,9 +209,12 @@ def main(argv=None) -> None:
 
         def ms(v):
             return f"{v * 1e3:.2f}" if v else "-"
-        print(f"| {r['engine']} | {r.get('threads') or args.threads} | {r.get('tuning_s', 0):.0f} | {ms(u)} | {ms(t)} | "
+        print(f"| {r['engine']}{' ' + r['version'] if r.get('version') else ''} | {r.get('threads') or args.threads} | {r.get('tuning_s', 0):.0f} | {ms(u)} | {ms(t)} | "
               f"{f'x{u / t:.2f}' if u and t else '-'} | {f'{flops / t / 1e9:.0f}' if t else '-'} | "
               f"{r.get('error', '')} |")
+    for r in rows:
+        for e in r.get("log_errors") or []:
+            print(f"  {r['engine']} log: {e}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"n": args.n, "threads": args.threads, "load": os.getloadavg()[0], "rows": rows}, f,

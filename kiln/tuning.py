@@ -61,10 +61,11 @@ def module_job(model, dims: dict | None, decisions: dict) -> dict:
 
 
 PASS_SHARE = 0.4   # of the budget at most, for the passes' decisions (whole models: each candidate a build)
+PASS_PATIENCE = 3  # pass tasks in a row where the rule won before the rest goes to the kernels (tune_pass_tasks)
 
 
 def tune_pass_decisions(model, db_path: str, budget_s: float, *, dims: dict | None = None, clock: str = "wall",
-                        timeout: float = 60.0, on_progress=None) -> list:
+                        timeout: float = 60.0, on_progress=None, patience: int | None = None) -> list:
     """Each node workload's other values of the decisions graph passes make (a conv's algorithm,
     a GEMM weight's panel width) tried on the whole model for up to `budget_s`
     (kiln.tune.pass_tasks); returns its PassTasks."""
@@ -84,7 +85,7 @@ def tune_pass_decisions(model, db_path: str, budget_s: float, *, dims: dict | No
         db.add_machine(sig, {**machine(), "clock": clock})
         try:
             return tune_pass_tasks(tasks, lambda d: module_job(model, dims, d), db, sig, worker,
-                                   deadline=t0 + budget_s, clock=clock, on_progress=on_progress)
+                                   deadline=t0 + budget_s, clock=clock, on_progress=on_progress, patience=patience)
         finally:
             worker.close()
 
@@ -106,7 +107,8 @@ def tune_model(model, db_path: str, budget_s: float, *, dims: dict | None = None
     if pass_share > 0 and options.get("measurer") is None:   # (on this machine: builds are local)
         try:
             passes = tune_pass_decisions(model, db_path, budget_s * pass_share, dims=dims,
-                                         clock=options.get("clock", "wall"), timeout=options.get("timeout", 60.0))
+                                         clock=options.get("clock", "wall"), timeout=options.get("timeout", 60.0),
+                                         patience=PASS_PATIENCE)
         except KeyboardInterrupt:   # what was measured is in the database: run again to go on
             from kiln.tune.signature import signature  # noqa: PLC0415
             return TuneReport([], signature(clock=options.get("clock", "wall")), time.perf_counter() - t0,

@@ -3,6 +3,8 @@ applied by kiln.compile; the CLI's table."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -74,7 +76,8 @@ def test_cli_tune_prints_the_table(tmp_path, capsys):
               "--no-end-to-end"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "kiln tune: 2 tasks" in out and "Kendall tau" in out and "MatMul" in out
+    # (2 tasks; under load the 5 s can run out after starting the first: tune stops starting tasks)
+    assert re.search(r"kiln tune: [12] tasks", out) and "Kendall tau" in out and "MatMul" in out
 
 
 def test_cli_rejects_a_bad_budget(tmp_path, capsys):
