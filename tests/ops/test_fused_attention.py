@@ -170,6 +170,27 @@ def test_gpt2_layout_causal_additive_mask():
     check(g, feeds_for(g, rng, lambda shape: np.broadcast_to(tri, shape).copy()))
 
 
+@pytest.mark.parametrize("d", [32, 64])
+def test_rows_in_place_and_keys_transposed_by_blocks(d):
+    """Head sizes of whole vectors: V's rows read in place by P·V and K transposed 16 keys at a
+    time (AVX-512), with key counts either side of 16-key chunks and 64-key blocks, grouped
+    heads, a padding mask, causal; beside layouts that still pack (K stored [b, h, d, s], V
+    [b, h, dv, s]: strided along the head dim)."""
+    rng = np.random.default_rng(11)
+    made, fns = [], {}
+    for k, (sq, sk) in enumerate([(3, 1), (17, 15), (16, 16), (20, 17), (40, 63), (33, 65), (70, 130)]):
+        perm = PERMS[k % 2]
+        made.append(fused_node(k, 2, 4, 2, sq, sk, d, d, perms=(perm, perm, perm), out_perm=perm,
+                               mask=((2, 1, 1, sk), DType.float32), mask_kind="add", scale=0.125,
+                               causal=max(0, sk - sq) if k % 3 == 0 else -1))
+        fns[f"mask{k}"] = lambda s: np.where(rng.random(s) < 0.2, np.float32(-1e4), np.float32(0))
+    for k, perms in enumerate([((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3)), ((0, 2, 1, 3), (0, 2, 1, 3), (0, 1, 3, 2))],
+                              start=len(made)):
+        made.append(fused_node(k, 1, 4, 4, 21, 37, d, d, perms=perms, scale=0.125, causal=16))
+    g = many(made)
+    check(g, feeds_for(g, rng, fns))
+
+
 def test_fully_masked_rows_nan_or_zero():
     """A row whose every key is -inf: NaN as the decomposed softmax (0/0), or zeros
     (ONNX Attention's rule); a row masked with float32's min instead averages V uniformly."""

@@ -17,7 +17,10 @@
    permutation of a contiguous tensor (the exporters' head Transposes) is read in place.
    K and V are first packed (converted to float): Kᵀ in panels [b][g][block][D][BK] (keys
    contiguous, for the micro-kernel's vector loads) and V as [b][g][SKP][DVP]; memory linear
-   in the sequence. Grouped-query / multi-query attention: query head h reads K/V head
+   in the sequence. Where V's rows are contiguous float32 whole vectors (vd = 1, DV = DVP), P·V
+   reads them in place and only Kᵀ is packed, 16 keys at a time by register transposes where K's
+   rows are contiguous too (AVX-512; a pack of scalar copies was an eighth of the kernel's time
+   at 12 heads x 128 keys). Grouped-query / multi-query attention: query head h reads K/V head
    h / (HQ / HKV), packed once, never copied per query head.
 
    Masks: mask_kind 0 none, 1 additive (float), 2 boolean (true: visible; false: the score
@@ -56,6 +59,35 @@ static inline uint16_t kiln_fa_to_bf16(float f) {
   if ((u.i & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u.i >> 16) | 0x40u);  /* NaN stays NaN */
   return (uint16_t)((u.i + 0x7fffu + ((u.i >> 16) & 1u)) >> 16);
 }
+#if KILN_FA_L == 16
+typedef float kiln_fa_v16 __attribute__((vector_size(64)));
+/* x[r][c] -> x[c][r] for a 16 x 16 block of floats: 32-bit then 64-bit interleaves within
+   128-bit lanes, then two rounds of 128-bit lane moves (64 shuffles for 256 elements) */
+static inline void kiln_fa_transpose16(kiln_fa_v16* x) {
+  kiln_fa_v16 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = __builtin_shufflevector(x[i], x[i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
+    t[i + 1] = __builtin_shufflevector(x[i], x[i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+  }
+  /* u[4i + k], 128-bit lane q: column 4q + k of rows 4i .. 4i + 3 */
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const kiln_fa_v16 p0 = __builtin_shufflevector(u[k], u[4 + k], 0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const kiln_fa_v16 p1 = __builtin_shufflevector(u[k], u[4 + k], 8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const kiln_fa_v16 p2 = __builtin_shufflevector(u[8 + k], u[12 + k], 0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const kiln_fa_v16 p3 = __builtin_shufflevector(u[8 + k], u[12 + k], 8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    x[k] = __builtin_shufflevector(p0, p2, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    x[4 + k] = __builtin_shufflevector(p0, p2, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    x[8 + k] = __builtin_shufflevector(p1, p3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    x[12 + k] = __builtin_shufflevector(p1, p3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+}
+#endif
 #endif
 
 #define KILN_FA_CAT2(a, b) a##b
@@ -67,7 +99,7 @@ struct KILN_FA_CTX {
   const int64_t* kv_lens; KILN_FA_TO* out;
   int64_t B, HQ, HKV, SQ, SK, qb, qh, qs, qd, kb_, kh, ks, kd, vb, vh, vs, vd, ob, oh, os, od;
   int mask_kind; int64_t mb, mh, mq, mk; float fill, scale; int64_t causal; int empty_nan;
-  int64_t G, SKM, HG, RQ, NKB, NQT, SKP, MBN, MHN, MQN, NKBP; int direct;
+  int64_t G, SKM, HG, RQ, NKB, NQT, SKP, MBN, MHN, MQN, NKBP; int direct, vdirect;
   float* kp; float* vp; unsigned char* states;
 };
 #define KILN_FA_UNPACK(c_) \
@@ -84,12 +116,14 @@ struct KILN_FA_CTX {
   const float fill = c->fill, scale = c->scale; const int64_t causal = c->causal; const int empty_nan = c->empty_nan; \
   const int64_t G = c->G, SKM = c->SKM, HG = c->HG, RQ = c->RQ, NKB = c->NKB, NQT = c->NQT, SKP = c->SKP; \
   const int64_t MBN = c->MBN, MHN = c->MHN, MQN = c->MQN, NKBP = c->NKBP; const int direct = c->direct; \
+  const int vdirect = c->vdirect; \
   float* kp = c->kp; float* vp = c->vp; unsigned char* states = c->states; \
   (void)q; (void)k; (void)v; (void)mask; (void)kv_lens; (void)out; (void)B; (void)HQ; (void)HKV; (void)SQ; \
   (void)SK; (void)qb; (void)qh; (void)qs; (void)qd; (void)kb_; (void)kh; (void)ks; (void)kd; (void)vb; (void)vh; \
   (void)vs; (void)vd; (void)ob; (void)oh; (void)os; (void)od; (void)mask_kind; (void)mb; (void)mh; (void)mq; \
   (void)mk; (void)fill; (void)scale; (void)causal; (void)empty_nan; (void)G; (void)SKM; (void)HG; (void)RQ; \
-  (void)NKB; (void)NQT; (void)SKP; (void)MBN; (void)MHN; (void)MQN; (void)NKBP; (void)direct; (void)kp; (void)vp; \
+  (void)NKB; (void)NQT; (void)SKP; (void)MBN; (void)MHN; (void)MQN; (void)NKBP; (void)direct; (void)vdirect; \
+  (void)kp; (void)vp; \
   (void)states
 /* 1. K and V packed per (batch, K/V head, key block) */
 static void KILN_FA_CAT(KILN_FA_FN, _pack)(void* c_, int64_t lo, int64_t hi) {
@@ -98,17 +132,32 @@ static void KILN_FA_CAT(KILN_FA_FN, _pack)(void* c_, int64_t lo, int64_t hi) {
     const int64_t b = i / (HKV * NKBP), g = i / NKBP % HKV, blk = i % NKBP;
     const int64_t SKb = kv_lens ? (kv_lens[b] < 0 ? 0 : kv_lens[b] > SK ? SK : kv_lens[b]) : SK;
     float* kdst = kp + ((size_t)(b * HKV + g) * NKB + blk) * D * BK;
-    float* vdst = vp + ((size_t)(b * HKV + g) * SKP + blk * BK) * DVP;
-    for (int64_t j = 0; j < BK; ++j) {
+    float* vdst = vdirect ? 0 : vp + ((size_t)(b * HKV + g) * SKP + blk * BK) * DVP;
+    int64_t j = 0;
+#if KILN_FA_DIRECT && KILN_FA_L == 16
+    if (kd == 1 && vdirect)  /* Kᵀ by 16 x 16 transposes in registers, 16 keys at a time */
+      for (; j + L <= BK && blk * BK + j + L <= SKb; j += L) {
+        const float* kr = (const float*)k + b * kb_ + g * kh + (blk * BK + j) * ks;
+        for (int64_t d = 0; d < D; d += L) {
+          fv x[16];
+          for (int r = 0; r < 16; ++r) memcpy(&x[r], kr + r * ks + d, sizeof(fv));
+          kiln_fa_transpose16(x);
+          for (int r = 0; r < 16; ++r) memcpy(kdst + (d + r) * BK + j, &x[r], sizeof(fv));
+        }
+      }
+#endif
+    for (; j < BK; ++j) {
       const int64_t t = blk * BK + j;
       if (t < SKb) {
         const KILN_FA_TK* kr = k + b * kb_ + g * kh + t * ks;
         for (int64_t d = 0; d < D; ++d) kdst[d * BK + j] = KILN_FA_LD(kr[d * kd]);
+        if (vdirect) continue;
         const KILN_FA_TV* vr = v + b * vb + g * vh + t * vs;
         for (int64_t e = 0; e < DV; ++e) vdst[j * DVP + e] = KILN_FA_LD(vr[e * vd]);
         for (int64_t e = DV; e < DVP; ++e) vdst[j * DVP + e] = 0.0f;
       } else {
         for (int64_t d = 0; d < D; ++d) kdst[d * BK + j] = 0.0f;
+        if (vdirect) continue;
         for (int64_t e = 0; e < DVP; ++e) vdst[j * DVP + e] = 0.0f;
       }
     }
@@ -190,7 +239,10 @@ static void KILN_FA_CAT(KILN_FA_FN, _tiles)(void* c_, int64_t lo, int64_t hi) {
     float qt_[BQ][D] __attribute__((aligned(64)));
     float o[BQ][DVP] __attribute__((aligned(64)));
     float s[BQ][BK] __attribute__((aligned(64)));
-    float m[BQ], l[BQ], alpha[BQ];
+    /* each row's running sum kept as L lane sums (summed across lanes once, at the end: a
+       horizontal sum per row and block is a chain of dependent adds as long as the block's exps) */
+    float lv[BQ][L] __attribute__((aligned(64)));
+    float m[BQ], alpha[BQ];
     int64_t rh[BQ], rs[BQ], smax = 0;  /* each row's query head and position */
     for (int64_t r = 0; r < BQ; ++r) {
       const int64_t rr = q0 + (r < nrows ? r : nrows - 1);
@@ -200,7 +252,8 @@ static void KILN_FA_CAT(KILN_FA_FN, _tiles)(void* c_, int64_t lo, int64_t hi) {
       const KILN_FA_TQ* qr = q + b * qb + rh[r] * qh + rs[r] * qs;
       for (int64_t d = 0; d < D; ++d) qt_[r][d] = scale * KILN_FA_LD(qr[d * qd]);
       for (int64_t e = 0; e < DVP; ++e) o[r][e] = 0.0f;
-      m[r] = -INFINITY; l[r] = 0.0f;
+      for (int i = 0; i < L; ++i) lv[r][i] = 0.0f;
+      m[r] = -INFINITY;
     }
     const unsigned char* st = mask_kind ? states + ((mb ? b : 0) * MHN + (mh ? h : 0)) * MQN * NKB
                                             + (mq ? qt : 0) * NKB : 0;
@@ -277,15 +330,15 @@ static void KILN_FA_CAT(KILN_FA_FN, _tiles)(void* c_, int64_t lo, int64_t hi) {
           all_live = 0;
           continue;
         }
-        alpha[r] = kiln_fa_exp(m[r] - mnew);
-        float sum = 0.0f;
-        #pragma omp simd reduction(+:sum)
-        for (int64_t j = 0; j < BK; ++j) {
-          const float p = kiln_fa_exp(sr[j] - mnew);
-          sr[j] = p;
-          sum += p;
+        const float a = alpha[r] = kiln_fa_exp(m[r] - mnew);
+        #pragma omp simd
+        for (int64_t j = 0; j < BK; ++j) sr[j] = kiln_fa_exp(sr[j] - mnew);
+        #pragma omp simd
+        for (int i = 0; i < L; ++i) {
+          float t = lv[r][i] * a;
+          for (int64_t c = 0; c < BK / L; ++c) t += sr[c * L + i];
+          lv[r][i] = t;
         }
-        l[r] = l[r] * alpha[r] + sum;
         m[r] = mnew;
         all_live &= mnew > 0.1f * KILN_FA_DEAD;
       }
@@ -316,11 +369,19 @@ static void KILN_FA_CAT(KILN_FA_FN, _tiles)(void* c_, int64_t lo, int64_t hi) {
         }
       } else
 #endif
+#if KILN_FA_DIRECT
+      if (vdirect) {  /* V's rows in place (contiguous, whole vectors): nothing of V packed */
+        const float* vrows = (const float*)v + b * vb + g * vh + k0 * vs;
+        KILN_FA_PRODUCT(NO, s, vrows, vs, nk, o, DVP, alpha);
+      } else
+#endif
       /* O = O * alpha + P·V, MR x (NO * L) micro-tiles held in registers over the keys */
       KILN_FA_PRODUCT(NO, s, vblk, DVP, nk, o, DVP, alpha);
     }
     for (int64_t r = 0; r < nrows; ++r) {
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : empty_nan ? NAN : 0.0f;
+      float l = 0.0f;
+      for (int i = 0; i < L; ++i) l += lv[r][i];
+      const float inv = l > 0.0f ? 1.0f / l : empty_nan ? NAN : 0.0f;
       KILN_FA_TO* orow = out + b * ob + rh[r] * oh + rs[r] * os;
       for (int64_t e = 0; e < DV; ++e) orow[e * od] = KILN_FA_ST(o[r][e] * inv);
     }
@@ -360,7 +421,10 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
   const int64_t MBN = mask_kind && mb ? B : 1, MHN = mask_kind && mh ? HQ : 1, MQN = mask_kind && mq ? NQT : 1;
   const int direct = KILN_FA_DIRECT && kd == 1 && vd == 1 && shared_mask && RQ <= BQ;
   const size_t kbytes = direct ? 0 : sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * D;
-  const size_t vbytes = direct ? 0 : sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * DVP;
+  /* V read in place by P·V where its rows are contiguous whole vectors (float32, vd = 1, DV
+     a whole number of the micro-tile's vectors): only Kᵀ is packed */
+  const int vdirect = direct || (KILN_FA_DIRECT && vd == 1 && DV == DVP);
+  const size_t vbytes = vdirect ? 0 : sizeof(float) * (size_t)(B * HKV) * (size_t)SKP * DVP;
   const size_t sbytes = mask_kind ? (size_t)(MBN * MHN * MQN * NKB) : 0;
   float* kp = (float*)kiln_alloc(kbytes + vbytes + sbytes + 64);
   if (!kp) return -1;
@@ -370,7 +434,7 @@ __attribute__((always_inline)) static inline int32_t KILN_FA_FN(
   const int par = B * HQ * SQ * SKM * (D + DV) >= parallel_min;
   struct KILN_FA_CTX c = { q, k, v, mask, kv_lens, out, B, HQ, HKV, SQ, SK, qb, qh, qs, qd, kb_, kh, ks, kd,
                            vb, vh, vs, vd, ob, oh, os, od, mask_kind, mb, mh, mq, mk, fill, scale, causal, empty_nan,
-                           G, SKM, HG, RQ, NKB, NQT, SKP, MBN, MHN, MQN, NKBP, direct, kp, vp, states };
+                           G, SKM, HG, RQ, NKB, NQT, SKP, MBN, MHN, MQN, NKBP, direct, vdirect, kp, vp, states };
   kiln_par_for(KILN_FA_CAT(KILN_FA_FN, _pack), &c, 0, B * HKV * NKBP, par);
   if (mask_kind) kiln_par_for(KILN_FA_CAT(KILN_FA_FN, _states), &c, 0, MBN * MHN * MQN * NKB, par);
   kiln_par_for(KILN_FA_CAT(KILN_FA_FN, _tiles), &c, 0, B * (HQ / HG) * NQT, par);
