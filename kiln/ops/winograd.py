@@ -103,36 +103,47 @@ def transform_weight(w: np.ndarray, block: int, m: int = M, dtype=np.float32) ->
 
 
 def deferred_weight(w: np.ndarray, block: int, m: int = M, dtype=np.float32) -> Deferred:
-    """`transform_weight`'s U as kiln.graph.deferred.Deferred data: made, an output channel
-    block at a time, only when read (or streamed into the weights blob, never whole in memory:
+    """`transform_weight`'s U as kiln.graph.deferred.Deferred data: made, a few output channel
+    blocks at a time, only when read (or streamed into the weights blob, never whole in memory:
     ResNet-18's U is 176 MB, four times its 3x3 weights)."""
     _, g, _ = matrices(m)
     oc, ic = w.shape[:2]
-    ocp, icp = -(-oc // block) * block, -(-ic // block) * block
+    ocb, icp = -(-oc // block), -(-ic // block) * block
     n = g.shape[0]
     k = np.kron(g, g)                                    # [(m+2)^2, 9]: U[t] = sum_j k[t, j] w[tap j]
-    cols = icp * block                                   # U[t, ocb] as [ICp, block], contiguous
+    cols = icp * block                                   # U[t, one ocb] as [ICp, block], contiguous
     taps = w.reshape(oc, ic, -1)
+    # output channel blocks per group: U[t, group] is one part of about PART_BYTES (a file
+    # written in 8 KB parts took 0.14 s of kernel CPU per 176 MB, in 256 KB parts 0.05 s);
+    # a group of every block makes the whole U one part
+    group = min(ocb, max(1, PART_BYTES // (cols * np.dtype(dtype).itemsize)))
 
     def parts():
-        # per output channel block: its taps as [9, ICp * block] (float64, zero padded), then
-        # k times that as a GEMM in 2048-column pieces (small enough that OpenBLAS runs them on
-        # this thread: from 4096 columns it wakes its threads, which spin), rounded once to
-        # `dtype`; each U[t, ocb] row is then one contiguous part
-        src = np.zeros((taps.shape[2], icp, block))
-        out = np.empty((n * n, cols), dtype)
+        # a group's taps as [9, group * ICp * block] (float64, zero padded), then k times that
+        # as a GEMM in 2048-column pieces (small enough that OpenBLAS runs them on this thread:
+        # from 4096 columns it wakes its threads, which spin), rounded once to `dtype`
+        src = np.zeros((taps.shape[2], group, icp, block))
+        out = np.empty((n * n, group * cols), dtype)
         step = 2048
-        for ob in range(ocp // block):
-            o0, o1 = ob * block, min(oc, (ob + 1) * block)
+        for b0 in range(0, ocb, group):
+            nb = min(group, ocb - b0)
             src[:] = 0
-            src[:, :ic, :o1 - o0] = taps[o0:o1].transpose(2, 1, 0)
-            flat = src.reshape(src.shape[0], -1)
-            for c in range(0, cols, step):
-                out[:, c:c + step] = k @ flat[:, c:c + step]
+            for j in range(nb):
+                o0, o1 = (b0 + j) * block, min(oc, (b0 + j + 1) * block)
+                src[:, j, :ic, :o1 - o0] = taps[o0:o1].transpose(2, 1, 0)
+            flat, width = src.reshape(src.shape[0], -1), nb * cols
+            for c in range(0, width, step):
+                out[:, c:min(c + step, width)] = k @ flat[:, c:min(c + step, width)]
+            if nb == ocb:
+                yield 0, out.reshape(-1)
+                continue
             for t in range(n * n):
-                yield (t * (ocp // block) + ob) * cols, out[t]
+                yield (t * ocb + b0) * cols, out[t, :width]
 
-    return Deferred((n * n, ocp // block, icp, block), dtype, parts)
+    return Deferred((n * n, ocb, icp, block), dtype, parts)
+
+
+PART_BYTES = 1 << 16
 
 
 def winograd_conv(x: np.ndarray, u: np.ndarray, pads, m: int = M) -> np.ndarray:

@@ -14,6 +14,7 @@ from kiln.compiler import run_stages
 from kiln.graph.deferred import Deferred, byte_parts
 from kiln.graph.ir import Value, const_value
 from kiln.lower.module import in_memory
+from kiln.ops import winograd
 from kiln.ops.winograd import deferred_weight, matrices, transform_weight
 
 
@@ -75,8 +76,11 @@ def reference_u(w: np.ndarray, block: int, m: int = 4) -> np.ndarray:
     return u.reshape(n * n, ocp // block, block, icp).transpose(0, 1, 3, 2)
 
 
-@pytest.mark.parametrize("oc,ic,block", [(16, 16, 16), (20, 7, 8), (3, 5, 4), (40, 33, 16)])
-def test_winograd_weights_are_rounded_once_from_float64_and_equal_made_or_streamed(oc, ic, block):
+@pytest.mark.parametrize("part_bytes", [1, 4096, winograd.PART_BYTES])   # a block, some, all per part
+@pytest.mark.parametrize("oc,ic,block", [(16, 16, 16), (20, 7, 8), (3, 5, 4), (40, 33, 16), (70, 24, 8)])
+def test_winograd_weights_are_rounded_once_from_float64_and_equal_made_or_streamed(oc, ic, block, part_bytes,
+                                                                                     monkeypatch):
+    monkeypatch.setattr(winograd, "PART_BYTES", part_bytes)
     w = np.random.default_rng(oc * ic).standard_normal((oc, ic, 3, 3)).astype(np.float32)
     want = reference_u(w.astype(np.float64), block)
     made = transform_weight(w, block)
