@@ -71,6 +71,7 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
   const int64_t ngroup = OCB / OV;
   float *vbuf, *mbuf;   /* the buffers and the tasks: winograd_gemm.h */
   if (!kiln_wg_buffers(&vbuf, &mbuf, 36, T, IC, OV * L, &((struct KILN_WG_CTX*)ctx_)->failed)) return;
+  const int64_t pv = kiln_wg_plane(T * IC), pm = kiln_wg_plane(T * OV * L);   /* plane strides */
   for (int64_t task = lo; task < hi; ++task) {
     const kiln_wg_task k_ = kiln_wg_task_of(task, osplit, T, ntile, ngroup);
     const int64_t first = k_.first, nt = k_.nt;
@@ -103,7 +104,7 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
         for (int a = 0; a < 6; ++a) {
           V o[6];
           WG_BT(tm[a][0], tm[a][1], tm[a][2], tm[a][3], tm[a][4], tm[a][5], o[0], o[1], o[2], o[3], o[4], o[5]);
-          for (int b = 0; b < 6; ++b) WG_ST(vbuf + ((int64_t)(a * 6 + b) * T + j) * IC + cb * L, o[b]);
+          for (int b = 0; b < 6; ++b) WG_ST(vbuf + (a * 6 + b) * pv + j * IC + cb * L, o[b]);
         }
       }
     }
@@ -119,7 +120,7 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
           const int64_t ocb = og * OV + o;
           V mm[6][6], tm[4][6];
           for (int a = 0; a < 6; ++a)
-            for (int b = 0; b < 6; ++b) mm[a][b] = WG_LD(mbuf + (((int64_t)(a * 6 + b) * T + j) * OV + o) * L);
+            for (int b = 0; b < 6; ++b) mm[a][b] = WG_LD(mbuf + (a * 6 + b) * pm + (j * OV + o) * L);
           for (int b = 0; b < 6; ++b)
             WG_AT(mm[0][b], mm[1][b], mm[2][b], mm[3][b], mm[4][b], mm[5][b], tm[0][b], tm[1][b], tm[2][b], tm[3][b]);
           const V bv = bias ? WG_LD(bias + ocb * L) : (V){0};

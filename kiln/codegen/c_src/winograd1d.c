@@ -62,6 +62,7 @@ static void KILN_WG1_TASKS(void* ctx_, int64_t lo, int64_t hi) {
   const int64_t ngroup = OCB / OV;
   float *vbuf, *mbuf;   /* the buffers and the tasks: winograd_gemm.h */
   if (!kiln_wg_buffers(&vbuf, &mbuf, NT, T, IC, OV * L, &((struct KILN_WG1_CTX*)ctx_)->failed)) return;
+  const int64_t pv = kiln_wg_plane(T * IC), pm = kiln_wg_plane(T * OV * L);   /* plane strides */
   for (int64_t task = lo; task < hi; ++task) {
     const kiln_wg_task k_ = kiln_wg_task_of(task, osplit, T, ntile, ngroup);
     const int64_t first = k_.first, nt = k_.nt;
@@ -95,7 +96,7 @@ static void KILN_WG1_TASKS(void* ctx_, int64_t lo, int64_t hi) {
               o = none ? t_ : o + t_;
               none = 0;
             }
-          WG1_ST(vbuf + ((int64_t)a * T + j) * IC + cp * L, o);
+          WG1_ST(vbuf + a * pv + j * IC + cp * L, o);
         }
       }
     }
@@ -110,7 +111,7 @@ static void KILN_WG1_TASKS(void* ctx_, int64_t lo, int64_t hi) {
           const int64_t ocb = og * OV + o;
           V mm[NT];
           #pragma GCC unroll 16
-          for (int a = 0; a < NT; ++a) mm[a] = WG1_LD(mbuf + (((int64_t)a * T + j) * OV + o) * L);
+          for (int a = 0; a < NT; ++a) mm[a] = WG1_LD(mbuf + a * pm + (j * OV + o) * L);
           const V bv = bias ? WG1_LD(bias + ocb * L) : (V){0};
           float* yo = y + (n * OCB + ocb) * OW * L;
           #pragma GCC unroll 16

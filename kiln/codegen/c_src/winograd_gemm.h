@@ -9,13 +9,21 @@
      KILN_WGG_TR   tiles per register block
      KILN_WGG_OV   channel blocks per register block
    u [NP][OCB][IC][L] transformed weights (this group's blocks start at og * OV), vbuf
-   [NP][T][IC] transformed inputs, mbuf [NP][T][OV][L] out; T a multiple of TR; the GEMMs cover
+   [NP][T][IC] transformed inputs, mbuf [NP][T][OV][L] out (planes kiln_wg_plane apart); T a multiple of TR; the GEMMs cover
    the chunk's first nt tiles rounded up to TR (a short last chunk computes no more). Always inlined:
    its loops unroll in the caller's as they did when they were written out there. */
 #ifndef KILN_WG_ROUNDED_H
 #define KILN_WG_ROUNDED_H
 /* nt tiles rounded up to whole register blocks of TR: what a chunk's GEMMs compute */
 static inline int64_t kiln_wg_rounded(int64_t nt, int64_t TR) { return (nt + TR - 1) / TR * TR; }
+/* The stride, in floats, between the transform positions' planes of a buffer whose planes hold
+   `floats`: whole 64-byte lines, an odd number of them. The transforms touch one vector in every
+   plane; planes an even number of lines apart share few L1 sets (3 KiB apart, as a 12-tile chunk
+   of 64 channels is, all 36 fall in 4 of the 64 sets of a 32 KiB 8-way L1) and evict each other. */
+static inline int64_t kiln_wg_plane(int64_t floats) {
+  const int64_t lines = (floats + 15) / 16;
+  return (lines | 1) * 16;
+}
 #endif
 static inline __attribute__((always_inline)) void KILN_WGG_FN(
     const float* restrict u, const float* restrict vbuf, float* restrict mbuf, int NP, int64_t OCB,
@@ -25,8 +33,8 @@ static inline __attribute__((always_inline)) void KILN_WGG_FN(
   const int64_t jn = kiln_wg_rounded(nt, TR);
   for (int t = 0; t < NP; ++t) {
     const float* ut = u + ((int64_t)t * OCB + og * OV) * IC * L;
-    const float* vt = vbuf + (int64_t)t * T * IC;
-    float* mt = mbuf + (int64_t)t * T * OV * L;
+    const float* vt = vbuf + (int64_t)t * kiln_wg_plane(T * IC);
+    float* mt = mbuf + (int64_t)t * kiln_wg_plane(T * OV * L);
     for (int64_t j0 = 0; j0 < jn; j0 += TR) {
       V acc[TR][OV];
       #pragma GCC unroll 16
@@ -66,11 +74,11 @@ static inline kiln_wg_task kiln_wg_task_of(int64_t task, int64_t osplit, int64_t
   return k;
 }
 /* A range of tasks' own transform buffers, 64-byte aligned: vbuf [NP][T][IC] (the transformed
-   inputs) and mbuf [NP][T][OVL] (the GEMMs' outputs). Out of memory: none held, *failed set, 0. */
+   inputs) and mbuf [NP][T][OVL] (the GEMMs' outputs), their planes kiln_wg_plane apart. Out of memory: none held, *failed set, 0. */
 static inline int kiln_wg_buffers(float** vbuf, float** mbuf, int64_t NP, int64_t T, int64_t IC, int64_t OVL,
                                   int32_t* failed) {
-  *vbuf = (float*)aligned_alloc(64, ((size_t)NP * T * IC * sizeof(float) + 63) / 64 * 64);
-  *mbuf = (float*)aligned_alloc(64, ((size_t)NP * T * OVL * sizeof(float) + 63) / 64 * 64);
+  *vbuf = (float*)aligned_alloc(64, (size_t)NP * kiln_wg_plane(T * IC) * sizeof(float));
+  *mbuf = (float*)aligned_alloc(64, (size_t)NP * kiln_wg_plane(T * OVL) * sizeof(float));
   if (*vbuf && *mbuf) return 1;
   free(*vbuf);
   free(*mbuf);
@@ -81,7 +89,7 @@ static inline int kiln_wg_buffers(float** vbuf, float** mbuf, int64_t NP, int64_
    at all NP positions (its register block reads them; callers stop at kiln_wg_rounded(nt, TR)). */
 static inline int kiln_wg_past_end(float* vbuf, int64_t NP, int64_t T, int64_t j, int64_t nt, int64_t IC) {
   if (j < nt) return 0;
-  for (int64_t t = 0; t < NP; ++t) __builtin_memset(vbuf + (t * T + j) * IC, 0, IC * sizeof(float));
+  for (int64_t t = 0; t < NP; ++t) __builtin_memset(vbuf + t * kiln_wg_plane(T * IC) + j * IC, 0, IC * sizeof(float));
   return 1;
 }
 #endif
