@@ -212,7 +212,7 @@ def fold(e: Expr) -> Expr | None:
 
 # -- the rules ---------------------------------------------------------------
 
-x, y, z = Pat(name="x"), Pat(name="y"), Pat(name="z")
+x, y, z, w = Pat(name="x"), Pat(name="y"), Pat(name="z"), Pat(name="w")
 c1, c2 = Pat("const", name="c1"), Pat("const", name="c2")
 c3, c4, c5 = Pat("const", name="c3"), Pat("const", name="c4"), Pat("const", name="c5")
 
@@ -361,7 +361,16 @@ INT_RULES: list[tuple[Pat, Any]] = [
     ((x // c1) * c2 + (x % c4) * c5, lambda ctx, x, c1, c2, c4, c5:
         x * c5.arg if _pos(c1, c4) and c1.arg == c4.arg and c2.arg == c4.arg * c5.arg else None),
     ((x // c1) * c1 + (x % c1 + y), lambda ctx, x, c1, y: x + y),
+    # the same by a symbolic divisor (a fused loop over a symbolic extent, e.g. a GEMM's rows
+    # folded over a batch of symbolic M rows each): exact for floor division by any z != 0
+    ((x // z) * z + x % z, lambda ctx, x, z: x if z.op != "const" else None),
+    ((y + (x // z) * z) + x % z, lambda ctx, y, x, z: y + x if z.op != "const" else None),
+    # and scaled by a stride (a row-major address over symbolic dims: digit * (size * stride))
+    ((x // y) * (y * z) + (x % y) * z, lambda ctx, x, y, z: x * z if y.op != "const" else None),
+    ((w + (x // y) * (y * z)) + (x % y) * z, lambda ctx, w, x, y, z: w + x * z if y.op != "const" else None),
     (x // c1, _div_by_bounds), (x % c1, _mod_by_bounds),
+    # a guard on a fused loop's leading digit (a symbolic extent): x // y < z is x < z * y for y >= 1
+    (x // y < z, lambda ctx, x, y, z: x < z * y if y.op != "const" and (ctx.bounds(y)[0] or 0) >= 1 else None),
     # comparisons and min/max decided by bounds
     (x < y, _cmp_by_bounds("lt")), (x <= y, _cmp_by_bounds("le")),
     (P("gt", x, y), lambda ctx, x, y: y < x), (P("ge", x, y), lambda ctx, x, y: y <= x),

@@ -62,7 +62,7 @@ from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import Schedule, Tensor, cast, compute, min_, reduce_axis, sum_
 from kiln.loops.expr import walk
-from kiln.loops.symbols import UNBOUNDED, ceildiv, hint, size_hint, static
+from kiln.loops.symbols import UNBOUNDED, as_int, ceildiv, hint, same_size, size_hint, static
 from kiln.lower.decisions import Ints, OneOf, declare
 from kiln.lower.nnutil import parallel_worth
 from kiln.targets.target import Target
@@ -430,10 +430,14 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     flat = 0 if swap or dot or squeeze else _flat_rows(M, ba, vb, batch)
     lead, folded = batch[:len(batch) - flat], batch[len(batch) - flat:]
     if flat:   # R counts the rows of the folded items; acc keeps only the leading batch dims
-        s_row, R = s_at, M * folded[0]
+        s_row, R = s_at, M * math.prod(folded)
 
         def s_at(bi, r, k):
-            return s_row((*bi, r // M), r % M, k)
+            q, item = r // M, []
+            for d in reversed(folded[1:]):
+                q, rem = q // d, q % d
+                item.insert(0, rem)
+            return s_row((*bi, q, *item), r % M, k)
     aliasing = s_contiguous and weight_aliasing(K, a.dtype)
     if prepacked is not None:
         dot, nr = 0, prepacked.shape[-1]
@@ -508,11 +512,14 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
         *bi, i, j = ix = _unsqueeze(ix, squeeze)
         r, c = (j, i) if swap else (i, j)
         if flat:
-            bi, r = bi[:len(lead)], bi[len(lead)] * M + r
+            item = 0
+            for v, d in zip(bi[len(lead):], folded):
+                item = item * d + v
+            bi, r = bi[:len(lead)], item * M + r
         return cast(out_dtype, epi(acc[(*bi, c // nr, r, c % nr)], ix))
 
     out = compute(shape, out_body, name)
-    s_size, v_size = hint((R // math.prod(folded) if flat else R) * K * math.prod(ba if not swap else bb)), \
+    s_size, v_size = hint((M if flat else R) * K * math.prod(ba if not swap else bb)), \
         hint(C * K * math.prod(vb))
     return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
                 s_outer=GEMM_S_OUTER.value(heuristic=bool(s_size > v_size)), panel=panel, dot=dot,
@@ -521,27 +528,31 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
 
 
 def _flat_rows(M, ba, vb, batch) -> int:
-    """1 where the last batch dim folds into the rows (0: none): a batch of S matrices against
-    one shared V runs as a single matrix of all their rows. A transformer's Linear at batch 8 x
+    """How many trailing batch dims fold into the rows: a batch of S matrices against one
+    shared V runs as a single matrix of all their rows. A transformer's Linear at batch 8 x
     seq 32 is 8 products of 32 rows by one weight: tiled per item, 32 rows take six 6-row
     blocks (36 rows of FMAs, 12% wasted) and each V panel is swept 8 times in short runs; as
     one 256-row matrix, 43 blocks (258 rows). 1 thread, AVX-512 Zen 4, 32x768x3072 x 8:
-    48.2 GMAC/s per item, 54.9 as 256x768x3072. A dim folds where V is 1 (shared), S is not
-    broadcast (each item its own rows) and its size is static (the row -> item division is by
-    constants); the merged Q/K/V GEMM's [3, batch, M, N] folds the batch, not its weight's
-    planes.
+    48.2 GMAC/s per item, 54.9 as 256x768x3072.
 
-    One dim only, and none under a symbolic dim or beside a second foldable one: with a fused
-    epilogue, a fold of two dims ([1, 8, 32]: the 1 and the 8) or one under a symbolic batch
-    ([batch, 56, 56]) left a `% R` in the accumulator's row index, whose region then spanned
-    every row, computed again per tile (a ConvNeXt at 30 s an inference instead of 70 ms;
-    1x8x32x96 @ 96x384 + bias + Relu 19.8 ms instead of 0.19)."""
+    A dim folds where V is 1 (shared) and S is not broadcast (each item its own rows),
+    counted from the last batch dim inward (the merged Q/K/V GEMM's [3, batch, M, N] folds
+    the batch, not its weight's planes), static or symbolic (a symbolic batch or M: the row
+    is rebuilt from the fused loop's digits, which the simplifier joins back for symbolic
+    divisors too). Leading size-1 dims stay outside (`lead`): the outermost folded dim's
+    digit, f // (rows per item of it), is what carries the last row tile's padded rows past
+    R, and an epilogue indexes a size-1 dim with the constant 0 (a broadcast), so folding
+    [1, 56] x 56 rows made the accumulator's row (f // 56 % 56) * 56 + f % 56 = f % R: a
+    region of every row, computed again per tile (a ConvNeXt at 32.7 s an inference)."""
     n = len(batch)
     vb_full = [1] * (n - len(vb)) + list(vb)
     ba_full = [1] * (n - len(ba)) + list(ba)
-
-    def foldable(d: int) -> bool:
-        return isinstance(vb_full[d], int) and vb_full[d] == 1 and ba_full[d] == batch[d] and static(batch[d])
-    if n == 0 or not foldable(n - 1) or (n > 1 and foldable(n - 2)):
-        return 0
-    return int(all(static(d) for d in batch[:-1]) and static(M) and batch[-1] > 1)
+    flat = 0
+    while flat < n:
+        d = n - 1 - flat
+        if not (static(vb_full[d]) and as_int(vb_full[d]) == 1 and same_size(ba_full[d], batch[d])):
+            break
+        flat += 1
+    while flat and static(batch[n - flat]) and as_int(batch[n - flat]) == 1:   # leading 1s stay in `lead`
+        flat -= 1
+    return flat

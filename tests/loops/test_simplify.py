@@ -96,3 +96,21 @@ def test_digit_rejoin_inside_a_longer_sum():
     x, y = var("x", dom=(0, 120)), var("y", dom=(0, 10))
     assert simplify((y * 120 + (x // 5) * 5) + x % 5) is simplify(y * 120 + x)
     assert simplify(((x // 5) % 4) * 5 + x % 5) is simplify(x % 20)
+
+
+def test_digits_by_symbolic_sizes_rejoin():
+    # a GEMM's rows folded over a symbolic batch of a symbolic M rows each: the fused row
+    # var's digits (f // m, f % m) put back together, in an index and in a row-major address
+    # (strides m * 24 and 24), are the var itself; the tile guard on the leading digit is a
+    # bound on the var
+    from kiln.loops.symbols import symbol
+    m, h, b = symbol("fold_m"), symbol("fold_h"), symbol("fold_b")
+    x = var("x", dom=(0, 4096))
+    assert simplify((x // m) * m + x % m) is x
+    assert simplify((x // m) * (m * 24) + (x % m) * 24) is simplify(x * 24)
+    q = x // m
+    addr = ((q // h) * ((m * 24) * h) + (q % h) * (m * 24)) + (x % m) * 24
+    assert simplify(addr) is simplify(x * 24)
+    assert simplify((x // m) // h < b) is simplify(x < (b * h) * m)
+    # a divisor that is not the digit's stays
+    assert simplify((x // m) * h + x % m) is not x

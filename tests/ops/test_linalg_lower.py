@@ -227,34 +227,54 @@ def test_gemm_builder_knobs_agree():
                                    err_msg=f.name)
 
 
+def _acc_rows(func) -> list:
+    """The row extents of every GEMM accumulator a lowered function allocates locally."""
+    from kiln.loops import stmt as S
+    return [s.buffer.shape[-2] for s in S.walk_stmts(func.body)
+            if isinstance(s, S.Allocate) and s.buffer.name.endswith(".acc") and s.buffer.scope == "local"]
+
+
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases=st.lists(st.tuples(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.integers(1, 19),
-                                st.integers(1, 70), st.integers(1, 40), st.booleans(), st.booleans(),
-                                st.sampled_from([None, (5, 16), (3, 7)]), st.sampled_from([0, 2, 3])),
+@given(cases=st.lists(st.tuples(st.lists(st.sampled_from([1, 1, 2, 3, 4, 7]), min_size=1, max_size=3),
+                                st.integers(1, 19), st.integers(1, 70), st.integers(1, 40), st.booleans(),
+                                st.booleans(), st.sampled_from([None, (5, 16), (3, 7)]), st.sampled_from([0, 2, 3]),
+                                st.booleans()),
                       min_size=3, max_size=3))
 def test_gemm_batch_rows_folded_against_a_shared_weight(cases):
     """A batch of A matrices against one B (a Linear's weight) runs as one matrix of all the
-    batch's rows (Gemm.flat): odd M, N, K, one to three batch dims, B read transposed or not,
-    packed or not, forced tiles, planes of B over a leading batch dim that A broadcasts over
-    (merged GEMMs: not folded), and a fused epilogue that reads a residual of the output's
-    shape (its indices are the batch's, put back from the folded row)."""
+    batch's rows (Gemm.flat): odd M, N, K, one to three batch dims (size-1 dims leading and
+    inside, primes), B read transposed or not, packed or not, forced tiles, planes of B over a
+    leading batch dim that A broadcasts over (merged GEMMs: not folded), and a fused epilogue
+    that reads a residual of the output's shape (its indices are the batch's, put back from
+    the folded row), indexing size-1 dims with 0 as a broadcast does (`zeros`). The
+    accumulator is one micro-tile of rows: a row index left as `f % R` (the leading 1 of
+    [1, 8] x 32 folded) made its region every row, computed again per tile."""
     from kiln.dtypes import DType
     from kiln.loops import Schedule, compute, lower, placeholder
     from kiln.lower.gemm import gemm
 
     funcs, want = [], []
-    for batch, m, n, k, tb, pack, tile, planes in cases:
+    for batch, m, n, k, tb, pack, tile, planes, zeros in cases:
         lead = (planes, *[1] * len(batch)) if planes else ()
         a = placeholder((*batch, m, k), DType.float32, "a")
         b = placeholder((*lead, *((n, k) if tb else (k, n))), DType.float32, "b")
         r = placeholder((*lead[:1], *batch, m, n), DType.float32, "r")
-        g = gemm(a, b, trans_b=tb, swap=False, pack=pack, tile=tile, target=Target.host())
-        # one dim folds, not two (nor one under a symbolic batch dim: see _flat_rows)
-        assert g.flat == (1 if len(batch) == 1 and batch[0] > 1 else 0)
-        y = compute(g.out.shape, lambda *ix: g.out[ix] * 0.5 + r[ix], "epilogue")
+        g = gemm(a, b, trans_b=tb, swap=False, pack=pack, tile=tile, panel=False, target=Target.host())
+        # A's batch dims fold but leading 1s (B's planes, not shared, do not)
+        ones = next((i for i, d in enumerate(batch) if d != 1), len(batch))
+        assert g.flat == len(batch) - ones
+        shape = g.out.shape
+
+        def epi(*ix):
+            at = tuple(0 if zeros and d == 1 else v for v, d in zip(ix, shape))
+            return g.out[at] * 0.5 + r[ix]
+        y = compute(shape, epi, "epilogue")
         sch = Schedule(y)
         g.schedule(sch, y)
-        funcs.append(lower(sch, [a, b, r, y], f"k{len(funcs)}"))
+        f = lower(sch, [a, b, r, y], f"k{len(funcs)}")
+        rows = _acc_rows(f)
+        assert rows and all(n <= g.mr for n in rows), (f.name, rows, g.mr)
+        funcs.append(f)
         want.append(tb)
     mod = build_c(LoopModule(funcs))
     for f, tb in zip(funcs, want):
