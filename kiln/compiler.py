@@ -155,30 +155,39 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     cpu = calibrated(cpu) if target == "cpu" else cpu   # its fork cost, measured once per machine
     # a model file compiled before, unchanged since: its module loaded, the file not even read
     file = None if report else model_file(model, target, opt_level, cpu, decisions, tuning)
-    if file is not None:
-        with stage("cache load"):
-            key = file.compile_key()
-        compiled = key and cached_model(key, lambda: frontend(file.unchanged(model)), opt_level, cpu, decisions)
-        if compiled is not None:
-            return compiled
-    source = frontend(model)
-    # (None, the default level, is keyed as such: the level it is is kiln's source, in the key)
-    key = whole_key(source, target, opt_level, cpu, decisions, tuning)
-    if key is not None and not report:   # a static model compiled before: load it, run no pass
-        compiled = cached_model(key, lambda: source, opt_level, cpu, decisions)
-        if compiled is not None:
-            return _remembered(file, source, key, compiled)
-    opt_level = level_of(opt_level)
-    pool = None
-    if target == "cpu":
-        from kiln.codegen.build import prebuild_pool, start_probes  # noqa: PLC0415
-        start_probes(cpu)      # the C toolchain's probes run while the passes do
-        pool = prebuild_pool(cpu)   # and then kiln's pool is compiled (once per machine)
+    builds: list = []
     try:
-        return _passes_on(source, file, key, target, opt_level, cpu, decisions, tuning, shapes, report, times)
+        if file is not None:
+            with stage("cache load"):
+                key = file.compile_key()
+            compiled = key and cached_model(key, lambda: frontend(file.unchanged(model)), opt_level, cpu, decisions)
+            if compiled is not None:
+                return compiled
+            _start_builds(target, cpu, builds)   # a file not found: started while it is read
+        source = frontend(model)
+        # (None, the default level, is keyed as such: the level it is is kiln's source, in the key)
+        key = whole_key(source, target, opt_level, cpu, decisions, tuning)
+        if key is not None and not report:   # a static model compiled before: load it, run no pass
+            compiled = cached_model(key, lambda: source, opt_level, cpu, decisions)
+            if compiled is not None:
+                return _remembered(file, source, key, compiled)
+        _start_builds(target, cpu, builds)
+        return _passes_on(source, file, key, target, level_of(opt_level), cpu, decisions, tuning, shapes,
+                          report, times)
     finally:   # no compiler process outlives the compile that started it (a failed one too)
-        if pool is not None:
-            pool.join()
+        for pool in builds:
+            if pool is not None:
+                pool.join()
+
+
+def _start_builds(target: str, cpu, builds: list) -> None:
+    """On a cache miss (once: `builds` keeps the pool's thread, or None): the C toolchain's
+    probes start in a thread, then kiln's pool is compiled (once per machine), while the
+    frontend and the passes run."""
+    if target == "cpu" and not builds:
+        from kiln.codegen.build import prebuild_pool, start_probes  # noqa: PLC0415
+        start_probes(cpu)
+        builds.append(prebuild_pool(cpu))
 
 
 def _passes_on(source, file, key, target, opt_level, cpu, decisions, tuning, shapes, report, times):

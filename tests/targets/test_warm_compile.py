@@ -230,6 +230,25 @@ def test_a_model_file_compiled_before_loads_in_a_new_process_without_onnx(tmp_pa
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_file_not_in_the_cache_starts_the_toolchain_while_it_is_read(tmp_path, no_racy_wait, monkeypatch):
+    """A model file the cache does not know starts the C toolchain's probes and kiln's pool
+    (kiln.compiler._start_builds) before the frontend reads it, once; one it knows starts none."""
+    import kiln.codegen.build as build
+    import kiln.compiler as compiler
+    order = []
+    probes, frontend = build.start_probes, compiler.frontend
+    monkeypatch.setattr(build, "start_probes", lambda cpu: order.append("probes") or probes(cpu))
+    monkeypatch.setattr(compiler, "frontend", lambda m: order.append("frontend") or frontend(m))
+    path = saved(tmp_path / "m.onnx", conv_model())
+    cold = kiln.compile(path)
+    assert order == ["probes", "frontend"]
+    order.clear()
+    warm = kiln.compile(path)
+    assert order == []
+    check(cold, conv_model())
+    check(warm, conv_model())
+
+
 def test_a_touched_file_is_read_again_and_found_by_its_graph(tmp_path, no_racy_wait):
     import os
     path = saved(tmp_path / "m.onnx", conv_model())
