@@ -21,7 +21,7 @@ here, from the `Target` and the shapes:
 
 from __future__ import annotations
 
-from kiln.codegen.csource import c_instance, c_parallel, c_shared
+from kiln.codegen.csource import c_instance, c_parallel, c_shared, c_source
 from kiln.dtypes import DType
 from kiln.loops.symbols import c_size, static
 from kiln.lower.conv_algo import CONV_ALGORITHM
@@ -129,10 +129,11 @@ def _lower(ctx, x, u, b=None):
     gemm = gemm_instance(fn, lanes, tr, ov)
     preamble = c_shared("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_GEMM": gemm[0], "KILN_WG_L": str(lanes),
                                        "KILN_WG_TR": str(tr), "KILN_WG_OV": str(ov)}, fn.upper(),
-                         helpers=gemm[1] + c_parallel(target.threads_impl))
+                         helpers=gemm[1] + c_source("kiln_sigmoid.h") + c_parallel(target.threads_impl))
     par = parallel_from(n, lambda k: macs(k, icb, ocb, oh, ow, lanes), target)
+    act = 1 if int(ctx.attr("relu", 0)) else 2 if int(ctx.attr("swish", 0)) else 0     # the kernel's `act`
     body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {c_size(n)}, {icb}, {h}, {w}, "
-            f"{ocb}, {oh}, {ow}, {pads[0]}, {pads[1]}, {t}, {osplit}, {int(ctx.attr('relu', 0))}, {par});")
+            f"{ocb}, {oh}, {ow}, {pads[0]}, {pads[1]}, {t}, {osplit}, {act}, {par});")
     return ctx.extern(body, [x, u, b], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=preamble,
                       errors={-1: "out of memory for the Winograd transform buffers"})
 

@@ -18,7 +18,9 @@ channels, the elementwise products are (m + 2)^2 independent GEMMs over tiles.
   transformed weights [(m+2)^2, OCB, ICB*cb, ob] (`transform_weight`); b packed
   (OCB, ob); the output N,OCB,OH,OW,ob with OH = H + pad_top + pad_bottom - 2
   (likewise OW); padding channels come out zero (their weights and bias are); `relu`
-  (default 0): max(y, 0) applied to the result (a Relu fused by kiln.passes.layout).
+  (default 0): max(y, 0) applied to the result (a Relu fused by kiln.passes.layout);
+  `swish` (default 0): y * sigmoid(y) instead (a Swish, SiLU, fused likewise; both map 0
+  to 0, so the padding channels stay zero).
 
 The transforms are Toom-Cook's over the points 0, +-1, +-2, +-1/2, ... and infinity
 (`matrices(m)`, built here rather than copied, so F(2), F(4) and F(6) come from one
@@ -40,6 +42,7 @@ import numpy as np
 from kiln.graph.deferred import Deferred
 from kiln.graph.types import TensorType
 from kiln.ops.layout import from_blocked, to_blocked
+from kiln.ops.elementwise import _sigmoid
 from kiln.ops.nn import compute_dtype
 from kiln.ops.registry import OPAQUE, op
 
@@ -180,6 +183,8 @@ def geometry(ctx, xs, us):
     if us[0] != t * t or us[2] != xs[1] * xs[4] or us[3] != xs[4]:
         ctx.fail(f"ConvWinograd weights {tuple(us)} do not fit input {tuple(xs)} with m={m}: expected "
                  f"({t * t}, OCB, {xs[1] * xs[4]}, {xs[4]})")
+    if int(ctx.attr("relu", 0)) and int(ctx.attr("swish", 0)):
+        ctx.fail("ConvWinograd takes one activation: relu or swish, not both")
     pads = [int(p) for p in ctx.attr("pads", [1, 1, 1, 1])]
     if len(pads) != 4 or min(pads) < 0:
         ctx.fail(f"ConvWinograd pads must be 4 non-negative ints, got {pads}")
@@ -213,4 +218,6 @@ def conv_winograd(ctx, x, u, b=None):
         y = y + compute_dtype(b).reshape(1, -1, 1, 1)
     if int(ctx.attr("relu", 0)):
         y = np.maximum(y, 0)
+    if int(ctx.attr("swish", 0)):
+        y = y * _sigmoid(y)
     return to_blocked(y, ob).astype(x.dtype, copy=False)

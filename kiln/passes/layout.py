@@ -225,15 +225,20 @@ class _Rewriter:
             ins.append(new_const(self.namer, f"{node.name}.bias.nchwc{self.block}",
                                  pack_bias(b, w.shape[0], self.block, w.dtype)))
         y = node.outputs[0]
-        # a Relu that is the conv's only reader runs in the kernel's output transform
+        # a Relu (or, 2-D, a Swish: SiLU) that is the conv's only reader runs in the kernel's
+        # output transform
         readers = self.consumers.get(y.id, [])
-        relu = readers[0] if (self.uses[y.id] == 1 and len(readers) == 1 and readers[0].op == "Relu"
-                              and not readers[0].domain) else None
+        act = readers[0] if (self.uses[y.id] == 1 and len(readers) == 1 and not readers[0].domain and (
+            readers[0].op == "Relu" or (op == "ConvWinograd" and readers[0].op == "Swish"
+                                        and float(readers[0].attrs.get("alpha", 1.0)) == 1.0))) else None
         yb = self.twin_value(y)
-        self.emit(op, ins, [yb], {**kind, "relu": int(relu is not None)}, node.name, DOMAIN)
-        if relu is not None:
-            self.skip.add(id(relu))
-            y = relu.outputs[0]
+        acts = {"relu": int(act is not None and act.op == "Relu")}
+        if act is not None and act.op == "Swish":
+            acts["swish"] = 1
+        self.emit(op, ins, [yb], {**kind, **acts}, node.name, DOMAIN)
+        if act is not None:
+            self.skip.add(id(act))
+            y = act.outputs[0]
         self.produce_blocked(y, yb)
         self.fired["Winograd"] += 1
 

@@ -73,7 +73,7 @@ def test_reference_in_float64_equals_direct(m):
     np.testing.assert_allclose(got, direct(x, w, pads), rtol=1e-10, atol=1e-10)
 
 
-def conv_model(n, c, oc, h, w, pads, bias, relu=False, seed=0, batch_dim=None):
+def conv_model(n, c, oc, h, w, pads, bias, relu=False, seed=0, batch_dim=None, silu=False):
     rng = np.random.default_rng(seed)
     wt = (rng.standard_normal((oc, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
     inits = [numpy_helper.from_array(wt, "w")]
@@ -82,9 +82,12 @@ def conv_model(n, c, oc, h, w, pads, bias, relu=False, seed=0, batch_dim=None):
         bv = rng.standard_normal(oc).astype(np.float32)
         inits.append(numpy_helper.from_array(bv, "b"))
         ins.append("b")
-    nodes = [helper.make_node("Conv", ins, ["c" if relu else "y"], name="conv3", pads=list(pads))]
+    nodes = [helper.make_node("Conv", ins, ["c" if relu or silu else "y"], name="conv3", pads=list(pads))]
     if relu:
         nodes.append(helper.make_node("Relu", ["c"], ["y"], name="relu"))
+    if silu:            # as exporters write SiLU: x * Sigmoid(x) (kiln.passes.algebraic makes it a Swish)
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"], name="sigmoid"),
+                  helper.make_node("Mul", ["c", "s"], ["y"], name="silu")]
     oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
     nb = batch_dim or n
     g = helper.make_graph(nodes, "wino", [helper.make_tensor_value_info("x", F, [nb, c, h, w])],
@@ -207,6 +210,33 @@ def test_relu_runs_in_the_output_transform():
     x = np.random.default_rng(5).standard_normal((2, 40, 11, 14)).astype(np.float32)
     want = np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)
     assert rel_error(kiln.compile(model, decisions=WINO).run(x=x)["y"], want) < WINOGRAD_ERROR_BOUND
+
+
+@pytest.mark.parametrize("n,batch_dim,target", [(1, None, "cpu"), (2, None, "cpu"), (3, "batch", "cpu"),
+                                                 (2, None, "interpreter")])
+def test_silu_runs_in_the_output_transform(n, batch_dim, target):
+    """A SiLU (Swish) that is the conv's only reader is the kernel's activation: one kernel, the
+    direct convolution's result (float64) through x * sigmoid(x)."""
+    model, wt, bv = conv_model(n, 24, 40, 13, 10, [1, 1, 1, 1], True, seed=n, batch_dim=batch_dim, silu=True)
+    ops = ops_of(model, decisions=WINO)
+    assert "ConvWinograd" in ops and not {"Swish", "Sigmoid", "Mul"} & set(ops)
+    x = np.random.default_rng(n).standard_normal((n, 24, 13, 10)).astype(np.float32)
+    c = direct(x, wt, [1, 1, 1, 1], bv)
+    got = kiln.compile(model, target=target, decisions=WINO).run(x=x)["y"]
+    assert rel_error(got, c / (1 + np.exp(-c))) < WINOGRAD_ERROR_BOUND
+
+
+def test_a_conv_read_by_more_than_its_silu_keeps_the_silu_apart():
+    model, wt, bv = conv_model(1, 16, 16, 9, 9, [1, 1, 1, 1], True, silu=True)
+    g = model.graph
+    g.output.append(helper.make_tensor_value_info("c", F, [1, 16, 9, 9]))     # the conv's output read twice
+    ops = ops_of(model, decisions=WINO)
+    assert "ConvWinograd" in ops and "Swish" in ops
+    x = np.random.default_rng(3).standard_normal((1, 16, 9, 9)).astype(np.float32)
+    out = kiln.compile(model, decisions=WINO).run(x=x)
+    c = direct(x, wt, [1, 1, 1, 1], bv)
+    assert rel_error(out["c"], c) < WINOGRAD_ERROR_BOUND
+    assert rel_error(out["y"], c / (1 + np.exp(-c))) < WINOGRAD_ERROR_BOUND
 
 
 def test_report_lists_each_conv_with_its_algorithm():

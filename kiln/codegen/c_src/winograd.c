@@ -19,7 +19,8 @@
      2. per group of OV output channel blocks: the 36 GEMMs M[t] = V[t] U[t] over the chunk
         (register blocks of TR tiles x OV vectors, input channels innermost: per channel, OV
         weight vectors and TR broadcasts for TR * OV FMAs), then the output transform
-        A^T M A of each tile, + bias, ReLU when asked, stored into y (cropped at the edges).
+        A^T M A of each tile, + bias, the activation `act` (1 ReLU; 2 Swish, v sigmoid(v) by
+        kiln_sigmoid.h, included before this file; 0 none), stored into y (cropped at the edges).
    Tasks run in parallel (`par`: kiln_par_for, on the module's threads), each range of them with
    transform buffers of its own. Returns 0, or -1 when out of memory.
 
@@ -29,7 +30,7 @@
 __attribute__((visibility("hidden"))) int32_t KILN_WG_FN(
     const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
-    int64_t pt, int64_t pl, int64_t T, int64_t osplit, int relu, int par);
+    int64_t pt, int64_t pl, int64_t T, int64_t osplit, int act, int par);
 /* kiln: definition */
 #define KILN_WG_CAT2(a, b) a##b
 #define KILN_WG_CAT(a, b) KILN_WG_CAT2(a, b)
@@ -39,7 +40,7 @@ __attribute__((visibility("hidden"))) int32_t KILN_WG_FN(
 struct KILN_WG_CTX {
   const float* x; const float* u; const float* bias; float* y;
   int64_t N, ICB, H, W, OCB, OH, OW, pt, pl, T, osplit;
-  int relu; int32_t failed;
+  int act; int32_t failed;
 };
 /* tasks [lo, hi), with transform buffers of their own */
 static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
@@ -48,7 +49,7 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
   float* restrict y = c->y;
   const int64_t ICB = c->ICB, H = c->H, W = c->W, OCB = c->OCB, OH = c->OH, OW = c->OW, pt = c->pt, pl = c->pl;
   const int64_t T = c->T, osplit = c->osplit, N = c->N;
-  const int relu = c->relu;
+  const int act = c->act;
   typedef float V __attribute__((vector_size(KILN_WG_L * 4)));
   typedef int32_t VI __attribute__((vector_size(KILN_WG_L * 4)));
 #define WG_LD(p) ({ V v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
@@ -130,8 +131,13 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
             WG_AT(tm[i][0], tm[i][1], tm[i][2], tm[i][3], tm[i][4], tm[i][5], out[0], out[1], out[2], out[3]);
             for (int k = 0; k < cols; ++k) {
               V v = out[k] + bv;
-              if (relu) v = (V)((VI)v & ~(VI)(v < (V){0}));   /* max(v, 0); a NaN stays NaN */
+              if (act == 1) v = (V)((VI)v & ~(VI)(v < (V){0}));   /* max(v, 0); a NaN stays NaN */
               WG_ST(yo + (i * OW + k) * L, v);
+            }
+            if (act == 2) {                      /* v * sigmoid(v) over the row's stored vectors */
+              float* restrict yr = yo + i * OW * L;
+              #pragma omp simd
+              for (int e = 0; e < cols * L; ++e) yr[e] = yr[e] * kiln_sigmoid_f32(yr[e]);
             }
           }
         }
@@ -149,9 +155,9 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
 __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_WG_FN(
     const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
-    int64_t pt, int64_t pl, int64_t T, int64_t osplit, int relu, int par) {
+    int64_t pt, int64_t pl, int64_t T, int64_t osplit, int act, int par) {
   const int64_t ntile = N * ((OH + 3) / 4) * ((OW + 3) / 4);
-  struct KILN_WG_CTX c = { x, u, bias, y, N, ICB, H, W, OCB, OH, OW, pt, pl, T, osplit, relu, 0 };
+  struct KILN_WG_CTX c = { x, u, bias, y, N, ICB, H, W, OCB, OH, OW, pt, pl, T, osplit, act, 0 };
   kiln_par_for(KILN_WG_TASKS, &c, 0, (ntile + T - 1) / T * osplit, par);
   return c.failed ? -1 : 0;
 }
