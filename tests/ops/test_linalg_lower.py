@@ -244,11 +244,12 @@ def test_gemm_batch_rows_folded_against_a_shared_weight(cases):
     """A batch of A matrices against one B (a Linear's weight) runs as one matrix of all the
     batch's rows (Gemm.flat): odd M, N, K, one to three batch dims (size-1 dims leading and
     inside, primes), B read transposed or not, packed or not, forced tiles, planes of B over a
-    leading batch dim that A broadcasts over (merged GEMMs: not folded), and a fused epilogue
-    that reads a residual of the output's shape (its indices are the batch's, put back from
-    the folded row), indexing size-1 dims with 0 as a broadcast does (`zeros`). The
-    accumulator is one micro-tile of rows: a row index left as `f % R` (the leading 1 of
-    [1, 8] x 32 folded) made its region every row, computed again per tile."""
+    leading batch dim that A broadcasts over (merged GEMMs: A's dims fold, B's planes stay
+    outside), and a fused epilogue that reads a residual of the output's shape (its indices
+    are the batch's, put back from the folded row), indexing size-1 dims with 0 as a
+    broadcast does (`zeros`). The accumulator is one micro-tile of rows: a row index left as
+    `f % R` (the leading 1 of [1, 8] x 32 folded) made its region every row, computed again
+    per tile."""
     from kiln.dtypes import DType
     from kiln.loops import Schedule, compute, lower, placeholder
     from kiln.lower.gemm import gemm
@@ -259,10 +260,11 @@ def test_gemm_batch_rows_folded_against_a_shared_weight(cases):
         a = placeholder((*batch, m, k), DType.float32, "a")
         b = placeholder((*lead, *((n, k) if tb else (k, n))), DType.float32, "b")
         r = placeholder((*lead[:1], *batch, m, n), DType.float32, "r")
-        g = gemm(a, b, trans_b=tb, swap=False, pack=pack, tile=tile, panel=False, target=Target.host())
-        # A's batch dims fold but leading 1s (B's planes, not shared, do not)
+        g = gemm(a, b, trans_b=tb, swap=False, pack=pack, tile=tile, target=Target.host())
+        # A's batch dims fold but leading 1s (B's planes, not shared, do not; a single column,
+        # a dot per row, has no row tiles to fold)
         ones = next((i for i, d in enumerate(batch) if d != 1), len(batch))
-        assert g.flat == len(batch) - ones
+        assert g.flat == (0 if g.dot else len(batch) - ones)
         shape = g.out.shape
 
         def epi(*ix):
@@ -272,8 +274,8 @@ def test_gemm_batch_rows_folded_against_a_shared_weight(cases):
         sch = Schedule(y)
         g.schedule(sch, y)
         f = lower(sch, [a, b, r, y], f"k{len(funcs)}")
-        rows = _acc_rows(f)
-        assert rows and all(n <= g.mr for n in rows), (f.name, rows, g.mr)
+        rows = _acc_rows(f)   # (panel packing: by design, a whole panel's rows)
+        assert rows and all(n <= (g.acc.shape[-2] if g.panel else g.mr) for n in rows), (f.name, rows, g.mr)
         funcs.append(f)
         want.append(tb)
     mod = build_c(LoopModule(funcs))
