@@ -24,7 +24,8 @@ interrupted one has none: its run goes on from the records, for B again).
 
 Phase time, per model: kiln untuned (tuning=""), kiln tuned (tuning=W/TAG.db), ORT and OpenVINO,
 --threads each, runs interleaved in rounds for about --seconds, medians; outputs checked against
-ORT. About 15-30 s per model (compiles cached from the tune phase, OpenVINO's load, 6 s timed).
+ORT. About 20-40 s per model on a quiet machine (two kiln compiles, OpenVINO's load, 6 s timed): the
+five models above took 321 s at load 15.6 (83 s of CPU), ResNeXt-50 batch 4 185 s of it.
 Prints one markdown table (gain = untuned / tuned; the targets: gain >= 1.20 on the 3 slowest,
 tuned / OpenVINO <= 0.8 on the bench: ones) and writes W/summary.json.
 """
