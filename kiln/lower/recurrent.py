@@ -6,9 +6,9 @@ G * H * H multiply-adds per batch row, so at batch 1 it is bound by how fast R
 streams from cache. R arrives packed (kiln.ops.recurrent.pack_r) as panels of
 U = 16 hidden units x G gates: a panel is read front to back, its G * U sums (per
 batch row of a tile) stay in vector registers, and the panel's epilogue adds the
-projected input, applies the gate nonlinearities (vectorised through libmvec where
-the build has it) and updates c, h and Y for those U units at once: nothing of a
-step goes back to memory but the new state.
+projected input, applies the gate nonlinearities (inline, vectorised: recurrent.h)
+and updates c, h and Y for those U units at once: nothing of a step goes back to
+memory but the new state.
 
 Batch rows: a tile of rows shares each panel row's loads, and each tile reads all of R
 once per step, so a tile takes as many rows as half the register file holds sums for,
@@ -19,10 +19,11 @@ Threads: the team is one kiln_par_for job (kiln/codegen/c_src/kiln_par.h: kiln's
 module's threads; one fork per kernel, none per step), each member a file-scope function
 call. When a step is big enough (`team_per_direction`), the team shares the
 panels of every direction, each thread streaming its own range of R from its own core's
-cache: at 2 threads a bidirectional layer's directions one each, a unidirectional
-layer's panels half each (an LSTM of 256 units: 512 KiB of its 1 MiB of R, which fits
-a Zen 4 core's 1 MiB L2; the whole does not). The team claims panels stage by stage
-(kiln/codegen/c_src/recurrent.h): own range first, then what is left of the others', so
+cache: at 2 threads a unidirectional layer's panels half each (an LSTM of 256 units:
+512 KiB of its 1 MiB of R, which fits a Zen 4 core's 1 MiB L2; the whole does not). A
+layer with no more threads than directions (bidirectional at 2 threads) runs a direction
+on each thread with no synchronisation instead (DIRECTIONS). The team claims panels
+stage by stage (kiln/codegen/c_src/recurrent.h): own range first, then what is left of the others', so
 a partner that is late (waking from its sleep between kernels) or descheduled (a loaded
 machine) costs a step only the panels it holds, never a wait for it, and the kernel
 never falls back to one thread. A stage is a step's product (two for GRU without
@@ -33,7 +34,8 @@ do groups of a batch's rows where R is small enough (ROW_MIN, ROW_L2): a member 
 one direction for its rows through the whole sequence.
 
 Each tile asks for its projected inputs' and Y's cache lines before its sums (far apart, a
-line or two per row and gate: the hardware prefetcher misses them), so the sums hide the misses.
+line or two per row and gate: the hardware prefetcher misses them), so the sums hide the misses,
+and for the next step's projected inputs into L2.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from kiln.loops.symbols import as_int, c_size, same_size, static
 from kiln.lower.rnn import _lit
 from kiln.codegen.csource import c_source
 from kiln.lower.context import lowering
+from kiln.lower.decisions import OneOf, declare
 from kiln.targets.target import Target
 
 # One thread or several per step, from R's size and the caches. A step streams R (G x H x H
@@ -85,14 +88,27 @@ ROW_MIN = 4
 ROW_L2 = 0.5
 
 
+# A layer of several directions on at most one thread per direction (2 threads, bidirectional):
+# the team claims every direction's panels stage by stage ("shared": a late or descheduled thread's
+# panels are taken by the other, for a claim, a counter and a flag passed between the cores every
+# step), or each direction runs on a thread of its own through the whole sequence ("own": no
+# synchronisation at all; a thread that comes late delays only its own direction, and the kernel's
+# end). Own, measured quiet (2 threads, Zen 4, load 1.2-1.7, interleaved with ONNX Runtime, corpus
+# models, kiln ms own / shared in each of 4-5 runs): bilstm seq 512 b1 0.93-1.0, seq 128 b8
+# 0.92-1.0, seq 128 b1 0.96-1.0; bigru 0.97-1.0. The tuner may still choose shared.
+DIRECTIONS = declare("recurrent.directions", OneOf(("shared", "own")), lambda t: "own",
+                     "several directions on at most one thread each: panels claimed by the team "
+                     "stage by stage (shared) or a thread per direction, unsynchronised (own)")
+
+
 def team_per_direction(r_bytes: int, batch: int, panels: int, target: Target) -> int:
     """Threads that share one direction's step (1: it runs on one thread): one per
     SHARE_L1 x L1d bytes of R x batch rows, at most one per panel."""
     return max(1, min(panels, r_bytes * batch // (SHARE_L1 * target.l1d_bytes)))
 
 
-# the panel claims, activations and exp every kiln::Recurrent kernel shares
-PREAMBLE = c_source("kiln_exp.h") + c_source("kiln_par.h") + c_source("recurrent.h")
+# the panel claims and activations every kiln::Recurrent kernel shares
+PREAMBLE = c_source("kiln_sigmoid.h") + c_source("kiln_par.h") + c_source("recurrent.h")
 
 
 def _act(name: str, a, b, v: str) -> str:
@@ -102,7 +118,7 @@ def _act(name: str, a, b, v: str) -> str:
     return {
         "relu": f"({v} < 0.0f ? 0.0f : {v})",
         "tanh": f"kiln_rec_tanh({v})",
-        "sigmoid": f"kiln_rec_sigmoid({v})",
+        "sigmoid": f"kiln_sigmoid_f32({v})",
         "affine": f"({la} * {v} + {lb})",
         "leakyrelu": f"({v} >= 0.0f ? {v} : {la} * {v})",
         "thresholdedrelu": f"({v} > {la} ? {v} : 0.0f)",
@@ -311,7 +327,10 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
                      *(f"  memcpy(pacc[{r}][{k}], &acc_{r}_{k}, 64);" for r in range(rows) for k in part), "}"]
         # the epilogue's projected inputs (a line or two per row and gate, far apart: the
         # prefetcher misses them) and Y's lines asked for before the tile's sums, which take
-        # long enough to hide their misses
+        # long enough to hide their misses; and the next step's projected inputs into L2, a
+        # step ahead (those asked for a tile ahead still come late at batch 8: LSTM / GRU of 256
+        # units at batch 8, one thread, thread CPU time, 1-7% of the layer's time; batch 1 the same)
+        nxt = XW().replace("ti", "(rev ? len - 2 - s : s + 1)")
         ahead = [f"for (int64_t r = 0; r < {rows} && b0 + r < rhi; ++r) {{",
                  f"  const int64_t b = b0 + r, len = {lens_b};",
                  "  if (s < len) {",
@@ -320,6 +339,10 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
                  *(f"    __builtin_prefetch(xr + {k * hs}); __builtin_prefetch(xr + {k * hs + 15});" for k in gates),
                  *([f"    __builtin_prefetch(out0 + {Y()} + p * 16, 1); __builtin_prefetch(out0 + {Y()} + p * 16 + 15, 1);"]
                    if last else []),
+                 f"    if (s + 1 < len) {{ const float* xn = xw + {nxt} + p * 16;",
+                 *(f"      __builtin_prefetch(xn + {k * hs}, 0, 2); __builtin_prefetch(xn + {k * hs + 15}, 0, 2);"
+                   for k in gates),
+                 "    }",
                  "  }",
                  "}"]
         return [f"const float* wp = rpd + p * {hs * g * 16};",
@@ -366,6 +389,8 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
     h_init = f"(float){arg['h0']}[{H('d', 'b')} + j]" if "h0" in arg else "0.0f"
     c_init = f"(float){arg['c0']}[{H('d', 'b')} + j]" if "c0" in arg else "0.0f"
     share = SHARE_L1 * target.l1d_bytes   # team_per_direction's, for the run-time batch
+    # directions on threads of their own where there are no more threads than directions
+    own = " && avail > ND" if nd > 1 and DIRECTIONS.value() == "own" else ""
     if static(batch) and static(steps):
         per = team_per_direction(g * hs * hs * 4, as_int(batch), n_p, target)
         split = int(per > 1 and as_int(steps) > 1)
@@ -440,7 +465,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         f"int64_t groups = avail / ND < B / {ROW_MIN} ? avail / ND : B / {ROW_MIN};" if rows_ok else
         "int64_t groups = 1;",
         "if (groups < 1) groups = 1;",
-        f"const int split_ = {split} && groups == 1;",
+        f"const int split_ = {split} && groups == 1{own};",
         f"const int team_n = !split_ ? (int)(ND * groups) : avail < {most} ? avail : (int){most};",
         "kiln_rec_team team;",
         f"kiln_rec_init(&team, team_n, {nd * n_p});",

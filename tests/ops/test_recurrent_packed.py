@@ -65,12 +65,12 @@ def model(layers):
     return oh.make_model(g, opset_imports=[oh.make_opsetid("", 22)]), feeds
 
 
-def check(layers, rtol=1e-4, atol=1e-5):
+def check(layers, rtol=1e-4, atol=1e-5, decisions=None):
     m, feeds = model(layers)
     optimized, _ = run_passes(load_onnx(m))
     ops = {n.qualified_op for n in optimized.nodes}
     assert "kiln::Recurrent" in ops and not ops & set(GATES), ops
-    got = kiln.compile(m).run(feeds)
+    got = kiln.compile(m, decisions=decisions).run(feeds)
     want = kiln.compile(m, target="interpreter", opt_level=0).run(feeds)  # the ONNX ops themselves
     assert set(got) == set(want)
     for name, w in want.items():
@@ -135,6 +135,18 @@ def test_split_between_threads():
     stages per step, batch tiles whose gates are summed in passes; batches whose rows are
     shared out instead."""
     check(_split_layers())
+
+
+@pytest.mark.parametrize("directions", ["shared", "own"])
+def test_directions_shared_or_own(directions):
+    """Bidirectional layers whose steps are big enough to share, both ways of running their
+    directions (kiln.lower.recurrent.DIRECTIONS): claimed by the team stage by stage, or a
+    thread each with no synchronisation; ragged lens, initial states, GRU's two stages."""
+    rng = np.random.default_rng(4)
+    check([layer(0, "LSTM", rng, seq=6, batch=1, inp=7, hs=136, nd=2, lens=[5], h0=True, c0=True),
+           layer(1, "GRU", rng, seq=5, batch=3, inp=6, hs=150, nd=2, lens=[5, 0, 2], h0=True),
+           layer(2, "LSTM", rng, seq=3, batch=8, inp=5, hs=130, nd=2, peep=True)],
+          decisions={"recurrent.directions": directions})
 
 
 @pytest.mark.slow
