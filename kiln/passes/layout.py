@@ -25,7 +25,8 @@ The rewrite, in one walk over the nodes in order:
   window: its values' twins are N,C/c,1,L,c, converted through free Reshapes;
 - a 3x3 stride-1 `Conv` for which kiln.lower.conv_algo chooses Winograd becomes
   `kiln::ConvWinograd` (kiln.ops.winograd) with its weights transformed here, on the
-  same blocked layout (a Relu that is its only reader runs in its output transform);
+  same blocked layout (a Relu, or for a 2-D one a Swish, that is its only reader runs in its
+  output transform);
   a 1-D one (3 taps at stride 1, dilated or not; or strided) likewise `kiln::ConvWinograd1D`
   (kiln.ops.winograd1d), on the 1-D blocked layout N,C/c,1,L,c;
   the chooser's choice and reason for every conv are the pass's findings (`model.report`);
