@@ -31,4 +31,3 @@ def compile_cost(body: str) -> float:
             stack.append(pending)
             pending = 1
     return (1 + refs) ** 1.5 + len(body) / 100
-

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from kiln.codegen.csource import c_instance, c_parallel, c_shared, c_source
 from kiln.dtypes import DType
-from kiln.loops.symbols import c_size, static
+from kiln.loops.symbols import c_size, ceildiv, static
 from kiln.lower.conv_algo import CONV_ALGORITHM
 from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import parallel_from
@@ -100,7 +100,7 @@ def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Targe
         t = min(t, -(-per_thread // tr) * tr)         # a chunk per thread at least, if there are tiles
     t = min(t, whole)
     nchunk = -(-tiles // t)
-    t = -(-(-(-tiles // nchunk)) // tr) * tr          # as many chunks, as equal as register blocks allow
+    t = ceildiv(ceildiv(tiles, nchunk), tr) * tr     # as many chunks, as equal as register blocks allow
     groups = ocb // ov
     osplit = 1 if nchunk >= 2 * target.cores else min(groups, -(-2 * target.cores // nchunk))
     return decided(tr, ov, t, max(osplit, 1), ocb)
