@@ -719,6 +719,10 @@ def tune(model, budget, db_path, trials_per_round, timeout, seed, clock, end_to_
                         ["node", "decision", "shape", "x", "rule", "measured", "failed"], prow))
     summary = [["estimated end-to-end (kernel times x weights)", f"x{rep.estimated_speedup:.2f}"],
                ["cost model", f"Kendall tau {rep.mean_tau:.2f} on held-out batches ({len(rep.taus)} rounds)"]]
+    if rep.stale_records:   # this machine's records of other kernel code: not applied (kiln.tune.version)
+        from kiln.tune.version import stale_reason  # noqa: PLC0415
+        summary.append([f"{sum(rep.stale_records.values())} records skipped as stale (seeds only)",
+                        "; ".join(f"{n} {stale_reason(v)}" for v, n in rep.stale_records.items())])
     if rep.end_to_end:
         e = rep.end_to_end
         how = "one thread, thread CPU time" if e.get("clock") == "cpu" else "wall clock"

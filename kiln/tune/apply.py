@@ -7,13 +7,17 @@ other decision overrides as {"@<workload>": {decision: value, "#record": id}} en
 (so the module cache key includes them, and the build's manifest lists the records),
 and lowering hands each kernel its own. Records of another machine signature are never
 applied; those timed on one thread (`kiln tune --clock cpu`, signature suffix "-cpu1") only
-where no record timed on the model's threads exists. A record that no longer fits the kernel (kiln changed its template) is ignored
-with a warning: the default schedule is built.
+where no record timed on the model's threads exists. Records measured on other kernel code
+(kiln.tune.version: kiln changed since) are not applied either; a workload that has only
+such records is built with its default schedule, with a warning that says how many. A
+record that no longer fits the kernel (kiln changed its template) is ignored with a warning:
+the default schedule is built.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 from kiln.errors import KilnError
 
@@ -41,12 +45,17 @@ def with_pass_records(path: str | None, decisions: dict, target=None) -> dict:
     if target is not None and target.key() != machine()["target"]:
         return decisions
     found: dict = {}
+    stale: dict = {}
     with Database(path) as db:
         for sig in (signature(clock="cpu"), signature()):    # timed on the model's threads wins
             for key in (k for p in PREFIXES for k in db.workloads(p, sig)):
                 best = db.best(key, sig)
                 if best is not None:
                     found["@" + key] = None if best.is_default else {**best.decisions, "#record": best.id}
+        for sig in (signature(clock="cpu"), signature()):    # (workloads with no record applied)
+            for key in (k for p in PREFIXES for k in db.workloads(p, sig, current=False) if "@" + k not in found):
+                _add_stale(stale, db.stale(key, sig))
+    _warn_stale(path, stale, "graph pass decisions")
     return {**{k: v for k, v in found.items() if v is not None}, **decisions}   # asked by hand wins
 
 
@@ -62,9 +71,29 @@ def with_records(path: str | None, graph, known: dict, decisions: dict, target=N
         return decisions
     sigs = (signature(), signature(clock="cpu"))   # timed on the model's threads first, else on one
     out = dict(decisions)
+    stale: dict = {}
     with Database(path) as db:
         for key in dict.fromkeys(group_keys(graph, known)):
             best = next((b for b in (db.best(key, s) for s in sigs) if b is not None), None)
-            if best is not None and not best.is_default:
+            if best is None:
+                for s in sigs:
+                    _add_stale(stale, db.stale(key, s))
+            elif not best.is_default:
                 out["@" + key] = {**best.decisions, "#record": best.id}
+    _warn_stale(path, stale, "this model's kernels")
     return out
+
+
+def _add_stale(into: dict, counts: dict) -> None:
+    for v, n in counts.items():
+        into[v] = into.get(v, 0) + n
+
+
+def _warn_stale(path: str, stale: dict, what: str) -> None:
+    """Say that records of other kernel code were not applied (a default schedule was built
+    where the database has only such records), and why."""
+    if stale:
+        from kiln.tune.version import stale_reason  # noqa: PLC0415
+        warnings.warn(f"{sum(stale.values())} tuning records for {what} in {path!r} were not "
+                      "applied: " + "; ".join(f"{n} {stale_reason(v)}" for v, n in stale.items())
+                      + "; the default schedules were built (`kiln tune` again measures this code)", stacklevel=3)

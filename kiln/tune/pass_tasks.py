@@ -40,6 +40,7 @@ class PassTask:
     description: str = ""
     seconds: dict = field(default_factory=dict)   # value -> the model's time with it (this run)
     errors: dict = field(default_factory=dict)    # value -> why it was not measured
+    stale_records: dict = field(default_factory=dict)   # kernel code version -> records of it (not applied)
 
     @property
     def candidates(self) -> list:
@@ -100,7 +101,8 @@ def tune_pass_tasks(tasks: list[PassTask], build: Callable[[dict], dict], db, si
         if patience is not None and stale >= patience:
             return tasks
         db.add_workload(task.key, f"{task.decision}: {task.description}")
-        done = {r.decisions.get(task.decision) for r in db.records(task.key, sig) if not r.is_default}
+        task.stale_records = db.stale(task.key, sig)
+        done = {r.decisions.get(task.decision) for r in db.records(task.key, sig, current=True) if not r.is_default}
         for alg in task.candidates:
             if alg in done:
                 continue

@@ -47,6 +47,8 @@ class TaskState:
     note: str = ""
     confirmed: bool = False    # best_s is the database's confirmed best (Tuner.confirm)
     rechecks: int = 0          # rounds of measuring the leaders again (each with the default)
+    stale_records: dict = field(default_factory=dict)   # kernel code version -> this machine's records
+                                                        # measured on it (not applied; seeds only)
 
     @property
     def speedup(self) -> float:
@@ -73,6 +75,15 @@ class TuneReport:
         before = sum(s.task.weight * s.default_s for s in self.tasks if s.default_s)
         after = sum(s.task.weight * (s.best_s or s.default_s) for s in self.tasks if s.default_s)
         return before / after if after else 1.0
+
+    @property
+    def stale_records(self) -> dict:
+        """Records of this machine skipped as stale (measured on other kernel code), by version."""
+        out: dict = {}
+        for s in [*self.tasks, *self.passes]:
+            for v, n in s.stale_records.items():
+                out[v] = out.get(v, 0) + n
+        return out
 
     @property
     def mean_tau(self) -> float:
@@ -117,14 +128,16 @@ class Tuner:
         space = self.space(task)
         search = Search(space, lambda d, t=task: self._features(t, d), self.model,
                         seed=self.seed + int(task.key[:8], 16))
-        st = TaskState(task, search)
+        st = TaskState(task, search, stale_records=self.db.stale(task.key, self.sig))
         if all(len(v) <= 1 for v in space.values()):
             st.done, st.note = True, "thread decisions only (--clock wall tunes them)"
             return st
-        others = [r for r in self.db.records(task.key) if r.signature != self.sig and r.ok]
+        # other machines' records and this machine's stale ones (other kernel code) seed the search
+        others = [r for r in self.db.records(task.key)
+                  if r.ok and (r.signature != self.sig or r.version != self.db.version)]
         search.seeds = [{k: v for k, v in r.decisions.items() if k in space}
                         for r in sorted(others, key=lambda r: r.seconds)[:4] if set(r.decisions) <= set(task.space)]
-        mine = self.db.records(task.key, self.sig)
+        mine = self.db.records(task.key, self.sig, current=True)
         st.default_s = self.db.default_seconds(task.key, self.sig)
         if st.default_s is None:
             res = self._measure(st, [dict(task.defaults)], default=True)[0]

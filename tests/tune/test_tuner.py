@@ -69,8 +69,12 @@ def test_tune_interrupt_resume_and_apply(tmp_path):
 
 
 def test_cli_tune_prints_the_table(tmp_path, capsys):
+    from kiln.tuning import extract_tasks  # noqa: PLC0415
     path = tmp_path / "m.onnx"
     onnx.save(two_layers(), str(path))
+    with Database(tmp_path / "t.db") as d:   # records of an older kiln: skipped, and the table says so
+        for t in extract_tasks(two_layers()):
+            d.add(t.key, signature(), t.defaults, 1e-6, is_default=True, version="0123456789abcdef")
     with pytest.raises(SystemExit) as e:
         main(["tune", str(path), "--budget", "5s", "--db", str(tmp_path / "t.db"), "--trials-per-round", "2",
               "--no-end-to-end"])
@@ -78,6 +82,7 @@ def test_cli_tune_prints_the_table(tmp_path, capsys):
     out = capsys.readouterr().out
     # (2 tasks; under load the 5 s can run out after starting the first: tune stops starting tasks)
     assert re.search(r"kiln tune: [12] tasks", out) and "Kendall tau" in out and "MatMul" in out
+    assert re.search(r"[12] records skipped as stale", out) and "measured on other kernel code" in out
 
 
 def test_cli_rejects_a_bad_budget(tmp_path, capsys):
