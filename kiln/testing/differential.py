@@ -279,7 +279,9 @@ class Worker:
 
 class WorkerPool:
     """Run check jobs in `workers` subprocesses, each limited to `timeout` seconds per job and
-    `memory_limit` bytes of address space. Compile caches are shared (same KILN_CACHE_DIR)."""
+    `memory_limit` bytes of address space. Compile caches are shared (same KILN_CACHE_DIR).
+    A job's clock starts when its worker reports its first step: a fresh worker's start-up
+    (seconds of imports on a loaded machine) is not the job's time; it has sandbox.STARTUP_S more."""
 
     def __init__(self, workers: int = 0, timeout: float = 120.0, memory_limit: int = 6 << 30,
                  threads: int = 1):
@@ -330,7 +332,7 @@ class WorkerPool:
             if not busy:
                 continue
             now = time.monotonic()
-            wait = max(0.01, min(w.started + self.timeout - now for w in busy))
+            wait = max(0.01, min(self._deadline(w) - now for w in busy))
             ready, _, _ = select.select([w.proc.stdout.fileno() for w in busy], [], [], wait)
             for w in busy:
                 key = w.job
@@ -347,10 +349,12 @@ class WorkerPool:
                                          f"worker {why} during {w.phase}")]
                     for msg in msgs or ():
                         if msg[0] == "phase":
+                            if w.phase == "start":        # the job's first step: its clock starts
+                                w.started = time.monotonic()
                             w.phase = msg[1]
                         else:
                             found, w.job = msg[1], None
-                elif time.monotonic() - w.started > self.timeout:
+                elif time.monotonic() > self._deadline(w):
                     w.kill()
                     self.workers.remove(w)
                     found = [Finding("timeout", w.phase.split(" ")[0], _level_of(w.phase),
@@ -361,6 +365,10 @@ class WorkerPool:
                     if on_result:
                         on_result(key, found)
         return results
+
+
+    def _deadline(self, w: Worker) -> float:
+        return w.started + self.timeout + (sandbox.STARTUP_S if w.phase == "start" else 0.0)
 
 
 def _level_of(phase: str):

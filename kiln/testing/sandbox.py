@@ -43,6 +43,7 @@ from typing import Callable
 from kiln.limits import physical_memory
 
 PASSING = ("ok", "kiln_error")
+STARTUP_S = 60.0   # a worker's start (Python, numpy, kiln imported) before its first case, at most
 OUTCOMES = ("ok", "kiln_error", "exception", "crash", "hang")
 
 
@@ -126,7 +127,10 @@ class Sandbox:
         current, t0 = None, time.monotonic()
         try:
             while True:
-                wait = self.timeout_s - (time.monotonic() - t0) if current is not None else self.timeout_s * 4
+                # a case has timeout_s; a fresh worker's start-up (imports: seconds on a loaded
+                # machine) and the step between cases are not a case's time
+                wait = self.timeout_s - (time.monotonic() - t0) if current is not None else \
+                    max(self.timeout_s * 4, STARTUP_S)
                 line = lines.next(max(wait, 0))
                 if line is None:  # the case ran past its time (or the worker hangs starting up)
                     _kill(proc)
