@@ -22,9 +22,11 @@ KILN_CONV_ALGO=direct|winograd overrides the rule for every conv it can apply to
 conv Winograd cannot run stays direct, and the reason says so). Direct-nchwc vs nchw is
 the layout pass's own rule (blocked neighbours, `kiln.passes.layout.SELECTIVE`).
 
-The rule (WINOGRAD_MIN_*): Winograd where its fewer multiplies pay for the transforms
-and for streaming its larger weights, measured with benchmarks/conv_bench.py on the
-corpus CNNs' 3x3 convs (figures beside the constants).
+The rule (WINOGRAD_MIN_*, `winograd_streams`): Winograd where its fewer multiplies pay for
+the transforms and for streaming its larger weights (those read at one core's stream rate
+against the direct conv's multiply-adds on all the target's cores), measured with
+benchmarks/conv_bench.py and benchmarks/conv_algo_table.py on the corpus CNNs' 3x3 convs
+(figures beside the constants).
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ ENV = "KILN_CONV_ALGO"
 WINOGRAD_MIN_CHANNELS = 16       # the fewest measured (16 -> 16 at 56x56: 0.077 ms vs 0.158)
 WINOGRAD_MIN_TILES = 4           # 4x4 output tiles over the batch
 WINOGRAD_MIN_TILE_USE = 0.5      # output pixels / pixels the tiles cover (6x6: 0.56, won 1.6x)
+# Winograd reads its transformed weights U (36/9 = 4x the direct conv's) once per inference,
+# from L3 or memory where a model's weights do not fit the caches, and every core shares that
+# stream; the direct conv's multiply-adds split over the cores. So Winograd runs only where U
+# read at one core's stream rate (kiln.lower.nnutil.OPS_PER_US["stream"]) takes less than the
+# direct conv's multiply-adds at the conv rate on all the target's cores (`winograd_streams`).
+# Measured, 3x3 512 -> 512 on 7x7 at batch 1 (4 tiles, U 37.7 MB), AVX-512 Zen 4: one thread,
+# thread CPU time, Winograd 1.75 ms vs blocked direct 2.19 (the rule: U 1.35 ms < direct 1.93);
+# two threads, quiet, Winograd 1.52 vs direct 1.33 (U 1.35 > direct 0.96: its 37.7 MB at
+# ~25 GB/s whatever the threads). 256 -> 256 on 14x14 (16 tiles, U 9.4 MB): one thread 1.12
+# vs 2.09, and on two the rule keeps Winograd (U 0.34 ms < direct 0.96)
 # 1-D convs (3 taps, stride 1, any dilation): F(m, 3), m outputs per tile from m + 2 inputs, m one
 # of WINOGRAD_1D_MS: the fewest multiplies, the tiles' thrown-away outputs counted
 # (`winograd_1d_m`). One thread, 128 -> 128 channels, 398 samples (benchmarks/conv_bench.py
@@ -190,8 +202,33 @@ def choose(s: ConvShape, target: Target, override: str | None = None, strict: st
     if tile_use(s.out) < WINOGRAD_MIN_TILE_USE:
         return Choice(direct.algorithm, f"the 4x4 tiles cover {1 / tile_use(s.out):.2f}x the output "
                                         f"(< {WINOGRAD_MIN_TILE_USE} used)")
+    streams = winograd_streams(s, target)
+    if streams is not None:
+        # (blocked: its neighbours' layout, as Winograd's would have been; the neighbour rule
+        # still converts it where no neighbour is blocked)
+        return Choice("direct-nchwc", streams)
     return Choice("winograd", f"3x3 s1, {min(s.c, s.oc)}+ channels, {tiles} tiles: F(4x4,3x3), "
                               f"{4 * tile_use(s.out):.1f}x fewer multiplies")
+
+
+def winograd_streams(s: ConvShape, target: Target) -> str | None:
+    """Why streaming Winograd's transformed weights would take longer than the direct conv's
+    multiply-adds on all the target's cores (see WINOGRAD_MIN_TILE_USE's note), or None.
+    None for a symbolic batch (`per_image`): the choice then holds for every batch, and at a few
+    images Winograd's stream is already shorter (512 -> 512 on 7x7: direct 1.93 ms at two
+    images on 2 cores, U 1.35 ms), where direct at batch 1 saves only its 14%."""
+    if s.per_image:
+        return None
+    from kiln.lower.nnutil import OPS_PER_US, serial_rate  # noqa: PLC0415
+    blocks = -(-s.c // s.block) * -(-s.oc // s.block) * s.block * s.block
+    u_us = 36 * blocks / OPS_PER_US["stream"]
+    cores = max(1, target.cores)
+    direct_us = s.n * math.prod(s.out) * 9 * blocks / (cores * serial_rate("conv", target))
+    if u_us <= direct_us:
+        return None
+    return (f"Winograd's {36 * blocks * 4 / 1e6:.1f} MB of transformed weights take ~{u_us:.0f} us to stream, "
+            f"more than the direct conv's multiply-adds on {cores} core{'s' if cores > 1 else ''} "
+            f"(~{direct_us:.0f} us): blocked direct conv")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ its overrides."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
@@ -167,7 +169,6 @@ def shape(c, oc, hw, k=3, s=1, group=1, n=1, blockable=True):
 @pytest.mark.parametrize("s, algorithm", [
     (shape(64, 64, 56), "winograd"),                 # ResNet's first stage
     (shape(256, 256, 14), "winograd"),
-    (shape(512, 512, 7), "winograd"),                # 4 tiles
     (shape(256, 256, 4), "direct-nchw"),             # 1 tile: the weights dominate
     (shape(8, 8, 56), "direct-nchw"),                # few channels: the transforms dominate
     (shape(64, 64, 5), "direct-nchw"),               # 5x5: the 8x8 tiles waste most
@@ -179,6 +180,16 @@ def shape(c, oc, hw, k=3, s=1, group=1, n=1, blockable=True):
 def test_chooser_rule_and_reason(s, algorithm):
     c = choose(s, Target.host())
     assert c.algorithm == algorithm and c.reason
+
+
+def test_chooser_weighs_winogards_weight_stream_against_direct_on_the_cores():
+    one, two = Target.named("host", cores=1), Target.named("host", cores=2)
+    assert choose(shape(512, 512, 7), one).algorithm == "winograd"           # 4 tiles, U 37.7 MB
+    c = choose(shape(512, 512, 7), two)
+    assert c.algorithm == "direct-nchwc" and "stream" in c.reason and "2 cores" in c.reason
+    assert choose(shape(512, 512, 7, n=2), two).algorithm == "winograd"      # 8 tiles
+    assert choose(shape(256, 256, 14), two).algorithm == "winograd"          # 16 tiles, U 9.4 MB
+    assert choose(dataclasses.replace(shape(512, 512, 7), per_image=True), two).algorithm == "winograd"
 
 
 def test_chooser_override():
