@@ -14,6 +14,8 @@
      w3 [OCB][ECB*L][L], b3 [OCB][L]       the 1x1 project conv
      r  [N][OCB][OH][OW][L] or NULL        a residual added last
      y  [N][OCB][OH][OW][L]
+   ICr, ECr: the input and expanded channels the 1x1 convs sum over (at most ICB * L, ECB * L):
+   the channels past them have zero weights in w1 (inputs) and w3 (expanded channels).
    act: 0 none, 1 relu, 2 clip(lo, hi), 3 hardswish, 4 swish (x * sigmoid(x)); act[i] with
    bounds lo[i], hi[i] for i = 0, 1, 2 (after expand, depthwise, project).
 
@@ -33,7 +35,7 @@ __attribute__((visibility("hidden"))) int32_t KILN_IR_FN(
     const float* restrict w2, const float* restrict b2, const float* restrict w3,
     const float* restrict b3, const float* restrict r, float* restrict y,
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t ECB, int64_t OCB, int64_t OH, int64_t OW,
-    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
+    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t ICr, int64_t ECr,
     const int32_t* act, const float* lo, const float* hi, int64_t bands, int par);
 /* kiln: definition */
 /* Compiled as two units in parallel (kiln.codegen.csource.c_shared's parts: KILN_SHARED_PART),
@@ -131,36 +133,44 @@ static void kiln_ir_post(float* restrict v, int64_t blocks, int64_t bstride, int
 }
 #undef KILN_IR_POST_LOOP
 
-/* One register tile of a 1x1 conv: RW columns x OV output channel blocks, over all ICB * L
-   input channels. in: the first column's block 0, channel blocks `ics` apart; w: the tile's
-   first output block's weights [ICB*L][L], blocks IC*L apart; out/res: the first column's
-   first block, blocks `ocs` / `rcs` apart. */
+/* One register tile of a 1x1 conv: RW columns x OV output channel blocks, over the first `icr`
+   of the ICB * L input channels (the rest have zero weights: a narrow tensor's padding lanes,
+   8 of 32 for 24 channels, skipped). in: the first column's block 0, channel blocks `ics`
+   apart; w: the tile's first output block's weights [ICB*L][L], blocks IC*L apart; out/res:
+   the first column's first block, blocks `ocs` / `rcs` apart. */
+#define KILN_IR_PW_STEP(ib, wb, ii) do { \
+      kiln_ir_v wv[4]; \
+      _Pragma("GCC unroll 4") \
+      for (int o = 0; o < OV; ++o) wv[o] = IR_LD((wb) + o * IC * L + (ii) * L); \
+      _Pragma("GCC unroll 16") \
+      for (int c = 0; c < RW; ++c) { \
+        const float s = (ib)[c * L + (ii)]; \
+        _Pragma("GCC unroll 4") \
+        for (int o = 0; o < OV; ++o) acc[c][o] += s * wv[o]; \
+      } \
+    } while (0)
 static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
-    const int RW, const int OV, const float* restrict in, int64_t ics, int64_t ICB,
+    const int RW, const int OV, const float* restrict in, int64_t ics, int64_t ICB, int64_t icr,
     const float* restrict w, const float* restrict bias, float* restrict out, int64_t ocs,
     const float* restrict res, int64_t rcs, const kiln_ir_actp* p) {
   enum { L = KILN_IR_L };
-  const int64_t IC = ICB * L;
+  const int64_t IC = ICB * L, full = icr / L, tail = icr % L;
   kiln_ir_v acc[14][4];
   #pragma GCC unroll 14
   for (int c = 0; c < RW; ++c)
     #pragma GCC unroll 4
     for (int o = 0; o < OV; ++o) acc[c][o] = IR_LD(bias + o * L);
-  for (int64_t icb = 0; icb < ICB; ++icb) {
+  for (int64_t icb = 0; icb < full; ++icb) {
     const float* ib = in + icb * ics;
     const float* wb = w + icb * L * L;
     #pragma GCC unroll 4
-    for (int ii = 0; ii < L; ++ii) {
-      kiln_ir_v wv[4];
-      #pragma GCC unroll 4
-      for (int o = 0; o < OV; ++o) wv[o] = IR_LD(wb + o * IC * L + ii * L);
-      #pragma GCC unroll 16
-      for (int c = 0; c < RW; ++c) {
-        const float s = ib[c * L + ii];
-        #pragma GCC unroll 4
-        for (int o = 0; o < OV; ++o) acc[c][o] += s * wv[o];
-      }
-    }
+    for (int ii = 0; ii < L; ++ii) KILN_IR_PW_STEP(ib, wb, ii);
+  }
+  if (tail) {
+    const float* ib = in + full * ics;
+    const float* wb = w + full * L * L;
+    #pragma GCC unroll 4
+    for (int ii = 0; ii < tail; ++ii) KILN_IR_PW_STEP(ib, wb, ii);
   }
   #pragma GCC unroll 4
   for (int o = 0; o < OV; ++o)
@@ -171,11 +181,12 @@ static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
       IR_ST(out + o * ocs + c * L, v);
     }
 }
+#undef KILN_IR_PW_STEP
 
 #endif
 
 #define KILN_IR_PIECE(n, OVc) if (ncols - c0 >= (n)) { \
-      kiln_ir_pw_tile(n, OVc, in + c0 * L, ics, ICB, wo, bo, out + ob * ocs + c0 * L, ocs, \
+      kiln_ir_pw_tile(n, OVc, in + c0 * L, ics, ICB, icr, wo, bo, out + ob * ocs + c0 * L, ocs, \
                       res ? res + ob * rcs + c0 * L : NULL, rcs, p); \
       c0 += (n); }
 /* KILN_IR_G<OVc>: the tiles of OVc channel blocks (from block ob) over a row: RWc columns
@@ -185,7 +196,7 @@ static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
    compiled in two units. */
 #define KILN_IR_GROUP(OVc, RWc) \
   __attribute__((weak, visibility("hidden"))) void KILN_IR_CAT(KILN_IR_FN, _g##OVc)( \
-      const float* restrict in, int64_t ics, int64_t ICB, int64_t ncols, const float* restrict w, \
+      const float* restrict in, int64_t ics, int64_t ICB, int64_t icr, int64_t ncols, const float* restrict w, \
       const float* restrict bias, int64_t ob, float* restrict out, int64_t ocs, const float* restrict res, \
       int64_t rcs, const kiln_ir_actp* p) { \
     enum { L = KILN_IR_L }; \
@@ -194,7 +205,7 @@ static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
     const float* bo = bias + ob * L; \
     int64_t c0 = 0; \
     for (; c0 + (RWc) <= ncols; c0 += (RWc)) \
-      kiln_ir_pw_tile(RWc, OVc, in + c0 * L, ics, ICB, wo, bo, out + ob * ocs + c0 * L, ocs, \
+      kiln_ir_pw_tile(RWc, OVc, in + c0 * L, ics, ICB, icr, wo, bo, out + ob * ocs + c0 * L, ocs, \
                       res ? res + ob * rcs + c0 * L : NULL, rcs, p); \
     if ((RWc) > 8) KILN_IR_PIECE(8, OVc) \
     if ((RWc) > 4) KILN_IR_PIECE(4, OVc) \
@@ -205,7 +216,7 @@ static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
 #define KILN_IR_G2 KILN_IR_CAT(KILN_IR_FN, _g2)
 #define KILN_IR_G3 KILN_IR_CAT(KILN_IR_FN, _g3)
 #define KILN_IR_G4 KILN_IR_CAT(KILN_IR_FN, _g4)
-#define KILN_IR_GROUP_ARGS const float* restrict, int64_t, int64_t, int64_t, const float* restrict, \
+#define KILN_IR_GROUP_ARGS const float* restrict, int64_t, int64_t, int64_t, int64_t, const float* restrict, \
   const float* restrict, int64_t, float* restrict, int64_t, const float* restrict, int64_t, const kiln_ir_actp*
 __attribute__((visibility("hidden"))) void KILN_IR_G1(KILN_IR_GROUP_ARGS);
 __attribute__((visibility("hidden"))) void KILN_IR_G2(KILN_IR_GROUP_ARGS);
@@ -222,7 +233,7 @@ KILN_IR_GROUP(1, KILN_IR_RW1)
 /* A 1x1 conv over `ncols` columns of one row: out[ocb][col] = act(sum w * in + b) (+ res).
    Output blocks go KILN_IR_OV at a time, the rest in one smaller group; each group size
    has its own columns per tile (KILN_IR_RW<ov>: its accumulators fill the registers). */
-static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, int64_t ncols,
+static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, int64_t icr, int64_t ncols,
                            const float* restrict w, const float* restrict bias, int64_t OCB,
                            float* restrict out, int64_t ocs, const float* restrict res, int64_t rcs,
                            int a, float lo, float hi) {
@@ -234,10 +245,10 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
   for (int64_t ob = 0; ob < OCB;) {
     const int64_t ov = OCB - ob < OV ? OCB - ob : OV;
     switch (ov) {
-      case 4: KILN_IR_G4(in, ics, ICB, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
-      case 3: KILN_IR_G3(in, ics, ICB, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
-      case 2: KILN_IR_G2(in, ics, ICB, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
-      default: KILN_IR_G1(in, ics, ICB, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
+      case 4: KILN_IR_G4(in, ics, ICB, icr, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
+      case 3: KILN_IR_G3(in, ics, ICB, icr, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
+      case 2: KILN_IR_G2(in, ics, ICB, icr, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
+      default: KILN_IR_G1(in, ics, ICB, icr, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
     }
     ob += ov;
   }
@@ -310,7 +321,7 @@ static void kiln_ir_dw_row(const float* const* ring_rows, int64_t rowstride, int
 struct KILN_IR_CTX {
   const float* x; const float* w1; const float* b1; const float* w2; const float* b2; const float* w3;
   const float* b3; const float* r; float* y;
-  int64_t ICB, H, W, ECB, OCB, OH, OW, KH, KW, sw, sh, pt, pl, bands, Wp;
+  int64_t ICB, H, W, ECB, OCB, OH, OW, KH, KW, sw, sh, pt, pl, bands, Wp, ICr, ECr;
   const int32_t* act; const float* lo; const float* hi;
   int32_t failed;
 };
@@ -323,6 +334,7 @@ static void KILN_IR_TASKS(void* ctx_, int64_t t0, int64_t t1) {
   const float* restrict b3 = c->b3; const float* restrict r = c->r; float* restrict y = c->y;
   const int64_t ICB = c->ICB, H = c->H, W = c->W, ECB = c->ECB, OCB = c->OCB, OH = c->OH, OW = c->OW;
   const int64_t KH = c->KH, KW = c->KW, sh = c->sh, sw = c->sw, pt = c->pt, pl = c->pl, bands = c->bands;
+  const int64_t ICr = c->ICr, ECr = c->ECr;
   const int32_t* act = c->act; const float* lo = c->lo; const float* hi = c->hi;
   const int64_t rowstride = c->Wp * L;                    /* floats per channel block of a row */
   const size_t rowbytes = (size_t)ECB * rowstride * sizeof(float);
@@ -350,7 +362,7 @@ static void KILN_IR_TASKS(void* ctx_, int64_t t0, int64_t t1) {
         if (ih < 0 || ih >= H) { rows[kh] = zero; continue; }
         float* slot = ring + (ih % KH) * (rowbytes / sizeof(float));
         if (held[ih % KH] != ih) {        /* expand input row ih into the ring */
-          kiln_ir_pw_row(xn + ih * W * L, H * W * L, ICB, W, w1, b1, ECB, slot + pl * L, rowstride,
+          kiln_ir_pw_row(xn + ih * W * L, H * W * L, ICB, ICr, W, w1, b1, ECB, slot + pl * L, rowstride,
                          NULL, 0, act[0], lo[0], hi[0]);
           held[ih % KH] = ih;
         }
@@ -358,7 +370,7 @@ static void KILN_IR_TASKS(void* ctx_, int64_t t0, int64_t t1) {
       }
       kiln_ir_dw_row(rows, rowstride, ECB, OW, KH, KW, sw, w2, b2, drow, act[1], lo[1], hi[1]);
       const int64_t yo = (n * OCB * OH + oh) * OW * L;
-      kiln_ir_pw_row(drow, OW * L, ECB, OW, w3, b3, OCB, y + yo, OH * OW * L, r ? r + yo : NULL,
+      kiln_ir_pw_row(drow, OW * L, ECB, ECr, OW, w3, b3, OCB, y + yo, OH * OW * L, r ? r + yo : NULL,
                      OH * OW * L, act[2], lo[2], hi[2]);
     }
   }
@@ -370,14 +382,14 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_IR_FN(
     const float* restrict w2, const float* restrict b2, const float* restrict w3,
     const float* restrict b3, const float* restrict r, float* restrict y,
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t ECB, int64_t OCB, int64_t OH, int64_t OW,
-    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
+    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t ICr, int64_t ECr,
     const int32_t* act, const float* lo, const float* hi, int64_t bands, int par) {
   if (KH > 16) return -1;
   /* the ring's rows: every column a window reads, the padding columns zero */
   int64_t Wp = (OW - 1) * sw + KW;
   if (Wp < pl + W) Wp = pl + W;
   struct KILN_IR_CTX c = { x, w1, b1, w2, b2, w3, b3, r, y, ICB, H, W, ECB, OCB, OH, OW, KH, KW, sw, sh, pt, pl,
-                           bands, Wp, act, lo, hi, 0 };
+                           bands, Wp, ICr, ECr, act, lo, hi, 0 };
   kiln_par_for(KILN_IR_TASKS, &c, 0, N * bands, par);
   return c.failed ? -1 : 0;
 }
