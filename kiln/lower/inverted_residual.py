@@ -5,9 +5,10 @@ in one pass over rows (kiln/codegen/c_src/inverted_residual.c). What is chosen h
 - the 1x1 register tiles: ov channel blocks x RW<ov> columns of accumulators for ov = 1..4,
   with ov weight vectors and a broadcast beside them in the register file; the largest ov
   of the fewest loads per FMA is the main one (AVX-512's 32 registers: 4 x 6; AVX2's 16: 3 x 3);
-- the channels each 1x1 conv sums over (`summed_channels`): up to the last one with a nonzero
-  weight, so a narrow tensor's padding lanes (24 channels in two 16-lane blocks: 8 of 32) are
-  skipped instead of multiplied by zero weights;
+- the channels each 1x1 conv sums over (`summed_channels`) and makes (`made_channels`): up to
+  the last one with a nonzero weight (or bias), so a narrow tensor's padding lanes (24 channels
+  in two 16-lane blocks: 8 of 32) are skipped instead of multiplied by zero weights, and a last
+  block of at most half its lanes made on half vectors;
 - `bands`: the parts each image's output rows are cut into, as parallel tasks: one per
   thread when there are fewer images than threads (a band recomputes the KH - stride expanded
   rows it shares with the band above: 2 rows of a 56-row band), else whole images.
@@ -42,16 +43,26 @@ def bands(n: int, oh: int, par: bool, target: Target) -> int:
     return max(1, min(oh, -(-target.cores // n)))
 
 
+def _last_used(used) -> int:
+    idx = np.flatnonzero(np.asarray(used).reshape(-1))
+    return int(idx[-1]) + 1 if idx.size else 1
+
+
 def summed_channels(w) -> int | None:
     """The input channels a packed 1x1 weight (OCB, ICB, 1, 1, L, L: input lane, then output lane)
     reads: up to its last input channel with a nonzero weight (at least 1), or None when the
     weights are not known at compile time. A channel past it adds zero times its input, which is
     zero (a blocked tensor's padding lanes) or, where a real channel's weights are all zero, a
     finite value (an infinite input there would make the reference's sum NaN)."""
-    if w is None:
+    return None if w is None else _last_used(np.any(np.asarray(w) != 0, axis=(0, 2, 3, 5)))
+
+
+def made_channels(w, b) -> int | None:
+    """The output channels of a packed 1x1 weight and bias (OCB, L) up to the last with a nonzero
+    weight or bias, or None when not known: those past it are act(0) = 0 whatever the input."""
+    if w is None or b is None:
         return None
-    used = np.flatnonzero(np.any(np.asarray(w) != 0, axis=(0, 2, 3, 5)).reshape(-1))
-    return int(used[-1]) + 1 if used.size else 1
+    return _last_used(np.any(np.asarray(w) != 0, axis=(1, 2, 3, 4)) | (np.asarray(b) != 0))
 
 
 def macs(n, icb, h, w, ecb, ocb, oh, ow, kh, kw, lanes) -> int:
@@ -95,6 +106,8 @@ def _lower(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
     nb = bands(n, oh, par, target)
     icr = summed_channels(ctx.value(1)) or icb * lanes
     ecr = summed_channels(ctx.value(5)) or ecb * lanes
+    eco = made_channels(ctx.value(1), ctx.value(2)) or ecb * lanes
+    oco = made_channels(ctx.value(5), ctx.value(6)) or ocb * lanes
     codes = ", ".join(str(ACTIVATIONS[a][0]) for a in acts)
     los = ", ".join(_c_float(c) for c in clip[0::2])
     his = ", ".join(_c_float(c) for c in clip[1::2])
@@ -102,6 +115,6 @@ def _lower(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
             f"  static const float lo[3] = {{{los}}}, hi[3] = {{{his}}};\n"
             f"  return {fn}(in0, in1, in2, in3, in4, in5, in6, {'in7' if r is not None else 'NULL'}, out0, "
             f"{n}, {icb}, {h}, {w}, {ecb}, {ocb}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {pads[0]}, {pads[1]}, "
-            f"{icr}, {ecr}, act, lo, hi, {nb}, {int(par)});")
+            f"{icr}, {ecr}, {eco}, {oco}, act, lo, hi, {nb}, {int(par)});")
     return ctx.extern(body, [x, w1, b1, w2, b2, w3, b3, r], [(ctx.out_shape(0), ctx.out_dtype(0))],
                       preamble=preamble, errors={-1: "out of memory for the inverted residual's row buffers"})

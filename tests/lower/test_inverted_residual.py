@@ -16,7 +16,7 @@ import kiln
 from benchmarks.inverted_residual import block_model
 from kiln.compiler import run_stages
 from kiln.lower.conv_algo import IR_MIN_L2_SHARE, IR_ROW_PASS_L2_SHARE, choose_inverted_residual
-from kiln.lower.inverted_residual import register_tiles
+from kiln.lower.inverted_residual import made_channels, register_tiles, summed_channels
 from kiln.targets.target import Target
 from tests.helpers import examples
 
@@ -76,6 +76,39 @@ def test_fused_block_matches_the_reference_interpreter(acts, cpu):
     got = m.run({"x": x})["y"]
     ref = kiln.compile(model, target="interpreter").run({"x": x})["y"]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("c,e,o,acts,cpu", [
+    (24, 72, 24, ("Relu", "Relu", ""), None),            # 16 + 8 lanes: half-vector last blocks
+    (12, 44, 12, ("HardSwish", "Clip", "Relu"), None),    # 12 of 16 input lanes, over half made
+    (40, 120, 40, ("Clip", "SiLU", ""), None),
+    (24, 36, 12, ("Relu", "HardSwish", "SiLU"), None),    # 32 + 4 expanded lanes
+    (12, 44, 12, ("Clip", "Clip", ""), "x86-64-v3"),     # 8 lanes: 8 + 4
+])
+def test_narrow_channels_skip_their_padding_lanes(c, e, o, acts, cpu):
+    """Channel counts that leave a block partly padding: the 1x1 convs sum over the used input
+    lanes only and make a last block of at most half its lanes on half vectors; padding lanes
+    stay zero (the output's blocked twin is read whole by the next layers)."""
+    residual = c == o
+    model = block_model(c, e, o, 7, 3, 1, "", n=2, w=9, acts=acts, residual=residual)
+    x = np.random.default_rng(c).standard_normal((2, c, 7, 9)).astype(np.float32)
+    m = kiln.compile(model, decisions=FUSED, cpu=cpu, report=True)
+    assert [f.choice.algorithm for f in m.report.inverted_residuals] == ["inverted-residual"]
+    want = ort_run(model, x)
+    np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_used_channels_of_packed_weights():
+    w = np.zeros((3, 2, 1, 1, 16, 16), np.float32)     # (OCB, ICB, 1, 1, input lane, output lane)
+    w[0, 1, 0, 0, 7, 2] = 1.0                             # input channel 16 + 7, output channel 2
+    w[2, 0, 0, 0, 0, 4] = np.nan                          # a NaN weight is used
+    b = np.zeros((3, 16), np.float32)
+    assert summed_channels(w) == 24
+    assert made_channels(w, b) == 2 * 16 + 5
+    b[2, 9] = 0.5
+    assert made_channels(w, b) == 2 * 16 + 10
+    assert made_channels(np.zeros_like(w), np.zeros_like(b)) == summed_channels(np.zeros_like(w)) == 1
+    assert summed_channels(None) is None and made_channels(w, None) is None
 
 
 def test_symbolic_batch_fuses_at_each_batch():

@@ -15,7 +15,9 @@
      r  [N][OCB][OH][OW][L] or NULL        a residual added last
      y  [N][OCB][OH][OW][L]
    ICr, ECr: the input and expanded channels the 1x1 convs sum over (at most ICB * L, ECB * L):
-   the channels past them have zero weights in w1 (inputs) and w3 (expanded channels).
+   the channels past them have zero weights in w1 (inputs) and w3 (expanded channels); ECo, OCo:
+   the expanded and output channels made, those past them zero weights and bias (their outputs
+   are stored as 0, + r).
    act: 0 none, 1 relu, 2 clip(lo, hi), 3 hardswish, 4 swish (x * sigmoid(x)); act[i] with
    bounds lo[i], hi[i] for i = 0, 1, 2 (after expand, depthwise, project).
 
@@ -35,7 +37,8 @@ __attribute__((visibility("hidden"))) int32_t KILN_IR_FN(
     const float* restrict w2, const float* restrict b2, const float* restrict w3,
     const float* restrict b3, const float* restrict r, float* restrict y,
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t ECB, int64_t OCB, int64_t OH, int64_t OW,
-    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t ICr, int64_t ECr,
+    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
+    int64_t ICr, int64_t ECr, int64_t ECo, int64_t OCo,
     const int32_t* act, const float* lo, const float* hi, int64_t bands, int par);
 /* kiln: definition */
 /* Compiled as two units in parallel (kiln.codegen.csource.c_shared's parts: KILN_SHARED_PART),
@@ -183,6 +186,52 @@ static inline __attribute__((always_inline)) void kiln_ir_pw_tile(
 }
 #undef KILN_IR_PW_STEP
 
+#if KILN_IR_L >= 8
+/* A last output block whose used lanes fit half a vector (24 channels: 16 + 8) runs on half
+   vectors (AVX-512: ymm, two FMAs a cycle where a zmm takes one), its other lanes stored as
+   zero (their weights and bias are zero, and every activation here maps 0 to 0). */
+#define KILN_IR_HALF 1
+typedef float kiln_ir_vh __attribute__((vector_size(KILN_IR_L * 2)));
+#define IR_LDH(p) ({ kiln_ir_vh v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
+static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_widen(kiln_ir_vh h) {
+  const kiln_ir_vh z = {0};
+#if KILN_IR_L == 16
+  return __builtin_shufflevector(h, z, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  return __builtin_shufflevector(h, z, 0, 1, 2, 3, 4, 5, 6, 7);
+#endif
+}
+
+/* kiln_ir_pw_tile of one output block (OV = 1) on half vectors */
+static inline __attribute__((always_inline)) void kiln_ir_pw_tile_h(
+    const int RW, const float* restrict in, int64_t ics, int64_t icr, const float* restrict w,
+    const float* restrict bias, float* restrict out, const float* restrict res, const kiln_ir_actp* p) {
+  enum { L = KILN_IR_L };
+  const int64_t full = icr / L, tail = icr % L;
+  kiln_ir_vh acc[14];
+  const kiln_ir_vh b = IR_LDH(bias);
+  #pragma GCC unroll 14
+  for (int c = 0; c < RW; ++c) acc[c] = b;
+  for (int64_t icb = 0; icb <= full; ++icb) {
+    const float* ib = in + icb * ics;
+    const float* wb = w + icb * L * L;
+    const int64_t n = icb < full ? L : tail;
+    #pragma GCC unroll 4
+    for (int64_t ii = 0; ii < n; ++ii) {
+      const kiln_ir_vh wv = IR_LDH(wb + ii * L);
+      #pragma GCC unroll 16
+      for (int c = 0; c < RW; ++c) acc[c] += ib[c * L + ii] * wv;
+    }
+  }
+  #pragma GCC unroll 16
+  for (int c = 0; c < RW; ++c) {
+    kiln_ir_v v = kiln_ir_act(kiln_ir_widen(acc[c]), p);
+    if (res) v += IR_LD(res + c * L);
+    IR_ST(out + c * L, v);
+  }
+}
+#endif
+
 #endif
 
 #define KILN_IR_PIECE(n, OVc) if (ncols - c0 >= (n)) { \
@@ -229,21 +278,53 @@ KILN_IR_GROUP(2, KILN_IR_RW2)
 #if !defined(KILN_SHARED_PART) || KILN_SHARED_PART == 0
 KILN_IR_GROUP(4, KILN_IR_RW4)
 KILN_IR_GROUP(1, KILN_IR_RW1)
+#ifdef KILN_IR_HALF
+#define KILN_IR_GH KILN_IR_CAT(KILN_IR_FN, _gh)
+/* block ob's tiles on half vectors (kiln_ir_pw_tile_h), KILN_IR_RW1 columns, then 8, 4, 2, 1 */
+static void KILN_IR_GH(const float* restrict in, int64_t ics, int64_t ICB, int64_t icr, int64_t ncols,
+                       const float* restrict w, const float* restrict bias, int64_t ob, float* restrict out,
+                       int64_t ocs, const float* restrict res, int64_t rcs, const kiln_ir_actp* p) {
+  enum { L = KILN_IR_L, RW = KILN_IR_RW1 };
+  const float* wo = w + ob * ICB * L * L;
+  const float* bo = bias + ob * L;
+  float* oo = out + ob * ocs;
+  const float* ro = res ? res + ob * rcs : NULL;
+  int64_t c0 = 0;
+#define KILN_IR_HPIECE(n) kiln_ir_pw_tile_h(n, in + c0 * L, ics, icr, wo, bo, oo + c0 * L, ro ? ro + c0 * L : NULL, p)
+  for (; c0 + RW <= ncols; c0 += RW) KILN_IR_HPIECE(RW);
+  if (RW > 8 && ncols - c0 >= 8) { KILN_IR_HPIECE(8); c0 += 8; }
+  if (RW > 4 && ncols - c0 >= 4) { KILN_IR_HPIECE(4); c0 += 4; }
+  if (RW > 2 && ncols - c0 >= 2) { KILN_IR_HPIECE(2); c0 += 2; }
+  for (; c0 < ncols; ++c0) KILN_IR_HPIECE(1);
+#undef KILN_IR_HPIECE
+}
+#endif
 
 /* A 1x1 conv over `ncols` columns of one row: out[ocb][col] = act(sum w * in + b) (+ res).
    Output blocks go KILN_IR_OV at a time, the rest in one smaller group; each group size
    has its own columns per tile (KILN_IR_RW<ov>: its accumulators fill the registers). */
+/* A 1x1 conv over `ncols` columns of one row: out[ocb][col] = act(sum w * in + b) (+ res), the
+   sum over the first icr input channels; channels from ocr on have zero weights and bias. */
 static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, int64_t icr, int64_t ncols,
                            const float* restrict w, const float* restrict bias, int64_t OCB,
                            float* restrict out, int64_t ocs, const float* restrict res, int64_t rcs,
-                           int a, float lo, float hi) {
-  enum { OV = KILN_IR_OV };
+                           int64_t ocr, int a, float lo, float hi) {
+  enum { OV = KILN_IR_OV, L = KILN_IR_L };
   const kiln_ir_actp params = kiln_ir_params(a, lo, hi);
   const kiln_ir_actp* p = &params;
   const float* const res_after = p->post ? res : NULL;   /* added after kiln_ir_post */
   if (p->post) res = NULL;
-  for (int64_t ob = 0; ob < OCB;) {
-    const int64_t ov = OCB - ob < OV ? OCB - ob : OV;
+  int64_t OCF = OCB;                   /* the blocks on whole vectors */
+#ifdef KILN_IR_HALF
+  if (ocr <= (OCB - 1) * L + L / 2) {
+    OCF = OCB - 1;
+    KILN_IR_GH(in, ics, ICB, icr, ncols, w, bias, OCF, out, ocs, res, rcs, p);
+  }
+#else
+  (void)ocr;
+#endif
+  for (int64_t ob = 0; ob < OCF;) {
+    const int64_t ov = OCF - ob < OV ? OCF - ob : OV;
     switch (ov) {
       case 4: KILN_IR_G4(in, ics, ICB, icr, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
       case 3: KILN_IR_G3(in, ics, ICB, icr, ncols, w, bias, ob, out, ocs, res, rcs, p); break;
@@ -321,7 +402,7 @@ static void kiln_ir_dw_row(const float* const* ring_rows, int64_t rowstride, int
 struct KILN_IR_CTX {
   const float* x; const float* w1; const float* b1; const float* w2; const float* b2; const float* w3;
   const float* b3; const float* r; float* y;
-  int64_t ICB, H, W, ECB, OCB, OH, OW, KH, KW, sw, sh, pt, pl, bands, Wp, ICr, ECr;
+  int64_t ICB, H, W, ECB, OCB, OH, OW, KH, KW, sw, sh, pt, pl, bands, Wp, ICr, ECr, ECo, OCo;
   const int32_t* act; const float* lo; const float* hi;
   int32_t failed;
 };
@@ -334,7 +415,7 @@ static void KILN_IR_TASKS(void* ctx_, int64_t t0, int64_t t1) {
   const float* restrict b3 = c->b3; const float* restrict r = c->r; float* restrict y = c->y;
   const int64_t ICB = c->ICB, H = c->H, W = c->W, ECB = c->ECB, OCB = c->OCB, OH = c->OH, OW = c->OW;
   const int64_t KH = c->KH, KW = c->KW, sh = c->sh, sw = c->sw, pt = c->pt, pl = c->pl, bands = c->bands;
-  const int64_t ICr = c->ICr, ECr = c->ECr;
+  const int64_t ICr = c->ICr, ECr = c->ECr, ECo = c->ECo, OCo = c->OCo;
   const int32_t* act = c->act; const float* lo = c->lo; const float* hi = c->hi;
   const int64_t rowstride = c->Wp * L;                    /* floats per channel block of a row */
   const size_t rowbytes = (size_t)ECB * rowstride * sizeof(float);
@@ -363,7 +444,7 @@ static void KILN_IR_TASKS(void* ctx_, int64_t t0, int64_t t1) {
         float* slot = ring + (ih % KH) * (rowbytes / sizeof(float));
         if (held[ih % KH] != ih) {        /* expand input row ih into the ring */
           kiln_ir_pw_row(xn + ih * W * L, H * W * L, ICB, ICr, W, w1, b1, ECB, slot + pl * L, rowstride,
-                         NULL, 0, act[0], lo[0], hi[0]);
+                         NULL, 0, ECo, act[0], lo[0], hi[0]);
           held[ih % KH] = ih;
         }
         rows[kh] = slot;
@@ -371,7 +452,7 @@ static void KILN_IR_TASKS(void* ctx_, int64_t t0, int64_t t1) {
       kiln_ir_dw_row(rows, rowstride, ECB, OW, KH, KW, sw, w2, b2, drow, act[1], lo[1], hi[1]);
       const int64_t yo = (n * OCB * OH + oh) * OW * L;
       kiln_ir_pw_row(drow, OW * L, ECB, ECr, OW, w3, b3, OCB, y + yo, OH * OW * L, r ? r + yo : NULL,
-                     OH * OW * L, act[2], lo[2], hi[2]);
+                     OH * OW * L, OCo, act[2], lo[2], hi[2]);
     }
   }
   free(ring);
@@ -382,14 +463,15 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_IR_FN(
     const float* restrict w2, const float* restrict b2, const float* restrict w3,
     const float* restrict b3, const float* restrict r, float* restrict y,
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t ECB, int64_t OCB, int64_t OH, int64_t OW,
-    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t ICr, int64_t ECr,
+    int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl,
+    int64_t ICr, int64_t ECr, int64_t ECo, int64_t OCo,
     const int32_t* act, const float* lo, const float* hi, int64_t bands, int par) {
   if (KH > 16) return -1;
   /* the ring's rows: every column a window reads, the padding columns zero */
   int64_t Wp = (OW - 1) * sw + KW;
   if (Wp < pl + W) Wp = pl + W;
   struct KILN_IR_CTX c = { x, w1, b1, w2, b2, w3, b3, r, y, ICB, H, W, ECB, OCB, OH, OW, KH, KW, sw, sh, pt, pl,
-                           bands, Wp, ICr, ECr, act, lo, hi, 0 };
+                           bands, Wp, ICr, ECr, ECo, OCo, act, lo, hi, 0 };
   kiln_par_for(KILN_IR_TASKS, &c, 0, N * bands, par);
   return c.failed ? -1 : 0;
 }
@@ -401,6 +483,7 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_IR_FN(
 #undef KILN_IR_G2
 #undef KILN_IR_G3
 #undef KILN_IR_G4
+#undef KILN_IR_GH
 #undef KILN_IR_GROUP
 #undef KILN_IR_PIECE
 #undef KILN_IR_CAT
