@@ -358,3 +358,16 @@ def choose_inverted_residual(expanded_bytes: int, target: Target, override: str 
                                            "rows at a time in one kernel")
     return Choice("unfused", f"the expanded tensor, {kib:.0f} KiB per image, fits {share} of L2 "
                              f"({budget / 1024:.0f} KiB){why}: three kernels")
+
+
+def choose_expand_depthwise(expanded_bytes: int, strided: bool, target: Target, override: str | None = None,
+                            acts: tuple[str, ...] = ()) -> Choice:
+    """An expand 1x1 -> depthwise chain whose project conv cannot join it (kiln::ExpandDepthwise):
+    choose_inverted_residual's rule for a strided depthwise conv; a stride-1 one stays unfused
+    (its result, written whole either way, is as large as the expanded tensor, so fusion saves
+    less, and the fused kernel's 1x1 tiles are a little slower than ConvNCHWc's). Measured one
+    thread, EfficientNet-B0 at batch 4 (Zen 4), fused / unfused, with the gate's pool:
+    16->96 3x3 s2 on 112x112 0.80, 24->144 5x5 s2 on 56x56 0.83, 24->144 3x3 s1 on 56x56 1.04."""
+    if override is None and not strided:
+        return Choice("unfused", "a stride-1 depthwise result is as large as the expanded tensor: three kernels")
+    return choose_inverted_residual(expanded_bytes, target, override, acts)

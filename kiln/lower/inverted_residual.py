@@ -1,6 +1,7 @@
 """kiln::InvertedResidual's native kernel (cpu target): expand 1x1 -> depthwise -> project 1x1
-in one pass over rows (kiln/codegen/c_src/inverted_residual.c). What is chosen here, from the
-`Target` and the shapes:
+in one pass over rows (kiln/codegen/c_src/inverted_residual.c), and kiln::ExpandDepthwise's: the
+same kernel without the project conv (its rows stored, their means summed on the way). What is
+chosen here, from the `Target` and the shapes:
 
 - the 1x1 register tiles: ov channel blocks x RW<ov> columns of accumulators for ov = 1..4,
   with ov weight vectors and a broadcast beside them in the register file; the largest ov
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.codegen.csource import c_parallel, c_shared
+from kiln.codegen.csource import c_parallel, c_shared, c_source
 from kiln.dtypes import DType
 from kiln.lower.context import lowering
 from kiln.lower.nnutil import parallel_worth
@@ -79,19 +80,21 @@ def _c_float(v: float) -> str:
     return f"{float(v)!r}f"
 
 
-@lowering("InvertedResidual", domain=DOMAIN)
-def _lower(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
+def _setup(ctx, x, w1, w2, w3, tensors) -> tuple[str, str, str, str]:
+    """What both kernels' calls share: (the function, its preamble, the call's leading
+    arguments after the tensors: sizes, and its trailing ones: strides, pads, acts, bands)."""
     target = Target.of(ctx.target)
-    ecb, ocb, oh, ow = geometry(ctx, x.shape, w1.shape, w2.shape, w3.shape)
-    if any(t.dtype is not DType.float32 for t in (x, w1, b1, w2, b2, w3, b3)):
-        ctx.fail("InvertedResidual's native kernel takes float32", stage="lower")
+    ecb, ocb, oh, ow = geometry(ctx, x.shape, w1.shape, w2.shape, None if w3 is None else w3.shape)
+    op = ctx.node.op
+    if any(t.dtype is not DType.float32 for t in tensors):
+        ctx.fail(f"{op}'s native kernel takes float32", stage="lower")
     n, icb, h, w, lanes = x.shape
     if lanes not in (4, 8, 16):
-        ctx.fail(f"InvertedResidual's channel block {lanes} is not 4, 8 or 16 lanes", stage="lower")
+        ctx.fail(f"{op}'s channel block {lanes} is not 4, 8 or 16 lanes", stage="lower")
     acts, clip = activations(ctx)
     kh, kw = (int(k) for k in w2.shape[2:4])
     if kh > 16:
-        ctx.fail(f"InvertedResidual's depthwise kernel has {kh} rows (the kernel keeps at most 16)", stage="lower")
+        ctx.fail(f"{op}'s depthwise kernel has {kh} rows (the kernel keeps at most 16)", stage="lower")
     sh, sw = (int(s) for s in ctx.attr("strides", [1, 1]))
     pads = [int(p) for p in ctx.attr("pads", [0, 0, 0, 0])]
     main, cols = register_tiles(target.vector_registers)
@@ -99,22 +102,42 @@ def _lower(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
     macros = {"KILN_IR_FN": fn, "KILN_IR_L": str(lanes), "KILN_IR_OV": str(main),
               **{f"KILN_IR_RW{o}": str(c) for o, c in cols.items()}}
     # two units compiled in parallel (the 1x1 tiles of 3 and 2 blocks apart: the file says why)
-    preamble = c_shared("inverted_residual.c", macros, fn.upper(), helpers=c_parallel(target.threads_impl),
-                        parts=2)
-    par = parallel_worth(macs(n, icb, h, w, ecb, ocb, oh, ow, kh, kw, lanes), target, "conv",
-                         streamed=w1.shape[0] * w1.shape[1] * lanes * lanes * 2)
+    preamble = c_shared("inverted_residual.c", macros, fn.upper(),
+                        helpers=c_source("kiln_sigmoid.h") + c_parallel(target.threads_impl), parts=2)
+    work = macs(n, icb, h, w, ecb, ocb or 0, oh, ow, kh, kw, lanes)
+    par = parallel_worth(work, target, "conv", streamed=w1.shape[0] * w1.shape[1] * lanes * lanes * 2)
     nb = bands(n, oh, par, target)
     icr = summed_channels(ctx.value(1)) or icb * lanes
-    ecr = summed_channels(ctx.value(5)) or ecb * lanes
     eco = made_channels(ctx.value(1), ctx.value(2)) or ecb * lanes
-    oco = made_channels(ctx.value(5), ctx.value(6)) or ocb * lanes
+    if w3 is not None:
+        ecr = summed_channels(ctx.value(5)) or ecb * lanes
+        oco = made_channels(ctx.value(5), ctx.value(6)) or ocb * lanes
     codes = ", ".join(str(ACTIVATIONS[a][0]) for a in acts)
     los = ", ".join(_c_float(c) for c in clip[0::2])
     his = ", ".join(_c_float(c) for c in clip[1::2])
-    body = (f"  static const int32_t act[3] = {{{codes}}};\n"
-            f"  static const float lo[3] = {{{los}}}, hi[3] = {{{his}}};\n"
-            f"  return {fn}(in0, in1, in2, in3, in4, in5, in6, {'in7' if r is not None else 'NULL'}, out0, "
-            f"{n}, {icb}, {h}, {w}, {ecb}, {ocb}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {pads[0]}, {pads[1]}, "
-            f"{icr}, {ecr}, {eco}, {oco}, act, lo, hi, {nb}, {int(par)});")
+    decl = (f"  static const int32_t act[3] = {{{codes}}};\n"
+            f"  static const float lo[3] = {{{los}}}, hi[3] = {{{his}}};\n")
+    sizes = f"{n}, {icb}, {h}, {w}, {ecb}, " + ("" if ocb is None else f"{ocb}, ") + f"{oh}, {ow}"
+    made = f"{icr}, {eco}" if w3 is None else f"{icr}, {ecr}, {eco}, {oco}"
+    tail = f"{kh}, {kw}, {sh}, {sw}, {pads[0]}, {pads[1]}, {made}, act, lo, hi, {nb}, {int(par)}"
+    return fn, preamble, decl, f"{sizes}, {tail}"
+
+
+@lowering("InvertedResidual", domain=DOMAIN)
+def _lower(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
+    fn, preamble, decl, args = _setup(ctx, x, w1, w2, w3, (x, w1, b1, w2, b2, w3, b3))
+    body = (f"{decl}  return {fn}(in0, in1, in2, in3, in4, in5, in6, {'in7' if r is not None else 'NULL'}, out0, "
+            f"{args});")
     return ctx.extern(body, [x, w1, b1, w2, b2, w3, b3, r], [(ctx.out_shape(0), ctx.out_dtype(0))],
                       preamble=preamble, errors={-1: "out of memory for the inverted residual's row buffers"})
+
+
+@lowering("ExpandDepthwise", domain=DOMAIN)
+def _lower_expand_depthwise(ctx, x, w1, b1, w2, b2):
+    """The same kernel without its project conv (KILN_IR_FN_ed), the plane's means as out1 when `pool`."""
+    fn, preamble, decl, args = _setup(ctx, x, w1, w2, None, (x, w1, b1, w2, b2))
+    pool = bool(int(ctx.attr("pool", 0)))
+    body = f"{decl}  return {fn}_ed(in0, in1, in2, in3, in4, out0, {'out1' if pool else 'NULL'}, {args});"
+    outs = [(ctx.out_shape(i), ctx.out_dtype(i)) for i in range(2 if pool else 1)]
+    return ctx.extern(body, [x, w1, b1, w2, b2], outs, preamble=preamble,
+                      errors={-1: "out of memory for the expand/depthwise kernel's row buffers"})

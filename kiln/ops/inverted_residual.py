@@ -15,6 +15,11 @@ finds the chain in the blocked graph and chooses when to fuse it.
   ("" for none); `clip` six floats, (min, max) for each "clip"; r (optional) blocked like the
   output, added last. Output N,OCB,OH,OW,cb.
 
+- `ExpandDepthwise(x, w1, b1, w2, b2) {kernel_shape, strides, pads, act, clip, pool}`: the
+  same without the project conv (act[2] ""), for a block whose project conv cannot run row by
+  row (a squeeze-excite gate in between): output N,ECB,OH,OW,cb, and when `pool` = 1 also its
+  mean over the plane N,ECB,1,1,cb (the gate's global average pool).
+
 Every activation here maps 0 to 0, so the blocked padding channels stay zero.
 """
 
@@ -48,16 +53,18 @@ def activations(ctx) -> tuple[list[str], list[float]]:
 
 
 def geometry(ctx, xs, w1s, w2s, w3s):
-    """Check the shapes; (ECB, OCB, OH, OW) of the block's expanded and output tensors."""
-    if any(s is None for s in (xs, w1s, w2s, w3s)) or len(xs) != 5 or not all(isinstance(d, int) for d in xs):
-        ctx.fail(f"InvertedResidual needs a static blocked input N,CB,H,W,cb, got {xs}")
+    """Check the shapes; (ECB, OCB, OH, OW) of the block's expanded and output tensors (w3s None:
+    ExpandDepthwise's, no project conv; OCB None)."""
+    if any(s is None for s in (xs, w1s, w2s)) or len(xs) != 5 or not all(isinstance(d, int) for d in xs):
+        ctx.fail(f"{ctx.node.op} needs a static blocked input N,CB,H,W,cb, got {xs}")
     n, icb, h, w, cb = xs
     ecb = w1s[0] if len(w1s) == 6 else None
+    w3ok = w3s is None or (len(w3s) == 6 and tuple(w3s[1:]) == (ecb, 1, 1, cb, cb))
     if tuple(w1s) != (ecb, icb, 1, 1, cb, cb) or len(w2s) != 6 or tuple(w2s[:2]) != (ecb, 1) \
-            or tuple(w2s[4:]) != (1, cb) or len(w3s) != 6 or tuple(w3s[1:]) != (ecb, 1, 1, cb, cb):
-        ctx.fail(f"InvertedResidual weights {tuple(w1s)}, {tuple(w2s)}, {tuple(w3s)} do not fit input "
-                 f"{tuple(xs)}: expected (E, {icb}, 1, 1, {cb}, {cb}), (E, 1, KH, KW, 1, {cb}), "
-                 f"(O, E, 1, 1, {cb}, {cb})")
+            or tuple(w2s[4:]) != (1, cb) or not w3ok:
+        ctx.fail(f"{ctx.node.op} weights {tuple(w1s)}, {tuple(w2s)}{'' if w3s is None else ', ' + str(tuple(w3s))} "
+                 f"do not fit input {tuple(xs)}: expected (E, {icb}, 1, 1, {cb}, {cb}), (E, 1, KH, KW, 1, {cb})"
+                 f"{'' if w3s is None else f', (O, E, 1, 1, {cb}, {cb})'}")
     ks = [int(k) for k in ctx.attr("kernel_shape", list(w2s[2:4]))]
     if ks != list(w2s[2:4]):
         ctx.fail(f"kernel_shape {ks} does not match the depthwise weights {tuple(w2s)}")
@@ -67,7 +74,7 @@ def geometry(ctx, xs, w1s, w2s, w3s):
     oh, ow = (int(o) for o in win.out)
     if oh < 1 or ow < 1:
         ctx.fail(f"InvertedResidual of a {h}x{w} input with kernel {ks} has no output")
-    return ecb, w3s[0], oh, ow
+    return ecb, None if w3s is None else w3s[0], oh, ow
 
 
 def _infer(ctx):
@@ -107,3 +114,37 @@ def inverted_residual(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
     if r is not None:
         y = y + compute_dtype(r)
     return y.astype(x.dtype, copy=False)
+
+
+def _ed_infer(ctx):
+    xs = ctx.shape(0)
+    ecb, _, oh, ow = geometry(ctx, xs, ctx.shape(1), ctx.shape(3), None)
+    activations(ctx)
+    cb = xs[4]
+    for i in (2, 4):
+        if ctx.shape(i) != (ecb, cb):
+            ctx.fail(f"ExpandDepthwise bias {i} {ctx.shape(i)} must be packed as {(ecb, cb)}")
+    outs = [TensorType(ctx.dtype(0), (xs[0], ecb, oh, ow, cb))]
+    if int(ctx.attr("pool", 0)):
+        outs.append(TensorType(ctx.dtype(0), (xs[0], ecb, 1, 1, cb)))
+    return outs
+
+
+@op("ExpandDepthwise", infer=_ed_infer, domain=DOMAIN, fusion=OPAQUE)
+def expand_depthwise(ctx, x, w1, b1, w2, b2):
+    """expand 1x1 -> act -> depthwise -> act on blocked tensors (an inverted residual whose
+    project conv is not fused: a squeeze-excite gate comes between); `pool` = 1: a second
+    output, the result's mean over the plane (N, ECB, 1, 1, cb), the gate's global pool."""
+    acts, clip = activations(ctx)
+    cb = x.shape[-1]
+
+    def act(i, v):
+        return ACTIVATIONS[acts[i]][1](v, clip[2 * i], clip[2 * i + 1])
+    xn = from_blocked(compute_dtype(x), x.shape[1] * cb)
+    e = act(0, _pointwise(xn, unpack_conv_weight(compute_dtype(w1), False), compute_dtype(b1).reshape(-1)))
+    w2n = unpack_conv_weight(compute_dtype(w2), True)
+    d = conv_core(ctx, e, w2n, e.shape[1], window(ctx, list(e.shape[2:]), list(w2.shape[2:4])))
+    y = to_blocked(act(1, d + compute_dtype(b2).reshape(1, -1, 1, 1)), cb)
+    if not int(ctx.attr("pool", 0)):
+        return y.astype(x.dtype, copy=False)
+    return y.astype(x.dtype, copy=False), y.mean(axis=(2, 3), keepdims=True).astype(x.dtype, copy=False)

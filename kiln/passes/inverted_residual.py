@@ -7,7 +7,8 @@ the channel counts, kernel size (KxK depthwise, any stride, no dilation) or acti
 - the expand conv: 1x1, stride 1, unpadded, dense (not grouped), no squeeze-excite `scale`, a
   whole block of input channels per block (not a stem's narrow block);
 - the depthwise conv: undilated, no `scale` (a squeeze-excite gate between the depthwise and
-  the project conv needs the whole plane first, so such blocks stay unfused);
+  the project conv needs the whole plane first: such a block's expand -> depthwise part alone
+  becomes one kiln::ExpandDepthwise, below);
 - the project conv: as the expand conv;
 - after each conv at most one activation of ACTS (Relu, Clip with min <= 0 <= max, HardSwish,
   Swish): each maps 0 to 0, so the padding channels stay zero; then at most one Add of a
@@ -16,6 +17,12 @@ the channel counts, kernel size (KxK depthwise, any stride, no dilation) or acti
 
 Whether a match is fused is kiln.lower.conv_algo.choose_inverted_residual's rule; every match
 is listed in the pass's findings (`model.report`) with the choice and why.
+
+An expand -> depthwise pair left over (its depthwise result read by a squeeze-excite gate and
+the project conv, as in EfficientNet and MobileNetV3, or by anything else) becomes one
+kiln::ExpandDepthwise by choose_expand_depthwise's rule, with a global average pool of its
+result (the gate's) as the kernel's second output: the expanded tensor then stays in L1/L2
+too, and the pool needs no pass of its own.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.graph.ir import Graph, Node, Value
-from kiln.lower.conv_algo import Choice, asked_inverted_residual, choose_inverted_residual
+from kiln.lower.conv_algo import Choice, asked_inverted_residual, choose_expand_depthwise, choose_inverted_residual
 from kiln.ops.layout import DOMAIN
 from kiln.passes.edit import Namer, const_scalar, new_const, new_node, producers, remove_nodes, static_shape, use_counts
 from kiln.passes.registry import PassContext, graph_pass
@@ -204,5 +211,57 @@ def fuse_inverted_residual(graph: Graph, ctx: PassContext) -> Graph:
         graph.nodes.insert(at, node)
         remove_nodes(graph, {id(n) for n in nodes})
         fused += 1
-    ctx.tally({"InvertedResidual": fused} if fused else {})
+    found = _fuse_expand_depthwise(graph, ctx, override, taken)
+    ctx.tally({k: v for k, v in (("InvertedResidual", fused), ("ExpandDepthwise", found)) if v})
     return graph
+
+
+def _fuse_expand_depthwise(graph: Graph, ctx: PassContext, override, taken: set[int]) -> int:
+    """The expand 1x1 -> depthwise part of chains not taken above (their project conv does not
+    follow row by row: a squeeze-excite gate, as in EfficientNet, or another reader of the
+    depthwise result) as one kiln::ExpandDepthwise, by the same rule; a global average pool of
+    the result (the gate's) becomes the kernel's second output. Returns how many."""
+    chains, namer, fused = Chains(graph), Namer(graph), 0
+    readers = graph.consumers()
+    for last in reversed(list(graph.nodes)):
+        if id(last) in taken or last.op not in ("ConvNCHWc", "Relu", "Clip", "HardSwish", "Swish"):
+            continue
+        second = chains.conv_and_act(last.outputs[0], True)
+        if second is None or (second[1] or second[0]) is not last or not chains.private(second[0].inputs[0]):
+            continue
+        c2, a2, act2 = second
+        first = chains.conv_and_act(c2.inputs[0], False)
+        if first is None:
+            continue
+        c1, a1, act1 = first
+        nodes = [n for n in (a2, c2, a1, c1) if n is not None]
+        if any(id(n) in taken for n in nodes):
+            continue
+        d = last.outputs[0]
+        pools = [n for n in readers.get(d.id, []) if n.op == "GlobalAveragePoolNCHWc" and n.domain == DOMAIN
+                 and id(n) not in taken]
+        xs, es, ds = static_shape(c1.inputs[0]), static_shape(c1.outputs[0]), static_shape(d)
+        desc = (f"{xs[1] * xs[4]}->{es[1] * es[4]} dw {'x'.join(map(str, c2.attrs['kernel_shape']))} "
+                f"s{c2.attrs.get('strides', [1, 1])[0]} on {xs[2]}x{xs[3]}, no project"
+                f"{' (+ its global average pool)' if pools else ''}")
+        strided = any(int(s) > 1 for s in c2.attrs.get("strides", [1, 1]))
+        choice = choose_expand_depthwise(math.prod(es[1:]) * 4, strided, ctx.target, override, (act1[0], act2[0]))
+        ctx.report(InvertedResidualChoice(c2.name, desc, choice))
+        taken.update(id(n) for n in nodes)
+        if choice.algorithm != "inverted-residual":
+            continue
+        ins = [c1.inputs[0], c1.inputs[1], _bias(namer, c1, es[1], xs[4]), c2.inputs[1],
+               _bias(namer, c2, es[1], xs[4])]
+        attrs = {"kernel_shape": list(c2.attrs["kernel_shape"]), "strides": list(c2.attrs.get("strides", [1, 1])),
+                 "pads": list(c2.attrs.get("pads", [0, 0, 0, 0])), "act": [act1[0], act2[0], ""],
+                 "clip": [float(b) for b in (*act1[1:], *act2[1:], 0.0, 0.0)], "pool": int(bool(pools))}
+        outs = [d] + [p.outputs[0] for p in pools[:1]]
+        node = new_node(graph, "ExpandDepthwise", ins, namer.fresh(f"{c2.name}.expand_depthwise"),
+                        [namer.fresh(v.name + ".ed") for v in outs], attrs, DOMAIN)
+        if [v.type for v in node.outputs] != [v.type for v in outs] or ds is None:
+            continue
+        node.outputs = outs
+        graph.nodes.insert(graph.nodes.index(last), node)
+        remove_nodes(graph, {id(n) for n in nodes + pools[:1]})
+        fused += 1
+    return fused
