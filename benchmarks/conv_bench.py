@@ -7,6 +7,7 @@ p10 ms and GFLOP/s of each, after checking both kiln kernels against ORT.
     python benchmarks/conv_bench.py --convs depthwise      # MobileNet/EfficientNet depthwise convs
     python benchmarks/conv_bench.py --convs conv1d         # 1-D convs: strided front ends, dilated
     python benchmarks/conv_bench.py --convs strided        # a detector's 3x3 stride-2 convs
+    python benchmarks/conv_bench.py --convs grouped        # ResNeXt-50 32x4d's grouped 3x3 convs
 
 A 1-D conv runs blocked as the 2-D ConvNCHWc of N,C,1,L (what transform_layout makes of it).
 The timings include each engine's per-call overhead (tens of microseconds); OMP_NUM_THREADS
@@ -99,6 +100,17 @@ CONVS = {
         "mv2_960_160x7": (960, 7, 160, 1, 1, 0),
         "mv2_320_1280x7": (320, 7, 1280, 1, 1, 0),
     },
+    # the grouped 3x3 convs of ResNeXt-50 32x4d at 224: 32 groups of 4, 8, 16 and 32 channels
+    # (spec: ..., depthwise, dilation, groups)
+    "grouped": {
+        "g32x4_128x56": (128, 56, 128, 3, 1, 1, False, 1, 32),
+        "g32x8_256x56s2": (256, 56, 256, 3, 2, 1, False, 1, 32),
+        "g32x8_256x28": (256, 28, 256, 3, 1, 1, False, 1, 32),
+        "g32x16_512x28s2": (512, 28, 512, 3, 2, 1, False, 1, 32),
+        "g32x16_512x14": (512, 14, 512, 3, 1, 1, False, 1, 32),
+        "g32x32_1024x14s2": (1024, 14, 1024, 3, 2, 1, False, 1, 32),
+        "g32x32_1024x7": (1024, 7, 1024, 3, 1, 1, False, 1, 32),
+    },
     "strided": {    # 3x3 stride-2 downsampling convs of detectors (320x320 input)
         "s2_32_64": (32, 160, 64, 3, 2, 1),
         "s2_64_128": (64, 80, 128, 3, 2, 1),
@@ -111,21 +123,22 @@ CONVS = {
 
 
 def _dims(spec):
-    """(c, spatial dims, oc, k, s, p, depthwise, dilation) of a CONVS entry."""
+    """(c, spatial dims, oc, k, s, p, depthwise, dilation, groups) of a CONVS entry."""
     c, h, oc, k, s, p, *rest = spec
-    rest = list(rest) + [False, 1][len(rest):]
-    return c, (h, h) if isinstance(h, int) else tuple(h), oc, k, s, p, bool(rest[0]), int(rest[1])
+    rest = list(rest) + [False, 1, 1][len(rest):]
+    return (c, (h, h) if isinstance(h, int) else tuple(h), oc, k, s, p, bool(rest[0]), int(rest[1]),
+            c if rest[0] else int(rest[2]))
 
 
 def _out(h, k, s, p, d):
     return (h + 2 * p - (k - 1) * d - 1) // s + 1
 
 
-def onnx_conv(c, sp, oc, k, s, p, w, b, dw=False, d=1):
+def onnx_conv(c, sp, oc, k, s, p, w, b, dw=False, d=1, group=1):
     nd = len(sp)
     o = [_out(h, k, s, p, d) for h in sp]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k] * nd, strides=[s] * nd,
-                              pads=[p] * 2 * nd, dilations=[d] * nd, group=c if dw else 1),
+                              pads=[p] * 2 * nd, dilations=[d] * nd, group=c if dw else group),
              helper.make_node("Relu", ["c"], ["y"])]
     g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, *sp])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, oc, *o])],
@@ -133,25 +146,36 @@ def onnx_conv(c, sp, oc, k, s, p, w, b, dw=False, d=1):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), o
 
 
-def blocked_graph(c, sp, oc, k, s, p, w, b, block, dw=False, d=1):
+def blocked_graph(c, sp, oc, k, s, p, w, b, block, dw=False, d=1, group=1, batch="1"):
     """The blocked conv + ReLU alone (a 1-D conv as 1 x L; a few input channels read as one
-    block); returns the graph and the input's channel block."""
+    block; a grouped conv as the layout pass runs it: rotated or in block groups; `batch` a
+    number or a symbol, as a model with a symbolic batch compiles it); returns the graph and
+    the input's channel block."""
+    from kiln.ops.layout import block_groups, pack_grouped_weight, pack_rotated_weight
     from kiln.passes.layout import narrow_input
+    from kiln.passes.layout_rules import rotated
     from tests.passes.util import graph
     one = len(sp) == 1
-    ib = c if narrow_input(c, block, dw) else block
+    grouped = group > 1 and not dw
+    ib = c if not grouped and narrow_input(c, block, dw) else block
     cb, ocb = -(-c // ib), -(-oc // block)
     h, wd = (1, sp[0]) if one else sp
     oh, ow = (1 if one else _out(h, k, s, p, d)), _out(wd, k, s, p, d)
     kh, sh, ph, dh = (1, 1, 0, 1) if one else (k, s, p, d)
-    text = (f'graph "g" (%x: float32[1,{cb},{h},{wd},{ib}]) -> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
-            f'  %c: float32[1,{ocb},{oh},{ow},{block}] = "kiln"::ConvNCHWc(%x, %w, %b) {{kernel_shape = [{kh}, {k}], '
-            f'strides = [{sh}, {s}], pads = [{ph}, {p}, {ph}, {p}], dilations = [{dh}, {d}], '
-            f'depthwise = {int(dw)}}} name "conv"\n'
-            f'  %y: float32[1,{ocb},{oh},{ow},{block}] = Relu(%c) name "relu"\n}}')
     wp = w.reshape(w.shape[0], w.shape[1], kh, k)
-    return graph(text, w=pack_conv_weight(wp, block, dw, None if dw else ib),
-                 b=pack_bias(b, oc, block, np.float32)), ib
+    extra = ""
+    if grouped and rotated(c, oc, group, block):
+        extra, dw, packed = f", rotate = {c // group}", True, pack_rotated_weight(wp, block)
+    elif grouped:
+        extra, packed = f", groups = {block_groups(c, oc, group, block)}", pack_grouped_weight(wp, group, block)
+    else:
+        packed = pack_conv_weight(wp, block, dw, None if dw else ib)
+    text = (f'graph "g" (%x: float32[{batch},{cb},{h},{wd},{ib}]) -> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
+            f'  %c: float32[{batch},{ocb},{oh},{ow},{block}] = "kiln"::ConvNCHWc(%x, %w, %b) {{kernel_shape = [{kh}, {k}], '
+            f'strides = [{sh}, {s}], pads = [{ph}, {p}, {ph}, {p}], dilations = [{dh}, {d}], '
+            f'depthwise = {int(dw)}{extra}}} name "conv"\n'
+            f'  %y: float32[{batch},{ocb},{oh},{ow},{block}] = Relu(%c) name "relu"\n}}')
+    return graph(text, w=packed, b=pack_bias(b, oc, block, np.float32)), ib
 
 
 def timed(fns: dict, args) -> dict:
@@ -189,13 +213,13 @@ def main(argv=None):
     for name, spec in CONVS[args.convs].items():
         if args.only and name not in args.only.split(","):
             continue
-        c, sp, oc, k, s, p, dw, d = _dims(spec)
+        c, sp, oc, k, s, p, dw, d, group = _dims(spec)
         nd = len(sp)
-        cg = 1 if dw else c
+        cg = c // group
         w = rng.standard_normal((oc, cg) + (k,) * nd).astype(np.float32) / np.float32(np.sqrt(cg * k ** nd))
         b = rng.standard_normal(oc).astype(np.float32)
         x = rng.standard_normal((1, c, *sp)).astype(np.float32)
-        model, o = onnx_conv(c, sp, oc, k, s, p, w, b, dw, d)
+        model, o = onnx_conv(c, sp, oc, k, s, p, w, b, dw, d, group)
         flops = 2 * oc * cg * k ** nd * int(np.prod(o))
         sess = ort_session(model, args.threads)
         want = sess.run(None, {"x": x})[0]
@@ -213,7 +237,7 @@ def main(argv=None):
             got = got["y"] if isinstance(got, dict) else got[0]
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
             fns["nchw"] = lambda: m0.run({"x": x})
-        bg, ib = blocked_graph(c, sp, oc, k, s, p, w, b, block, dw, d)
+        bg, ib = blocked_graph(c, sp, oc, k, s, p, w, b, block, dw, d, group)
         mb = kiln.compile(bg, target="cpu", opt_level=3)
         xb = to_blocked(x.reshape(1, c, 1, *sp) if nd == 1 else x, ib)
         got = mb.run({"x": xb})

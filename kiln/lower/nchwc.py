@@ -98,6 +98,8 @@ VECTOR_REGISTERS = {64: 32, 32: 16, 16: 16}    # x86 vector registers by vector 
 # the register tile's decisions (kiln.lower.decisions), picked by plan_tile's heuristic
 NCHWC_REG_W = declare("nchwc.reg_w", Ints(1), None, "output columns of one register tile")
 NCHWC_OC_V = declare("nchwc.oc_v", Ints(1, 8), None, "channel blocks of one register tile")
+NCHWC_UNROLL_TAPS = declare("nchwc.unroll_taps", Ints(0, 2), None,
+                            "kernel axes (innermost first) a rotated conv's tile unrolls")
 # A tile's columns each broadcast from their own input address, and GCC keeps one integer
 # register per column's offset: past ~14 columns it spills them and reloads one per FMA (a 28x1
 # tile's inner loop reloaded 17 of its 28 offsets from the stack). No tile is wider: measured,
@@ -127,8 +129,8 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
     loads per FMA times the columns computed per column kept, and 2% more when the conv
     could read its input in place but the tile needs a padded copy of it (`in_place`: a
     copy of the input costs about 1/OC of the convolution). The cheapest wins (ties: more
-    accumulators, to cover the FMA latency). `regs`: the target's vector registers (default:
-    x86's for `vbytes`).
+    accumulators, to cover the FMA latency). A rotated conv's tile (columns x lane rotations)
+    takes rotated_columns. `regs`: the target's vector registers (default: x86's for `vbytes`).
     """
     knobs = dict(knobs or {})
     regs = regs or VECTOR_REGISTERS.get(vbytes, 16)
@@ -145,11 +147,23 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
             if best is None or key < best[0]:
                 best = (key, r, v)
     _, r, v = best
+    if g.rotate > 1:
+        r = min(ow, rotated_columns(g.rotate))
     r, v = int(knobs.get("reg_w", NCHWC_REG_W.asked() or r)), int(knobs.get("oc_v", NCHWC_OC_V.asked() or v))
     if g.ocb // g.groups % v or (g.depthwise and v != 1):
         raise NCHWC_OC_V.illegal(v, f"it must divide the {g.ocb // g.groups} channel blocks of a block group"
                                     + (" and be 1 for a depthwise convolution" if g.depthwise else ""))
     return NCHWC_REG_W.value(r), NCHWC_OC_V.value(v)
+
+
+def rotated_columns(rotate: int) -> int:
+    """A rotated conv's register tile: columns of `rotate` accumulators each (one per lane
+    rotation), 16 accumulators in all (at least 2 columns). Measured one thread on the AVX-512
+    Zen 4 (ResNeXt-50's grouped 3x3 convs, 32 groups, a symbolic batch, the least of 300 runs):
+    4 per group at 56x56 0.28 ms with 4 columns vs 0.34-0.43 with 2 and 7; 8 per group at 28x28
+    0.275 ms with 2 columns vs 0.31 with 3; 2 per group ties 4, 7 and 8 columns; 1 column (a chain
+    of dependent FMAs per accumulator) took 2.5x as long."""
+    return max(2, 16 // rotate)
 
 
 def scaled_weights(g: BlockedGeom, w, scale):
@@ -158,8 +172,8 @@ def scaled_weights(g: BlockedGeom, w, scale):
     Conv(x * s) is Conv with W * s (zero padding stays zero): a squeeze-excite gate costs a
     pass over the weights (OC x IC x taps per image) instead of one over the activation
     (IC x H x W), where that is the smaller (960 -> 160 channels on a 7x7 plane is not)."""
-    if math.prod(w.shape) > g.icb * g.ib * g.h * g.w or g.rotate > 1:
-        return None     # (rotated: a weight's input lane is not its output lane)
+    if math.prod(w.shape) > g.icb * g.ib * g.h * g.w:
+        return None     # (a rotated conv's weights are packed by input lane: scaled as depthwise ones)
     if g.depthwise:
         return compute((g.n, *w.shape), lambda n, c, i, kh, kw, ii, o: w[(c, i, kh, kw, ii, o)]
                        * scale[(n, c, 0, 0, o)], "wscaled", w.dtype)
@@ -260,6 +274,14 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         ok = (r >= 0) & (r < g.h) & (s >= 0) & (s < g.w)
         return select(ok, xv(n, c, r, s, i), const(0, dt))
     xpad = None
+    # the kernel taps a depthwise tile unrolls (all: its tile is small); a rotated conv's tile
+    # (columns x rotations) unrolls a row's taps, and none at 8 or more channels per group, as GCC
+    # then holds every tap's weight vectors in registers across the tile loop and spills the
+    # accumulators (measured as rotated_columns: 8 per group at 28x28 0.275 ms with no tap
+    # unrolled, 0.34-0.41 with a row's; 4 per group at 56x56 0.28 with a row's, 0.30-0.32 with
+    # all, 0.43 with none)
+    rotated = g.depthwise and g.rotate > 1
+    unroll_taps = NCHWC_UNROLL_TAPS.value(0 if g.rotate >= 8 else 1) if rotated else 2
     if padded and not g.depthwise:
         xpad = compute((g.n, g.icb, hp, wp, g.ib), lambda n, c, r, s, i: border(n, c, r - pt, s - pl, i),
                        "xpad", dt)
@@ -271,15 +293,25 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         return border(n, c, r - pt, s - pl, i) if padded else xv(n, c, r - pt, s - pl, i)
 
     kh, kw = reduce_axis(g.kernel[0], "kh"), reduce_axis(g.kernel[1], "kw")
-    if g.depthwise:
+    rot = None
+    if g.depthwise and g.rotate > 1:
+        # a rotated grouped conv: per lane rotation j an accumulator of the input lanes times
+        # their weights at j (the weights are packed by input lane), summed over the taps
+        # unshuffled; then output lane o adds up, over j, the lane it reads at j (rotated_lane):
+        # r FMAs per output and tap and r - 1 shuffles per output, where shuffling the input
+        # took r - 1 per output and tap (kiln.codegen.c's permuted loads)
+        red = [kh, kw]
+        acc = compute((g.n, g.ocb, g.out[0], owp, g.rotate, g.ob), lambda n, c, oh, ow, j, i: sum_(
+            cast(acc_dt, xp((n, c, oh * sh + kh * dh, ow * sw + kw * dw, i))) * cast(acc_dt, wv(c, j, kh, kw, 0, i, n)),
+            axis=red), "acc")
+        rot = compute((g.n, g.ocb, g.out[0], owp, g.ob), lambda n, c, oh, ow, o: functools.reduce(
+            operator.add, [acc[(n, c, oh, ow, j, rotated_lane(o, j, g.rotate))] for j in range(g.rotate)]), "rot")
+    elif g.depthwise:
         red = [kh, kw]
 
         def acc_body(n, c, oh, ow, o):
-            # a rotated grouped conv: one term per lane rotation, each a vector of the input block's
-            # lanes in another order (a shuffle: kiln.codegen.c), r FMAs per output and tap
-            terms = [cast(acc_dt, xp((n, c, oh * sh + kh * dh, ow * sw + kw * dw, rotated_lane(o, j, g.rotate))))
-                     * cast(acc_dt, wv(c, j, kh, kw, 0, o, n)) for j in range(g.rotate)]
-            return sum_(functools.reduce(operator.add, terms), axis=red)
+            return sum_(cast(acc_dt, xp((n, c, oh * sh + kh * dh, ow * sw + kw * dw, o)))
+                        * cast(acc_dt, wv(c, 0, kh, kw, 0, o, n)), axis=red)
     else:
         icb, ii = reduce_axis(g.icbg, "icb"), reduce_axis(g.ib, "ii")
         red = [icb, kh, kw, ii]
@@ -287,10 +319,11 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         def acc_body(n, c, oh, ow, o):
             return sum_(cast(acc_dt, xp((n, in_block(g, c, icb), oh * sh + kh * dh, ow * sw + kw * dw, ii)))
                         * cast(acc_dt, wv(c, icb, kh, kw, ii, o, n)), axis=red)
-    acc = compute((g.n, g.ocb, g.out[0], owp, g.ob), acc_body, "acc")
+    if rot is None:
+        acc = compute((g.n, g.ocb, g.out[0], owp, g.ob), acc_body, "acc")
 
     def out_body(n, c, oh, ow, o):
-        a = acc[(n, c, oh, ow, o)]
+        a = (acc if rot is None else rot)[(n, c, oh, ow, o)]
         if b is not None:
             a = a + cast(acc_dt, b[(c, o)])
         return cast(dt, a)
@@ -317,12 +350,24 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
             so.parallel(top)
         so.vectorize(o)
         # the register tile: the accumulators of (reg_w columns x oc_v channel blocks)
+        if rot is not None:     # the rotations' sum, vector by vector (shuffles)
+            sr = sch[rot]
+            sr.compute_at(so, wo)
+            rn, rc, rh, rw, ro = sr.axis
+            sr.unroll(rw)
+            sr.unroll(rc)
+            sr.vectorize(ro)
         sa = sch[acc]
         sa.compute_at(so, wo)
-        an, ac, ah, aw, ao = sa.axis
-        sa.reorder(an, ah, *sa.reduce_axis, aw, ac, ao)
+        if rot is None:
+            an, ac, ah, aw, ao = sa.axis
+            sa.reorder(an, ah, *sa.reduce_axis, aw, ac, ao)
+        else:   # the tile's accumulators: columns x rotations
+            an, ac, ah, aw, aj, ao = sa.axis
+            sa.reorder(an, ah, *sa.reduce_axis, aw, aj, ac, ao)
+            sa.unroll(aj)
         if g.depthwise:
-            for k in sa.reduce_axis:
+            for k in sa.reduce_axis[2 - unroll_taps:]:
                 sa.unroll(k)
         sa.unroll(aw)
         sa.unroll(ac)

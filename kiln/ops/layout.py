@@ -23,7 +23,8 @@ result (kiln.passes.layout only lets such padding-preserving ops run blocked).
   depthwise) a grouped conv of r channels per group, r dividing the block, runs as a
   depthwise one over r lane rotations: output lane o reads, at rotation j, lane
   (o // r) * r + (o % r + j) % r of the same block, with weights (C/cb, r, KH, KW, 1, cb)
-  (`pack_rotated_weight`): r multiply-adds per output and tap instead of a block's.
+  indexed by the input lane (`pack_rotated_weight`): r multiply-adds per output and tap
+  instead of a block's.
   ib may be less than ob: a stem conv's few input channels as one block (channels-last);
   the optional `scale` (N,IC/ib,1,1,ib, blocked like x) multiplies the input per image
   and channel first (a squeeze-excite gate: the lowering scales the weights instead);
@@ -133,17 +134,25 @@ def rotated_lane(o, j: int, r: int):
     return o if j == 0 else (o // r) * r + (o % r + j) % r
 
 
+def rotated_from(i: int, j: int, r: int) -> int:
+    """The output lane that reads input lane i at rotation j (the inverse of rotated_lane)."""
+    return (i // r) * r + (i % r - j) % r
+
+
 def pack_rotated_weight(w: np.ndarray, block: int) -> np.ndarray:
     """Grouped OIHW weights of r = IC/groups = OC/groups channels per group, r dividing `block`,
-    -> (C/cb, r, KH, KW, 1, cb): [k, j, ..., o] is the weight of output channel k*cb + o for the
-    input lane it reads at rotation j (rotated_lane); zero padded channels."""
+    -> (C/cb, r, KH, KW, 1, cb) by input lane: [k, j, ..., i] is the weight input lane i of block
+    k carries at rotation j, to output lane rotated_from(i, j, r) (whose rotated_lane(o, j, r) is
+    i); zero padded channels."""
     oc, r = w.shape[:2]
     ocb = _blocks(oc, block)
     out = np.zeros((ocb, r) + w.shape[2:] + (1, block), w.dtype)
-    for ch in range(oc):
-        k, o = divmod(ch, block)
-        for j in range(r):
-            out[k, j, ..., 0, o] = w[ch, (o % r + j) % r]
+    for k in range(ocb):
+        for i in range(block):
+            for j in range(r):
+                ch = k * block + rotated_from(i, j, r)
+                if ch < oc:
+                    out[k, j, ..., 0, i] = w[ch, i % r]
     return out
 
 
@@ -152,9 +161,9 @@ def unpack_rotated_weight(wp: np.ndarray) -> np.ndarray:
     ocb, r, kh, kw, _, block = wp.shape
     out = np.zeros((ocb * block, r, kh, kw), wp.dtype)
     for k in range(ocb):
-        for o in range(block):
+        for i in range(block):
             for j in range(r):
-                out[k * block + o, (o % r + j) % r] = wp[k, j, :, :, 0, o]
+                out[k * block + rotated_from(i, j, r), i % r] = wp[k, j, :, :, 0, i]
     return out
 
 

@@ -98,8 +98,8 @@ def blockable_conv(node: Node, opset: int, block: int) -> dict | None:
 def rotated(c: int, oc: int, group: int, block: int) -> bool:
     """A grouped conv of r < block channels per group in and out, r dividing the block: it runs
     as a depthwise conv over r lane rotations (kiln.ops.layout, ConvNCHWc's `rotate`): r
-    multiply-adds per output and tap (and r - 1 shuffles), where block-diagonal weights over
-    whole blocks would take block / r times as many."""
+    multiply-adds per output and tap (and r - 1 shuffles per output), where block-diagonal
+    weights over whole blocks would take block / r times as many."""
     r = c // group
     return r == oc // group and 1 < r < block and block % r == 0
 
@@ -180,7 +180,7 @@ def _selected_kind(node: Node, attrs: dict, block: int) -> str | None:
     if "rotate" in attrs:
         r = attrs["rotate"]
         return (f"grouped ({int(node.attrs['group'])} groups of {r} channels: depthwise over {r} lane "
-                f"rotations, {r} FMAs and {r - 1} shuffles per output vector and tap)")
+                f"rotations, {r} FMAs per output vector and tap, {r - 1} shuffles per output vector)")
     if attrs["depthwise"]:
         return "depthwise"
     if "groups" in attrs:

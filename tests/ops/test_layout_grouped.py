@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import kiln
 from kiln.interpreter import Interpreter
-from kiln.ops.layout import block_groups, pack_grouped_weight
+from kiln.ops.layout import (block_groups, pack_grouped_weight, pack_rotated_weight, rotated_from, rotated_lane,
+                              unpack_rotated_weight)
 from kiln.passes.layout import transform, worth_blocking
 from tests.passes.util import graph, prog, random_inputs
 from tests.helpers import examples
@@ -151,7 +152,8 @@ def test_grouped_chain_stays_blocked_with_a_symbolic_batch(cpg, monkeypatch):
 
 def test_rotations_are_vector_shuffles():
     """The rotated lanes are one vector load and a shuffle each (kiln.codegen.c's permuted loads),
-    not a per-lane gather: groups of 4 at a block of 16 take 3 shuffles per tap and column."""
+    not a per-lane gather: groups of 4 at a block of 16 take 3 shuffles per output vector (of its
+    rotations' accumulators, kiln.lower.nchwc)."""
     from kiln.compiler import run_stages
     g = grouped_graph(1, 64, 9, 9, 64, 16, 3, 1, 1, (1, 1, 1, 1), True, True)
     blocked = g.clone()
@@ -159,3 +161,69 @@ def test_rotations_are_vector_shuffles():
     text = run_stages(blocked, "c", opt_level=0).source.text
     assert "KILN_PERMUTE(" in text and "{1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8, 13, 14, 15, 12}" not in text
     assert "1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8, 13, 14, 15, 12" in text
+
+
+def test_rotated_weights_are_packed_by_input_lane():
+    """pack_rotated_weight's [k, j, ..., i] is the weight input lane i of block k carries at
+    rotation j to output lane rotated_from(i, j, r), whose lane read at j is i; unpacking
+    inverts it (the padding channels zero)."""
+    rng = np.random.default_rng(5)
+    for c, r, block in [(32, 4, 16), (24, 4, 16), (16, 8, 8), (12, 2, 8)]:
+        w = rng.standard_normal((c, r, 3, 3)).astype(F)
+        wp = pack_rotated_weight(w, block)
+        assert wp.shape == (-(-c // block), r, 3, 3, 1, block)
+        for k, j, i in [(0, 0, 0), (0, r - 1, 1), (wp.shape[0] - 1, 1, block - 1)]:
+            o = rotated_from(i, j, r)
+            assert rotated_lane(o, j, r) == i and o // r == i // r
+            ch = k * block + o
+            want = w[ch, i % r] if ch < c else np.zeros((3, 3), F)
+            np.testing.assert_array_equal(wp[k, j, :, :, 0, i], want)
+        back = unpack_rotated_weight(wp)
+        np.testing.assert_array_equal(back[:c], w)
+        assert not back[c:].any()
+
+
+def rotated_graph(n, c, h, w, r, k, s, d, pads, scale: bool, block: int, seed: int = 0):
+    """A blocked rotated ConvNCHWc (`r` channels per group) + Relu, optionally with a per-image,
+    per-channel `scale` input (a squeeze-excite gate folded into the conv), and its weights."""
+    rng = np.random.default_rng(seed)
+    cb = -(-c // block)
+    oh, ow = out_size(h, k, s, pads[0], pads[2], d), out_size(w, k, s, pads[1], pads[3], d)
+    consts = {"w": pack_rotated_weight(rng.standard_normal((c, r, k, k)).astype(F), block),
+              "b": rng.standard_normal((cb, block)).astype(F)}
+    ins = "%x, %w, %b" + (", %s" if scale else "")
+    head = f"(%x: float32[{n},{cb},{h},{w},{block}]" + (f", %s: float32[{n},{cb},1,1,{block}]" if scale else "")
+    body = (f'  %c: float32[{n},{cb},{oh},{ow},{block}] = "kiln"::ConvNCHWc({ins}) {{kernel_shape = [{k}, {k}], '
+            f'strides = [{s}, {s}], pads = [{", ".join(map(str, pads))}], dilations = [{d}, {d}], depthwise = 1, '
+            f'rotate = {r}}} name "conv"\n'
+            f'  %y: float32[{n},{cb},{oh},{ow},{block}] = Relu(%c) name "relu"')
+    text = prog(head + ") -> (%y)", body).replace('opsets {"": 17}', 'opsets {"": 17, "kiln": 1}')
+    return graph(text, **consts)
+
+
+@examples(24, fast=6)
+def test_rotated_conv_tiles_match_reference(examples):
+    """The rotated kernel (an accumulator per rotation, their shuffled sum) against the NumPy
+    reference at any register tile (columns, taps unrolled), stride, dilation, padding, batch,
+    a half-full last block, and with a squeeze-excite scale (scaled weights or input)."""
+    settings(max_examples=examples, deadline=None)(
+        given(n=st.integers(1, 2), r=st.sampled_from([2, 4, 8]), blocks=st.integers(1, 2), half=st.booleans(),
+              h=st.integers(1, 9), w=st.integers(1, 11), k=st.sampled_from([1, 3]), s=st.integers(1, 2),
+              d=st.integers(1, 2), pads=st.lists(st.integers(0, 1), min_size=4, max_size=4),
+              scale=st.booleans(), reg_w=st.sampled_from([None, 1, 2, 3, 5]),
+              unroll=st.sampled_from([None, 0, 1, 2]))(_rotated_matches_reference))()
+
+
+def _rotated_matches_reference(n, r, blocks, half, h, w, k, s, d, pads, scale, reg_w, unroll):
+    block = 16
+    c = blocks * block - (block // 2 if half and blocks > 1 else 0)
+    assume(h + pads[0] + pads[2] >= (k - 1) * d + 1 and w + pads[1] + pads[3] >= (k - 1) * d + 1)
+    g = rotated_graph(n, c, h, w, r, k, s, d, pads, scale, block)
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal(tuple(v.type.shape)).astype(F) for v in g.inputs]
+    xs[0][:, -1, ..., c % block or block:] = 0      # the padding channels are zero
+    want = Interpreter(g).run(xs)[0]
+    dec = {k_: v for k_, v in (("nchwc.reg_w", reg_w), ("nchwc.unroll_taps", unroll)) if v is not None}
+    m = kiln.compile(g, target="cpu", opt_level=0, decisions=dec)
+    got = m.run(dict(zip(("x", "s"), xs)))["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
