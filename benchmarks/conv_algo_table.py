@@ -97,7 +97,9 @@ def model_algorithms(spec: str) -> dict:
     opt = optimize(frontend(path), DEFAULT_LEVEL, Target.host())
     shapes = [tuple(dims.get(d, d) if isinstance(d, str) else d for d in v.type.shape) for v in opt.graph.inputs]
     kinds = {"ConvWinograd": "winograd", "ConvNCHWc": "direct-nchwc", "Conv": "direct-nchw"}
-    return {n.name: kinds[n.op] for n in specialize(opt, shapes).graph.nodes if n.op in kinds}
+    spec = specialize(opt, shapes)
+    why = {f.node: f.choice.reason for p in spec.stats for f in p.findings if hasattr(f, "choice")}
+    return {n.name: (kinds[n.op], why.get(n.name, "")) for n in spec.graph.nodes if n.op in kinds}
 
 
 def fma_peak_gflops(target: Target, threads: int) -> float | None:
@@ -163,12 +165,16 @@ def main(argv=None):
     print(f"{target.name} {target.vector_bytes * 8}-bit vectors, block {block}, {threads} thread(s), clock "
           f"{args.clock}, FMA peak {peak or float('nan'):.0f} GFLOP/s{' (given)' if args.peak else ''}; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    rows = []
+    rows, reasons = [], {}
     if args.model:
         runs = model_algorithms(args.model)
         for label, (c, h, oc, k, s, p, node) in model_convs(args.model).items():
-            algo = runs.get(node, "direct-nchw")
-            alts = {algo} | ({"direct-nchw"} if algo == "winograd" else set())
+            algo, reason = runs.get(node, ("direct-nchw", ""))
+            reasons[label] = reason
+            # beside a 3x3 stride-1 conv's algorithm, the other the chooser weighed (blocked direct
+            # for Winograd, Winograd for a blocked direct conv it turned down: kiln.lower.conv_algo)
+            wino = k == 3 and s == 1
+            alts = {algo} | ({"winograd", "direct-nchwc"} if wino and algo != "direct-nchw" else set())
             fns, flops = engines(c, h, oc, k, s, p, block, alts, rng)
             load = os.getloadavg()[0]
             st = timed(fns, args)
@@ -191,6 +197,19 @@ def main(argv=None):
         print(f"| {label} | {c}->{oc} | {h}x{h} | {k}x{k}/{s} | {algo} | {mine['median_ms']:.3f} | "
               f"{mine['p10_ms']:.3f} | {gf:.0f} | {gf / peak if peak else float('nan'):.0%} | "
               f"{st['ort']['p10_ms']:.3f} | {others or '-'} | {load:.1f} |", flush=True)
+    if args.model:      # the model's convs in all, each distinct conv times its repeats
+        reps = [int(label.rsplit("(x", 1)[1][:-1]) for label, *_ in rows]
+        ms = sum(r * mine["p10_ms"] for r, (_, _, _, _, _, _, _, mine, *_) in zip(reps, rows))
+        ort = sum(r * st["ort"]["p10_ms"] for r, (*_, st, _) in zip(reps, rows))
+        flops = sum(r * row[8] for r, row in zip(reps, rows))
+        print(f"\nall {sum(reps)} convs: kiln {ms:.2f} ms p10 ({flops / ms / 1e6:.0f} GFLOP/s, "
+              f"{flops / ms / 1e6 / peak if peak else float('nan'):.0%} of peak), ORT {ort:.2f} ms p10; "
+              f"{flops / 1e9:.2f} GFLOP counted as direct convolution")
+        if threads < target.cores:
+            print(f"(the algorithms are chosen for the target's {target.cores} cores; timed here on {threads})")
+        print("\nwhy (kiln.lower.conv_algo's reason, as model.report lists it):")
+        for label, why in reasons.items():
+            print(f"- {label}: {why or '?'}")
 
 
 if __name__ == "__main__":
