@@ -119,6 +119,36 @@ def test_plan_tile_fits_the_register_file():
     assert plan_tile(geom(28, 1), 64) == (14, 1) and plan_tile(geom(112, 1), 64) == (14, 1)
 
 
+@pytest.mark.parametrize("order", ["channels", "rows"])
+@pytest.mark.parametrize("case", ["1x1", "1x1_stride2_nobias", "3x3_stride2_residual", "stem_5ch_7x7_nobias"])
+def test_either_loop_order_matches_reference(case, order):
+    g = conv_case(**CASES[case])
+    blocked = g.clone()
+    transform(blocked, 8, selective=False, override="direct")
+    xs = random_inputs(g, 1)
+    got = kiln.compile(blocked, target="cpu", opt_level=0, decisions={"nchwc.order": order}).run({"x": xs[0]})["y"]
+    np.testing.assert_allclose(got, Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_loop_order_reads_a_large_plane_once():
+    """Rows outside the channel groups where the input plane does not fit L2 and the weights fit
+    half of it (ResNet-50's 1x1 convs of 56x56x256); channels outside where the plane fits or the
+    weights would stream once per row."""
+    from kiln.lower.nchwc import loop_order
+    from kiln.targets.target import Target
+    t = Target.named("x86-64-v4", l2_bytes=1 << 20)
+
+    def geom(c, h, oc, s=1, k=1):
+        o = (h - k) // s + 1
+        return BlockedGeom(1, c // 16, h, h, 16, oc // 16, c // 16, [k, k], 16, [s, s], [1, 1], [0, 0], [o, o], False)
+    assert loop_order(geom(256, 56, 512, s=2), 4, 4, t) == "rows"         # 3.2 MB plane, 512 KB weights
+    assert loop_order(geom(256, 56, 128), 4, 4, t) == "rows"
+    assert loop_order(geom(64, 56, 256), 4, 4, t) == "channels"            # 802 KB plane: fits
+    assert loop_order(geom(512, 28, 1024, s=2), 4, 4, t) == "channels"     # 2 MB of weights, 14 rows
+    assert loop_order(geom(256, 56, 64), 4, 4, t) == "channels"            # one channel group
+    assert loop_order(geom(256, 56, 512, s=2), 4, 4, Target.named("x86-64-v4", l2_bytes=8 << 20)) == "channels"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,selective,blocked", [("mobilenetv2", True, 52), ("resnet18", False, 20),
                                                     ("resnet18", True, 1)])
