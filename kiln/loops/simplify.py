@@ -371,6 +371,13 @@ INT_RULES: list[tuple[Pat, Any]] = [
     (x // c1, _div_by_bounds), (x % c1, _mod_by_bounds),
     # a guard on a fused loop's leading digit (a symbolic extent): x // y < z is x < z * y for y >= 1
     (x // y < z, lambda ctx, x, y, z: x < z * y if y.op != "const" and (ctx.bounds(y)[0] or 0) >= 1 else None),
+    # a bound on a digit by a constant and a constant moved across a comparison: a zero border's
+    # guard on a fused loop of columns x lanes (a padded copy of a 3-channel stem input checked
+    # 0 <= v // 3 + -1, an int64 division a lane in a vector loop) reads 3 <= v
+    (c1 <= x // c2, lambda ctx, c1, x, c2: _c(c1.arg * c2.arg, x) <= x if c2.arg > 0 else None),
+    (x // c2 < c1, lambda ctx, x, c2, c1: x < _c(c1.arg * c2.arg, x) if c2.arg > 0 else None),
+    (c1 <= x + c2, lambda ctx, c1, x, c2: _c(c1.arg - c2.arg, x) <= x),
+    (x + c1 < c2, lambda ctx, x, c1, c2: x < _c(c2.arg - c1.arg, x)),
     # comparisons and min/max decided by bounds
     (x < y, _cmp_by_bounds("lt")), (x <= y, _cmp_by_bounds("le")),
     (P("gt", x, y), lambda ctx, x, y: y < x), (P("ge", x, y), lambda ctx, x, y: y <= x),

@@ -114,3 +114,15 @@ def test_digits_by_symbolic_sizes_rejoin():
     assert simplify((x // m) // h < b) is simplify(x < (b * h) * m)
     # a divisor that is not the digit's stays
     assert simplify((x // m) * h + x % m) is not x
+
+
+def test_a_digit_bound_by_a_constant_reads_as_a_bound_on_the_var():
+    """A zero border's guard on a fused (column, lane) loop: 0 <= v // 3 - 1 is 3 <= v, no
+    division left in a vectorized copy; exact under floor division, negative values included."""
+    v = n
+    cases = [(0 <= v // 3 + (-1), 3 <= v), (v // 3 < 5, v < 15), (2 <= v + 5, -3 <= v), (v + 4 < 9, v < 5)]
+    for before, after in cases:
+        assert simplify(before) is simplify(after)
+    for x in range(-20, 21):        # the identities the rules use, with Python's floor division
+        assert (0 <= x // 3 - 1) == (3 <= x) and (x // 3 < 5) == (x < 15)
+        assert (2 <= x + 5) == (-3 <= x) and (x + 4 < 9) == (x < 5)
