@@ -312,7 +312,7 @@ def generic(optimized: Optimized, decisions: dict | None = None):
                                check_bytes=lambda n, what: check_memory(n, what, stage="run"),
                                derived=sg.derived, atoms=sg.atoms)
     module.info = {"kernels": len(lm.module.funcs) - 1, "calls": sg.steps, "variants": sg.variants,
-                   "guards": len(sg.guards),
+                   "row_tiles": sg.row_tiles, "guards": len(sg.guards),
                    "why_not_fused": lm.fusion.why_not if lm.fusion else [], "decisions": lm.decisions,
                    "findings": findings}
     return module

@@ -65,6 +65,7 @@ from kiln.loops.expr import walk
 from kiln.loops.symbols import UNBOUNDED, as_int, ceildiv, hint, same_size, size_hint, static
 from kiln.lower.decisions import Ints, OneOf, declare
 from kiln.lower.nnutil import parallel_worth
+from kiln.lower.row_tiles import plan_row_tiles, row_tile_state
 from kiln.targets.target import Target
 
 
@@ -125,8 +126,7 @@ def choose_tile(rows: int, cols: int, dtype: DType, target: Target, max_padded_r
     # spill_one: one more row of four vectors all the same (7 x 4 on AVX-512), where fewer
     # row blocks (less B read from L2) pay for the spill: the stored accumulator's
     # load -> FMA -> store chain (~10 cycles) hides under the k step's 28 FMAs (14 cycles)
-    extra = nvec if spill_one and nvec >= 4 and regs >= 32 else 0
-    budget = max(1, (regs - nvec - 1 + extra) // nvec)
+    budget = tile_budget(nvec, regs, spill_one)
     # a few rows past the budget (at most ONE_BLOCK_SPILL) still take one block of all the rows,
     # four-vector tiles with 32 registers: the spilled accumulators' loads and stores cost less
     # than a second row block streaming every B panel again (8 x 1568 @ 1568 x 128 and
@@ -143,6 +143,13 @@ def choose_tile(rows: int, cols: int, dtype: DType, target: Target, max_padded_r
     cost = {mr: -(-rows // mr) * (mr + 1) * (SPILL_COST if mr > budget else 1) for mr in (*cands, *spilled)
             if max_padded_rows is None or -(-rows // mr) * mr <= max_padded_rows}
     return (min(cost, key=lambda mr: (cost[mr], -mr)), nr) if cost else None
+
+
+def tile_budget(nvec: int, regs: int, spill_one: bool = False) -> int:
+    """The rows of nvec-vector accumulators the register file holds (choose_tile): past
+    them a tile spills and costs SPILL_COST per row."""
+    extra = nvec if spill_one and nvec >= 4 and regs >= 32 else 0
+    return max(1, (regs - nvec - 1 + extra) // nvec)
 
 
 def weight_aliasing(k: int, dtype: DType) -> bool:
@@ -439,24 +446,42 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
                 item.insert(0, rem)
             return s_row((*bi, q, *item), r % M, k)
     aliasing = s_contiguous and weight_aliasing(K, a.dtype)
+    # a symbolic row count (kiln.lower.row_tiles): the generic module's kernel is also built with
+    # other row tiles (`force`), picked per call by the run-time rows; `log` collects which
+    force, log = row_tile_state()
+    sym_rows = tile is None and not static(R) and not dot
+    hR, hC = hint(R), hint(C)
+    regs = target.vector_registers
     if prepacked is not None:
         dot, nr = 0, prepacked.shape[-1]
         if tuple(prepacked.shape[-2:]) != (K, nr) or prepacked.shape[-3] != -(-C // nr):
             raise ValueError(f"gemm: packed B {tuple(prepacked.shape)} does not fit K={K}, N={C}")
         # where S's rows alias in L1 (K = 2048 x fp32), 7 x 4 vectors with one accumulator
         # spilled beat 6 x 4: 128x2048 @ 2048x512 205 vs 180, 211 vs 183, 192 vs 172 GFLOP/s
-        tile = tile or (GEMM_MR.value(heuristic=choose_tile(hint(R), C, acc_dtype, target, nvec=max(1, nr // lanes),
-                                    spill_one=s_contiguous and weight_aliasing(K, a.dtype),
-                                    exact_rows=static(R))[0]), nr)
+        spill_one = s_contiguous and weight_aliasing(K, a.dtype)
+        spill = tile_budget(max(1, nr // lanes), regs, spill_one)
+
+        def pick(rows: int, exact: bool = True) -> int:
+            return choose_tile(rows, C, acc_dtype, target, nvec=max(1, nr // lanes), spill_one=spill_one,
+                               exact_rows=exact)[0]
+        heuristic = force[0] if sym_rows and force else pick(hR, static(R))
+        tile = tile or (GEMM_MR.value(heuristic=heuristic), nr)
+    else:
+        def pick(rows: int, exact: bool = True) -> int:
+            return choose_tile(rows, hC, acc_dtype, target, few_rows=aliasing, exact_rows=exact)[0]
     # symbolic sizes (kiln.loops.symbols): decisions at their hints, tiles padded as for any size
-    hR, hC = hint(R), hint(C)
     mr, nr = tile or ((choose_tile(hR, lanes, acc_dtype, target, nvec=1)[0], 1) if dot
                       else choose_tile(hR, hC, acc_dtype, target, few_rows=aliasing, exact_rows=static(R)))
     mr, nr = max(1, min(mr, hR) if static(R) else mr), max(1, nr)
+    if prepacked is None:
+        spill = tile_budget(max(1, nr // lanes), regs)
+        heuristic = mr = force[0] if sym_rows and force else mr
     if tile is None and not dot and 2 * hC > lanes:   # a tuner may pick another micro-tile
         want = (GEMM_MR.value(heuristic=mr), lanes * GEMM_NVEC.value(heuristic=max(1, min(4, nr // lanes))))
         if want != (mr, nr):
             tile = (mr, nr) = (max(1, min(want[0], hR) if static(R) else want[0]), want[1])
+    if sym_rows and log is not None and force is None and mr == heuristic and nr > 1:
+        log.append(plan_row_tiles(R, mr, spill, pick))   # (None: no other tile pays)
     v_contiguous = (trans_a if swap else not trans_b)
     if pack is None:  # V is reused by every S block; unpacked it must at least be contiguous along c
         pack = GEMM_PACK.value(heuristic=bool(nr > 1 and (-(-hR // mr) > 1 or not static(C) or C % nr != 0
@@ -521,7 +546,10 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     out = compute(shape, out_body, name)
     s_size, v_size = hint((M if flat else R) * K * math.prod(ba if not swap else bb)), \
         hint(C * K * math.prod(vb))
-    return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), math.prod(batch) * M * N * K,
+    work = math.prod(batch) * M * N * K
+    if sym_rows and force:   # a row-tile variant decides loop order and forks as for force[1] rows
+        s_size, work = s_size * force[1] // max(1, hR), hint(work) * force[1] // max(1, hR)
+    return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), work,
                 s_outer=GEMM_S_OUTER.value(heuristic=bool(s_size > v_size)), panel=panel, dot=dot,
                 s_packed=s_packed, target=target, v_shared=all(isinstance(d, int) and d == 1 for d in vb) and hint(math.prod(batch)) > 1,
                 streamed=s_size + v_size, flat=flat)

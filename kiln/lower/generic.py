@@ -34,6 +34,7 @@ from kiln.loops.expr import Expr, load
 from kiln.loops.stmt import ExternFunc, Let, View
 from kiln.loops.symbols import DEFAULT_HINT, evaluate, symbol, symbols_in
 from kiln.lower.memory import ArenaPlan
+from kiln.lower.row_tiles import row_tiles
 from kiln.runtime.generic import spelt
 from kiln.runtime.native import interface_text
 
@@ -126,6 +127,7 @@ class ShapeGenericLowered:
     outputs: list = field(default_factory=list)  # (shape, dtype name) per graph output
     steps: list = field(default_factory=list)    # per kernel call of the entry: the nodes it computes
     variants: dict = field(default_factory=dict)  # kernel name -> symbols with a variant for 1
+    row_tiles: dict = field(default_factory=dict)  # kernel name -> rows per tile of its row-tile variants
     _overlaps: list | None = field(default=None, repr=False)   # per buffer: those alive with it
 
     _covers: dict = field(default_factory=dict, repr=False)   # rounded-up dims -> (sizes, plan) or None
@@ -229,10 +231,19 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     outs = [(v.type.shape, v.type.dtype.name) for v in res.graph.outputs]
     g = _with_symbol_dims(res.graph, table)
     fusion = partition(g, fuse_anchors=True)
+    log: list = []
+    rows_of: dict = {}     # id(kernel func) -> the RowTiles of the GEMMs over symbolic rows it computes
+
+    def seen(func):
+        rows_of[id(func)] = list(log)
+        log.clear()
     try:
-        groups = lower_groups(g, fusion, res.known, target, decisions)
+        with row_tiles(log=log):
+            groups = lower_groups(g, fusion, res.known, target, decisions, on_kernel=seen)
         small = _small_variants(groups, lambda: lower_groups(g, fusion, res.known, target, decisions),
                                 list(zip(names, syms)))
+        rows = _row_variants(groups, fusion, rows_of,
+                             lambda plan: lower_groups(g, plan, res.known, target, decisions))
     except NotGeneric:
         raise
     except (KilnError, TypeError, ValueError) as e:   # a schedule decision or size that needs an int
@@ -250,15 +261,24 @@ def lower_generic(graph: Graph, target=None, decisions: dict | None = None) -> S
     lm = emit_module(g, groups, MemoryPlan(weights, woffsets, plan), fusion)
     kernels = [_with_dims(f, dims, syms) for f in lm.module.funcs[:-1]]
     takes = {f.name for f, was in zip(kernels, lm.module.funcs) if f is not was}   # given `dims`
-    small = {name: [(k, _with_dims(f, dims, syms)) for k, f in fs] for name, fs in small.items() if name in takes}
+    # a kernel with row-tile variants keeps a symbol-of-1 one only where its rows are that symbol
+    # (then 1 row, forked or not as for 1), first; others differ only in the decisions its
+    # GEMM takes at a small row count (rows = batch x seq at batch 1), which the tiles cover
+    small = {name: [(k, f) for k, f in fs if name not in rows or rows[name][0].rows is syms[k]]
+             for name, fs in small.items() if name in takes}
+    small = {name: fs for name, fs in small.items() if fs}
+    chosen = {name: [(syms[k].eq(1), _with_dims(f, dims, syms)) for k, f in fs] for name, fs in small.items()}
+    tiles = {name: [m for m, _, _ in fs] for name, (_, fs) in rows.items() if name in takes}
+    for name in tiles:
+        chosen.setdefault(name, []).extend((cond, _with_dims(f, dims, syms)) for _, cond, f in rows[name][1])
     steps = list(lm.call_nodes)
-    entry = _dispatch(_entry(lm.module.funcs[-1], takes, dims, offsets), small, dims, lm)
-    lm.module.funcs = kernels + [f for fs in small.values() for _, f in fs] + [entry]
+    entry = _dispatch(_entry(lm.module.funcs[-1], takes, dims, offsets), chosen, dims, syms, lm)
+    lm.module.funcs = kernels + [f for fs in chosen.values() for _, f in fs] + [entry]
     lm.module.interface = interface_text(spelt(ins), spelt(outs), 0, len(weights))
     lm.workspace_bytes = 0
     return ShapeGenericLowered(lm, names, syms, atoms, [(size[k], first[k], last[k]) for k in keys], res.guards,
                                spelt_sizes(res.derived), ins, outs, steps,
-                               {name: [names[k] for k, _ in fs] for name, fs in small.items()})
+                               {name: [names[k] for k, _ in fs] for name, fs in small.items()}, tiles)
 
 
 def _value_bytes(t: TensorType):
@@ -328,10 +348,42 @@ def _small_variants(groups, lower_again, symbols: list) -> dict:
     return out
 
 
-def _dispatch(entry: PrimFunc, small: dict, dims: Buffer, lm) -> PrimFunc:
-    """The entry calling a kernel's variant for a symbol of 1 (`_small_variants`) when that
-    symbol is 1 at run time, the kernel otherwise: per dispatched call, the C numbers each
-    call in turn (variants first), so its node and errors are listed once per call."""
+def _row_variants(groups, fusion, rows_of: dict, lower) -> dict:
+    """Kernels computing one GEMM over a symbolic row count, lowered again with each other
+    row tile worth building (kiln.lower.row_tiles): {kernel name: (its RowTiles, [(mr,
+    condition, variant)])}, the condition a bool Expr over the symbol vars (true where that
+    tile costs least at the run-time rows), each variant renamed. `lower(plan)` lowers a
+    FusionPlan's groups."""
+    from kiln.lower.partition import FusionPlan  # noqa: PLC0415
+    kept = {id(f) for f in groups.funcs}
+    by_nodes = {tuple(id(n) for n in grp.nodes): grp for grp in fusion.groups}
+    out: dict = {}
+    for a in groups.kernels:
+        fa, found = a.func, [t for t in rows_of.get(id(a.func), ()) if t is not None]
+        grp = by_nodes.get(tuple(id(n) for n in a.nodes))
+        if id(fa) not in kept or not isinstance(fa, PrimFunc) or len(found) != 1 or grp is None:
+            continue
+        plan = found[0]
+        for m, n in plan.tiles:
+            with row_tiles(force=(m, n)):
+                again = lower(FusionPlan([grp]))
+            if len(again.kernels) != 1:
+                continue
+            fb = again.kernels[0].func
+            if type(fb) is not type(fa) or len(fa.params) != len(fb.params) \
+                    or any(p.dtype != q.dtype or str(p.shape) != str(q.shape) for p, q in zip(fa.params, fb.params)) \
+                    or str(fa).replace(fa.name, "", 1) == str(fb).replace(fb.name, "", 1):
+                continue
+            out.setdefault(fa.name, (plan, []))[1].append(
+                (m, plan.condition(m), dataclasses.replace(fb, name=f"{fa.name}_rows{m}_{n}")))
+    return out
+
+
+def _dispatch(entry: PrimFunc, small: dict, dims: Buffer, syms: list, lm) -> PrimFunc:
+    """The entry calling a kernel's variant (`_row_variants`, `_small_variants`) where its
+    condition (over the symbol vars, bound from `dims`) holds at run time, the kernel
+    otherwise: per dispatched call, the C numbers each call in turn (variants first), so
+    its node and errors are listed once per call."""
     from kiln.loops.stmt import IfThenElse, Seq  # noqa: PLC0415
     if not small:
         return entry
@@ -342,8 +394,8 @@ def _dispatch(entry: PrimFunc, small: dict, dims: Buffer, lm) -> PrimFunc:
             continue
         variants = small.get(c.func, [])
         stmt = c
-        for j, f in reversed(variants):
-            stmt = IfThenElse(load(dims, (j,)).eq(1), Call(f.name, c.args), stmt)
+        for cond, f in reversed(variants):
+            stmt = IfThenElse(cond, Call(f.name, c.args), stmt)
         for _, f in variants:
             nodes.append(lm.call_nodes[k])
             errors.append([list(e) for e in f.errors])
@@ -352,7 +404,10 @@ def _dispatch(entry: PrimFunc, small: dict, dims: Buffer, lm) -> PrimFunc:
         stmts.append(stmt)
         k += 1
     lm.call_nodes, lm.call_errors = nodes, errors
-    return dataclasses.replace(entry, body=Seq(tuple(stmts)))
+    body = Seq(tuple(stmts))
+    for k, s in reversed(list(enumerate(syms))):
+        body = Let(s, load(dims, (k,)), body)
+    return dataclasses.replace(entry, body=body)
 
 
 def _entry(entry: PrimFunc, takes: set, dims: Buffer, offsets: Buffer) -> PrimFunc:

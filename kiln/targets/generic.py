@@ -42,6 +42,11 @@ class GenericModel(CompiledModel):
                 by_symbol[s] = by_symbol.get(s, 0) + 1
         out += "".join(f"; {n} kernel(s) also built for {s} = 1 (register tiles, forks), picked at run time"
                        for s, n in by_symbol.items())
+        tiles = info.get("row_tiles", {})
+        if tiles:
+            rows = sorted({m for ms in tiles.values() for m in ms})
+            out += (f"; {len(tiles)} GEMM kernel(s) also built with register tiles of "
+                    f"{'/'.join(map(str, rows))} rows, picked per call by the run-time row count")
         if info.get("guards"):
             out += (f"; {info['guards']} run-time guard(s) on its sizes (a shape outside them runs "
                     "specialised)")
