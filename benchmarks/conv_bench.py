@@ -111,6 +111,17 @@ CONVS = {
         "g32x32_1024x14s2": (1024, 14, 1024, 3, 2, 1, False, 1, 32),
         "g32x32_1024x7": (1024, 7, 1024, 3, 1, 1, False, 1, 32),
     },
+    # 1x1 convs of MobileNetV3-Large (224) whose input's last channel block is half padding at
+    # 16 lanes (24, 40, 72, 120, 184, 200 channels): kiln.lower.nchwc._narrow_sum
+    "narrow": {
+        "mv3_24_72x56": (24, 56, 72, 1, 1, 0),
+        "mv3_40_120x28": (40, 28, 120, 1, 1, 0),
+        "mv3_40_240x28": (40, 28, 240, 1, 1, 0),
+        "mv3_72_40x28": (72, 28, 40, 1, 1, 0),
+        "mv3_120_40x28": (120, 28, 40, 1, 1, 0),
+        "mv3_200_80x14": (200, 14, 80, 1, 1, 0),
+        "mv3_184_80x14": (184, 14, 80, 1, 1, 0),
+    },
     "strided": {    # 3x3 stride-2 downsampling convs of detectors (320x320 input)
         "s2_32_64": (32, 160, 64, 3, 2, 1),
         "s2_64_128": (64, 80, 128, 3, 2, 1),

@@ -22,6 +22,7 @@ import numpy as np
 from kiln.codegen.csource import c_parallel, c_shared, c_source
 from kiln.dtypes import DType
 from kiln.lower.context import lowering
+from kiln.lower.nchwc import summed_channels
 from kiln.lower.nnutil import parallel_worth
 from kiln.ops.inverted_residual import ACTIVATIONS, activations, geometry
 from kiln.ops.layout import DOMAIN
@@ -47,15 +48,6 @@ def bands(n: int, oh: int, par: bool, target: Target) -> int:
 def _last_used(used) -> int:
     idx = np.flatnonzero(np.asarray(used).reshape(-1))
     return int(idx[-1]) + 1 if idx.size else 1
-
-
-def summed_channels(w) -> int | None:
-    """The input channels a packed 1x1 weight (OCB, ICB, 1, 1, L, L: input lane, then output lane)
-    reads: up to its last input channel with a nonzero weight (at least 1), or None when the
-    weights are not known at compile time. A channel past it adds zero times its input, which is
-    zero (a blocked tensor's padding lanes) or, where a real channel's weights are all zero, a
-    finite value (an infinite input there would make the reference's sum NaN)."""
-    return None if w is None else _last_used(np.any(np.asarray(w) != 0, axis=(0, 2, 3, 5)))
 
 
 def made_channels(w, b) -> int | None:

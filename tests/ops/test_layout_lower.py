@@ -62,6 +62,10 @@ CASES = {
     "3x3_dilated_clip": dict(n=1, c=8, h=12, oc=24, k=3, p=2, d=2, epilogue="clip"),
     "channels_not_multiple": dict(n=1, c=12, h=6, oc=20, k=3, p=1),      # 12 -> 16, 20 -> 24 (block 8)
     "5x5_valid": dict(n=1, c=16, h=9, oc=8, k=5),
+    # a last input block at most half used: the 1x1 conv sums over the used lanes only
+    "1x1_narrow_relu": dict(n=2, c=24, h=7, oc=32, k=1, epilogue="relu"),
+    "1x1_narrow_stride2": dict(n=1, c=12, h=9, oc=16, k=1, s=2),
+    "1x1_narrow_40": dict(n=1, c=40, h=5, oc=48, k=1, epilogue="clip"),
     "depthwise_3x3_clip": dict(n=1, c=24, h=13, oc=24, k=3, p=1, dw=True, epilogue="clip"),
     "depthwise_stride2_pad": dict(n=2, c=12, h=10, oc=12, k=3, s=2, p=1, dw=True),
     # few input channels: read channels-last (one block of all c), written in blocks
@@ -369,3 +373,37 @@ def test_global_average_pool_forks_by_its_summing_rate():
         xs = random_inputs(g, 1)
         got = kiln.compile(blocked, target="cpu", opt_level=0).run({"x": xs[0]})["y"]
         np.testing.assert_allclose(got, Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("c,oc,cpu", [(24, 72, None), (40, 24, None), (12, 20, "x86-64-v3")])
+def test_narrow_pointwise_convs_with_symbolic_batch(c, oc, cpu):
+    """1x1 convs whose last input block is at most half used sum over the used channels only
+    (kiln.lower.nchwc._narrow_sum: one axis k over them, block k // ib, lane k % ib), at every
+    batch of one shape-generic module: c -> oc -> Relu -> c."""
+    from onnx import TensorProto, helper, numpy_helper
+    from kiln.lower.nchwc import _narrow_sum, summed_channels
+    from kiln.ops.layout import pack_conv_weight
+    rng = np.random.default_rng(c)
+    w, b = rng.standard_normal((oc, c, 1, 1)).astype(F), rng.standard_normal(oc).astype(F)
+    w2 = rng.standard_normal((c, oc, 1, 1)).astype(F)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Conv", ["r", "w2"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c, 6, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    lanes = kiln.targets.target.Target.host().vector_lanes(4) if cpu is None else 8
+    packed = pack_conv_weight(w, lanes, False, lanes)
+    assert summed_channels(packed) == c
+    geom = BlockedGeom(n=1, icb=packed.shape[1], h=6, w=5, ib=lanes, ocb=packed.shape[0], icbg=packed.shape[1],
+                       kernel=[1, 1], ob=lanes, strides=[1, 1], dil=[1, 1], begin=[0, 0], out=[6, 5],
+                       depthwise=False)
+    assert _narrow_sum(geom, packed, 8) == (c if c % lanes and c % lanes <= lanes // 2 else None)
+    assert _narrow_sum(geom, packed, 14) is None
+    m = kiln.compile(model, cpu=cpu, shapes="generic")
+    for n in (1, 3):
+        x = rng.standard_normal((n, c, 6, 5)).astype(F)
+        r = np.maximum(np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0]) + b[None, :, None, None], 0)
+        want = np.einsum("nchw,oc->nohw", r, w2[:, :, 0, 0])
+        np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
