@@ -1,6 +1,6 @@
 """Shape-generic modules (issue 15 items 1 and 4): new shapes without a new compile.
 
-    python benchmarks/generic_shapes.py [--pairs 20] [--runs 20]
+    python benchmarks/generic_shapes.py [--pairs 20] [--runs 20] [--all-pairs]
     python benchmarks/generic_shapes.py --corpus bert_base,distilbert,gpt2,llama_gqa [--tiered]
     python benchmarks/generic_shapes.py --corpus resnet50,mobilenet_v3_small --batch 1,8 --reserve
 
@@ -10,7 +10,7 @@ pairs is run once (first use) and then `--runs` times; its extra latency on firs
 first call minus the median of the rest. The C compiler's runs are counted over all of it
 (kiln.codegen.build's subprocess calls). Then the steady-state latency of the generic module
 against the module specialised to each shape (shapes="specialize"), medians of interleaved
-runs.
+runs, at four shapes (`--all-pairs`: and at each new pair).
 
 `--corpus`: corpus models (~/.cache/kiln-corpus), one thread (OMP_NUM_THREADS=1), timed by
 the calling thread's CPU time (robust to a loaded machine): per model its generic compile,
@@ -222,6 +222,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiered", action="store_true")
     ap.add_argument("--reserve", action="store_true", help="GenericModel.reserve the pairs' largest sizes first")
     ap.add_argument("--batch", default="", help="steady state at these batches (1,8) instead of the corpus cases'")
+    ap.add_argument("--all-pairs", action="store_true", help="the encoder's steady state at the new pairs too "
+                    "(each specialised: one compile per pair)")
     args = ap.parse_args(argv)
     if args.corpus:
         rng = np.random.default_rng(7)
@@ -258,8 +260,13 @@ def main(argv=None) -> int:
           f"C compiler runs: {compiles}")
     sp = kiln.compile(model, target="cpu", shapes="specialize")
     print(f"\nsteady state, generic vs specialised ({args.runs} interleaved runs, medians)")
-    for shapes, tg, ts, r in steady(g, sp, [(1, 16), (1, 128), (4, 64), (8, 128)], args.runs):
-        print(f"  encoder {shapes}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}")
+    ratios = []
+    for shapes, tg, ts, r in steady(g, sp, [(1, 16), (1, 128), (4, 64), (8, 128)] + (pairs if args.all_pairs else []),
+                                    args.runs):
+        print(f"  encoder {shapes}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}", flush=True)
+        ratios.append(r)
+    print(f"generic / specialised: {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} shapes, "
+          f"{sum(r <= 1.10 for r in ratios)} within 10%; load average {os.getloadavg()[0]:.1f}")
     return 0
 
 
