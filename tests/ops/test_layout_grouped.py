@@ -227,3 +227,39 @@ def _rotated_matches_reference(n, r, blocks, half, h, w, k, s, d, pads, scale, r
     m = kiln.compile(g, target="cpu", opt_level=0, decisions=dec)
     got = m.run(dict(zip(("x", "s"), xs)))["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cpg, hw", [(4, 3), (8, 9)])
+def test_gated_rotated_conv_matches_reference(cpg, hw, monkeypatch):
+    """A squeeze-excite gate in front of a rotated grouped conv (SE-ResNeXt's order) folds into
+    the conv as its scale (on a large plane into the weights, on a small one into what it reads), with a
+    symbolic batch: against the reference at batch 1 and 2."""
+    monkeypatch.setenv("KILN_NCHWC", "16")
+    c = 16 * cpg // 2
+    rng = np.random.default_rng(11)
+    consts = {"w1": rng.standard_normal((c, 16, 1, 1)).astype(F), "wq": rng.standard_normal((8, c, 1, 1)).astype(F),
+              "wt": rng.standard_normal((c, 8, 1, 1)).astype(F), "wg": rng.standard_normal((c, cpg, 3, 3)).astype(F),
+              "w2": rng.standard_normal((16, c, 1, 1)).astype(F)}
+    t = f"float32[N,{c},{hw},{hw}]"
+    body = (f'  %a: {t} = Conv(%x, %w1) {{kernel_shape = [1, 1]}} name "reduce"\n'
+            f'  %ar: {t} = Relu(%a) name "relu1"\n'
+            f'  %p: float32[N,{c},1,1] = GlobalAveragePool(%ar) name "pool"\n'
+            f'  %q: float32[N,8,1,1] = Conv(%p, %wq) {{kernel_shape = [1, 1]}} name "fc1"\n'
+            f'  %qr: float32[N,8,1,1] = Relu(%q) name "fc1_relu"\n'
+            f'  %e: float32[N,{c},1,1] = Conv(%qr, %wt) {{kernel_shape = [1, 1]}} name "fc2"\n'
+            f'  %gate: float32[N,{c},1,1] = Sigmoid(%e) name "gate"\n'
+            f'  %sc: {t} = Mul(%ar, %gate) name "scale"\n'
+            f'  %g: {t} = Conv(%sc, %wg) {{kernel_shape = [3, 3], pads = [1, 1, 1, 1], group = {c // cpg}}} '
+            f'name "grouped"\n'
+            f'  %gr: {t} = Relu(%g) name "relu2"\n'
+            f'  %y: float32[N,16,{hw},{hw}] = Conv(%gr, %w2) {{kernel_shape = [1, 1]}} name "expand"')
+    g = graph(prog(f"(%x: float32[N,16,{hw},{hw}]) -> (%y)", body), **consts)
+    m = kiln.compile(g, target="cpu")
+    ref = Interpreter(g)
+    for n in (1, 2):
+        x = rng.standard_normal((n, 16, hw, hw)).astype(F)
+        np.testing.assert_allclose(m.run({"x": x})["y"], ref.run([x])[0], rtol=1e-4, atol=1e-3)
+    blocked = graph(prog(f"(%x: float32[2,16,{hw},{hw}]) -> (%y)", body.replace("N,", "2,")), **consts)
+    fired = transform(blocked, 16)
+    conv = next(x for x in blocked.nodes if x.op == "ConvNCHWc" and x.attrs.get("rotate"))
+    assert fired["scale"] == 1 and len(conv.inputs) == 4 and conv.inputs[3] is not None
