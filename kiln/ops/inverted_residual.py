@@ -96,21 +96,25 @@ def _pointwise(x, w, b):
     return np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0]) + b.reshape(1, -1, 1, 1)
 
 
-@op("InvertedResidual", infer=_infer, domain=DOMAIN, fusion=OPAQUE)
-def inverted_residual(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
-    """expand 1x1 -> act -> depthwise -> act -> project 1x1 -> act (+ r), on blocked tensors."""
+def _expand_depthwise(ctx, x, w1, b1, w2, b2):
+    """The planar result of expand 1x1 -> act -> depthwise -> act, and act(i, v) for the rest."""
     acts, clip = activations(ctx)
-    cb = x.shape[-1]
 
     def act(i, v):
         return ACTIVATIONS[acts[i]][1](v, clip[2 * i], clip[2 * i + 1])
-    xn = from_blocked(compute_dtype(x), x.shape[1] * cb)
+    xn = from_blocked(compute_dtype(x), x.shape[1] * x.shape[-1])
     e = act(0, _pointwise(xn, unpack_conv_weight(compute_dtype(w1), False), compute_dtype(b1).reshape(-1)))
     w2n = unpack_conv_weight(compute_dtype(w2), True)
     d = conv_core(ctx, e, w2n, e.shape[1], window(ctx, list(e.shape[2:]), list(w2.shape[2:4])))
-    d = act(1, d + compute_dtype(b2).reshape(1, -1, 1, 1))
+    return act(1, d + compute_dtype(b2).reshape(1, -1, 1, 1)), act
+
+
+@op("InvertedResidual", infer=_infer, domain=DOMAIN, fusion=OPAQUE)
+def inverted_residual(ctx, x, w1, b1, w2, b2, w3, b3, r=None):
+    """expand 1x1 -> act -> depthwise -> act -> project 1x1 -> act (+ r), on blocked tensors."""
+    d, act = _expand_depthwise(ctx, x, w1, b1, w2, b2)
     y = act(2, _pointwise(d, unpack_conv_weight(compute_dtype(w3), False), compute_dtype(b3).reshape(-1)))
-    y = to_blocked(y, cb)
+    y = to_blocked(y, x.shape[-1])
     if r is not None:
         y = y + compute_dtype(r)
     return y.astype(x.dtype, copy=False)
@@ -135,16 +139,7 @@ def expand_depthwise(ctx, x, w1, b1, w2, b2):
     """expand 1x1 -> act -> depthwise -> act on blocked tensors (an inverted residual whose
     project conv is not fused: a squeeze-excite gate comes between); `pool` = 1: a second
     output, the result's mean over the plane (N, ECB, 1, 1, cb), the gate's global pool."""
-    acts, clip = activations(ctx)
-    cb = x.shape[-1]
-
-    def act(i, v):
-        return ACTIVATIONS[acts[i]][1](v, clip[2 * i], clip[2 * i + 1])
-    xn = from_blocked(compute_dtype(x), x.shape[1] * cb)
-    e = act(0, _pointwise(xn, unpack_conv_weight(compute_dtype(w1), False), compute_dtype(b1).reshape(-1)))
-    w2n = unpack_conv_weight(compute_dtype(w2), True)
-    d = conv_core(ctx, e, w2n, e.shape[1], window(ctx, list(e.shape[2:]), list(w2.shape[2:4])))
-    y = to_blocked(act(1, d + compute_dtype(b2).reshape(1, -1, 1, 1)), cb)
+    y = to_blocked(_expand_depthwise(ctx, x, w1, b1, w2, b2)[0], x.shape[-1])
     if not int(ctx.attr("pool", 0)):
         return y.astype(x.dtype, copy=False)
     return y.astype(x.dtype, copy=False), y.mean(axis=(2, 3), keepdims=True).astype(x.dtype, copy=False)

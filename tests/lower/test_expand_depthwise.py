@@ -8,11 +8,13 @@ readers (no pool), and the rule that chooses it."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from hypothesis import HealthCheck, given, settings, strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 import kiln
+from benchmarks.inverted_residual import block_model
 from kiln.compiler import run_stages
 from kiln.lower.conv_algo import IR_ROW_PASS_L2_SHARE, choose_expand_depthwise
 from kiln.targets.target import Target
@@ -25,55 +27,41 @@ CHANNELS = st.one_of(st.integers(1, 3).map(lambda b: b * BLOCK), st.integers(3, 
 
 
 def se_block(c, e, o, h, w, k, s, acts, seed=0, n=1, gate="Sigmoid", two_projects=False) -> bytes:
-    """x -> expand 1x1 -> act -> depthwise kxk stride s -> act -> squeeze-excite (global average
-    pool -> 1x1 -> Relu -> 1x1 -> gate -> scale) -> project 1x1; `two_projects`: no gate, the
-    depthwise result read by two project convs, added. n None: a symbolic batch."""
-    rng = np.random.default_rng(seed)
-    inits, nodes = [], []
+    """benchmarks.inverted_residual's block (expand 1x1 -> act -> depthwise kxk stride s -> act ->
+    project 1x1) with a squeeze-excite gate before the project conv (global average pool -> 1x1
+    -> Relu -> 1x1 -> gate -> scale); `two_projects`: no gate, the depthwise result read by a
+    second project conv too, the two added. n None: a symbolic batch."""
+    model = onnx.load_from_string(block_model(c, e, o, h, k, s, "", seed=seed, n=n or 1, w=w,
+                                              acts=(*acts, ""), residual=False, batch_dim=n is None))
+    g, rng = model.graph, np.random.default_rng(seed + 1)
 
     def const(name, a):
-        inits.append(numpy_helper.from_array(np.asarray(a, np.float32), name))
+        g.initializer.append(numpy_helper.from_array(np.asarray(a, np.float32), name))
         return name
-
-    def conv(x, o_, i_, out, group=1, stride=1, k_=1):
-        wt = rng.standard_normal((o_, i_ // group, k_, k_)) / np.sqrt(i_ // group * k_ * k_)
-        b = const(out + "_b", rng.standard_normal(o_) * 0.1)
-        nodes.append(helper.make_node("Conv", [x, const(out + "_w", wt), b], [out], group=group,
-                                      strides=[stride] * 2, pads=[k_ // 2] * 4))
-
-    def act(a, x, out):
-        if not a:
-            nodes.append(helper.make_node("Identity", [x], [out]))
-        elif a == "Clip":
-            nodes.append(helper.make_node("Clip", [x, const(out + "_lo", 0.0), const(out + "_hi", 6.0)], [out]))
-        elif a == "SiLU":
-            nodes.append(helper.make_node("Sigmoid", [x], [out + "_sig"]))
-            nodes.append(helper.make_node("Mul", [x, out + "_sig"], [out]))
-        else:
-            nodes.append(helper.make_node(a, [x], [out]))
-
-    conv("x", e, c, "e")
-    act(acts[0], "e", "ea")
-    conv("ea", e, e, "d", group=e, stride=s, k_=k)
-    act(acts[1], "d", "da")
+    project = next(nd for nd in g.node if nd.op_type == "Conv" and nd.input[0] == "da")
+    at = list(g.node).index(project)
     if two_projects:
-        conv("da", o, e, "p1")
-        conv("da", o, e, "p2")
-        nodes.append(helper.make_node("Add", ["p1", "p2"], ["y"]))
-    else:
-        r = max(1, e // 4)
-        nodes.append(helper.make_node("GlobalAveragePool", ["da"], ["g"]))
-        conv("g", r, e, "g1")
-        nodes.append(helper.make_node("Relu", ["g1"], ["g1a"]))
-        conv("g1a", e, r, "g2")
-        nodes.append(helper.make_node(gate, ["g2"], ["gate"]))
-        nodes.append(helper.make_node("Mul", ["da", "gate"], ["ds"]))
-        conv("ds", o, e, "y")
-    oh, ow = ((d + 2 * (k // 2) - k) // s + 1 for d in (h, w))
-    b = "N" if n is None else n
-    g = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, c, h, w])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, o, oh, ow])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+        p2 = const("p2_w", rng.standard_normal((o, e, 1, 1)) / np.sqrt(e))
+        extra = [helper.make_node("Conv", ["da", p2], ["p2"]),
+                 helper.make_node("Add", [project.output[0], "p2"], ["p12"])]
+        out = next(nd for nd in g.node if project.output[0] in nd.input)
+        out.input[0] = "p12"
+        g.node.insert(at + 1, extra[1])
+        g.node.insert(at + 1, extra[0])
+        return model.SerializeToString()
+    r = max(1, e // 4)
+    se = [helper.make_node("GlobalAveragePool", ["da"], ["g"]),
+          helper.make_node("Conv", ["g", const("g1_w", rng.standard_normal((r, e, 1, 1)) / np.sqrt(e)),
+                                    const("g1_b", rng.standard_normal(r) * 0.1)], ["g1"]),
+          helper.make_node("Relu", ["g1"], ["g1a"]),
+          helper.make_node("Conv", ["g1a", const("g2_w", rng.standard_normal((e, r, 1, 1)) / np.sqrt(r)),
+                                    const("g2_b", rng.standard_normal(e) * 0.1)], ["g2"]),
+          helper.make_node(gate, ["g2"], ["gate"]),
+          helper.make_node("Mul", ["da", "gate"], ["ds"])]
+    project.input[0] = "ds"
+    for nd in reversed(se):
+        g.node.insert(at, nd)
+    return model.SerializeToString()
 
 
 def ort_run(model: bytes, x):
