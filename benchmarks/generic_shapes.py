@@ -10,7 +10,7 @@ pairs is run once (first use) and then `--runs` times; its extra latency on firs
 first call minus the median of the rest. The C compiler's runs are counted over all of it
 (kiln.codegen.build's subprocess calls). Then the steady-state latency of the generic module
 against the module specialised to each shape (shapes="specialize"), medians of interleaved
-runs, at four shapes (`--all-pairs`: and at each new pair).
+rounds of runs (kiln.bench.time_interleaved), at four shapes (`--all-pairs`: and at each new pair).
 
 `--corpus`: corpus models (~/.cache/kiln-corpus), one thread (OMP_NUM_THREADS=1), timed by
 the calling thread's CPU time (robust to a loaded machine): per model its generic compile,
@@ -101,19 +101,19 @@ def first_use(model, pairs, runs: int) -> list[tuple]:
 
 
 def steady(generic, special, shapes, runs: int) -> list[tuple]:
+    """Per shape, (feeds' shapes, generic ms, specialised ms, ratio): medians of rounds of a
+    few runs of each (kiln.bench.time_interleaved: each module has its own thread pool, so
+    alternating single runs would time one pool's wake-up while the other's still spins)."""
+    from kiln.bench import time_interleaved
     rng = np.random.default_rng(1)
     rows = []
     for b, s in shapes:
         feeds = _feeds(generic.inputs, b, s, rng)
         special.run(feeds)
         generic.run(feeds)
-        tg, ts = [], []
-        for _ in range(runs):
-            for fn, acc in ((generic, tg), (special, ts)):
-                t0 = time.perf_counter()
-                fn.run(feeds)
-                acc.append(time.perf_counter() - t0)
-        g, sp = float(np.median(tg)) * 1e3, float(np.median(ts)) * 1e3
+        times = time_interleaved({"generic": lambda: generic.run(feeds), "special": lambda: special.run(feeds)},
+                                 {"generic": runs, "special": runs}, rounds=min(5, runs))
+        g, sp = float(np.median(times["generic"])), float(np.median(times["special"]))
         rows.append((" ".join(f"{k}{list(v.shape)}" for k, v in feeds.items()), g, sp, g / sp))
     return rows
 
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
           f"(its deterministic part, the arena plan: median {np.median(plans):.3f} ms, max {max(plans):.3f} ms); "
           f"C compiler runs: {compiles}")
     sp = kiln.compile(model, target="cpu", shapes="specialize")
-    print(f"\nsteady state, generic vs specialised ({args.runs} interleaved runs, medians)")
+    print(f"\nsteady state, generic vs specialised ({args.runs} runs each in interleaved rounds, medians)")
     ratios = []
     for shapes, tg, ts, r in steady(g, sp, [(1, 16), (1, 128), (4, 64), (8, 128)] + (pairs if args.all_pairs else []),
                                     args.runs):
