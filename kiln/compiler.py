@@ -603,7 +603,9 @@ def native(graph: Graph, known: dict, target, decisions: dict | None = None, str
         else:   # the weights blob written into the cache's file while the C compiler runs
             with cache.WeightsFile(key) as file:
                 lowered = lower(graph, known, target, decisions, strict, place=file.place, on_kernel=prebuild)
-                built = build(graph, lowered, generate(lowered, target), target)
+                source = generate(lowered, target)
+                file.start()   # (not before: its thread would take the GIL from code generation)
+                built = build(graph, lowered, source, target)
                 weights_sum = file.written()
                 file.keep()
                 cache.store_whole(key, built.manifest(), *[[_spec_json(s) for s in specs] for specs in whole[1:]],

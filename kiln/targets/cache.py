@@ -254,14 +254,18 @@ def _word_sum(part: np.ndarray, at: int) -> int:
 
 class WeightsFile:
     """The weights blob of the model compiled under `key`, made in the cache's file
-    (KEY.weights). `place(nbytes, pieces)` (kiln.lower.module.weights_blob's) starts writing
-    the constants into a new file beside the entry, in a thread, and returns the file mapped
-    copy-on-write: its bytes are all there once `written()` has returned (the C compiler runs
-    meanwhile). `keep()` puts the file in place (before `store_whole` makes the entry); a block
-    left without `keep()` removes it. The blob is never made in memory: ResNet-18's 160 MB of
-    transformed weights, written through a writable mapping of the file, took 0.2-0.9 s of
-    page faults on the compile's path, and made in memory, 0.1-0.35 s (a new process's first
-    large allocation); written, 0.05-0.3 s of a thread beside the C compiler."""
+    (KEY.weights). `place(nbytes, pieces)` (kiln.lower.module.weights_blob's) makes a new file
+    beside the entry for the constants and returns it mapped copy-on-write; `start()` starts
+    writing them into it, in a thread; their bytes are all there once `written()` has returned
+    (which starts the writing if nothing did). `keep()` puts the file in place (before
+    `store_whole` makes the entry); a block left without `keep()` removes it. The blob is never
+    made in memory: ResNet-18's 160 MB of transformed weights, written through a writable
+    mapping of the file, took 0.2-0.9 s of page faults on the compile's path, and made in
+    memory, 0.1-0.35 s (a new process's first large allocation); written, 0.14 s of CPU in a
+    thread. The compiler starts it once the C is generated (kiln.compiler.native): the thread's
+    Python holds the GIL half the time, so started at `place`, it ran beside code generation
+    and doubled that stage's wall time (ResNet-18: 121 ms for 61 ms of CPU), on the compile's
+    critical path; started later, it runs beside the C compiler, whose processes need no GIL."""
 
     def __init__(self, key: str):
         self.path, self.tmp = _path(key).with_suffix(".weights"), None
@@ -285,8 +289,14 @@ class WeightsFile:
         blob = np.memmap(self.tmp, dtype=np.uint8, mode="c", shape=(nbytes,))
         self._writer = threading.Thread(target=self._write, args=(self.tmp, nbytes, pieces, blob),
                                         name="kiln-weights-write", daemon=True)
-        self._writer.start()
         return blob
+
+    def start(self) -> None:
+        """Start writing the placed constants into the file (in a thread; once)."""
+        if self._writer is None:
+            raise KilnError("no weights blob was placed in the cache's file", stage="cache")
+        if self._writer.ident is None:
+            self._writer.start()
 
     def _write(self, path: str, nbytes: int, pieces: list, blob: np.ndarray) -> None:
         try:
@@ -308,8 +318,7 @@ class WeightsFile:
 
     def written(self) -> int:
         """Wait for the blob's bytes to be written; their `checksum`."""
-        if self._writer is None:
-            raise KilnError("no weights blob was placed in the cache's file", stage="cache")
+        self.start()
         self._writer.join()
         result = self._result[0]
         if isinstance(result, BaseException):
@@ -325,7 +334,7 @@ class WeightsFile:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._writer is not None:
+        if self._writer is not None and self._writer.ident is not None:
             self._writer.join()
         if self.tmp is not None:
             Path(self.tmp).unlink(missing_ok=True)

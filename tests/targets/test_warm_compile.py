@@ -146,6 +146,33 @@ def test_the_entry_keeps_the_models_specs_and_blob(cache):
     assert entry.with_suffix(".weights").stat().st_size == e["module"]["weights_bytes"]
 
 
+def test_the_weights_are_written_once_the_c_is_generated(monkeypatch):
+    """A cold compile starts writing the weights blob into the cache only after the C is
+    generated (kiln.targets.cache.WeightsFile.start: the writer's thread would take the GIL
+    from code generation, on the compile's critical path), and the model it makes is right,
+    warm too."""
+    import kiln.compiler as compiler
+    from kiln.targets.cache import WeightsFile
+    events = []
+    generate, write = compiler.generate, WeightsFile._write
+
+    def generated(*a, **kw):
+        out = generate(*a, **kw)
+        events.append("generated")
+        return out
+
+    def writing(self, *a):
+        events.append("write")
+        return write(self, *a)
+    monkeypatch.setattr(compiler, "generate", generated)
+    monkeypatch.setattr(WeightsFile, "_write", writing)
+    model = conv_model(seed=11)
+    check(compiled(model)[0], model)
+    assert events == ["generated", "write"], events
+    check(compiled(model)[0], model)     # (warm: the blob as written)
+    assert events == ["generated", "write"], events
+
+
 def test_the_blob_written_to_the_cache_is_the_one_built_in_memory(cache):
     """WeightsFile.place writes the constants into the cache's file (zeros between and after
     them) and maps it back: once written(), byte for byte what kiln.lower.module.in_memory
