@@ -122,6 +122,15 @@ CONVS = {
         "mv3_200_80x14": (200, 14, 80, 1, 1, 0),
         "mv3_184_80x14": (184, 14, 80, 1, 1, 0),
     },
+    # 1x1 convs of MobileNetV3-Large (224) with 5 or 7 output channel blocks at 16 lanes (80, 72
+    # and 112 channels: no tile of 2-4 blocks divides them; kiln.lower.nchwc._block_counts)
+    "prime_blocks": {
+        "mv3_24_72x56": (24, 56, 72, 1, 1, 0),
+        "mv3_240_80x14": (240, 14, 80, 1, 1, 0),
+        "mv3_200_80x14": (200, 14, 80, 1, 1, 0),
+        "mv3_480_112x14": (480, 14, 112, 1, 1, 0),
+        "mv3_672_112x14": (672, 14, 112, 1, 1, 0),
+    },
     "strided": {    # 3x3 stride-2 downsampling convs of detectors (320x320 input)
         "s2_32_64": (32, 160, 64, 3, 2, 1),
         "s2_64_128": (64, 80, 128, 3, 2, 1),

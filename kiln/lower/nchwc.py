@@ -113,7 +113,7 @@ MAX_COLUMNS = 14
 
 
 def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int | None = None,
-              in_place: bool = False) -> tuple[int, int]:
+              in_place: bool = False, max_cols: int = MAX_COLUMNS) -> tuple[int, int]:
     """(reg_w, oc_v): output columns x channel blocks of one register tile.
 
     Per input channel the tile loads reg_w broadcasts and oc_v weight vectors for
@@ -121,7 +121,7 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
     than the register file (28 of AVX-512's 32; one of them may spill, measured no slower
     than smaller tiles, and 4x4/14x2 tiles measured 1.3x slower than 7x4 on 56- and
     28-wide outputs), and at most MAX_COLUMNS columns (an integer register each for its
-    broadcasts' address). Depthwise tiles read their taps' weights from L1 (a memory operand
+    broadcasts' address; `max_cols`: NARROW_MAX_COLUMNS for a narrow input's conv). Depthwise tiles read their taps' weights from L1 (a memory operand
     of each FMA) rather than holding them in registers, which left AVX2 one or two
     accumulators on 7- and 14-wide outputs: a chain of dependent FMAs at the FMA's
     latency (mobilenetv2's depthwise convs 3.31 -> 2.37 ms with 7 columns instead of 1).
@@ -140,7 +140,7 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
     best = None
     for r in range(1, ow + 1):
         for v in [1] if g.depthwise else [v for v in range(1, 5) if g.ocb // g.groups % v == 0]:
-            fits = r * v <= regs - 4 and r <= MAX_COLUMNS
+            fits = r * v <= regs - 4 and r <= max_cols
             if not fits and r > 1:
                 continue
             waste = -(-ow // r) * r / ow
@@ -272,22 +272,33 @@ def summed_channels(w) -> int | None:
     return int(used[-1]) + 1 if used.size else 1
 
 
-# The widest register tile that sums over a narrow input's used channels (_narrow_sum). Its
-# broadcasts' addresses hold k % ib, not an induction variable: under -fwrapv GCC then keeps an
-# integer register per column and spills past ~8 (a 14-column tile of 200 -> 80 channels on 14x14
-# at batch 8 ran 0.47 -> 0.75 ms, one thread); 7- and 8-column tiles gained (24 -> 144 on 56x56
-# 0.305 -> 0.244 ms, 40 -> 240 on 28x28 0.181 -> 0.155).
+# The widest register tile that sums over a narrow input's used channels (_narrow_sum), and so the
+# widest plan_tile gives such a conv. Its broadcasts' addresses hold k % ib, not an induction
+# variable: under -fwrapv GCC then keeps an integer register per column and spills past ~8 (a
+# 14-column tile of 200 -> 80 channels on 14x14 at batch 8 ran 0.47 -> 0.75 ms, one thread); 7-
+# and 8-column tiles gained (24 -> 144 on 56x56 0.305 -> 0.244 ms, 40 -> 240 on 28x28 0.181 ->
+# 0.155). A one-block tile loads a broadcast per FMA at any width: 7 columns instead of 14 cost
+# nothing measured (240 -> 80 on 14x14 0.075-0.076 ms either way) and let 24 -> 72 on 56x56 sum
+# its 24 channels (0.176 -> 0.141 ms).
 NARROW_MAX_COLUMNS = 8
+# ... and only where that skips at least 1/NARROW_MIN_SAVED of the padded sum (24 or 40 channels,
+# not 72, 120 or 200 at 16 lanes): each step's block and lane cost integer work beside the tile's
+# FMAs, which a one-block tile of 7 columns does not hide (200 -> 80 on 14x14 0.065 -> 0.09-0.11 ms)
+NARROW_MIN_SAVED = 8
 
 
-def _narrow_sum(g: BlockedGeom, w, reg_w: int) -> int | None:
+def _narrow_sum(g: BlockedGeom, w, reg_w: int | None = None) -> int | None:
     """The input channels a dense 1x1 conv sums over where its last block is at most half used
-    (24 channels in two 16-lane blocks: 8 of 32 lanes skipped) and its register tile has at most
-    NARROW_MAX_COLUMNS columns, else None (the blocks whole)."""
-    if g.depthwise or g.groups != 1 or g.rotate > 1 or tuple(g.kernel) != (1, 1) or reg_w > NARROW_MAX_COLUMNS:
+    (24 channels in two 16-lane blocks: 8 of 32 lanes skipped), that skipping at least
+    1/NARROW_MIN_SAVED of the sum, and its register tile (reg_w columns, if given) has at most
+    NARROW_MAX_COLUMNS, else None (the blocks whole)."""
+    if g.depthwise or g.groups != 1 or g.rotate > 1 or tuple(g.kernel) != (1, 1) \
+            or (reg_w or 0) > NARROW_MAX_COLUMNS:
         return None
-    icr = summed_channels(w)
-    return icr if icr is not None and icr <= (g.icbg - 1) * g.ib + g.ib // 2 else None
+    icr, padded = summed_channels(w), g.icbg * g.ib
+    if icr is None or icr > (g.icbg - 1) * g.ib + g.ib // 2 or (padded - icr) * NARROW_MIN_SAVED < padded:
+        return None
+    return icr
 
 
 @lowering("ConvNCHWc", domain=DOMAIN)
@@ -315,7 +326,9 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
     in_place = not (pt or pl or hp > g.h + pt or cols_read(g.out[1]) > g.w + pl)
     # the register tile's columns; a row's last tile may run past the output (owp columns
     # computed, ow kept: see plan_tile), reading a padded copy of the input
-    reg_w, oc_v = plan_tile(g, vbytes, regs=ctx.target.vector_registers, in_place=in_place)
+    narrow = _narrow_sum(g, ctx.value(1)) is not None
+    reg_w, oc_v = plan_tile(g, vbytes, regs=ctx.target.vector_registers, in_place=in_place,
+                            max_cols=NARROW_MAX_COLUMNS if narrow else MAX_COLUMNS)
     chunk = column_chunk(g, reg_w, acc_dt.itemsize, ctx.target)
     parts = None
     if chunk is None and parallel_worth(g.macs(), ctx.target, "depthwise" if g.depthwise else "conv"):
@@ -373,7 +386,7 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         def acc_body(n, c, oh, ow, o):
             return sum_(cast(acc_dt, xp((n, c, oh * sh + kh * dh, ow * sw + kw * dw, o)))
                         * cast(acc_dt, wv(c, 0, kh, kw, 0, o, n)), axis=red)
-    elif (icr := _narrow_sum(g, ctx.value(1), reg_w)) is not None:
+    elif narrow and (icr := _narrow_sum(g, ctx.value(1), reg_w)) is not None:
         # one axis over the used input channels (block k // ib, lane k % ib: a shift and a mask
         # per step of the tile), not the padded blocks' whole lanes
         k = reduce_axis(icr, "k")
