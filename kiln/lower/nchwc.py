@@ -150,7 +150,7 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
                 best = (key, r, v)
     _, r, v = best
     if g.rotate > 1:
-        r = min(ow, rotated_columns(g.rotate))
+        r = min(ow, rotated_columns(g.rotate, regs))
     r, v = int(knobs.get("reg_w", NCHWC_REG_W.asked() or r)), int(knobs.get("oc_v", NCHWC_OC_V.asked() or v))
     if g.ocb // g.groups % v or (g.depthwise and v != 1):
         raise NCHWC_OC_V.illegal(v, f"it must divide the {g.ocb // g.groups} channel blocks of a block group"
@@ -158,14 +158,15 @@ def plan_tile(g: BlockedGeom, vbytes: int, knobs: dict | None = None, regs: int 
     return NCHWC_REG_W.value(r), NCHWC_OC_V.value(v)
 
 
-def rotated_columns(rotate: int) -> int:
+def rotated_columns(rotate: int, regs: int) -> int:
     """A rotated conv's register tile: columns of `rotate` accumulators each (one per lane
-    rotation), 16 accumulators in all (at least 2 columns). Measured one thread on the AVX-512
-    Zen 4 (ResNeXt-50's grouped 3x3 convs, 32 groups, a symbolic batch, the least of 300 runs):
-    4 per group at 56x56 0.28 ms with 4 columns vs 0.34-0.43 with 2 and 7; 8 per group at 28x28
-    0.275 ms with 2 columns vs 0.31 with 3; 2 per group ties 4, 7 and 8 columns; 1 column (a chain
-    of dependent FMAs per accumulator) took 2.5x as long."""
-    return max(2, 16 // rotate)
+    rotation), half the `regs` vector registers in all (16 of AVX-512's 32), at least 2 columns.
+    Measured one thread on the AVX-512 Zen 4 (ResNeXt-50's grouped 3x3 convs, 32 groups, a
+    symbolic batch, the least of 300 runs): 4 per group at 56x56 0.28 ms with 4 columns vs
+    0.34-0.43 with 2 and 7; 8 per group at 28x28 0.275 ms with 2 columns vs 0.31 with 3; 2 per
+    group ties 4, 7 and 8 columns; 1 column (a chain of dependent FMAs per accumulator) took 2.5x
+    as long."""
+    return max(2, regs // 2 // rotate)
 
 
 def scaled_weights(g: BlockedGeom, w, scale):

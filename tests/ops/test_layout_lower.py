@@ -121,6 +121,15 @@ def test_plan_tile_fits_the_register_file():
     assert plan_tile(geom(56, 4, True), 64) == (14, 1)
     # one channel block: at most 14 columns (each its own address register), not 28
     assert plan_tile(geom(28, 1), 64) == (14, 1) and plan_tile(geom(112, 1), 64) == (14, 1)
+    # a rotated grouped conv: an accumulator per lane rotation and column, half the registers
+    for vbytes, regs in ((64, 32), (32, 16)):
+        for rot in (2, 4, 8):
+            for ow in (1, 7, 28, 56):
+                g = BlockedGeom(1, 4, ow, ow, 16, 4, rot, [3, 3], 16, [1, 1], [1, 1], [1, 1], [ow, ow], True, 1, rot)
+                r, v = plan_tile(g, vbytes)
+                assert v == 1 and r <= ow and (r * rot <= regs // 2 or r <= 2)
+    rotated = BlockedGeom(1, 8, 56, 56, 16, 8, 4, [3, 3], 16, [1, 1], [1, 1], [1, 1], [56, 56], True, 1, 4)
+    assert plan_tile(rotated, 64) == (4, 1) and plan_tile(rotated, 32) == (2, 1)
 
 
 @pytest.mark.parametrize("order", ["channels", "rows"])
