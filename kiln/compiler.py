@@ -153,6 +153,9 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
     cpu = calibrated(cpu) if target == "cpu" else cpu   # its fork cost, measured once per machine
+    if target == "cpu":   # (before the lookups: a cold compile's first C compiler run starts sooner)
+        from kiln.codegen.toolchain import start_probes  # noqa: PLC0415
+        start_probes(cpu)
     # a model file compiled before, unchanged since: its module loaded, the file not even read
     file = None if report else model_file(model, target, opt_level, cpu, decisions, tuning)
     builds: list = []
@@ -181,12 +184,11 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
 
 
 def _start_builds(target: str, cpu, builds: list) -> None:
-    """On a cache miss (once: `builds` keeps the pool's thread, or None): the C toolchain's
-    probes start in a thread, then kiln's pool is compiled (once per machine), while the
-    frontend and the passes run."""
+    """On a cache miss (once: `builds` keeps the pool's thread, or None): kiln's pool is
+    compiled (once per machine) once the toolchain's probes (started by `_compile`) have
+    answered, while the frontend and the passes run."""
     if target == "cpu" and not builds:
-        from kiln.codegen.build import prebuild_pool, start_probes  # noqa: PLC0415
-        start_probes(cpu)
+        from kiln.codegen.build import prebuild_pool  # noqa: PLC0415
         builds.append(prebuild_pool(cpu))
 
 

@@ -36,6 +36,7 @@ from kiln.codegen.cvector import PERMUTE, _NotVector, _coefficient, _flat, permu
 from kiln.codegen.compile_cost import compile_cost  # noqa: F401 (kiln.codegen.c.compile_cost)
 from kiln.codegen.narrow import CATALOG, helper_source
 from kiln.codegen.outline import outline
+from kiln.codegen.prelude import FUNCTIONS, PRELUDE, UNIT_PRELUDE, UNIT_START  # noqa: F401 (c.PRELUDE)
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
@@ -59,26 +60,6 @@ _MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf
          "fabs": "fabs", "floor": "floor", "ceil": "ceil", "round": "rint", "fmod": "fmod",
          "log2": "log2", "exp2": "exp2", "trunc": "trunc", "atan2": "atan2"}
 
-# glibc's vector math (libmvec): declared `simd` so `#pragma omp simd` loops call the
-# 4/8/16-lane variants (<= 4 ulp) instead of one scalar call per element; only when
-# the build found libmvec (kiln.codegen.build adds -DKILN_MVEC -lmvec).
-MVEC_FUNCS = ("exp log sin cos tan pow tanh erf erfc expm1 log1p exp2 log2 log10 asin acos atan "
-              "sinh cosh asinh acosh atanh atan2").split()
-MVEC_DECLS = "".join(
-    f"#pragma omp declare simd notinbranch\n{t} {f}{sfx}({', '.join([t] * (2 if f in ('pow', 'atan2') else 1))});\n"
-    for f in MVEC_FUNCS for t, sfx in (("float", "f"), ("double", "")))
-
-UNIT_START = "/* kiln: C translation unit */"   # first line of every unit emit_c(_units) writes
-FUNCTIONS = "/* kiln: functions */"           # after the unit's shared declarations
-
-PRELUDE = (UNIT_START + """
-#include <stdint.h>
-#include <stdbool.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#ifdef KILN_MVEC
-""" + MVEC_DECLS + "#endif\n" + c_source("kiln_runtime.h"))
 
 
 @dataclass(frozen=True)
@@ -684,7 +665,7 @@ def _emit(module: S.LoopModule, threads_impl: str | None = None,
     pool = [c_source("kiln_pool_decl.h") if split_shared else c_source("kiln_pool.h")] if em.pool else []
     if split_shared and em.pool:
         shared = {pool_block(): None, **shared}
-    header = "\n".join([PRELUDE, *pool, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
+    header = "\n".join([UNIT_PRELUDE, *pool, *preambles, *helper_source(em.narrow), *em.helpers.values(), "", *protos, "",
                         FUNCTIONS])
     return header, ["\n".join(b) + "\n" for b in bodies], [shared_unit(block) for block in shared]
 
@@ -710,12 +691,12 @@ def _lift_shared(preamble: str, into: dict) -> str:
 def shared_unit(block: str) -> str:
     """The translation unit of one shared kernel (csource.c_shared): the prelude and its
     definition, nothing of the module, so its text (and object) is the same in every module."""
-    return "\n".join([PRELUDE, FUNCTIONS, block])
+    return "\n".join([UNIT_PRELUDE, FUNCTIONS, block])
 
 
 def is_shared_unit(unit: str) -> bool:
     """Whether translation unit `unit` is a shared kernel's (its object is cached per machine)."""
-    return unit.startswith(PRELUDE) and unit[len(PRELUDE):].startswith("\n" + FUNCTIONS + "\n" + SHARED_BEGIN)
+    return unit.startswith(UNIT_PRELUDE) and unit[len(UNIT_PRELUDE):].startswith("\n" + FUNCTIONS + "\n" + SHARED_BEGIN)
 
 
 INTERFACE = "interface"
@@ -763,7 +744,7 @@ def emit_c(module: S.LoopModule, threads_impl: str | None = None) -> str:
     kernels' definitions in the header); parallel loops on `threads_impl` (the Target's,
     `threads_impl_of`)."""
     header, bodies, _ = _emit(module, threads_impl)
-    return "\n".join([header, *bodies])
+    return "\n".join([_defining(header), *bodies])
 
 
 def emit_c_units(module: S.LoopModule, n: int, threads_impl: str | None = None) -> list[str]:
@@ -784,4 +765,9 @@ def emit_c_units(module: S.LoopModule, n: int, threads_impl: str | None = None) 
         k = sizes.index(min(sizes))
         units[k].append(b)
         sizes[k] += cost
-    return ["\n".join([header, *u]) for u in units] + shared
+    return ["\n".join([_defining(header) if k == 0 else header, *u]) for k, u in enumerate(units)] + shared
+
+
+def _defining(header: str) -> str:
+    """A unit's `header` (from _emit) with the runtime's definitions: one unit per library."""
+    return PRELUDE + header[len(UNIT_PRELUDE):]

@@ -69,8 +69,16 @@ def _flags(cflags, target: Target, cc: list | None = None, probe: bool = True) -
 
 def start_probes(target: Target) -> None:
     """Run the toolchain's probes (the libmvec link test: a compile and a link, on an empty
-    cache) in a thread, while the caller works on (the graph passes) until it needs them."""
-    threading.Thread(target=_flags, args=(None, target), name="kiln-probe-cc", daemon=True).start()
+    cache) in a thread, while the caller works on (the graph passes) until it needs them.
+    Where the cache has their answers, the thread reads them (no code generator imported)."""
+    threading.Thread(target=_probe_quietly, args=(target,), name="kiln-probe-cc", daemon=True).start()
+
+
+def _probe_quietly(target: Target) -> None:
+    try:
+        _flags(None, target)
+    except KilnError:
+        pass   # (a bad $KILN_SANITIZE or no cache dir: the compile that needs the flags says so)
 
 
 def sanitizer_flags() -> list:
@@ -107,8 +115,8 @@ def _has_libmvec(cc: tuple, flags: tuple) -> bool:
 
 
 def _probe_libmvec(cc: tuple, flags: tuple) -> bool:
-    from kiln.codegen.c import PRELUDE
-    src = PRELUDE + "void kiln_probe(float* restrict a, int n) {\n#pragma omp simd\n" \
+    from kiln.codegen.prelude import UNIT_PRELUDE
+    src = UNIT_PRELUDE + "void kiln_probe(float* restrict a, int n) {\n#pragma omp simd\n" \
         "  for (int i = 0; i < n; ++i) a[i] = expf(a[i]) + tanhf(a[i]);\n}\n"
     argv = [*cc, *flags, "-DKILN_MVEC", "-o", "p.so", "probe.c", "-lmvec", "-lm", "-Wl,--no-undefined"]
     try:

@@ -298,3 +298,42 @@ def test_a_hand_written_kernel_is_balanced_by_its_preamble():
     x, y = rng.standard_normal(n).astype(np.float32), np.zeros(8, np.float32)
     lib["ext"](x, y)
     np.testing.assert_allclose(y, 16 * x.reshape(8, 8).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_one_unit_of_a_library_defines_the_runtime():
+    """kiln's runtime definitions (kiln_runtime_defs.h: the string arena, the error value) are
+    compiled into one unit of a module, not each (10-14 ms of CPU a unit), and into no shared
+    kernel's unit; a kernel in another unit still reports its bad value through them, and a
+    string kernel there still makes strings in their arena."""
+    from kiln.codegen.c import PRELUDE, UNIT_PRELUDE, emit_c, emit_c_units, is_shared_unit
+    from kiln.loops.stmt import ExternFunc
+    n = 64
+
+    def cheap(name):
+        A = placeholder((n,), DType.float32, "A")
+        B = compute((n,), lambda i: A[i] * 2.0 + A[(i + 1) % n], "B")
+        return lower(Schedule(B), [A, B], name)
+    X, Y = Buffer("in0", DType.float32, (n,)), Buffer("out0", DType.float32, (n,))
+    body = ("  for (int i = 0; i < 64; ++i) {\n    if (in0[i] < 0) KILN_FAIL(3, i);\n"
+            "    char* s = kiln_str_alloc(8);\n    if (!s) return -1;\n    s[0] = 1;\n    out0[i] = in0[i] + s[0];\n  }\n"
+            "  kiln_str_free_all();\n  return 0;")
+    heavy = "".join(f"      acc[{i}] += x[i * 8 + {i}];\n" for i in range(8))
+    ext = ExternFunc("checked", (X, Y), body, errors=((3, "element {value} is negative"),))
+    big = ExternFunc("big", (X, Y), "  for (int r = 0; r < 64; ++r) out0[r] = in0[r];\n" + "".join(
+        f"  #pragma GCC unroll 16\n  for (int r = 0; r < 16; ++r) {{ float acc[8] = {{0}};\n"
+        f"    #pragma GCC unroll 8\n    for (int i = 0; i < 8; ++i) {{\n{heavy.replace('x[', 'in0[')}    }}\n"
+        f"    out0[r] += acc[0] * {k}; }}\n" for k in range(4)) + "  return 0;")
+    module = LoopModule([big, cheap("c0"), ext, cheap("c1"), cheap("c2")])
+    units = emit_c_units(module, 2)
+    own = [u for u in units if not is_shared_unit(u)]
+    assert len(own) == 2 and [u.startswith(PRELUDE) for u in own] == [True, False]
+    assert all(u.startswith(UNIT_PRELUDE) and not u.startswith(PRELUDE) for u in units if is_shared_unit(u))
+    assert "kiln_checked(" not in own[0].split("kiln: functions")[1]   # (the check is in the other unit)
+    assert emit_c(module).startswith(PRELUDE)
+    lib = build_c(module)
+    x, y = np.abs(rng.standard_normal(n)).astype(np.float32), np.zeros(n, np.float32)
+    lib["checked"](x, y)
+    np.testing.assert_array_equal(y, x + 1)
+    x[37] = -1
+    with pytest.raises(KilnError, match="element 37 is negative"):
+        lib["checked"](x, y)

@@ -244,34 +244,42 @@ def test_a_model_file_compiled_before_loads_in_a_new_process_without_onnx(tmp_pa
         "import json, sys\nimport numpy as np\nimport kiln\nfrom kiln.timing import recording\n"
         f"with recording() as t:\n    m = kiln.compile({path!r})\n"
         f"np.save({str(tmp_path / 'y.npy')!r}, m.run({{'x': np.load({str(tmp_path / 'x.npy')!r})}})['y'])\n"
+        "import threading\nfor th in threading.enumerate():\n    th.name == 'kiln-probe-cc' and th.join()\n"
         "print(json.dumps({'onnx': [n for n in sys.modules if n == 'onnx' or n.startswith('onnx.')],"
-        " 'stages': sorted(t.runs), 'passes': 'kiln.passes' in sys.modules}))\n")
+        " 'stages': sorted(t.runs), 'passes': 'kiln.passes' in sys.modules, 'emitter': 'kiln.codegen.c' in"
+        " sys.modules}))\n")
     root = str(Path(kiln.__file__).resolve().parents[1])   # this checkout's kiln, whatever is installed
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=str(tmp_path), env=env)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["onnx"] == [] and not got["passes"], got
+    assert got["onnx"] == [] and not got["passes"] and not got["emitter"], got   # (the probes' answers read)
     assert "frontend" not in got["stages"] and not set(got["stages"]) & WORK, got
     want = kiln.compile(conv_model(), "interpreter").run(FEEDS)["y"]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-4)
 
 
 def test_a_file_not_in_the_cache_starts_the_toolchain_while_it_is_read(tmp_path, no_racy_wait, monkeypatch):
-    """A model file the cache does not know starts the C toolchain's probes and kiln's pool
-    (kiln.compiler._start_builds) before the frontend reads it, once; one it knows starts none."""
+    """A compile starts the C toolchain's probes before it looks the model up (kiln's source
+    hashed: the first C compiler run starts sooner); a model file the cache does not know then
+    starts kiln's pool (kiln.compiler._start_builds) before the frontend reads it, once; one it
+    knows starts no build."""
     import kiln.codegen.build as build
+    import kiln.codegen.toolchain as toolchain
     import kiln.compiler as compiler
+    from kiln.targets.cache import ModelFile
     order = []
-    probes, frontend = build.start_probes, compiler.frontend
-    monkeypatch.setattr(build, "start_probes", lambda cpu: order.append("probes") or probes(cpu))
+    probes, pool, frontend, of = toolchain.start_probes, build.prebuild_pool, compiler.frontend, ModelFile.of
+    monkeypatch.setattr(toolchain, "start_probes", lambda cpu: order.append("probes") or probes(cpu))
+    monkeypatch.setattr(build, "prebuild_pool", lambda cpu: order.append("pool") or pool(cpu))
     monkeypatch.setattr(compiler, "frontend", lambda m: order.append("frontend") or frontend(m))
+    monkeypatch.setattr(ModelFile, "of", staticmethod(lambda *a: order.append("lookup") or of(*a)))
     path = saved(tmp_path / "m.onnx", conv_model())
     cold = kiln.compile(path)
-    assert order == ["probes", "frontend"]
+    assert order == ["probes", "lookup", "pool", "frontend"]
     order.clear()
     warm = kiln.compile(path)
-    assert order == []
+    assert order == ["probes", "lookup"]
     check(cold, conv_model())
     check(warm, conv_model())
 

@@ -7,42 +7,24 @@ typedef struct { const char* ptr; int64_t len; } kiln_str;
 /* the bytes of strings kernels make: a per-thread arena, freed by <prefix>_strings_release
    (weak and hidden: one copy per library, whatever its translation units) */
 typedef struct kiln_str_chunk { struct kiln_str_chunk* next; size_t used, cap; } kiln_str_chunk;
+/* (defined once per library: kiln_runtime_defs.h, in one of its translation units) */
 #pragma GCC visibility push(hidden)
-__attribute__((weak)) __thread kiln_str_chunk* kiln_str_chunks = 0;
+extern __thread kiln_str_chunk* kiln_str_chunks;
 /* n bytes that stay valid until the arena is released; NULL when out of memory */
-__attribute__((weak)) char* kiln_str_alloc(int64_t n) {
-  if (n < 0) return 0;
-  size_t need = n > 0 ? (size_t)n : 1;
-  kiln_str_chunk* c = kiln_str_chunks;
-  if (!c || c->cap - c->used < need) {
-    size_t cap = need > ((size_t)1 << 16) ? need : ((size_t)1 << 16);
-    if (cap > SIZE_MAX - sizeof(kiln_str_chunk)) return 0;
-    c = (kiln_str_chunk*)malloc(sizeof(kiln_str_chunk) + cap);
-    if (!c) return 0;
-    c->next = kiln_str_chunks; c->used = 0; c->cap = cap;
-    kiln_str_chunks = c;
-  }
-  char* p = (char*)(c + 1) + c->used;
-  c->used += need;
-  return p;
-}
-__attribute__((weak)) void kiln_str_free_all(void) {
-  kiln_str_chunk* c = kiln_str_chunks;
-  while (c) { kiln_str_chunk* next = c->next; free(c); c = next; }
-  kiln_str_chunks = 0;
-}
+char* kiln_str_alloc(int64_t n);
+void kiln_str_free_all(void);
 #pragma GCC visibility pop
 static inline void* kiln_alloc(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 /* exp_floored's floor, an argument whose exp is still a normal number. Variables, not
    literals: with a constant the compiler folds exp(floor) and turns exp(max(x, floor))
    back into a blend of exp(x), whose out-of-range lanes send vector exp down its scalar path */
 #pragma GCC visibility push(hidden)
-__attribute__((weak)) float kiln_exp_floor_f32 = -87.0f;
-__attribute__((weak)) double kiln_exp_floor_f64 = -708.0;
+extern float kiln_exp_floor_f32;
+extern double kiln_exp_floor_f64;
 /* run-time checks: the first failing check of a kernel records its status and the bad
    value (threads race to be first; the winner writes the value), and the kernel leaves
    the value in this thread's kiln_err_value as it returns (on the calling thread) */
-__attribute__((weak)) __thread int64_t kiln_err_value = 0;
+extern __thread int64_t kiln_err_value;
 #pragma GCC visibility pop
 static inline void kiln_fail(int32_t* status, int64_t* bad, int32_t code, int64_t value) {
   int32_t none = 0;
@@ -53,5 +35,6 @@ static inline void kiln_fail(int32_t* status, int64_t* bad, int32_t code, int64_
 /* the entry's status for its k-th call failing with s: k in the low 20 bits, s (1..1022;
    1023: out of memory or unknown) above them */
 #define KILN_CALL_STATUS(k, s) ((int32_t)(k) + 2 + ((int32_t)((s) > 0 && (s) < 1023 ? (s) : 1023) << 20))
-/* the value the last failed check on this thread reported */
-__attribute__((weak)) int32_t kiln_error_value(int64_t* out) { *out = kiln_err_value; return 0; }
+/* the value the last failed check on this thread reported (declared as defined, weak: not one
+   of the module's functions, which an artifact renames) */
+__attribute__((weak)) int32_t kiln_error_value(int64_t* out);
