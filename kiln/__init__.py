@@ -5,7 +5,7 @@ imported on first use, so `kiln.load` of a saved artifact pulls in the
 runtime alone (numpy and ctypes), as a deployment needs.
 """
 
-from kiln.errors import KilnError, UnsupportedOpsError  # noqa: F401
+from kiln.errors import DTypeMismatchError, KilnError, UnsupportedOpsError  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -21,7 +21,7 @@ _LAZY = {
     "Decoder": "kiln.decode",
 }
 
-__all__ = ["KilnError", "UnsupportedOpsError", "__version__", *_LAZY]
+__all__ = ["DTypeMismatchError", "KilnError", "UnsupportedOpsError", "__version__", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -36,3 +36,20 @@ class UnsupportedOpsError(KilnError):
         lines = [f"  {escape(('' if not d else d + '::') + op)} (opset {v}) at node {name!r}"
                  for d, op, name, v in missing]
         super().__init__(f"{len(missing)} unsupported operator node(s):\n" + "\n".join(lines))
+
+
+class DTypeMismatchError(KilnError):
+    """Inputs that ONNX requires to share an element type (one type variable of the op's
+    schema: MatMul's A and B are both T) but do not; every such input of the model at once."""
+
+    def __init__(self, problems: list[tuple[str, str, int, str, str, str, str, int, str]]):
+        # problems: (node, op, input index, input name, type variable, expected, given, index matched, its name)
+        self.problems = problems
+        lines = [f"  {escape(op)} node {node!r}: input {i} ({name!r}) is {given}, expected {want} "
+                 f"(type {var}, as input {j} ({jname!r}))"
+                 for node, op, i, name, var, want, given, j, jname in problems]
+        node, op = (problems[0][0], problems[0][1]) if len(problems) == 1 else (None, None)
+        super().__init__(f"{len(problems)} input(s) of the wrong element type (ONNX: the inputs of one type "
+                         "variable share one element type; insert a Cast):\n" + "\n".join(lines),
+                         stage="infer")
+        self.node, self.op = node, op

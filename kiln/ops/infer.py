@@ -15,10 +15,11 @@ import math
 
 import numpy as np
 
-from kiln.errors import KilnError, UnsupportedOpsError
+from kiln.errors import DTypeMismatchError, KilnError, UnsupportedOpsError
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import OptionalType, SequenceType, TensorType, Type, types_compatible
 from kiln.ops.registry import InferCtx, RunCtx, lookup
+from kiln.ops.type_constraints import dtype_mismatches
 
 # Known values are only computed for outputs at most this many elements.
 _KNOWN_VALUE_LIMIT = 4096
@@ -42,9 +43,12 @@ def check_supported(graph: Graph) -> None:
 class Inferencer:
     """Walks a graph in order, assigning inferred types to every node output."""
 
-    def __init__(self, opsets: dict[str, int]):
+    def __init__(self, opsets: dict[str, int], collect: bool = False):
         self.opsets = opsets
         self.known: dict[int, np.ndarray] = {}
+        # inputs of the wrong element type (kiln.ops.type_constraints): raised at once, or, when
+        # `collect`, gathered here for infer_types to list them all
+        self.mismatches: list | None = [] if collect else None
 
     def known_value(self, v: Value | None) -> np.ndarray | None:
         if v is None:
@@ -72,6 +76,7 @@ class Inferencer:
         opset = self.opsets.get(node.domain or "", 0)
         check_arity(d, node)
         types = [None if v is None else v.type for v in node.inputs]
+        self._check_dtypes(node, opset, types)
         values = [self.known_value(v) for v in node.inputs]
         ctx = InferCtx(node, opset, types, values, self.infer_graph)
         try:
@@ -88,6 +93,14 @@ class Inferencer:
             if v is not None:
                 v.type = t
         self._propagate_values(d, ctx, node, values)
+
+    def _check_dtypes(self, node: Node, opset: int, types: list) -> None:
+        bad = [(node.name, node.op, i, node.inputs[i].name, var, str(want), str(got), j, node.inputs[j].name)
+               for i, var, want, got, j in dtype_mismatches(node, opset, types)]
+        if bad and self.mismatches is None:
+            raise DTypeMismatchError(bad)
+        if bad:
+            self.mismatches.extend(bad)   # (the op's own inference may still give a type: go on)
 
     def _propagate_values(self, d, ctx, node: Node, values) -> None:
         outs = None
@@ -150,8 +163,15 @@ def infer_types(graph: Graph, declared: dict[str, Type] | None = None) -> dict[i
     shapes are never trusted, only checked).
     """
     check_supported(graph)
-    inf = Inferencer(graph.opsets)
-    inf.infer_graph(graph)
+    inf = Inferencer(graph.opsets, collect=True)
+    try:
+        inf.infer_graph(graph)
+    except KilnError:
+        if inf.mismatches:   # the first wrong input type is the cause: name them all
+            raise DTypeMismatchError(inf.mismatches) from None
+        raise
+    if inf.mismatches:
+        raise DTypeMismatchError(inf.mismatches)
     for v in graph.outputs:
         want = (declared or {}).get(v.name)
         if want is not None and not _declared_ok(v.type, want):
