@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from kiln.codegen.csource import c_instance
+from kiln.codegen.csource import c_instance, c_source
 from kiln.dtypes import DType
 from kiln.loops import INDEX, cast, compute, const, select
 from kiln.loops.symbols import as_int, c_size, same_size, static
@@ -302,7 +302,7 @@ def _topk_lower(ctx, x, k=None):
     if lines == 0 or kk == 0:
         return ctx.extern("  return 0;", [x, k], [(y, x.dtype), (y, DType.int64)])
     fn = f"kiln_topk_{x.dtype.name}"
-    preamble = c_instance("topk.c", {"KILN_TOPK_T": t, "KILN_TOPK_FN": fn}, fn.upper())
+    preamble = c_source("kiln_par.h") + c_instance("topk.c", {"KILN_TOPK_T": t, "KILN_TOPK_FN": fn}, fn.upper())
     largest = int(bool(ctx.attr("largest", 1)))
     body = f"  return {fn}(in0, out0, out1, {lines}, {n}, {kk}, {inner}, {largest}, {parallel_min_work()});"
     return ctx.extern(body, [x, k], [(y, x.dtype), (y, DType.int64)], preamble=preamble)

@@ -61,7 +61,7 @@ def _dft_lower(ctx, x, *rest):
     lines = max(math.prod(dims[:-1]), 1)
     work = math.prod(odims[:-1]) * max(dims[:-1], default=1)  # multiply-adds, about
     fn = f"kiln_dft_{xt.dtype.name}_{ctx.out_dtype().name}"
-    preamble = c_source("twiddles.h") + c_instance("dft.c", {"KILN_DFT_T": t, "KILN_DFT_TO": to,
+    preamble = c_source("twiddles.h") + c_source("kiln_par.h") + c_instance("dft.c", {"KILN_DFT_T": t, "KILN_DFT_TO": to,
                                                              "KILN_DFT_FN": fn}, fn.upper())
     n = f"(int64_t){p['dft_length']}[0], 1" if "dft_length" in p else "0, 0"
     body = (f"  static const int64_t idims[{rank}] = {{{', '.join(map(str, dims))}}};\n"
