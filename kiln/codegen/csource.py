@@ -59,6 +59,28 @@ def threads_impl_of(threads_impl: str | None) -> str:
     return threads_impl
 
 
+def c_par_job(tag: str, var: str, extent: str, loop: str, captures: list[tuple[str, str]],
+              parallel: str) -> tuple[str, str]:
+    """A loop of a generated hand-written kernel's body as a kiln_par_for job on the module's
+    threads (instead of a `#pragma omp parallel for` forking OpenMP's own team beside the pool):
+    (the preamble: kiln_par.h, a context struct of `captures` ((C type, name): the locals the
+    loop reads) and the chunk function running iterations `var` in [first, last) of `loop`,
+    named by a hash of their text; the statement that replaces the loop). `parallel`: a C
+    condition (a chunk per thread or one call)."""
+    import hashlib  # noqa: PLC0415
+    fn = f"kiln_{tag}_{hashlib.sha256(repr((var, loop, captures)).encode()).hexdigest()[:16]}"
+    fields = "".join(f"  {t} {n};\n" for t, n in captures)
+    unpack = "".join(f"  {t} const {n} = c->{n};\n" for t, n in captures)
+    pre = (c_source("kiln_par.h") + f"#ifndef {fn.upper()}\n#define {fn.upper()}\n"
+           f"typedef struct {{\n{fields}}} {fn}_ctx;\n"
+           f"static void {fn}(void* ctx, int64_t first, int64_t last) {{\n"
+           f"  const {fn}_ctx* c = (const {fn}_ctx*)ctx;\n{unpack}"
+           f"  for (int64_t {var} = first; {var} < last; ++{var}) {{\n{loop}  }}\n}}\n#endif\n")
+    call = (f"  {{ const {fn}_ctx c = {{{', '.join(n for _, n in captures)}}};\n"
+            f"    kiln_par_for({fn}, (void*)&c, 0, {extent}, {parallel}); }}\n")
+    return pre, call
+
+
 DEFINITION = "/* kiln: definition */\n"   # in a shared kernel's file: declarations above, definition below
 SHARED_BEGIN = "/* kiln: shared unit */\n"
 SHARED_END = "/* kiln: end of shared unit */\n"

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from kiln.codegen.csource import c_instance
+from kiln.codegen.csource import c_instance, c_par_job
 from kiln.dtypes import DType
 from kiln.loops.symbols import as_int, c_size, hint, same_size, static, symbols_in
 from kiln.lower.decisions import parallel_min_work
@@ -104,12 +104,13 @@ def _resize_lower(ctx, x, *rest):
     if p["mode"] == "nearest" and x.dtype == ctx.out_dtype(0):
         tables = {a: _axis_taps(shape[a], out_len, s, axis_roi, p) for a, out_len, s, axis_roi in passes}
         if all(out is None or not out.any() for _, _, out in tables.values()):
-            return ctx.extern(_nearest_body(shape, list(ctx.out_shape(0)), {a: t[0][:, 0] for a, t in tables.items()},
-                                            x.dtype.c),
-                              [x, *rest], [(ctx.out_shape(0), ctx.out_dtype(0))])
+            body, pre = _nearest_body(shape, list(ctx.out_shape(0)), {a: t[0][:, 0] for a, t in tables.items()},
+                                      x.dtype.c)
+            return ctx.extern(body, [x, *rest], [(ctx.out_shape(0), ctx.out_dtype(0))], preamble=pre)
     if symbols_in(shape):
         ctx.fail("the separable (linear, cubic) Resize kernel bakes its sizes in: it needs static sizes")
     n_in = math.prod(shape)
+    preamble: list[str] = []   # a kiln_par_for job per resampled axis (c_par_job)
     body = [f"  const int64_t n0 = {n_in};\n",
             f"  double* cur = (double*)malloc((size_t)(n0 > 0 ? n0 : 1) * sizeof(double));\n",
             "  if (!cur) return -1;\n",
@@ -135,54 +136,63 @@ def _resize_lower(ctx, x, *rest):
             val = " + ".join(terms) if taps <= 8 else None
         if has_out:
             ext = c_double(p["extrapolation"])
-        body.append(f"  {{ double* nxt = (double*)malloc((size_t){max(n_out, 1)} * sizeof(double));\n"
-                    f"  if (!nxt) {{ free(cur); return -1; }}\n"
-                    + ("  #pragma omp parallel for schedule(static)\n" if n_out * taps >= parallel_min_work() else "")
-                    + f"  for (int64_t oj = 0; oj < {outer * out_len}; ++oj) {{\n"
-                    f"    const int64_t o = oj / {out_len}, j = oj % {out_len};\n"
-                    f"    double* dst = nxt + oj * {inner};\n"
-                    f"    for (int64_t i = 0; i < {inner}; ++i) {{\n")
+        loop = [f"    const int64_t o = oj / {out_len}, j = oj % {out_len};\n"
+                f"    double* dst = nxt + oj * {inner};\n"
+                f"    for (int64_t i = 0; i < {inner}; ++i) {{\n"]
         if val is None:
-            body.append(f"      double acc = 0.0;\n"
+            loop.append(f"      double acc = 0.0;\n"
                         f"      for (int64_t t = 0; t < {taps}; ++t)\n"
                         f"        acc += W{k}[j * {taps} + t]\n"
                         f"               * cur[(o * {in_len} + I{k}[j * {taps} + t]) * {inner} + i];\n")
             val = "acc"
         if has_out:
             val = f"(O{k}[j] ? {ext} : ({val}))"
-        body.append(f"      dst[i] = {val};\n    }}\n  }}\n  free(cur); cur = nxt; }}\n")
+        loop.append(f"      dst[i] = {val};\n    }}\n")
+        captures = [("const double*", "cur"), ("double*", "nxt"), ("const int64_t*", f"I{k}"),
+                    *([("const double*", f"W{k}")] if w is not None else []),
+                    *([("const uint8_t*", f"O{k}")] if has_out else [])]
+        pre, call = c_par_job("resize", "oj", str(outer * out_len), "".join(loop), captures,
+                              "1" if n_out * taps >= parallel_min_work() else "0")
+        preamble.append(pre)
+        body.append(f"  {{ double* nxt = (double*)malloc((size_t){max(n_out, 1)} * sizeof(double));\n"
+                    f"  if (!nxt) {{ free(cur); return -1; }}\n" + call + "  free(cur); cur = nxt; }\n")
     body.append(f"  for (int64_t i = 0; i < {math.prod(shape)}; ++i) out0[i] = {c_store_cast(x.dtype, 'cur[i]')};\n"
                 "  free(cur);\n  return 0;\n")
-    return ctx.extern("".join(body), [x, *rest], [(ctx.out_shape(0), ctx.out_dtype(0))])
+    return ctx.extern("".join(body), [x, *rest], [(ctx.out_shape(0), ctx.out_dtype(0))],
+                      preamble="".join(dict.fromkeys(preamble)))
 
 
-def _nearest_body(in_shape: list[int], out_shape: list[int], idx: dict, ctype: str) -> str:
-    """C body of a nearest-neighbour Resize: one gather in the tensor's own type, through a
-    source-index table per resampled axis (`idx`: axis -> input index per output index).
+def _nearest_body(in_shape: list[int], out_shape: list[int], idx: dict, ctype: str) -> tuple[str, str]:
+    """C body (and preamble) of a nearest-neighbour Resize: one gather in the tensor's own type,
+    through a source-index table per resampled axis (`idx`: axis -> input index per output index),
+    its rows a kiln_par_for job (c_par_job) on the module's threads.
     Why: nearest needs no arithmetic, so the separable double-precision passes (a converted
     copy and a buffer per axis) only cost memory traffic; FPN upsampling is all nearest.
     Sizes of the axes not resampled may be symbolic (a shape-generic module's batch): they are
-    printed as C expressions of the symbols (kiln.loops.symbols.c_size)."""
+    printed as C expressions of the symbols (kiln.loops.symbols.c_size), which the job captures."""
     r = len(out_shape)
     body = [c_table(f"I{a}", "int64_t", t) for a, t in sorted(idx.items())]
     strides = [c_size(math.prod(in_shape[d + 1:])) for d in range(r)]
     rows, last = math.prod(out_shape[:-1]), out_shape[-1]
     work = rows * last
     if static(work):
-        par = "  #pragma omp parallel for schedule(static)\n" if as_int(work) >= parallel_min_work() else ""
+        par = "1" if as_int(work) >= parallel_min_work() else "0"
     else:
-        par = f"  #pragma omp parallel for schedule(static) if({c_size(work)} >= {parallel_min_work()})\n"
-    body.append(par + f"  for (int64_t row = 0; row < {c_size(rows)}; ++row) {{\n"
-                "    int64_t rest = row, src = 0;\n")
+        par = f"{c_size(work)} >= {parallel_min_work()}"
+    loop = ["    int64_t rest = row, src = 0;\n"]
     for d in reversed(range(r - 1)):
         pos = f"I{d}[c]" if d in idx else "c"
-        body.append(f"    {{ const int64_t c = rest % {c_size(out_shape[d])}; rest /= {c_size(out_shape[d])}; "
+        loop.append(f"    {{ const int64_t c = rest % {c_size(out_shape[d])}; rest /= {c_size(out_shape[d])}; "
                     f"src += {pos} * {strides[d]}; }}\n")
     pos = f"I{r - 1}[j]" if r - 1 in idx else "j"
-    body.append(f"    const {ctype}* s = in0 + src;\n"
+    loop.append(f"    const {ctype}* s = in0 + src;\n"
                 f"    {ctype}* dst = out0 + row * {c_size(last)};\n"
-                f"    for (int64_t j = 0; j < {c_size(last)}; ++j) dst[j] = s[{pos}];\n  }}\n  return 0;\n")
-    return "".join(body)
+                f"    for (int64_t j = 0; j < {c_size(last)}; ++j) dst[j] = s[{pos}];\n")
+    captures = [(f"const {ctype}*", "in0"), (f"{ctype}*", "out0"),
+                *((("const int64_t*", f"I{a}") for a in sorted(idx))),
+                *(("int64_t", v.arg.name) for v in symbols_in(list(in_shape) + list(out_shape)))]
+    pre, call = c_par_job("resize_nearest", "row", c_size(rows), "".join(loop), captures, par)
+    return "".join(body) + call + "  return 0;\n", pre
 
 
 lowering("Resize")(_resize_lower)

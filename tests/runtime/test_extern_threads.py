@@ -1,4 +1,4 @@
-"""Hand-written kernels whose loops used to fork OpenMP's own team (TopK, DFT) run them with
+"""Hand-written kernels whose loops used to fork OpenMP's own team (TopK, DFT, Resize) run them with
 kiln_par_for on the module's threads: in a pool module nothing is parked around them (the
 emitter parks the pool around a kernel that forks OpenMP's team: kiln.codegen.c.forks_openmp), and the results are the reference's with the loops split."""
 
@@ -60,3 +60,21 @@ def test_dft_lines_run_on_the_modules_threads(monkeypatch, impl):
     want = np.fft.fft(x[..., 0], axis=1)
     np.testing.assert_allclose(y[..., 0], want.real, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(y[..., 1], want.imag, rtol=1e-4, atol=1e-4)
+
+
+def resize_model(mode, shape, scales):
+    return _model(helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode),
+                  [helper.make_tensor_value_info("x", F, shape)], [helper.make_tensor_value_info("y", F, None)],
+                  [helper.make_tensor("scales", F, [len(scales)], scales)], opset=19)
+
+
+@pytest.mark.parametrize("impl", ["pool", "omp"])
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+def test_resize_rows_run_on_the_modules_threads(monkeypatch, impl, mode):
+    monkeypatch.setenv("KILN_THREADS_IMPL", impl)
+    model = resize_model(mode, [2, 8, 40, 40], [1.0, 1.0, 2.0, 1.5])   # 2x8x80x60 outputs: parallel
+    src = run_stages(model, "c").source.text
+    assert "kiln_par_for(" in src and "kiln_pool_park();" not in src
+    x = np.random.default_rng(2).standard_normal((2, 8, 40, 40)).astype(np.float32)
+    want = kiln.compile(model, target="interpreter")(x)
+    np.testing.assert_allclose(kiln.compile(model)(x), want, rtol=1e-5, atol=1e-5)
