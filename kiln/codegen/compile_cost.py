@@ -20,8 +20,8 @@ def compile_cost(body: str) -> float:
     loops are unrolled, plus PER_FUNCTION for each function it defines. Fitted to the -O3
     CPU time of the benchmark models' 76 kernels (1-108 ms each; about 11 ms a function and
     0.47 ms a statement): off by 11 ms on average, where memory references to the power 1.5
-    (the guess before) were off by 16 and split ResNet-18 into units of 0.32 and 0.46 s (now
-    0.39 and 0.40 s), and text length by 39. Unrolling is what it must see: MobileNetV2's 2 KB
+    (the guess before) were off by 16 and split ResNet-18 into units of 0.34 and 0.47 s (now
+    0.38 and 0.42 s), and text length by 39. Unrolling is what it must see: MobileNetV2's 2 KB
     depthwise kernels unrolled 126 ways took 0.8-1.8 s each, its 2 KB pointwise ones 0.1 s."""
     stack: list[int] = []
     pending, stmts = 1, 0
