@@ -14,7 +14,10 @@ so Winograd can pass 100% of the FMA peak. `--peak`: the FMA peak of the threads
 GFLOP/s (default: threads x lanes x 2 pipes x 2 x the clock /proc/cpuinfo reports; Zen 4 runs
 AVX-512 FMAs as two 256-bit halves: give half of that). `--clock cpu`: every engine on one
 thread, timed by the calling thread's CPU time (robust to a loaded machine); else wall time,
-interleaved (kiln.bench.time_interleaved), p10 reported beside the median.
+interleaved (kiln.bench.time_interleaved), p10 reported beside the median. In wall mode on 2
+threads (quiet, 2026-11-26) about half of ResNet-50's kiln rows ran at one thread's speed, likely
+kiln's pool running a ~1 ms conv's loops alone after judging the cores contended (ORT's threads
+spin after its runs): the 2-thread per-conv figures are not trustworthy yet; --clock cpu is.
 """
 
 from __future__ import annotations
