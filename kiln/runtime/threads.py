@@ -43,8 +43,9 @@ kiln/codegen/c_src/kiln_par.h) gets the spinning figures without their costs:
   (mobilenet_v2 batch 1 24-41 ms against the sleeping team's 7.7, when the contended pool still
   handed chunks to workers it woke at each loop);
 - the caller waits at a join by a pause loop of at most 100 us (10 us contended), then sleeps;
-- the few kernels that still fork OpenMP's team themselves (TopK, DFT, ...)
-  park the pool around their call (kiln_pool_park: its workers sleep meanwhile), so two teams
+- the few hand-written kernels that still fork OpenMP's team themselves (CumSum/CumProd, the
+  ONNX RNN/LSTM/GRU kernel, linear attention, the tree ensembles, linear and SVM classifiers;
+  TopK, DFT and Resize run on kiln_par_for since 2026-11-26) park the pool around their call (kiln_pool_park: its workers sleep meanwhile), so two teams
   never spin for the cores; KILN_POOL_STATS=1 prints at unload the forks, the contentions, the
   workers' naps inside an inference (asleep after a serial stretch over the spin) and the loops
   whose chunks the caller ran all.
