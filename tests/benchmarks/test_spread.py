@@ -79,7 +79,9 @@ def test_plan_runs_gives_every_engine_as_many_runs():
     import time
 
     from benchmarks.corpus.run import plan_runs
-    runs = plan_runs({"fast": lambda: None, "slow": lambda: time.sleep(0.004)}, budget_s=0.02, lo=2, hi=40)
+    # (the slow engine alone would get at most 1 s / 100 ms = 10 runs; the fast one reaches hi unless a
+    # busy machine stalls its one timed call for 25 ms)
+    runs = plan_runs({"fast": lambda: None, "slow": lambda: time.sleep(0.1)}, budget_s=1.0, lo=2, hi=40)
     assert runs["fast"] == runs["slow"] == 40          # the fast engine's count, capped at hi
     runs = plan_runs({"a": lambda: time.sleep(0.004), "b": lambda: time.sleep(0.004)}, budget_s=0.001, lo=3, hi=40)
     assert runs == {"a": 3, "b": 3}
