@@ -5,9 +5,9 @@ one-block model twice, with `conv.inverted_residual` fused and unfused; both are
 against each other, then their kernels are timed interleaved (`CompiledModel.profile`, the
 layout conversions at the model's edges left out) and the medians printed with GFLOP/s:
 
-    python benchmarks/inverted_residual.py [--blocks mobilenet_v2|mobilenet_v3] [--rounds 5]
+    python benchmarks/inverted_residual.py [--blocks mobilenet_v2|mobilenet_v3|efficientnet_b0] [--rounds 5]
 
-The shapes are those of MobileNetV2 and V3-Large at 224x224 (batch 1).
+The shapes are those of MobileNetV2, V3-Large and EfficientNet-B0 at 224x224 (batch 1).
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ BLOCKS = {
     "mobilenet_v3": [(16, 64, 24, 112, 3, 2, "Relu"), (24, 72, 24, 56, 3, 1, "Relu"),
                      (40, 240, 80, 28, 3, 2, "HardSwish"), (80, 200, 80, 14, 3, 1, "HardSwish"),
                      (80, 184, 80, 14, 3, 1, "HardSwish")],
+    # EfficientNet-B0's first MBConv blocks, Swish (SiLU) after expand and depthwise, without
+    # their squeeze-excite gates (which keep the project conv out: kiln::ExpandDepthwise)
+    "efficientnet_b0": [(16, 96, 24, 112, 3, 2, "SiLU"), (24, 144, 24, 56, 3, 1, "SiLU"),
+                        (24, 144, 40, 56, 5, 2, "SiLU"), (40, 240, 40, 28, 5, 1, "SiLU")],
 }
 
 
