@@ -47,16 +47,21 @@ def _writer(path, k, n):
             db.add(f"w{k}", "sig", {"i": i}, float(i + 1))
 
 
-def test_concurrent_writers_lose_nothing(tmp_path):
-    path = str(tmp_path / "t.db")
-    Database(path).close()
+def _run_processes(target, arg_lists):
+    """Run `target` in one spawned process per argument tuple at once; each must exit cleanly."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(path, k, 40)) for k in range(4)]
+    procs = [ctx.Process(target=target, args=args) for args in arg_lists]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = str(tmp_path / "t.db")
+    Database(path).close()
+    _run_processes(_writer, [(path, k, 40) for k in range(4)])
     with Database(path) as db:
         assert db.count() == 160
         assert all(db.best(f"w{k}", "sig").seconds == 1.0 for k in range(4))
@@ -211,13 +216,7 @@ def test_concurrent_openers_migrate_an_old_database_once(tmp_path):
         c.execute("CREATE TABLE records (id INTEGER PRIMARY KEY AUTOINCREMENT, workload TEXT NOT NULL, "
                   "signature TEXT NOT NULL, decisions TEXT NOT NULL, seconds REAL, error TEXT, "
                   "is_default INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL)")
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_migrate_and_write, args=(path, k)) for k in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    _run_processes(_migrate_and_write, [(path, k) for k in range(4)])
     with Database(path) as db:
         assert db.count() == 4 and db.best("w", "sig").decisions == {"k": 0}
 
