@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kiln.codegen.address import Tile
 from kiln.codegen.csource import SHARED_BEGIN, SHARED_END, c_source, threads_impl_of
 from kiln.codegen.cvector import PERMUTE, _NotVector, _coefficient, _flat, permuted_lanes
 from kiln.codegen.compile_cost import compile_cost  # noqa: F401 (kiln.codegen.c.compile_cost)
@@ -172,6 +173,7 @@ class _Emitter:
         self.pool = threads_impl == "pool"   # parallel loops outlined for kiln's pool, not OpenMP
         self.scope: dict = {}      # C name -> (type, how) of the variables in scope (kiln.codegen.outline)
         self.outlined: list = []   # the current function's outlined loops (C lines)
+        self.tile: Tile | None = None   # the register tile being emitted (kiln.codegen.address)
 
     # -- helpers emitted on demand ------------------------------------------------
     def use(self, name: str) -> str:
@@ -268,7 +270,7 @@ class _Emitter:
         if op == "const":
             return self.const(e)
         if op == "load":
-            s = f"{n(e.arg, e.arg.name, 'b')}[{self.flat(e.arg, e.args, ctx, n)}]"
+            s = self.element(e.arg, self.flat(e.arg, e.args, ctx), ctx, n)
             nt = NARROW.get(dt)
             return s if nt is None else f"{self.use(nt.load)}({s})"
         if op in _INFIX:
@@ -330,10 +332,14 @@ class _Emitter:
             return f"((_Float16){fn}({', '.join(f'(float){a}' for a in args)}))"
         return f"{fn}({', '.join(args)})"
 
-    def flat(self, buf: S.Buffer, idx, ctx: Ctx, n: _Names) -> str:
-        if not idx:
-            return "0"
-        return self.expr(ctx.simplify(_flat(buf, idx)), ctx, n)
+    def flat(self, buf: S.Buffer, idx, ctx: Ctx) -> Expr:
+        return ctx.simplify(_flat(buf, idx)) if idx else const(0, DType.int64)
+
+    def element(self, buf: S.Buffer, flat: Expr, ctx: Ctx, n: _Names) -> str:
+        """`buf`[`flat`] in C (in a register tile: kiln.codegen.address)."""
+        text = lambda e: self.expr(e, ctx, n)  # noqa: E731
+        name = n(buf, buf.name, "b")
+        return f"{name}[{text(flat)}]" if self.tile is None else self.tile.element(name, buf, flat, text)
 
     # -- a register tile's vector: straight vector code ------------------------------------
     def vector_store(self, s: S.For, ctx: Ctx, n: _Names) -> str | None:
@@ -361,7 +367,7 @@ class _Emitter:
             flat = lanes.simplify(_flat(buf, idx))
             if _coefficient(flat, v) != 1:
                 return None
-            return f"{n(buf, buf.name, 'b')}[{self.expr(ctx.simplify(substitute(flat, {v: lo})), ctx, n)}]"
+            return self.element(buf, ctx.simplify(substitute(flat, {v: lo})), ctx, n)
 
         def permuted(buf, idx) -> str | None:   # lanes of one run in another order: a shuffle
             got = permuted_lanes(buf, idx, v, lo, ext.arg, ctx) if buf.dtype is dt else None
@@ -370,8 +376,8 @@ class _Emitter:
             self.helpers.setdefault("KILN_PERMUTE", PERMUTE)
             it = f"{ctype(DType.int32 if dt.itemsize == 4 else DType.int64)}"
             self.helpers.setdefault(f"{vt}_idx", f"typedef {it} {vt}_idx __attribute__((vector_size({ext.arg * dt.itemsize})));")
-            start = self.expr(ctx.simplify(_flat(buf, (*idx[:-1], const(got[0], idx[-1].dtype)))), ctx, n)
-            return f"KILN_PERMUTE({vt}_idx, *(const {vt}*)&{n(buf, buf.name, 'b')}[{start}], {', '.join(map(str, got[1]))})"
+            start = self.element(buf, ctx.simplify(_flat(buf, (*idx[:-1], const(got[0], idx[-1].dtype)))), ctx, n)
+            return f"KILN_PERMUTE({vt}_idx, *(const {vt}*)&{start}, {', '.join(map(str, got[1]))})"
 
         def vec(e: Expr) -> tuple[str, bool]:   # (C text, whether a vector)
             if v not in free_vars(e):
@@ -405,7 +411,9 @@ class _Emitter:
     def stmt(self, s: S.Stmt, ctx: Ctx, n: _Names, d: int, in_par: bool):
         pad = "  " * d
         out = self.lines.append
-        if isinstance(s, S.For):
+        if isinstance(s, S.For) and s.kind == "unrolled" and self.tile is None and Tile.fits(s):
+            self.tiled(s, ctx, n, d, in_par)
+        elif isinstance(s, S.For):
             v = n(s.var, s.var.arg.name, "v")
             lo, ext = ctx.simplify(s.min), ctx.simplify(s.extent)
             ranges = dict(ctx.ranges)
@@ -445,11 +453,11 @@ class _Emitter:
             if nt is None:
                 val = self.expr(v, ctx, n)
             elif v.op == "load" and v.dtype is s.buffer.dtype:  # a copy: the bytes as they are
-                val = f"{n(v.arg, v.arg.name, 'b')}[{self.flat(v.arg, v.args, ctx, n)}]"
+                val = self.element(v.arg, self.flat(v.arg, v.args, ctx), ctx, n)
             else:
                 val = self.expr(v, ctx, n)
                 val = f"{self.use(nt.store)}({self.unrounded.get(val, val)})"
-            out(f"{pad}{n(s.buffer, s.buffer.name, 'b')}[{self.flat(s.buffer, s.indices, ctx, n)}] = {val};")
+            out(f"{pad}{self.element(s.buffer, self.flat(s.buffer, s.indices, ctx), ctx, n)} = {val};")
         elif isinstance(s, S.Seq):
             for t in s.stmts:
                 self.stmt(t, ctx, n, d, in_par)
@@ -502,6 +510,15 @@ class _Emitter:
             self.calls += 1
         else:
             raise KilnError(f"cannot emit statement {type(s).__name__}", stage="codegen")
+
+    def tiled(self, s: S.For, ctx: Ctx, n: _Names, d: int, in_par: bool) -> None:
+        """Register tile `s` (an unrolled nest) after its accesses' invariant offsets (kiln.codegen.address)."""
+        saved, self.lines, self.tile = self.lines, [], Tile(s)
+        try:
+            self.stmt(s, ctx, n, d, in_par)
+        finally:
+            tile, body, self.lines, self.tile = self.tile, self.lines, saved, None
+        self.lines += [f"{'  ' * d}{{ {tile.declarations(vtype)}", *body, "  " * d + "}"] if tile.offsets else body
 
     @contextlib.contextmanager
     def declared(self, name: str, ctype_: str, how: str):
