@@ -1,13 +1,18 @@
 """Shape-generic modules (issue 15 items 1 and 4): new shapes without a new compile.
 
-    python benchmarks/generic_shapes.py [--pairs 20] [--runs 20] [--all-pairs]
+    python benchmarks/generic_shapes.py [--pairs 20] [--runs 20] [--processes 5] [--all-pairs]
     python benchmarks/generic_shapes.py --corpus bert_base,distilbert,gpt2,llama_gqa [--tiered]
     python benchmarks/generic_shapes.py --corpus resnet50,mobilenet_v3_small --batch 1,8 --reserve
 
 For a model with symbolic batch and sequence dims (examples/build_transformer.py's encoder,
 compiled with shapes="generic"): after the first run, each of `--pairs` new (batch, seq)
 pairs is run once (first use) and then `--runs` times; its extra latency on first use is the
-first call minus the median of the rest. The C compiler's runs are counted over all of it
+first call minus the median of the rest, and its minor page faults (resource.getrusage: the
+arena's fresh memory, mapped as the kernels first touch it). The pairs' first uses run in
+`--processes` fresh processes, each compiling (from the cache after the first) and running
+(1, 8) first, then the pairs in the same order; per pair the median over the processes is
+reported, so a one-off (another process's burst on a 2-core machine) shows as the max, not
+as the pair's figure. The C compiler's runs are counted over all of it
 (kiln.codegen.build's subprocess calls). Then the steady-state latency of the generic module
 against the module specialised to each shape (shapes="specialize"), medians of interleaved
 rounds of runs (kiln.bench.time_interleaved), at four shapes (`--all-pairs`: and at each new pair).
@@ -25,7 +30,10 @@ mapped), so a pair's first use pays for its plan, not for fresh memory.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
+import subprocess
 import sys
 import time
 
@@ -90,14 +98,76 @@ def first_use(model, pairs, runs: int) -> list[tuple]:
             plan = (time.perf_counter() - t0) * 1e3
             model.module._by_shapes.clear()
             model.module.layouts.clear()
+            faults, cpu = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
             t0 = time.perf_counter()
             model.run(feeds)
             first = (time.perf_counter() - t0) * 1e3
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            cpu = (time.process_time() - cpu) * 1e3
             steady = _median_ms(lambda: model.run(feeds), runs)
-            rows.append((b, s, plan, first, steady, first - steady))
+            steady_cpu = float(np.median([_cpu_ms(lambda: model.run(feeds), time.process_time) for _ in range(3)]))
+            rows.append((b, s, plan, first, steady, first - steady, faults, cpu - steady_cpu))
     finally:
         c_build.subprocess = counter.real
     return rows, counter.n
+
+
+def _encoder():
+    import build_transformer
+    return build_transformer.build_encoder(hidden=256, heads=4, ffn=1024, layers=2, vocab=1000)
+
+
+def _pairs(rng, n: int) -> list[tuple]:
+    """`n` distinct random (batch, seq) pairs other than (1, 8), the first run's."""
+    pairs = []
+    while len(pairs) < n:
+        p = (int(rng.integers(1, 9)), int(rng.integers(1, 257)))
+        if p not in pairs and p != (1, 8):
+            pairs.append(p)
+    return pairs
+
+
+def child_first_use(pairs: list, runs: int) -> dict:
+    """In a fresh process: the encoder compiled generic, run at (1, 8), then `pairs`' first uses."""
+    t0 = time.perf_counter()
+    g = kiln.compile(_encoder(), target="cpu", shapes="generic")
+    compile_s = time.perf_counter() - t0
+    g.run(_feeds(g.inputs, 1, 8, np.random.default_rng(7)))
+    rows, compiles = first_use(g, [tuple(p) for p in pairs], runs)
+    return {"compile_s": compile_s, "shapes": g.shapes, "rows": rows, "compiles": compiles}
+
+
+def fresh_first_use(pairs: list, runs: int, processes: int) -> list[dict]:
+    """child_first_use in `processes` fresh processes, one after another."""
+    out = []
+    for _ in range(processes):
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-first-use", json.dumps(pairs),
+                            str(runs)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr[-3000:])
+        out.append(json.loads(r.stdout.strip().split("\n")[-1]))
+    return out
+
+
+def print_first_use(pairs: list, results: list[dict]) -> None:
+    """Per pair the medians over the processes (and the largest extra any one saw)."""
+    print(f"{'batch':>5} {'seq':>4} {'plan ms':>8} {'first ms':>9} {'steady ms':>9} {'extra ms':>8} "
+          f"{'max extra':>9} {'faults':>7} {'cpu extra':>9}   (medians of {len(results)} fresh processes; "
+          "cpu: the process's CPU ms, all threads)")
+    meds = []
+    for k, (b, s) in enumerate(pairs):
+        cols = list(zip(*[r["rows"][k] for r in results]))
+        m = [float(np.median(c)) for c in cols[2:]]
+        meds.append((m[3], max(cols[5]), m[4], m[0], m[5]))
+        print(f"{b:5d} {s:4d} {m[0]:8.3f} {m[1]:9.2f} {m[2]:9.2f} {m[3]:8.2f} {max(cols[5]):9.2f} {m[4]:7.0f} "
+              f"{m[5]:9.2f}")
+    extras = [x[0] for x in meds]
+    print(f"first-use extra latency (per pair, median of {len(results)} processes): median {np.median(extras):.2f} ms, "
+          f"max {max(extras):.2f} ms, pairs over 5 ms: {sum(e > 5 for e in extras)}; largest single reading "
+          f"{max(x[1] for x in meds):.2f} ms; minor page faults on first use: median {np.median([x[2] for x in meds]):.0f}, "
+          f"max {max(x[2] for x in meds):.0f}; CPU extra median {np.median([x[4] for x in meds]):.2f} ms, max "
+          f"{max(x[4] for x in meds):.2f} ms; arena plan median {np.median([x[3] for x in meds]):.3f} ms; "
+          f"C compiler runs after the first shape: {sum(r['compiles'] for r in results)}")
 
 
 def steady(generic, special, shapes, runs: int) -> list[tuple]:
@@ -118,10 +188,10 @@ def steady(generic, special, shapes, runs: int) -> list[tuple]:
     return rows
 
 
-def _cpu_ms(fn) -> float:
-    t0 = time.thread_time()
+def _cpu_ms(fn, clock=time.thread_time) -> float:
+    t0 = clock()
     fn()
-    return (time.thread_time() - t0) * 1e3
+    return (clock() - t0) * 1e3
 
 
 def corpus_model(name: str, pairs: list, runs: int, tiered: bool, reserve: bool = False,
@@ -224,40 +294,27 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", default="", help="steady state at these batches (1,8) instead of the corpus cases'")
     ap.add_argument("--all-pairs", action="store_true", help="the encoder's steady state at the new pairs too "
                     "(each specialised: one compile per pair)")
+    ap.add_argument("--processes", type=int, default=5, help="fresh processes the pairs' first uses run in")
+    ap.add_argument("--child-first-use", nargs=2, metavar=("PAIRS", "RUNS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child_first_use:
+        print(json.dumps(child_first_use(json.loads(args.child_first_use[0]), int(args.child_first_use[1]))))
+        return 0
     if args.corpus:
-        rng = np.random.default_rng(7)
-        pairs = []
-        while len(pairs) < args.pairs:
-            p = (int(rng.integers(1, 9)), int(rng.integers(1, 257)))
-            if p not in pairs and p != (1, 8):
-                pairs.append(p)
+        pairs = _pairs(np.random.default_rng(7), args.pairs)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; pairs {pairs}")
         for name in args.corpus.split(","):
             corpus_model(name, pairs, args.runs, args.tiered, args.reserve,
                          [int(b) for b in args.batch.split(",")] if args.batch else None)
         return 0
-    import build_transformer
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    model = build_transformer.build_encoder(hidden=256, heads=4, ffn=1024, layers=2, vocab=1000)
-    t0 = time.perf_counter()
+    pairs = _pairs(np.random.default_rng(7), args.pairs)
+    results = fresh_first_use(pairs, args.runs, args.processes)
+    print(f"encoder (hidden 256, 2 layers): shapes={results[0]['shapes']}, compile {results[0]['compile_s']:.2f} s "
+          f"(first process), {np.median([r['compile_s'] for r in results[1:]] or [0]):.2f} s (the others, cached)")
+    print_first_use(pairs, results)
+    model = _encoder()
     g = kiln.compile(model, target="cpu", shapes="generic")
-    print(f"encoder (hidden 256, 2 layers): shapes={g.shapes}, compile {time.perf_counter() - t0:.2f} s")
-    rng = np.random.default_rng(7)
-    g.run(_feeds(g.inputs, 1, 8, rng))
-    pairs = []
-    while len(pairs) < args.pairs:
-        p = (int(rng.integers(1, 9)), int(rng.integers(1, 257)))
-        if p not in pairs and p != (1, 8):
-            pairs.append(p)
-    rows, compiles = first_use(g, pairs, args.runs)
-    print(f"{'batch':>5} {'seq':>4} {'plan ms':>8} {'first ms':>9} {'steady ms':>9} {'extra ms':>8}")
-    for b, s, plan, f, st, extra in rows:
-        print(f"{b:5d} {s:4d} {plan:8.3f} {f:9.2f} {st:9.2f} {extra:8.2f}")
-    extras, plans = [r[-1] for r in rows], [r[2] for r in rows]
-    print(f"first-use extra latency: median {np.median(extras):.2f} ms, max {max(extras):.2f} ms "
-          f"(its deterministic part, the arena plan: median {np.median(plans):.3f} ms, max {max(plans):.3f} ms); "
-          f"C compiler runs: {compiles}")
     sp = kiln.compile(model, target="cpu", shapes="specialize")
     print(f"\nsteady state, generic vs specialised ({args.runs} runs each in interleaved rounds, medians)")
     ratios = []

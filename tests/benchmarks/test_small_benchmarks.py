@@ -73,3 +73,20 @@ def test_work_split_reads_each_kernels_parallel_loop(monkeypatch):
         assert forked and all(re.fullmatch(r"for \d+|own", r) for r in forked), (impl, loops)
         monkeypatch.setenv("KILN_FORK_US", "100000")
         assert not any(parallel_loops(stage_text(model, "c", {})).values())
+
+
+def test_first_use_reports_each_pairs_median_over_fresh_processes(capsys):
+    """benchmarks/generic_shapes.py: a pair's figure is the median of its first uses in the fresh
+    processes (one process's burst shows as the max, not as the pair's figure), with its faults."""
+    from benchmarks import generic_shapes
+    pairs = [(2, 30), (8, 200)]
+    # per process, per pair: (batch, seq, plan, first, steady, extra, faults, cpu extra)
+    runs = [[(2, 30, 0.3, 5.0, 4.0, 1.0, 0, 0.5), (8, 200, 0.4, 60.0, 50.0, 10.0, 900, 9.0)],
+            [(2, 30, 0.3, 5.2, 4.0, 1.2, 0, 0.6), (8, 200, 0.4, 52.0, 50.0, 2.0, 300, 1.5)],
+            [(2, 30, 0.3, 24.0, 4.0, 20.0, 0, 0.4), (8, 200, 0.4, 53.0, 50.0, 3.0, 310, 2.0)]]
+    generic_shapes.print_first_use(pairs, [{"rows": r, "compiles": 0} for r in runs])
+    out = capsys.readouterr().out
+    row = {tuple(map(int, line.split()[:2])): line.split() for line in out.splitlines()[1:3]}
+    assert row[(2, 30)][5:8] == ["1.20", "20.00", "0"]        # extra median 1.2, max 20, faults 0
+    assert row[(8, 200)][5:9] == ["3.00", "10.00", "310", "2.00"]
+    assert "median 2.10 ms, max 3.00 ms, pairs over 5 ms: 0; largest single reading 20.00 ms" in out
