@@ -93,9 +93,9 @@ def _setup(ctx, x, w1, w2, w3, tensors) -> tuple[str, str, str, str]:
     fn = f"kiln_inverted_residual_l{lanes}_o{main}_" + "_".join(str(cols[o]) for o in (1, 2, 3, 4))
     macros = {"KILN_IR_FN": fn, "KILN_IR_L": str(lanes), "KILN_IR_OV": str(main),
               **{f"KILN_IR_RW{o}": str(c) for o, c in cols.items()}}
-    # two units compiled in parallel (the 1x1 tiles of 3 and 2 blocks apart: the file says why)
+    # three units compiled in parallel (the file says which part holds what, and why)
     preamble = c_shared("inverted_residual.c", macros, fn.upper(),
-                        helpers=c_source("kiln_sigmoid.h") + c_parallel(target.threads_impl), parts=2)
+                        helpers=c_source("kiln_sigmoid.h") + c_parallel(target.threads_impl), parts=3)
     work = macs(n, icb, h, w, ecb, ocb or 0, oh, ow, kh, kw, lanes)
     par = parallel_worth(work, target, "conv", streamed=w1.shape[0] * w1.shape[1] * lanes * lanes * 2)
     nb = bands(n, oh, par, target)

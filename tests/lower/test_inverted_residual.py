@@ -163,15 +163,16 @@ def test_register_tiles_fill_the_register_file():
     assert main * cols[main] + main + 1 <= 16
 
 
-def test_the_kernel_compiles_as_two_units_or_one():
-    """The shared kernel is split in two units compiled in parallel (csource.c_shared parts:
-    the 1x1 tiles of 3 and 2 channel blocks apart), each its own cached object; a whole-module
-    text holding both parts is still one valid unit."""
+def test_the_kernel_compiles_as_three_units_or_one():
+    """The shared kernel is split in three units compiled in parallel (csource.c_shared parts:
+    the 1x1 tiles of 3 and 2 channel blocks, the depthwise row and the tiles of one block, the
+    rest), each its own cached object; a whole-module text holding all parts is still one valid
+    unit."""
     from kiln.codegen.build import compile_c
     from kiln.codegen.c import emit_c, emit_c_units, is_shared_unit
     model = block_model(24, 96, 40, 9, 3, 1, "Clip", w=11)
     module = run_stages(model, "loops", decisions=FUSED).lowered.module
     shared = [u for u in emit_c_units(module, 1) if is_shared_unit(u) and "kiln_inverted_residual" in u]
-    assert len(shared) == 2
-    assert [f"#define KILN_SHARED_PART {k}" in u for k, u in enumerate(shared)] == [True, True]
+    assert len(shared) == 3
+    assert [f"#define KILN_SHARED_PART {k}" in u for k, u in enumerate(shared)] == [True, True, True]
     compile_c(emit_c(module), Target.host())

@@ -56,10 +56,13 @@ __attribute__((visibility("hidden"))) int32_t KILN_IR_ED_FN(
     int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t ICr, int64_t ECo,
     const int32_t* act, const float* lo, const float* hi, int64_t bands, int par);
 /* kiln: definition */
-/* Compiled as two units in parallel (kiln.codegen.csource.c_shared's parts: KILN_SHARED_PART),
-   each with the helpers above its part, all of it in one unit where it is not split: part 1
-   holds the 1x1 tiles of 3 and 2 channel blocks (KILN_IR_G3, G2: their 27 and 26 accumulators
-   were 1.5 of the unit's 2.6 s at -O3), part 0 the rest. */
+/* Compiled as three units in parallel (kiln.codegen.csource.c_shared's parts: KILN_SHARED_PART),
+   each with the helpers above its part, all of it in one unit where it is not split: part 2
+   holds the 1x1 tiles of 3 and 2 channel blocks (KILN_IR_G3, G2), part 1 the depthwise row
+   (KILN_IR_DW: its four window shapes' tiles) and the 1x1 tiles of one block (G1), part 0 the
+   rest (the tasks, the 1x1 row, the tiles of 4 blocks). CPU seconds at -O3 (GCC 12, Sapphire
+   Rapids, 16 lanes): G3 + G2 1.07, depthwise row 0.63 + G1 0.38, the rest 0.60 + G4 0.36; as
+   two units (G3 + G2 apart) the other one took 2.06 s, the critical path of a cold compile. */
 #define KILN_IR_CAT2(a, b) a##b
 #define KILN_IR_CAT(a, b) KILN_IR_CAT2(a, b)
 #define IR_LD(p) ({ kiln_ir_v v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
@@ -281,13 +284,98 @@ __attribute__((visibility("hidden"))) void KILN_IR_G1(KILN_IR_GROUP_ARGS);
 __attribute__((visibility("hidden"))) void KILN_IR_G2(KILN_IR_GROUP_ARGS);
 __attribute__((visibility("hidden"))) void KILN_IR_G3(KILN_IR_GROUP_ARGS);
 __attribute__((visibility("hidden"))) void KILN_IR_G4(KILN_IR_GROUP_ARGS);
-#if !defined(KILN_SHARED_PART) || KILN_SHARED_PART == 1
+#define KILN_IR_DW KILN_IR_CAT(KILN_IR_FN, _dw)
+__attribute__((visibility("hidden"))) void KILN_IR_DW(const float* const*, int64_t, int64_t, int64_t, int64_t,
+  int64_t, int64_t, const float* restrict, const float* restrict, float* restrict, int, float, float);
+#if !defined(KILN_SHARED_PART) || KILN_SHARED_PART == 2
 KILN_IR_GROUP(3, KILN_IR_RW3)
 KILN_IR_GROUP(2, KILN_IR_RW2)
 #endif
+#if !defined(KILN_SHARED_PART) || KILN_SHARED_PART == 1
+KILN_IR_GROUP(1, KILN_IR_RW1)
+
+/* One output row of the depthwise conv, every channel block: rows[kh] are the ring's rows
+   (column 0 = input column -pl), dst [ECB][OW][L]. DT output columns per tile. KC, SC
+   (constants): the window is KC wide (3 or 5) at stride SC (1 or 2), and each input vector of a
+   row is loaded once for every tap that reads it ((DT - 1) * SC + KC loads for KC * DT FMAs);
+   KC = 0: KW and sw from the arguments, one load per FMA (bound by loads). */
+static inline __attribute__((always_inline)) void kiln_ir_dw_tile(
+    const int DT, const int KC, const int SC, const float* const* rows, int64_t off, int64_t KH, int64_t KW,
+    int64_t sw, const float* restrict wk, kiln_ir_v bv, float* restrict dst, int a, float lo, float hi) {
+  enum { L = KILN_IR_L };
+  kiln_ir_v acc[8];
+  #pragma GCC unroll 8
+  for (int c = 0; c < DT; ++c) acc[c] = bv;
+  for (int64_t kh = 0; kh < KH; ++kh) {
+    const float* rp = rows[kh] + off;
+    if (KC) {
+      kiln_ir_v xin[19];
+      #pragma GCC unroll 19
+      for (int j = 0; j < (DT - 1) * SC + KC; ++j) xin[j] = IR_LD(rp + j * L);
+      #pragma GCC unroll 5
+      for (int kw = 0; kw < KC; ++kw) {
+        const kiln_ir_v wv = IR_LD(wk + (kh * KC + kw) * L);
+        #pragma GCC unroll 8
+        for (int c = 0; c < DT; ++c) acc[c] += xin[c * SC + kw] * wv;
+      }
+      continue;
+    }
+    for (int64_t kw = 0; kw < KW; ++kw) {
+      const kiln_ir_v wv = IR_LD(wk + (kh * KW + kw) * L);
+      #pragma GCC unroll 8
+      for (int c = 0; c < DT; ++c) acc[c] += IR_LD(rp + (c * sw + kw) * L) * wv;
+    }
+  }
+  #pragma GCC unroll 8
+  for (int c = 0; c < DT; ++c) IR_ST(dst + c * L, kiln_ir_act_case(acc[c], a, lo, hi));
+}
+
+/* The tiles of a row of one channel block with a window KC x SC: DT columns, then DT / 2 (a
+   7- or 14-wide row is most of a tile's remainder), and a last tile moved left to end at the
+   row's end (it computes some columns again, the same values) rather than column by column. */
+#define KILN_IR_DW_TILES(DTc, KCc, SCc) do { \
+    for (; c0 + (DTc) <= OW; c0 += (DTc)) \
+      kiln_ir_dw_tile(DTc, KCc, SCc, rows, c0 * (SCc) * L, KH, KCc, SCc, wk, bv, de + c0 * L, a, lo, hi); \
+    if (c0 + (DTc) / 2 <= OW) { \
+      kiln_ir_dw_tile((DTc) / 2, KCc, SCc, rows, c0 * (SCc) * L, KH, KCc, SCc, wk, bv, de + c0 * L, a, lo, hi); \
+      c0 += (DTc) / 2; \
+    } \
+    if (c0 < OW && OW >= (DTc) / 2) { \
+      c0 = OW - (DTc) / 2; \
+      kiln_ir_dw_tile((DTc) / 2, KCc, SCc, rows, c0 * (SCc) * L, KH, KCc, SCc, wk, bv, de + c0 * L, a, lo, hi); \
+      c0 = OW; \
+    } \
+  } while (0)
+
+__attribute__((weak, visibility("hidden"))) void KILN_IR_DW(
+    const float* const* ring_rows, int64_t rowstride, int64_t ECB, int64_t OW, int64_t KH, int64_t KW, int64_t sw,
+    const float* restrict w2, const float* restrict b2, float* restrict dst, int a, float lo, float hi) {
+  enum { L = KILN_IR_L, DT = 8 };
+  const int kc = (KW == 3 || KW == 5) && (sw == 1 || sw == 2) ? (int)(KW * 2 + sw) : 0;
+  for (int64_t e = 0; e < ECB; ++e) {
+    const float* rows[16];
+    for (int64_t kh = 0; kh < KH; ++kh) rows[kh] = ring_rows[kh] + e * rowstride;
+    const float* wk = w2 + e * KH * KW * L;
+    const kiln_ir_v bv = IR_LD(b2 + e * L);
+    float* de = dst + e * OW * L;
+    int64_t c0 = 0;
+    switch (kc) {
+      case 7: KILN_IR_DW_TILES(8, 3, 1); break;
+      case 8: KILN_IR_DW_TILES(8, 3, 2); break;
+      case 11: KILN_IR_DW_TILES(8, 5, 1); break;
+      case 12: KILN_IR_DW_TILES(6, 5, 2); break;       /* (15 inputs, 6 sums and a weight in registers) */
+      default:
+        for (; c0 + DT <= OW; c0 += DT)
+          kiln_ir_dw_tile(DT, 0, 1, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
+    }
+    for (; c0 < OW; ++c0)
+      kiln_ir_dw_tile(1, 0, 1, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
+  }
+}
+#undef KILN_IR_DW_TILES
+#endif
 #if !defined(KILN_SHARED_PART) || KILN_SHARED_PART == 0
 KILN_IR_GROUP(4, KILN_IR_RW4)
-KILN_IR_GROUP(1, KILN_IR_RW1)
 #ifdef KILN_IR_HALF
 #define KILN_IR_GH KILN_IR_CAT(KILN_IR_FN, _gh)
 /* block ob's tiles on half vectors (kiln_ir_pw_tile_h), KILN_IR_RW1 columns, then 8, 4, 2, 1 */
@@ -346,85 +434,6 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
   if (p->post) kiln_ir_post(out, OCB, ocs, ncols, res_after, rcs, p->post);
 }
 
-/* One output row of the depthwise conv, every channel block: rows[kh] are the ring's rows
-   (column 0 = input column -pl), dst [ECB][OW][L]. DT output columns per tile. KC, SC
-   (constants): the window is KC wide (3 or 5) at stride SC (1 or 2), and each input vector of a
-   row is loaded once for every tap that reads it ((DT - 1) * SC + KC loads for KC * DT FMAs);
-   KC = 0: KW and sw from the arguments, one load per FMA (bound by loads). */
-static inline __attribute__((always_inline)) void kiln_ir_dw_tile(
-    const int DT, const int KC, const int SC, const float* const* rows, int64_t off, int64_t KH, int64_t KW,
-    int64_t sw, const float* restrict wk, kiln_ir_v bv, float* restrict dst, int a, float lo, float hi) {
-  enum { L = KILN_IR_L };
-  kiln_ir_v acc[8];
-  #pragma GCC unroll 8
-  for (int c = 0; c < DT; ++c) acc[c] = bv;
-  for (int64_t kh = 0; kh < KH; ++kh) {
-    const float* rp = rows[kh] + off;
-    if (KC) {
-      kiln_ir_v xin[19];
-      #pragma GCC unroll 19
-      for (int j = 0; j < (DT - 1) * SC + KC; ++j) xin[j] = IR_LD(rp + j * L);
-      #pragma GCC unroll 5
-      for (int kw = 0; kw < KC; ++kw) {
-        const kiln_ir_v wv = IR_LD(wk + (kh * KC + kw) * L);
-        #pragma GCC unroll 8
-        for (int c = 0; c < DT; ++c) acc[c] += xin[c * SC + kw] * wv;
-      }
-      continue;
-    }
-    for (int64_t kw = 0; kw < KW; ++kw) {
-      const kiln_ir_v wv = IR_LD(wk + (kh * KW + kw) * L);
-      #pragma GCC unroll 8
-      for (int c = 0; c < DT; ++c) acc[c] += IR_LD(rp + (c * sw + kw) * L) * wv;
-    }
-  }
-  #pragma GCC unroll 8
-  for (int c = 0; c < DT; ++c) IR_ST(dst + c * L, kiln_ir_act_case(acc[c], a, lo, hi));
-}
-
-/* The tiles of a row of one channel block with a window KC x SC: DT columns, then DT / 2 (a
-   7- or 14-wide row is most of a tile's remainder), and a last tile moved left to end at the
-   row's end (it computes some columns again, the same values) rather than column by column. */
-#define KILN_IR_DW_TILES(DTc, KCc, SCc) do { \
-    for (; c0 + (DTc) <= OW; c0 += (DTc)) \
-      kiln_ir_dw_tile(DTc, KCc, SCc, rows, c0 * (SCc) * L, KH, KCc, SCc, wk, bv, de + c0 * L, a, lo, hi); \
-    if (c0 + (DTc) / 2 <= OW) { \
-      kiln_ir_dw_tile((DTc) / 2, KCc, SCc, rows, c0 * (SCc) * L, KH, KCc, SCc, wk, bv, de + c0 * L, a, lo, hi); \
-      c0 += (DTc) / 2; \
-    } \
-    if (c0 < OW && OW >= (DTc) / 2) { \
-      c0 = OW - (DTc) / 2; \
-      kiln_ir_dw_tile((DTc) / 2, KCc, SCc, rows, c0 * (SCc) * L, KH, KCc, SCc, wk, bv, de + c0 * L, a, lo, hi); \
-      c0 = OW; \
-    } \
-  } while (0)
-
-static void kiln_ir_dw_row(const float* const* ring_rows, int64_t rowstride, int64_t ECB, int64_t OW,
-                           int64_t KH, int64_t KW, int64_t sw, const float* restrict w2,
-                           const float* restrict b2, float* restrict dst, int a, float lo, float hi) {
-  enum { L = KILN_IR_L, DT = 8 };
-  const int kc = (KW == 3 || KW == 5) && (sw == 1 || sw == 2) ? (int)(KW * 2 + sw) : 0;
-  for (int64_t e = 0; e < ECB; ++e) {
-    const float* rows[16];
-    for (int64_t kh = 0; kh < KH; ++kh) rows[kh] = ring_rows[kh] + e * rowstride;
-    const float* wk = w2 + e * KH * KW * L;
-    const kiln_ir_v bv = IR_LD(b2 + e * L);
-    float* de = dst + e * OW * L;
-    int64_t c0 = 0;
-    switch (kc) {
-      case 7: KILN_IR_DW_TILES(8, 3, 1); break;
-      case 8: KILN_IR_DW_TILES(8, 3, 2); break;
-      case 11: KILN_IR_DW_TILES(8, 5, 1); break;
-      case 12: KILN_IR_DW_TILES(6, 5, 2); break;       /* (15 inputs, 6 sums and a weight in registers) */
-      default:
-        for (; c0 + DT <= OW; c0 += DT)
-          kiln_ir_dw_tile(DT, 0, 1, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
-    }
-    for (; c0 < OW; ++c0)
-      kiln_ir_dw_tile(1, 0, 1, rows, c0 * sw * L, KH, KW, sw, wk, bv, de + c0 * L, a, lo, hi);
-  }
-}
-#undef KILN_IR_DW_TILES
 
 #define KILN_IR_CTX KILN_IR_CAT(KILN_IR_FN, _ctx)
 #define KILN_IR_TASKS KILN_IR_CAT(KILN_IR_FN, _tasks)
@@ -480,7 +489,7 @@ static void KILN_IR_TASKS(void* ctx_, int64_t t0, int64_t t1) {
         }
         rows[kh] = slot;
       }
-      kiln_ir_dw_row(rows, rowstride, ECB, OW, KH, KW, sw, w2, b2, drow, act[1], lo[1], hi[1]);
+      KILN_IR_DW(rows, rowstride, ECB, OW, KH, KW, sw, w2, b2, drow, act[1], lo[1], hi[1]);
       const int64_t yo = (n * OCB * OH + oh) * OW * L;
       if (w3) {
         kiln_ir_pw_row(drow, OW * L, ECB, ECr, OW, w3, b3, OCB, y + yo, OH * OW * L, r ? r + yo : NULL,
@@ -564,6 +573,7 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_IR_ED_FN(
 #undef KILN_IR_G3
 #undef KILN_IR_G4
 #undef KILN_IR_GH
+#undef KILN_IR_DW
 #undef KILN_IR_GROUP
 #undef KILN_IR_PIECE
 #undef KILN_IR_CAT
