@@ -32,7 +32,10 @@ The rewrite, in one walk over the nodes in order:
   the chooser's choice and reason for every conv are the pass's findings (`model.report`);
 - a layout-agnostic elementwise op (Relu, Clip, Add of two same-shape tensors,
   ...) that reads a blocked value runs on the blocked values instead when every
-  other computed operand has a blocked twin too; a per-channel (1,C,1,1) or
+  other computed operand has a blocked twin too, or is a channels-last value moved
+  to NCHW (Transpose 0,3,1,2) for it alone, its twin then one pass of whole channel
+  vectors, where its result is read blocked or moved back to channels-last
+  (ConvNeXt's residual stream stays blocked); a per-channel (1,C,1,1) or
   scalar constant operand is blocked (or kept) here;
 - a 1-D or 2-D MaxPool (no Indices, no ceil_mode) that reads a blocked value becomes
   `kiln::MaxPoolNCHWc` (ResNet's stem -> ReLU -> MaxPool runs blocked, its
@@ -89,6 +92,10 @@ from kiln.passes.registry import PassContext, graph_pass
 from kiln.targets.target import Target
 
 
+def _perm(node: Node) -> list[int]:
+    return [int(a) for a in node.attrs.get("perm", ())]
+
+
 class _Rewriter:
     def __init__(self, graph: Graph, block: int, convs: dict[int, dict]):
         self.graph, self.block, self.convs = graph, block, convs
@@ -103,6 +110,7 @@ class _Rewriter:
                       "scale": 0, "Concat": 0, "Resize": 0, "DepthToSpace": 0, "ToNCHWc": 0, "FromNCHWc": 0}
         self.opset = graph.opset("")
         self.consumers = graph.consumers()
+        self.producers = graph.producers()
         self.uses = use_counts(graph)       # reads at any depth, graph outputs included
         self.scaled: dict[int, tuple[Value, Value]] = {}   # Mul output id -> (blocked x, blocked scale)
 
@@ -260,7 +268,8 @@ class _Rewriter:
             s = None if v is None else static_shape(v)
             if v is None:
                 kinds.append(None)
-            elif s == out and (v.id in self.blocked or v.const is not None or node.op in UNARY):
+            elif s == out and (v.id in self.blocked or v.const is not None or node.op in UNARY
+                               or self.moved_channels_last(v, node)):
                 # (a computed operand with no blocked twin keeps the op NCHW: converting it
                 # in, and the result back out, costs more than the op)
                 kinds.append("blocked")
@@ -274,6 +283,22 @@ class _Rewriter:
             else:
                 return None
         return kinds
+
+    def moved_channels_last(self, v: Value, node: Node) -> bool:
+        """Is v a channels-last value moved to NCHW (Transpose, perm 0,3,1,2) for `node` alone, whose
+        result is read blocked or moved to channels-last again? Its blocked twin is then one pass of
+        whole channel vectors (the Transpose runs inside the ToNCHWc), as cheap as the move itself,
+        and so is the result's way back to channels-last (FromNCHWc + Transpose 0,2,3,1): so `node`
+        runs blocked rather than in NCHW between a move and a conversion (ConvNeXt's residual Add
+        after its channels-last MLP: Transpose + Add, then ToNCHWc for the next depthwise conv, or
+        the stage's channels-last LayerNorm)."""
+        p = self.producers.get(v.id)
+        if p is None or p.op != "Transpose" or p.domain or self.uses[v.id] != 1 or _perm(p) != [0, 3, 1, 2]:
+            return False
+        y = node.outputs[0]
+        readers = self.consumers.get(y.id, [])
+        return self.read_blocked(y) or (bool(readers) and self.uses[y.id] == len(readers) and all(
+            r.op == "Transpose" and not r.domain and _perm(r) == [0, 2, 3, 1] for r in readers))
 
     def elementwise(self, node: Node, kinds: list) -> None:
         ins = [v if k in (None, "keep") else self.to_blocked(v) for v, k in zip(node.inputs, kinds)]

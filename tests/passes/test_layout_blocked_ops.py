@@ -154,3 +154,59 @@ def test_depth_to_space_of_whole_blocks_runs_blocked_into_a_concat(n, k, relu, m
     assert ops.count("DepthToSpace") == 1 and ops.count("kiln::FromNCHWc") == 2   # the CRD one's input, y
     assert_equivalent(g, out, rtol=1e-4, atol=1e-4)
     _compiled_matches(g, out)
+
+
+CONVNEXT = ('  %d: float32[1,16,5,6] = Conv(%x, %wd, %bd) {{kernel_shape = [7, 7], pads = [3, 3, 3, 3], group = 16}} name "dw"\n'
+            '  %t: float32[1,5,6,16] = Transpose(%d) {{perm = [0, 2, 3, 1]}} name "t"\n'
+            '  %m: float32[1,5,6,16] = MatMul(%t, %wm) name "mlp"\n'
+            '  %u: float32[1,16,5,6] = Transpose(%m) {{perm = {perm}}} name "t1"\n'
+            '  %r: float32[1,16,5,6] = Add(%x, %u) name "residual"\n'
+            '  %y: float32[1,16,5,6] = Conv(%r, %wd2) {{kernel_shape = [7, 7], pads = [3, 3, 3, 3], group = 16}} name "dw2"')
+
+
+def _convnext_weights(second=True):
+    """Scaled as a trained net's (sums of 49 taps and 16 channels stay O(1): no cancellation
+    of large values into a tiny output that an absolute tolerance would misjudge)."""
+    w = {"wd": R(16, 1, 7, 7) / 7, "bd": R(16), "wm": R(16, 16) / 4}
+    return {**w, "wd2": R(16, 1, 7, 7) / 7} if second else w
+
+
+def test_channels_last_result_moved_to_nchw_joins_a_blocked_residual():
+    """ConvNeXt's block: depthwise conv, a channels-last MLP, moved back (Transpose 0,3,1,2) and
+    added to the residual stream, which the next depthwise conv reads: the Add runs on blocked
+    twins (the move converted straight into the blocked layout), so the stream is never
+    converted to NCHW and back."""
+    g = graph(prog("(%x: float32[1,16,5,6]) -> (%y)", CONVNEXT.format(perm="[0, 3, 1, 2]")),
+              **_convnext_weights())
+    out, stats = run_pass("transform_layout", g)
+    assert _ops(out) == ["kiln::ToNCHWc", "kiln::ConvNCHWc", "kiln::FromNCHWc", "Transpose", "MatMul",
+                         "Transpose", "kiln::ToNCHWc", "Add", "kiln::ConvNCHWc", "kiln::FromNCHWc"]
+    assert out.nodes[7].outputs[0].type.rank == 5        # the residual Add on blocked twins
+    assert stats.fired["elementwise"] == 1
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+    _compiled_matches(g, out)
+
+
+def test_residual_moved_back_to_channels_last_stays_blocked():
+    """The stage's last block: its residual sum is read only by a move to channels-last (the
+    downsampling LayerNorm's Transpose 0,2,3,1): the Add runs blocked, converted back once."""
+    body = CONVNEXT.format(perm="[0, 3, 1, 2]").rsplit("\n", 1)[0] + (
+        '\n  %y: float32[1,5,6,16] = Transpose(%r) {perm = [0, 2, 3, 1]} name "t2"')
+    g = graph(prog("(%x: float32[1,16,5,6]) -> (%y)", body), **_convnext_weights(second=False))
+    out, stats = run_pass("transform_layout", g)
+    assert _ops(out)[-3:] == ["Add", "kiln::FromNCHWc", "Transpose"]
+    assert stats.fired["elementwise"] == 1
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+    _compiled_matches(g, out)
+
+
+def test_other_moves_of_a_channels_last_value_keep_the_add_nchw():
+    """Any other permutation is no channels-last -> NCHW move: the Add stays NCHW."""
+    g = graph(prog("(%x: float32[1,16,5,6]) -> (%y)", CONVNEXT.format(perm="[0, 3, 2, 1]").replace(
+        "%t: float32[1,5,6,16]", "%t: float32[1,6,5,16]").replace("%m: float32[1,5,6,16]", "%m: float32[1,6,5,16]")
+        .replace("perm = [0, 2, 3, 1]", "perm = [0, 3, 2, 1]")),
+              **_convnext_weights())
+    out, stats = run_pass("transform_layout", g)
+    assert "elementwise" not in stats.fired
+    assert next(n for n in out.nodes if n.op == "Add").outputs[0].type.rank == 4
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
