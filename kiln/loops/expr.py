@@ -231,6 +231,15 @@ def cast(dtype: DType, x) -> Expr:
     return x if x.dtype is dtype else Expr("cast", dtype, (x,))
 
 
+def prefetch(load: Expr) -> Expr:
+    """A hint that `load`'s element will be read soon (the C backend's __builtin_prefetch):
+    the statement Evaluate(prefetch(buf[i])) reads nothing and writes nothing; an address
+    past the buffer is never dereferenced (Stage.prefetch puts these in loop nests)."""
+    if not isinstance(load, Expr) or load.op != "load":
+        raise KilnError(f"prefetch takes a load of a buffer element, got {load!r}")
+    return Expr("call", load.dtype, (load,), "prefetch")
+
+
 def call(name: str, *args) -> Expr:
     """Math intrinsic `name` applied to args (float ops; abs/sign also on ints)."""
     if name not in UNARY_INTRIN | BINARY_INTRIN:

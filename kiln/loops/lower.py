@@ -13,11 +13,15 @@ Pipeline (each step a small function):
 
 from __future__ import annotations
 
+import itertools
+import math
+
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
 from kiln.loops.hoist import hoist_checks
-from kiln.loops.expr import Expr, const, map_loads, max_, min_, rebuild, reduce_identity, substitute, walk
+from kiln.loops.expr import (Expr, const, map_loads, max_, min_, prefetch, rebuild, reduce_identity, substitute,
+                             walk)
 from kiln.loops.schedule import Schedule, Stage, iteration_structure
 from kiln.loops.simplify import Ctx, prove, simplify_stmt
 from kiln.loops.symbols import UNBOUNDED, static
@@ -194,9 +198,13 @@ class _Lowering:
                     self.sibling_reads.setdefault(c, []).append((p, buf, los))
                 value = _read_locally(value, p, buf, los)
 
+        hints = prefetch_hints(stage, value, ext, ctx)
+
         def nest(positions, inner, attach=True):
             for pos in reversed(positions):
                 leaf = stage.leaves[pos]
+                if attach and leaf in hints:
+                    inner = S.seq(*hints[leaf], inner)
                 if attach:
                     for p in reversed(self.attached.get((stage, leaf), [])):
                         inner = S.Allocate(self.local[p], S.seq(self.build(p, self.domains[p]), inner), "auto")
@@ -232,6 +240,35 @@ class _Lowering:
             if s.tensor not in self.params:
                 body = S.Allocate(s.tensor, body, "heap")
         return body
+
+
+PREFETCH_MAX_UNROLLED = 1024   # unrolled iterations a prefetch enumerates at most (the rest at their first)
+
+
+def prefetch_hints(stage: Stage, value: Expr, ext: dict, ctx: Ctx) -> dict:
+    """leaf -> the Evaluate(prefetch(...)) statements of the stage's prefetches at that loop
+    (Stage.prefetch): the loads of the tensor in `value` (indexed by the leaves), the leaf
+    `offset` iterations ahead, one per distinct element over the unrolled loops inside it."""
+    out: dict = {}
+    for tensor, leaf, offset in stage.prefetches:
+        if leaf not in stage.leaves or stage.kinds.get(leaf) == "vectorized":
+            raise KilnError(f"stage {stage.name!r}: prefetch at loop {leaf.arg.name!r}, which is "
+                            f"{'vectorized' if leaf in stage.leaves else 'no longer a loop'}", stage="lower")
+        loads = list(dict.fromkeys(e for e in walk(value) if e.op == "load" and e.arg is tensor))
+        inner = stage.leaves[stage.leaves.index(leaf) + 1:]
+        unrolled = [v for v in inner if stage.kinds.get(v) == "unrolled" and static(ext[v])]
+        while unrolled and math.prod(ext[v] for v in unrolled) > PREFETCH_MAX_UNROLLED:
+            unrolled.pop(0)
+        at = {v: ZERO for v in inner}
+        at[leaf] = leaf + offset
+        idxs: dict = {}
+        for combo in itertools.product(*(range(ext[v]) for v in unrolled)):
+            at.update({v: _ix(k) for v, k in zip(unrolled, combo)})
+            for ld in loads:
+                idx = tuple(ctx.simplify(substitute(i, at)) for i in ld.args)
+                idxs.setdefault(idx, None)
+        out.setdefault(leaf, []).extend(S.Evaluate(prefetch(tensor[idx])) for idx in idxs)
+    return out
 
 
 def _ix(n) -> Expr:

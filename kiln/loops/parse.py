@@ -23,7 +23,7 @@ import re
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
-from kiln.loops.expr import (BINARY_INTRIN, INDEX, REDUCERS, UNARY_INTRIN, Expr, binary, call, const, select,
+from kiln.loops.expr import (BINARY_INTRIN, INDEX, REDUCERS, UNARY_INTRIN, Expr, binary, call, const, prefetch, select,
                              var)
 
 _TOKEN = re.compile(r"""
@@ -349,7 +349,13 @@ class _Parser:
             return Expr("check", v.dtype, (v, ok, rep), msg)
         if name in UNARY_INTRIN or name in BINARY_INTRIN:
             return call(name, *self.args())
-        raise self.error(f"unknown function {name!r} (intrinsics, min/max, select, check, casts, reductions)", t)
+        if name == "prefetch":
+            (ld,) = self.nargs(name, 1)
+            if ld.op != "load":
+                raise self.error("prefetch takes a load of a buffer element", t)
+            return prefetch(ld)
+        raise self.error(f"unknown function {name!r} (intrinsics, min/max, select, check, casts, reductions, "
+                         "prefetch)", t)
 
     def nargs(self, name: str, n: int) -> list:
         t = self.peek()

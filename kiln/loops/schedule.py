@@ -132,6 +132,7 @@ class Stage:
         self.relations: list = []
         self.kinds: dict = {}
         self.unroll_max: dict = {}
+        self.prefetches: list = []   # (tensor, leaf, offset): see prefetch
         self.attach = None  # None: root; "inline"; or (Stage, leaf var)
 
     def __repr__(self):
@@ -246,6 +247,23 @@ class Stage:
     @_recorded
     def unroll(self, v):
         self._annotate(v, "unrolled", True)
+
+    @_recorded
+    def prefetch(self, tensor, v, offset: int):
+        """At each iteration of loop `v`, hint that the elements of `tensor` this stage reads
+        `offset` iterations of `v` later will be needed soon (TVM's prefetch): one hint per
+        distinct element the body reads over the unrolled loops inside `v` (the others at
+        their first iteration, a vector loop's first lane: one element per vector), placed
+        before those loops. A hint reads and writes nothing, so the result is unchanged; it
+        lets a kernel that streams `tensor` (a conv's weights, read once from memory) ask for
+        it ahead of its multiply-adds. `tensor`: a placeholder or a stage computed at the root."""
+        leaf = self._leaf(v, "prefetch in it")
+        tensor = tensor.tensor if isinstance(tensor, Stage) else tensor     # (a replayed trace names a stage)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 1:
+            raise self._err(f"prefetch needs a positive integer offset, got {offset!r}", leaf)
+        if tensor not in self.reads():
+            raise self._err(f"prefetch: this stage does not read {getattr(tensor, 'name', tensor)!r}", leaf)
+        self.prefetches.append((tensor, leaf, offset))
 
     # -- where the stage is computed ---------------------------------------------
     @_recorded

@@ -207,6 +207,29 @@ def column_chunk(g: BlockedGeom, reg_w: int, itemsize: int, target: Target) -> i
     return -(-tiles // chunks)
 
 
+# Weight prefetch (kiln.loops Stage.prefetch): a conv's weights are read from memory the first
+# time each is used in an inference (a model's weights do not stay in cache between runs), in
+# the first register tiles of each channel group, whose multiply-adds then wait on memory
+# while the hardware prefetcher, which stops at each 4 KiB page, ramps up again. A tile asks
+# for each weight vector stream PREFETCH_BYTES ahead of the one it multiplies (one hint per
+# output block and input lane): measured one thread, thread CPU time, ResNet-50 and
+# ResNeXt-50 at batch 1 on the AVX-512 Sapphire Rapids (1 KiB ahead on every dense conv):
+# 7% less time (512 and 2 KiB ahead about the same).
+PREFETCH_BYTES = 1024
+NCHWC_PREFETCH = declare("nchwc.prefetch", Ints(0), None,
+                         "iterations of a dense conv tile's innermost reduction loop (one weight vector "
+                         "each) its weights are prefetched ahead (0: none)")
+
+
+def prefetch_ahead(g: BlockedGeom, w_bytes: int, itemsize: int, target: Target) -> int:
+    """Iterations of the tile's input-lane loop (one weight vector per output block each) that
+    the weights are prefetched ahead: PREFETCH_BYTES, where they exceed L1 (else 0: they stay
+    there between tiles)."""
+    if g.depthwise or g.rotate > 1 or w_bytes <= target.l1d_bytes:
+        return 0
+    return max(1, PREFETCH_BYTES // (g.ob * itemsize))
+
+
 NCHWC_ORDER = declare("nchwc.order", OneOf(("channels", "rows")), None,
                       "the parallel loop's order: output channel groups outside rows (each group's "
                       "weights read once, the input once per group) or rows outside the groups (the "
@@ -369,6 +392,7 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
 
     kh, kw = reduce_axis(g.kernel[0], "kh"), reduce_axis(g.kernel[1], "kw")
     rot = None
+    lanes_inner = False     # the tile's innermost reduction loop is the input lanes' (dense, blocked)
     if g.depthwise and g.rotate > 1:
         # a rotated grouped conv: per lane rotation j an accumulator of the input lanes times
         # their weights at j (the weights are packed by input lane), summed over the taps
@@ -400,12 +424,16 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
     else:
         icb, ii = reduce_axis(g.icbg, "icb"), reduce_axis(g.ib, "ii")
         red = [icb, kh, kw, ii]
+        lanes_inner = True
 
         def acc_body(n, c, oh, ow, o):
             return sum_(cast(acc_dt, xp((n, in_block(g, c, icb), oh * sh + kh * dh, ow * sw + kw * dw, ii)))
                         * cast(acc_dt, wv(c, icb, kh, kw, ii, o, n)), axis=red)
     if rot is None:
         acc = compute((g.n, g.ocb, g.out[0], owp, g.ob), acc_body, "acc")
+    # the weights a dense tile streams, prefetched ahead in its input-lane loop (prefetch_ahead)
+    ahead = 0 if not lanes_inner else NCHWC_PREFETCH.value(
+        heuristic=prefetch_ahead(g, math.prod(w.shape) * w.dtype.itemsize, w.dtype.itemsize, ctx.target))
 
     def out_body(n, c, oh, ow, o):
         a = (acc if rot is None else rot)[(n, c, oh, ow, o)]
@@ -460,6 +488,8 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         sa.unroll(aw)
         sa.unroll(ac)
         sa.vectorize(ao)
+        if ahead:
+            sa.prefetch(w if ws is None else ws, sa.reduce_axis[-1], ahead)     # (ii: the innermost)
         if xpad is not None:
             _rows_schedule(sch[xpad], math.prod(xpad.shape), 3, ctx.target)
         if ws is not None:

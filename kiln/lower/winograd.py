@@ -21,6 +21,8 @@ here, from the `Target` and the shapes:
 
 from __future__ import annotations
 
+import math
+
 from kiln.codegen.csource import c_instance, c_parallel, c_shared, c_source
 from kiln.dtypes import DType
 from kiln.loops.symbols import c_size, ceildiv, static
@@ -41,6 +43,8 @@ WG_OV = declare("winograd.ov", Ints(1, 4), lambda t: 4,
                 "output channel vectors per register block of the Winograd GEMM (dividing the blocks)")
 WG_BLOCKS = declare("winograd.chunk_blocks", Ints(1, 1 << 16), lambda t: 4,
                     "register blocks of tiles per Winograd task (its parallel granularity)")
+WG_PREFETCH = declare("winograd.prefetch", Ints(0), None,
+                      "floats ahead of each transformed-weight stream the Winograd GEMM prefetches (0: none)")
 WG_OSPLIT = declare("winograd.osplit", Ints(1, 256), lambda t: 1,
                     "parts each Winograd chunk's output channels are cut into (tasks for threads)")
 
@@ -126,7 +130,8 @@ def _lower(ctx, x, u, b=None):
     # chunks planned for one image when the batch is symbolic (images are the kernel's outer loop)
     tr, ov, t, osplit = plan(n if static(n) else 1, icb, ocb, oh, ow, lanes, target)
     fn = f"kiln_winograd_f4_l{lanes}_r{tr}_o{ov}"
-    gemm = gemm_instance(fn, lanes, tr, ov)
+    gemm = gemm_instance(fn, lanes, tr, ov, math.prod(u.shape) * 4, target)
+    fn = gemm[0][:-len("_gemm")]      # (its prefetch in the name: one shared kernel per variant)
     preamble = c_shared("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_GEMM": gemm[0], "KILN_WG_L": str(lanes),
                                        "KILN_WG_TR": str(tr), "KILN_WG_OV": str(ov)}, fn.upper(),
                          helpers=gemm[1] + c_source("kiln_sigmoid.h") + c_parallel(target.threads_impl))
@@ -151,9 +156,16 @@ def taken(ctx, op: str, x, u) -> None:
     CONV_ALGORITHM.value("winograd")
 
 
-def gemm_instance(fn: str, lanes: int, tr: int, ov: int) -> tuple[str, str]:
+def gemm_instance(fn: str, lanes: int, tr: int, ov: int, u_bytes: int = 0,
+                  target: Target | None = None) -> tuple[str, str]:
     """(name, text) of the batched GEMM (kiln/codegen/c_src/winograd_gemm.h) that the Winograd
-    kernel `fn` (2-D or 1-D) calls, instantiated for its register tile."""
-    name = f"{fn}_gemm"
+    kernel `fn` (2-D or 1-D) calls, instantiated for its register tile and its weights'
+    prefetch (winograd.prefetch: kiln.lower.nchwc.PREFETCH_BYTES ahead where the `u_bytes` of
+    transformed weights exceed L1, as the blocked direct conv's; the name says it)."""
+    from kiln.lower.nchwc import PREFETCH_BYTES  # noqa: PLC0415
+    ahead = PREFETCH_BYTES // 4 if target is not None and u_bytes > target.l1d_bytes else 0
+    pf = WG_PREFETCH.value(heuristic=ahead)
+    name = f"{fn}{f'_p{pf}' if pf else ''}_gemm"
     return name, c_instance("winograd_gemm.h", {"KILN_WGG_FN": name, "KILN_WGG_L": str(lanes),
-                                               "KILN_WGG_TR": str(tr), "KILN_WGG_OV": str(ov)}, name.upper())
+                                               "KILN_WGG_TR": str(tr), "KILN_WGG_OV": str(ov),
+                                               "KILN_WGG_PF": str(pf)}, name.upper())

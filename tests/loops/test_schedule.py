@@ -6,6 +6,9 @@ import pytest
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import Schedule, compute, exp, lower, placeholder, reduce_axis, rmax, sum_
+from kiln.codegen.c import emit_c
+from kiln.loops import LoopModule
+from kiln.loops.parse import parse_func
 
 F32 = DType.float32
 rng = np.random.default_rng(0)
@@ -219,3 +222,52 @@ def test_rfactor_parallelizes_a_reduction(run):
     x = rng.random((3, 1001), np.float32)
     np.testing.assert_allclose(run(s, [X], [R], [x])[0], x.sum(1), rtol=1e-5)
     assert str(lower(s.trace.replay(R), [X, R])) == str(lower(s, [X, R]))
+
+
+def test_prefetch_hints_each_element_read_offset_iterations_ahead(run):
+    A, B, C, k, a, b = matmul(8, 32, 24)
+    s = Schedule(C)
+    io, ii = s[C].split(C.axis[0], 2)
+    jo, ji = s[C].split(C.axis[1], 16)
+    s[C].reorder(io, jo, k, ii, ji)
+    s[C].unroll(ii)
+    s[C].vectorize(ji)
+    s[C].prefetch(A, k, 4)      # one hint per unrolled row (ii), the vector loop at its first lane
+    s[C].prefetch(B, k, 8)      # B's element is the same for both rows: one hint
+    text = str(lower(s, [A, B, C], "mm"))
+    assert """      for (k = 0; k < 24; ++k) {
+        prefetch(A[i.o * 2, k + 4]);
+        prefetch(A[(i.o * 2) + 1, k + 4]);
+        prefetch(B[k + 8, j.o * 16]);
+        unrolled for (i.i = 0; i.i < 2; ++i.i) {""" in text
+    assert "prefetch" not in text.split("for (k = 0")[0]      # not in the init nest
+    np.testing.assert_allclose(run(s, [A, B], [C], [a, b])[0], a @ b, rtol=1e-5)
+    # the trace replays it, and the text parses back (kiln.loops.parse)
+    A2, B2, C2, _, _, _ = matmul(8, 32, 24)
+    assert str(lower(s.trace.replay(C2), [A2, B2, C2], "mm")) == text
+    assert str(parse_func(text)) == text
+    # the C backend asks for the element's address (read, kept in L1)
+    src = emit_c(LoopModule([lower(s, [A, B, C], "mm")]))
+    hints = [line.strip() for line in src.splitlines() if "prefetch" in line]
+    assert hints == ["(void)__builtin_prefetch(&b0_A[((v7_k + (v3_i_o * 48)) + 4)], 0, 3);",
+                     "(void)__builtin_prefetch(&b0_A[((v7_k + (v3_i_o * 48)) + 28)], 0, 3);",
+                     "(void)__builtin_prefetch(&b1_B[(((v7_k * 32) + (v4_j_o * 16)) + 256)], 0, 3);"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda s, A, C, k: s[C].prefetch(A, k, 0), "stage 'C', axis 'k'.*positive integer offset"),
+    (lambda s, A, C, k: s[C].prefetch(C, k, 2), "stage 'C', axis 'k'.*does not read 'C'"),
+])
+def test_illegal_prefetch(bad, message):
+    A, _, C, k, _, _ = matmul(8, 8, 8)
+    with pytest.raises(KilnError, match=message):
+        bad(Schedule(C), A, C, k)
+
+
+def test_prefetch_at_a_vectorized_loop_is_an_error():
+    A, B, C, _, _, _ = matmul(8, 16, 8)
+    s = Schedule(C)
+    s[C].vectorize(C.axis[1])
+    s[C].prefetch(B, C.axis[1], 16)
+    with pytest.raises(KilnError, match="stage 'C': prefetch at loop 'j', which is vectorized"):
+        lower(s, [A, B, C])

@@ -314,3 +314,27 @@ def test_an_illegal_plan_is_an_error_naming_it():
     bad_ov = next(v for v in (2, 3, 4) if ocb % v)
     with pytest.raises(KilnError, match=rf"illegal value {bad_ov} for decision 'winograd.ov'.*divide"):
         kiln.compile(model, decisions={**WINO, "winograd.ov": bad_ov})
+
+
+@pytest.mark.parametrize("pf", [0, 1, 256])
+def test_weight_prefetch_keeps_the_result_and_is_in_the_gemm(pf):
+    """winograd.prefetch: the GEMM asks for each transformed-weight stream that many floats
+    ahead (winograd_gemm.h); by default PREFETCH_BYTES ahead where U exceeds L1 (64 -> 64
+    channels: 36 x 64 x 64 x 4 bytes)."""
+    model, wt, bv = conv_model(1, 64, 64, 10, 9, [1, 1, 1, 1], True, relu=True, seed=pf)
+    x = np.random.default_rng(pf).standard_normal((1, 64, 10, 9)).astype(np.float32)
+    asked = {**WINO, "winograd.prefetch": pf}
+    c = run_stages(model, "c", decisions=asked).source.text
+    assert "__builtin_prefetch(ut + (o * IC + ic) * L + PF" in c and f"#define KILN_WGG_PF {pf}\n" in c
+    assert (f"_p{pf}_gemm" in c) == (pf > 0)
+    got = kiln.compile(model, decisions=asked).run(x=x)["y"]
+    assert rel_error(got, np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)) < WINOGRAD_ERROR_BOUND
+
+
+def test_weight_prefetch_rule():
+    from kiln.lower.nchwc import PREFETCH_BYTES
+    from kiln.lower.winograd import gemm_instance
+    t = Target.named("x86-64-v4", l1d_bytes=48 << 10)
+    assert gemm_instance("f", 16, 6, 4, 36 * 64 * 64 * 4, t)[0] == f"f_p{PREFETCH_BYTES // 4}_gemm"
+    assert gemm_instance("f", 16, 6, 4, 36 * 16 * 16 * 4, t)[0] == "f_gemm"    # 36 KiB: stays in L1
+    assert gemm_instance("f", 16, 6, 4)[0] == "f_gemm"                           # (1-D: none by default)

@@ -135,11 +135,17 @@ def test_plan_tile_fits_the_register_file():
 @pytest.mark.parametrize("order", ["channels", "rows"])
 @pytest.mark.parametrize("case", ["1x1", "1x1_stride2_nobias", "3x3_stride2_residual", "stem_5ch_7x7_nobias"])
 def test_either_loop_order_matches_reference(case, order):
+    blocked_direct_matches_reference(case, {"nchwc.order": order})
+
+
+def blocked_direct_matches_reference(case: str, decisions: dict) -> None:
+    """CASES[case] blocked (direct convs, block 8) and compiled with `decisions` gives the
+    interpreter's result on the NCHW graph."""
     g = conv_case(**CASES[case])
     blocked = g.clone()
     transform(blocked, 8, selective=False, override="direct")
     xs = random_inputs(g, 1)
-    got = kiln.compile(blocked, target="cpu", opt_level=0, decisions={"nchwc.order": order}).run({"x": xs[0]})["y"]
+    got = kiln.compile(blocked, target="cpu", opt_level=0, decisions=decisions).run({"x": xs[0]})["y"]
     np.testing.assert_allclose(got, Interpreter(g).run(xs)[0], rtol=1e-4, atol=1e-4)
 
 
@@ -160,6 +166,39 @@ def test_loop_order_reads_a_large_plane_once():
     assert loop_order(geom(512, 28, 1024, s=2), 4, 4, t) == "channels"     # 2 MB of weights, 14 rows
     assert loop_order(geom(256, 56, 64), 4, 4, t) == "channels"            # one channel group
     assert loop_order(geom(256, 56, 512, s=2), 4, 4, Target.named("x86-64-v4", l2_bytes=8 << 20)) == "channels"
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 16])
+@pytest.mark.parametrize("case", ["1x1", "3x3_stride2_residual", "3x3_dilated_clip", "channels_not_multiple"])
+def test_weight_prefetch_keeps_the_result(case, ahead):
+    """nchwc.prefetch: a dense tile's weight hints (Stage.prefetch) read and write nothing."""
+    blocked_direct_matches_reference(case, {"nchwc.prefetch": ahead})
+
+
+def test_weight_prefetch_rule_and_kernel():
+    """A dense conv whose weights exceed L1 prefetches them PREFETCH_BYTES ahead in its tile's
+    input-lane loop, one hint per output block of the tile; depthwise convs and weights that fit
+    L1 do not."""
+    from kiln.compiler import run_stages
+    from kiln.lower.nchwc import PREFETCH_BYTES, prefetch_ahead
+    from kiln.targets.target import Target
+    t = Target.named("x86-64-v4", l1d_bytes=48 << 10)
+
+    def geom(c, oc, k=1, dw=False, h=14):
+        return BlockedGeom(1, c // 16, h, h, 16, oc // 16, 1 if dw else c // 16, [k, k], 16, [1, 1], [1, 1],
+                           [0, 0], [h, h], dw)
+    assert prefetch_ahead(geom(256, 256), 256 * 256 * 4, 4, t) == PREFETCH_BYTES // 64      # 256 KiB of weights
+    assert prefetch_ahead(geom(64, 64), 64 * 64 * 4, 4, t) == 0                            # 16 KiB: in L1
+    assert prefetch_ahead(geom(512, 512, 3, dw=True), 512 * 9 * 4 * 16, 4, t) == 0         # depthwise
+    g = conv_case(n=1, c=64, h=9, oc=256, k=1)          # 64 KiB of weights
+    blocked = g.clone()
+    transform(blocked, 16, selective=False, override="direct")
+    hints = [ln for ln in run_stages(blocked, "c", cpu=t).source.text.splitlines() if "__builtin_prefetch" in ln]
+    _, oc_v = plan_tile(geom(64, 256, h=9), 64)
+    # each output block's weight stream (64 x 16 floats apart), PREFETCH_BYTES ahead of the vector read
+    ahead = {int(h.rsplit("+ ", 1)[1].split(")")[0]) for h in hints}
+    assert len(hints) == oc_v > 1 and ahead == {PREFETCH_BYTES // 4 + 64 * 16 * o for o in range(oc_v)}
+    assert "__builtin_prefetch" not in run_stages(blocked, "c", cpu=t, decisions={"nchwc.prefetch": 0}).source.text
 
 
 @pytest.mark.slow

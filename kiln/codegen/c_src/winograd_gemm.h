@@ -8,6 +8,7 @@
      KILN_WGG_L    the channel block = the vector lanes
      KILN_WGG_TR   tiles per register block
      KILN_WGG_OV   channel blocks per register block
+     KILN_WGG_PF   floats ahead of each weight vector stream to prefetch (0: none)
    u [NP][OCB][IC][L] transformed weights (this group's blocks start at og * OV), vbuf
    [NP][T][IC] transformed inputs, mbuf [NP][T][OV][L] out (planes kiln_wg_plane apart); T a multiple of TR; the GEMMs cover
    the chunk's first nt tiles rounded up to TR (a short last chunk computes no more). Always inlined:
@@ -29,7 +30,7 @@ static inline __attribute__((always_inline)) void KILN_WGG_FN(
     const float* restrict u, const float* restrict vbuf, float* restrict mbuf, int NP, int64_t OCB,
     int64_t og, int64_t T, int64_t nt, int64_t IC) {
   typedef float V __attribute__((vector_size(KILN_WGG_L * 4)));
-  enum { L = KILN_WGG_L, TR = KILN_WGG_TR, OV = KILN_WGG_OV };
+  enum { L = KILN_WGG_L, TR = KILN_WGG_TR, OV = KILN_WGG_OV, PF = KILN_WGG_PF };
   const int64_t jn = kiln_wg_rounded(nt, TR);
   for (int t = 0; t < NP; ++t) {
     const float* ut = u + ((int64_t)t * OCB + og * OV) * IC * L;
@@ -46,6 +47,10 @@ static inline __attribute__((always_inline)) void KILN_WGG_FN(
         V wv[OV];
         #pragma GCC unroll 8
         for (int o = 0; o < OV; ++o) __builtin_memcpy(&wv[o], ut + (o * IC + ic) * L, sizeof(V));
+        if (PF > 0) {   /* U streams from memory once per inference: asked for ahead (kiln.lower.winograd) */
+          #pragma GCC unroll 8
+          for (int o = 0; o < OV; ++o) __builtin_prefetch(ut + (o * IC + ic) * L + PF, 0, 3);
+        }
         #pragma GCC unroll 16
         for (int r = 0; r < TR; ++r) {
           const float s = vj[r * IC + ic];
