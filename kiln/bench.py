@@ -34,6 +34,22 @@ def stats(ms: list[float]) -> dict:
 SWITCH_PAUSE_S = 0.05  # between engines: longer than ORT's and libgomp's spin-waits
 
 
+def thread_cpu_ns() -> dict[int, int]:
+    """CPU ns so far of every thread of this process (Linux schedstat; {} elsewhere)."""
+    out = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/schedstat") as f:
+                out[int(t)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
 def time_interleaved(fns: dict, runs: dict, rounds: int, record: list | None = None) -> dict:
     """Alternate rounds of a few runs of each fn; returns {name: [ms per run]}.
 

@@ -8,7 +8,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
-from build_example import build_small_cnn  # noqa: E402
+from build_example import build_small_cnn
 
 
 def small_cnn_model(batch=1):
@@ -37,7 +37,8 @@ def examples(full: int, fast: int = 3):
 def property_test(full: int, fast: int = 3, settings: dict | None = None, **strategies):
     """A property check as a test of `examples` (above): `check` runs under
     @given(**strategies) with `fast` examples in the default suite, all `full` under -m slow."""
-    from hypothesis import given, settings as hsettings
+    from hypothesis import given
+    from hypothesis import settings as hsettings
 
     def wrap(check):
         @examples(full, fast)
@@ -47,3 +48,24 @@ def property_test(full: int, fast: int = 3, settings: dict | None = None, **stra
         test.__module__ = check.__module__
         return test
     return wrap
+
+
+def matmul_corpus_row(directory, width: int, cases: list[dict], name: str = "mm") -> None:
+    """A corpus model `name` in `directory` (its .onnx and .json, as `python -m benchmarks.corpus
+    build` writes them): x [batch, width] @ w, Relu; for the benchmark scripts' tests (with
+    KILN_CORPUS_DIR set to `directory`)."""
+    import json
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(0).standard_normal((width, width)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+                          [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), os.path.join(directory, name + ".onnx"))
+    meta = {"name": name, "family": "small", "inputs": [{"name": "x", "shape": ["batch", width], "dtype": "float32",
+                                                          "low": 0, "high": 2}], "cases": cases}
+    with open(os.path.join(directory, name + ".json"), "w") as f:
+        json.dump(meta, f)

@@ -36,12 +36,17 @@ kiln/codegen/c_src/kiln_par.h) gets the spinning figures without their costs:
   affinity is changed; workers: the OpenMP thread count minus one;
 - contended (a spinning worker found itself descheduled for 200 us, a woken one ran 1 ms after
   its wake-up, or the caller's wait at a join was descheduled: a busy machine, or another
-  runtime's spinning threads on the cores), the calling thread runs every loop alone for 10 ms,
-  doubled up to 1 s while that recurs, and the workers sleep. On a busy machine a worker the
-  scheduler keeps waiting holds the chunks it claimed, and each such wait costs the caller a
-  time slice at the join: that was the 3-5x loss in the corpus harness at load 9-16
-  (mobilenet_v2 batch 1 24-41 ms against the sleeping team's 7.7, when the contended pool still
-  handed chunks to workers it woke at each loop);
+  runtime's spinning threads on the cores), the calling thread runs every loop alone for 10 ms
+  and the workers sleep; a worker that saw such a sign claims no chunk of the loop open then.
+  On a busy machine a worker the scheduler keeps waiting holds the chunks it claimed, and each
+  such wait costs the caller a time slice at the join: that was the 3-5x loss in the corpus
+  harness at load 9-16 (mobilenet_v2 batch 1 24-41 ms against the sleeping team's 7.7, when the
+  contended pool still handed chunks to workers it woke at each loop). That, a stall (a worker
+  off its core 1 ms while it held chunks), doubles the calm up to 1 s while it recurs; the other
+  signs give 10 ms each, so a peer's spin (ONNX Runtime's threads spin 2^20 pauses, 30-50 ms of
+  CPU on the Sapphire Rapids VM, after each run) costs the pool its worker for as long, not for
+  the second the doubling on every sign reached. kiln.runtime.threads.pool_counts reads a
+  library's counts, benchmarks/pool_contention.py times kiln by what ran before it;
 - the caller waits at a join by a pause loop of at most 100 us (10 us contended), then sleeps;
 - the few hand-written kernels that still fork OpenMP's team themselves (CumSum/CumProd, the
   ONNX RNN/LSTM/GRU kernel, linear attention, the tree ensembles, linear and SVM classifiers;
@@ -74,8 +79,9 @@ ms median on the pool, 3.6 on the sleeping team.
 
 from __future__ import annotations
 
+import ctypes
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 SPINCOUNT = ""   # GOMP_SPINCOUNT kiln sets ("": none; the threads sleep at once under PASSIVE)
 # What a fork and join of two threads costs (us), spinning or sleeping between kernels. In a
@@ -146,3 +152,21 @@ def fork_us(policy: str, spincount: str, threads_impl: str = "omp") -> float:
     if threads_impl == "pool":
         return FORK_US_POOL
     return FORK_US_SPINNING if spins(policy, spincount) else FORK_US_SLEEPING
+
+
+# kiln_pool_counts's order (kiln_pool.h): loops forked, loops run alone while contended, contended
+# by a descheduled spin / a late wake-up / a descheduled join / a stalled join, workers asleep
+# inside an inference, loops that woke them, loops whose chunks the caller ran all; 1 while contended
+POOL_COUNTS = ("forks", "alone", "by_spin", "by_wake", "by_join", "by_stall", "naps", "loop_wakes", "solo", "calm")
+
+
+def pool_counts(lib) -> dict | None:
+    """The counts of a loaded kiln library's thread pool (a ctypes.CDLL: NativeModule.lib), as
+    KILN_POOL_STATS=1 prints them at unload; None for a library without kiln's pool (OpenMP's)."""
+    fn = getattr(lib, "kiln_pool_counts", None)
+    if fn is None:
+        return None
+    out = (ctypes.c_uint64 * len(POOL_COUNTS))()
+    fn.restype = ctypes.c_int32
+    fn(out, ctypes.c_int32(len(POOL_COUNTS)))
+    return dict(zip(POOL_COUNTS, (int(v) for v in out)))

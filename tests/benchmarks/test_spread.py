@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 
 from kiln.bench import time_interleaved
+from tests.helpers import matmul_corpus_row
 
 
 def test_record_has_one_entry_per_timed_run_in_round_order(monkeypatch):
@@ -47,18 +47,7 @@ def test_analyse_finds_slow_first_runs_of_a_round():
 
 def test_spread_script_runs_a_row(tmp_path, monkeypatch, capsys):
     pytest.importorskip("onnxruntime")
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
-                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
-                          [numpy_helper.from_array(w, "w")])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "mm.onnx"))
-    meta = {"name": "mm", "family": "small", "inputs": [{"name": "x", "shape": ["batch", 8], "dtype": "float32",
-                                                          "low": 0, "high": 2}],
-            "cases": [{"batch": 2}, {"batch": 3}]}
-    (tmp_path / "mm.json").write_text(json.dumps(meta))
+    matmul_corpus_row(tmp_path, 8, [{"batch": 2}, {"batch": 3}])
     monkeypatch.setenv("KILN_CORPUS_DIR", str(tmp_path))
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))   # (--ab copies the build cache)
     monkeypatch.setattr("kiln.bench.SWITCH_PAUSE_S", 0.0)

@@ -95,6 +95,66 @@ int32_t pool_contended_distinct(void) {
   __atomic_store_n(&kiln_pool.calm_after, 0, __ATOMIC_RELAXED);
   return d;
 }
+/* the calm (ns) that each of `n` contentions gives, each 1 ms after the last one's calm ended,
+   stalls or the other signs, from a pool not contended for long, with a calm of 10 ms */
+int32_t pool_calms(int32_t stall, int32_t n, int64_t* out) {
+  kiln_pool_t* p = &kiln_pool;
+  const int64_t after = p->calm_after, cur = p->calm_cur, ns = p->calm_ns;
+  p->calm_ns = 10000000; p->calm_after = 0; p->calm_cur = 0;
+  int64_t t = 5000000000LL;
+  for (int32_t k = 0; k < n; ++k) {
+    kiln_pool_contended(p, t, stall);
+    out[k] = p->calm_after - t;
+    t = p->calm_after + 1000000;
+  }
+  p->calm_after = after; p->calm_cur = cur; p->calm_ns = ns;
+  return 0;
+}
+/* one loop of 8 x 2 ms chunks after the workers went to sleep: whether a worker was asleep at
+   the fork, and how many distinct threads ran the chunks */
+int32_t pool_after_sleep(int32_t* asleep) {
+  kiln_pool_enter();
+  kiln_pool_for(slow, 0, 0, 2);   /* workers made */
+  struct timespec t = {0, 30000000};
+  nanosleep(&t, 0);               /* past their spin (KILN_POOL_SPIN_US) */
+  *asleep = __atomic_load_n(&kiln_pool.sleepers, __ATOMIC_SEQ_CST) > 0;
+  kiln_pool_leave();
+  return pool_distinct();
+}
+/* chunks that sleep 5 ms on a worker (off its core: as if descheduled) and take nothing on the
+   calling thread (which waits up to 50 ms for a worker to claim one): whether a worker ran
+   one, the stalls counted, whether the pool is contended after it */
+static pthread_t caller;
+static int32_t claimed;
+static void lopsided(void* c_, int64_t lo, int64_t hi) {
+  (void)c_; (void)lo; (void)hi;
+  if (!pthread_equal(pthread_self(), caller)) {
+    __atomic_store_n(&claimed, 1, __ATOMIC_SEQ_CST);
+    struct timespec t = {0, 5000000};
+    nanosleep(&t, 0);
+    return;
+  }
+  const int64_t t0 = kiln_pool_now();
+  while (!__atomic_load_n(&claimed, __ATOMIC_SEQ_CST) && kiln_pool_now() - t0 < 50000000) sched_yield();
+}
+static void noop(void* c_, int64_t lo, int64_t hi) { (void)c_; (void)lo; (void)hi; }
+int32_t pool_stall(int64_t* stalls, int32_t* calm_after) {
+  caller = pthread_self();
+  __atomic_store_n(&claimed, 0, __ATOMIC_SEQ_CST);
+  kiln_pool_enter();
+  kiln_pool_for(noop, 0, 0, 2);   /* workers made */
+  const int64_t ns = kiln_pool.calm_ns, before = (int64_t)kiln_pool.by_stall;
+  kiln_pool.calm_ns = 10000000; kiln_pool.calm_after = 0; kiln_pool.calm_cur = 0;
+  kiln_pool_for(lopsided, 0, 0, 8);
+  const int64_t t0 = kiln_pool_now();   /* (the worker counts it after its chunk: not before the join ends) */
+  while ((int64_t)__atomic_load_n(&kiln_pool.by_stall, __ATOMIC_SEQ_CST) == before && kiln_pool_now() - t0 < 100000000)
+    sched_yield();
+  *stalls = (int64_t)kiln_pool.by_stall - before;
+  *calm_after = kiln_pool_calm(&kiln_pool, kiln_pool_now());
+  kiln_pool.calm_ns = ns; kiln_pool.calm_after = 0; kiln_pool.calm_cur = 0;
+  kiln_pool_leave();
+  return __atomic_load_n(&claimed, __ATOMIC_SEQ_CST);
+}
 /* workers asleep (out of nworkers) `ms` after parking inside an inference, and `ms` after unparking */
 int32_t pool_parked(int32_t ms, int32_t* asleep_parked, int32_t* asleep_after) {
   job_t c = { 0, 0, 0 };
@@ -180,6 +240,78 @@ def test_a_contended_pool_runs_loops_on_the_calling_thread(lib):
     lib.pool_threads(3)
     assert lib.pool_contended_distinct() == 1
     assert max(lib.pool_distinct() for _ in range(10)) >= 2   # and the calm ends
+
+
+def test_only_a_stall_lengthens_the_calm(lib):
+    """A join that waited on a worker the scheduler kept from its chunk doubles the calm while
+    it recurs (to 1 s); the signs that cost the caller nothing (a spinning worker descheduled,
+    a late wake-up: ONNX Runtime's threads spinning for tens of ms after its run) give 10 ms
+    each time, so the pool has its worker back 10 ms after such a peer's spin ends."""
+    lib.pool_calms.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p]
+    out = np.zeros(9, np.int64)
+    lib.pool_calms(1, 9, out.ctypes.data)
+    assert (out // 1000000).tolist() == [10, 20, 40, 80, 160, 320, 640, 1000, 1000]
+    lib.pool_calms(0, 9, out.ctypes.data)
+    assert (out // 1000000).tolist() == [10] * 9
+
+
+def test_a_late_worker_leaves_the_loop_it_was_woken_for(lib):
+    """A worker that runs later than KILN_POOL_LATE_US after its wake-up (the cores are busy)
+    claims no chunk of the loop that woke it: one the scheduler keeps waiting would hold them."""
+    os.environ.update(KILN_POOL_LATE_US="0", KILN_POOL_SPIN_US="0")   # every wake-up is late
+    try:
+        lib.pool_threads(2)
+        lib.pool_after_sleep.argtypes = [ctypes.c_void_p]
+        asleep, seen = np.zeros(1, np.int32), 0
+        for _ in range(5):
+            distinct = lib.pool_after_sleep(asleep.ctypes.data)
+            if asleep[0]:
+                seen += 1
+                assert distinct == 1
+        assert seen
+    finally:
+        del os.environ["KILN_POOL_LATE_US"], os.environ["KILN_POOL_SPIN_US"]
+        lib.pool_threads(2)
+    # on time, the woken worker does take chunks (tried a few times: a loaded machine may be late)
+    os.environ["KILN_POOL_SPIN_US"] = "0"
+    try:
+        lib.pool_threads(2)
+        asleep = np.zeros(1, np.int32)
+        assert max(lib.pool_after_sleep(asleep.ctypes.data) for _ in range(10)) == 2
+    finally:
+        del os.environ["KILN_POOL_SPIN_US"]
+        lib.pool_threads(2)
+
+
+def test_a_stalled_worker_makes_the_pool_contended(lib):
+    """A worker off its core for 5 ms while it held a chunk (here asleep in it; on a busy
+    machine descheduled) is a stall: counted, and the next loops run on the caller alone."""
+    lib.pool_threads(2)
+    lib.pool_stall.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    stalls, calm = np.zeros(1, np.int64), np.zeros(1, np.int32)
+    for _ in range(10):   # (a loaded machine may not run the worker within 50 ms)
+        if lib.pool_stall(stalls.ctypes.data, calm.ctypes.data):
+            break
+    assert stalls[0] == 1 and calm[0] == 1
+
+
+def _counts(lib) -> dict:
+    from kiln.runtime.threads import pool_counts
+    return pool_counts(lib)
+
+
+def test_pool_counts_are_read_from_python(lib):
+    """kiln.runtime.threads.pool_counts: KILN_POOL_STATS's counts of a loaded library's pool
+    (None for one without kiln's pool)."""
+    from kiln.runtime.threads import POOL_COUNTS, pool_counts
+    lib.pool_threads(2)
+    before = _counts(lib)
+    assert set(before) == set(POOL_COUNTS)
+    _loops(lib, 64, loops=5)
+    after = _counts(lib)
+    assert after["forks"] + after["alone"] == before["forks"] + before["alone"] + 5
+    plain = ctypes.CDLL(str(compile_c(PRELUDE + "\n" + c_source("kiln_par.h") + PAR, Target.host())))
+    assert pool_counts(plain) is None
 
 
 def test_parked_workers_sleep(lib):

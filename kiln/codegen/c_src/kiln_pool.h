@@ -11,11 +11,15 @@
      a spinning worker finds it was descheduled (200 us between two looks at the clock), a
      woken worker ran 1 ms after its wake-up, or the caller's wait at a join was
      descheduled: the machine is busy, or other threads (another runtime's spinning pool)
-     share the cores. Contended for 10 ms, doubled (to 1 s) while it recurs within a second:
-     meanwhile parallel loops run on the calling thread alone and the workers sleep. On a
-     busy machine a worker holds the chunks it claimed while the scheduler keeps it waiting
-     (each such wait costs the caller a time slice at a join: mobilenet_v2 batch 1 at load 15,
-     40-55 ms with 5 ms calms against 7.3 ms with no worker); one thread's loops never wait.
+     share the cores. A worker that saw the first two claims no chunk of the loop open then.
+     Contended for 10 ms: meanwhile parallel loops run on the calling thread alone and the
+     workers sleep. On a busy machine a worker holds the chunks it claimed while the scheduler
+     keeps it waiting (each such wait costs the caller a time slice at a join: mobilenet_v2
+     batch 1 at load 15, 40-55 ms with 5 ms calms against 7.3 ms with no worker); one
+     thread's loops never wait. Such a stall (a worker off its core 1 ms while it held
+     chunks: its wall time less its CPU time) doubles the calm (to 1 s) while it recurs within
+     a second; the other signs do not, so a peer's spin that ends costs the pool its workers
+     for 10 ms more, not seconds.
    - The caller waits at a join by a pause loop of at most 100 us (10 us when contended), then
      sleeps until the last chunk ends (it never yields: on a busy machine sched_yield gives a
      whole time slice away).
@@ -59,7 +63,8 @@
 #define KILN_POOL_JOIN_NS 100000   /* the caller's pause loop at a join, then it sleeps */
 #define KILN_POOL_JOIN_BUSY_NS 10000   /* ... when contended */
 #define KILN_POOL_REWAKE_NS 1000000    /* a wake-up no worker answered is sent again after this */
-#define KILN_POOL_LATE_NS 1000000      /* a worker running this long after its wake-up: contended */
+#define KILN_POOL_LATE_NS 1000000      /* a worker running this long after its wake-up: contended (KILN_POOL_LATE_US) */
+#define KILN_POOL_STALL_NS 1000000     /* a worker kept off its core this long while it held chunks: stalled */
 typedef void (*kiln_pool_fn)(void* ctx, int64_t lo, int64_t hi);
 typedef struct {
   uint64_t word __attribute__((aligned(64)));  /* gen | chunks | next */
@@ -73,11 +78,14 @@ typedef struct {
   int64_t woke_at;                             /* when the last wake-up was sent (ns) */
   uint32_t pending;                            /* woken, and none of them has run yet */
   int32_t sleepers, stop, owner, state;        /* state: 0 none, 1 starting, 2 running */
-  int32_t nworkers; int64_t spin_ns, calm_ns, calm_cur; uint32_t gen;
+  int32_t nworkers; int64_t spin_ns, calm_ns, calm_cur, late_ns; uint32_t gen;
   int32_t placed, team; unsigned long cpus[16];   /* workers pinned so far; threads; the CPU mask */
   /* counts (KILN_POOL_STATS=1 prints them at unload): loops forked, run alone while contended;
      contended after a descheduled spin, a late wake-up, a descheduled join */
   uint64_t forks, alone, by_spin, by_wake, by_join;
+  /* ... a worker off its core 1 ms while it held chunks (a stall: the only kind that
+     lengthens the calm) */
+  uint64_t by_stall;
   /* ... workers gone to sleep inside an inference (a serial stretch over spin_ns), loops that
      woke them, loops whose chunks the caller ran all (no worker came in time) */
   uint64_t naps, loop_wakes, solo;
@@ -99,6 +107,14 @@ static inline void kiln_pool_pause(void) {
 static inline int64_t kiln_pool_now(void) {
   struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+/* this thread's CPU time (ns; 0 where there is no such clock: no stall is seen) */
+static inline int64_t kiln_pool_cpu_now(void) {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+  struct timespec t;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) == 0) return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+#endif
+  return 0;
 }
 static inline void kiln_pool_sleep(uint32_t* word, uint32_t seen) {
 #if defined(__linux__)
@@ -124,13 +140,22 @@ static inline void kiln_pool_wake_all(kiln_pool_t* p) {
   syscall(SYS_futex, &p->wake, FUTEX_WAKE_PRIVATE, INT_MAX, (void*)0, (void*)0, 0);
 #endif
 }
-/* A thread of the pool was descheduled: no spinning for a while, longer each time it recurs
-   within a second of the last calm's end (a busy machine), from calm_ns again after that
-   (a blip). A spinning thread on a busy machine costs more than its spin: it has used its
-   share of the core, and the scheduler makes it wait while it holds a chunk. */
-static inline void kiln_pool_contended(kiln_pool_t* p, int64_t t) {
+/* A thread of the pool was descheduled: its loops run on the caller alone for a while. Only a
+   stall (a worker the scheduler kept off its core while it held chunks: what makes the caller
+   wait at a join) lengthens the calm, doubled each time it recurs within a second of the last calm's end (a
+   busy machine), from calm_ns again after that (a blip). The other signs (a spinning worker
+   descheduled, a late wake-up, the caller descheduled at a join) cost the caller nothing, as a
+   worker that saw one claims no chunk of the loop open then: they give calm_ns, so the pool
+   has its worker back within calm_ns of a peer's spin ending (ONNX Runtime's threads spin
+   2^20 pauses after each run, tens of ms), where doubling on them had kept it serial 1 s. */
+static inline void kiln_pool_contended(kiln_pool_t* p, int64_t t, int32_t stall) {
   int64_t calm = __atomic_load_n(&p->calm_cur, __ATOMIC_RELAXED);
-  calm = t - __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED) < 1000000000 ? 2 * calm : 0;
+  const int64_t after = __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED);
+  if (!stall) {
+    if (after < t + p->calm_ns) __atomic_store_n(&p->calm_after, t + p->calm_ns, __ATOMIC_RELAXED);
+    return;
+  }
+  calm = t - after < 1000000000 ? 2 * calm : 0;
   calm = calm < p->calm_ns ? p->calm_ns : calm > KILN_POOL_CALM_MAX_NS ? KILN_POOL_CALM_MAX_NS : calm;
   __atomic_store_n(&p->calm_cur, calm, __ATOMIC_RELAXED);
   __atomic_store_n(&p->calm_after, t + calm, __ATOMIC_RELAXED);
@@ -191,17 +216,39 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
   kiln_pool_inline = 1;
   kiln_pool_pin(p);
   int64_t idle_since = kiln_pool_now(), last = idle_since;
+  /* after a sign of contention the worker leaves the loop open then (generation `skip`) to
+     the caller: one the scheduler keeps waiting would hold the chunks it claimed */
+  uint32_t skip = 0, skipping = 0;
+  /* a stall: wall time less the thread's CPU time over a long run, from a base taken after each
+     sleep and before a run more than STALL_NS after it (a system call: not one per run) */
+  int64_t wall_base = idle_since, cpu_base = kiln_pool_cpu_now();
   for (uint32_t k = 1;; ++k) {
     uint64_t w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
-    if (kiln_pool_open(w)) { kiln_pool_run(p, w); idle_since = last = kiln_pool_now(); continue; }
+    if (kiln_pool_open(w) && !(skipping && (uint32_t)(w >> 32) == skip)) {
+      skipping = 0;
+      const int64_t began = kiln_pool_now();
+      if (began - wall_base > KILN_POOL_STALL_NS) { wall_base = began; cpu_base = kiln_pool_cpu_now(); }
+      kiln_pool_run(p, w);
+      idle_since = last = kiln_pool_now();
+      if (idle_since - began > KILN_POOL_STALL_NS) {   /* a long run: was it off its core? */
+        const int64_t cpu = kiln_pool_cpu_now();
+        if ((idle_since - wall_base) - (cpu - cpu_base) > KILN_POOL_STALL_NS) {
+          kiln_pool_contended(p, idle_since, 1);
+          __atomic_fetch_add(&p->by_stall, 1, __ATOMIC_RELAXED);
+        }
+        wall_base = idle_since; cpu_base = cpu;
+      }
+      continue;
+    }
     if (__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) return 0;
     if (!__atomic_load_n(&p->parked, __ATOMIC_RELAXED)) {
       kiln_pool_pause();
       if (k % 16 != 0) continue;
       int64_t t = kiln_pool_now();
       if (t - last > KILN_POOL_GAP_NS) {   /* descheduled meanwhile: stop spinning for a while */
-        kiln_pool_contended(p, t);
+        kiln_pool_contended(p, t, 0);
         __atomic_fetch_add(&p->by_spin, 1, __ATOMIC_RELAXED);
+        skip = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_ACQUIRE) >> 32); skipping = 1;
       }
       last = t;
       if (t - idle_since < p->spin_ns && !kiln_pool_calm(p, t)) {
@@ -214,15 +261,17 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
     if (__atomic_load_n(&p->active, __ATOMIC_RELAXED)) __atomic_fetch_add(&p->naps, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&p->sleepers, 1, __ATOMIC_SEQ_CST);
     w = __atomic_load_n(&p->word, __ATOMIC_SEQ_CST);
-    if (!kiln_pool_open(w) && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST))
+    if (!(kiln_pool_open(w) && !(skipping && (uint32_t)(w >> 32) == skip)) && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST))
       kiln_pool_sleep(&p->wake, seen);
     __atomic_fetch_sub(&p->sleepers, 1, __ATOMIC_SEQ_CST);
-    idle_since = last = kiln_pool_now();
+    idle_since = last = wall_base = kiln_pool_now();
+    cpu_base = kiln_pool_cpu_now();
     /* the first worker to run after a wake-up: a late one means the cores are busy */
     if (__atomic_exchange_n(&p->pending, 0, __ATOMIC_SEQ_CST)
-        && idle_since - __atomic_load_n(&p->woke_at, __ATOMIC_RELAXED) > KILN_POOL_LATE_NS) {
-      kiln_pool_contended(p, idle_since);
+        && idle_since - __atomic_load_n(&p->woke_at, __ATOMIC_RELAXED) > p->late_ns) {
+      kiln_pool_contended(p, idle_since, 0);
       __atomic_fetch_add(&p->by_wake, 1, __ATOMIC_RELAXED);
+      skip = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_ACQUIRE) >> 32); skipping = 1;
     }
   }
 }
@@ -234,9 +283,10 @@ __attribute__((weak)) void kiln_pool_stop(void) {
   if (!__atomic_compare_exchange_n(&p->state, &running, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
   const char* stats = getenv(KILN_POOL_STR(KILN_POOL_STATS));
   if (stats && atoi(stats) > 0)
-    fprintf(stderr, KILN_POOL_STR(kiln_pool: %llu loops forked; %llu run alone while contended; contended by spin %llu wake %llu join %llu; workers asleep inside an inference %llu and woken by a loop %llu; loops the caller ran all chunks of %llu),
+    fprintf(stderr, KILN_POOL_STR(kiln_pool: %llu loops forked; %llu run alone while contended; contended by spin %llu wake %llu join %llu stall %llu; workers asleep inside an inference %llu and woken by a loop %llu; loops the caller ran all chunks of %llu),
             (unsigned long long)p->forks, (unsigned long long)p->alone, (unsigned long long)p->by_spin,
-            (unsigned long long)p->by_wake, (unsigned long long)p->by_join, (unsigned long long)p->naps,
+            (unsigned long long)p->by_wake, (unsigned long long)p->by_join, (unsigned long long)p->by_stall,
+            (unsigned long long)p->naps,
             (unsigned long long)p->loop_wakes, (unsigned long long)p->solo);
   if (stats && atoi(stats) > 0) fputc(10, stderr);
   __atomic_store_n(&p->stop, 1, __ATOMIC_SEQ_CST);
@@ -247,6 +297,18 @@ __attribute__((weak)) void kiln_pool_stop(void) {
   __atomic_store_n(&p->state, 0, __ATOMIC_RELEASE);
 }
 __attribute__((weak, destructor)) void kiln_pool_unload(void) { kiln_pool_stop(); }
+/* KILN_POOL_STATS's counts read from Python (kiln.runtime.threads.pool_counts; exported, where
+   the rest of the pool is hidden): forks, alone, by_spin, by_wake, by_join, by_stall, naps,
+   loop_wakes, solo into out[0..n), and whether the pool is contended now; returns how many it has */
+#pragma GCC visibility push(default)
+__attribute__((weak)) int32_t kiln_pool_counts(uint64_t* out, int32_t n) {
+  kiln_pool_t* p = &kiln_pool;
+  const uint64_t c[10] = {p->forks, p->alone, p->by_spin, p->by_wake, p->by_join, p->by_stall, p->naps, p->loop_wakes,
+                          p->solo, (uint64_t)kiln_pool_calm(p, kiln_pool_now())};
+  for (int32_t k = 0; k < n && k < 10; ++k) out[k] = c[k];
+  return 10;
+}
+#pragma GCC visibility pop
 /* a fork()ed child has none of the parent's workers (and no other thread holds the pool) */
 __attribute__((weak)) void kiln_pool_forked(void) {
   kiln_pool_t* p = &kiln_pool;
@@ -271,6 +333,8 @@ __attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
   p->spin_ns = (spin && atoi(spin) >= 0 ? atoi(spin) : 100) * (int64_t)1000;
   const char* calm = getenv(KILN_POOL_STR(KILN_POOL_CALM_MS));
   p->calm_ns = calm && atoi(calm) >= 0 ? atoi(calm) * (int64_t)1000000 : KILN_POOL_CALM_NS;
+  const char* late = getenv(KILN_POOL_STR(KILN_POOL_LATE_US));
+  p->late_ns = late && atoi(late) >= 0 ? atoi(late) * (int64_t)1000 : KILN_POOL_LATE_NS;
   int32_t want = threads - 1 < 0 ? 0 : threads - 1 > KILN_POOL_MAX ? KILN_POOL_MAX : (int32_t)(threads - 1);
   p->nworkers = 0;
   p->placed = 0;
@@ -359,7 +423,7 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
     if (k % 64 != 0) continue;
     int64_t t = kiln_pool_now();
     if (!t0) t0 = last = t;
-    if (t - last > KILN_POOL_GAP_NS) { kiln_pool_contended(p, t); p->by_join += 1; }
+    if (t - last > KILN_POOL_GAP_NS) { kiln_pool_contended(p, t, 0); p->by_join += 1; }
     last = t;
     if (t - t0 < (kiln_pool_calm(p, t) ? KILN_POOL_JOIN_BUSY_NS : KILN_POOL_JOIN_NS))
       continue;   /* (no sched_yield: on a busy machine it gives a whole time slice away) */
