@@ -123,6 +123,41 @@ def stamped(name: str, paths: list, compute) -> str:
     return value
 
 
+CODE_SUFFIXES = (".py", ".c", ".h")
+
+
+def source_digest(root: str | os.PathLike, skip: frozenset = frozenset(), name: str = "source") -> str:
+    """sha256 (hex) of the code files (.py, .c, .h) under `root`, by relative path and content,
+    less the top-level entries named in `skip` and __pycache__: kiln's source for the compile
+    cache key, and the part of it that makes kernels for a tuning record's version. Kept as a
+    `stamped` value under `name`, so a new process stats the files instead of reading 2 MB.
+    With no code files (an install without sources) the distribution's version stands for them."""
+    root = os.path.realpath(root)
+    paths = []
+    # (os.walk and strings: rglob and Paths took as long as the stats)
+    for d, dirs, files in os.walk(root):
+        top = d == root
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__" and not (top and x in skip))
+        paths.extend(os.path.join(d, f) for f in sorted(files)
+                     if f.endswith(CODE_SUFFIXES) and not (top and f in skip))
+
+    def compute() -> str:
+        h = hashlib.sha256()
+        for p in paths:
+            rel = os.path.relpath(p, root).encode()
+            with open(p, "rb") as f:
+                data = f.read()
+            h.update(b"%d:%s%d:" % (len(rel), rel, len(data)) + data)
+        if not paths:
+            from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+            try:
+                h.update(version("kiln").encode())
+            except PackageNotFoundError:
+                h.update(b"unknown")
+        return h.hexdigest()
+    return stamped(f"{name}-{hashlib.sha256(repr(sorted(skip)).encode()).hexdigest()[:12]}", paths, compute)
+
+
 def sha256_file(path: str | os.PathLike) -> str | None:
     """sha256 (hex) of a file's bytes, or None if it cannot be read."""
     h = hashlib.sha256()

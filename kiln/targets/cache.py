@@ -22,7 +22,6 @@ blob and loads the library (`load_whole`): no pass, no lowering, no C compiler.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.codegen.cachedir import file_identity, stamped, unchanged_since, write_atomic
+from kiln.codegen.cachedir import file_identity, source_digest, unchanged_since, write_atomic
 from kiln.errors import KilnError
 from kiln.graph.deferred import byte_parts, settle_in
 from kiln.graph.canonical import digest
@@ -55,22 +54,8 @@ _NOT_IN_KEY = ("KILN_CACHE_DIR",)
 def _kiln_source_digest() -> str:
     """sha256 of kiln's source: the Python and the hand-written C it pastes into modules
     (kiln/codegen/c_src: a kernel's or the thread pool's text changes what a cached module's
-    library holds). Kept in the cache dir by the files' identities, so a new process stats
-    the files instead of reading them all (2 MB)."""
-    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    c_src = os.path.join(root, "codegen", "c_src")
-    # (os.walk and strings: rglob and Paths took as long as the stats)
-    paths = sorted([os.path.join(d, f) for d, _, files in os.walk(root) for f in files if f.endswith(".py")]
-                   + [os.path.join(c_src, f) for f in os.listdir(c_src)])
-
-    def compute() -> str:
-        h = hashlib.sha256()
-        for p in paths:
-            h.update(os.path.relpath(p, root).encode())
-            with open(p, "rb") as f:
-                h.update(f.read())
-        return h.hexdigest()
-    return stamped("kiln-source", paths, compute)
+    library holds)."""
+    return source_digest(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), name="kiln-source")
 
 
 def graph_key(graph: Graph, known: dict, target: Target, decisions: dict | None = None) -> str:

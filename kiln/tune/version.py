@@ -20,9 +20,9 @@ a guess that goes stale silently. Content, not a git commit: an installed kiln h
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 from pathlib import Path
+
+from kiln.codegen.cachedir import source_digest
 
 # top-level entries of kiln/ that do not make kernel code (see the module docstring)
 NOT_CODE = frozenset({
@@ -30,40 +30,18 @@ NOT_CODE = frozenset({
     "export.py", "frontends", "interpreter.py", "onnx_backend.py", "peers", "testing", "timing.py", "tune",
     "tuning.py", "stages.py",
 })
-SUFFIXES = (".py", ".c", ".h")
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def source_version(root: Path, skip: frozenset = NOT_CODE) -> str:
-    """A 16-hex-digit hash of the code files under `root` (paths and contents), less `skip`."""
-    h = hashlib.sha256(b"kiln-code-version 1\0")
-    files = []
-    for entry in sorted(os.listdir(root)):
-        if entry in skip or entry == "__pycache__":
-            continue
-        path = root / entry
-        if path.is_dir():
-            for d, dirs, names in os.walk(path):
-                dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-                files.extend(Path(d) / n for n in sorted(names) if n.endswith(SUFFIXES))
-        elif entry.endswith(SUFFIXES):
-            files.append(path)
-    for f in files:
-        data = f.read_bytes()
-        rel = f.relative_to(root).as_posix().encode()
-        h.update(b"%d:%s%d:" % (len(rel), rel, len(data)) + data)
-    if not files:   # (no sources shipped: the distribution's version stands for them)
-        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-        try:
-            h.update(version("kiln").encode())
-        except PackageNotFoundError:
-            h.update(b"unknown")
-    return h.hexdigest()[:16]
+    """A 16-hex-digit hash of the code files under `root` (paths and contents), less `skip`
+    (kiln.codegen.cachedir.source_digest, which the compile cache's key uses whole)."""
+    return source_digest(root, skip, name="kiln-code-version")[:16]
 
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """This kiln's kernel code version (computed once per process: about 2 MB of sources)."""
+    """This kiln's kernel code version (computed once per process)."""
     return source_version(ROOT)
 
 
