@@ -131,6 +131,13 @@ CONVS = {
         "mv3_480_112x14": (480, 14, 112, 1, 1, 0),
         "mv3_672_112x14": (672, 14, 112, 1, 1, 0),
     },
+    # the stems of MobileNetV2, V3 and ResNet at 224: 3 input channels, read as one block of
+    # all 3 (kiln.passes.layout_rules.input_block)
+    "stems": {
+        "mv2_stem3x3s2": (3, 224, 32, 3, 2, 1),
+        "mv3_stem3x3s2": (3, 224, 16, 3, 2, 1),
+        "r18_stem7x7s2": (3, 224, 64, 7, 2, 3),
+    },
     "strided": {    # 3x3 stride-2 downsampling convs of detectors (320x320 input)
         "s2_32_64": (32, 160, 64, 3, 2, 1),
         "s2_64_128": (64, 80, 128, 3, 2, 1),

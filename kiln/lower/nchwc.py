@@ -20,8 +20,9 @@ from kiln.dtypes import DType
 from kiln.loops import cast, compute, const, reduce_axis, rmax, select, sum_
 from kiln.lower.decisions import Ints, OneOf, declare
 from kiln.loops.symbols import hint
+from kiln.lower import narrow_convert
 from kiln.lower.nnutil import parallel_worth
-from kiln.ops.layout import _block_attr, blocked_geom, BlockedGeom, DOMAIN, rotated_lane
+from kiln.ops.layout import _block_attr, blocked_geom, BlockedGeom, conversion_pads, DOMAIN, rotated_lane
 from kiln.ops.nn import window
 from kiln.lower.context import lowering
 from kiln.targets.target import Target
@@ -42,11 +43,23 @@ def _rows_schedule(stage, work: int, lead: int, target: Target) -> None:
 def _to_lower(ctx, x):
     block = _block_attr(ctx)
     c = x.shape[1]
+    rank = len(x.shape) - 2
+    pads = conversion_pads(ctx, rank)
+    if 1 < block < ctx.target.vector_lanes(4) and narrow_convert.fits(x, block, x.dtype is DType.float32):
+        # a few channels (a stem conv's input, its padding too): the vectorized interleave
+        # (the scheduled copy below stores an element at a time: kiln.lower.narrow_convert)
+        return narrow_convert.narrow_to_blocked(ctx, x, pads, ctx.target.vector_lanes(4))
 
     def body(n, cb, *rest):
         ch = cb * block + rest[-1]
-        v = x[(n, ch, *rest[:-1])]
-        return v if c % block == 0 else select(ch < c, v, const(0, x.dtype))
+        sp = [r - pads[i] for i, r in enumerate(rest[:-1])]
+        v = x[(n, ch, *sp)]
+        ok = None if c % block == 0 else ch < c
+        for i, s in enumerate(sp):
+            if pads[i] or pads[rank + i]:
+                inside = (s >= 0) & (s < x.shape[2 + i])
+                ok = inside if ok is None else ok & inside
+        return v if ok is None else select(ok, v, const(0, x.dtype))
     out = compute(ctx.out_shape(), body, "to_nchwc", x.dtype)
     work = math.prod(out.shape)
     if block >= 4 or len(out.shape) < 4:

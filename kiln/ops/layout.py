@@ -9,7 +9,9 @@ channels of a conv's output stay zero through bias, ReLU, Clip and Add, and a
 consumer conv's packed weights are zero there, so padding never changes a
 result (kiln.passes.layout only lets such padding-preserving ops run blocked).
 
-- `ToNCHWc(x) {block}`: N,C,*S -> N,ceil(C/block),*S,block (zero padded channels);
+- `ToNCHWc(x) {block, pads}`: N,C,*S -> N,ceil(C/block),*S,block (zero padded channels);
+  `pads` (optional, ONNX order: the spatial begins, then ends) zero pads the spatial dims too:
+  a stem conv's padding made by its input conversion instead of a padded copy of its own;
 - `FromNCHWc(x) {channels}`: the inverse, keeping the first `channels` channels;
 - `ConvNCHWc(x, w, b, scale) {kernel_shape, strides, pads, dilations, depthwise, groups, rotate}`: 2-D
   convolution of a blocked input with weights packed ahead of time as
@@ -189,12 +191,24 @@ def _block_attr(ctx) -> int:
     return block
 
 
+def conversion_pads(ctx, rank: int) -> list[int]:
+    """ToNCHWc's `pads` (the spatial begins, then ends; zeros when absent), checked."""
+    pads = [int(p) for p in ctx.attr("pads", [0] * 2 * rank)]
+    if len(pads) != 2 * rank or any(p < 0 for p in pads):
+        ctx.fail(f"ToNCHWc pads must be {2 * rank} non-negative ints (begins, then ends) for "
+                 f"{rank} spatial dims, got {pads}")
+    return pads
+
+
 def _to_infer(ctx):
     t = ctx.tensor(0)
     block = _block_attr(ctx)
     if t.shape is None or len(t.shape) < 3 or not isinstance(t.shape[1], int):
         ctx.fail(f"ToNCHWc needs an input N,C,spatial... with known C, got {t}")
-    return [TensorType(t.dtype, (t.shape[0], _blocks(t.shape[1], block), *t.shape[2:], block))]
+    rank = len(t.shape) - 2
+    pads = conversion_pads(ctx, rank)
+    spatial = [d + pads[i] + pads[rank + i] if pads[i] or pads[rank + i] else d for i, d in enumerate(t.shape[2:])]
+    return [TensorType(t.dtype, (t.shape[0], _blocks(t.shape[1], block), *spatial, block))]
 
 
 def _from_infer(ctx):
@@ -303,12 +317,17 @@ def keeps_bytes(op: str, src: TensorType, dst: TensorType) -> bool:
     if len(blocked) != len(nchw) + 1 or not all(isinstance(d, int) for d in (*nchw[1:], blocked[1], blocked[-1])):
         return False
     block, spatial = blocked[-1], nchw[2:]
-    return blocked[1] * block == nchw[1] and (block == 1 or all(d == 1 for d in spatial))
+    return blocked[1] * block == nchw[1] and tuple(blocked[2:-1]) == tuple(spatial) \
+        and (block == 1 or all(d == 1 for d in spatial))
 
 
 @op("ToNCHWc", infer=_to_infer, domain=DOMAIN, fusion=INJECTIVE)
 def to_nchwc(ctx, x):
-    """NCHW -> NCHW[block]c (zero padded channels)."""
+    """NCHW -> NCHW[block]c (zero padded channels; zero padded spatial dims by `pads`)."""
+    rank = x.ndim - 2
+    pads = conversion_pads(ctx, rank)
+    if any(pads):
+        x = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[rank + i]) for i in range(rank)])
     return to_blocked(x, _block_attr(ctx))
 
 

@@ -16,7 +16,8 @@ The rewrite, in one walk over the nodes in order:
   blocks well (`worth_blocking`: padding the channels up to whole blocks adds at
   most a third) — except that a dense conv with fewer input channels than a
   block (the 3-channel stem) reads its input as one block of all of them
-  (N,1,H,W,C: channels-last, `narrow_input`) — and, by default, only where
+  (N,1,H,W,C: channels-last, `narrow_input`; its zero padding made by that conversion
+  where the conv is its only reader, `padded_narrow`) — and, by default, only where
   measured to help (`SELECTIVE`: 1x1, depthwise, grouped, such a stem, strided or 1-D,
   next to another such conv through layout-agnostic ops, after a residual Add of
   blocked operands, or before a global average pool) — becomes
@@ -169,6 +170,26 @@ class _Rewriter:
         self.narrow[v.id] = vb
         return vb
 
+    def padded_narrow(self, v: Value, block: int, attrs: dict) -> tuple[Value, dict] | None:
+        """A narrow conv's only input read as one block of all C with the conv's zero padding
+        made by the conversion (ToNCHWc's `pads`), and the conv's attributes with no padding
+        left (it then reads its input in place instead of making a padded copy of it: kiln.lower.
+        nchwc), or None (a 1-D or unpadded conv, a symbolic plane, an input read elsewhere or a
+        constant, or one channel: N,C,H,W,1 is a view of the input, no copy, where the padded one
+        would be a copy)."""
+        pads = [int(p) for p in attrs.get("pads", [])]
+        shape = static_shape(v)
+        if block == 1 or v.const is not None or v.id in self.narrow or self.uses[v.id] != 1 or not any(pads) \
+                or shape is None or len(shape) != 4 or len(pads) != 4 \
+                or not all(isinstance(d, int) for d in shape[1:]):
+            return None
+        self.need_nchw(v)
+        vb = Value(self.namer.fresh(f"{v.name}.nchw{block}c"), None)
+        self.emit("ToNCHWc", [v], [vb], {"block": block, "pads": pads},
+                  self.namer.fresh(f"{v.name}.to_nchw{block}c"), DOMAIN)
+        self.fired["ToNCHWc"] += 1
+        return vb, {**attrs, "pads": [0] * 4}
+
     def need_nchw(self, v: Value) -> None:
         """v is read in NCHW: make it from its twin (once) if its producer was rewritten."""
         if v is not None and v.id in self.pending:
@@ -201,8 +222,12 @@ class _Rewriter:
         scale = None
         if node.inputs[0].id in self.scaled:
             x, scale = self.scaled.pop(node.inputs[0].id)
+        elif ib == self.block:
+            x = self.to_blocked(node.inputs[0])
+        elif (padded := self.padded_narrow(node.inputs[0], ib, attrs)) is not None:
+            x, attrs = padded
         else:
-            x = self.to_blocked(node.inputs[0]) if ib == self.block else self.to_narrow(node.inputs[0], ib)
+            x = self.to_narrow(node.inputs[0], ib)
         ins = [x, wp]
         if b is not None:
             ins.append(new_const(self.namer, f"{node.name}.bias.nchwc{self.block}",

@@ -81,13 +81,14 @@ def test_odd_grouped_conv_and_graph_input_weights_stay_nchw():
 def test_stem_conv_reads_its_few_channels_channels_last():
     """3 input channels would pad a block of 8 by more than a third: the stem conv reads its
     input as one block of 3 (N,1,H,W,3) instead, with weights packed (OCB, 1, KH, KW, 3, 8),
-    and writes the usual blocks of 8."""
+    and writes the usual blocks of 8. The conversion makes the conv's zero padding too (its
+    `pads`; the conv's are then zero), as the conv is the input's only reader."""
     sig = "(%x: float32[1,3,8,8]) -> (%y)"
-    body = ('  %a: float32[1,8,4,4] = Conv(%x, %w, %b) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} name "stem"\n'
+    body = ('  %a: float32[1,8,4,4] = Conv(%x, %w, %b) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 2, 1, 0]} name "stem"\n'
             '  %y: float32[1,8,4,4] = Relu(%a) name "relu"')
-    after = ('  %x.nchw3c: float32[1,1,8,8,3] = "kiln"::ToNCHWc(%x) {block = 3} name "x.to_nchw3c"\n'
+    after = ('  %x.nchw3c: float32[1,1,10,10,3] = "kiln"::ToNCHWc(%x) {block = 3, pads = [1, 2, 1, 0]} name "x.to_nchw3c"\n'
              '  %a.nchwc: float32[1,1,4,4,8] = "kiln"::ConvNCHWc(%x.nchw3c, %w.nchwc8, %stem.bias.nchwc8) '
-             '{kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1], dilations = [1, 1], depthwise = 0} name "stem"\n'
+             '{kernel_shape = [3, 3], strides = [2, 2], pads = [0, 0, 0, 0], dilations = [1, 1], depthwise = 0} name "stem"\n'
              '  %y.nchwc: float32[1,1,4,4,8] = Relu(%a.nchwc) name "relu"\n'
              '  %y: float32[1,8,4,4] = "kiln"::FromNCHWc(%y.nchwc) {channels = 8} name "y.from_nchwc"')
     w, b = R(8, 3, 3, 3), R(8)
