@@ -260,6 +260,8 @@ SE_CASES = {   # tests.passes.test_layout.se_block arguments
     "silu_sigmoid_batch3": dict(n=3, c=16, h=7, m=40, r=10, o=16, act="SiLU", gate="Sigmoid"),
     # a 2x2 plane, 40 output channels: the project conv scales what it reads, not its weights
     "tiny_plane_wide_project": dict(n=2, c=8, h=4, m=24, r=6, o=40, s=2),
+    # 7x7, 64 outputs: the scaled input made once in the conv's copy (kiln.lower.nchwc), 2 images
+    "seven_plane_wide_project": dict(n=2, c=16, h=7, m=48, r=8, o=64),
     "odd_everything": dict(n=1, c=5, h=13, m=18, r=3, o=7, k=5, s=1, act="Relu", gate="Sigmoid",
                            pool="ReduceMean", opset=18),
 }
