@@ -215,6 +215,20 @@ def test_every_iteration_runs_once(lib, threads, n):
     assert lib.pool_workers() == (threads - 1 if n > 1 else lib.pool_workers())
 
 
+@pytest.mark.parametrize("chunks", ["1", "16"])
+def test_chunks_per_thread_setting(lib, chunks):
+    """KILN_POOL_CHUNKS (chunks per thread, read as the pool starts): every iteration once."""
+    os.environ["KILN_POOL_CHUNKS"] = chunks
+    try:
+        lib.pool_threads(3)
+        for n in (2, 5, 47, 1000):
+            hits = _loops(lib, n, loops=3)
+            assert (hits[:n] == 3).all() and (hits[n:] == 0).all()
+    finally:
+        del os.environ["KILN_POOL_CHUNKS"]
+        lib.pool_threads(2)
+
+
 @pytest.mark.parametrize("entered", [True, False])
 def test_many_tiny_loops(lib, entered):
     """20000 loops of 2-5 iterations: no chunk lost or run twice, no hang at a join."""

@@ -56,7 +56,7 @@
 #define KILN_POOL_H
 #define KILN_POOL_MAX 256          /* workers at most */
 #define KILN_POOL_STR(x) #x        /* (no string literal in generated code: kiln.codegen.c's rule) */
-#define KILN_POOL_CHUNKS 4         /* chunks per thread in a parallel loop */
+#define KILN_POOL_CHUNKS 4         /* chunks per thread in a parallel loop (KILN_POOL_CHUNKS) */
 #define KILN_POOL_GAP_NS 200000    /* a spinning worker descheduled this long: contended */
 #define KILN_POOL_CALM_NS 10000000 /* ... for this long, doubled (to 1 s) while it recurs */
 #define KILN_POOL_CALM_MAX_NS 1000000000
@@ -78,7 +78,7 @@ typedef struct {
   int64_t woke_at;                             /* when the last wake-up was sent (ns) */
   uint32_t pending;                            /* woken, and none of them has run yet */
   int32_t sleepers, stop, owner, state;        /* state: 0 none, 1 starting, 2 running */
-  int32_t nworkers; int64_t spin_ns, calm_ns, calm_cur, late_ns; uint32_t gen;
+  int32_t nworkers; int64_t spin_ns, calm_ns, calm_cur, late_ns, chunks; uint32_t gen;
   int32_t placed, team; unsigned long cpus[16];   /* workers pinned so far; threads; the CPU mask */
   /* counts (KILN_POOL_STATS=1 prints them at unload): loops forked, run alone while contended;
      contended after a descheduled spin, a late wake-up, a descheduled join */
@@ -335,6 +335,8 @@ __attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
   p->calm_ns = calm && atoi(calm) >= 0 ? atoi(calm) * (int64_t)1000000 : KILN_POOL_CALM_NS;
   const char* late = getenv(KILN_POOL_STR(KILN_POOL_LATE_US));
   p->late_ns = late && atoi(late) >= 0 ? atoi(late) * (int64_t)1000 : KILN_POOL_LATE_NS;
+  const char* chunks = getenv(KILN_POOL_STR(KILN_POOL_CHUNKS));
+  p->chunks = chunks && atoi(chunks) > 0 ? atoi(chunks) : KILN_POOL_CHUNKS;
   int32_t want = threads - 1 < 0 ? 0 : threads - 1 > KILN_POOL_MAX ? KILN_POOL_MAX : (int32_t)(threads - 1);
   p->nworkers = 0;
   p->placed = 0;
@@ -401,7 +403,7 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
     if (alone) kiln_pool_leave();
     return;
   }
-  int64_t most = (int64_t)KILN_POOL_CHUNKS * (p->nworkers + 1);
+  int64_t most = p->chunks * (p->nworkers + 1);
   uint64_t m = (uint64_t)(n < most ? n : most);
   if (m > 0xFFFF) m = 0xFFFF;
   p->forks += 1;
