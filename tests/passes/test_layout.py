@@ -207,6 +207,19 @@ def test_reference_layouts_round_trip(c, block):
     assert np.array_equal(wn[:c + 1, :c], w) and not wn[c + 1:].any() and not wn[:, c:].any()
 
 
+@pytest.mark.parametrize("oc,ic,block,in_block", [(32, 16, 16, None), (32, 24, 16, 8), (16, 5, 8, 4), (8, 8, 8, 4)])
+def test_packed_weight_holds_each_element_where_the_layout_says(oc, ic, block, in_block):
+    """packed[o // ob, i // ib, kh, kw, i % ib, o % ob] = w[o, i, kh, kw], zero past the channels,
+    whether the channels fill whole blocks (packed straight from w) or not (a padded copy)."""
+    w = R(oc, ic, 3, 2)
+    p = pack_conv_weight(w, block, False, in_block)
+    ib = in_block or block
+    assert p.shape == (-(-oc // block), -(-ic // ib), 3, 2, ib, block) and p.flags.c_contiguous
+    o, i = np.meshgrid(np.arange(oc), np.arange(ic), indexing="ij")
+    assert np.array_equal(p[o // block, i // ib, :, :, i % ib, o % block], w)
+    assert np.count_nonzero(p) == np.count_nonzero(w)
+
+
 def test_reference_conv_matches_onnx_conv():
     """ConvNCHWc's NumPy reference (what the interpreter runs) against ONNX Conv directly."""
     sig = "(%x: float32[2,14,7,6]) -> (%y)"
