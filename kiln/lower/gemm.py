@@ -93,6 +93,9 @@ GEMM_NVEC = declare("gemm.nvec", Ints(1, 4), lambda t: 2, "vectors of V per micr
 GEMM_PACK = declare("gemm.pack", _BOOL, lambda t: True, "pack V into nr-wide panels")
 GEMM_PANEL = declare("gemm.panel", _BOOL, lambda t: False, "pack V panel by panel inside the parallel loop")
 GEMM_S_OUTER = declare("gemm.s_outer", _BOOL, lambda t: False, "loop over S blocks outside V panels")
+GEMM_PREFETCH = declare("gemm.prefetch", Ints(0), None,
+                        "k steps (one row of a panel each) a weight packed ahead of time is prefetched "
+                        "ahead in the micro-kernel (0: none)")
 # Made by a graph pass (kiln.passes.pack_weights), per GEMM (keyed by its workload, as the conv
 # algorithm is) or for all: the panel width of a weight packed at compile time, in vectors
 WEIGHT_NR = declare("gemm.weight_nr", Ints(1, 256), lambda t: 4 * t.vector_lanes(4) if t else 64,
@@ -188,6 +191,20 @@ def weight_panel_width(cols: int, k: int, dtype: DType, target: Target) -> int:
     return best * lanes if cost(best) < cost(nr // lanes) - 1e-9 else nr
 
 
+def weight_prefetch(k: int, cols: int, nr: int, itemsize: int, target: Target) -> int:
+    """k steps of the micro-kernel that a weight packed ahead of time (kiln::MatMulPacked) is
+    prefetched ahead: kiln.lower.nchwc.PREFETCH_BYTES of its panel, where the weight exceeds L1
+    (else 0). A model's weights come from memory in each inference (they do not stay in cache
+    between runs), each panel in its first row block, whose multiply-adds then wait on memory
+    while the hardware prefetcher ramps up again at every 4 KiB page: with few rows (a
+    ConvNeXt's last stage at batch 1, 49 rows against 768 x 3072 weights) that wait is most of
+    the time the product takes."""
+    from kiln.lower.nchwc import PREFETCH_BYTES  # noqa: PLC0415 (the conv tiles' rule and its measurement)
+    if k * cols * itemsize <= target.l1d_bytes:
+        return 0
+    return max(1, PREFETCH_BYTES // (nr * itemsize))
+
+
 def pack_weight(w, nr: int):
     """B[K, N] (numpy) as panels [ceil(N / nr), K, nr], the padded columns zero."""
     import numpy as np
@@ -231,6 +248,7 @@ class Gemm:
     v_shared: bool = False          # V has no batch dims of its own (one weight for the whole batch)
     streamed: int = 0               # elements of S and V, each read at least once (the fork decision)
     flat: int = 0                   # trailing batch dims whose rows are one matrix against a shared V (`_flat_rows`)
+    prefetch: int = 0               # k steps a prepacked V is prefetched ahead (weight_prefetch)
 
     @property
     def _target(self) -> Target:
@@ -297,8 +315,16 @@ class Gemm:
         else:
             sa.reorder(k, r, c)
             sa.unroll(r)
+        lanes = self._target.vector_lanes(self.acc.dtype.itemsize)
+        if self.prefetch and self.nr > lanes and self.nr % lanes == 0:
+            # a panel row of several vectors, one line each: a prefetch hint per vector
+            # (Stage.prefetch hints one element per vector loop)
+            cv, c = sa.split(c, lanes)
+            sa.unroll(cv)
         if self.nr > 1:
             sa.vectorize(c)
+        if self.prefetch:
+            sa.prefetch(self.operands[1], k, self.prefetch)
         if rf is not None:
             sr = sch[rf]
             *_, rr, rc, lane = sr.axis
@@ -552,7 +578,9 @@ def gemm(a: Tensor, b: Tensor, *, trans_a: bool = False, trans_b: bool = False,
     return Gemm(out, acc, packed, (a, b) if prepacked is None else (a, prepacked), mr, nr, swap, tuple(squeeze), work,
                 s_outer=GEMM_S_OUTER.value(heuristic=bool(s_size > v_size)), panel=panel, dot=dot,
                 s_packed=s_packed, target=target, v_shared=all(isinstance(d, int) and d == 1 for d in vb) and hint(math.prod(batch)) > 1,
-                streamed=s_size + v_size, flat=flat)
+                streamed=s_size + v_size, flat=flat,
+                prefetch=0 if prepacked is None or not static(K * C) else GEMM_PREFETCH.value(
+                    heuristic=weight_prefetch(as_int(K), as_int(C), nr, prepacked.dtype.itemsize, target)))
 
 
 def _flat_rows(M, ba, vb, batch) -> int:

@@ -88,3 +88,33 @@ def test_batch_one_linear_forks_where_reading_its_weight_pays():
         m = _model([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], x.shape, {"w": w})
         _check(m, x, x @ w.T)
         assert forks_in(run_stages(m, "c").source.text) == forks
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 7])
+@pytest.mark.parametrize("x_shape,n", [((49, 300), 130), ((1, 64, 96), 384), ((3, 200), 17)])
+def test_weight_prefetch_keeps_the_result(x_shape, n, ahead):
+    """gemm.prefetch: the hints for a packed weight read and write nothing (edge panels, a
+    panel of several vectors, one row)."""
+    w = rng.standard_normal((x_shape[-1], n)).astype(F)
+    x = rng.standard_normal(x_shape).astype(F)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], x_shape, {"w": w})
+    got = kiln.compile(m, target="cpu", opt_level=3, decisions={"gemm.prefetch": ahead}).run({"x": x})["y"]
+    np.testing.assert_allclose(got, x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_weight_prefetch_rule_and_kernel():
+    """A packed weight larger than L1 is prefetched PREFETCH_BYTES ahead in the micro-kernel's
+    k loop, one hint per vector of the panel's row (each a cache line); one that fits L1 is not."""
+    from kiln.lower.gemm import weight_prefetch
+    from kiln.lower.nchwc import PREFETCH_BYTES
+    from kiln.targets.target import Target
+    t = Target.named("x86-64-v4", l1d_bytes=48 << 10)
+    assert weight_prefetch(768, 3072, 64, 4, t) == PREFETCH_BYTES // 256      # 9 MiB: 4 rows of 64 ahead
+    assert weight_prefetch(64, 96, 48, 4, t) == 0                             # 24 KiB: in L1
+    w = rng.standard_normal((300, 128)).astype(F)                             # 150 KiB
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], (49, 300), {"w": w})
+    hints = [ln for ln in run_stages(m, "c", cpu=t).source.text.splitlines() if "__builtin_prefetch" in ln]
+    nr = 64     # kiln.lower.gemm.weight_panel_width's four vectors of 16
+    ahead = {int(h.rsplit("+ ", 1)[1].split(")")[0]) for h in hints}
+    assert len(hints) == nr // 16 and ahead == {PREFETCH_BYTES // 4 + 16 * v for v in range(nr // 16)}, hints
+    assert "__builtin_prefetch" not in run_stages(m, "c", cpu=t, decisions={"gemm.prefetch": 0}).source.text
