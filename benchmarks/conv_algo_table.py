@@ -37,7 +37,8 @@ from kiln.bench import ort_session  # noqa: E402
 from kiln.lower.conv_algo import ConvShape, choose  # noqa: E402
 from kiln.ops.layout import from_blocked, pack_bias, to_blocked  # noqa: E402
 from kiln.ops.winograd import transform_weight  # noqa: E402
-from kiln.passes.layout import default_block, worth_blocking  # noqa: E402
+from kiln.passes.layout import default_block  # noqa: E402
+from kiln.passes.layout_rules import blockable_channels  # noqa: E402
 from kiln.targets.target import Target  # noqa: E402
 
 # name: (c, h, oc): 3x3 stride-1 pad-1 convs of square h x h inputs
@@ -184,7 +185,7 @@ def main(argv=None):
             rows.append((label, c, h, oc, k, s, algo, st[algo], flops, st, load))
     else:
         for label, (c, h, oc) in CONVS[args.convs].items():
-            blockable = worth_blocking(c, block) and worth_blocking(oc, block)
+            blockable = blockable_channels(c, oc, block, (3, 3))
             choice = choose(ConvShape(1, c, oc, (h, h), (3, 3), (1, 1), (1, 1), 1, blockable, block), target)
             fns, flops = engines(c, h, oc, 3, 1, 1, block, {"direct-nchw", "direct-nchwc", "winograd"}
                                  if blockable else {"direct-nchw"}, rng)

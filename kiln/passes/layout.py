@@ -17,7 +17,9 @@ The rewrite, in one walk over the nodes in order:
   most a third) — except that a dense conv with fewer input channels than a
   block (the 3-channel stem) reads its input as one block of all of them
   (N,1,H,W,C: channels-last, `narrow_input`; its zero padding made by that conversion
-  where the conv is its only reader, `padded_narrow`) — and, by default, only where
+  where the conv is its only reader, `padded_narrow`), and a dense pointwise conv from
+  well-filled blocks to fewer channels than a block (a head's 1x1 to a few classes) writes them
+  in one zero-padded block (`narrow_output`) — and, by default, only where
   measured to help (`SELECTIVE`: 1x1, depthwise, grouped, such a stem, strided or 1-D,
   next to another such conv through layout-agnostic ops, after a residual Add of
   blocked operands, or before a global average pool) — becomes

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import kiln
 from kiln.interpreter import Interpreter
-from kiln.passes.layout import narrow_input, transform, worth_blocking
+from kiln.passes.layout import transform
+from kiln.passes.layout_rules import blockable_channels
 from tests.passes.util import graph, prog, random_inputs
 
 F = np.float32
@@ -63,6 +64,7 @@ CASES = {
     "k3_asymmetric_pads_swish": dict(n=3, c=8, length=29, oc=24, k=3, pads=(2, 0), epilogue="swish"),
     "k4_s2_odd_scale": dict(n=1, c=32, length=41, oc=16, k=4, s=2, pads=(1, 2), epilogue="scale"),
     "pointwise_prime_length": dict(n=1, c=32, length=13, oc=16, k=1),
+    "pointwise_few_outputs": dict(n=2, c=16, length=21, oc=3, k=1, epilogue="relu"),
     "channels_not_multiple": dict(n=2, c=12, length=19, oc=20, k=3, pads=(1, 1)),
     "depthwise_k5_s2": dict(n=2, c=24, length=37, oc=24, k=5, s=2, pads=(2, 1), dw=True),
     "maxpool_after": dict(n=1, c=16, length=50, oc=16, k=3, pads=(1, 1), epilogue="relu",
@@ -72,7 +74,7 @@ CASES = {
 
 def _expect_blocked(cfg, block) -> bool:
     c, dw = cfg["c"], cfg.get("dw", False)
-    return (worth_blocking(c, block) or narrow_input(c, block, dw)) and worth_blocking(cfg["oc"], block)
+    return blockable_channels(c, cfg["oc"], block, (cfg["k"],), dw)
 
 
 def _check_blocked(g, block, seed=1, pool=False):
@@ -112,7 +114,7 @@ def test_blocked_conv1d_matches_reference(case, block):
 def test_random_blocked_conv1d_matches_reference(n, c, length, oc, k, s, d, pads, epilogue, block, seed):
     if out_len(length, k, s, pads, d) < 1:
         return
-    cfg = dict(c=c, oc=oc)
+    cfg = dict(c=c, oc=oc, k=k)
     if not _expect_blocked(cfg, block):
         return
     _check_blocked(conv1d_graph(n, c, length, oc, k, s, d, pads, epilogue=epilogue, seed=seed), block, seed)

@@ -12,7 +12,8 @@ from kiln.interpreter import Interpreter
 from kiln.lower.nchwc import plan_tile
 from kiln.ops.layout import BlockedGeom
 from kiln.passes import layout
-from kiln.passes.layout import narrow_input, transform, worth_blocking
+from kiln.passes.layout import transform, worth_blocking
+from kiln.passes.layout_rules import blockable_channels
 from tests.passes.test_layout import R
 from tests.passes.util import graph, prog, random_inputs
 
@@ -72,6 +73,10 @@ CASES = {
     "stem_3ch_stride2_relu": dict(n=1, c=3, h=15, oc=16, k=3, s=2, p=1, epilogue="relu"),
     "stem_5ch_7x7_nobias": dict(n=2, c=5, h=13, oc=20, k=7, s=2, p=3, bias=False),
     "stem_2ch_dilated_clip": dict(n=1, c=2, h=11, oc=8, k=3, p=2, d=2, epilogue="clip"),
+    # few output channels: a pointwise head writes them in one zero-padded block; a 3x3 stays NCHW
+    "1x1_few_outputs_relu": dict(n=2, c=16, h=9, oc=3, k=1, epilogue="relu"),
+    "1x1_one_output_residual": dict(n=1, c=32, h=6, oc=1, k=1, epilogue="residual"),
+    "3x3_few_outputs": dict(n=1, c=16, h=8, oc=2, k=3, p=1),
 }
 
 
@@ -82,8 +87,7 @@ def test_blocked_conv_matches_reference(case, block):
     blocked = g.clone()
     fired = transform(blocked, block, selective=False, override="direct")   # the direct kernel (not Winograd)
     cfg = CASES[case]
-    expect_blocked = (worth_blocking(cfg["c"], block) or narrow_input(cfg["c"], block, cfg.get("dw", False))) \
-        and worth_blocking(cfg["oc"], block)
+    expect_blocked = blockable_channels(cfg["c"], cfg["oc"], block, (cfg["k"], cfg["k"]), cfg.get("dw", False))
     assert bool(fired.get("Conv")) == expect_blocked, fired
     if not expect_blocked:
         return

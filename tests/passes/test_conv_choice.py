@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from kiln.ops.layout import block_groups
 from kiln.passes import layout
-from kiln.passes.layout import transform, worth_blocking
+from kiln.passes.layout import transform
+from kiln.passes.layout_rules import blockable_channels
 from tests.passes.util import assert_equivalent, graph, prog
 
 F = np.float32
@@ -54,8 +55,8 @@ def test_every_conv_gets_its_algorithm_and_a_reason(n, kind, c, mult, group, h, 
     ran = [x.op for x in out.nodes if x.op in OP.values()]
     assert ran == [OP[f.choice.algorithm]], (f, ran)
     reason = f.choice.reason
-    blockable = (kind != "grouped" or block_groups(c, oc, group, block) is not None) and worth_blocking(oc, block) \
-        and (worth_blocking(c, block) or (kind == "dense" and c < block))
+    blockable = (kind != "grouped" or block_groups(c, oc, group, block) is not None) \
+        and blockable_channels(c, oc, block, (k, k), kind == "depthwise", kind == "grouped")
     if not blockable:
         assert f.choice.algorithm == "direct-nchw" and reason.startswith("not blockable: ")
         # (the reason an asked-for algorithm was refused follows "; asked for": not the blocking's)

@@ -10,6 +10,7 @@ from kiln.ops.layout import from_blocked, pack_bias, pack_conv_weight, to_blocke
 from kiln.passes import passes_for
 from kiln.passes import layout
 from kiln.passes.layout import transform, worth_blocking
+from kiln.passes.layout_rules import narrow_output
 from tests.passes.util import assert_equivalent, check, graph, prog, random_inputs, run_pass
 
 F = np.float32
@@ -192,6 +193,10 @@ def test_in_level3_after_batchnorm_folding():
 
 def test_worth_blocking():
     assert worth_blocking(24, 16) and worth_blocking(64, 16) and worth_blocking(8, 8)
+    # a pointwise conv from whole blocks to fewer channels than a block: one padded output block
+    assert narrow_output(32, 2, 16, (1, 1)) and narrow_output(64, 1, 8, (1,))
+    assert not narrow_output(32, 2, 16, (3, 3)) and not narrow_output(3, 2, 16, (1, 1))
+    assert not narrow_output(32, 2, 16, (1, 1), dense=False) and not narrow_output(32, 24, 16, (1, 1))
     assert not worth_blocking(3, 16) and not worth_blocking(3, 8) and not worth_blocking(20, 16)
 
 

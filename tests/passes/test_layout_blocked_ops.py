@@ -210,3 +210,34 @@ def test_other_moves_of_a_channels_last_value_keep_the_add_nchw():
     assert "elementwise" not in stats.fired
     assert next(n for n in out.nodes if n.op == "Add").outputs[0].type.rank == 4
     assert_equivalent(g, out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n, head_k", [(1, 1), ("N", 1), (2, 3)])
+def test_pointwise_head_with_few_outputs_runs_blocked(n, head_k, monkeypatch):
+    """DBNet's head: an up-convolution (1x1 to 4*16 channels, DCR DepthToSpace) -> Relu -> a 1x1
+    conv to 4 channels (the second up-convolution) -> DepthToSpace -> Sigmoid. The 1x1 to fewer
+    channels than a block runs blocked in one zero-padded block (layout_rules.narrow_output),
+    so the first DepthToSpace moves whole channel vectors and the only conversion is of the
+    4-channel result; a 3x3 conv to 4 channels stays NCHW (its input converted instead), even
+    with every blockable conv blocked (the layout pass not selective)."""
+    monkeypatch.setattr(layout, "SELECTIVE", head_k == 1)
+    h = 4
+    body = (f'  %u: float32[{n},64,{h},{h}] = Conv(%x, %wu, %bu) {{kernel_shape = [1, 1]}} name "up"\n'
+            f'  %d: float32[{n},16,{2 * h},{2 * h}] = DepthToSpace(%u) {{blocksize = 2, mode = "DCR"}} name "d2s"\n'
+            f'  %r: float32[{n},16,{2 * h},{2 * h}] = Relu(%d) name "relu"\n'
+            f'  %v: float32[{n},4,{2 * h},{2 * h}] = Conv(%r, %wv, %bv) {{kernel_shape = [{head_k}, {head_k}], '
+            f'pads = [{head_k // 2}, {head_k // 2}, {head_k // 2}, {head_k // 2}]}} name "head"\n'
+            f'  %e: float32[{n},1,{4 * h},{4 * h}] = DepthToSpace(%v) {{blocksize = 2, mode = "DCR"}} name "d2s2"\n'
+            f'  %y: float32[{n},1,{4 * h},{4 * h}] = Sigmoid(%e) name "sig"')
+    sig = f"(%x: float32[{n},16,{h},{h}]) -> (%y)"
+    g = graph(prog(sig, body, 17), wu=R(64, 16, 1, 1), bu=R(64), wv=R(4, 16, head_k, head_k), bv=R(4))
+    out, stats = run_pass("transform_layout", g)
+    ops = _ops(out)
+    head = next(x for x in out.nodes if x.name == "head")
+    if head_k == 1:
+        assert head.qualified_op == "kiln::ConvNCHWc" and stats.fired["DepthToSpace"] == 1
+        assert ops.count("kiln::FromNCHWc") == 1 and ops.index("kiln::FromNCHWc") > ops.index("kiln::ConvNCHWc", 2)
+    else:
+        assert head.qualified_op == "Conv" and not stats.fired.get("DepthToSpace")
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-4)
+    _compiled_matches(g, out)
