@@ -31,6 +31,7 @@ from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
 from kiln.loops import Buffer, Call, LoopModule, PrimFunc, compute, lower, placeholder, seq
 from kiln.loops import Schedule, View
+from kiln.lower.concat_parts import concat_parts
 from kiln.lower.inplace import inplace_candidates
 from kiln.lower.kernel import Kernel, Unfusable, lower_group, lowerable
 from kiln.lower.partition import VIEW_OPS, FusionPlan, partition
@@ -169,13 +170,17 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
     steps: list[Step] = []
     consumers = graph.consumers()
     outputs_ids = {v.id for v in graph.outputs}
-    alias: dict[int, Value] = {}
-    view_offsets: dict[int, int] = {}
+    views = {id(g): offs for g in fusion.groups if (offs := _view_chain(graph, g.nodes)) is not None}
+    # Concats whose producers write their parts in place (kiln.lower.concat_parts): no kernel
+    concats, alias, view_offsets = concat_parts(graph, fusion, set(views), ALIGN)
+    parts = set(alias)
     seen: dict[str, str] = {}      # kernel text (name left out) -> the kernel already emitted
     share: list[tuple[int, Value, Value]] = []
     for group in fusion.groups:
+        if id(group) in concats:
+            continue
         inside = {id(n) for n in group.nodes}
-        offsets = _view_chain(graph, group.nodes)
+        offsets = views.get(id(group))
         if offsets is not None:   # views only: each output aliases its root value's bytes
             for n, off in zip(group.nodes, offsets):
                 src = n.inputs[0]
@@ -231,8 +236,10 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
         steps.insert(k, Step(name, [v], f"string constant {v.name!r}"))
     # (share's step indices count kernels only, so with string constants in front no pair
     # matches its step and nothing runs in place: conservative, as it always was)
-    # an offset view's reader may not write over it in place: its bytes start inside its root's
-    share = [(k, a, b) for k, a, b in share if not view_offsets.get(a.id)]
+    # an offset view's reader may not write over it in place: its bytes start inside its root's;
+    # nor may a Concat's part take another value's bytes, or give its own (they are the Concat's)
+    share = [(k, a, b) for k, a, b in share if not view_offsets.get(a.id) and a.id not in parts
+             and b.id not in parts]
     return LoweredGroups(kernels, funcs, steps, alias, share, out_params, str_consts, view_offsets)
 
 

@@ -1,0 +1,84 @@
+"""A Concat whose inputs are contiguous runs of its result (batch 1 along the channels) needs no
+kernel: each producer writes its part in place (kiln.lower.concat_parts). Checked against the
+interpreter on CSP/SPPF-shaped graphs, blocked and NCHW, with parts also read elsewhere, read
+twice, written over in place after the Concat, and where it cannot apply (batch 2, parts not on
+the arena's alignment, a part that is a graph output)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.interpreter import Interpreter
+from tests.passes.util import graph, prog, random_inputs
+
+F = np.float32
+
+
+def _w(rng, *shape):
+    return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(F)
+
+
+def _sppf(n, c, h, w, twice=False, out_part=False):
+    """x -> 1x1 conv -> a; a -> MaxPool -> p1 -> MaxPool -> p2; Concat(a, p1, p2[, a]) -> 1x1 conv
+    -> Relu -> y (SPPF's shape; p1 is read by the Concat and the second pool). `out_part`: a is
+    also a graph output."""
+    rng = np.random.default_rng(c * h + w)
+    parts = ["a", "p1", "p2"] + (["a"] if twice else [])
+    cc = c * len(parts)
+    pool = '{kernel_shape = [3, 3], pads = [1, 1, 1, 1]}'
+    body = (f'  %a: float32[{n},{c},{h},{w}] = Conv(%x, %wa, %ba) {{kernel_shape = [1, 1]}} name "a"\n'
+            f'  %p1: float32[{n},{c},{h},{w}] = MaxPool(%a) {pool} name "pool1"\n'
+            f'  %p2: float32[{n},{c},{h},{w}] = MaxPool(%p1) {pool} name "pool2"\n'
+            f'  %cat: float32[{n},{cc},{h},{w}] = Concat({", ".join("%" + p for p in parts)}) {{axis = 1}} name "cat"\n'
+            f'  %o: float32[{n},{c},{h},{w}] = Conv(%cat, %wo) {{kernel_shape = [1, 1]}} name "out"\n'
+            f'  %y: float32[{n},{c},{h},{w}] = Relu(%o) name "relu"')
+    sig = f"(%x: float32[{n},{c},{h},{w}]) -> (%y{', %a' if out_part else ''})"
+    return graph(prog(sig, body), wa=_w(rng, c, c, 1, 1), ba=rng.standard_normal(c).astype(F),
+                 wo=_w(rng, c, cc, 1, 1))
+
+
+def _concat_kernels(m, feeds) -> int:
+    """Kernels that compute a Concat (alone or fused with others)."""
+    return sum("Concat" in re.findall(r"(\w+) node", what) for what, _ in m.profile(feeds, runs=1))
+
+
+def _check(g, blocked: bool, monkeypatch) -> int:
+    if not blocked:
+        monkeypatch.setenv("KILN_NCHWC", "0")
+    xs = random_inputs(g, 3)
+    want = Interpreter(g).run(xs)
+    m = kiln.compile(g)
+    feeds = {v.name: x for v, x in zip(g.inputs, xs)}
+    got = m.run(feeds)
+    for v, w in zip(g.outputs, want):
+        np.testing.assert_allclose(got[v.name], w, rtol=1e-5, atol=1e-5)
+    for _ in range(2):      # the arena reused: parts written anew each run
+        again = m.run(feeds)
+        for v in g.outputs:
+            np.testing.assert_array_equal(again[v.name], got[v.name])
+    return _concat_kernels(m, feeds)
+
+
+@pytest.mark.parametrize("blocked", [True, False])
+def test_batch1_concat_runs_no_kernel(blocked, monkeypatch):
+    assert _check(_sppf(1, 16, 6, 8), blocked, monkeypatch) == 0
+
+
+@pytest.mark.parametrize("blocked", [True, False])
+def test_concat_that_cannot_be_parts_still_copies(blocked, monkeypatch):
+    # batch 2: each part is two runs of the result
+    assert _check(_sppf(2, 16, 6, 8), blocked, monkeypatch) == 1
+    # one value twice: copied
+    assert _check(_sppf(1, 16, 4, 4, twice=True), blocked, monkeypatch) == 1
+    # a part that is also a graph output: copied in NCHW; blocked, the part is the blocked twin
+    # and the graph output its conversion, so the Concat still needs no kernel
+    assert _check(_sppf(1, 16, 4, 4, out_part=True), blocked, monkeypatch) == (0 if blocked else 1)
+
+
+def test_unaligned_parts_are_copied(monkeypatch):
+    # NCHW, 3 channels of 5x5 floats: the second part would start 300 bytes in (not 64-aligned)
+    assert _check(_sppf(1, 3, 5, 5), False, monkeypatch) == 1
