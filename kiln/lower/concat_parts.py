@@ -18,11 +18,16 @@ Concat's result) and start on the arena's alignment. Any other Concat copies as 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from kiln.dtypes import DType
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
-from kiln.lower.partition import FusionPlan, Group
+
+if TYPE_CHECKING:
+    from kiln.lower.partition import FusionPlan, Group
+
+ARENA_ALIGN = 64    # the workspace arena's alignment (kiln.lower.module.ALIGN)
 
 
 def _static(v: Value | None) -> TensorType | None:
@@ -30,10 +35,15 @@ def _static(v: Value | None) -> TensorType | None:
     return t if isinstance(t, TensorType) and t.is_static and t.dtype is not DType.string else None
 
 
-def _offsets(node: Node, viewed: set[int], taken: dict[int, Value], producer: dict[int, Node],
-             outputs: set[int], align: int) -> list[int] | None:
-    """Byte offset of each input of Concat `node` in its result, when the inputs can be its parts."""
-    y = _static(node.outputs[0]) if len(node.outputs) == 1 else None
+def part_offsets(node: Node, producer: dict[int, Node], outputs: set[int], align: int = ARENA_ALIGN,
+                 viewed: frozenset | set = frozenset(), taken: dict | None = None) -> list[int] | None:
+    """Byte offset of each input of Concat `node` in its result, when the inputs can be its parts
+    (`viewed`: values that are views, `taken`: values already parts of another Concat; the
+    partition asks without them, before views are known)."""
+    taken = taken or {}
+    if node.op != "Concat" or node.domain or len(node.outputs) != 1:
+        return None
+    y = _static(node.outputs[0])
     if y is None or node.outputs[0].id in outputs or not node.inputs:
         return None
     axis = int(node.attrs.get("axis", 0)) % len(y.shape)
@@ -75,7 +85,7 @@ def concat_parts(graph: Graph, fusion: FusionPlan, view_groups: set[int], align:
         n = one_concat(g)
         if n is None:
             continue
-        offs = _offsets(n, viewed | results, alias, producer, outputs, align)
+        offs = part_offsets(n, producer, outputs, align, viewed | results, alias)
         if offs is None:
             continue
         skipped.add(id(g))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
+from kiln.lower.concat_parts import part_offsets
 from kiln.ops.kinds import PROLOGUE_OPS, VIEW_OPS, Kind, declared_kind
 
 # Anchors whose lowering's schedule tiles a fused elementwise epilogue (kiln.lower.gemm,
@@ -119,8 +120,17 @@ def partition(graph: Graph, fuse_anchors: bool = False, fuse_prologues: bool | N
         # an anchor or reduction joins no producer; it may take producers in as prologues
         folded, refused = _prologues(n, producer, group_of, consumers, outputs) \
             if fuse_prologues and k > Kind.INJECTIVE else ([], {})
+        # a Concat laid out as its inputs' runs joins no producer: they write their parts in place
+        # (unless one is a view, which has no kernel to write it: a group of view ops only)
+        parts = n.op == "Concat" and part_offsets(n, producer, outputs, viewed={
+            v.id for v in n.inputs if v is not None and v.id in producer
+            and all(_key(m) in VIEW_OPS for m in group_of[id(producer[v.id])].nodes)}) is not None
         for v in n.inputs:
             if v is None or v.is_const or v.id not in producer:
+                continue
+            if parts:
+                why.append(f"{producer[v.id].op}({producer[v.id].name}) -> {n.op}({n.name}): its inputs are "
+                           "contiguous runs of its result, written there by their producers (kiln.lower.concat_parts)")
                 continue
             p = producer[v.id]
             g = group_of[id(p)]

@@ -82,3 +82,21 @@ def test_concat_that_cannot_be_parts_still_copies(blocked, monkeypatch):
 def test_unaligned_parts_are_copied(monkeypatch):
     # NCHW, 3 channels of 5x5 floats: the second part would start 300 bytes in (not 64-aligned)
     assert _check(_sppf(1, 3, 5, 5), False, monkeypatch) == 1
+
+
+@pytest.mark.parametrize("blocked", [True, False])
+def test_concat_joins_no_producer_group_and_runs_no_kernel(blocked, monkeypatch):
+    """U-Net's decoder: an up-convolution (1x1 conv, DepthToSpace: an injective kernel the Concat
+    would otherwise join, copying the skip inside it) and a skip conv, concatenated, read by a
+    conv: both write their parts in place."""
+    rng = np.random.default_rng(7)
+    h = 4
+    body = (f'  %s: float32[1,16,{2 * h},{2 * h}] = Conv(%z, %ws) {{kernel_shape = [1, 1]}} name "skip"\n'
+            f'  %u: float32[1,64,{h},{h}] = Conv(%x, %wu, %bu) {{kernel_shape = [1, 1]}} name "up"\n'
+            f'  %d: float32[1,16,{2 * h},{2 * h}] = DepthToSpace(%u) {{blocksize = 2, mode = "DCR"}} name "d2s"\n'
+            f'  %cat: float32[1,32,{2 * h},{2 * h}] = Concat(%d, %s) {{axis = 1}} name "cat"\n'
+            f'  %y: float32[1,16,{2 * h},{2 * h}] = Conv(%cat, %wc) {{kernel_shape = [1, 1]}} name "c"')
+    sig = f"(%x: float32[1,16,{h},{h}], %z: float32[1,16,{2 * h},{2 * h}]) -> (%y)"
+    g = graph(prog(sig, body, 17), wu=_w(rng, 64, 16, 1, 1), bu=rng.standard_normal(64).astype(F),
+              ws=_w(rng, 16, 16, 1, 1), wc=_w(rng, 16, 32, 1, 1))
+    assert _check(g, blocked, monkeypatch) == 0
