@@ -61,6 +61,9 @@ The rewrite, in one walk over the nodes in order:
   and channels kept) resizes its twin with scale 1 on the block axis; a DCR DepthToSpace
   whose channel groups are whole blocks (a U-Net's up-convolution, kiln.passes.conv_transpose)
   moves the twin's channel vectors, when its result is read blocked;
+- a Flatten of a blocked N,C,H,W value whose only reader is a MatMul/Gemm with constant
+  weights (a classifier after its last pool) flattens the twin instead, the weights' rows
+  permuted to the blocked order (zero rows for padding channels);
 - a value needed in NCHW (by any other op, or as a graph output) gets one
   `kiln::FromNCHWc` right before its first such reader, producing the very same
   Value; an NCHW value read by a blocked op gets one `kiln::ToNCHWc`. Each
@@ -110,7 +113,8 @@ class _Rewriter:
         self.nodes: list[Node] = []
         self.skip: set[int] = set()           # nodes folded into a kernel already emitted
         self.fired = {"Conv": 0, "Winograd": 0, "elementwise": 0, "MaxPool": 0, "GlobalAveragePool": 0,
-                      "scale": 0, "Concat": 0, "Resize": 0, "DepthToSpace": 0, "ToNCHWc": 0, "FromNCHWc": 0}
+                      "scale": 0, "Concat": 0, "Resize": 0, "DepthToSpace": 0, "Flatten": 0, "ToNCHWc": 0,
+                      "FromNCHWc": 0}
         self.opset = graph.opset("")
         self.consumers = graph.consumers()
         self.producers = graph.producers()
@@ -454,6 +458,42 @@ class _Rewriter:
         self.fired["Resize"] += 1
         return True
 
+    def flatten_dense(self, node: Node) -> bool:
+        """A Flatten (or Reshape) of a blocked N,C,H,W value to N,C*H*W whose only reader is a
+        MatMul/Gemm with constant weights (a classifier after its last pool: MNIST's and
+        LeNet's) flattens the twin instead, the weights' rows permuted to the blocked order
+        (zero rows for padding channels): no conversion back to NCHW."""
+        if node.domain or node.op not in ("Flatten", "Reshape") or not node.inputs or node.inputs[0] is None \
+                or node.inputs[0].id not in self.blocked or len(node.outputs) != 1 or node.outputs[0] is None:
+            return False
+        x, y = node.inputs[0], node.outputs[0]
+        xs, ys = static_shape(x), static_shape(y)
+        readers = self.consumers.get(y.id, [])
+        if xs is None or ys is None or len(xs) != 4 or ys != (xs[0], xs[1] * xs[2] * xs[3]) \
+                or self.uses[y.id] != 1 or len(readers) != 1:
+            return False
+        dense = readers[0]
+        ins = dense.inputs
+        if dense.domain or dense.op not in ("MatMul", "Gemm") or len(ins) < 2 or ins[0] is not y or ins[1] is None \
+                or ins[1].const is None or ins[1].const.ndim != 2 or any(v is y for v in ins[1:]) \
+                or int(dense.attrs.get("transA", 0)):
+            return False
+        trans = dense.op == "Gemm" and bool(int(dense.attrs.get("transB", 0)))
+        xb = self.blocked[x.id]
+        _, cb, h, w, blk = xb.type.shape
+        c = np.arange(cb * blk).reshape(cb, 1, 1, blk)     # each twin element's channel, in twin order
+        old = ((c * h + np.arange(h).reshape(1, h, 1, 1)) * w + np.arange(w).reshape(1, 1, w, 1)).reshape(-1)
+        valid = (c < xs[1]).repeat(h, 1).repeat(w, 2).reshape(-1)
+        b = ins[1].const.T if trans else ins[1].const
+        rows = np.zeros((old.size, b.shape[1]), b.dtype)
+        rows[valid] = b[old[valid]]
+        wb = new_const(self.namer, f"{ins[1].name}.nchwc{blk}", np.ascontiguousarray(rows.T if trans else rows))
+        flat = self.reshape(xb, (0, cb * h * w * blk))
+        self.emit(dense.op, [flat, wb, *ins[2:]], list(dense.outputs), dict(dense.attrs), dense.name)
+        self.skip.add(id(dense))
+        self.fired["Flatten"] += 1
+        return True
+
     def run(self) -> None:
         for node in self.graph.nodes:
             if id(node) in self.skip:
@@ -485,7 +525,7 @@ class _Rewriter:
             if kinds is not None:
                 self.elementwise(node, kinds)
                 continue
-            if self.concat(node) or self.resize(node) or self.depth_to_space(node):
+            if self.concat(node) or self.resize(node) or self.depth_to_space(node) or self.flatten_dense(node):
                 continue
             for v in reads(node):
                 self.need_nchw(v)

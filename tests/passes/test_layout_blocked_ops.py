@@ -241,3 +241,30 @@ def test_pointwise_head_with_few_outputs_runs_blocked(n, head_k, monkeypatch):
         assert head.qualified_op == "Conv" and not stats.fired.get("DepthToSpace")
     assert_equivalent(g, out, rtol=1e-4, atol=1e-4)
     _compiled_matches(g, out)
+
+
+@pytest.mark.parametrize("n, c, dense", [(1, 16, "gemm_t"), ("N", 12, "matmul"), (2, 12, "gemm")])
+def test_flatten_into_a_dense_layer_reads_the_blocked_twin(n, c, dense):
+    """A classifier: conv -> MaxPool -> Flatten -> Gemm/MatMul with constant weights: the Flatten
+    reads the pooled twin and the weights' rows follow the blocked order (12 channels at block
+    8: zero rows for the 4 padding lanes), so nothing converts back to NCHW; a Flatten with a
+    second reader converts."""
+    h, o = 6, 5
+    k = c * (h // 2) ** 2
+    mm = {"gemm_t": f'Gemm(%f, %wd, %bd) {{transB = 1}}', "gemm": 'Gemm(%f, %wd, %bd)',
+          "matmul": 'MatMul(%f, %wd)'}[dense]
+    body = (f'  %a: float32[{n},{c},{h},{h}] = Conv(%x, %wa, %ba) {{kernel_shape = [3, 3], pads = [1, 1, 1, 1]}} name "a"\n'
+            f'  %p: float32[{n},{c},{h // 2},{h // 2}] = MaxPool(%a) {{kernel_shape = [2, 2], strides = [2, 2]}} name "pool"\n'
+            f'  %f: float32[{n},{k}] = Flatten(%p) {{axis = 1}} name "flat"\n'
+            f'  %y: float32[{n},{o}] = {mm} name "fc"')
+    g = graph(prog(f"(%x: float32[{n},{c},{h},{h}]) -> (%y)", body), wa=R(c, c, 3, 3), ba=R(c),
+              wd=R(o, k) if dense == "gemm_t" else R(k, o), bd=R(o))
+    out, stats = run_pass("transform_layout", g)
+    assert stats.fired["Flatten"] == 1 and "kiln::FromNCHWc" not in _ops(out) and "Flatten" not in _ops(out)
+    assert_equivalent(g, out, rtol=1e-4, atol=1e-4)
+    _compiled_matches(g, out)
+    two = graph(prog(f"(%x: float32[{n},{c},{h},{h}]) -> (%y, %f)", body), wa=R(c, c, 3, 3), ba=R(c),
+                wd=R(o, k) if dense == "gemm_t" else R(k, o), bd=R(o))
+    out, stats = run_pass("transform_layout", two)
+    assert not stats.fired.get("Flatten") and "kiln::FromNCHWc" in _ops(out)
+    assert_equivalent(two, out, rtol=1e-4, atol=1e-4)
