@@ -10,9 +10,10 @@ its producer's kernel writes there, its other readers read there, and the copy k
 one pass over the concatenated bytes less per Concat (read and written once each).
 
 Applies to a Concat fused with nothing (its own fusion group: kiln.lower.partition), with a
-static, non-string result that is not a graph output, whose inputs are distinct values each
-computed by a kernel (not a graph input, constant, view or graph output, nor another such
-Concat's result) and start on the arena's alignment. Any other Concat copies as before.
+static, non-string result (a graph output too: its parts are then written straight into the
+caller's output array, YOLO's per-scale heads), whose inputs are distinct values each computed
+by a kernel (not a graph input, constant, view or graph output, nor another such Concat's
+result) and start on the arena's alignment. Any other Concat copies as before.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def part_offsets(node: Node, producer: dict[int, Node], outputs: set[int], align
     if node.op != "Concat" or node.domain or len(node.outputs) != 1:
         return None
     y = _static(node.outputs[0])
-    if y is None or node.outputs[0].id in outputs or not node.inputs:
+    if y is None or not node.inputs:
         return None
     axis = int(node.attrs.get("axis", 0)) % len(y.shape)
     if math.prod(y.shape[:axis]) != 1:

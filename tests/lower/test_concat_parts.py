@@ -100,3 +100,24 @@ def test_concat_joins_no_producer_group_and_runs_no_kernel(blocked, monkeypatch)
     g = graph(prog(sig, body, 17), wu=_w(rng, 64, 16, 1, 1), bu=rng.standard_normal(64).astype(F),
               ws=_w(rng, 16, 16, 1, 1), wc=_w(rng, 16, 32, 1, 1))
     assert _check(g, blocked, monkeypatch) == 0
+
+
+@pytest.mark.parametrize("blocked", [True, False])
+def test_concat_that_is_the_graph_output_is_written_by_its_parts(blocked, monkeypatch):
+    """YOLO's heads: each scale's conv result reshaped and transposed, concatenated as the graph
+    output: each head's kernel writes into the caller's output array; a head also read
+    elsewhere (a second output) still works."""
+    rng = np.random.default_rng(3)
+    body, parts = "", []
+    for i, h in enumerate((8, 4)):
+        body += (f'  %c{i}: float32[1,48,{h},{h}] = Conv(%x{i}, %w{i}) {{kernel_shape = [1, 1]}} name "head{i}"\n'
+                 f'  %r{i}: float32[1,3,16,{h * h}] = Reshape(%c{i}, %s{i}) name "view{i}"\n'
+                 f'  %t{i}: float32[1,3,{h * h},16] = Transpose(%r{i}) {{perm = [0, 1, 3, 2]}} name "perm{i}"\n'
+                 f'  %q{i}: float32[1,{3 * h * h},16] = Reshape(%t{i}, %u{i}) name "rows{i}"\n')
+        parts.append(f"%q{i}")
+    body += f'  %y: float32[1,240,16] = Concat({", ".join(parts)}) {{axis = 1}} name "cat"\n  %z: float32[1,48,4,4] = Relu(%c1) name "relu"'
+    sig = "(%x0: float32[1,16,8,8], %x1: float32[1,16,4,4]) -> (%y, %z)"
+    g = graph(prog(sig, body), w0=_w(rng, 48, 16, 1, 1), w1=_w(rng, 48, 16, 1, 1),
+              s0=np.array([1, 3, 16, 64], np.int64), s1=np.array([1, 3, 16, 16], np.int64),
+              u0=np.array([1, 192, 16], np.int64), u1=np.array([1, 48, 16], np.int64))
+    assert _check(g, blocked, monkeypatch) == 0
