@@ -19,14 +19,10 @@ result) and start on the arena's alignment. Any other Concat copies as before.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from kiln.dtypes import DType
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.types import TensorType
-
-if TYPE_CHECKING:
-    from kiln.lower.partition import FusionPlan, Group
 
 ARENA_ALIGN = 64    # the workspace arena's alignment (kiln.lower.module.ALIGN)
 
@@ -65,24 +61,25 @@ def part_offsets(node: Node, producer: dict[int, Node], outputs: set[int], align
     return offsets
 
 
-def concat_parts(graph: Graph, fusion: FusionPlan, view_groups: set[int], align: int
+def concat_parts(graph: Graph, groups: list, view_groups: set[int], align: int
                  ) -> tuple[set[int], dict[int, Value], dict[int, int]]:
     """(id() of each Concat group that needs no kernel, input id -> the Concat's result,
-    input id -> its byte offset there). `view_groups`: id() of the groups that are views
+    input id -> its byte offset there), of the fusion groups `groups` (kiln.lower.partition's,
+    which asks `part_offsets` whether a Concat may stand alone). `view_groups`: id() of the groups that are views
     (no kernel: their outputs alias their inputs, so they cannot be parts)."""
     producer = {v.id: n for n in graph.nodes for v in n.outputs if v is not None}
     outputs = {v.id for v in graph.outputs}
-    viewed = {v.id for g in fusion.groups if id(g) in view_groups for n in g.nodes for v in n.outputs
+    viewed = {v.id for g in groups if id(g) in view_groups for n in g.nodes for v in n.outputs
               if v is not None}
     skipped: set[int] = set()
     alias: dict[int, Value] = {}
     offsets: dict[int, int] = {}
     results: set[int] = set()
 
-    def one_concat(g: Group) -> Node | None:
+    def one_concat(g) -> Node | None:
         n = g.nodes[0] if len(g.nodes) == 1 else None
         return n if n is not None and n.op == "Concat" and not n.domain else None
-    for g in fusion.groups:
+    for g in groups:
         n = one_concat(g)
         if n is None:
             continue

@@ -172,7 +172,7 @@ def lower_groups(graph: Graph, fusion: FusionPlan, known: dict[int, np.ndarray] 
     outputs_ids = {v.id for v in graph.outputs}
     views = {id(g): offs for g in fusion.groups if (offs := _view_chain(graph, g.nodes)) is not None}
     # Concats whose producers write their parts in place (kiln.lower.concat_parts): no kernel
-    concats, alias, view_offsets = concat_parts(graph, fusion, set(views), ALIGN)
+    concats, alias, view_offsets = concat_parts(graph, fusion.groups, set(views), ALIGN)
     parts = set(alias)
     seen: dict[str, str] = {}      # kernel text (name left out) -> the kernel already emitted
     share: list[tuple[int, Value, Value]] = []
