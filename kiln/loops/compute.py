@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kiln.dtypes import DType
 from kiln.errors import KilnError
-from kiln.loops.expr import Expr, as_expr, cast, var, walk
+from kiln.loops.expr import Expr, as_expr, cast, reduce_identity, var, walk
 from kiln.loops.stmt import Buffer
 
 
@@ -66,9 +66,14 @@ def reduce_axis(extent_or_range, name: str = "k") -> Expr:
         lo, hi = 0, extent_or_range
     if isinstance(hi, Expr) or isinstance(lo, Expr):   # a symbolic extent (kiln.loops.symbols)
         return var(name, dom=(lo, _size(hi - lo)), kind="reduce")
-    if hi <= lo:
-        raise KilnError(f"reduce_axis {name!r} has an empty range [{lo}, {hi})")
+    if hi < lo:
+        raise KilnError(f"reduce_axis {name!r} has a negative range [{lo}, {hi})")
     return var(name, dom=(int(lo), int(hi - lo)), kind="reduce")
+
+
+def _empty_domain(v: Expr) -> bool:
+    extent = v.arg.dom[1]
+    return not isinstance(extent, Expr) and int(extent) == 0
 
 
 def _size(s):
@@ -90,6 +95,10 @@ def compute(shape, fn, name: str, dtype: DType | None = None) -> Tensor:
     names = names or [f"i{d}" for d in range(len(shape))]
     axis = tuple(var(nm, dom=(0, s)) for nm, s in zip(names, shape))
     body = as_expr(fn(*axis), dtype)
+    if body.op == "reduce" and any(_empty_domain(a) for a in body.arg[1]):
+        # a reduction over an empty set is its combiner's identity (a sum 0, a max -inf): no
+        # loop over nothing is made, and no schedule has to split an extent of 0
+        body = reduce_identity(body.arg[0], body.dtype)
     if dtype is not None:
         body = cast(dtype, body) if body.op != "reduce" else body
     for e in walk(body):

@@ -229,6 +229,8 @@ def conv_native(ctx, geom: ConvGeom, xval, wval, acc_dt: DType, epilogue, out_dt
     epilogue(acc, oc) -> Expr in out_dt (bias, requantization, cast).
     """
     g = geom
+    if g.cg == 0:   # no input channels: every output is the epilogue of an empty sum (the bias)
+        return compute((g.n, g.oc, *g.out), lambda n, o, *sp: epilogue(const(0, acc_dt), o), "conv", out_dt)
     nd = g.nd
     lanes = ctx.target.vector_lanes(acc_dt.itemsize)
     plan = plan_conv(g, ctx.target, acc_dt.itemsize, knobs)

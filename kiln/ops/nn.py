@@ -21,7 +21,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.registry import OPAQUE, OUT_FUSABLE, REDUCTION, op, same_as
-from kiln.ops.shapes import expect_shape, normalize_axis
+from kiln.ops.shapes import expect_shape, normalize_axis, require_nonempty
 
 # ---------------------------------------------------------------- helpers
 
@@ -337,7 +337,7 @@ def conv_transpose(ctx, x, w, b=None):
     m = w.shape[1] * group
     ins = x.shape[2:]
     xm = xc.reshape(n, group, c // group, math.prod(ins))
-    wm = wc.reshape(group, c // group, -1).transpose(0, 2, 1)           # g, M/g*K, C/g
+    wm = wc.reshape(group, c // group, math.prod(w.shape[1:])).transpose(0, 2, 1)   # g, M/g*K, C/g
     cols = np.matmul(wm[None], xm).reshape((n, m) + tuple(kern) + tuple(ins))
     s = _int_list(ctx, "strides", nd, 1)
     d = _int_list(ctx, "dilations", nd, 1)
@@ -542,11 +542,13 @@ def lp_pool(ctx, x):
 def _global_infer(ctx):
     xs = ctx.shape(0)
     _rank_check(ctx, xs)
+    require_nonempty(ctx, xs, range(2, len(xs or ())), "pooling")
     return [TensorType(ctx.dtype(0), None if xs is None else (*xs[:2], *[1] * (len(xs) - 2)))]
 
 
 def _global(fn):
     def run(ctx, x):
+        require_nonempty(ctx, x.shape, range(2, x.ndim), "pooling")
         return np.asarray(fn(ctx, compute_dtype(x), tuple(range(2, x.ndim)))).astype(x.dtype)
     return run
 

@@ -14,7 +14,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.graph.types import TensorType
 from kiln.ops.registry import OPAQUE, REDUCTION, InferCtx, RunCtx, register, same_as
-from kiln.ops.shapes import normalize_axes, normalize_axis
+from kiln.ops.shapes import normalize_axes, normalize_axis, require_nonempty
 
 
 # ---- helpers shared with linalg / attention / loss ----
@@ -143,6 +143,7 @@ def _arg_infer(ctx: InferCtx):
     shape = ctx.shape(0)
     if shape is not None:
         axis = normalize_axis(ctx, ctx.attr("axis", 0), len(shape))
+        require_nonempty(ctx, shape, [axis], f"{ctx.node.op} along axis {axis}")
         shape = tuple(1 if i == axis else d for i, d in enumerate(shape)) if ctx.attr("keepdims", 1) \
             else shape[:axis] + shape[axis + 1:]
     return [TensorType(DType.int64, shape)]
@@ -150,6 +151,7 @@ def _arg_infer(ctx: InferCtx):
 
 def _arg_run(ctx: RunCtx, x):
     axis = normalize_axis(ctx, ctx.attr("axis", 0), x.ndim)
+    require_nonempty(ctx, x.shape, [axis], f"{ctx.node.op} along axis {axis}")
     fn = np.argmax if ctx.node.op == "ArgMax" else np.argmin
     if ctx.attr("select_last_index", 0):
         idx = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis)

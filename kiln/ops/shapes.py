@@ -43,6 +43,21 @@ def normalize_axes(ctx, axes, rank: int, what: str = "axes") -> list[int]:
     return [normalize_axis(ctx, int(a), rank, what) for a in axes]
 
 
+def require_nonempty(ctx, shape: Sequence[Dim] | None, axes, what: str) -> None:
+    """Fail, naming the node, when a reduction without an identity (ArgMax, a global pool)
+    would run over an empty set: some of `axes` of `shape` has a static extent 0. Called by
+    inference (a static extent: a compile-time error) and by the reference on the actual
+    shape (a symbolic one: a run-time error, where the cpu target's specialisation, which
+    infers again on the concrete shape, fails the same way)."""
+    if shape is None:
+        return
+    empty = [a for a in axes if shape[a] == 0]
+    if empty:
+        ctx.fail(f"{what} over an empty set: input 0 has shape {tuple(shape)}, axis "
+                 f"{', '.join(map(str, empty))} of extent 0 (expected at least 1 element: "
+                 f"{ctx.node.op} has no value for an empty set)")
+
+
 def expect_shape(ctx, i: int, want: Sequence[Dim], name: str, scalar_ok: bool = False) -> None:
     """Fail unless input `i` (when present, of known shape) has shape `want` (dims that are
     symbols on either side match anything); `scalar_ok`: a scalar or a 1-element vector too.

@@ -251,9 +251,12 @@ def reduce(b: GraphBuilder, x: Val) -> Val:
         axis = int(rng.integers(-r, r))
         lo, hi = (0, 1) if op == "Softmax" else (-2 * x.mag - math.log(max(x.size, 1)) - 1, 0)
         return b.op1(op, [x], x.dtype, x.shape, lo, hi, axis=axis)
-    if kind < 0.25:
+    if kind < 0.25 and any(x.shape):
         op = str(rng.choice(["ArgMax", "ArgMin"]))
         axis = int(rng.integers(-r, r))
+        if x.shape[axis % r] == 0:   # no index of an extreme in an empty set: a KilnError, not a case
+            live = [k for k, d in enumerate(x.shape) if d]
+            axis = live[int(rng.integers(len(live)))]
         keep = int(rng.random() < 0.5)
         shape = tuple(1 if k == axis % r else d for k, d in enumerate(x.shape)) if keep else \
             tuple(d for k, d in enumerate(x.shape) if k != axis % r)

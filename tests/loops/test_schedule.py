@@ -116,6 +116,21 @@ def test_max_reduction_with_offset_range(run):
     np.testing.assert_array_equal(run(s, [X], [R], [x])[0], x[:, 2:11].max(axis=1))
 
 
+@pytest.mark.parametrize("reducer, identity", [(sum_, 0.0), (rmax, -np.inf)])
+def test_a_reduction_over_an_empty_range_is_its_identity(run, reducer, identity):
+    """A static empty range (a dim of 0: LayerNorm over it, a Conv with no input channel) is the
+    combiner's identity, with no loop over nothing left for a schedule to split."""
+    X = placeholder((5, 0), F32, "X")
+    k = reduce_axis(0, "k")
+    R = compute((5,), lambda i: reducer(X[i, k], axis=k), "R")
+    assert not R.reduce_axis
+    s = Schedule(R)
+    s[R].split(R.axis[0], 2)
+    np.testing.assert_array_equal(run(s, [X], [R], [np.zeros((5, 0), np.float32)])[0], np.full(5, identity))
+    with pytest.raises(KilnError, match="negative range"):
+        reduce_axis((3, 2), "k")
+
+
 def test_trace_replays_on_a_fresh_compute():
     A, B, C, k, _, _ = matmul(16, 16, 16)
     s = Schedule(C)
