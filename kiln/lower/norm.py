@@ -14,7 +14,7 @@ from kiln.lower.nnutil import _acc_dtype, bcast_load
 from kiln.lower.schedules import norm_schedule
 from kiln.lower.pool import _abs_pow, _root
 from kiln.lower.reduce import schedule_per_row
-from kiln.ops.nn import _bn_training, _stash
+from kiln.ops.nn import _bn_training, _stash, norm_dtype
 from kiln.lower.context import lowering
 from kiln.ops.shapes import normalize_axis
 
@@ -114,11 +114,11 @@ def _instance_norm_lower(ctx, x, scale, bias):
 
 
 def _trailing_norm(ctx, x):
-    """LayerNorm/RMSNorm normalise over the dims from `axis` on, accumulating in stash_type:
+    """LayerNorm/RMSNorm normalise over the dims from `axis` on, accumulating in norm_dtype:
     (rank, axis, accumulator dtype, normalised axes)."""
     rank = len(x.shape)
     axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), rank)
-    acc = _stash(ctx)
+    acc = norm_dtype(ctx, x.dtype)
     if acc.c is None:
         ctx.fail(f"stash_type {acc} has no native type")
     return rank, axis, acc, list(range(axis, rank))
@@ -143,8 +143,9 @@ def _layer_norm_lower(ctx, x, scale, bias=None):
         (s2,), (s1,) = var.inputs, mean.inputs
         ctx.schedule(lambda sch, outs: schedule_per_row(sch, y, [inv, var, s2, mean, s1], ctx.target))
         return y
-    mean_out = compute(mean.shape, lambda *i: mean[i], "mean")
-    inv_out = compute(inv.shape, lambda *i: inv[i], "invstd")
+    stash = _stash(ctx)
+    mean_out = compute(mean.shape, lambda *i: cast(stash, mean[i]), "mean")
+    inv_out = compute(inv.shape, lambda *i: cast(stash, inv[i]), "invstd")
     ctx.schedule(norm_schedule([y], axis, math.prod(x.shape), ctx.target))
     return [y, mean_out, inv_out][:max(ctx.num_outputs, 1)]
 
@@ -180,7 +181,7 @@ def _group_norm_lower(ctx, x, scale, bias):
     if c % g:
         ctx.fail(f"channels {c} not divisible by num_groups {g}")
     cg = c // g
-    acc = _stash(ctx) if ctx.opset >= 21 else _acc_dtype(x.dtype)
+    acc = norm_dtype(ctx, x.dtype) if ctx.opset >= 21 else _acc_dtype(x.dtype)
     if acc.c is None:
         ctx.fail(f"stash_type {acc} has no native type")
     sp = list(x.shape[2:])

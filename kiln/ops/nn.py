@@ -669,6 +669,18 @@ def _stash(ctx):
     return DType.from_onnx(int(ctx.attr("stash_type", 1)))
 
 
+def norm_dtype(ctx, x_dtype) -> DType:
+    """The precision LayerNorm, RMSNorm and GroupNorm (opset 21) compute in: their stash_type,
+    or the input's own float type where that is wider. stash_type is the precision of the
+    statistics the spec asks for at least; a double input normalised in float32 (the default
+    stash_type) would be float32-accurate only, while ONNX Runtime and onnx.reference compute
+    it in double, and two float32 orders of summation (kiln's reference, its native code)
+    differ by ulps of float32, far outside double's tolerance. Mean and InvStdDev still have
+    the stash_type dtype."""
+    stash, x = _stash(ctx), DType.from_numpy(np.dtype(x_dtype)) if not isinstance(x_dtype, DType) else x_dtype
+    return x if x.is_float and x.itemsize > stash.itemsize else stash
+
+
 def _layer_norm_infer(ctx):
     t = ctx.tensor(0)
     if t.shape is None:
@@ -683,13 +695,14 @@ def _layer_norm_infer(ctx):
 @op("LayerNormalization", infer=_layer_norm_infer, fusion=REDUCTION)
 def layer_norm(ctx, x, scale, bias=None):
     axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), x.ndim)
-    xc = x.astype(_stash(ctx).np)
+    xc = x.astype(norm_dtype(ctx, x.dtype).np)
     mean, var, xn = _normalize(xc, tuple(range(axis, x.ndim)), float(ctx.attr("epsilon", 1e-5)))
     y = xn * scale.astype(xc.dtype)
     if bias is not None:
         y = y + bias.astype(xc.dtype)
     inv = 1 / np.sqrt(var + float(ctx.attr("epsilon", 1e-5)))
-    return y.astype(x.dtype), mean, inv.astype(xc.dtype)
+    stash = _stash(ctx).np
+    return y.astype(x.dtype), mean.astype(stash), inv.astype(stash)
 
 
 def _rms_infer(ctx):
@@ -700,7 +713,7 @@ def _rms_infer(ctx):
 @op("RMSNormalization", infer=_rms_infer, fusion=REDUCTION)
 def rms_norm(ctx, x, scale):
     axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), x.ndim)
-    xc = x.astype(_stash(ctx).np)
+    xc = x.astype(norm_dtype(ctx, x.dtype).np)
     ms = (xc * xc).mean(axis=tuple(range(axis, x.ndim)), keepdims=True)
     y = xc / np.sqrt(ms + float(ctx.attr("epsilon", 1e-5))) * scale.astype(xc.dtype)
     return y.astype(scale.dtype)
@@ -713,7 +726,7 @@ def group_norm(ctx, x, scale, bias):
     n, c = x.shape[:2]
     if c % g:
         ctx.fail(f"channels {c} not divisible by num_groups {g}")
-    xc = x.astype(_stash(ctx).np) if ctx.opset >= 21 else compute_dtype(x)
+    xc = x.astype(norm_dtype(ctx, x.dtype).np) if ctx.opset >= 21 else compute_dtype(x)
     xn = _normalize(xc.reshape(n, g, c // g * math.prod(x.shape[2:])), (2,), float(ctx.attr("epsilon", 1e-5)))[2].reshape(x.shape)
 
     def per_channel(p):

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 OPSETS = (11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
 LEVELS = (0, 1, 2, 3)
 MAX_ELEMS = 8192           # elements of any one value: graphs stay small and quick to run
+STEP_OFFSET = 0.381966     # 2 - the golden ratio: added before a step function (GraphBuilder.off_steps)
 _NP = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
        np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.int32): TensorProto.INT32,
        np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int8): TensorProto.INT8,
@@ -203,6 +204,19 @@ class GraphBuilder:
             u = self.op1("Sigmoid", [v], v.dtype, v.shape, 0, 1)
         c = self.const(np.array(least, dtype=v.dtype))
         return self.op1("Add", [u, c], v.dtype, v.shape, least, u.hi + least)
+
+    def off_steps(self, v: Val) -> Val:
+        """v + STEP_OFFSET, the input of an op with steps at the integers or half-integers
+        (Floor, Ceil, Round, Sign, a Cast to an integer type). A value that is an integer or a
+        simple fraction by construction (a softmax's total 1, Relu's 0, x - max(x)) sits on a
+        step, where two engines one ulp apart (a float32 sum in another order, both within
+        tolerance) give results a whole step apart: not a bug, and no tolerance can tell it
+        from one. Moved by the offset, integers and halves, thirds, quarters, tenths are at
+        least 0.018 from every step; random values still fall on every side of every step."""
+        if not v.is_float:
+            return v
+        c = self.const(np.array(STEP_OFFSET, dtype=v.dtype))
+        return self.op1("Add", [v, c], v.dtype, v.shape, v.lo + STEP_OFFSET, v.hi + STEP_OFFSET)
 
     def unit(self, v: Val, bound: float = 0.9) -> Val:
         """v squashed into (-bound, bound) (for Asin, Acos, Atanh)."""

@@ -22,7 +22,7 @@ def _np_softplus(x):
     return np.logaddexp(0, x)
 
 
-# name: (numpy function for the range, min opset, domain ("any"/"pos"/"unit"/"small"), attrs)
+# name: (numpy function for the range, min opset, domain ("any"/"pos"/"unit"/"small"/"step"), attrs)
 UNARY = {
     "Relu": (lambda x: np.maximum(x, 0), 1, "any", {}),
     "LeakyRelu": (lambda x: np.where(x > 0, x, 0.1 * x), 1, "any", {"alpha": 0.1}),
@@ -46,10 +46,10 @@ UNARY = {
     "Reciprocal": (lambda x: 1 / x, 1, "pos", {}),
     "Abs": (np.abs, 1, "any", {}),
     "Neg": (np.negative, 1, "any", {}),
-    "Floor": (np.floor, 1, "any", {}),
-    "Ceil": (np.ceil, 1, "any", {}),
-    "Round": (np.round, 11, "any", {}),
-    "Sign": (np.sign, 9, "any", {}),
+    "Floor": (np.floor, 1, "step", {}),
+    "Ceil": (np.ceil, 1, "step", {}),
+    "Round": (np.round, 11, "step", {}),
+    "Sign": (np.sign, 9, "step", {}),
     "Sin": (np.sin, 7, "small", {}),
     "Cos": (np.cos, 7, "small", {}),
     "Tan": (np.tan, 7, "unit", {}),
@@ -83,6 +83,8 @@ def unary(b: GraphBuilder, v: Val, op: str | None = None) -> Val:
         v = b.unit(v, 0.9 if op != "Tan" else 1.2)
     elif dom == "small":
         v = b.scale_to(v, 6.0)
+    elif dom == "step":
+        v = b.off_steps(v)
     if op == "Acosh":
         lo, hi = _sample_range(np.arccosh, v.lo, v.hi)
     else:
@@ -224,7 +226,7 @@ def int_detour(b: GraphBuilder, v: Val) -> Val:
         v = b.scale_to(v, 100.0)
         if dt == U8:
             v = b.op1("Relu", [v], v.dtype, v.shape, max(v.lo, 0), max(v.hi, 0))
-    x = b.cast(v, dt)
+    x = b.cast(b.off_steps(v), dt)
     for _ in range(int(rng.integers(0, 3))):
         op = str(rng.choice(INT_BINARY + INT_UNARY))
         if op in INT_UNARY:
