@@ -295,6 +295,8 @@ def reduce(b: GraphBuilder, x: Val) -> Val:
     shape = tuple(1 if k in red else d for k, d in enumerate(x.shape)) if keep else \
         tuple(d for k, d in enumerate(x.shape) if k not in red)
     n = math.prod(x.shape[k] for k in red) if red else 1
+    if n == 0 and op == "ReduceMean":   # ONNX: the mean of nothing is undefined (kiln NaN, ORT 0)
+        op = "ReduceSum"
     mag = x.mag
     lo, hi = {"ReduceSum": (-n * mag, n * mag), "ReduceMean": (-mag, mag), "ReduceMax": (x.lo, x.hi),
               "ReduceMin": (x.lo, x.hi), "ReduceProd": (-1, 1), "ReduceL1": (0, n * mag),
