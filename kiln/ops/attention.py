@@ -108,6 +108,14 @@ def _attention_dims(ctx: InferCtx):
     return dims
 
 
+def _refuse_empty(ctx, total, head_size) -> None:
+    """Attention over no key (or with a head size of 0) is refused, as ONNX Runtime refuses it
+    and as kiln's native kernels do: statically by inference, at run time by the reference."""
+    if total == 0 or head_size == 0:
+        ctx.fail(f"attention over an empty key sequence or head size: {total} keys (past and new), "
+                 f"head size {head_size} (expected at least 1 of each)")
+
+
 def _attention_infer(ctx: InferCtx):
     t = ctx.dtype(0)
     dims = _attention_dims(ctx)
@@ -117,6 +125,7 @@ def _attention_infer(ctx: InferCtx):
     b, hq, hkv, sq, skv, d, dv = dims
     past = ctx.shape(4) if ctx.has_input(4) else None
     total = skv if not ctx.has_input(4) else (_add(ctx, past[2], skv) if past is not None else ctx.new_dim())
+    _refuse_empty(ctx, total, d)
     y = (b, hq, sq, dv) if len(ctx.shape(0)) == 4 else (b, sq, dim_mul(hq, dv, ctx))
     return [TensorType(t, y), TensorType(t, (b, hkv, total, d)), TensorType(ctx.dtype(2), (b, hkv, total, dv)),
             TensorType(t, (b, hq, sq, total))][:max(ctx.num_outputs, 1)]
@@ -161,6 +170,7 @@ def attention(ctx: RunCtx, q, k, v, attn_mask=None, past_key=None, past_value=No
     present_v = v if past_value is None else np.concatenate([past_value, v], axis=2)
     dt = compute_dtype(q.dtype)
     hq, sq, total = q.shape[1], q.shape[2], present_k.shape[2]
+    _refuse_empty(ctx, total, q.shape[3])
     offset = past_key.shape[2] if past_key is not None else \
         (nonpad_kv_seqlen.reshape(-1, 1, 1, 1) - sq if nonpad_kv_seqlen is not None else 0)
     bias = _attention_bias(ctx, attn_mask, sq, total, offset, nonpad_kv_seqlen, dt)

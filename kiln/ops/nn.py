@@ -745,6 +745,8 @@ def lrn(ctx, x):
     size = int(ctx.attr("size"))
     alpha, beta, bias = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75)), float(ctx.attr("bias", 1.0))
     xc = compute_dtype(x)
+    if x.size == 0:   # no channel (or nothing else): no window to slide
+        return x.copy()
     sq = np.pad(xc * xc, [(0, 0), ((size - 1) // 2, size // 2)] + [(0, 0)] * (x.ndim - 2))
     ssum = np.lib.stride_tricks.sliding_window_view(sq, size, axis=1).sum(axis=-1)
     return (xc / (bias + alpha / size * ssum) ** beta).astype(x.dtype)

@@ -108,6 +108,9 @@ IDENTITY = {
              [1, 0, 6, 6], ["y"], [_c("w", np.ones((16, 0, 3, 3))), _c("b", np.arange(16))], 18),
     "ConvTranspose": ([helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=[1, 1])],
                       [1, 0, 3, 3], ["y"], [_c("w", np.ones((0, 2, 1, 1))), _c("b", [1, 2])], 18),
+    # no channel: the reference's sliding window over channels failed (NumPy's "window shape
+    # cannot be larger than input array shape")
+    "LRN": ([helper.make_node("LRN", ["x"], ["y"], size=3)], [1, 0, 3, 3], ["y"], [], 18),
     # an empty normalization read by a reduction: the sum of nothing
     "LayerNormalization_then_ReduceSum": (_ln(("t",)) + [helper.make_node("ReduceSum", ["t"], ["y"], keepdims=1)],
                                           [3, 0], ["y"], [_c("s", np.ones(0)), _c("b", np.zeros(0))], 18),
@@ -142,3 +145,20 @@ def test_conv_without_input_channels_is_its_bias():
     y = kiln.compile(_model(nodes, shape, outs, inits, opset), target="cpu").run(
         {"x": np.zeros(shape, np.float32)})["y"]
     assert y.shape == (1, 16, 6, 6) and (y == np.arange(16, dtype=np.float32)[None, :, None, None]).all()
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+@pytest.mark.parametrize("target", ["interpreter", "cpu"])
+def test_attention_over_no_key_is_refused_by_name(target, symbolic):
+    """Softmax over an empty key sequence: ORT and kiln's native kernels refuse it; the
+    reference failed on NumPy's "zero-size array to reduction operation maximum"."""
+    shapes = {"q": [1, 2, 3, 4], "k": [1, 2, 0, 4], "v": [1, 2, 0, 4]}
+    ins = [helper.make_tensor_value_info(n, F, [f"{n}{d}" for d in range(4)] if symbolic else s)
+           for n, s in shapes.items()]
+    g = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"], name="att")], "m", ins,
+                          [helper.make_tensor_value_info("y", F, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+    m.ir_version = 10
+    feeds = {n: np.zeros(s, np.float32) for n, s in shapes.items()}
+    with pytest.raises(KilnError, match="Attention node 'att': attention over an empty key sequence.*0 keys"):
+        kiln.compile(m, target=target).run(feeds)
