@@ -218,6 +218,23 @@ class GraphBuilder:
         c = self.const(np.array(STEP_OFFSET, dtype=v.dtype))
         return self.op1("Add", [v, c], v.dtype, v.shape, v.lo + STEP_OFFSET, v.hi + STEP_OFFSET)
 
+    def break_ties(self, v: Val, axis: int) -> Val:
+        """v plus a ramp along `axis` (i * delta at position i), the input of an op whose
+        positions are compared (TopK's indices; ArgMax keeps its ties: select_last_index is
+        about them, and no engine has split one so far). Equal values by construction (a
+        Where of one scalar, a saturated Clip, Relu's zeros) are ties the reference keeps
+        exact, while an engine may compute the same input an ulp apart in its vector body
+        and scalar tail: another index, not a bug. delta (1e-3 of the range, 3e-2 in
+        float16) is far beyond such ulps; random values keep their order but at near-ties."""
+        axis %= v.rank
+        n = v.shape[axis]
+        if n < 2 or not v.is_float:
+            return v
+        delta = max(v.mag, 1e-2) * (3e-2 if v.dtype == np.float16 else 1e-3)
+        ramp = (np.arange(n) * delta).astype(v.dtype).reshape((n,) + (1,) * (v.rank - 1 - axis))
+        c = self.const(ramp, "ramp")
+        return self.op1("Add", [v, c], v.dtype, v.shape, v.lo, v.hi + (n - 1) * delta)
+
     def unit(self, v: Val, bound: float = 0.9) -> Val:
         """v squashed into (-bound, bound) (for Asin, Acos, Atanh)."""
         if v.mag <= bound:

@@ -102,6 +102,7 @@ def data_dependent(b: GraphBuilder, x: Val, pool: list) -> Val:
             attrs["largest"] = 0
         shape = list(x.shape)
         shape[axis % x.rank] = k
+        x = b.break_ties(x, axis)
         vals, idx = b.node("TopK", [x, b.ints([k])], [(x.dtype, tuple(shape), x.lo, x.hi),
                                                       (I64, tuple(shape), 0, n - 1)], **attrs)
         fi = b.cast(idx, x.dtype)

@@ -304,7 +304,7 @@ def motif(b: GraphBuilder, x: Val, pool: list) -> tuple[Val, list]:
         y = b.op1("Reshape", [x, tgt], dt, (x.shape[0], x.size // max(x.shape[0], 1)), x.lo, x.hi)
         return unary(b, y), []
     if kind == "residual":     # y = x + f(x): the anchor's input read again by its epilogue
-        if x.rank == 4:
+        if x.rank == 4 and 0 not in x.shape[2:]:   # a 1x1 window over an empty image: refused (ORT too)
             ch = x.shape[1]
             w = _weight(b, (ch, ch, 1, 1), ch, dt)
             y = b.op1("Conv", [x, w], dt, x.shape, -x.mag * 2, x.mag * 2)
