@@ -64,6 +64,9 @@ The rewrite, in one walk over the nodes in order:
 - a Flatten of a blocked N,C,H,W value whose only reader is a MatMul/Gemm with constant
   weights (a classifier after its last pool) flattens the twin instead, the weights' rows
   permuted to the blocked order (zero rows for padding channels);
+- a blocked conv whose result is split into groups of channels that are then moved innermost
+  (a detector head's anchors x outputs) first gets each group padded to whole blocks
+  (kiln.passes.layout_groups), so its conversion back reads whole lane runs;
 - a value needed in NCHW (by any other op, or as a graph output) gets one
   `kiln::FromNCHWc` right before its first such reader, producing the very same
   Value; an NCHW value read by a blocked op gets one `kiln::ToNCHWc`. Each
@@ -91,6 +94,7 @@ from kiln.ops.winograd import deferred_weight
 from kiln.ops.winograd1d import transform_weight_1d
 from kiln.passes.edit import Namer, images, new_const, reads, use_counts
 from kiln.passes.edit import per_image_shape as static_shape   # (a symbolic batch allowed)
+from kiln.passes.layout_groups import align_channel_groups
 from kiln.passes.layout_rules import (  # noqa: F401 (_window_attrs, narrow_input, worth_blocking: read here)
     BINARY, UNARY, _window_attrs, blockable_pool, choose_convs, default_block, depth_to_space_blocks,
     global_average, input_block, narrow_input, per_channel, planar, worth_blocking)
@@ -560,11 +564,12 @@ def transform(graph: Graph, block: int, selective: bool | None = None, target: T
                                   decisions)
     if findings is not None:
         findings.extend(choices)
+    groups = align_channel_groups(graph, convs, block)
     r = _Rewriter(graph, block, convs)
     r.run()
     if r.fired["Conv"] or r.fired["Winograd"]:
         graph.opsets.setdefault(DOMAIN, 1)
-    return {k: n for k, n in r.fired.items() if n}
+    return {k: n for k, n in {**r.fired, "channel groups": groups}.items() if n}
 
 
 @graph_pass("transform_layout")
