@@ -9,7 +9,7 @@ measures it here, on the host, for the threads implementation and wait settings 
 will run under: a loop of near-empty two-chunk regions with GAP_US of serial work between
 them (the kernels between two parallel ones), built with kiln's C compiler and run in a
 child process; the median microseconds per fork and join. The result is kept per machine and
-settings (`store_dir()`: ~/.cache/kiln/fork-cost/<key>.json; delete it to measure again), so
+settings (`store_dir("fork-cost")`: ~/.cache/kiln/fork-cost/<key>.json; delete it to measure again), so
 each machine measures once.
 
 A machine busier than it has cores does not measure (its threads wait for the CPU, not for
@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kiln.codegen.cachedir import check_private, private_dir, write_atomic
+from kiln.codegen.cachedir import write_atomic
+from kiln.codegen.measured import env_override, store_dir, stored
 from kiln.errors import KilnError
 from kiln.runtime import threads
 from kiln.targets.target import Target
@@ -143,32 +144,13 @@ def _key(target: Target) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def store_dir() -> Path:
-    """Where measurements are kept: beside kiln's default cache (~/.cache/kiln/fork-cost)
-    whatever KILN_CACHE_DIR says, since they describe the machine, not a compile (a new, empty
-    cache directory, as a cold-compile benchmark makes, does not measure again); under
-    KILN_CACHE_DIR when that one cannot be made or is not this user's alone."""
-    d = Path.home() / ".cache" / "kiln" / "fork-cost"
-    try:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        check_private(d)
-        return d
-    except (OSError, KilnError):
-        return private_dir("fork-cost")
-
-
 def _path(target: Target) -> Path:
-    return store_dir() / f"{_key(target)}.json"
+    return store_dir("fork-cost") / f"{_key(target)}.json"
 
 
 def cached(target: Target) -> float | None:
     """The stored measurement for `target`'s machine and settings, if there is one."""
-    try:
-        with open(_path(target)) as f:
-            us = json.load(f)["fork_us"]
-        return float(us) if isinstance(us, (int, float)) and us > 0 else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return stored(_path(target), "fork_us")
 
 
 def busy(cores: int) -> bool:
@@ -182,18 +164,7 @@ def busy(cores: int) -> bool:
 
 def override() -> float | str | None:
     """KILN_FORK_US: microseconds, "table", or None (unset: measure)."""
-    v = os.environ.get("KILN_FORK_US", "").strip().lower()
-    if not v:
-        return None
-    if v == "table":
-        return "table"
-    try:
-        us = float(v)
-    except ValueError:
-        us = -1.0
-    if not us > 0:
-        raise KilnError(f"KILN_FORK_US={v!r}: give microseconds per fork and join (a positive number) or 'table'")
-    return us
+    return env_override("KILN_FORK_US", "microseconds per fork and join")
 
 
 def host_fork_us(target: Target) -> float | None:
@@ -236,8 +207,10 @@ def _measured(target: Target) -> float | None:
 
 
 def calibrated(target: Target) -> Target:
-    """`target` with this machine's measured fork cost where it is the host (else as given)."""
+    """`target` with this machine's measured fork cost, and its stream rate
+    (kiln.codegen.stream_cost), where it is the host (else as given)."""
+    from kiln.codegen import stream_cost  # noqa: PLC0415
     if target.name != "host" or target.fork_us_measured:
-        return target
+        return stream_cost.calibrated(target)
     us = host_fork_us(target)
-    return target if us is None else dataclasses.replace(target, fork_us_measured=round(us, 1))
+    return stream_cost.calibrated(target if us is None else dataclasses.replace(target, fork_us_measured=round(us, 1)))

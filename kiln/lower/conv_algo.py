@@ -64,7 +64,7 @@ WINOGRAD_MIN_TILE_USE = 0.5      # output pixels / pixels the tiles cover (6x6: 
 # Winograd reads its transformed weights U (36/9 = 4x the direct conv's) once per inference,
 # from L3 or memory where a model's weights do not fit the caches, and every core shares that
 # stream; the direct conv's multiply-adds split over the cores. So Winograd runs only where U
-# read at one core's stream rate (kiln.lower.nnutil.OPS_PER_US["stream"]) takes less than the
+# read at one core's stream rate (`Target.stream_rate`, measured per machine) takes less than the
 # direct conv's multiply-adds at the conv rate on all the target's cores (`winograd_streams`).
 # Measured, 3x3 512 -> 512 on 7x7 at batch 1 (4 tiles, U 37.7 MB), AVX-512 Zen 4: one thread,
 # thread CPU time, Winograd 1.75 ms vs blocked direct 2.19 (the rule: U 1.35 ms < direct 1.93);
@@ -219,9 +219,9 @@ def winograd_streams(s: ConvShape, target: Target) -> str | None:
     images on 2 cores, U 1.35 ms), where direct at batch 1 saves only its 14%."""
     if s.per_image:
         return None
-    from kiln.lower.nnutil import OPS_PER_US, serial_rate  # noqa: PLC0415
+    from kiln.lower.nnutil import serial_rate  # noqa: PLC0415
     blocks = -(-s.c // s.block) * -(-s.oc // s.block) * s.block * s.block
-    u_us = 36 * blocks / OPS_PER_US["stream"]
+    u_us = 36 * blocks / target.stream_rate
     cores = max(1, target.cores)
     direct_us = s.n * math.prod(s.out) * 9 * blocks / (cores * serial_rate("conv", target))
     if u_us <= direct_us:

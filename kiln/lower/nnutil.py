@@ -43,16 +43,17 @@ FORK_GAIN_DECISION = declare(
 #   AVX-512 Zen 4, benchmarks/attention.py --clock cpu: 16.7 GMAC/s at 32 keys, 26.4 at 64,
 #   27.1 at batch 4 x 64 keys, so 1.65e3 per lane (the GEMM's rate took a 79 us attention
 #   for 35 us);
-# - "stream": weights read once per use, as a 1x1 conv on one pixel (a squeeze-excite block's)
-#   reads them: 7e3 floats per us (MobileNetV3's 960 -> 240 and 240 -> 960 on one pixel took 30
-#   and 36 us on the AVX-512 EPYC, one thread, where the "conv" rate says 4).
+# - weights read once per use, as a 1x1 conv on one pixel (a squeeze-excite block's) reads them,
+#   arrive at the target's stream rate (`Target.stream_rate`: measured on the host by
+#   kiln.codegen.stream_cost), not at a kind's (MobileNetV3's 960 -> 240 and 240 -> 960 on one
+#   pixel took 30 and 36 us on the AVX-512 EPYC, one thread, where the "conv" rate says 4).
 # - "sum": a plane summed into one vector per channel block (a global average pool: one vector
 #   add per vector read, contiguous): 10e3-15e3 elements per us, squeeze-excite pools of
 #   EfficientNet-B0 from 7x7x1152 to 56x56x144, one thread of the AVX-512 EPYC, thread CPU
 #   time (corpus_cpu --profile, loaded); the "window" rate took them for 6x longer and forked
 #   pools of 5-30 us (2 threads, quiet: 0.33 ms of pools against 0.18 on one thread).
 MACS_PER_US_PER_LANE = {"conv": 3.75e3, "gemm": 3.75e3, "attention": 1.65e3}
-OPS_PER_US = {"depthwise": 10e3, "window": 2e3, "copy": 4e3, "stream": 7e3, "sum": 12e3}
+OPS_PER_US = {"depthwise": 10e3, "window": 2e3, "copy": 4e3, "sum": 12e3}
 
 
 def serial_rate(kind: str, target: Target) -> float:
@@ -68,11 +69,11 @@ def parallel_worth(work: int, target: Target, kind: str = "window", streamed: in
     save is `fork_gain` (FORK_GAIN by default) times the fork and join (`Target.fork_us`: a wake-up when threads sleep
     between kernels, kiln's default; ~2 us when they spin). `streamed`: elements (weights) the
     kernel reads once each, which take longer than its arithmetic where there is little of it
-    (the "stream" rate). A symbolic `work` is judged at its symbols' hints (kiln.loops.symbols)."""
+    (`Target.stream_rate`). A symbolic `work` is judged at its symbols' hints (kiln.loops.symbols)."""
     work = hint(work)
     if work < parallel_min_work():
         return False
-    serial_us = max(work / serial_rate(kind, target), hint(streamed) / OPS_PER_US["stream"])
+    serial_us = max(work / serial_rate(kind, target), hint(streamed) / target.stream_rate)
     saved = serial_us * (1 - 1 / max(2, target.cores))
     return saved >= FORK_GAIN_DECISION.value() * target.fork_us
 

@@ -54,6 +54,10 @@ NAMED = {
     "znver4": ("x86_64", _ZEN4, 32 * KiB, 1 * MiB, 32 * MiB),
     "armv8-a": ("aarch64", {"asimd", "neon"}, 64 * KiB, 1 * MiB, 8 * MiB),
 }
+# One core's rate of reading weights streamed once per use, in floats per us, where the machine
+# was not measured (kiln.codegen.stream_cost): MobileNetV3's squeeze-excite 960 -> 240 and
+# 240 -> 960 1x1 convs on one pixel took 30 and 36 us on the AVX-512 EPYC, one thread
+STREAM_FLOATS_PER_US = 7e3
 _DEFAULT_CACHES = (32 * KiB, 512 * KiB, 8 * MiB)   # where the host does not say
 _X86 = ("x86_64", "amd64", "i686", "x86")
 
@@ -78,6 +82,9 @@ class Target:
     # a fork and join measured on this machine (us; kiln.codegen.fork_cost.calibrated), 0: the
     # table's figure for the settings above (kiln.runtime.threads)
     fork_us_measured: float = 0.0
+    # floats per us one core streams from beyond its caches, measured on this machine
+    # (kiln.codegen.stream_cost.calibrated), 0: STREAM_FLOATS_PER_US
+    stream_rate_measured: float = 0.0
 
     # -- made from ... ----------------------------------------------------------------
     @staticmethod
@@ -142,6 +149,13 @@ class Target:
         measured on this machine where the compiler did (the host), else the table's figure."""
         return self.fork_us_measured or threads.fork_us(self.omp_wait_policy, self.omp_spincount, self.threads_impl)
 
+    @property
+    def stream_rate(self) -> float:
+        """Floats per us one core reads of data streamed once from beyond its caches (a model's
+        weights, read once per inference): as measured on this machine where the compiler did
+        (the host), else STREAM_FLOATS_PER_US."""
+        return self.stream_rate_measured or STREAM_FLOATS_PER_US
+
     def arch_flags(self) -> list[str]:
         """The C compiler flags that pick this CPU: -march, and on x86 the vector width the
         register tiles are sized for (-march=native also picks a tuning, and some tunings
@@ -159,7 +173,8 @@ class Target:
                 f"cores={self.cores};cache={self.l1d_bytes},{self.l2_bytes},{self.l3_bytes};"
                 f"omp={self.omp_wait_policy},{self.omp_spincount}"
                 + (f";threads={self.threads_impl}" if self.threads_impl != "omp" else "")
-                + (f";fork_us={self.fork_us_measured:g}" if self.fork_us_measured else ""))
+                + (f";fork_us={self.fork_us_measured:g}" if self.fork_us_measured else "")
+                + (f";stream={self.stream_rate_measured:g}" if self.stream_rate_measured else ""))
 
     def describe(self) -> str:
         return (f"{self.name} ({self.arch}, -march={self.march}, {self.vector_bytes * 8}-bit vectors, "

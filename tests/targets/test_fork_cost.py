@@ -23,7 +23,7 @@ def fresh(monkeypatch, tmp_path):
     """An empty cache, no override, nothing remembered by this process, an idle machine."""
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "store").mkdir()
-    monkeypatch.setattr(fork_cost, "store_dir", lambda: tmp_path / "store")
+    monkeypatch.setattr(fork_cost, "store_dir", lambda kind: tmp_path / "store")
     monkeypatch.delenv("KILN_FORK_US", raising=False)
     monkeypatch.setattr(fork_cost, "_MEASURED", {})
     monkeypatch.setattr(fork_cost, "busy", lambda cores: False)
