@@ -6,6 +6,12 @@ listed heaviest first, beside ONNX Runtime's per-op-kind profile of the same inp
 
 Kernel-by-kernel times miss the threads' overlap and include one call's overhead each: read
 them as where the time goes, not as the total (see benchmarks/corpus/README.md).
+
+`--warm` adds each kernel's time called --runs times in a row (its weights and inputs then in
+cache as far as they fit) beside its time in the model's order, and lists the kernels by the
+difference, what the model's memory traffic costs them:
+
+    python benchmarks/kernel_profile.py mobilenet_v3_large --dims batch=1 --warm
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2, help="ORT intra-op threads")
+    ap.add_argument("--warm", action="store_true", help="also each kernel called --runs times in a row")
     args = ap.parse_args(argv)
     path = os.path.join(os.environ.get("KILN_CORPUS_DIR", os.path.expanduser("~/.cache/kiln-corpus")),
                         f"{args.model}.onnx")
@@ -59,6 +66,13 @@ def main(argv=None):
     print("heaviest kernels:")
     for what, s in sorted(prof, key=lambda x: -x[1])[:args.top]:
         print(f"  {s * 1e3:8.3f}  {what[:160]}")
+    if args.warm:
+        warm = m.profile(feeds, runs=args.runs, warm=True)
+        print(f"in the model's order {sum(s for _, s in prof) * 1e3:.3f} ms, each kernel warm "
+              f"{sum(s for _, s in warm) * 1e3:.3f} ms; by the difference (order, warm, ms):")
+        pairs = sorted(zip(prof, warm), key=lambda p: p[1][1] - p[0][1])
+        for (what, s), (_, w) in pairs[:args.top]:
+            print(f"  {s * 1e3:8.3f} {w * 1e3:8.3f} {(s - w) * 1e3:+8.3f}  {what[:140]}")
     ort = ort_profile(path, feeds, args.threads, args.runs)
     print(f"ONNX Runtime: {sum(ort.values()):.3f} ms summed; " +
           ", ".join(f"{k} {v:.3f}" for k, v in sorted(ort.items(), key=lambda kv: -kv[1])))

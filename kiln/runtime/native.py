@@ -266,11 +266,15 @@ class NativeModule:
             raise KilnError(self._failure(rc), stage="run")
         return outs
 
-    def profile(self, inputs: list[np.ndarray], call_args: list, runs: int = 10
+    def profile(self, inputs: list[np.ndarray], call_args: list, runs: int = 10, warm: bool = False
                 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Run the entry's kernels one by one, `runs` times, timing each. Returns the outputs
         and, per call, its seconds in each run. `call_args` is the build's record of the
-        entry's calls (kernel symbol, and per argument its base buffer and byte offset)."""
+        entry's calls (kernel symbol, and per argument its base buffer and byte offset).
+        `warm`: each call `runs` times in a row (profile_order), so it finds its weights and
+        inputs in cache as far as they fit, where the entry's order reads them after the other
+        kernels' (what that order costs beyond warm is the model's memory traffic); the outputs
+        are then not the model's (a kernel that writes over its input runs on its own result)."""
         ins, keep = _native_arrays(inputs)
         outs = [(np.zeros(shape, strings.KILN_STR) if dt == object else np.empty(shape, dt))
                 for shape, dt in self.output_types]
@@ -285,16 +289,16 @@ class NativeModule:
         times = np.zeros((len(calls), runs))
         clock = time.perf_counter
         with self._lock:
-            for r in range(runs):
-                for k, (fn, ptrs) in enumerate(calls):
-                    t0 = clock()
-                    rc = fn(*ptrs)
-                    times[k, r] = clock() - t0
-                    if rc != 0:
-                        if self._release is not None:
-                            self._release()
-                        raise KilnError(self._failure(-(k + 2 + ((rc if 0 < rc < 1023 else 1023) << 20))),
-                                        stage="run")
+            for k, r in profile_order(len(calls), runs, warm):
+                fn, ptrs = calls[k]
+                t0 = clock()
+                rc = fn(*ptrs)
+                times[k, r] = clock() - t0
+                if rc != 0:
+                    if self._release is not None:
+                        self._release()
+                    raise KilnError(self._failure(-(k + 2 + ((rc if 0 < rc < 1023 else 1023) << 20))),
+                                    stage="run")
             outs = [strings.from_native(o, self._gather) if o.dtype == strings.KILN_STR else o for o in outs]
             if self._release is not None:
                 self._release()
@@ -313,6 +317,14 @@ class NativeModule:
         text = failure_text(code, errors, error_value(self.lib))
         # a check names its node (a fused kernel computes several); an extern kernel's does not
         return text if text.split(": ", 1)[0] in what.split(" + ") else f"{what}: {text}"
+
+
+def profile_order(calls: int, runs: int, warm: bool) -> list[tuple[int, int]]:
+    """(call, run) in the order NativeModule.profile makes them: every call once per run, in the
+    entry's order; `warm`: call by call, each `runs` times in a row."""
+    if warm:
+        return [(k, r) for k in range(calls) for r in range(runs)]
+    return [(k, r) for r in range(runs) for k in range(calls)]
 
 
 def error_value(lib) -> int | None:

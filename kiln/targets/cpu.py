@@ -77,9 +77,11 @@ class CpuModel(CompiledModel):
     def _run(self, inputs: list) -> list:
         return self.program.run(inputs)
 
-    def profile(self, feeds: dict, runs: int = 10) -> list[tuple[str, float]]:
+    def profile(self, feeds: dict, runs: int = 10, warm: bool = False) -> list[tuple[str, float]]:
         """Time each kernel of the native module these inputs run on, called one by one
-        `runs` times: per call, (the nodes it computes, median seconds)."""
+        `runs` times: per call, (the nodes it computes, median seconds). `warm`: each call
+        `runs` times in a row, its weights and inputs then in cache as far as they fit
+        (kiln.runtime.native's NativeModule.profile)."""
         values = [np.asarray(x) if isinstance(x, (np.generic, int, float, bool)) else x
                   for x in self.ordered(feeds)]
         runner = self.program.runner_for(values)
@@ -87,7 +89,7 @@ class CpuModel(CompiledModel):
         if info is None or "call_args" not in info:
             raise KilnError("per-kernel profiling needs a model that runs as one native module; this "
                             "one runs in stages (data-dependent sizes or control flow)", stage="run")
-        _, times = runner.profile(values, info["call_args"], runs)
+        _, times = runner.profile(values, info["call_args"], runs, warm)
         return [(what, float(np.median(t))) for what, t in zip(runner.call_nodes, times)]
 
 

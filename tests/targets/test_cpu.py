@@ -101,6 +101,20 @@ def test_profile_replays_every_kernel_call():
     np.testing.assert_array_equal(outs[0], m.run({"x": x})["probs"])
 
 
+def test_warm_profile_calls_each_kernel_runs_times_in_a_row():
+    """profile(warm=True): kernel by kernel, each called `runs` times before the next (its weights
+    then in cache), where the default replays the entry's order `runs` times."""
+    from kiln.runtime.native import profile_order
+    from tests.helpers import small_cnn_model
+    assert profile_order(3, 2, warm=False) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+    assert profile_order(3, 2, warm=True) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    m = kiln.compile(small_cnn_model(), target="cpu", opt_level=3)
+    x = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    warm = m.profile({"x": x}, runs=3, warm=True)
+    assert [what for what, _ in warm] == m.build_info()["calls"]
+    assert all(t > 0 for _, t in warm)
+
+
 def test_profile_of_a_staged_model_is_a_clear_error():
     m = kiln.compile(_model([helper.make_node("NonZero", ["x"], ["y"])], [_vi("x", F, [3, 5])],
                             [_vi("y", I64, None)]), target="cpu")
