@@ -511,7 +511,10 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         if xpad is not None:
             _rows_schedule(sch[xpad], math.prod(xpad.shape), 3, ctx.target)
         if ws is not None:
-            _rows_schedule(sch[ws], math.prod(ws.shape), 5, ctx.target)
+            # a dense conv's scale is per input lane ii: rows of the o lanes (the scale one value
+            # over the vector), not runs of ii x o (a scale per 16 lanes: GCC left that loop
+            # scalar, one element a cycle: 75K of 672 -> 112's weights per image)
+            _rows_schedule(sch[ws], math.prod(ws.shape), 5 if g.depthwise else 6, ctx.target)
 
     ctx.schedule(schedule)
     return out

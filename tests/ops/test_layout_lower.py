@@ -305,6 +305,31 @@ def test_squeeze_excite_blocked_matches_reference(case, block):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("case", ["silu_sigmoid_batch3", "v3_hardswish_residual"])
+def test_gate_scaled_weights_are_scaled_a_vector_at_a_time(case):
+    """A squeeze-excite gate the project conv's weights take (kiln.lower.nchwc.scaled_weights,
+    per image and input channel ii): the weights are scaled in vector loops over the output
+    lanes o, the gate one value over the vector, not in runs of ii x o with a gate per block
+    of lanes (a load indexed by lane // block, which GCC left a scalar loop: one element a
+    cycle, 75K of EfficientNet-B0's 672 -> 112 weights per image)."""
+    from kiln.compiler import run_stages
+    from kiln.loops import stmt as S
+    from kiln.loops.expr import free_vars, walk
+    from tests.passes.test_layout import se_block
+    st = run_stages(se_block(**SE_CASES[case]), "loops", cpu="x86-64-v4")
+    loops = [t for f in st.lowered.module.funcs if isinstance(f, S.PrimFunc) for t in S.walk_stmts(f.body)
+             if isinstance(t, S.For) and t.kind == "vectorized" and isinstance(t.body, S.Store)
+             and "wscaled" in t.body.buffer.name]
+    assert loops, "no scaled weights in the model"
+    for t in loops:
+        assert t.extent.op == "const" and t.extent.arg == 16, S.ir_text(t)     # one block's o lanes
+        loads = [x for x in walk(t.body.value) if x.op == "load"]
+        lane_free = [x for x in loads if all(t.var not in free_vars(i) for i in x.args)]
+        divided = [x for x in loads for i in x.args for y in walk(i)
+                   if y.op in ("floordiv", "floormod", "div", "mod") and t.var in free_vars(y)]
+        assert lane_free and not divided, S.ir_text(t)                        # the gate: one value
+
+
 def test_squeeze_excite_symbolic_batch_at_O3():
     """The default pipeline (SiLU recognised, selective blocking) on a symbolic batch: one
     compiled model at batch 1 and 4 against the reference."""
