@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kiln.codegen.csource import c_instance, c_source
+from kiln.codegen.csource import c_parallel, c_shared, c_source
 from kiln.dtypes import DType
 from kiln.loops.symbols import as_int, c_size, hint, same_size, static
 from kiln.lower.decisions import Ints, declare
@@ -141,7 +141,8 @@ def flash_kernel(ctx: LowerCtx, call: FlashCall, q, k, v, mask, out_shape, out_d
               "KILN_FA_D": d, "KILN_FA_DV": dv, "KILN_FA_DVP": dvp,
               # in-place reads of K and V rows (decoding, see flash_attention.c): float32 whole vectors
               "KILN_FA_DIRECT": int(q.dtype is DType.float32 and d % t.lanes == 0 and dv % t.lanes == 0)}
-    preamble = c_source("kiln_exp.h") + c_source("kiln_par.h") + c_instance("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper())
+    preamble = c_shared("flash_attention.c", {k_: str(v_) for k_, v_ in macros.items()}, fn.upper(),
+                        helpers=c_source("kiln_exp.h") + c_parallel(target.threads_impl))
     if kv_lens is not None and (kv_lens.dtype is not DType.int64 or len(kv_lens.shape) != 1
                                 or not same_size(kv_lens.shape[0], b)):
         ctx.fail(f"the keys' valid lengths must be int64 of shape ({b},), got {kv_lens.dtype} "

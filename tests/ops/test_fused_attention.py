@@ -288,3 +288,24 @@ def test_keys_per_block_outside_whole_micro_tiles_is_an_error():
     g = fused_graph(1, 2, 2, 8, 40, 32, 32, scale=0.2)
     with pytest.raises(KilnError, match=r"illegal value 7 for decision 'attention.bk'.*multiple"):
         kiln.compile(g, opt_level=0, decisions={"attention.bk": 7})
+
+
+def test_the_kernel_is_a_shared_unit_of_its_own():
+    """Each instance (element types, head sizes, tiles) is a shared kernel (csource.c_shared):
+    one translation unit of its own, the same text in every module that uses it (its object
+    cached per machine, and compiled as lowering meets it), none of its code in the module's
+    units; a second instance is a second unit."""
+    from kiln.codegen.c import is_shared_unit
+    from kiln.compiler import run_stages
+
+    def units(g):
+        return run_stages(g, "c").source.units
+
+    def attention_units(us):
+        return [u for u in us if is_shared_unit(u) and "kiln_flash_attention" in u]
+    a = units(fused_graph(1, 4, 2, 9, 33, 32, 32, scale=0.5))
+    b = units(many([fused_node(0, 2, 8, 4, 17, 33, 32, 32, scale=0.25, causal=1),    # other sizes
+                    fused_node(1, 1, 2, 2, 5, 6, 16, 16, scale=0.5)]))                  # other head sizes
+    (one,) = attention_units(a)
+    assert one in attention_units(b) and len(attention_units(b)) == 2
+    assert not any("_tiles" in u for u in a + b if not is_shared_unit(u))

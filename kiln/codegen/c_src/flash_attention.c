@@ -10,8 +10,11 @@
    micro-tile), KILN_FA_NK (vectors of keys per Q·Kᵀ micro-tile), KILN_FA_NO (vectors of the
    value dim per P·V micro-tile), KILN_FA_BK (keys per block, a multiple of NK * L),
    KILN_FA_BQ (rows per task, a multiple of MR), KILN_FA_D, KILN_FA_DV, KILN_FA_DVP (DV
-   rounded up to a multiple of NO * L) before this file. Always inlined: the call site's
-   literal sizes and strides become constants.
+   rounded up to a multiple of NO * L) before this file. A shared kernel (kiln.codegen.csource
+   c_shared): sizes and strides are arguments, so the instance is a translation unit of its own,
+   compiled as soon as it is lowered while the rest of the module lowers (it took 1.06 s of a
+   cold bert_encoder compile's C compiler, after all of the Python stages when it was inlined
+   into the module's units), and kept in the per-machine object cache.
 
    Tensors are read through element strides over their logical axes (b, h, s, d): any
    permutation of a contiguous tensor (the exporters' head Transposes) is read in place.
@@ -42,6 +45,19 @@
    products in place and P·V reads V rows in place, so a decode step reads the cache once and
    copies none of it.
    Returns 0, or -1 when out of memory. */
+/* the kernel's parameters (its declaration's and its definition's) */
+#ifndef KILN_FA_PARAMS
+#define KILN_FA_PARAMS \
+    const KILN_FA_TQ* q, const KILN_FA_TK* k, const KILN_FA_TV* v, const KILN_FA_TM* mask, \
+    const int64_t* kv_lens, KILN_FA_TO* out, \
+    int64_t B, int64_t HQ, int64_t HKV, int64_t SQ, int64_t SK, \
+    int64_t qb, int64_t qh, int64_t qs, int64_t qd, int64_t kb_, int64_t kh, int64_t ks, int64_t kd, \
+    int64_t vb, int64_t vh, int64_t vs, int64_t vd, int64_t ob, int64_t oh, int64_t os, int64_t od, \
+    int mask_kind, int64_t mb, int64_t mh, int64_t mq, int64_t mk, float fill, \
+    float scale, int64_t causal, int empty_nan, int64_t parallel_min
+#endif
+__attribute__((visibility("hidden"))) int32_t KILN_FA_FN(KILN_FA_PARAMS);
+/* kiln: definition */
 #ifndef KILN_FA_COMMON
 #define KILN_FA_COMMON
 #define KILN_FA_DEAD (-1e30f)
@@ -389,14 +405,7 @@ static void KILN_FA_CAT(KILN_FA_FN, _tiles)(void* c_, int64_t lo, int64_t hi) {
 }
 
 
-__attribute__((always_inline)) static inline int32_t KILN_FA_FN(
-    const KILN_FA_TQ* q, const KILN_FA_TK* k, const KILN_FA_TV* v, const KILN_FA_TM* mask,
-    const int64_t* kv_lens, KILN_FA_TO* out,
-    int64_t B, int64_t HQ, int64_t HKV, int64_t SQ, int64_t SK,
-    int64_t qb, int64_t qh, int64_t qs, int64_t qd, int64_t kb_, int64_t kh, int64_t ks, int64_t kd,
-    int64_t vb, int64_t vh, int64_t vs, int64_t vd, int64_t ob, int64_t oh, int64_t os, int64_t od,
-    int mask_kind, int64_t mb, int64_t mh, int64_t mq, int64_t mk, float fill,
-    float scale, int64_t causal, int empty_nan, int64_t parallel_min) {
+__attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_FA_FN(KILN_FA_PARAMS) {
   typedef float fv __attribute__((vector_size(KILN_FA_L * 4)));
   enum { L = KILN_FA_L, MR = KILN_FA_MR, NK = KILN_FA_NK, NO = KILN_FA_NO, BK = KILN_FA_BK, BQ = KILN_FA_BQ,
          D = KILN_FA_D, DV = KILN_FA_DV, DVP = KILN_FA_DVP };
