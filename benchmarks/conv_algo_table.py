@@ -54,15 +54,15 @@ CONVS = {
 }
 
 
-def winograd_graph(c, h, oc, p, w, b, block):
-    """ConvWinograd + fused ReLU alone, its weights transformed as the layout pass does."""
+def winograd_graph(c, h, oc, p, w, b, block, m=4):
+    """ConvWinograd F(m x m, 3x3) + fused ReLU alone, its weights transformed as the layout pass does."""
     from tests.passes.util import graph
     cb, ocb = -(-c // block), -(-oc // block)
     o = h + 2 * p - 2
     text = (f'graph "g" (%x: float32[1,{cb},{h},{h},{block}]) -> (%y)\n  opsets {{"": 17, "kiln": 1}}\n{{\n'
-            f'  %y: float32[1,{ocb},{o},{o},{block}] = "kiln"::ConvWinograd(%x, %u, %b) {{m = 4, '
+            f'  %y: float32[1,{ocb},{o},{o},{block}] = "kiln"::ConvWinograd(%x, %u, %b) {{m = {m}, '
             f'pads = [{p}, {p}, {p}, {p}], relu = 1}} name "conv"\n}}')
-    return graph(text, u=transform_weight(w, block), b=pack_bias(b, oc, block, np.float32))
+    return graph(text, u=transform_weight(w, block, m), b=pack_bias(b, oc, block, np.float32))
 
 
 def _path(spec: str) -> str:
@@ -98,12 +98,14 @@ def model_algorithms(spec: str) -> dict:
     path = _path(spec)
     side = path[:-5] + ".json"
     dims = json.load(open(side))["cases"][0] if os.path.exists(side) else {}
-    opt = optimize(frontend(path), DEFAULT_LEVEL, Target.host())
+    from kiln.codegen.fork_cost import calibrated
+    opt = optimize(frontend(path), DEFAULT_LEVEL, calibrated(Target.host()))   # (as kiln.compile's target)
     shapes = [tuple(dims.get(d, d) if isinstance(d, str) else d for d in v.type.shape) for v in opt.graph.inputs]
     kinds = {"ConvWinograd": "winograd", "ConvNCHWc": "direct-nchwc", "Conv": "direct-nchw"}
     spec = specialize(opt, shapes)
     why = {f.node: f.choice.reason for p in spec.stats for f in p.findings if hasattr(f, "choice")}
-    return {n.name: (kinds[n.op], why.get(n.name, "")) for n in spec.graph.nodes if n.op in kinds}
+    return {n.name: (kinds[n.op], why.get(n.name, ""), int(n.attrs.get("m", 4))) for n in spec.graph.nodes
+            if n.op in kinds}
 
 
 def fma_peak_gflops(target: Target, threads: int) -> float | None:
@@ -114,8 +116,9 @@ def fma_peak_gflops(target: Target, threads: int) -> float | None:
     return threads * peak_gflops(target.vector_lanes(4))
 
 
-def engines(c, h, oc, k, s, p, block, want_algos, rng):
-    """{engine: fn} for one conv (each checked against ORT), and its direct-conv FLOPs."""
+def engines(c, h, oc, k, s, p, block, want_algos, rng, m=4):
+    """{engine: fn} for one conv (each checked against ORT; Winograd F(m x m, 3x3)), and its
+    direct-conv FLOPs."""
     w = rng.standard_normal((oc, c, k, k)).astype(np.float32) / np.float32(np.sqrt(c * k * k))
     b = rng.standard_normal(oc).astype(np.float32)
     x = rng.standard_normal((1, c, h, h)).astype(np.float32)
@@ -142,7 +145,7 @@ def engines(c, h, oc, k, s, p, block, want_algos, rng):
         np.testing.assert_allclose(from_blocked(mb.run(x=xb)["y"], oc), want, rtol=1e-3, atol=1e-3)
         fns["direct-nchwc"] = lambda: mb.run(x=xb)
     if "winograd" in want_algos:
-        mw = kiln.compile(winograd_graph(c, h, oc, p, w, b, block))
+        mw = kiln.compile(winograd_graph(c, h, oc, p, w, b, block, m))
         xw = to_blocked(x, block)
         np.testing.assert_allclose(from_blocked(mw.run(x=xw)["y"], oc), want, rtol=1e-3,
                                    atol=1e-3 * np.abs(want).max())
@@ -173,13 +176,13 @@ def main(argv=None):
     if args.model:
         runs = model_algorithms(args.model)
         for label, (c, h, oc, k, s, p, node) in model_convs(args.model).items():
-            algo, reason = runs.get(node, ("direct-nchw", ""))
+            algo, reason, m = runs.get(node, ("direct-nchw", "", 4))
             reasons[label] = reason
             # beside a 3x3 stride-1 conv's algorithm, the other the chooser weighed (blocked direct
             # for Winograd, Winograd for a blocked direct conv it turned down: kiln.lower.conv_algo)
             wino = k == 3 and s == 1
             alts = {algo} | ({"winograd", "direct-nchwc"} if wino and algo != "direct-nchw" else set())
-            fns, flops = engines(c, h, oc, k, s, p, block, alts, rng)
+            fns, flops = engines(c, h, oc, k, s, p, block, alts, rng, m)
             load = os.getloadavg()[0]
             st = timed(fns, args)
             rows.append((label, c, h, oc, k, s, algo, st[algo], flops, st, load))

@@ -207,8 +207,53 @@ def choose(s: ConvShape, target: Target, override: str | None = None, strict: st
         # (blocked: its neighbours' layout, as Winograd's would have been; the neighbour rule
         # still converts it where no neighbour is blocked)
         return Choice("direct-nchwc", streams)
-    return Choice("winograd", f"3x3 s1, {min(s.c, s.oc)}+ channels, {tiles} tiles: F(4x4,3x3), "
-                              f"{4 * tile_use(s.out):.1f}x fewer multiplies")
+    m = winograd_m(s, target)
+    per_image = math.prod(-(-o // m) for o in s.out)
+    saved = 9 * math.prod(s.out) / ((m + 2) ** 2 * per_image)
+    return Choice("winograd", f"3x3 s1, {min(s.c, s.oc)}+ channels, {s.n * per_image} {m}x{m} tiles: "
+                              f"F({m}x{m},3x3), {saved:.1f}x fewer multiplies")
+
+
+# The output tile: F(4x4, 3x3) does 36 multiplies per 16 outputs (2.25 per output and channel
+# pair, 4x fewer than direct) with transformed weights 36/9 = 4x the direct conv's; F(2x2, 3x3)
+# 16 per 4 (4 per output, 2.25x fewer) with weights 16/9 = 1.78x. At batch 1 a plane of few
+# tiles streams its weights once per inference, so the larger weights cost more than the fewer
+# multiplies save: each is timed as its weights read at one core's stream rate
+# (`Target.stream_rate`) plus its GEMMs' multiply-adds on that core (the two do not overlap:
+# ResNet-50's 256 -> 256 convs on 14x14, F(4x4), took 1.3 ms one thread in the model, their
+# 9.4 MB at 12.8 GB/s 0.74 ms and 42 M multiply-adds 0.57), the faster taken (ties: F(4x4)).
+# One core, not all the target's: where the cores split the stream as they split the
+# multiply-adds the choice is the same, and with the multiply-adds on every core but the stream
+# at one core's rate, F(2x2) won where it lost on one thread (one thread, thread CPU time, both
+# tiles interleaved in one process, load 5-7, against F(4x4) everywhere: YOLOv5s-style 320
+# 29.9 -> 30.4 ms, DBNet 320 67.0 -> 68.9, U-Net 128x192 31.3 -> 33.0, ResNet-50 batch 4 193.9
+# -> 196.6; ResNet-50 batch 1, where it wins on one core too, 55.95 -> 55.14).
+WINOGRAD_TILE = declare("conv.winograd_m", OneOf((4, 2)), lambda target: 4,
+                        "the output tile of a Winograd conv, F(4x4, 3x3) or F(2x2, 3x3) "
+                        "(kiln.lower.conv_algo.winograd_m)")
+
+
+def winograd_us(s: ConvShape, target: Target, m: int) -> float:
+    """F(m x m, 3x3)'s estimated microseconds for conv `s` on one core of `target` (see
+    WINOGRAD_TILE's note)."""
+    from kiln.lower.nnutil import serial_rate  # noqa: PLC0415
+    blocks = -(-s.c // s.block) * -(-s.oc // s.block) * s.block * s.block
+    npos, tiles = (m + 2) ** 2, s.n * math.prod(-(-o // m) for o in s.out)
+    return npos * blocks / target.stream_rate + tiles * npos * blocks / serial_rate("conv", target)
+
+
+def winograd_m(s: ConvShape, target: Target, decisions: dict | None = None) -> int:
+    """The output tile m (4 or 2) of the Winograd conv `s` on `target`: decisions["conv.winograd_m"]
+    where given, else the faster by `winograd_us`; 4 for a symbolic batch (`per_image`: at a
+    few images F(4x4)'s weights already pay)."""
+    v = (decisions or {}).get(WINOGRAD_TILE.name)
+    if v is not None:
+        if v not in WINOGRAD_TILE.domain:
+            raise WINOGRAD_TILE.illegal(v, "the native Winograd kernel computes F(4x4, 3x3) or F(2x2, 3x3)")
+        return int(v)
+    if s.per_image:
+        return 4
+    return min((4, 2), key=lambda m: (winograd_us(s, target, m), -m))
 
 
 def winograd_streams(s: ConvShape, target: Target) -> str | None:

@@ -1,7 +1,8 @@
-"""kiln::ConvWinograd's native kernel (cpu target): F(4x4, 3x3) on the blocked layout.
+"""kiln::ConvWinograd's native kernel (cpu target): F(4x4, 3x3) or F(2x2, 3x3) (the op's `m`,
+kiln.lower.conv_algo.winograd_m) on the blocked layout.
 
 The kernel is C (kiln/codegen/c_src/winograd.c): input transform of a chunk of tiles,
-the 36 GEMMs over those tiles in register blocks, output transform, in one pass per
+the (m + 2)^2 GEMMs over those tiles in register blocks, output transform, in one pass per
 task so a chunk's transformed input and the GEMMs' results stay in L2. What is chosen
 here, from the `Target` and the shapes:
 
@@ -10,7 +11,7 @@ here, from the `Target` and the shapes:
   AVX-512's 32: 6 x 4 or 9 x 3), the fewest loads per FMA; OV divides the output
   channel blocks;
 - the chunk, T tiles (a multiple of TR; the chunks equal): when the weights fit L2, its
-  buffers (transformed input and GEMM output, 36 T (IC + OV L) floats) take a quarter of
+  buffers (transformed input and GEMM output, (m + 2)^2 T (IC + OV L) floats) take a quarter of
   the target's L2, and there are chunks for every thread when the image has the tiles;
   when the weights do not fit L2 (they stream once per chunk), one chunk if its buffers
   fit L2, else chunks of half of L2 but at least STREAM_MIN_TILES tiles;
@@ -30,7 +31,7 @@ from kiln.lower.conv_algo import CONV_ALGORITHM
 from kiln.lower.decisions import Ints, declare
 from kiln.lower.nnutil import parallel_from
 from kiln.lower.context import lowering
-from kiln.ops.winograd import DOMAIN, M, geometry
+from kiln.ops.winograd import DOMAIN, geometry
 from kiln.targets.target import Target
 
 
@@ -76,18 +77,20 @@ def register_tile(ocb: int, target: Target) -> tuple[int, int]:
     return best[1], best[2]
 
 
+NATIVE_M = (4, 2)        # the output tiles the native kernel computes (winograd.c's KILN_WG_M)
 STREAM_MIN_TILES = 18   # tiles per chunk at least when the weights stream from beyond L2 (see plan)
 
 
-def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Target) -> tuple[int, int, int, int]:
-    """(TR, OV, T, osplit) for a ConvWinograd of these sizes on `target` (see the module doc)."""
+def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Target,
+         m: int = 4) -> tuple[int, int, int, int]:
+    """(TR, OV, T, osplit) for a ConvWinograd F(m x m, 3x3) of these sizes on `target` (see the module doc)."""
     tr, ov = register_tile(ocb, target)
-    ic = icb * lanes
-    tiles = n * (-(-oh // M)) * (-(-ow // M))
+    ic, npos = icb * lanes, (m + 2) ** 2
+    tiles = n * (-(-oh // m)) * (-(-ow // m))
     whole = -(-tiles // tr) * tr                      # every tile in one chunk
-    per_tile = 36 * (ic + ov * lanes) * 4             # a tile's transformed input and GEMM output
+    per_tile = npos * (ic + ov * lanes) * 4           # a tile's transformed input and GEMM output
     l2 = target.l2_bytes
-    if 36 * ic * ocb * lanes * 4 > l2:
+    if npos * ic * ocb * lanes * 4 > l2:
         # weights larger than L2 stream from L3 or memory once per chunk: one chunk when its
         # buffers fit L2, else chunks of half of L2 but at least STREAM_MIN_TILES (the weights'
         # bytes per multiply-add fall as 4 / T). One thread, thread CPU time, caches flushed,
@@ -110,32 +113,33 @@ def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Targe
     return decided(tr, ov, t, max(osplit, 1), ocb)
 
 
-def macs(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int) -> int:
-    """Multiply-adds of the GEMMs (the transforms add about a tenth at 64 channels)."""
-    tiles = n * (-(-oh // M)) * (-(-ow // M))
-    return 36 * tiles * icb * lanes * ocb * lanes
+def macs(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, m: int = 4) -> int:
+    """Multiply-adds of the GEMMs of F(m x m, 3x3) (the transforms add about a tenth at 64 channels)."""
+    tiles = n * (-(-oh // m)) * (-(-ow // m))
+    return (m + 2) ** 2 * tiles * icb * lanes * ocb * lanes
 
 
 @lowering("ConvWinograd", domain=DOMAIN)
 def _lower(ctx, x, u, b=None):
     target = Target.of(ctx.target)
     m, pads, oh, ow = geometry(ctx, x.shape, u.shape)
-    if m != M:
-        ctx.fail(f"the native Winograd kernel computes F({M}x{M}, 3x3), not m={m}", stage="lower")
+    if m not in NATIVE_M:
+        ctx.fail(f"the native Winograd kernel computes F(4x4, 3x3) or F(2x2, 3x3), not m={m}", stage="lower")
     taken(ctx, "ConvWinograd", x, u)
     n, icb, h, w, lanes = x.shape
     ocb = u.shape[1]
     if lanes % 4:
         ctx.fail(f"ConvWinograd's channel block {lanes} is not a multiple of 4", stage="lower")
     # chunks planned for one image when the batch is symbolic (images are the kernel's outer loop)
-    tr, ov, t, osplit = plan(n if static(n) else 1, icb, ocb, oh, ow, lanes, target)
-    fn = f"kiln_winograd_f4_l{lanes}_r{tr}_o{ov}"
+    tr, ov, t, osplit = plan(n if static(n) else 1, icb, ocb, oh, ow, lanes, target, m)
+    fn = f"kiln_winograd_f{m}_l{lanes}_r{tr}_o{ov}"
     gemm = gemm_instance(fn, lanes, tr, ov, math.prod(u.shape) * 4, target)
     fn = gemm[0][:-len("_gemm")]      # (its prefetch in the name: one shared kernel per variant)
-    preamble = c_shared("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_GEMM": gemm[0], "KILN_WG_L": str(lanes),
+    preamble = c_shared("winograd.c", {"KILN_WG_FN": fn, "KILN_WG_GEMM": gemm[0], "KILN_WG_M": str(m),
+                                       "KILN_WG_L": str(lanes),
                                        "KILN_WG_TR": str(tr), "KILN_WG_OV": str(ov)}, fn.upper(),
                          helpers=gemm[1] + c_source("kiln_sigmoid.h") + c_parallel(target.threads_impl))
-    par = parallel_from(n, lambda k: macs(k, icb, ocb, oh, ow, lanes), target)
+    par = parallel_from(n, lambda k: macs(k, icb, ocb, oh, ow, lanes, m), target)
     act = 1 if int(ctx.attr("relu", 0)) else 2 if int(ctx.attr("swish", 0)) else 0     # the kernel's `act`
     body = (f"  return {fn}(in0, in1, {'in2' if b is not None else 'NULL'}, out0, {c_size(n)}, {icb}, {h}, {w}, "
             f"{ocb}, {oh}, {ow}, {pads[0]}, {pads[1]}, {t}, {osplit}, {act}, {par});")

@@ -24,12 +24,14 @@ channels, the elementwise products are (m + 2)^2 independent GEMMs over tiles.
 
 The transforms are Toom-Cook's over the points 0, +-1, +-2, +-1/2, ... and infinity
 (`matrices(m)`, built here rather than copied, so F(2), F(4) and F(6) come from one
-formula). F(4x4, 3x3) is what the native kernel (kiln/codegen/c_src/winograd.c)
-implements: on the corpus CNNs' 68 3x3 stride-1 convs its float32 error is at most
-1.35e-5 of the output's largest value, against 6.3e-7 for the direct convolution
-(benchmarks/winograd_error.py; asserted in tests/lower/test_winograd.py). F(6x6) would
-lose more digits (its points +-1/2 grow the transforms' entries); F(2x2) saves only
-2.25x of the multiplies against F(4x4)'s 4x.
+formula). F(4x4, 3x3) and F(2x2, 3x3) are what the native kernel
+(kiln/codegen/c_src/winograd.c) implements: on the corpus CNNs' 68 3x3 stride-1 convs F(4x4)'s
+float32 error is at most 1.35e-5 of the output's largest value, against 6.3e-7 for the direct
+convolution (benchmarks/winograd_error.py; asserted in tests/lower/test_winograd.py); F(2x2)'s
+about 10x less. F(6x6) would lose more digits (its points +-1/2 grow the transforms' entries).
+F(2x2) saves only 2.25x of the multiplies against F(4x4)'s 4x, but its transformed weights are
+1.78x the 3x3 ones against 4x: where a plane has few tiles and the weights stream from memory
+once per inference it is the faster (kiln.lower.conv_algo.winograd_m).
 """
 
 from __future__ import annotations

@@ -261,8 +261,9 @@ class _Rewriter:
             op, kind = "ConvWinograd1D", {"m": m, "pads": [attrs["pads"][1], attrs["pads"][3]], "dilation": d,
                                           "stride": st, "kernel": k}
         else:
-            u = deferred_weight(w, self.block)    # made where it is written (the weights blob)
-            op, kind = "ConvWinograd", {"m": 4, "pads": list(attrs["pads"])}
+            m = attrs["winograd"]                 # the output tile (kiln.lower.conv_algo.winograd_m)
+            u = deferred_weight(w, self.block, m)    # made where it is written (the weights blob)
+            op, kind = "ConvWinograd", {"m": m, "pads": list(attrs["pads"])}
         u = new_const(self.namer, f"{node.inputs[1].name}.winograd{self.block}", u)
         ins = [self.to_blocked(node.inputs[0]), u]
         if b is not None:

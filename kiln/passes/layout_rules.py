@@ -14,7 +14,7 @@ import numpy as np
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph, Node
-from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, asked_for, choose, conv_key, legal
+from kiln.lower.conv_algo import Choice, ConvChoice, ConvShape, asked_for, choose, conv_key, legal, winograd_m
 from kiln.ops.layout import block_groups
 from kiln.ops.nn import window
 from kiln.ops.registry import NodeCtx
@@ -306,7 +306,7 @@ def choose_convs(graph: Graph, block: int, target: Target | None = None, overrid
             forced.add(id(n))     # asked for: the neighbour rule does not move it
         choices[id(n)] = ConvChoice(n.name, shape, c, key, legal(shape, target))
         if c.algorithm == "winograd":
-            cands[id(n)] = {**a, "winograd": 1}
+            cands[id(n)] = {**a, "winograd": winograd_m(shape, target, decisions)}   # its output tile
         elif a is not None and ((not selective and id(n) not in forced) or c.algorithm == "direct-nchwc"):
             cands[id(n)] = a
             if c.algorithm != "direct-nchwc":

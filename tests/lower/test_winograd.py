@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.compiler import run_stages
 from kiln.errors import KilnError
-from kiln.lower.conv_algo import ConvShape, choose
+from kiln.lower.conv_algo import ConvShape, choose, winograd_m
 from kiln.lower.winograd import STREAM_MIN_TILES, plan
 from kiln.ops.nn import Window, conv_core
 from kiln.ops.winograd import matrices, transform_weight, winograd_conv
@@ -117,21 +117,34 @@ def test_native_winograd_matches_direct_on_random_shapes(examples):
     settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])(
         given(n=st.integers(1, 2), c=CHANNELS, oc=CHANNELS, h=st.integers(1, 13),
               w=st.integers(1, 13), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
-              bias=st.booleans(), relu=st.booleans())(_native_matches_direct))()
+              bias=st.booleans(), relu=st.booleans(), m=st.none())(_native_matches_direct))()
 
 
-def _native_matches_direct(n, c, oc, h, w, pads, bias, relu):
+@examples(10)
+def test_native_f2x2_matches_direct_on_random_shapes(examples):
+    """The kernel's F(2x2, 3x3) (kiln.lower.conv_algo.winograd_m, asked for here): 2x2 output
+    tiles from 4x4 input tiles, 16 GEMMs."""
+    settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])(
+        given(n=st.integers(1, 2), c=CHANNELS, oc=CHANNELS, h=st.integers(1, 11),
+              w=st.integers(1, 11), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+              bias=st.booleans(), relu=st.booleans(), m=st.just(2))(_native_matches_direct))()
+
+
+def _native_matches_direct(n, c, oc, h, w, pads, bias, relu, m):
     # channels the layout pass blocks (whole blocks or a few padding ones: 7, 13, 30, ...),
     # odd sizes, asymmetric pads, batch > 1
     assume(h + pads[0] + pads[2] >= 3 and w + pads[1] + pads[3] >= 3)
     assume(worth_blocking(c, BLOCK) and worth_blocking(oc, BLOCK))
     model, wt, bv = conv_model(n, c, oc, h, w, pads, bias, relu)
-    assert "ConvWinograd" in ops_of(model, decisions=WINO)
+    asked = WINO if m is None else {**WINO, "conv.winograd_m": m}
+    nodes = run_stages(model, "optimized", decisions=asked).optimized.graph.nodes
+    tiles = [nd.attrs["m"] for nd in nodes if nd.op == "ConvWinograd"]
+    assert len(tiles) == 1 and (m is None or tiles == [m])
     x = np.random.default_rng(7).standard_normal((n, c, h, w)).astype(np.float32)
     want = direct(x, wt, pads, bv)
     if relu:
         want = np.maximum(want, 0)
-    got = kiln.compile(model, decisions=WINO).run(x=x)["y"]
+    got = kiln.compile(model, decisions=asked).run(x=x)["y"]
     interp = kiln.compile(model, target="interpreter").run(x=x)["y"]
     assert rel_error(got, want) < WINOGRAD_ERROR_BOUND
     np.testing.assert_allclose(got, interp, rtol=1e-3, atol=1e-3 * np.max(np.abs(want)))
@@ -190,6 +203,35 @@ def test_chooser_weighs_winogards_weight_stream_against_direct_on_the_cores():
     assert choose(shape(512, 512, 7, n=2), two).algorithm == "winograd"      # 8 tiles
     assert choose(shape(256, 256, 14), two).algorithm == "winograd"          # 16 tiles, U 9.4 MB
     assert choose(dataclasses.replace(shape(512, 512, 7), per_image=True), two).algorithm == "winograd"
+
+
+def test_the_output_tile_weighs_the_weights_stream_against_the_multiply_adds():
+    """F(2x2, 3x3) where F(4x4)'s 4x weights take longer to stream than its fewer multiply-adds
+    save (kiln.lower.conv_algo.winograd_us): ResNet's 256 -> 256 on 14x14 at batch 1 on 2 cores
+    streaming 3.2e3 floats per us (this Sapphire Rapids VM), not where the weights stream fast,
+    nor at 28x28 or 56x56, nor for a symbolic batch."""
+    slow, fast = (Target.named("host", cores=2, stream_rate_measured=r) for r in (3.2e3, 1e6))
+    s = shape(256, 256, 14)
+    assert winograd_m(s, slow) == 2 and "F(2x2,3x3), 2.2x fewer multiplies" in choose(s, slow).reason
+    assert winograd_m(s, fast) == 4 and "F(4x4,3x3), 3.1x fewer multiplies" in choose(s, fast).reason
+    assert winograd_m(shape(128, 128, 28), slow) == winograd_m(shape(64, 64, 56), slow) == 4
+    assert winograd_m(dataclasses.replace(s, per_image=True), slow) == 4
+    assert winograd_m(s, fast, {"conv.winograd_m": 2}) == 2 and winograd_m(s, slow, {"conv.winograd_m": 4}) == 4
+    with pytest.raises(KilnError, match="illegal value 6 for decision 'conv.winograd_m'"):
+        winograd_m(s, slow, {"conv.winograd_m": 6})
+
+
+def test_the_layout_pass_gives_the_kernel_its_output_tile():
+    model, wt, bv = conv_model(1, 256, 256, 14, 14, [1, 1, 1, 1], True, relu=True, seed=2)
+    x = np.random.default_rng(2).standard_normal((1, 256, 14, 14)).astype(np.float32)
+    want = np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)
+    for rate, m in ((3.2e3, 2), (1e6, 4)):
+        cpu = Target.named("host", cores=2, stream_rate_measured=rate)
+        nodes = run_stages(model, "optimized", cpu=cpu).optimized.graph.nodes
+        assert [(nd.attrs["m"], nd.inputs[1].type.shape[0]) for nd in nodes if nd.op == "ConvWinograd"] == \
+            [(m, (m + 2) ** 2)]
+        got = kiln.compile(model, cpu=cpu).run(x=x)["y"]
+        assert rel_error(got, want) < WINOGRAD_ERROR_BOUND
 
 
 def test_chooser_override():

@@ -1,22 +1,24 @@
-/* Winograd F(4x4, 3x3) convolution on the blocked layout: the kernel behind kiln.lower.winograd
-   (the op and its transform matrices: kiln.ops.winograd). Instantiated per register tile:
-   define before this file
+/* Winograd F(4x4, 3x3) or F(2x2, 3x3) convolution on the blocked layout: the kernel behind
+   kiln.lower.winograd (the op and its transform matrices: kiln.ops.winograd). Instantiated per
+   output tile and register tile: define before this file
+     KILN_WG_M    the output tile, 4 or 2 (MT below; NT = MT + 2 the input tile, NP = NT^2 the
+                  transform positions: 36 or 16)
      KILN_WG_FN   the function's name
      KILN_WG_GEMM the name of its batched GEMM (winograd_gemm.h, instantiated before it)
      KILN_WG_L    the channel block = the vector lanes (8 with AVX2, 16 with AVX-512)
      KILN_WG_TR   tiles per register block       } KILN_WG_TR * KILN_WG_OV accumulators stay
      KILN_WG_OV   channel blocks per register block } in vector registers over the input channels
 
-   x [N][ICB][H][W][L] blocked input; u [36][OCB][ICB*L][L] transformed weights (position,
+   x [N][ICB][H][W][L] blocked input; u [NP][OCB][ICB*L][L] transformed weights (position,
    output block, input channel, the block's output channels); bias [OCB][L] or NULL;
-   y [N][OCB][OH][OW][L]. A 4x4 output tile reads the 6x6 input tile under it (zero outside
-   the input: the padding). Tiles are numbered over (image, tile row, tile column).
+   y [N][OCB][OH][OW][L]. An MT x MT output tile reads the NT x NT input tile under it (zero
+   outside the input: the padding). Tiles are numbered over (image, tile row, tile column).
 
    Work goes in tasks: a chunk of T tiles (a multiple of TR) and a part of the output channel
    blocks (`osplit` parts, so that a small image still gives every thread work). A task
      1. transforms its tiles' inputs, all input channels: V[t][tile][ic] = (B^T d B)[t]
-        (T * 36 * IC floats, sized by the caller to stay in L2),
-     2. per group of OV output channel blocks: the 36 GEMMs M[t] = V[t] U[t] over the chunk
+        (T * NP * IC floats, sized by the caller to stay in L2),
+     2. per group of OV output channel blocks: the NP GEMMs M[t] = V[t] U[t] over the chunk
         (register blocks of TR tiles x OV vectors, input channels innermost: per channel, OV
         weight vectors and TR broadcasts for TR * OV FMAs), then the output transform
         A^T M A of each tile, + bias, the activation `act` (1 ReLU; 2 Swish, v sigmoid(v) by
@@ -66,69 +68,91 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
     const V s12_ = (m1) + (m2), d12_ = (m1) - (m2), s34_ = (m3) + (m4), d34_ = (m3) - (m4); \
     o0 = (m0) + s12_ + s34_; o1 = d12_ + 2.0f * d34_; \
     o2 = s12_ + 4.0f * s34_; o3 = d12_ + 8.0f * d34_ + (m5); } while (0)
-  enum { L = KILN_WG_L, TR = KILN_WG_TR, OV = KILN_WG_OV };
+#if KILN_WG_M == 4
+/* over arrays: B^T of d[0..5] -> o[0..5], A^T of m[0..5] -> o[0..3] */
+#define WG_BTA(d, o) WG_BT((d)[0], (d)[1], (d)[2], (d)[3], (d)[4], (d)[5], (o)[0], (o)[1], (o)[2], (o)[3], (o)[4], (o)[5])
+#define WG_ATA(m, o) WG_AT((m)[0], (m)[1], (m)[2], (m)[3], (m)[4], (m)[5], (o)[0], (o)[1], (o)[2], (o)[3])
+#elif KILN_WG_M == 2
+/* F(2x2, 3x3) over the points 0, 1, -1 and infinity (kiln.ops.winograd.matrices(2)):
+   B^T of d[0..3] -> o[0..3], A^T of m[0..3] -> o[0..1] */
+#define WG_BTA(d, o) do { (o)[0] = (d)[2] - (d)[0]; (o)[1] = (d)[1] + (d)[2]; \
+    (o)[2] = (d)[2] - (d)[1]; (o)[3] = (d)[3] - (d)[1]; } while (0)
+#define WG_ATA(m, o) do { (o)[0] = (m)[0] + (m)[1] + (m)[2]; (o)[1] = (m)[1] - (m)[2] + (m)[3]; } while (0)
+#else
+#error "KILN_WG_M must be 4 or 2"
+#endif
+  enum { L = KILN_WG_L, TR = KILN_WG_TR, OV = KILN_WG_OV, MT = KILN_WG_M, NT = MT + 2, NP = NT * NT };
   const int64_t IC = ICB * L;
-  const int64_t TH = (OH + 3) / 4, TW = (OW + 3) / 4, per_image = TH * TW, ntile = N * per_image;
+  const int64_t TH = (OH + MT - 1) / MT, TW = (OW + MT - 1) / MT, per_image = TH * TW, ntile = N * per_image;
   const int64_t ngroup = OCB / OV;
   float *vbuf, *mbuf;   /* the buffers and the tasks: winograd_gemm.h */
-  if (!kiln_wg_buffers(&vbuf, &mbuf, 36, T, IC, OV * L, &((struct KILN_WG_CTX*)ctx_)->failed)) return;
+  if (!kiln_wg_buffers(&vbuf, &mbuf, NP, T, IC, OV * L, &((struct KILN_WG_CTX*)ctx_)->failed)) return;
   const int64_t pv = kiln_wg_plane(T * IC), pm = kiln_wg_plane(T * OV * L);   /* plane strides */
   for (int64_t task = lo; task < hi; ++task) {
     const kiln_wg_task k_ = kiln_wg_task_of(task, osplit, T, ntile, ngroup);
     const int64_t first = k_.first, nt = k_.nt;
     /* 1. input transform (a short last chunk: up to whole register blocks) */
     for (int64_t j = 0; j < kiln_wg_rounded(nt, TR); ++j) {
-      if (kiln_wg_past_end(vbuf, 36, T, j, nt, IC)) continue;
+      if (kiln_wg_past_end(vbuf, NP, T, j, nt, IC)) continue;
       const int64_t g = first + j, n = g / per_image, r = g % per_image;
-      const int64_t iy0 = r / TW * 4 - pt, ix0 = r % TW * 4 - pl;
-      const int inside = iy0 >= 0 && iy0 + 6 <= H && ix0 >= 0 && ix0 + 6 <= W;
+      const int64_t iy0 = r / TW * MT - pt, ix0 = r % TW * MT - pl;
+      const int inside = iy0 >= 0 && iy0 + NT <= H && ix0 >= 0 && ix0 + NT <= W;
       for (int64_t cb = 0; cb < ICB; ++cb) {
         const float* xc = x + (n * ICB + cb) * H * W * L;
-        V d[6][6], tm[6][6];
+        V d[NT][NT], tm[NT][NT];
         if (inside) {
           #pragma GCC unroll 6
-          for (int i = 0; i < 6; ++i)
+          for (int i = 0; i < NT; ++i)
             #pragma GCC unroll 6
-            for (int k = 0; k < 6; ++k) d[i][k] = WG_LD(xc + ((iy0 + i) * W + ix0 + k) * L);
+            for (int k = 0; k < NT; ++k) d[i][k] = WG_LD(xc + ((iy0 + i) * W + ix0 + k) * L);
         } else {
-          for (int i = 0; i < 6; ++i)
-            for (int k = 0; k < 6; ++k) {
+          for (int i = 0; i < NT; ++i)
+            for (int k = 0; k < NT; ++k) {
               const int64_t iy = iy0 + i, ix = ix0 + k;
               d[i][k] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? WG_LD(xc + (iy * W + ix) * L) : (V){0};
             }
         }
         #pragma GCC unroll 6
-        for (int k = 0; k < 6; ++k)
-          WG_BT(d[0][k], d[1][k], d[2][k], d[3][k], d[4][k], d[5][k],
-                tm[0][k], tm[1][k], tm[2][k], tm[3][k], tm[4][k], tm[5][k]);
+        for (int k = 0; k < NT; ++k) {
+          V col[NT], tc[NT];
+          #pragma GCC unroll 6
+          for (int i = 0; i < NT; ++i) col[i] = d[i][k];
+          WG_BTA(col, tc);
+          #pragma GCC unroll 6
+          for (int i = 0; i < NT; ++i) tm[i][k] = tc[i];
+        }
         #pragma GCC unroll 6
-        for (int a = 0; a < 6; ++a) {
-          V o[6];
-          WG_BT(tm[a][0], tm[a][1], tm[a][2], tm[a][3], tm[a][4], tm[a][5], o[0], o[1], o[2], o[3], o[4], o[5]);
-          for (int b = 0; b < 6; ++b) WG_ST(vbuf + (a * 6 + b) * pv + j * IC + cb * L, o[b]);
+        for (int a = 0; a < NT; ++a) {
+          V o[NT];
+          WG_BTA(tm[a], o);
+          for (int b = 0; b < NT; ++b) WG_ST(vbuf + (a * NT + b) * pv + j * IC + cb * L, o[b]);
         }
       }
     }
     for (int64_t og = k_.g0; og < k_.g1; ++og) {
-      /* 2. the 36 GEMMs of this group of output channel blocks (winograd_gemm.h) */
-      KILN_WG_GEMM(u, vbuf, mbuf, 36, OCB, og, T, nt, IC);
+      /* 2. the NP GEMMs of this group of output channel blocks (winograd_gemm.h) */
+      KILN_WG_GEMM(u, vbuf, mbuf, NP, OCB, og, T, nt, IC);
       /* 3. output transform */
       for (int64_t j = 0; j < nt; ++j) {
         const int64_t g = first + j, n = g / per_image, r = g % per_image;
-        const int64_t oy0 = r / TW * 4, ox0 = r % TW * 4;
-        const int rows = OH - oy0 < 4 ? (int)(OH - oy0) : 4, cols = OW - ox0 < 4 ? (int)(OW - ox0) : 4;
+        const int64_t oy0 = r / TW * MT, ox0 = r % TW * MT;
+        const int rows = OH - oy0 < MT ? (int)(OH - oy0) : MT, cols = OW - ox0 < MT ? (int)(OW - ox0) : MT;
         for (int o = 0; o < OV; ++o) {
           const int64_t ocb = og * OV + o;
-          V mm[6][6], tm[4][6];
-          for (int a = 0; a < 6; ++a)
-            for (int b = 0; b < 6; ++b) mm[a][b] = WG_LD(mbuf + (a * 6 + b) * pm + (j * OV + o) * L);
-          for (int b = 0; b < 6; ++b)
-            WG_AT(mm[0][b], mm[1][b], mm[2][b], mm[3][b], mm[4][b], mm[5][b], tm[0][b], tm[1][b], tm[2][b], tm[3][b]);
+          V mm[NT][NT], tm[MT][NT];
+          for (int a = 0; a < NT; ++a)
+            for (int b = 0; b < NT; ++b) mm[a][b] = WG_LD(mbuf + (a * NT + b) * pm + (j * OV + o) * L);
+          for (int b = 0; b < NT; ++b) {
+            V col[NT], tc[MT];
+            for (int a = 0; a < NT; ++a) col[a] = mm[a][b];
+            WG_ATA(col, tc);
+            for (int a = 0; a < MT; ++a) tm[a][b] = tc[a];
+          }
           const V bv = bias ? WG_LD(bias + ocb * L) : (V){0};
           float* yo = y + ((n * OCB + ocb) * OH + oy0) * OW * L + ox0 * L;
           for (int i = 0; i < rows; ++i) {
-            V out[4];
-            WG_AT(tm[i][0], tm[i][1], tm[i][2], tm[i][3], tm[i][4], tm[i][5], out[0], out[1], out[2], out[3]);
+            V out[MT];
+            WG_ATA(tm[i], out);
             for (int k = 0; k < cols; ++k) {
               V v = out[k] + bv;
               if (act == 1) v = (V)((VI)v & ~(VI)(v < (V){0}));   /* max(v, 0); a NaN stays NaN */
@@ -150,13 +174,15 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
 #undef WG_ST
 #undef WG_BT
 #undef WG_AT
+#undef WG_BTA
+#undef WG_ATA
 }
 
 __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_WG_FN(
     const float* restrict x, const float* restrict u, const float* restrict bias, float* restrict y,
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
     int64_t pt, int64_t pl, int64_t T, int64_t osplit, int act, int par) {
-  const int64_t ntile = N * ((OH + 3) / 4) * ((OW + 3) / 4);
+  const int64_t ntile = N * ((OH + KILN_WG_M - 1) / KILN_WG_M) * ((OW + KILN_WG_M - 1) / KILN_WG_M);
   struct KILN_WG_CTX c = { x, u, bias, y, N, ICB, H, W, OCB, OH, OW, pt, pl, T, osplit, act, 0 };
   kiln_par_for(KILN_WG_TASKS, &c, 0, (ntile + T - 1) / T * osplit, par);
   return c.failed ? -1 : 0;
