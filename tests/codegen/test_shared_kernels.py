@@ -40,6 +40,11 @@ def test_c_shared_declares_before_the_shared_block_and_defines_inside_it():
         c_shared("topk.c", {}, "KILN_TOPK_X")
 
 
+# every Winograd conv F(4x4): one kernel per register tile (which output tile each shape gets is
+# kiln.lower.conv_algo.winograd_m's, tested in tests/lower/test_winograd.py)
+F4 = {**WINO, "conv.winograd_m": 4}
+
+
 def winograd_model(c, h, w, convs=1, seed=0):
     """`convs` 3x3 convs of 32 output channels (one register tile whatever c, h, w), chained."""
     model, wt, bv = conv_model(1, c, 32, h, w, [1, 1, 1, 1], True, seed=seed)
@@ -59,7 +64,7 @@ def winograd_model(c, h, w, convs=1, seed=0):
 
 
 def units_of(model):
-    return run_stages(model, "c", decisions=WINO).source.units
+    return run_stages(model, "c", decisions=F4).source.units
 
 
 def shared_of(units) -> int:
@@ -79,7 +84,7 @@ def test_one_shared_unit_the_same_in_every_module():
 
 def run_checked(model, weights, c, h, w, seed):
     x = np.random.default_rng(seed).standard_normal((1, c, h, w)).astype(np.float32)
-    got = kiln.compile(model, decisions=WINO).run(x=x)["y"]
+    got = kiln.compile(model, decisions=F4).run(x=x)["y"]
     want = direct(x, weights[0], [1, 1, 1, 1], weights[1])
     if len(weights) == 3:
         want = direct(want.astype(np.float32), weights[2], [0, 0, 0, 0])
