@@ -520,6 +520,10 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
     return out
 
 
+POOL_PARTIALS = declare("pool.partials", OneOf((1, 2, 4, 8)), lambda target: 4,
+                        "a blocked global average's partial sums per vector of lanes (1: one sum)")
+
+
 @lowering("GlobalAveragePoolNCHWc", domain=DOMAIN)
 def _global_average_lower(ctx, x):
     """Per (image, channel block): the plane's rows summed into one vector of the block's
@@ -536,10 +540,22 @@ def _global_average_lower(ctx, x):
     def schedule(sch, outputs):
         st = sch[total]
         a = list(st.axis)
+        rf, parts = None, POOL_PARTIALS.value()
+        if blk >= 4 and parts > 1 and hint(w) >= 2 * parts:
+            # POOL_PARTIALS sums of a row's pixels (kw mod that), so as many adds run at once
+            # where one sum waits for the last add of the plane's every pixel
+            rf = sch.rfactor(total, st.split(st.reduce_axis[1], parts)[1], 4)
         st.reorder(*a[:4], *st.reduce_axis, a[4])
         top = st.fuse(*a[:4])
         if blk >= 4:
             st.vectorize(a[4])
+        if rf is not None:
+            sr = sch[rf]
+            sr.compute_at(st, top)
+            rn, rc, ri, rj, ru, ro = sr.axis
+            sr.reorder(rn, rc, ri, rj, *sr.reduce_axis, ru, ro)
+            sr.unroll(ru)
+            sr.vectorize(ro)
         if parallel_worth(work, ctx.target, "sum") and hint(top.arg.dom[1]) > 1:
             st.parallel(top)
         _rows_schedule(sch[out], 0, 4, ctx.target)
