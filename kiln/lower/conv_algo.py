@@ -62,10 +62,16 @@ WINOGRAD_MIN_CHANNELS = 16       # the fewest measured (16 -> 16 at 56x56: 0.077
 WINOGRAD_MIN_TILES = 4           # 4x4 output tiles over the batch
 WINOGRAD_MIN_TILE_USE = 0.5      # output pixels / pixels the tiles cover (6x6: 0.56, won 1.6x)
 # Winograd reads its transformed weights U (36/9 = 4x the direct conv's) once per inference,
-# from L3 or memory where a model's weights do not fit the caches, and every core shares that
-# stream; the direct conv's multiply-adds split over the cores. So Winograd runs only where U
-# read at one core's stream rate (`Target.stream_rate`, measured per machine) takes less than the
-# direct conv's multiply-adds at the conv rate on all the target's cores (`winograd_streams`).
+# from L3 or memory where a model's weights do not fit the caches, each core its share at the
+# rate one core streams (`Target.stream_rate`, measured per machine); the direct conv's
+# multiply-adds split over the cores likewise. So Winograd runs only where U read on all the
+# target's cores takes less than the direct conv's multiply-adds at the conv rate on them
+# (`winograd_streams`): 75 output pixels or more at this Sapphire Rapids VM's 3.21e3 floats per
+# us. Measured there, 2 threads, quiet, DBNet 320 (three 512 -> 512 3x3 convs on 10x10 at
+# batch 1, U 37.7 MB each): with U read at one core's rate they ran direct and the model took
+# 44.6 / 36.4 ms (two runs, medians) against 42.9 / 35.4 with Winograd, where 512 -> 512 on 7x7
+# (49 pixels) stays direct as before. On the AVX-512 Zen 4 below one core took the memory's whole
+# rate (a machine whose cores share one stream would need that rate measured: not done).
 # Measured, 3x3 512 -> 512 on 7x7 at batch 1 (4 tiles, U 37.7 MB), AVX-512 Zen 4: one thread,
 # thread CPU time, Winograd 1.75 ms vs blocked direct 2.19 (the rule: U 1.35 ms < direct 1.93);
 # two threads, quiet, Winograd 1.52 vs direct 1.33 (U 1.35 > direct 0.96: its 37.7 MB at
@@ -258,7 +264,7 @@ def winograd_m(s: ConvShape, target: Target, decisions: dict | None = None) -> i
 
 def winograd_streams(s: ConvShape, target: Target) -> str | None:
     """Why streaming Winograd's transformed weights would take longer than the direct conv's
-    multiply-adds on all the target's cores (see WINOGRAD_MIN_TILE_USE's note), or None.
+    multiply-adds, both on all the target's cores (see WINOGRAD_MIN_TILE_USE's note), or None.
     None for a symbolic batch (`per_image`): the choice then holds for every batch, and at a few
     images Winograd's stream is already shorter (512 -> 512 on 7x7: direct 1.93 ms at two
     images on 2 cores, U 1.35 ms), where direct at batch 1 saves only its 14%."""
@@ -266,14 +272,14 @@ def winograd_streams(s: ConvShape, target: Target) -> str | None:
         return None
     from kiln.lower.nnutil import serial_rate  # noqa: PLC0415
     blocks = -(-s.c // s.block) * -(-s.oc // s.block) * s.block * s.block
-    u_us = 36 * blocks / target.stream_rate
     cores = max(1, target.cores)
+    u_us = 36 * blocks / (cores * target.stream_rate)
     direct_us = s.n * math.prod(s.out) * 9 * blocks / (cores * serial_rate("conv", target))
     if u_us <= direct_us:
         return None
-    return (f"Winograd's {36 * blocks * 4 / 1e6:.1f} MB of transformed weights take ~{u_us:.0f} us to stream, "
-            f"more than the direct conv's multiply-adds on {cores} core{'s' if cores > 1 else ''} "
-            f"(~{direct_us:.0f} us): blocked direct conv")
+    on = f"on {cores} core{'s' if cores > 1 else ''}"
+    return (f"Winograd's {36 * blocks * 4 / 1e6:.1f} MB of transformed weights take ~{u_us:.0f} us to stream {on}, "
+            f"more than the direct conv's multiply-adds {on} (~{direct_us:.0f} us): blocked direct conv")
 
 
 @dataclass(frozen=True)
