@@ -23,16 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from kiln.codegen.cachedir import write_atomic
-from kiln.codegen.measured import env_override, store_dir, stored
-from kiln.errors import KilnError
+from kiln.codegen.measured import build_loop, env_override, measure_and_store, store_dir, stored
 from kiln.runtime import threads
 from kiln.targets.target import Target
 
@@ -103,16 +99,8 @@ def program_source(threads_impl: str) -> str:
 
 def build(threads_impl: str, directory: str, cc: list[str] | None = None) -> str:
     """Compile the timing loop into `directory`; returns the executable's path."""
-    from kiln.codegen.build import _cc  # noqa: PLC0415
-    src, exe = os.path.join(directory, f"fork_{threads_impl}.c"), os.path.join(directory, f"fork_{threads_impl}")
-    with open(src, "w") as f:
-        f.write(program_source(threads_impl))
-    r = subprocess.run([*(cc or _cc(None)), "-O2", "-fopenmp", "-pthread", src, "-o", exe, "-lm"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise KilnError(f"the fork-cost loop ({threads_impl}) did not compile: {r.stderr.strip()[:500]}",
-                        stage="codegen")
-    return exe
+    return build_loop(directory, f"fork_{threads_impl}", program_source(threads_impl),
+                      ["-fopenmp", "-pthread", "-lm"], f"fork-cost ({threads_impl})", cc)
 
 
 def run(exe: str, gap_us: int, regions: int, env: dict) -> list[float]:
@@ -192,16 +180,11 @@ def _measured(target: Target) -> float | None:
     if us is not None:
         _MEASURED[target] = us
         return us
-    t = time.perf_counter()
-    try:
-        us = measure(target)
-    except (KilnError, OSError, subprocess.SubprocessError, ValueError, IndexError):
+    us = measure_and_store(_path(target), "fork_us", lambda: measure(target), {
+        "threads": target.threads_impl, "wait": [target.omp_wait_policy, target.omp_spincount],
+        "cores": target.cores, "gap_us": GAP_US, "regions": REGIONS})
+    if us is None:
         return None       # no C compiler or pool to time: the table's figure stands
-    write_atomic(_path(target), json.dumps({
-        "fork_us": us, "threads": target.threads_impl, "wait": [target.omp_wait_policy, target.omp_spincount],
-        "cores": target.cores, "gap_us": GAP_US, "regions": REGIONS, "load": os.getloadavg()[0],
-        "measured_s": round(time.perf_counter() - t, 3), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }).encode())
     _MEASURED[target] = us
     return us
 

@@ -23,16 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from kiln.codegen.cachedir import write_atomic
-from kiln.codegen.measured import env_override, store_dir, stored
-from kiln.errors import KilnError
+from kiln.codegen.measured import build_loop, env_override, measure_and_store, store_dir, stored
 from kiln.targets.target import Target
 
 PASSES = 9                    # passes over the buffer timed (the median taken)
@@ -82,15 +77,7 @@ def buffer_bytes(target: Target) -> int:
 
 def build(directory: str, target: Target, cc: list[str] | None = None) -> str:
     """Compile the timing loop for `target` into `directory`; returns the executable's path."""
-    from kiln.codegen.build import _cc  # noqa: PLC0415
-    src, exe = os.path.join(directory, "stream.c"), os.path.join(directory, "stream")
-    with open(src, "w") as f:
-        f.write(LOOP)
-    r = subprocess.run([*(cc or _cc(None)), "-O2", *target.arch_flags(), src, "-o", exe],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise KilnError(f"the stream-rate loop did not compile: {r.stderr.strip()[:500]}", stage="codegen")
-    return exe
+    return build_loop(directory, "stream", LOOP, target.arch_flags(), "stream-rate", cc)
 
 
 def run(exe: str, floats: int, passes: int) -> list[float]:
@@ -137,18 +124,10 @@ def _measured(target: Target) -> float | None:
         return _MEASURED[key]
     rate = cached(target)
     if rate is None:
-        t = time.perf_counter()
-        try:
-            rate = measure(target)
-        except (KilnError, OSError, subprocess.SubprocessError, ValueError, IndexError):
+        rate = measure_and_store(_path(target), "floats_per_us", lambda: measure(target),
+                                 {"buffer_bytes": buffer_bytes(target), "passes": PASSES})
+        if rate is None:
             return None       # no C compiler, or the loop failed: the table's figure stands
-        if not rate > 0:
-            return None
-        write_atomic(_path(target), json.dumps({
-            "floats_per_us": rate, "buffer_bytes": buffer_bytes(target), "passes": PASSES,
-            "load": os.getloadavg()[0], "measured_s": round(time.perf_counter() - t, 3),
-            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }).encode())
     _MEASURED[key] = rate
     return rate
 
