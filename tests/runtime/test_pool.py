@@ -40,6 +40,11 @@ int32_t pool_loops(int32_t* hits, int64_t n, int64_t loops, int32_t nested, int3
   if (entered) kiln_pool_leave();
   return 0;
 }
+/* where each of the m chunks of a loop of n iterations starts (starts[m]: its end) */
+int32_t pool_chunk_starts(int64_t n, int64_t m, int64_t* starts) {
+  for (int64_t k = 0; k <= m; ++k) starts[k] = kiln_pool_chunk(n, m, k);
+  return 0;
+}
 /* 8 chunks of 2 ms each (sleeping, so a worker gets a core even on a busy machine):
    how many distinct threads ran them */
 static pthread_t ran[8];
@@ -195,6 +200,7 @@ def lib():
     lib.pool_busy.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.pool_parked.argtypes = [ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
     lib.pool_cpu.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
+    lib.pool_chunk_starts.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     yield lib
     lib.pool_threads(2)
     del os.environ["KILN_POOL_CALM_MS"]
@@ -213,6 +219,22 @@ def test_every_iteration_runs_once(lib, threads, n):
     hits = _loops(lib, n, loops=3)
     assert (hits[:n] == 3).all() and (hits[n:] == 0).all()
     assert lib.pool_workers() == (threads - 1 if n > 1 else lib.pool_workers())
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 14, 28, 35, 105, 1000])
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+def test_larger_chunks_come_first(lib, n, m):
+    """A loop's chunks cover it in order, each one iteration larger than another at most, the
+    larger first: threads claiming them as they come then finish together (14 rows in 8 chunks
+    alternating 1 and 2 left one thread a row behind the other at the join)."""
+    if m > n:
+        return
+    starts = np.zeros(m + 1, np.int64)
+    lib.pool_chunk_starts(n, m, starts.ctypes.data)
+    sizes = np.diff(starts)
+    assert starts[0] == 0 and starts[-1] == n
+    assert (sizes >= n // m).all() and (sizes <= -(-n // m)).all()
+    assert (np.diff(sizes) <= 0).all(), sizes
 
 
 @pytest.mark.parametrize("chunks", ["1", "16"])

@@ -161,6 +161,14 @@ static inline void kiln_pool_contended(kiln_pool_t* p, int64_t t, int32_t stall)
   __atomic_store_n(&p->calm_after, t + calm, __ATOMIC_RELAXED);
 }
 static inline int kiln_pool_open(uint64_t w) { return (w & 0xFFFF) < ((w >> 16) & 0xFFFF); }
+/* Where chunk k of m over n iterations starts (k = m: n): the n % m chunks of one iteration
+   more come first, so the threads claim the larger ones first and the last claims even out
+   (n = 14 in 8 chunks: 2,2,2,2,2,2,1,1; alternating sizes, 1,2,2,2,1,2,2,2, left a thread
+   one iteration behind at the join: 8 of 14 against 7, simulated on MobileNetV2's 1x1 convs at
+   7x7 and 14x14 where n is 14-35 rows, about 3% of its 2-thread time at batch 1). */
+static inline int64_t kiln_pool_chunk(int64_t n, int64_t m, int64_t k) {
+  return n / m * k + (k < n % m ? k : n % m);
+}
 static inline int kiln_pool_calm(kiln_pool_t* p, int64_t t) { return t < __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED); }
 
 /* Claims and runs chunks of the job `w` was read from, until none is left. */
@@ -173,7 +181,7 @@ __attribute__((weak)) int64_t kiln_pool_run(kiln_pool_t* p, uint64_t w) {
     int64_t lo = __atomic_load_n(&p->lo, __ATOMIC_RELAXED), n = __atomic_load_n(&p->n, __ATOMIC_RELAXED);
     if (!__atomic_compare_exchange_n(&p->word, &w, w + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
     int64_t k = (int64_t)(w & 0xFFFF), m = (int64_t)((w >> 16) & 0xFFFF);
-    fn(ctx, lo + n / m * k + (n % m) * k / m, lo + n / m * (k + 1) + (n % m) * (k + 1) / m);
+    fn(ctx, lo + kiln_pool_chunk(n, m, k), lo + kiln_pool_chunk(n, m, k + 1));
     __atomic_fetch_add(&p->done, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&p->joining, __ATOMIC_SEQ_CST)) kiln_pool_wake_one(&p->done);
     w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
