@@ -78,6 +78,27 @@ def test_fused_block_matches_the_reference_interpreter(acts, cpu):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("acts", [("Clip", "Clip", ""), ("Relu", "Relu", "Clip"), ("HardSwish", "HardSwish", "Relu"),
+                                  ("Clip", "Relu", "HardSwish")])
+@pytest.mark.parametrize("cpu", [None, "x86-64-v3"])
+def test_activations_clamp_and_keep_nans_as_the_reference(acts, cpu):
+    """Values past the clamps' bounds and NaNs (spread by each conv to its window and channels)
+    through every activation of the 1x1 tiles and the depthwise row, on 16 and 8 lanes: the
+    clamps (one max and one min a vector) keep a NaN NaN, as the reference interpreter does;
+    the depthwise ReLU once made it 0 (25 NaNs of 432 here)."""
+    model = block_model(24, 96, 24, 9, 3, 1, "", n=2, w=11, acts=acts, residual=True)
+    x = np.random.default_rng(3).standard_normal((2, 24, 9, 11)).astype(np.float32) * 8
+    x[0, :, 2, 3] = np.nan
+    x[1, 5, 6, 7] = np.nan
+    m = kiln.compile(model, decisions=FUSED, cpu=cpu, report=True)
+    assert [f.choice.algorithm for f in m.report.inverted_residuals] == ["inverted-residual"]
+    got = m.run({"x": x})["y"]
+    ref = kiln.compile(model, target="interpreter").run({"x": x})["y"]
+    assert np.isnan(ref).sum() == 432
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("c,e,o,acts,cpu", [
     (24, 72, 24, ("Relu", "Relu", ""), None),            # 16 + 8 lanes: half-vector last blocks
     (12, 44, 12, ("HardSwish", "Clip", "Relu"), None),    # 12 of 16 input lanes, over half made
