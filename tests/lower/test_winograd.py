@@ -336,6 +336,25 @@ def test_a_short_last_chunk_computes_only_its_register_blocks(tr, blocks):
     assert rel_error(got, np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)) < WINOGRAD_ERROR_BOUND
 
 
+@pytest.mark.parametrize("m", [4, 2])
+@pytest.mark.parametrize("osplit,blocks", [(2, 1), (4, 2), (3, 1)])
+def test_parts_of_a_chunk_share_its_transformed_input(m, osplit, blocks):
+    """A range of tasks transforms a chunk's input once for all the parts its output channels
+    are cut into (winograd.c keeps vbuf while the next task is another part of the same chunk):
+    2 images of 9x11 (3 x 3 F(4x4) tiles each, or 5 x 6 F(2x2)) in chunks of 2 or 4 tiles, the
+    last short, and 2, 3 or 4 parts of the channel blocks, 3 uneven: 10 to 36 tasks in at most
+    8 ranges (the pool's chunks; one range where the conv runs on one thread), so a range holds
+    parts of one chunk and then the next chunk's (a range that skipped the next chunk's
+    transform would compute it from the previous chunk's tiles)."""
+    model, wt, bv = conv_model(2, 24, 4 * BLOCK, 9, 11, [1, 1, 1, 1], True, relu=True, seed=osplit)
+    x = np.random.default_rng(osplit).standard_normal((2, 24, 9, 11)).astype(np.float32)
+    asked = {**WINO, "conv.winograd_m": m, "winograd.tr": 2, "winograd.ov": 1, "winograd.chunk_blocks": blocks,
+             "winograd.osplit": osplit}
+    assert "ConvWinograd" in ops_of(model, decisions=asked)
+    got = kiln.compile(model, decisions=asked).run(x=x)["y"]
+    assert rel_error(got, np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)) < WINOGRAD_ERROR_BOUND
+
+
 @pytest.mark.parametrize("n,c,oc,h", [(1, 64, 64, 56), (1, 128, 128, 28), (1, 256, 256, 14), (1, 512, 512, 7),
                                       (4, 256, 256, 14), (1, 32, 32, 160), (3, 48, 80, 9)])
 def test_plan_chunks_cover_the_tiles_in_register_blocks(n, c, oc, h):

@@ -88,11 +88,13 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
   float *vbuf, *mbuf;   /* the buffers and the tasks: winograd_gemm.h */
   if (!kiln_wg_buffers(&vbuf, &mbuf, NP, T, IC, OV * L, &((struct KILN_WG_CTX*)ctx_)->failed)) return;
   const int64_t pv = kiln_wg_plane(T * IC), pm = kiln_wg_plane(T * OV * L);   /* plane strides */
+  int64_t held = -1;   /* the chunk (first tile) whose transformed input vbuf holds */
   for (int64_t task = lo; task < hi; ++task) {
     const kiln_wg_task k_ = kiln_wg_task_of(task, osplit, T, ntile, ngroup);
     const int64_t first = k_.first, nt = k_.nt;
-    /* 1. input transform (a short last chunk: up to whole register blocks) */
-    for (int64_t j = 0; j < kiln_wg_rounded(nt, TR); ++j) {
+    /* 1. input transform (a short last chunk: up to whole register blocks), unless the range's
+       previous task was another part of the same chunk: steps 2 and 3 leave vbuf as it was */
+    for (int64_t j = 0; first != held && j < kiln_wg_rounded(nt, TR); ++j) {
       if (kiln_wg_past_end(vbuf, NP, T, j, nt, IC)) continue;
       const int64_t g = first + j, n = g / per_image, r = g % per_image;
       const int64_t iy0 = r / TW * MT - pt, ix0 = r % TW * MT - pl;
@@ -129,6 +131,7 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
         }
       }
     }
+    held = first;
     for (int64_t og = k_.g0; og < k_.g1; ++og) {
       /* 2. the NP GEMMs of this group of output channel blocks (winograd_gemm.h) */
       KILN_WG_GEMM(u, vbuf, mbuf, NP, OCB, og, T, nt, IC);
