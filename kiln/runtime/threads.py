@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 SPINCOUNT = ""   # GOMP_SPINCOUNT kiln sets ("": none; the threads sleep at once under PASSIVE)
 # What a fork and join of two threads costs (us), spinning or sleeping between kernels. In a
@@ -152,6 +152,28 @@ def fork_us(policy: str, spincount: str, threads_impl: str = "omp") -> float:
     if threads_impl == "pool":
         return FORK_US_POOL
     return FORK_US_SPINNING if spins(policy, spincount) else FORK_US_SLEEPING
+
+
+# kiln_pool.h's KILN_POOL_CHUNKS: the chunks per thread a parallel loop is cut into at most
+POOL_CHUNKS = 4
+
+
+def pool_chunks(n: int, threads: int) -> list[tuple[int, int]]:
+    """The chunks [lo, hi) kiln's pool cuts a loop of `n` iterations into on `threads` threads
+    (kiln_pool_for: POOL_CHUNKS per thread at most; kiln_pool_chunk: the longer ones first)."""
+    m = max(1, min(n, POOL_CHUNKS * max(threads, 1)))
+    starts = [n // m * k + min(k, n % m) for k in range(m + 1)]
+    return list(zip(starts, starts[1:]))
+
+
+def pool_span(costs: Sequence[float], threads: int) -> float:
+    """When a loop whose chunks cost `costs` (in the loop's order) ends on `threads` threads
+    that start together, each claiming the next chunk as it comes free (kiln_pool_run)."""
+    free = [0.0] * max(threads, 1)
+    for c in costs:
+        k = free.index(min(free))
+        free[k] += c
+    return max(free)
 
 
 # kiln_pool_counts's order (kiln_pool.h): loops forked, loops run alone while contended, contended

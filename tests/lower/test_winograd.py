@@ -374,6 +374,28 @@ def test_plan_chunks_cover_the_tiles_in_register_blocks(n, c, oc, h):
         assert nchunk == 1 or t + tr > STREAM_MIN_TILES    # (chunks evened out in register blocks)
 
 
+def test_chunks_uneven_over_the_threads_are_evened_out_by_parts():
+    """balanced_osplit: 4 images of 14x14 x 256 (64 F(4x4) tiles; the transformed weights stream
+    past a 2 MiB L2: chunks of 18) left 36 tiles on one of 2 threads and 28 on the other; cut in
+    2 parts, each thread's share is 32 tiles' GEMMs plus the transforms. Chunks that split evenly
+    keep their one part (56x56 x 64, 8 images: 1568 tiles), and so does one thread."""
+    from kiln.lower.winograd import balanced_osplit
+    from kiln.runtime.threads import pool_chunks, pool_span
+    t = Target.named("x86-64-v4", l2_bytes=2 << 20, cores=2)
+    assert plan(4, 16, 16, 14, 14, 16, t) == (6, 4, 18, 2)
+    assert plan(4, 16, 16, 14, 14, 16, dataclasses.replace(t, cores=1))[3] == 1
+    assert plan(8, 4, 4, 56, 56, 16, t)[3] == 1
+
+    def span(tiles, size, parts, cores=2):      # every task's GEMMs, each its own transform
+        tasks = [min(size, tiles - c * size) * (1 / parts + 14 / 256) for c in range(-(-tiles // size))
+                 for _ in range(parts)]
+        return pool_span([sum(tasks[lo:hi]) for lo, hi in pool_chunks(len(tasks), cores)], cores)
+    assert span(64, 18, 2) < 0.95 * span(64, 18, 1)
+    assert balanced_osplit(64, 18, 4, 1, 2, 14 / 256) == 2
+    assert balanced_osplit(64, 18, 4, 1, 1, 14 / 256) == 1
+    assert balanced_osplit(64, 16, 4, 1, 2, 14 / 256) == 1     # 4 chunks of 16: even already
+
+
 def test_an_illegal_plan_is_an_error_naming_it():
     model, _, _ = conv_model(1, 48, 48, 12, 12, [1, 1, 1, 1], True)
     ocb = -(-48 // BLOCK)

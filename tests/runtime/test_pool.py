@@ -237,6 +237,21 @@ def test_larger_chunks_come_first(lib, n, m):
     assert (np.diff(sizes) <= 0).all(), sizes
 
 
+@pytest.mark.parametrize("n", [1, 2, 5, 7, 8, 14, 33, 105])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_python_cuts_loops_as_the_pool_does(lib, n, threads):
+    """kiln.runtime.threads.pool_chunks (what plans model: kiln.lower.winograd.balanced_osplit)
+    gives the chunks kiln_pool_for cuts: POOL_CHUNKS per thread at most, by kiln_pool_chunk."""
+    from kiln.codegen.csource import c_source
+    from kiln.runtime.threads import POOL_CHUNKS, pool_chunks, pool_span
+    assert f"#define KILN_POOL_CHUNKS {POOL_CHUNKS} " in c_source("kiln_pool.h")
+    m = min(n, POOL_CHUNKS * threads)
+    starts = np.zeros(m + 1, np.int64)
+    lib.pool_chunk_starts(n, m, starts.ctypes.data)
+    assert pool_chunks(n, threads) == list(zip(starts[:-1].tolist(), starts[1:].tolist()))
+    assert pool_span([1.0] * m, threads) == -(-m // threads)
+
+
 @pytest.mark.parametrize("chunks", ["1", "16"])
 def test_chunks_per_thread_setting(lib, chunks):
     """KILN_POOL_CHUNKS (chunks per thread, read as the pool starts): every iteration once."""
