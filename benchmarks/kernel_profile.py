@@ -41,6 +41,11 @@ def feeds_for(path: str, dims: dict) -> dict:
     return feeds
 
 
+def corpus_path(model: str) -> str:
+    """The corpus model's ONNX file ($KILN_CORPUS_DIR, else ~/.cache/kiln-corpus)."""
+    return os.path.join(os.environ.get("KILN_CORPUS_DIR", os.path.expanduser("~/.cache/kiln-corpus")), f"{model}.onnx")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -50,8 +55,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="ORT intra-op threads")
     ap.add_argument("--warm", action="store_true", help="also each kernel called --runs times in a row")
     args = ap.parse_args(argv)
-    path = os.path.join(os.environ.get("KILN_CORPUS_DIR", os.path.expanduser("~/.cache/kiln-corpus")),
-                        f"{args.model}.onnx")
+    path = corpus_path(args.model)
     dims = dict(kv.split("=") for kv in args.dims.split(",") if kv)
     feeds = feeds_for(path, dims)
     m = kiln.compile(path)

@@ -66,6 +66,7 @@ def main(argv=None) -> None:
 
     import kiln
     from benchmarks.corpus.build import one_case
+    from kiln.runtime.threads import IMPL_DEFAULT
     from kiln.stages import stage_text
 
     path, case, feeds = one_case(args.model, args.case)
@@ -88,7 +89,7 @@ def main(argv=None) -> None:
     total = sum(clocks["all"])
     forks = serial_n = 0
     serial_ms = ideal = 0.0
-    print(f"{args.model} [{args.case}], {args.threads} threads ({os.environ.get('KILN_THREADS_IMPL') or 'omp'}), "
+    print(f"{args.model} [{args.case}], {args.threads} threads ({os.environ.get('KILN_THREADS_IMPL') or IMPL_DEFAULT}), "
           f"CPU ms per inference, medians of {args.runs}, load {os.getloadavg()[0]:.1f}")
     print(f"  {'kernel':44s} {'caller':>7s} {'all':>7s} share  forks")
     for sym, what, mine, every in zip(symbols, runner.call_nodes, clocks["caller"], clocks["all"]):

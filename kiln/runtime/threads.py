@@ -80,6 +80,7 @@ ms median on the pool, 3.6 on the sleeping team.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 
@@ -163,7 +164,7 @@ def pool_chunks(n: int, threads: int) -> list[tuple[int, int]]:
     (kiln_pool_for: POOL_CHUNKS per thread at most; kiln_pool_chunk: the longer ones first)."""
     m = max(1, min(n, POOL_CHUNKS * max(threads, 1)))
     starts = [n // m * k + min(k, n % m) for k in range(m + 1)]
-    return list(zip(starts, starts[1:]))
+    return list(itertools.pairwise(starts))
 
 
 def pool_span(costs: Sequence[float], threads: int) -> float:

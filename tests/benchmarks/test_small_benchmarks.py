@@ -48,6 +48,32 @@ def test_kernel_profile_lists_kernels_beside_ort(capsys, monkeypatch, tmp_path):
     assert re.search(r"kiln: \d+ kernels", out) and "Relu" in out and "ONNX Runtime:" in out
 
 
+def test_thread_scaling_lists_each_kernel_at_one_and_two_threads(capsys, monkeypatch, tmp_path):
+    """benchmarks/thread_scaling.py times a corpus model's kernels in a child process per thread
+    count and prints one row per kernel call (here a conv and a pool), its speedup and the
+    calling thread's CPU share, and the kernels under the --below mark."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(0).standard_normal((32, 16, 3, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 20, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32, 10, 10])],
+        [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "tiny.onnx"))
+    monkeypatch.setenv("KILN_CORPUS_DIR", str(tmp_path))
+    from benchmarks import thread_scaling
+    thread_scaling.main(["tiny", "--dims", "batch=2", "--runs", "2", "--rounds", "1", "--below", "1000"])
+    out = capsys.readouterr().out
+    assert re.search(r"1 thread [\d.]+ ms, 2 threads [\d.]+ ms", out), out
+    rows = [line for line in out.splitlines() if "node '" in line]
+    assert any("Conv" in r for r in rows) and any("MaxPool" in r for r in rows), out
+    assert all(len(re.findall(r"\d+\.\d+", r.split("node")[0])) == 5 and "*" in r for r in rows), out
+    assert re.search(rf"{len(rows)} of {len(rows)} kernels under x1000", out), out
+
+
 def test_work_split_reads_each_kernels_parallel_loop(monkeypatch):
     """benchmarks/work_split.py finds the loop each kernel forks over (OpenMP's or the pool's)
     and how evenly whole iterations split; a hand-written kernel forks on its own."""
