@@ -9,7 +9,7 @@ default) the clock is the calling thread's CPU time (time.thread_time): both eng
 on the calling thread, and time-slicing by other processes does not inflate it, so the figures
 hold on a loaded machine (less so for L3-bound shapes: other processes still share the cache).
 `--threads 2` times wall clock (perf_counter): on a loaded machine that measures the load.
-`--also NAME=VALUE` (repeatable) times kiln once more per shape with that schedule decision
+`--also NAME=VALUE` (repeatable; true/false for a yes-no decision) times kiln once more per shape with that schedule decision
 overridden (kiln.lower.decisions), interleaved with the others: an A/B of one heuristic in
 one process.
 """
@@ -64,7 +64,8 @@ def main(argv=None):
         fns = {"kiln": lambda: compiled.run(x=x)}
         for d in args.also:
             name, value = d.split("=")
-            other = kiln.compile(model, decisions={name: int(value)})
+            parsed = {"true": True, "false": False}.get(value.lower(), None)
+            other = kiln.compile(model, decisions={name: int(value) if parsed is None else parsed})
             fns[f"kiln[{d}]"] = lambda other=other: other.run(x=x)
         fns["ort"] = lambda: sess.run(None, {"x": x})
         times = {name: [] for name in fns}

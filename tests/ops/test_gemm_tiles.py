@@ -129,3 +129,38 @@ def test_batched_activations_against_one_weight(x_shape, n):
     m = _model([helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["u"]),
                 helper.make_node("Add", ["u", "r"], ["y"])], x_shape, {"w": w, "b": b, "r": r})
     _check(m, x, x @ w + b + r, rtol=1e-4, atol=2e-4)
+
+
+L2_2M = Target.named("x86-64-v4", l2_bytes=2 << 20)
+
+
+@pytest.mark.parametrize("m,k,n,mr,nr,outside", [
+    (784, 1536, 384, 6, 64, False),    # V 2.4 MB past half of L2: swept per S block (309 MB) -> panels outside
+    (3136, 768, 192, 6, 64, True),     # V 590 KB stays in L2: the larger S outside, read once
+    (196, 1536, 384, 6, 64, False),    # S the smaller: panels outside, as before
+    (4096, 768, 3072, 6, 64, False),   # a transformer FFN at 4096 rows: V 9.4 MB would stream 683 times
+    (12544, 96, 384, 6, 64, True),     # both fit or S streams once either way: the larger S outside
+])
+def test_loop_order_streams_the_fewest_bytes(m, k, n, mr, nr, outside):
+    """S blocks outside the V panels unless V does not stay in L2 and reading S once per panel
+    streams fewer bytes than reading V once per S block."""
+    assert g.s_blocks_outside(m * k, k * n, -(-m // mr), -(-n // nr), 4, L2_2M) is outside
+    if not outside:   # with an L2 that holds V, the rule falls back to the larger operand outside
+        big = Target.named("x86-64-v4", l2_bytes=64 << 20)
+        assert g.s_blocks_outside(m * k, k * n, -(-m // mr), -(-n // nr), 4, big) is (m > n)
+
+
+def test_compiled_loop_order_follows_the_target_l2():
+    """The packed MatMul's kernel records the order the rule picks for the target's L2, and
+    computes the same product either way (784 x 1536 @ 1536 x 384, a ConvNeXt stage-3
+    projection at batch 4)."""
+    from kiln.compiler import run_stages
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((1536, 384)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((784, 1536)).astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], x.shape, {"w": w})
+    for l2, outside in ((2 << 20, False), (64 << 20, True)):
+        st = run_stages(m, "loops", cpu=Target.named("x86-64-v4", l2_bytes=l2))
+        (kernel,) = [kn for kn in st.lowered.kernels if "MatMulPacked" in kn.func.name]
+        assert kernel.decisions["gemm.s_outer"] is outside, (l2, kernel.decisions)
+    _check(m, x, x @ w, rtol=1e-3, atol=1e-3)
