@@ -74,7 +74,7 @@ def measure(model, n_inputs: int, size: int, calls: int, clock=time.perf_counter
     from kiln.bench import ort_session
     rng = np.random.default_rng(0)
     feeds = {f"x{k}": rng.standard_normal((1, size)).astype(np.float32) for k in range(n_inputs)}
-    compiled = kiln.compile(model)
+    compiled = kiln.compile(model, tier="full")   # (the -O3 build: kiln.codegen.tiers)
     sess = ort_session(model, 1)
     want = sess.run(None, feeds)[0]
     got = compiled.run(feeds)["out"]

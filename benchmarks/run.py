@@ -43,7 +43,7 @@ def bench(name: str, model, args, opt_level) -> dict:
     fns, runs = {"ort": lambda: sess.run(None, feeds)}, {"ort": args.ort_runs}
     if "torch" in args.against:
         add_torch_peer(row, model, feeds, want, args, fns, runs)
-    options = {} if opt_level is None else {"opt_level": opt_level}
+    options = {"tier": "full"} if opt_level is None else {"opt_level": opt_level, "tier": "full"}   # -O3 timed
     try:
         for key in ("compile_cold_s", "compile_warm_s"):
             t = time.perf_counter()

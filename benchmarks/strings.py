@@ -22,6 +22,7 @@ import numpy as np
 from onnx import TensorProto as TP, helper as oh, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("KILN_TIER", "full")   # time the -O3 build, never a quick tier (kiln.codegen.tiers)
 
 import kiln  # noqa: E402
 

@@ -32,6 +32,7 @@ import time
 
 os.environ["OMP_NUM_THREADS"] = "1"    # read when kiln's first module loads
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("KILN_TIER", "full")   # time the -O3 build, never a quick tier (kiln.codegen.tiers)
 
 import numpy as np  # noqa: E402
 

@@ -29,6 +29,7 @@ emit_module, kernels taking the symbols' values, the arena planned per shape at 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from kiln.graph.types import OptionalType, SequenceType, TensorType
 from kiln.limits import Limits, check_planned
 from kiln.limits import use as use_limits
 from kiln.runtime.model import CompiledModel, TensorSpec
+from kiln.targets.loaded import cached, cached_whole, load, native_module  # noqa: F401 (load: a stage)
 from kiln.timing import StageTimes, recording, stage
 from kiln.timing import current as current_times
 
@@ -54,7 +56,7 @@ STAGES = ("graph", "optimized", "partition", "loops", "c")
 def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int | None = None,  # noqa: A001
             report: bool = False, limits: Limits | dict | None = None, example_inputs=None,
             dynamic_shapes=None, decisions: dict | None = None, tuning: str | None = None,
-            shapes: str = "specialize", **options) -> CompiledModel:
+            shapes: str = "specialize", tier: str | None = None, **options) -> CompiledModel:
     """Compile a model for `target` and return a runnable CompiledModel.
 
     `target`: "cpu" (native code), "interpreter" (the NumPy reference), or a CPU to build
@@ -82,8 +84,13 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     the module specialised to it is built in a background thread and swapped in when ready
     (JIT tiering). `model.shapes` says which ("generic" | "tiered" | "specialize" | "static")
     and `model.shapes_reason` why not generic (also in the report).
+    `tier` (default $KILN_TIER, else "auto"): "auto" returns a big module built at a quick tier
+    (-Og) while its -O3 build runs in the background and is swapped in between two runs when
+    ready (kiln.codegen.tiers; `model.wait_optimized()` waits for it); "full" returns the -O3
+    build, as timing tools must.
     """
-    target, cpu = _split_target(target, cpu)
+    from kiln.codegen.tiers import tier_of  # noqa: PLC0415
+    target, cpu, tier = *_split_target(target, cpu), tier_of(tier)
     if shapes not in SHAPES:
         raise KilnError(f"unknown shapes={shapes!r}; choose one of {list(SHAPES)}")
     if options:
@@ -109,9 +116,9 @@ def compile(model: Any, target: Any = "cpu", *, cpu: Any = None, opt_level: int 
     tuning = tuning_path(tuning)
     lim = Limits.of(limits)
     with use_limits(lim), recording(current_times()) as times:   # (into the caller's, if open)
-        compiled = _compile(model, target, opt_level, report, cpu, decisions, tuning, shapes, times)
+        compiled = _compile(model, target, opt_level, report, cpu, decisions, tuning, shapes, times, tier)
     compiled.limits = lim
-    return compiled
+    return compiled.wait_optimized() if tier == "full" else compiled   # (one built "auto" may be under way)
 
 
 def level_of(opt_level: int | None) -> int:
@@ -148,7 +155,7 @@ def _is_torch(model: Any) -> bool:
 
 def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisions: dict,
              tuning: str | None = None, shapes: str = "specialize",
-             times: StageTimes | None = None) -> CompiledModel:
+             times: StageTimes | None = None, tier: str = "auto") -> CompiledModel:
     from kiln.codegen.fork_cost import calibrated  # noqa: PLC0415
     from kiln.targets.target import Target  # noqa: PLC0415
     cpu = Target.of(cpu)    # the one place the host is asked (when no CPU was named)
@@ -176,7 +183,7 @@ def _compile(model: Any, target: str, opt_level: int, report: bool, cpu, decisio
                 return _remembered(file, source, key, compiled)
         _start_builds(target, cpu, builds)
         return _passes_on(source, file, key, target, level_of(opt_level), cpu, decisions, tuning, shapes,
-                          report, times)
+                          report, times, tier)
     finally:   # no compiler process outlives the compile that started it (a failed one too)
         for pool in builds:
             if pool is not None:
@@ -192,7 +199,7 @@ def _start_builds(target: str, cpu, builds: list) -> None:
         builds.append(prebuild_pool(cpu))
 
 
-def _passes_on(source, file, key, target, opt_level, cpu, decisions, tuning, shapes, report, times):
+def _passes_on(source, file, key, target, opt_level, cpu, decisions, tuning, shapes, report, times, tier):
     """_compile past the caches: the passes, then the model for `target`."""
     if tuning is not None:   # the passes' tuned decisions: conv algorithms, weight panels (kiln.tune.apply)
         from kiln.tune.apply import with_pass_records  # noqa: PLC0415
@@ -203,7 +210,7 @@ def _passes_on(source, file, key, target, opt_level, cpu, decisions, tuning, sha
     if target == "interpreter":
         compiled = InterpretedModel(graph)
     else:
-        compiled = _remembered(file, source, key, _cpu_model(optimized, decisions, tuning, shapes, ins, outs, key))
+        compiled = _remembered(file, source, key, _cpu_model(optimized, decisions, tuning, shapes, ins, outs, key, tier))
     if report:
         compiled.report = _report(optimized, compiled if target == "cpu" else None, times)
         for m in (compiled, getattr(compiled, "special", None)):   # passes run again per input
@@ -254,7 +261,7 @@ def cached_model(key: str, graph, level: int | None, cpu, decisions: dict) -> Co
     its weights blob as built), or None. Its pipeline (the passes over `graph()`) runs only
     if something later needs the optimized graph (an artifact, `kiln compile --emit`)."""
     from kiln.targets.cpu import CpuModel, Deferred  # noqa: PLC0415
-    module = _cached_whole(key)
+    module = cached_whole(key)
     if module is None:
         return None
     ins, outs = ([TensorSpec(n, d, None if s is None else tuple(s), k) for n, d, s, k in specs]
@@ -267,7 +274,7 @@ def cached_model(key: str, graph, level: int | None, cpu, decisions: dict) -> Co
 
 
 def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, outs,
-               key: str | None = None) -> CompiledModel:
+               key: str | None = None, tier: str = "auto") -> CompiledModel:
     """The cpu target's model: one shape-generic module when asked and the graph allows it,
     else specialised per input shape (static inputs: built now, and cached whole under
     `key` when that is given: `whole_key`)."""
@@ -285,7 +292,7 @@ def _cpu_model(optimized: Optimized, decisions: dict, tuning, shapes: str, ins, 
         except NotGeneric as e:
             reason = f"shapes={shapes!r} asked for, but one module cannot serve every shape: {e.raw_message}"
     whole = (key, ins, outs) if static and key is not None else None
-    model = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning, whole=whole), ins, outs)
+    model = CpuModel(ShapePipeline(optimized, decisions, tuning=tuning, whole=whole, tier=tier), ins, outs)
     model.shapes = "static" if static else "specialize"
     model.shapes_reason = reason or (STATIC_REASON if static else
                                      "shapes='specialize' (the default): one module per input shape, built at "
@@ -420,6 +427,7 @@ class ShapePipeline:
     # a static model's (compile key, input specs, output specs): its module is cached whole
     # under that key (kiln.compiler.whole_key), found by a warm compile before any pass runs
     whole: tuple | None = None
+    tier: str = "auto"           # kiln.codegen.tiers: "auto" (a quick tier first where it pays) or "full"
 
     @property
     def target(self):
@@ -435,12 +443,12 @@ class ShapePipeline:
         from kiln.tune.apply import with_records  # noqa: PLC0415
         decisions = with_records(self.tuning, graph, known, self.decisions, self.target)
         return native(graph, known, self.target, decisions, strict=self.complete,
-                      whole=self.whole if whole else None)
+                      whole=self.whole if whole else None, tier=self.tier)
 
     def part(self, graph: Graph) -> ShapePipeline:
         """The pipeline for a part of the graph (a stage before or after a break, a body)."""
         return ShapePipeline(Optimized(graph, [], self.optimized.level, self.target), self.decisions, False,
-                             self.tuning)
+                             self.tuning, tier=self.tier)
 
 
 def lower(graph: Graph, known: dict | None = None, target=None, decisions: dict | None = None,
@@ -519,9 +527,11 @@ class Built:
         return Built(**manifest)
 
 
-def build(graph: Graph, lowered, source: CSource, target) -> Built:
+def build(graph: Graph, lowered, source: CSource, target, quick=None) -> Built:
+    """Stage "build" (at `quick`'s flags: a kiln.codegen.tiers.QuickTier)."""
     from kiln.codegen import build_c, func_symbol  # noqa: PLC0415
-    lib = build_c(lowered.module, target, units=source.units)
+    lib = build_c(lowered.module, target, units=source.units, cflags=quick and quick.flags,
+                  reuse=quick and quick.final)
     index = {v.id: i for i, v in enumerate(graph.constants())}
     lm = lowered
     return Built(
@@ -537,123 +547,71 @@ def build(graph: Graph, lowered, source: CSource, target) -> Built:
         call_args=_call_args(lm, func_symbol), decisions=lm.decisions)
 
 
-def load(graph: Graph, manifest: dict):
-    """Stage "load": a (schema-checked) module cache entry as the runtime's NativeModule,
-    the weights placed in a blob and the library verified."""
-    with stage("load"):
-        return _load(graph, manifest)
-
-
-def _load(graph: Graph, manifest: dict):
-    consts = graph.constants()
-    # string constants are not in the blob (a kernel of the library writes them)
-    raws = [np.zeros(0, np.uint8) if c.const.dtype == object else
-            np.ascontiguousarray(c.const).view(np.uint8).reshape(-1) for c in consts]
-    size = manifest["weights_bytes"]
-    if size > sum(r.size + 64 for r in raws) + 64:
-        raise KilnError(f"weights blob of {size} bytes for {len(consts)} constants", stage="cache")
-    blob = np.zeros(size, dtype=np.uint8)
-    for index, offset in manifest["weights"]:
-        if index >= len(raws) or offset + raws[index].size > size:
-            raise KilnError(f"constant {index} at offset {offset} lies outside the weights", stage="cache")
-        blob[offset:offset + raws[index].size] = raws[index]
-    return _native_module(manifest, [(v.type.shape, v.type.dtype.name) for v in graph.inputs], blob)
-
-
-def _native_module(manifest: dict, inputs: list, blob: np.ndarray):
-    """The runtime's NativeModule of a built module (`Built.manifest()`) over weights `blob`."""
-    from kiln.runtime.native import NativeModule  # noqa: PLC0415
-    from kiln.targets.cache import library_path  # noqa: PLC0415
-    module = NativeModule(str(library_path(manifest)), manifest["library_sha256"], manifest["entry"], inputs,
-                          [(tuple(s), d) for s, d in manifest["outputs"]], blob,
-                          manifest["workspace_bytes"], manifest["calls"], manifest.get("errors"))
-    module.info = manifest  # what was built: kernels, fused groups, arena (for reports)
-    return module
-
-
 def native(graph: Graph, known: dict, target, decisions: dict | None = None, strict: bool = True,
-           whole: tuple | None = None):
+           whole: tuple | None = None, tier: str = "auto"):
     """One native module for a specialised graph whose sizes are all known: lower → generate
     → build → load, cached across processes by everything that determines the module (a
     damaged cache entry is built again). `whole`: (compile key, input specs, output specs)
     of the static model this graph is all of (`whole_key`): its module is then cached under
     that key with its weights blob, and no digest of this graph (its transformed weights
-    included) is taken."""
-    from kiln.codegen.build import prebuild_shared  # noqa: PLC0415
+    included) is taken. `tier` "auto": a module whose -O3 build pays for it is built at a
+    quick tier first and served while the -O3 build runs in the background, then swapped in
+    (kiln.codegen.tiers, kiln.targets.tiered); only the -O3 module is cached."""
+    from kiln.codegen.build import prebuild_shared, shared_known  # noqa: PLC0415
     from kiln.codegen.cachedir import building  # noqa: PLC0415
+    from kiln.codegen.tiers import quick_tier, worth  # noqa: PLC0415
     from kiln.targets import cache  # noqa: PLC0415
     if whole is not None:
         key = whole[0]
-        found = _cached_whole(key)
+        found = cached_whole(key)
     else:
         with stage("cache key"):
             key = cache.graph_key(graph, known, target, decisions)
-        found = _cached(graph, key)
+        found = cached(graph, key)
     if found is not None:
         return found
-    with building("modules", key):   # threads or processes meeting this module at once build it once
-        found = _cached_whole(key) if whole is not None else _cached(graph, key)
+    with contextlib.ExitStack() as held:   # (handed to the -O3 build's thread when it runs there)
+        held.enter_context(building("modules", key))   # threads or processes meeting it build it once
+        found = cached_whole(key) if whole is not None else cached(graph, key)
         if found is not None:      # built while this one waited
             return found
+        quick = quick_tier(tier, target)
         # a shared kernel's object (kept per machine) is compiled as soon as lowering meets it,
         # while the rest of the module is lowered and emitted
-        prebuild = functools.partial(prebuild_shared, target=target)
-        if whole is None:
-            lowered = lower(graph, known, target, decisions, strict, on_kernel=prebuild)
-            built = build(graph, lowered, generate(lowered, target), target)
-            cache.store(key, built.manifest())
-        else:   # the weights blob written into the cache's file while the C compiler runs
-            with cache.WeightsFile(key) as file:
-                lowered = lower(graph, known, target, decisions, strict, place=file.place, on_kernel=prebuild)
-                source = generate(lowered, target)
-                file.start()   # (not before: its thread would take the GIL from code generation)
-                built = build(graph, lowered, source, target)
+        prebuild = functools.partial(prebuild_shared, target=target, cflags=quick and quick.flags,
+                                     final=quick and quick.final)
+        # whole: the weights blob written into the cache's file while the C compiler runs
+        file = held.enter_context(cache.WeightsFile(key)) if whole is not None else None
+        lowered = lower(graph, known, target, decisions, strict, place=file and file.place, on_kernel=prebuild)
+        source = generate(lowered, target)
+        if file is not None:
+            file.start()   # (not before: its thread would take the GIL from code generation)
+        inputs = [(v.type.shape, v.type.dtype.name) for v in graph.inputs]
+
+        def final():   # the -O3 module, cached
+            built = build(graph, lowered, source, target)
+            if file is None:
+                cache.store(key, built.manifest())
+            else:
                 weights_sum = file.written()
                 file.keep()
-                cache.store_whole(key, built.manifest(), *[[_spec_json(s) for s in specs] for specs in whole[1:]],
-                                  weights_sum)
-    with stage("load"):   # the blob lowering made (whole: the cache file's pages), not copied
-        return _native_module(built.manifest(), [(v.type.shape, v.type.dtype.name) for v in graph.inputs],
-                              lowered.weights)
+                cache.store_whole(key, built.manifest(), *specs, weights_sum)
+            with stage("load"):   # the blob lowering made (whole: the cache file's pages), not copied
+                return native_module(built.manifest(), inputs, lowered.weights)
+        specs = whole and [[_spec_json(s) for s in specs] for specs in whole[1:]]
+        if quick is None or not worth(source.units, lambda u: not shared_known(u, target, quick.final)):
+            return final()
+        from kiln.targets.tiered import TieredModule  # noqa: PLC0415
+        built = build(graph, lowered, source, target, quick)
+        if file is not None:
+            file.written()
+        with stage("load"):
+            module = native_module(built.manifest(), inputs, lowered.weights)
+        return TieredModule(key, module, final, held.pop_all(), specs)
 
 
 def _spec_json(s: TensorSpec) -> list:
     return [s.name, s.dtype, None if s.shape is None else list(s.shape), s.kind]
-
-
-def _cached(graph: Graph, key: str):
-    """The module cache's entry `key` loaded, or None (none, or damaged: build it again)."""
-    from kiln.targets import cache  # noqa: PLC0415
-    with stage("cache load"):
-        manifest = cache.load(key)
-    if manifest is None:
-        return None
-    check_planned(manifest["weights_bytes"], manifest["workspace_bytes"],
-                  [(s, d) for s, d in manifest["outputs"]])   # a limit, not damage: raised as is
-    try:
-        return load(graph, manifest)
-    except KilnError:
-        return None   # a truncated, garbage or inconsistent entry: build it again
-
-
-def _cached_whole(key: str):
-    """The native module cached whole under compile key `key` (`whole_key`), its weights
-    blob as built, or None (none, or damaged: build it again)."""
-    from kiln.targets import cache  # noqa: PLC0415
-    with stage("cache load"):
-        found = cache.load_whole(key)
-    if found is None:
-        return None
-    entry, blob = found
-    manifest = entry["module"]
-    check_planned(manifest["weights_bytes"], manifest["workspace_bytes"], [(s, d) for s, d in manifest["outputs"]])
-    try:
-        with stage("load"):
-            module = _native_module(manifest, [(tuple(s), d) for _, d, s, _ in entry["inputs"]], blob)
-    except KilnError:
-        return None   # a library damaged or gone: build it again
-    module.specs = entry["inputs"], entry["outputs"]
-    return module
 
 
 def _call_args(lm, func_symbol) -> list:

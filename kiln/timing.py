@@ -69,6 +69,12 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def unrecorded() -> None:
+    """No recording open in the current context (a background build's thread runs in a copy
+    of its starter's context, whose recording must not see its stages)."""
+    _current.set(None)
+
+
 def current() -> StageTimes | None:
     """The recording open in this thread, if any."""
     return _current.get()

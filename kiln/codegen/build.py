@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kiln.codegen import tiers
 from kiln.codegen.cachedir import building, cache_dir, private_dir, sha256_file, write_atomic
 from kiln.errors import KilnError
 from kiln.timing import stage
@@ -37,10 +38,12 @@ from kiln.targets.target import Target, host_cores
 
 
 def compile_c(source: str | list[str], target: Target, cc: str | None = None, cflags=None,
-              libs=()) -> Path:
+              libs=(), reuse: list | None = None) -> Path:
     """Build C source (one text, or several translation units compiled in parallel and
     linked) for `target` into a shared library, or find it in the cache; returns its path.
-    `libs`: more libraries to link (names for -l)."""
+    `libs`: more libraries to link (names for -l); `reuse`: other flags whose cached
+    shared-unit objects serve before these flags' (a quick tier's build links the -O3
+    objects it finds: kiln.codegen.tiers)."""
     units = [source] if isinstance(source, str) else list(source)
     cmd = _cc(cc)
     flags = _flags(cflags, target, cmd)
@@ -51,7 +54,7 @@ def compile_c(source: str | list[str], target: Target, cc: str | None = None, cf
         return so
     with building("c", key):
         if verified_sha256(so) is None:   # (else built while this one waited)
-            _build(units, cmd, flags, extra, so, target)
+            _build(units, cmd, flags, extra, so, target, reuse)
     return so
 
 
@@ -62,7 +65,8 @@ def _key(texts: list[str], cmd: list, flags: list, target: Target) -> str:
                                      ",".join(sorted(target.features)) if native else ""]).encode()).hexdigest()[:40]
 
 
-def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path, target: Target) -> None:
+def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path, target: Target,
+           reuse: list | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix=f".{so.stem}.", dir=so.parent) as tmp, \
             contextlib.ExitStack() as held:
         srcs = []
@@ -82,10 +86,18 @@ def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path, targ
             for k in sorted((i for i, u in enumerate(units) if is_shared_unit(u)),
                             key=lambda i: _key([units[i]], cmd, flags, target)):
                 obj = private_dir("o") / f"{_key([units[k]], cmd, flags, target)}.o"
+                final = reuse and private_dir("o") / f"{_key([units[k]], cmd, reuse, target)}.o"
+                if final and verified_sha256(final) is not None:
+                    objs[k] = str(final)
+                    continue
                 with _PREBUILDING_LOCK:
                     thread = _PREBUILDING.get(str(obj))
+                    at_final = final and _PREBUILDING.get(str(final))
+                if at_final:                       # the -O3 object being compiled (kiln's pool): waited for
+                    elsewhere[k] = final, at_final, True
+                    continue
                 if thread is not None:             # being compiled already (prebuild_shared)
-                    elsewhere[k] = obj, thread
+                    elsewhere[k] = obj, thread, False
                     continue
                 if verified_sha256(obj) is None:
                     held.enter_context(building("o", obj.stem))
@@ -96,9 +108,9 @@ def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path, targ
             todo = [k for k in range(len(srcs)) if objs[k].startswith(tmp) and k not in elsewhere]
             with stage("cc"):
                 _run_all([[*cmd, *flags, "-c", "-o", objs[k], srcs[k]] for k in todo], cmd + flags)
-                for k, (obj, thread) in elsewhere.items():   # its prebuild's object, or (it failed) made here
+                for k, (obj, thread, other_flags) in elsewhere.items():   # its prebuild's object, or made here
                     thread.join()
-                    if verified_sha256(obj) is None:
+                    if verified_sha256(obj) is None and not other_flags:   # (never these flags at -O3's key)
                         _shared_object(units[k], obj, cmd, flags)
                     if verified_sha256(obj) is None:
                         _run([*cmd, *flags, "-c", "-o", objs[k], srcs[k]], cmd + flags)   # (its error)
@@ -118,17 +130,18 @@ _PREBUILDING: dict[str, threading.Thread] = {}
 _PREBUILDING_LOCK = threading.Lock()
 
 
-def prebuild_shared(func, target: Target) -> None:
+def prebuild_shared(func, target: Target, cflags: list | None = None, final: list | None = None) -> None:
     """Start compiling, in a thread, the shared units of a kernel just lowered (kiln.codegen.csource
     c_shared: objects kept per machine) that the cache lacks, so the C compiler works on them
     while Python lowers and emits the rest of the module; the module's build then waits for
     the object instead of compiling it (ResNet-18's Winograd kernel: 0.4 s of a cold compile's
-    1.3 s of C compiler time, on the core the Python stages leave idle)."""
+    1.3 s of C compiler time, on the core the Python stages leave idle). `cflags`: a quick
+    tier's (kiln.codegen.tiers), skipped where the object at `final` flags is cached."""
     preamble = getattr(func, "preamble", None)
     if not preamble or SHARED_BEGIN not in preamble:
         return
     from kiln.codegen.c import _SHARED
-    _prebuild_blocks(_SHARED.findall(preamble), target)
+    _prebuild_blocks(_SHARED.findall(preamble), target, cflags=cflags, final=final)
 
 
 def prebuild_pool(target: Target) -> threading.Thread | None:
@@ -145,19 +158,23 @@ def prebuild_pool(target: Target) -> threading.Thread | None:
     return t
 
 
-def _prebuild_blocks(blocks: list[str], target: Target, here: bool = False) -> None:
+def _prebuild_blocks(blocks: list[str], target: Target, here: bool = False, cflags: list | None = None,
+                     final: list | None = None) -> None:
     """Start compiling, each in a thread (`here`: one after another in this one), the shared
-    `blocks` whose objects the cache lacks."""
+    `blocks` whose objects the cache lacks (at `cflags`, default the target's; none whose
+    object at `final` flags is cached)."""
     from kiln.codegen.c import shared_unit
     cmd = _cc(None)
     try:
-        flags = _flags(None, target, cmd)
+        flags = cflags or _flags(None, target, cmd)
     except KilnError:
         return      # (a bad $KILN_SANITIZE: the build says so)
     for block in blocks:
         unit = shared_unit(block)
         try:
             obj = private_dir("o") / f"{_key([unit], cmd, flags, target)}.o"
+            if final and verified_sha256(private_dir("o") / f"{_key([unit], cmd, final, target)}.o") is not None:
+                continue
         except KilnError:
             return      # (no cache dir: the build says so)
         with _PREBUILDING_LOCK:
@@ -169,6 +186,16 @@ def _prebuild_blocks(blocks: list[str], target: Target, here: bool = False) -> N
             _prebuild(unit, obj, cmd, flags)
         else:
             t.start()
+
+
+def shared_known(unit: str, target: Target, flags: list) -> bool:
+    """Whether shared unit `unit`'s object built with `flags` is in the per-machine cache or
+    being compiled (kiln's pool, at the start of a cold compile: prebuild_pool)."""
+    obj = private_dir("o") / f"{_key([unit], _cc(None), flags, target)}.o"
+    with _PREBUILDING_LOCK:
+        if str(obj) in _PREBUILDING:
+            return True
+    return verified_sha256(obj) is not None
 
 
 def _prebuild(unit: str, obj: Path, cmd: list, flags: list) -> None:
@@ -231,15 +258,16 @@ def cached_source(so: Path) -> str | None:
     return c.read_text()
 
 
-_RUNS = [0]
+_RUNS = [0, 0]      # compiler processes started: on the caller's path, in background builds
 _RUNS_LOCK = threading.Lock()
 
 
-def compiler_runs() -> int:
+def compiler_runs(background: bool = False) -> int:
     """How many C compiler processes kiln's builds have started in this process (the
     toolchain probes, run once per process, are not counted): tests check that what
-    should come from the cache compiles nothing."""
-    return _RUNS[0]
+    should come from the cache compiles nothing. `background`: those of the optimised
+    builds that run behind a quick tier (kiln.codegen.tiers) instead."""
+    return _RUNS[1 if background else 0]
 
 
 def _run(argv: list, shown: list) -> None:
@@ -249,8 +277,9 @@ def _run(argv: list, shown: list) -> None:
 def _run_all(argvs: list[list], shown: list) -> None:
     """Run compiler commands side by side; a failure is a KilnError with its output."""
     with _RUNS_LOCK:
-        _RUNS[0] += len(argvs)
-    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argvs]
+        _RUNS[1 if tiers.in_background() else 0] += len(argvs)
+    procs = [subprocess.Popen(tiers.niced(a), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for a in argvs]
     results = [p.communicate() + (p.returncode,) for p in procs]
     for out, err, rc in results:
         if rc != 0:
@@ -349,7 +378,7 @@ def joined_source(units: list[str]) -> str:
 
 
 def build_c(module: LoopModule | PrimFunc, target: Target | None = None, cc: str | None = None,
-            cflags=None, units: list[str] | None = None) -> CModule:
+            cflags=None, units: list[str] | None = None, reuse: list | None = None) -> CModule:
     """Emit (unless its `units` are given: `c_units`), compile (cached) and load a module
     built for `target` (None: this host, for kernels built by hand); flags default to
     $KILN_CFLAGS or -O3 -march=<target> -fopenmp."""
@@ -360,7 +389,7 @@ def build_c(module: LoopModule | PrimFunc, target: Target | None = None, cc: str
     for name, header, package in libs:
         require_c_library(name, header, package, tuple(_cc(cc)))
     units = c_units(module, target) if units is None else units
-    return CModule(module, "\n".join(units), compile_c(units, target, cc, cflags, [name for name, _, _ in libs]))
+    return CModule(module, "\n".join(units), compile_c(units, target, cc, cflags, [name for name, _, _ in libs], reuse))
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,6 +15,7 @@ truncated, garbage or swapped file is rebuilt rather than mapped.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import hashlib
 import os
@@ -27,10 +28,24 @@ from pathlib import Path
 from kiln.errors import KilnError
 
 
+# the cache root a background build (kiln.targets.tiered) keeps writing to, whatever
+# $KILN_CACHE_DIR says by the time it finishes
+_PINNED: contextvars.ContextVar[Path | None] = contextvars.ContextVar("kiln_cache_dir", default=None)
+
+
 def cache_dir() -> Path:
-    """The cache root: $KILN_CACHE_DIR, else ~/.cache/kiln (not created or checked here)."""
+    """The cache root: $KILN_CACHE_DIR, else ~/.cache/kiln (not created or checked here);
+    in a `pinned` block, the root pinned."""
+    pinned = _PINNED.get()
+    if pinned is not None:
+        return pinned
     d = os.environ.get("KILN_CACHE_DIR")
     return Path(d) if d else Path.home() / ".cache" / "kiln"
+
+
+def pinned(root: Path):
+    """Set `cache_dir()` to `root` in the current context (for a thread run in it)."""
+    _PINNED.set(root)
 
 
 def private_dir(name: str) -> Path:

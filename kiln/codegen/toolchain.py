@@ -57,12 +57,14 @@ def _cc(cc: str | None) -> list:
 def _flags(cflags, target: Target, cc: list | None = None, probe: bool = True) -> list:
     """The compiler flags for `target`; `probe=False`: without the libmvec probe's answer
     (-DKILN_MVEC), a function of the others and the machine's libraries (a compile key
-    taken before the probe has run: kiln.targets.cache.compile_key)."""
+    taken before the probe has run: kiln.targets.cache.compile_key). Flags made by this
+    function (a quick tier's: kiln.codegen.tiers) come back as they are."""
     if cflags is None:
         cflags = os.environ.get("KILN_CFLAGS") or default_cflags(target)
     flags = shlex.split(cflags) if isinstance(cflags, str) else list(cflags)
     flags = flags + [f for f in _REQUIRED if f not in flags] + sanitizer_flags()
-    if probe and "-fopenmp" in flags and _has_libmvec(tuple(cc or _cc(None)), tuple(flags)):
+    if probe and "-fopenmp" in flags and "-DKILN_MVEC" not in flags and _has_libmvec(tuple(cc or _cc(None)),
+                                                                                      tuple(flags)):
         flags.append("-DKILN_MVEC")
     return flags
 

@@ -202,6 +202,11 @@ class TorchModel:
     def run(self, *args, **kw):
         return self.compiled.run(*args, **kw)
 
+    def wait_optimized(self, timeout: float | None = None) -> "TorchModel":
+        """kiln.runtime.model.CompiledModel.wait_optimized: the optimised build is serving."""
+        self.compiled.wait_optimized(timeout)
+        return self
+
 
 def to_array(a) -> np.ndarray:
     if isinstance(a, torch.Tensor):

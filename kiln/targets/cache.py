@@ -47,7 +47,7 @@ COMPILE_KEY_VERSION = "kiln-compile-key 1"
 FILE_KEY_VERSION = "kiln-file-key 1"
 # environment variables that do not change what a compile makes (every other KILN_ one
 # may: KILN_NCHWC, KILN_CONV_ALGO steer passes; KILN_CC, KILN_CFLAGS, KILN_SANITIZE the build)
-_NOT_IN_KEY = ("KILN_CACHE_DIR",)
+_NOT_IN_KEY = ("KILN_CACHE_DIR", "KILN_TIER")   # (KILN_TIER: the cache keeps the -O3 build only)
 
 
 @functools.lru_cache(maxsize=1)

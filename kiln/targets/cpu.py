@@ -74,6 +74,16 @@ class CpuModel(CompiledModel):
         """Native modules built so far (one per shape key, plus stages)."""
         return self.program.count()
 
+    def wait_optimized(self, timeout: float | None = None) -> "CpuModel":
+        for m in self.program.modules():
+            if hasattr(m, "wait"):   # (a kiln.targets.tiered.TieredModule)
+                m.wait(timeout)
+        return self
+
+    @property
+    def tier(self) -> str:
+        return "final" if all(getattr(m, "final", True) for m in self.program.modules()) else "quick"
+
     def _run(self, inputs: list) -> list:
         return self.program.run(inputs)
 
@@ -108,6 +118,19 @@ class Program:
 
     def count(self) -> int:
         return sum(r.count() if isinstance(r, (Staged, Passthrough)) else 1 for r in self.runners.values())
+
+    def modules(self) -> list:
+        """Every native module built so far (stages' and bodies' included)."""
+        out = []
+        for r in list(self.runners.values()):
+            if isinstance(r, Staged):
+                out += [m for m in (r.prefix,) if m is not None] + r.rest.modules()
+                out += [m for p, _ in list(r.bodies.values()) for m in p.modules()]
+            elif isinstance(r, Passthrough):
+                out += [r.module] if r.module is not None else []
+            else:
+                out.append(r)
+        return out
 
     @property
     def graph(self) -> Graph:

@@ -70,6 +70,14 @@ class GenericModel(CompiledModel):
     def build_info(self) -> dict | None:
         return None
 
+    def wait_optimized(self, timeout: float | None = None) -> "GenericModel":
+        self.special.wait_optimized(timeout)   # (the generic module is built at -O3)
+        return self
+
+    @property
+    def tier(self) -> str:
+        return self.special.tier
+
     def _run(self, inputs: list) -> list:
         try:
             return self.module(inputs)
