@@ -15,6 +15,7 @@ its threads, are printed beside its wall time). With --repeat N the row with the
 cold wall time is shown, and every run is in the JSON. A big module is built at a quick tier
 first (kiln.codegen.tiers): "cold s" is then the time to the first (correct) result, "final tier
 s" the time until its -O3 build serves (`wait_optimized`), after which the warm compiles run.
+`--tier full` measures the -O3 build alone (the cold compile before tiering).
 
 kiln's own .py files are byte-compiled ahead (kiln/**/__pycache__, as `pip install` does at
 install time, and as site-packages' numpy and onnx are), so `import kiln` reads bytecode; where
@@ -75,11 +76,14 @@ def _compiler_runs() -> int:
     return build.compiler_runs() if build is not None else 0
 
 
-def child_env(source_imports: bool, scratch: str) -> dict:
+def child_env(source_imports: bool, scratch: str, tier: str | None = None) -> dict:
     """The measured processes' environment: kiln's bytecode compiled ahead and read, or
-    (`source_imports`) every kiln module compiled at import (an empty bytecode prefix)."""
+    (`source_imports`) every kiln module compiled at import (an empty bytecode prefix);
+    KILN_TIER=`tier` (None: kiln's default, though benchmarks/__init__.py sets "full")."""
     env = dict(os.environ)
-    env.pop("KILN_TIER", None)   # the default tier (benchmarks/__init__.py sets "full" for timing runs)
+    env.pop("KILN_TIER", None)
+    if tier is not None:
+        env["KILN_TIER"] = tier
     if source_imports:
         env.update(PYTHONPYCACHEPREFIX=os.path.join(scratch, "no-bytecode"), PYTHONDONTWRITEBYTECODE="1")
     else:
@@ -89,7 +93,7 @@ def child_env(source_imports: bool, scratch: str) -> dict:
     return env
 
 
-def measure(name: str, source_imports: bool = False) -> dict:
+def measure(name: str, source_imports: bool = False, tier: str | None = None) -> dict:
     """Cold then warm in one fresh process, then warm in another, on the model saved as a file
     (kiln.compile(path), as users call it: a warm compile then finds it by the file's identity)."""
     import time
@@ -108,7 +112,7 @@ def measure(name: str, source_imports: bool = False) -> dict:
         # is usually older than that): wait so the cold compile may remember it
         time.sleep(max(0.0, (os.stat(path).st_ctime_ns + RACY_NS - time.time_ns()) / 1e9))
 
-        env = child_env(source_imports, cache)
+        env = child_env(source_imports, cache, tier)
 
         def child() -> dict:
             r = subprocess.run([sys.executable, __file__, "--child", path, feeds, cache], capture_output=True,
@@ -119,7 +123,7 @@ def measure(name: str, source_imports: bool = False) -> dict:
         first = child()
         again = child()
     return {"model": name, "load": os.getloadavg()[0], "cold": first["first"], "warm": first["second"],
-            "warm_new_process": again["first"], "source_imports": source_imports}
+            "warm_new_process": again["first"], "source_imports": source_imports, "tier": tier}
 
 
 def kernel_costs(name: str, top: int) -> None:
@@ -181,6 +185,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--kernels", type=int, metavar="N", help="the N kernels slowest to compile, per model")
+    p.add_argument("--tier", choices=("auto", "full"), help="kiln.compile's tier (default: kiln's, tiered)")
     p.add_argument("--source-imports", action="store_true",
                    help="kiln's modules compiled from source at import (no bytecode ahead)")
     args = p.parse_args(argv)
@@ -190,7 +195,7 @@ def main(argv=None) -> list[dict]:
         return []
     rows, shown = [], []
     for name in args.models.split(","):
-        runs = [measure(name, args.source_imports) for _ in range(args.repeat)]
+        runs = [measure(name, args.source_imports, args.tier) for _ in range(args.repeat)]
         rows += runs
         shown.append(sorted(runs, key=lambda r: r["cold"]["wall_s"])[len(runs) // 2])
         print(f"done {name}: cold {statistics.median(r['cold']['wall_s'] for r in runs):.2f} s",
