@@ -3,7 +3,9 @@
 takes its threads when it loads), the counts alternating over --rounds children each; per
 kernel the fastest of all its runs. Listed by the time a kernel loses against an even split
 (t_N - t_1 / N), kernels under --below times faster marked, with the calling thread's CPU
-time at N threads beside (its share of the work: about 1/N when the split is even).
+time over the wall time at N threads beside ("caller": 1.0 where it worked or spun throughout;
+less where it slept at a join, waiting for a thread more than the pool's spin, or was
+descheduled).
 
     python benchmarks/thread_scaling.py resnet50 --dims batch=1 [--threads 2] [--runs 10] [--rounds 2]
 

@@ -136,9 +136,12 @@ def test_plan_tile_fits_the_register_file():
     assert plan_tile(rotated, 64) == (4, 1) and plan_tile(rotated, 32) == (2, 1)
 
 
-@pytest.mark.parametrize("order", ["channels", "rows"])
-@pytest.mark.parametrize("case", ["1x1", "1x1_stride2_nobias", "3x3_stride2_residual", "stem_5ch_7x7_nobias"])
+@pytest.mark.parametrize("order", ["channels", "rows", "groups"])
+@pytest.mark.parametrize("case", ["1x1", "1x1_stride2_nobias", "3x3_stride2_residual", "stem_5ch_7x7_nobias",
+                                  "3x3_pad_relu", "1x1_narrow_relu"])
 def test_either_loop_order_matches_reference(case, order):
+    """Every loop order of the blocked direct conv (kiln.lower.nchwc.loop_order), at batch 1 and
+    2 (3x3_pad_relu, 1x1_narrow_relu: "groups" runs each channel group over both images)."""
     blocked_direct_matches_reference(case, {"nchwc.order": order})
 
 
@@ -170,6 +173,31 @@ def test_loop_order_reads_a_large_plane_once():
     assert loop_order(geom(512, 28, 1024, s=2), 4, 4, t) == "channels"     # 2 MB of weights, 14 rows
     assert loop_order(geom(256, 56, 64), 4, 4, t) == "channels"            # one channel group
     assert loop_order(geom(256, 56, 512, s=2), 4, 4, Target.named("x86-64-v4", l2_bytes=8 << 20)) == "channels"
+
+
+def test_loop_order_reads_large_weights_once_for_the_batch():
+    """"groups" (each channel group over every image) where the weights do not stay in half of L2
+    and the batch's input is small beside them (ResNet-50's 512 -> 2048 1x1 of 7x7 at batch 4: 4
+    MB of weights once, not per image); the per-image orders where the batch's input would be
+    read again per group for little gain (2048 -> 512 of 7x7) or much loss (1024 -> 2048 stride
+    2 of 14x14), where the weights fit L2 (960 -> 320 of 7x7, 1.2 MB: read again per image from
+    L3), at batch 1, and at a batch not known until run time."""
+    from kiln.loops.symbols import symbol
+    from kiln.lower.nchwc import loop_order
+    from kiln.targets.target import Target
+    t = Target.named("x86-64-v4", l2_bytes=2 << 20)
+
+    def geom(n, c, h, oc, s=1, k=1):
+        p = k // 2
+        o = (h + 2 * p - k) // s + 1
+        return BlockedGeom(n, c // 16, h, h, 16, oc // 16, c // 16, [k, k], 16, [s, s], [1, 1], [p, p], [o, o], False)
+    assert [loop_order(geom(n, 512, 7, 2048), 4, 4, t) for n in (1, 2, 4, 8)] == ["channels"] + ["groups"] * 3
+    assert loop_order(geom(4, 512, 14, 512, s=2, k=3), 4, 4, t) == "groups"       # 9.4 MB of weights
+    assert loop_order(geom(4, 2048, 7, 512), 4, 4, t) == "channels"
+    assert loop_order(geom(4, 1024, 14, 2048, s=2), 4, 4, t) == "channels"
+    assert loop_order(geom(8, 960, 7, 320), 4, 4, t) == "channels"
+    assert loop_order(geom(4, 256, 56, 128), 4, 4, t) == "rows"
+    assert loop_order(geom(symbol("batch"), 512, 7, 2048), 4, 4, t) == "channels"
 
 
 @pytest.mark.parametrize("ahead", [0, 1, 16])
