@@ -44,6 +44,7 @@ if any(a.startswith("--corpus") for a in sys.argv):
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
+os.environ.setdefault("KILN_TIER", "full")   # time the -O3 build, never a quick tier (kiln.codegen.tiers)
 
 import kiln  # noqa: E402
 from kiln.codegen import build as c_build  # noqa: E402

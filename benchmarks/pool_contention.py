@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+os.environ.setdefault("KILN_TIER", "full")   # time the -O3 build, never a quick tier (kiln.codegen.tiers)
 
 SCENARIOS = ("idle", "ort+50", "ort+300", "ov+50", "kiln2+0")
 PAUSE = {"idle": 0.3, "ort+50": 0.05, "ort+300": 0.3, "ov+50": 0.05, "kiln2+0": 0.0}

@@ -31,6 +31,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("KILN_TIER", "full")   # time the -O3 build, never a quick tier (kiln.codegen.tiers)
 
 from kiln.bench import fresh_cache, stats, time_interleaved  # noqa: E402
 from kiln.bench_torch import torch_peer  # noqa: E402

@@ -41,6 +41,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("KILN_TIER", "full")   # time the -O3 build, never a quick tier (kiln.codegen.tiers)
 DEFAULT_MODELS = "bilstm:seq=128:batch=8,lstm_stacked:seq=128:batch=8,resnext50_32x4d:batch=4"
 # issue 16's second check: benchmarks/models.py's ResNet-18 and GPT-2-style decoder (their default shapes)
 BENCH_MODELS = "bench:resnet18,bench:gpt2_decoder"

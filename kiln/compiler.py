@@ -548,14 +548,14 @@ def build(graph: Graph, lowered, source: CSource, target, quick=None) -> Built:
 
 
 def native(graph: Graph, known: dict, target, decisions: dict | None = None, strict: bool = True,
-           whole: tuple | None = None, tier: str = "auto"):
+           whole: tuple | None = None, tier: str = "full"):
     """One native module for a specialised graph whose sizes are all known: lower → generate
     → build → load, cached across processes by everything that determines the module (a
     damaged cache entry is built again). `whole`: (compile key, input specs, output specs)
     of the static model this graph is all of (`whole_key`): its module is then cached under
     that key with its weights blob, and no digest of this graph (its transformed weights
-    included) is taken. `tier` "auto": a module whose -O3 build pays for it is built at a
-    quick tier first and served while the -O3 build runs in the background, then swapped in
+    included) is taken. `tier` "auto" (the pipeline's; "full" by default, what the tuner
+    measures): a module whose -O3 build pays for it is built at a quick tier first and served while the -O3 build runs in the background, then swapped in
     (kiln.codegen.tiers, kiln.targets.tiered); only the -O3 module is cached."""
     from kiln.codegen.build import prebuild_shared, shared_known  # noqa: PLC0415
     from kiln.codegen.cachedir import building  # noqa: PLC0415

@@ -222,3 +222,10 @@ def test_a_process_ending_during_the_build_caches_the_optimised_module(cache, tm
     second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert second.returncode == 0, second.stderr
     assert second.stdout.split() == ["final", "0"]  # the -O3 module, from the cache
+
+
+def test_the_tuner_measures_the_optimised_build(argvs):
+    from kiln.tuning import module_job
+    job = module_job(elementwise_model(3), None, {})
+    assert job["path"].endswith(".so")
+    assert argvs and not any("-Og" in a for a, _ in argvs)
