@@ -14,7 +14,8 @@ here, from the `Target` and the shapes:
   buffers (transformed input and GEMM output, (m + 2)^2 T (IC + OV L) floats) take a quarter of
   the target's L2, and there are chunks for every thread when the image has the tiles;
   when the weights do not fit L2 (they stream once per chunk), one chunk if its buffers
-  fit L2, else chunks of half of L2 but at least STREAM_MIN_TILES tiles;
+  fit L2 (ONE_CHUNK_L2 times L2 for weights that large), else chunks of half of L2 but at
+  least STREAM_MIN_TILES tiles;
 - `osplit`: how many parts a chunk's output channels are cut into when there are fewer
   chunks than twice the threads (each part transforms the chunk's input again: a few
   percent of the GEMM's work, against an idle core).
@@ -80,6 +81,7 @@ def register_tile(ocb: int, target: Target) -> tuple[int, int]:
 
 NATIVE_M = (4, 2)        # the output tiles the native kernel computes (winograd.c's KILN_WG_M)
 STREAM_MIN_TILES = 18   # tiles per chunk at least when the weights stream from beyond L2 (see plan)
+ONE_CHUNK_L2 = 2        # ... and weights this many L2s or larger stream once: one chunk while its buffers fit as much
 
 
 def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Target,
@@ -97,8 +99,13 @@ def plan(n: int, icb: int, ocb: int, oh: int, ow: int, lanes: int, target: Targe
         # bytes per multiply-add fall as 4 / T). One thread, thread CPU time, caches flushed,
         # load ~10 (chunk tiles, ms): 28x28x128 54 -> 18 1.01 -> 0.97, 40x40x128 54 -> 18 1.85
         # -> 1.81; 14x14x256 18 (one chunk) 1.30, 6 1.31 (median 1.36 -> 1.57: the weights
-        # three times), 12 1.60
-        t = whole if whole * per_tile <= l2 else max(STREAM_MIN_TILES, (l2 // 2) // per_tile // tr * tr)
+        # three times), 12 1.60. Weights of ONE_CHUNK_L2 times L2 or more: one chunk also while
+        # its buffers take up to that (they spill to L3 and come back in order; the weights
+        # stream once): 4 images of 14x14x256 (9.4 MB of weights), 64 tiles (2.9 MB of buffers),
+        # 3.65 ms in chunks of 18, 3.05 in chunks of 36, 2.85 in one (one thread, thread CPU
+        # time, ResNet-50 b4 in one process, load 3.2-3.6)
+        room = ONE_CHUNK_L2 * l2 if npos * ic * ocb * lanes * 4 >= ONE_CHUNK_L2 * l2 else l2
+        t = whole if whole * per_tile <= room else max(STREAM_MIN_TILES, (l2 // 2) // per_tile // tr * tr)
     else:
         # weights that stay in L2 beside a chunk's buffers: chunks of a quarter of L2 (larger
         # ones push the weights out). 56x56x64 54 -> 12 tiles 1.11 -> 1.03 ms (warm caches 0.89

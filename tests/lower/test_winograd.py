@@ -375,15 +375,16 @@ def test_plan_chunks_cover_the_tiles_in_register_blocks(n, c, oc, h):
 
 
 def test_chunks_uneven_over_the_threads_are_evened_out_by_parts():
-    """balanced_osplit: 4 images of 14x14 x 256 (64 F(4x4) tiles; the transformed weights stream
-    past a 2 MiB L2: chunks of 18) left 36 tiles on one of 2 threads and 28 on the other; cut in
-    2 parts, each thread's share is 32 tiles' GEMMs plus the transforms. Chunks that split evenly
+    """balanced_osplit: 4 images of 28x28 x 128 (196 F(4x4) tiles; the transformed weights stream
+    past a 2 MiB L2: chunks of 36, the last of 16) left 108 tiles on one of 2 threads and 88 on
+    the other; cut in 2 parts, each thread's share is 98 tiles' GEMMs plus the transforms (and
+    64 tiles in chunks of 18, 18, 18, 10: 32 each, modelled below). Chunks that split evenly
     keep their one part (56x56 x 64, 8 images: 1568 tiles), and so does one thread."""
     from kiln.lower.winograd import balanced_osplit
     from kiln.runtime.threads import pool_chunks, pool_span
     t = Target.named("x86-64-v4", l2_bytes=2 << 20, cores=2)
-    assert plan(4, 16, 16, 14, 14, 16, t) == (6, 4, 18, 2)
-    assert plan(4, 16, 16, 14, 14, 16, dataclasses.replace(t, cores=1))[3] == 1
+    assert plan(4, 8, 8, 28, 28, 16, t) == (6, 4, 36, 2)
+    assert plan(4, 8, 8, 28, 28, 16, dataclasses.replace(t, cores=1))[3] == 1
     assert plan(8, 4, 4, 56, 56, 16, t)[3] == 1
 
     def span(tiles, size, parts, cores=2):      # every task's GEMMs, each its own transform
@@ -394,6 +395,17 @@ def test_chunks_uneven_over_the_threads_are_evened_out_by_parts():
     assert balanced_osplit(64, 18, 4, 1, 2, 14 / 256) == 2
     assert balanced_osplit(64, 18, 4, 1, 1, 14 / 256) == 1
     assert balanced_osplit(64, 16, 4, 1, 2, 14 / 256) == 1     # 4 chunks of 16: even already
+
+
+def test_weights_of_two_l2s_stream_once_in_one_chunk_of_up_to_two_l2s():
+    """ONE_CHUNK_L2: 4 images of 14x14 x 256 (9.4 MB of F(4x4) weights, 64 tiles, 2.9 MB of
+    transform buffers) go in one chunk (the weights stream once, not 4 times), cut in 4 parts for
+    2 threads; 128 channels (2.4 MB of weights) keep chunks of half of L2, as do buffers past 2
+    L2s (8 images)."""
+    t = Target.named("x86-64-v4", l2_bytes=2 << 20, cores=2)
+    assert plan(4, 16, 16, 14, 14, 16, t) == (6, 4, 66, 4)
+    assert plan(1, 8, 8, 40, 40, 16, t)[2] == 36          # 100 tiles of 128 channels: 5 chunks
+    assert plan(8, 16, 16, 14, 14, 16, t)[2] == 18         # 128 tiles: 5.9 MB of buffers
 
 
 def test_an_illegal_plan_is_an_error_naming_it():
