@@ -19,7 +19,9 @@
 A model whose input sizes are all static is first looked up whole (`whole_key`: the
 graph as given, options, target, toolchain; `cached_model`): a hit loads its library and
 weights blob as built, and no pass runs. On a miss its module is cached under that key.
-`native` runs partition → build behind the module cache (kiln.targets.cache);
+`native` runs partition → build behind the module cache (kiln.targets.cache); a big module
+(tier "auto") is built and loaded at -Og first, its -O3 build then made in the background
+and swapped in when ready (kiln.codegen.tiers, kiln.targets.tiered); only -O3 is cached.
 `run_stages` runs the same functions, keeping each result, for `kiln compile --emit`.
 With shapes="generic" (or "tiered"), `generic` instead lowers the optimized graph once with
 its symbols kept symbolic (kiln.lower.generic: the same partition → lower_groups → memory →
