@@ -147,8 +147,9 @@ def balanced_osplit(tiles: int, t: int, groups: int, least: int, cores: int, sha
 
     best, best_span = least, span(least)
     for s in range(least + 1, groups + 1):
-        if span(s) < 0.98 * best_span:
-            best, best_span = s, span(s)
+        s_span = span(s)
+        if s_span < 0.98 * best_span:
+            best, best_span = s, s_span
     return best
 
 

@@ -124,7 +124,7 @@ class Program:
         out = []
         for r in list(self.runners.values()):
             if isinstance(r, Staged):
-                out += [m for m in (r.prefix,) if m is not None] + r.rest.modules()
+                out += ([r.prefix] if r.prefix is not None else []) + r.rest.modules()
                 out += [m for p, _ in list(r.bodies.values()) for m in p.modules()]
             elif isinstance(r, Passthrough):
                 out += [r.module] if r.module is not None else []

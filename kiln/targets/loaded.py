@@ -47,13 +47,19 @@ def native_module(manifest: dict, inputs: list, blob: np.ndarray):
     return module
 
 
+def _under_way(key: str):
+    """The module under `key` whose optimised build runs in this process (served at its quick
+    tier meanwhile: kiln.targets.tiered), or None."""
+    from kiln.targets.tiered import pending  # noqa: PLC0415
+    return pending(key)
+
+
 def cached(graph: Graph, key: str):
     """The module cache's entry `key` loaded (or its build under way in this process: served
     at its quick tier), or None (none, or damaged: build it again)."""
     from kiln.targets import cache  # noqa: PLC0415
-    from kiln.targets.tiered import pending  # noqa: PLC0415
-    if pending(key) is not None:
-        return pending(key)
+    if (under_way := _under_way(key)) is not None:
+        return under_way
     with stage("cache load"):
         manifest = cache.load(key)
     if manifest is None:
@@ -71,9 +77,8 @@ def cached_whole(key: str):
     blob as built (or its build under way in this process: served at its quick tier), or None
     (none, or damaged: build it again)."""
     from kiln.targets import cache  # noqa: PLC0415
-    from kiln.targets.tiered import pending  # noqa: PLC0415
-    if pending(key) is not None:
-        return pending(key)
+    if (under_way := _under_way(key)) is not None:
+        return under_way
     with stage("cache load"):
         found = cache.load_whole(key)
     if found is None:
