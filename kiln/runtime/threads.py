@@ -32,8 +32,11 @@ kiln/codegen/c_src/kiln_par.h) gets the spinning figures without their costs:
 - a parallel loop's chunks are claimed by the calling thread too, so the caller never waits for
   a worker to wake or be scheduled;
 - an idle worker spins at most KILN_POOL_SPIN_US (100 us) after its last chunk, inside an
-  inference or between two, then sleeps on a futex (the model's entry wakes it); no thread's
-  affinity is changed; workers: the OpenMP thread count minus one;
+  inference or between two, then sleeps on a futex (the model's entry wakes it); workers: the
+  OpenMP thread count minus one, pinned where they fill the mask, never to the CPU the caller
+  runs on: the caller looks at its CPU at each entry and fork and moves a worker it finds there
+  to the CPU it left (with the caller on the worker's CPU, the worker had read its turns as
+  contention and 88% of tiny_cnn batch 8's loops ran on the caller alone);
 - contended (a spinning worker found itself descheduled for 200 us, a woken one ran 1 ms after
   its wake-up, or the caller's wait at a join was descheduled: a busy machine, or another
   runtime's spinning threads on the cores), the calling thread runs every loop alone for 10 ms
@@ -179,8 +182,11 @@ def pool_span(costs: Sequence[float], threads: int) -> float:
 
 # kiln_pool_counts's order (kiln_pool.h): loops forked, loops run alone while contended, contended
 # by a descheduled spin / a late wake-up / a descheduled join / a stalled join, workers asleep
-# inside an inference, loops that woke them, loops whose chunks the caller ran all; 1 while contended
-POOL_COUNTS = ("forks", "alone", "by_spin", "by_wake", "by_join", "by_stall", "naps", "loop_wakes", "solo", "calm")
+# inside an inference, loops that woke them, loops whose chunks the caller ran all; 1 while
+# contended; workers moved off the caller's CPU, workers' signs dropped as the caller's turn on
+# their CPU (kiln_pool_settle)
+POOL_COUNTS = ("forks", "alone", "by_spin", "by_wake", "by_join", "by_stall", "naps", "loop_wakes", "solo", "calm",
+               "moved", "shared")
 
 
 def pool_counts(lib) -> dict | None:

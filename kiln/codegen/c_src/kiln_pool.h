@@ -31,8 +31,17 @@
      machine) leaves its chunks to the caller: the caller never waits for a worker to start.
    - Kernels that still fork OpenMP's team are bracketed by kiln_pool_park/unpark: the pool's
      workers sleep meanwhile, so two teams never spin against each other for the cores.
-   - Each worker is pinned to one CPU of the process's mask where the pool fills it (kiln_pool_pin; never the caller). Workers: the OpenMP thread count (OMP_NUM_THREADS,
-     omp_get_max_threads) minus one, created at the first parallel loop; one thread: none.
+   - Each worker is pinned to one CPU of the process's mask where the pool fills it, never to
+     the one the caller runs on (kiln_pool_cpu; the caller itself is never pinned): the caller
+     checks its CPU at each entry and fork (sched_getcpu, a few ns), and should it have moved
+     to a worker's CPU, that worker moves to the CPU the caller left (kiln_pool_place, one
+     system call). A spinning worker descheduled, or woken late, leaves a sign that the caller
+     reads at its next fork (kiln_pool_settle): contention, unless the caller is on that
+     worker's CPU (then the worker only gave the caller its turn: it moves instead). Before,
+     a caller the scheduler put on the worker's CPU stayed there, the worker read its turns
+     as contention, and the loops ran on the caller alone (tiny_cnn batch 8: 88% of them).
+     Workers: the OpenMP thread count (OMP_NUM_THREADS, omp_get_max_threads) minus one,
+     created at the first parallel loop; one thread: none.
    - One pool per library (weak hidden symbols: one copy whatever the translation units).
      One thread at a time holds it (a try-lock at the entry); another thread running the same
      library meanwhile runs its loops inline. Loops inside a chunk run inline. The workers are
@@ -48,6 +57,9 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
+#endif
+#if defined(__linux__) && defined(__GLIBC__)
+extern int sched_getcpu(void);   /* (declared by <sched.h> under _GNU_SOURCE only) */
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -89,6 +101,14 @@ typedef struct {
   /* ... workers gone to sleep inside an inference (a serial stretch over spin_ns), loops that
      woke them, loops whose chunks the caller ran all (no worker came in time) */
   uint64_t naps, loop_wakes, solo;
+  /* ... workers moved off the caller's CPU; signs dropped as the caller's turn on a worker's CPU */
+  uint64_t moved, shared;
+  /* a worker's sign of contention for the caller to judge: when (us) << 17 | spin 0, wake 1 << 16
+     | the worker's CPU; 0: none */
+  uint64_t sign __attribute__((aligned(64)));
+  int32_t spare;                               /* the CPU no worker holds (-1: workers not pinned) */
+  int32_t cpu_of[KILN_POOL_MAX];               /* each worker's CPU (by start order), -1: none */
+  int32_t tids[KILN_POOL_MAX];                 /* each worker's thread id (0 until it runs) */
   pthread_t threads[KILN_POOL_MAX];
 } kiln_pool_t;
 #pragma GCC visibility push(hidden)
@@ -190,43 +210,117 @@ __attribute__((weak)) int64_t kiln_pool_run(kiln_pool_t* p, uint64_t w) {
   return ran;
 }
 
-/* Worker i runs on the (i+1)-th CPU of the process's mask (the caller's thread is never pinned):
-   woken after an idle spell (a server between requests), an unpinned worker was placed on the
-   caller's core (wake-affine) and shared it for several runs, at one thread's speed
-   (transformer layer 4x64 after 50 ms idle: 4.9 ms unpinned, 2.8 pinned, 2.5 without the idle).
-   Only a pool whose `team` (workers and caller) fills the mask is pinned: each loaded library
-   has a pool of its own and no pool knows another's CPUs, so two models run at once from two
-   threads with OMP_NUM_THREADS at half the CPUs would pin both teams to the first half and
-   leave the rest idle; unpinned, the scheduler spreads them. (A thread given a CPU set of its
-   own, sched_setaffinity, gives its pool that mask: pools of threads on disjoint sets stay
-   apart.) The CPU for worker `me` (1, 2, ...), or -1: not pinned. */
-static inline int32_t kiln_pool_cpu(const unsigned long* cpus, int32_t me, int32_t team) {
-  int32_t n = 0;
+/* Workers are pinned to the CPUs of the process's mask other than the caller's (the caller's
+   thread is never pinned): woken after an idle spell (a server between requests), an unpinned
+   worker was placed on the caller's core (wake-affine) and shared it for several runs, at one
+   thread's speed (transformer layer 4x64 after 50 ms idle: 4.9 ms unpinned, 2.8 pinned, 2.5
+   without the idle). Only a pool whose `team` (workers and caller) fills the mask is pinned:
+   each loaded library has a pool of its own and no pool knows another's CPUs, so two models
+   run at once from two threads with OMP_NUM_THREADS at half the CPUs would pin both teams to
+   the first half and leave the rest idle; unpinned, the scheduler spreads them. (A thread
+   given a CPU set of its own, sched_setaffinity, gives its pool that mask: pools of threads on
+   disjoint sets stay apart.) ONNX Runtime pins its default pool's threads to every core but
+   the first and leaves the caller unpinned, which assumes the caller stays on the first core;
+   OpenMP bound (OMP_PROC_BIND) pins the caller too. kiln does neither: the CPU the caller runs
+   on stays free (the spare), and moves with it (kiln_pool_place).
+   The CPU for worker `me` (1, 2, ...; 0: the spare) when the caller runs on CPU `caller`, or
+   -1: not pinned. The mask's CPUs in order, the caller's (else the first) taken out to lead. */
+static inline int32_t kiln_pool_cpu(const unsigned long* cpus, int32_t me, int32_t team, int32_t caller) {
+  int32_t n = 0, first = -1;
   const int32_t bits = (int32_t)(8 * sizeof cpus[0]);
-  for (int32_t c = 0; c < 16 * bits; ++c) n += (int32_t)((cpus[c / bits] >> (c % bits)) & 1);
+  for (int32_t c = 0; c < 16 * bits; ++c)
+    if ((cpus[c / bits] >> (c % bits)) & 1) { n += 1; if (first < 0) first = c; }
   if (n < 2 || team < n) return -1;
+  const int32_t lead = caller >= 0 && caller < 16 * bits && ((cpus[caller / bits] >> (caller % bits)) & 1) ? caller : first;
+  if (me % n == 0) return lead;
   for (int32_t c = 0, seen = 0; c < 16 * bits; ++c)
-    if (((cpus[c / bits] >> (c % bits)) & 1) && seen++ == me % n) return c;
+    if (c != lead && ((cpus[c / bits] >> (c % bits)) & 1) && ++seen == me % n) return c;
   return -1;
 }
-static inline void kiln_pool_pin(kiln_pool_t* p) {
-  const int32_t me = __atomic_fetch_add(&p->placed, 1, __ATOMIC_RELAXED) + 1;
-  const int32_t c = kiln_pool_cpu(p->cpus, me, p->team);
-  if (c < 0) return;
-  const int32_t bits = (int32_t)(8 * sizeof p->cpus[0]);
+/* the CPU this thread runs on (-1: unknown) */
+static inline int32_t kiln_pool_getcpu(void) {
+#if defined(__linux__) && defined(__GLIBC__)
+  return (int32_t)sched_getcpu();
+#else
+  return -1;
+#endif
+}
+static inline void kiln_pool_bind(int32_t tid, int32_t c) {
+#if defined(__linux__)
+  const int32_t bits = (int32_t)(8 * sizeof(unsigned long));
   unsigned long one[16] = {0};
   one[c / bits] = 1UL << (c % bits);
-  syscall(SYS_sched_setaffinity, 0, sizeof one, one);
+  syscall(SYS_sched_setaffinity, tid, sizeof one, one);
+#endif
+}
+/* A worker, as it starts: its number (1, 2, ...), its thread id recorded and it pinned to its
+   CPU; again while the caller moved it meanwhile (the caller pins a worker whose id it sees). */
+static inline int32_t kiln_pool_pin(kiln_pool_t* p) {
+  const int32_t me = __atomic_fetch_add(&p->placed, 1, __ATOMIC_RELAXED) + 1;
+#if defined(__linux__)
+  __atomic_store_n(&p->tids[me - 1], (int32_t)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
+  for (int32_t c = -1;;) {
+    const int32_t want = __atomic_load_n(&p->cpu_of[me - 1], __ATOMIC_SEQ_CST);
+    if (want < 0 || want == c) break;
+    kiln_pool_bind(0, want);
+    c = want;
+  }
+#endif
+  return me;
+}
+/* By the thread holding the pool, on CPU `c`: a worker pinned to it moves to the spare CPU (the
+   one the caller left), which `c` becomes. Whether one moved. */
+static inline int kiln_pool_place(kiln_pool_t* p, int32_t c) {
+  const int32_t spare = __atomic_load_n(&p->spare, __ATOMIC_RELAXED);
+  if (spare < 0 || c < 0 || c == spare) return 0;
+  for (int32_t i = 0; i < p->nworkers; ++i) {
+    if (__atomic_load_n(&p->cpu_of[i], __ATOMIC_RELAXED) != c) continue;
+    __atomic_store_n(&p->cpu_of[i], spare, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&p->spare, c, __ATOMIC_RELAXED);
+    const int32_t tid = __atomic_load_n(&p->tids[i], __ATOMIC_SEQ_CST);
+    if (tid > 0) kiln_pool_bind(tid, spare);
+    __atomic_fetch_add(&p->moved, 1, __ATOMIC_RELAXED);
+    return 1;
+  }
+  return 0;
+}
+/* A worker's sign of contention at time t (kind 0: descheduled while it spun, 1: woken late):
+   judged by the caller at its next fork where the workers are pinned, else contention now. */
+static inline void kiln_pool_sign(kiln_pool_t* p, int64_t t, int32_t kind, int32_t me) {
+  const int32_t cpu = __atomic_load_n(&p->spare, __ATOMIC_RELAXED) < 0 || me > KILN_POOL_MAX ? -1
+                      : __atomic_load_n(&p->cpu_of[me - 1], __ATOMIC_RELAXED);
+  if (cpu < 0) {
+    kiln_pool_contended(p, t, 0);
+    __atomic_fetch_add(kind ? &p->by_wake : &p->by_spin, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  __atomic_store_n(&p->sign, ((uint64_t)(t / 1000) << 17) | ((uint64_t)kind << 16) | (uint64_t)cpu, __ATOMIC_RELEASE);
+}
+/* By the thread holding the pool, at an entry and a fork: a worker's sign is contention unless
+   this thread runs on that worker's CPU (the worker gave it its turn); a worker on this thread's
+   CPU moves off it. */
+static inline void kiln_pool_settle(kiln_pool_t* p) {
+  if (__atomic_load_n(&p->spare, __ATOMIC_RELAXED) < 0) return;
+  const int32_t c = kiln_pool_getcpu();
+  uint64_t s = __atomic_load_n(&p->sign, __ATOMIC_ACQUIRE);
+  if (s) s = __atomic_exchange_n(&p->sign, 0, __ATOMIC_ACQ_REL);
+  if (s && (int32_t)(s & 0xFFFF) == c) {
+    __atomic_fetch_add(&p->shared, 1, __ATOMIC_RELAXED);
+  } else if (s) {
+    kiln_pool_contended(p, (int64_t)(s >> 17) * 1000, 0);
+    __atomic_fetch_add((s >> 16) & 1 ? &p->by_wake : &p->by_spin, 1, __ATOMIC_RELAXED);
+  }
+  kiln_pool_place(p, c);
 }
 
 __attribute__((weak)) void* kiln_pool_worker(void* arg) {
   kiln_pool_t* p = (kiln_pool_t*)arg;
   kiln_pool_inline = 1;
-  kiln_pool_pin(p);
+  const int32_t me = kiln_pool_pin(p);
   int64_t idle_since = kiln_pool_now(), last = idle_since;
   /* after a sign of contention the worker leaves the loop open then (generation `skip`) to
      the caller: one the scheduler keeps waiting would hold the chunks it claimed */
-  uint32_t skip = 0, skipping = 0;
+  uint32_t skip = 0, skipping = 0, rest = 0;   /* rest: a sign left, sleep (not spin) */
   /* a stall: wall time less the thread's CPU time over a long run, from a base taken after each
      sleep and before a run more than STALL_NS after it (a system call: not one per run) */
   int64_t wall_base = idle_since, cpu_base = kiln_pool_cpu_now();
@@ -254,12 +348,11 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
       if (k % 16 != 0) continue;
       int64_t t = kiln_pool_now();
       if (t - last > KILN_POOL_GAP_NS) {   /* descheduled meanwhile: stop spinning for a while */
-        kiln_pool_contended(p, t, 0);
-        __atomic_fetch_add(&p->by_spin, 1, __ATOMIC_RELAXED);
-        skip = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_ACQUIRE) >> 32); skipping = 1;
+        kiln_pool_sign(p, t, 0, me);
+        skip = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_ACQUIRE) >> 32); skipping = 1; rest = 1;
       }
       last = t;
-      if (t - idle_since < p->spin_ns && !kiln_pool_calm(p, t)) {
+      if (t - idle_since < p->spin_ns && !kiln_pool_calm(p, t) && !rest) {
         sched_yield();   /* hands the core over to a thread that shares it (the caller, say) */
         continue;
       }
@@ -272,14 +365,14 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
     if (!(kiln_pool_open(w) && !(skipping && (uint32_t)(w >> 32) == skip)) && !__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST))
       kiln_pool_sleep(&p->wake, seen);
     __atomic_fetch_sub(&p->sleepers, 1, __ATOMIC_SEQ_CST);
+    rest = 0;
     idle_since = last = wall_base = kiln_pool_now();
     cpu_base = kiln_pool_cpu_now();
     /* the first worker to run after a wake-up: a late one means the cores are busy */
     if (__atomic_exchange_n(&p->pending, 0, __ATOMIC_SEQ_CST)
         && idle_since - __atomic_load_n(&p->woke_at, __ATOMIC_RELAXED) > p->late_ns) {
-      kiln_pool_contended(p, idle_since, 0);
-      __atomic_fetch_add(&p->by_wake, 1, __ATOMIC_RELAXED);
-      skip = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_ACQUIRE) >> 32); skipping = 1;
+      kiln_pool_sign(p, idle_since, 1, me);
+      skip = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_ACQUIRE) >> 32); skipping = 1; rest = 1;
     }
   }
 }
@@ -307,21 +400,22 @@ __attribute__((weak)) void kiln_pool_stop(void) {
 __attribute__((weak, destructor)) void kiln_pool_unload(void) { kiln_pool_stop(); }
 /* KILN_POOL_STATS's counts read from Python (kiln.runtime.threads.pool_counts; exported, where
    the rest of the pool is hidden): forks, alone, by_spin, by_wake, by_join, by_stall, naps,
-   loop_wakes, solo into out[0..n), and whether the pool is contended now; returns how many it has */
+   loop_wakes, solo, whether the pool is contended now, moved, shared into out[0..n); returns how
+   many it has */
 #pragma GCC visibility push(default)
 __attribute__((weak)) int32_t kiln_pool_counts(uint64_t* out, int32_t n) {
   kiln_pool_t* p = &kiln_pool;
-  const uint64_t c[10] = {p->forks, p->alone, p->by_spin, p->by_wake, p->by_join, p->by_stall, p->naps, p->loop_wakes,
-                          p->solo, (uint64_t)kiln_pool_calm(p, kiln_pool_now())};
-  for (int32_t k = 0; k < n && k < 10; ++k) out[k] = c[k];
-  return 10;
+  const uint64_t c[12] = {p->forks, p->alone, p->by_spin, p->by_wake, p->by_join, p->by_stall, p->naps, p->loop_wakes,
+                          p->solo, (uint64_t)kiln_pool_calm(p, kiln_pool_now()), p->moved, p->shared};
+  for (int32_t k = 0; k < n && k < 12; ++k) out[k] = c[k];
+  return 12;
 }
 #pragma GCC visibility pop
 /* a fork()ed child has none of the parent's workers (and no other thread holds the pool) */
 __attribute__((weak)) void kiln_pool_forked(void) {
   kiln_pool_t* p = &kiln_pool;
   p->nworkers = 0; p->state = 0; p->stop = 0; p->sleepers = 0; p->owner = 0; p->active = 0; p->pending = 0;
-  p->parked = 0;
+  p->parked = 0; p->sign = 0;
   kiln_pool_depth = 0; kiln_pool_held = 0; kiln_pool_inline = 0;
 }
 
@@ -351,6 +445,13 @@ __attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
   p->team = want + 1;
   for (int k = 0; k < 16; ++k) p->cpus[k] = 0;
   if (syscall(SYS_sched_getaffinity, 0, sizeof p->cpus, p->cpus) < 0) for (int k = 0; k < 16; ++k) p->cpus[k] = 0;
+  const int32_t caller = kiln_pool_getcpu();   /* stays free: the workers pinned to the other CPUs */
+  __atomic_store_n(&p->sign, 0, __ATOMIC_RELAXED);
+  int32_t ncpus = 0;
+  for (int k = 0; k < 16; ++k) ncpus += __builtin_popcountl(p->cpus[k]);
+  /* (more threads than CPUs: pinned as before, two to a CPU, and none moves) */
+  __atomic_store_n(&p->spare, p->team == ncpus ? kiln_pool_cpu(p->cpus, 0, p->team, caller) : -1, __ATOMIC_RELAXED);
+  for (int32_t i = 0; i < want; ++i) { p->cpu_of[i] = kiln_pool_cpu(p->cpus, i + 1, p->team, caller); p->tids[i] = 0; }
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   for (int32_t i = 0; i < want; ++i) {
@@ -370,6 +471,7 @@ __attribute__((weak)) void kiln_pool_enter(void) {
   kiln_pool_held = 1;
   if (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) != 2) return;   /* started at the first parallel loop */
   __atomic_store_n(&p->active, 1, __ATOMIC_SEQ_CST);
+  kiln_pool_settle(p);
   if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0   /* spinning by the first loop (unless contended) */
       && !kiln_pool_calm(p, kiln_pool_now())) kiln_pool_wake_all(p);
 }
@@ -404,6 +506,7 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
     kiln_pool_start(p);
     __atomic_store_n(&p->active, 1, __ATOMIC_SEQ_CST);
   }
+  if (kiln_pool_held && p->nworkers) kiln_pool_settle(p);
   /* contended: this thread alone (a worker the scheduler keeps waiting would hold its chunks) */
   if (!kiln_pool_held || p->nworkers == 0 || kiln_pool_calm(p, kiln_pool_now())) {
     if (kiln_pool_held && p->nworkers) p->alone += 1;
@@ -433,7 +536,9 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
     if (k % 64 != 0) continue;
     int64_t t = kiln_pool_now();
     if (!t0) t0 = last = t;
-    if (t - last > KILN_POOL_GAP_NS) { kiln_pool_contended(p, t, 0); p->by_join += 1; }
+    if (t - last > KILN_POOL_GAP_NS && !kiln_pool_place(p, kiln_pool_getcpu())) {   /* (not a worker's turn) */
+      kiln_pool_contended(p, t, 0); p->by_join += 1;
+    }
     last = t;
     if (t - t0 < (kiln_pool_calm(p, t) ? KILN_POOL_JOIN_BUSY_NS : KILN_POOL_JOIN_NS))
       continue;   /* (no sched_yield: on a busy machine it gives a whole time slice away) */
