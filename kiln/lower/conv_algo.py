@@ -62,16 +62,20 @@ WINOGRAD_MIN_CHANNELS = 16       # the fewest measured (16 -> 16 at 56x56: 0.077
 WINOGRAD_MIN_TILES = 4           # 4x4 output tiles over the batch
 WINOGRAD_MIN_TILE_USE = 0.5      # output pixels / pixels the tiles cover (6x6: 0.56, won 1.6x)
 # Winograd reads its transformed weights U (36/9 = 4x the direct conv's) once per inference,
-# from L3 or memory where a model's weights do not fit the caches, each core its share at the
-# rate one core streams (`Target.stream_rate`, measured per machine); the direct conv's
-# multiply-adds split over the cores likewise. So Winograd runs only where U read on all the
-# target's cores takes less than the direct conv's multiply-adds at the conv rate on them
-# (`winograd_streams`): 75 output pixels or more at this Sapphire Rapids VM's 3.21e3 floats per
-# us. Measured there, 2 threads, quiet, DBNet 320 (three 512 -> 512 3x3 convs on 10x10 at
+# from L3 or memory where a model's weights do not fit the caches, the cores each their share at
+# the rate they stream together (`Target.stream_rate_all`, measured per machine: each core at its
+# own rate where they do not share one stream); the direct conv's multiply-adds split over the
+# cores likewise. So Winograd runs only where U read on all the target's cores takes less than
+# the direct conv's multiply-adds at the conv rate on them (`winograd_streams`): 75 output pixels
+# or more at this Sapphire Rapids VM's 3.21e3 floats per us a core (its 2 cores measured 5.0e3-
+# 5.3e3 together past L3, and 2.3e3-2.9e3 each with both at once against 2.5e3-2.9e3 alone, one
+# thread's CPU clock each, load 2-3: they do not share one stream; ResNet-50's convs choose the
+# same at any rate down to one core's, DBNet's, U-Net's, YOLOv5s's 10x10 and 8x12 convs turn
+# direct at 3.3e3 together). Measured there, 2 threads, quiet, DBNet 320 (three 512 -> 512 3x3 convs on 10x10 at
 # batch 1, U 37.7 MB each): with U read at one core's rate they ran direct and the model took
 # 44.6 / 36.4 ms (two runs, medians) against 42.9 / 35.4 with Winograd, where 512 -> 512 on 7x7
 # (49 pixels) stays direct as before. On the AVX-512 Zen 4 below one core took the memory's whole
-# rate (a machine whose cores share one stream would need that rate measured: not done).
+# rate: there the cores share one stream, which the all-cores measurement reads.
 # Measured, 3x3 512 -> 512 on 7x7 at batch 1 (4 tiles, U 37.7 MB), AVX-512 Zen 4: one thread,
 # thread CPU time, Winograd 1.75 ms vs blocked direct 2.19 (the rule: U 1.35 ms < direct 1.93);
 # two threads, quiet, Winograd 1.52 vs direct 1.33 (U 1.35 > direct 0.96: its 37.7 MB at
@@ -273,7 +277,7 @@ def winograd_streams(s: ConvShape, target: Target) -> str | None:
     from kiln.lower.nnutil import serial_rate  # noqa: PLC0415
     blocks = -(-s.c // s.block) * -(-s.oc // s.block) * s.block * s.block
     cores = max(1, target.cores)
-    u_us = 36 * blocks / (cores * target.stream_rate)
+    u_us = 36 * blocks / target.stream_rate_all
     direct_us = s.n * math.prod(s.out) * 9 * blocks / (cores * serial_rate("conv", target))
     if u_us <= direct_us:
         return None

@@ -73,8 +73,12 @@ def parallel_worth(work: int, target: Target, kind: str = "window", streamed: in
     work = hint(work)
     if work < parallel_min_work():
         return False
-    serial_us = max(work / serial_rate(kind, target), hint(streamed) / target.stream_rate)
-    saved = serial_us * (1 - 1 / max(2, target.cores))
+    cores, rate, streamed = max(2, target.cores), serial_rate(kind, target), hint(streamed)
+    serial_us = max(work / rate, streamed / target.stream_rate)
+    # the cores split the weights as the work, read at the rate the cores stream together
+    # (`Target.stream_rate_all`, measured; else each core at its own)
+    together = target.stream_rate_all_measured or cores * target.stream_rate
+    saved = serial_us - max(work / (cores * rate), streamed / together)
     return saved >= FORK_GAIN_DECISION.value() * target.fork_us
 
 

@@ -85,6 +85,9 @@ class Target:
     # floats per us one core streams from beyond its caches, measured on this machine
     # (kiln.codegen.stream_cost.calibrated), 0: STREAM_FLOATS_PER_US
     stream_rate_measured: float = 0.0
+    # floats per us all its cores stream together, each its own data at once, measured likewise
+    # (0: each core at stream_rate)
+    stream_rate_all_measured: float = 0.0
 
     # -- made from ... ----------------------------------------------------------------
     @staticmethod
@@ -156,6 +159,13 @@ class Target:
         (the host), else STREAM_FLOATS_PER_US."""
         return self.stream_rate_measured or STREAM_FLOATS_PER_US
 
+    @property
+    def stream_rate_all(self) -> float:
+        """Floats per us all the target's cores read together, each streaming its share at once
+        (a parallel kernel's weights): as measured on this machine, where cores that share one
+        stream read less than `cores` times stream_rate; else each at stream_rate."""
+        return self.stream_rate_all_measured or max(1, self.cores) * self.stream_rate
+
     def arch_flags(self) -> list[str]:
         """The C compiler flags that pick this CPU: -march, and on x86 the vector width the
         register tiles are sized for (-march=native also picks a tuning, and some tunings
@@ -174,7 +184,8 @@ class Target:
                 f"omp={self.omp_wait_policy},{self.omp_spincount}"
                 + (f";threads={self.threads_impl}" if self.threads_impl != "omp" else "")
                 + (f";fork_us={self.fork_us_measured:g}" if self.fork_us_measured else "")
-                + (f";stream={self.stream_rate_measured:g}" if self.stream_rate_measured else ""))
+                + (f";stream={self.stream_rate_measured:g}" if self.stream_rate_measured else "")
+                + (f";stream_all={self.stream_rate_all_measured:g}" if self.stream_rate_all_measured else ""))
 
     def describe(self) -> str:
         return (f"{self.name} ({self.arch}, -march={self.march}, {self.vector_bytes * 8}-bit vectors, "

@@ -25,7 +25,9 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(stream_cost, "store_dir", lambda kind: tmp_path / "store" / kind)
     (tmp_path / "store" / "stream-rate").mkdir()
     monkeypatch.delenv("KILN_STREAM_RATE", raising=False)
+    monkeypatch.delenv("KILN_STREAM_RATE_ALL", raising=False)
     monkeypatch.setattr(stream_cost, "_MEASURED", {})
+    monkeypatch.setattr(stream_cost, "measure_all", lambda t: (5210.5, 9))
     return tmp_path / "store" / "stream-rate"
 
 
@@ -39,6 +41,17 @@ def test_the_loop_builds_and_times_a_stream():
     assert 10 < rate < 1e7      # floats per us: 40 MB/s to 40 TB/s
 
 
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_the_all_cores_loop_times_every_core_at_once():
+    rate, kept = stream_cost.measure_all(host(cores=2), passes=3, nbytes=1 << 20)
+    assert 10 < rate < 1e7 and 0 <= kept <= 3
+
+
+def test_each_thread_streams_its_share_past_the_caches():
+    assert stream_cost.thread_bytes(host(cores=2, l2_bytes=2 << 20, l3_bytes=1 << 30)) == stream_cost.BUFFER_CAP // 2
+    assert stream_cost.thread_bytes(host(cores=64, l2_bytes=2 << 20, l3_bytes=1 << 30)) == 8 << 20    # 4 x L2
+
+
 def test_the_buffer_outgrows_the_caches():
     t = host(l2_bytes=2 << 20, l3_bytes=8 << 20)
     assert stream_cost.buffer_bytes(t) == 16 << 20                     # twice L3
@@ -49,13 +62,23 @@ def test_the_buffer_outgrows_the_caches():
 def test_measured_once_then_read_from_the_cache(fresh, monkeypatch):
     calls = []
     monkeypatch.setattr(stream_cost, "measure", lambda t: calls.append(t) or 3210.5)
+    every = []
+    monkeypatch.setattr(stream_cost, "measure_all", lambda t: every.append(t) or (5210.5, 7))
     t = stream_cost.calibrated(host())
     assert t.stream_rate == 3210.0 and len(calls) == 1 and "stream=3210" in t.key()
+    assert t.stream_rate_all == 5210.0 and len(every) == 1 and "stream_all=5210" in t.key()
     assert t.key() != host().key()
-    stored = json.loads(next(fresh.glob("*.json")).read_text())
+    stored = json.loads(next(p for p in fresh.glob("*.json") if not p.name.startswith("all-")).read_text())
     assert stored["floats_per_us"] == 3210.5 and stored["buffer_bytes"] == stream_cost.buffer_bytes(host())
-    monkeypatch.setattr(stream_cost, "_MEASURED", {})      # a new process: the file answers
-    assert stream_cost.calibrated(host()).stream_rate == 3210.0 and len(calls) == 1
+    stored = json.loads(next(fresh.glob("all-*.json")).read_text())
+    assert stored["all_cores_floats_per_us"] == 5210.5 and stored["concurrent_passes"] == 7
+    assert stored["threads"] == host().cores and stored["thread_bytes"] == stream_cost.thread_bytes(host())
+    monkeypatch.setattr(stream_cost, "_MEASURED", {})      # a new process: the files answer
+    t = stream_cost.calibrated(host())
+    assert (t.stream_rate, t.stream_rate_all) == (3210.0, 5210.0) and len(calls) == len(every) == 1
+    # more cores (or another loop) are another all-cores measurement, the same one-core one
+    stream_cost.calibrated(host(cores=host().cores + 2))
+    assert len(calls) == 1 and len(every) == 2
     # the compiler's calibration takes it with the fork cost
     monkeypatch.setenv("KILN_FORK_US", "table")
     assert fork_cost.calibrated(host()).stream_rate == 3210.0
@@ -68,14 +91,37 @@ def test_a_failed_measurement_keeps_the_table(fresh, monkeypatch):
     def fail(t):
         raise KilnError("the stream-rate loop did not compile: no cc")
     monkeypatch.setattr(stream_cost, "measure", fail)
-    assert stream_cost.calibrated(host()).stream_rate == STREAM_FLOATS_PER_US
+    monkeypatch.setattr(stream_cost, "measure_all", fail)
+    assert stream_cost.calibrated(host()) == host()
+    assert host().stream_rate == STREAM_FLOATS_PER_US and host().stream_rate_all == host().cores * STREAM_FLOATS_PER_US
     assert not list(fresh.iterdir())
+
+
+def test_a_busy_machine_stores_no_all_cores_rate(fresh, monkeypatch):
+    """No pass ran on every core at once: the sum would be of rates taken one after another, so
+    nothing is kept; this process streams each core at its own rate and measures no more."""
+    every = []
+    monkeypatch.setattr(stream_cost, "measure", lambda t: 3210.5)
+    monkeypatch.setattr(stream_cost, "measure_all", lambda t: every.append(t) or (6400.0, 0))
+    for _ in range(2):
+        t = stream_cost.calibrated(host(cores=2))
+        assert (t.stream_rate, t.stream_rate_all) == (3210.0, 6420.0) and "stream_all" not in t.key()
+    assert len(every) == 1 and not list(fresh.glob("all-*.json"))
 
 
 def test_overrides_and_other_cpus(fresh, monkeypatch):
     monkeypatch.setattr(stream_cost, "measure", lambda t: pytest.fail("measured despite an override"))
+    monkeypatch.setattr(stream_cost, "measure_all", lambda t: pytest.fail("measured despite an override"))
     monkeypatch.setenv("KILN_STREAM_RATE", "1500")
-    assert stream_cost.calibrated(host()).stream_rate == 1500
+    t = stream_cost.calibrated(host(cores=2))
+    assert t.stream_rate == 1500 and t.stream_rate_all == 3000     # each core its own: not measured
+    monkeypatch.setenv("KILN_STREAM_RATE_ALL", "1800")
+    t = stream_cost.calibrated(host(cores=2))
+    assert (t.stream_rate, t.stream_rate_all) == (1500, 1800) and "stream_all=1800" in t.key()
+    monkeypatch.setenv("KILN_STREAM_RATE_ALL", "fast")
+    with pytest.raises(KilnError, match="KILN_STREAM_RATE_ALL"):
+        stream_cost.calibrated(host())
+    monkeypatch.delenv("KILN_STREAM_RATE_ALL")
     monkeypatch.setenv("KILN_STREAM_RATE", "table")
     assert stream_cost.calibrated(host()) == host() and host().stream_rate == STREAM_FLOATS_PER_US
     for bad in ("fast", "0", "-3"):
@@ -115,3 +161,27 @@ def test_the_stream_rate_decides_what_forks():
     fast, slow = (Target.named("host", cores=2, fork_us_measured=20.0, stream_rate_measured=r) for r in (1e5, 3e3))
     assert not parallel_worth(work, fast, "conv", streamed=weights)     # 2.3 us to stream: serial
     assert parallel_worth(work, slow, "conv", streamed=weights)         # 77 us: forks
+
+
+def test_cores_sharing_one_stream_read_winograds_weights_slower():
+    """Where the cores read weights together no faster than one (a shared stream, the all-cores
+    rate measured), Winograd's transformed weights take twice as long on 2 cores as where each
+    core streams its share at its own rate: 512 -> 512 on 10x10 (9.4 MB, 100 pixels) turns direct;
+    256 -> 256 on 14x14 stays Winograd."""
+    own, shared = (Target.named("host", cores=2, stream_rate_measured=3.2e3, stream_rate_all_measured=r)
+                   for r in (0.0, 3.3e3))
+    assert own.stream_rate_all == 6.4e3
+    assert choose(_shape(512, 512, 10), own).algorithm == "winograd"
+    c = choose(_shape(512, 512, 10), shared)
+    assert c.algorithm == "direct-nchwc" and "~2860 us to stream on 2 cores" in c.reason
+    assert choose(_shape(256, 256, 14), shared).algorithm == "winograd"
+
+
+def test_cores_sharing_one_stream_do_not_fork_for_weights():
+    """A squeeze-excite 1x1 conv bound by its weights forks where each core streams its half at its
+    own rate, not where both read at one core's rate together (the fork saves nothing then)."""
+    weights = 960 * 240
+    own, shared = (Target.named("host", cores=2, fork_us_measured=20.0, stream_rate_measured=3e3,
+                                stream_rate_all_measured=r) for r in (0.0, 3e3))
+    assert parallel_worth(weights, own, "conv", streamed=weights)
+    assert not parallel_worth(weights, shared, "conv", streamed=weights)
