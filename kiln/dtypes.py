@@ -71,17 +71,19 @@ class DType(enum.Enum):
         """A storage-only dtype: C keeps its bytes but computes on it in float32/int32."""
         return self in _STORAGE
 
+    # (the name read as _name_: Enum's `name` descriptor costs more than the test, and the
+    # loop simplifier asks is_float of every node it rewrites)
     @property
     def is_float(self) -> bool:
-        return self.name.startswith(("float", "bfloat"))
+        return self._name_.startswith(("float", "bfloat"))
 
     @property
     def is_int(self) -> bool:
-        return self.name.startswith(("int", "uint"))
+        return self._name_.startswith(("int", "uint"))
 
     @property
     def is_signed(self) -> bool:
-        return self.name.startswith("int") or self.is_float
+        return self._name_.startswith("int") or self.is_float
 
     @property
     def itemsize(self) -> int:

@@ -5,7 +5,7 @@ import pytest
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import const, exp, max_, min_, select, simplify, var
-from kiln.loops.simplify import INT_RULES, Pat, match, prove
+from kiln.loops.simplify import ANY_RULES, INT_RULES, Pat, compiled, match, prove
 
 i = var("i", dom=(0, 8))
 j = var("j", dom=(0, 4))
@@ -126,3 +126,46 @@ def test_a_digit_bound_by_a_constant_reads_as_a_bound_on_the_var():
     for x in range(-20, 21):        # the identities the rules use, with Python's floor division
         assert (0 <= x // 3 - 1) == (3 <= x) and (x // 3 < 5) == (x < 15)
         assert (2 <= x + 5) == (-3 <= x) and (x + 4 < 9) == (x < 5)
+
+
+def test_compiled_patterns_bind_what_match_binds():
+    """Each rule's compiled matcher finds the bindings `match` finds, in the same order
+    (a commutative node's args as given first, each child's first match kept), on every
+    node of random integer and boolean expressions, repeated and swapped operands included."""
+    import random
+    from kiln.loops.expr import Expr
+    rnd, I, B = random.Random(3), DType.int64, DType.bool
+    leaves = [i, j, n, *(const(c, I) for c in (0, 1, 2, 4, 8, -1))]
+
+    def num(d):
+        if d == 0 or rnd.random() < 0.25:
+            return rnd.choice(leaves)
+        a = num(d - 1)
+        b = a if rnd.random() < 0.2 else num(d - 1)
+        return Expr(rnd.choice(["add", "add", "sub", "mul", "mul", "floordiv", "floormod", "min", "max"]), I, (a, b))
+
+    def cond(d):
+        op = rnd.choice(["lt", "le", "gt", "ge", "and", "or", "not", "select"])
+        if op in ("and", "or"):
+            a = cond(d - 1) if d else const(rnd.choice([0, 1]), B)
+            return Expr(op, B, (a, rnd.choice([a, const(rnd.choice([0, 1]), B), cond(0) if d else a])))
+        if op == "not":
+            return Expr("not", B, (cond(d - 1) if d else Expr("lt", B, (num(1), num(1))),))
+        if op == "select":
+            return Expr("select", I, (rnd.choice([Expr("lt", B, (num(1), num(1))), const(1, B)]), num(2), num(2)))
+        return Expr(op, B, (num(d), num(d)))
+
+    rules = [(p, compiled(p)) for p, _ in INT_RULES + ANY_RULES]
+    found = 0
+    for k in range(1500):
+        stack = [num(4) if k % 2 else cond(3)]
+        while stack:
+            e = stack.pop()
+            stack.extend(e.args)
+            for p, m in rules:
+                want, got = match(p, e, {}), m(e)
+                assert (got is None) == (want is None), (p, e)
+                if want is not None:
+                    found += 1
+                    assert got.keys() == want.keys() and all(got[q] is want[q] for q in want), (p, e)
+    assert found > 1000   # (the rules do fire)
