@@ -218,7 +218,8 @@ _MEASURED: dict[str, float | None] = {}   # this process's answers, by _key (Non
 def _measure_all(target: Target, record: dict) -> float:
     """measure_all's rate, recorded with how it was taken; a ValueError (nothing stored: this
     process keeps each core at its own rate, the next measures again) where no pass ran on all
-    the cores at once (a busy machine: the sum of rates taken one after another)."""
+    the cores at once (the sum of rates taken one after another). Not tried at all on a machine
+    busier than it has cores (kiln.codegen.fork_cost.busy), as the fork cost is not."""
     rate, kept = measure_all(target)
     if not kept:
         raise ValueError("no pass of the all-cores stream loop ran on every core at once")
@@ -226,11 +227,18 @@ def _measure_all(target: Target, record: dict) -> float:
     return rate
 
 
+def _busy(cores: int) -> bool:
+    from kiln.codegen.fork_cost import busy  # noqa: PLC0415
+    return busy(cores)
+
+
 def _measured(target: Target, all_cores: bool = False) -> float | None:
     key = _key(target, all_cores)
     if key in _MEASURED:
         return _MEASURED[key]
     rate = cached(target, all_cores)
+    if rate is None and all_cores and _busy(target.cores):
+        return None           # the cores would not run at once: asked again at the next compile
     if rate is None:
         record = {"buffer_bytes": buffer_bytes(target), "passes": PASSES}
         how = (lambda: _measure_all(target, record)) if all_cores else (lambda: measure(target))

@@ -28,6 +28,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv("KILN_STREAM_RATE_ALL", raising=False)
     monkeypatch.setattr(stream_cost, "_MEASURED", {})
     monkeypatch.setattr(stream_cost, "measure_all", lambda t: (5210.5, 9))
+    monkeypatch.setattr(fork_cost, "busy", lambda cores: False)
     return tmp_path / "store" / "stream-rate"
 
 
@@ -107,6 +108,13 @@ def test_a_busy_machine_stores_no_all_cores_rate(fresh, monkeypatch):
         t = stream_cost.calibrated(host(cores=2))
         assert (t.stream_rate, t.stream_rate_all) == (3210.0, 6420.0) and "stream_all" not in t.key()
     assert len(every) == 1 and not list(fresh.glob("all-*.json"))
+    # a machine busier than it has cores does not try (asked again at the next compile)
+    monkeypatch.setattr(stream_cost, "_MEASURED", {})
+    monkeypatch.setattr(fork_cost, "busy", lambda cores: True)
+    assert stream_cost.calibrated(host(cores=2)).stream_rate_all == 6420.0 and len(every) == 1
+    monkeypatch.setattr(fork_cost, "busy", lambda cores: False)
+    stream_cost.calibrated(host(cores=2))
+    assert len(every) == 2
 
 
 def test_overrides_and_other_cpus(fresh, monkeypatch):
