@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kiln.codegen.measured import build_loop, env_override, measure_and_store, store_dir, stored
+from kiln.codegen.measured import build_loop, busy, env_override, measure_and_store, store_dir, stored
 from kiln.runtime import threads
 from kiln.targets.target import Target
 
@@ -139,15 +139,6 @@ def _path(target: Target) -> Path:
 def cached(target: Target) -> float | None:
     """The stored measurement for `target`'s machine and settings, if there is one."""
     return stored(_path(target), "fork_us")
-
-
-def busy(cores: int) -> bool:
-    """Whether the machine has more runnable threads than cores (a measurement would time waits
-    for the CPU, not the fork)."""
-    try:
-        return os.getloadavg()[0] >= cores
-    except OSError:
-        return False
 
 
 def override() -> float | str | None:

@@ -28,6 +28,15 @@ def store_dir(kind: str) -> Path:
         return private_dir(kind)
 
 
+def busy(cores: int) -> bool:
+    """Whether the machine has more runnable threads than cores (a measurement would time waits
+    for the CPU, not what it measures)."""
+    try:
+        return os.getloadavg()[0] >= cores
+    except OSError:
+        return False
+
+
 def stored(path: Path, field: str) -> float | None:
     """The positive number `field` of the measurement stored at `path`, or None (none stored,
     or damaged)."""

@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kiln.codegen.measured import build_loop, env_override, measure_and_store, store_dir, stored
+from kiln.codegen.measured import build_loop, busy, env_override, measure_and_store, store_dir, stored
 from kiln.targets.target import Target
 
 PASSES = 9                    # passes over the buffer timed (the median taken)
@@ -219,7 +219,7 @@ def _measure_all(target: Target, record: dict) -> float:
     """measure_all's rate, recorded with how it was taken; a ValueError (nothing stored: this
     process keeps each core at its own rate, the next measures again) where no pass ran on all
     the cores at once (the sum of rates taken one after another). Not tried at all on a machine
-    busier than it has cores (kiln.codegen.fork_cost.busy), as the fork cost is not."""
+    busier than it has cores (kiln.codegen.measured.busy), as the fork cost is not."""
     rate, kept = measure_all(target)
     if not kept:
         raise ValueError("no pass of the all-cores stream loop ran on every core at once")
@@ -227,17 +227,12 @@ def _measure_all(target: Target, record: dict) -> float:
     return rate
 
 
-def _busy(cores: int) -> bool:
-    from kiln.codegen.fork_cost import busy  # noqa: PLC0415
-    return busy(cores)
-
-
 def _measured(target: Target, all_cores: bool = False) -> float | None:
     key = _key(target, all_cores)
     if key in _MEASURED:
         return _MEASURED[key]
     rate = cached(target, all_cores)
-    if rate is None and all_cores and _busy(target.cores):
+    if rate is None and all_cores and busy(target.cores):
         return None           # the cores would not run at once: asked again at the next compile
     if rate is None:
         record = {"buffer_bytes": buffer_bytes(target), "passes": PASSES}

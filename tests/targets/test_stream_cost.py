@@ -28,7 +28,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv("KILN_STREAM_RATE_ALL", raising=False)
     monkeypatch.setattr(stream_cost, "_MEASURED", {})
     monkeypatch.setattr(stream_cost, "measure_all", lambda t: (5210.5, 9))
-    monkeypatch.setattr(fork_cost, "busy", lambda cores: False)
+    monkeypatch.setattr(stream_cost, "busy", lambda cores: False)
     return tmp_path / "store" / "stream-rate"
 
 
@@ -110,9 +110,9 @@ def test_a_busy_machine_stores_no_all_cores_rate(fresh, monkeypatch):
     assert len(every) == 1 and not list(fresh.glob("all-*.json"))
     # a machine busier than it has cores does not try (asked again at the next compile)
     monkeypatch.setattr(stream_cost, "_MEASURED", {})
-    monkeypatch.setattr(fork_cost, "busy", lambda cores: True)
+    monkeypatch.setattr(stream_cost, "busy", lambda cores: True)
     assert stream_cost.calibrated(host(cores=2)).stream_rate_all == 6420.0 and len(every) == 1
-    monkeypatch.setattr(fork_cost, "busy", lambda cores: False)
+    monkeypatch.setattr(stream_cost, "busy", lambda cores: False)
     stream_cost.calibrated(host(cores=2))
     assert len(every) == 2
 
