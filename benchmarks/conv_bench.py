@@ -8,6 +8,7 @@ p10 ms and GFLOP/s of each, after checking both kiln kernels against ORT.
     python benchmarks/conv_bench.py --convs conv1d         # 1-D convs: strided front ends, dilated
     python benchmarks/conv_bench.py --convs strided        # a detector's 3x3 stride-2 convs
     python benchmarks/conv_bench.py --convs grouped        # ResNeXt-50 32x4d's grouped 3x3 convs
+    python benchmarks/conv_bench.py --convs grouped --batch 4 --clock cpu     # 4 images a call
 
 A 1-D conv runs blocked as the 2-D ConvNCHWc of N,C,1,L (what transform_layout makes of it).
 The timings include each engine's per-call overhead (tens of microseconds); OMP_NUM_THREADS
@@ -169,14 +170,14 @@ def _out(h, k, s, p, d):
     return (h + 2 * p - (k - 1) * d - 1) // s + 1
 
 
-def onnx_conv(c, sp, oc, k, s, p, w, b, dw=False, d=1, group=1):
+def onnx_conv(c, sp, oc, k, s, p, w, b, dw=False, d=1, group=1, batch=1):
     nd = len(sp)
     o = [_out(h, k, s, p, d) for h in sp]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k] * nd, strides=[s] * nd,
                               pads=[p] * 2 * nd, dilations=[d] * nd, group=c if dw else group),
              helper.make_node("Relu", ["c"], ["y"])]
-    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, *sp])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, oc, *o])],
+    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c, *sp])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, oc, *o])],
                           [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), o
 
@@ -234,6 +235,7 @@ def main(argv=None):
     ap.add_argument("--no-nchw", action="store_true")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ORT intra-op threads")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    ap.add_argument("--batch", type=int, default=1, help="images per call")
     args = ap.parse_args(argv)
     if args.clock == "cpu":
         os.environ["OMP_NUM_THREADS"] = "1"    # read when kiln's first module loads
@@ -253,9 +255,9 @@ def main(argv=None):
         cg = c // group
         w = rng.standard_normal((oc, cg) + (k,) * nd).astype(np.float32) / np.float32(np.sqrt(cg * k ** nd))
         b = rng.standard_normal(oc).astype(np.float32)
-        x = rng.standard_normal((1, c, *sp)).astype(np.float32)
-        model, o = onnx_conv(c, sp, oc, k, s, p, w, b, dw, d, group)
-        flops = 2 * oc * cg * k ** nd * int(np.prod(o))
+        x = rng.standard_normal((args.batch, c, *sp)).astype(np.float32)
+        model, o = onnx_conv(c, sp, oc, k, s, p, w, b, dw, d, group, args.batch)
+        flops = 2 * oc * cg * k ** nd * int(np.prod(o)) * args.batch
         sess = ort_session(model, args.threads)
         want = sess.run(None, {"x": x})[0]
         fns = {"ort": lambda: sess.run(None, {"x": x})}
@@ -272,9 +274,9 @@ def main(argv=None):
             got = got["y"] if isinstance(got, dict) else got[0]
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
             fns["nchw"] = lambda: m0.run({"x": x})
-        bg, ib = blocked_graph(c, sp, oc, k, s, p, w, b, block, dw, d, group)
+        bg, ib = blocked_graph(c, sp, oc, k, s, p, w, b, block, dw, d, group, batch=str(args.batch))
         mb = kiln.compile(bg, target="cpu", opt_level=3)
-        xb = to_blocked(x.reshape(1, c, 1, *sp) if nd == 1 else x, ib)
+        xb = to_blocked(x.reshape(args.batch, c, 1, *sp) if nd == 1 else x, ib)
         got = mb.run({"x": xb})
         got = got["y"] if isinstance(got, dict) else got[0]
         np.testing.assert_allclose(from_blocked(got, oc).reshape(want.shape), want, rtol=1e-3, atol=1e-3)

@@ -6,6 +6,8 @@ and the chooser's reason for every conv."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
@@ -92,10 +94,11 @@ def test_grouped_blocked_conv_matches_reference(examples):
         given(n=st.integers(1, 2), grouping=GROUPINGS, mult=st.sampled_from([1, 2]), h=st.integers(1, 12),
               w=st.integers(1, 12), k=st.sampled_from([1, 3, 5]), s=st.integers(1, 2), d=st.integers(1, 2),
               pads=st.lists(st.integers(0, 2), min_size=4, max_size=4), relu=st.booleans(), bias=st.booleans(),
-              block=st.sampled_from(BLOCKS))(_grouped_matches_reference))()
+              block=st.sampled_from(BLOCKS), tile_pad=st.sampled_from([None, 0]),
+              reg_w=st.sampled_from([None, 1, 2, 3]))(_grouped_matches_reference))()
 
 
-def _grouped_matches_reference(n, grouping, mult, h, w, k, s, d, pads, relu, bias, block):
+def _grouped_matches_reference(n, grouping, mult, h, w, k, s, d, pads, relu, bias, block, tile_pad, reg_w):
     cpg, group = grouping
     c, oc = cpg * group, cpg * group * mult
     assume(h + pads[0] + pads[2] >= (k - 1) * d + 1 and w + pads[1] + pads[3] >= (k - 1) * d + 1)
@@ -113,8 +116,49 @@ def _grouped_matches_reference(n, grouping, mult, h, w, k, s, d, pads, relu, bia
     xs = random_inputs(g, n)
     want = Interpreter(g).run(xs)[0]
     np.testing.assert_allclose(Interpreter(blocked).run(xs)[0], want, rtol=1e-4, atol=1e-4)
-    got = kiln.compile(blocked, target="cpu", opt_level=0).run({"x": xs[0]})["y"]
+    # (the tile's columns and the padded copy: the whole input's, or each tile's window)
+    dec = {k_: v for k_, v in (("nchwc.tile_pad", tile_pad), ("nchwc.reg_w", reg_w)) if v is not None}
+    got = kiln.compile(blocked, target="cpu", opt_level=0, decisions=dec).run({"x": xs[0]})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("pads, reg_w", [((1, 1, 1, 1), None), ((1, 1, 1, 1), 2), ((0, 2, 1, 0), 3), ((2, 0, 0, 1), 1)])
+def test_a_grouped_conv_copies_each_tiles_window(pads, reg_w):
+    """A grouped conv with padding copies the padded window each register tile reads (a few KB on
+    the stack, beside its accumulators) where it copied the whole padded input first (ResNeXt-50's
+    512-channel 28x28 stride-2 conv: 6.9 MB at batch 4, to memory and back): tiles that split a row
+    (their windows overlap), asymmetric pads and stride 2, against the reference, and the whole
+    copy where nchwc.tile_pad=0 asks for it."""
+    from kiln.export import c_source_of
+    g = grouped_graph(2, 64, 9, 11, 64, 4, 3, s=2, pads=pads, relu=True)     # 16 channels a group
+    blocked = g.clone()
+    transform(blocked, 16, selective=False, override="direct")
+    conv = next(x for x in blocked.nodes if x.op == "ConvNCHWc")
+    assert conv.attrs["groups"] == 4 and not conv.attrs.get("depthwise")
+    xs = random_inputs(g, 2)
+    want = Interpreter(g).run(xs)[0]
+    for tile_pad in (None, 0):
+        dec = {k_: v for k_, v in (("nchwc.tile_pad", tile_pad), ("nchwc.reg_w", reg_w)) if v is not None}
+        m = kiln.compile(blocked, target="cpu", opt_level=0, decisions=dec)
+        np.testing.assert_allclose(m.run({"x": xs[0]})["y"], want, rtol=1e-4, atol=1e-4)
+        (chosen,) = [d for d in m.build_info()["decisions"].values() if "nchwc.tile_pad" in d]
+        assert chosen["nchwc.tile_pad"] == (1 if tile_pad is None else 0)
+        src = c_source_of(m.program.runner_for([xs[0]]))
+        per_tile = re.search(r"float b\d+_xpad\[\d+\]", src) is not None     # a local array in the tile's loop
+        whole = re.search(r"b\d+_xpad = \(float\*\)kiln_alloc", src) is not None
+        assert (per_tile, whole) == ((True, False) if tile_pad is None else (False, True))
+
+
+def test_only_grouped_convs_copy_per_tile():
+    """A dense conv (every tile reads every input block: a per-tile copy would repeat once per
+    output channel group) and an unpadded grouped conv (read in place) ask nothing."""
+    for group, pads in ((1, (1, 1, 1, 1)), (4, (0, 0, 0, 0))):
+        g = grouped_graph(1, 64, 9, 9, 64, group, 3, pads=pads)
+        blocked = g.clone()
+        transform(blocked, 16, selective=False, override="direct")
+        m = kiln.compile(blocked, target="cpu", opt_level=0)
+        m.run({"x": random_inputs(g, 1)[0]})
+        assert not [d for d in m.build_info()["decisions"].values() if "nchwc.tile_pad" in d]
 
 
 @pytest.mark.parametrize("cpg", [4, 16])
