@@ -10,6 +10,10 @@ under way in this process (`pending`) shares it instead of building it again. Th
 not a daemon: a process that ends before the build does waits for it at exit, so the -O3
 module is cached for the next process; a process killed meanwhile leaves no entry (the cache
 writes are atomic, the entry written last) and the next compile builds it again.
+
+The -O3 compilers start once the first run has returned (or `wait` is called, or START_AFTER
+seconds have passed with no run): a compile is most often followed by a run at once, which
+they would otherwise share the cores with, at the quick tier's slow speed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from kiln.errors import KilnError
 
 _PENDING: dict[str, "TieredModule"] = {}   # module cache key -> its build under way here
 _LOCK = threading.Lock()
+START_AFTER = 1.0   # seconds: the -O3 build starts then if no run has ended sooner
 
 
 class TieredModule:
@@ -34,6 +39,7 @@ class TieredModule:
         self.current, self.final, self.error, self.specs = quick, False, None, specs
         self.key = key
         self._done = threading.Event()
+        self._go = threading.Event()    # set: the -O3 build may start (`_build`)
         from kiln.timing import unrecorded  # noqa: PLC0415
         context = contextvars.copy_context()
         context.run(pinned, cache_dir())
@@ -48,6 +54,7 @@ class TieredModule:
         from kiln.codegen.tiers import background  # noqa: PLC0415
         try:
             with held, background():
+                self._go.wait(START_AFTER)
                 module = finish()
             self.current, self.final = module, True   # (one assignment: the next run takes it)
         except BaseException as e:  # noqa: BLE001 - the quick module keeps serving; wait() raises it
@@ -56,7 +63,10 @@ class TieredModule:
             _forget(self)
 
     def __call__(self, inputs: list) -> list:
-        return self.current(inputs)
+        out = self.current(inputs)
+        if not self._go.is_set():
+            self._go.set()      # (the first run is over: the -O3 build may take the cores)
+        return out
 
     def __getattr__(self, name: str):   # the module's other calls and facts (info, profile, ...)
         if "current" not in self.__dict__:
@@ -66,6 +76,7 @@ class TieredModule:
     def wait(self, timeout: float | None = None) -> None:
         """Block until the optimised module serves; a KilnError if it failed to build (the
         quick one keeps serving) or is not ready within `timeout` seconds."""
+        self._go.set()
         if not self._done.wait(timeout):
             raise KilnError(f"the optimised build is not ready after {timeout} s", stage="codegen")
         if self.error is not None:
@@ -91,6 +102,7 @@ def wait_all() -> None:
     with _LOCK:
         builds = list(_PENDING.values())
     for m in builds:
+        m._go.set()
         m._done.wait()
 
 
@@ -105,3 +117,15 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def _start_all() -> None:
+    """At exit, before the interpreter joins the build threads: no build waits for a run."""
+    with _LOCK:
+        builds = list(_PENDING.values())
+    for m in builds:
+        m._go.set()
+
+
+if hasattr(threading, "_register_atexit"):   # (CPython: runs before non-daemon threads are joined)
+    threading._register_atexit(_start_all)

@@ -89,6 +89,23 @@ def test_quick_tier_serves_then_the_optimised_build_takes_over(gate, argvs):
         assert all(a[0].endswith("nice") for a, bg in argvs if bg)
 
 
+def test_the_optimised_build_starts_once_the_first_run_is_over(argvs, monkeypatch):
+    """Its compilers leave the cores to the first run (the quick tier's): they start when a run
+    returns, or when asked to wait, or START_AFTER seconds after the compile with no run."""
+    monkeypatch.setattr(tiered, "START_AFTER", 60.0)
+    feeds = inputs(batch=3, seed=6)
+    m = kiln.compile(elementwise_model(3), tier="auto")
+    threading.Event().wait(0.5)
+    assert m.tier == "quick" and not any(bg for _, bg in argvs)
+    _check(m.run(feeds), feeds)
+    assert m.wait_optimized(timeout=120).tier == "final"
+    assert any(bg for _, bg in argvs)
+    monkeypatch.setattr(tiered, "START_AFTER", 0.2)       # no run: it starts by itself
+    m = kiln.compile(elementwise_model(5), tier="auto")
+    module = m.program.modules()[0]
+    assert module._done.wait(120) and m.tier == "final"
+
+
 def test_only_the_optimised_module_is_cached(gate):
     feeds = inputs(batch=3, seed=2)
     m = kiln.compile(elementwise_model(3), tier="auto")
@@ -222,6 +239,29 @@ def test_a_process_ending_during_the_build_caches_the_optimised_module(cache, tm
     second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert second.returncode == 0, second.stderr
     assert second.stdout.split() == ["final", "0"]  # the -O3 module, from the cache
+
+
+def test_a_process_ending_before_any_run_starts_the_optimised_build_at_exit(cache, tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {ROOT!r})
+        import kiln
+        from kiln.codegen import build, tiers
+        from kiln.targets import tiered
+        from tests.runtime.models import elementwise_model
+        tiers.MIN_SECONDS = 0.0
+        tiered.START_AFTER = 3600.0     # (only the exit may start it)
+        m = kiln.compile(elementwise_model(3), tier="auto")
+        print(m.tier, build.compiler_runs(), flush=True)
+    """)
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache))
+    first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                           cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split()[0] == "quick"
+    second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                            cwd=ROOT)
+    assert second.stdout.split() == ["final", "0"], second.stderr   # its -O3 module was cached at exit
 
 
 def test_the_tuner_measures_the_optimised_build(argvs):
