@@ -1,6 +1,6 @@
 """Shape-generic modules (issue 15 items 1 and 4): new shapes without a new compile.
 
-    python benchmarks/generic_shapes.py [--pairs 20] [--runs 20] [--processes 5] [--all-pairs]
+    python benchmarks/generic_shapes.py [--pairs 20] [--runs 20] [--processes 5] [--all-pairs] [--tiered]
     python benchmarks/generic_shapes.py --corpus bert_base,distilbert,gpt2,llama_gqa [--tiered]
     python benchmarks/generic_shapes.py --corpus resnet50,mobilenet_v3_small --batch 1,8 --reserve
 
@@ -15,7 +15,9 @@ reported, so a one-off (another process's burst on a 2-core machine) shows as th
 as the pair's figure. The C compiler's runs are counted over all of it
 (kiln.codegen.build's subprocess calls). Then the steady-state latency of the generic module
 against the module specialised to each shape (shapes="specialize"), medians of interleaved
-rounds of runs (kiln.bench.time_interleaved), at four shapes (`--all-pairs`: and at each new pair).
+rounds of runs (kiln.bench.time_interleaved), at four shapes (`--all-pairs`: and at each new pair);
+`--tiered`: and the model compiled shapes="tiered" once its background specialisation of the
+shape serves it (issue 15: "or specialisation in the background closes the gap, measured").
 
 `--corpus`: corpus models (~/.cache/kiln-corpus), one thread (OMP_NUM_THREADS=1), timed by
 the calling thread's CPU time (robust to a loaded machine): per model its generic compile,
@@ -171,10 +173,12 @@ def print_first_use(pairs: list, results: list[dict]) -> None:
           f"C compiler runs after the first shape: {sum(r['compiles'] for r in results)}")
 
 
-def steady(generic, special, shapes, runs: int) -> list[tuple]:
-    """Per shape, (feeds' shapes, generic ms, specialised ms, ratio): medians of rounds of a
-    few runs of each (kiln.bench.time_interleaved: each module has its own thread pool, so
-    alternating single runs would time one pool's wake-up while the other's still spins)."""
+def steady(generic, special, shapes, runs: int, tiered=None) -> list[tuple]:
+    """Per shape, (feeds' shapes, generic ms, specialised ms, ratio, tiered ms or None): medians
+    of rounds of a few runs of each (kiln.bench.time_interleaved: each module has its own thread
+    pool, so alternating single runs would time one pool's wake-up while the other's still
+    spins). `tiered` (shapes="tiered"): its first run at the shape starts the shape's
+    specialisation in the background, which is waited for, then timed beside the other two."""
     from kiln.bench import time_interleaved
     rng = np.random.default_rng(1)
     rows = []
@@ -182,10 +186,16 @@ def steady(generic, special, shapes, runs: int) -> list[tuple]:
         feeds = _feeds(generic.inputs, b, s, rng)
         special.run(feeds)
         generic.run(feeds)
-        times = time_interleaved({"generic": lambda: generic.run(feeds), "special": lambda: special.run(feeds)},
-                                 {"generic": runs, "special": runs}, rounds=min(5, runs))
+        engines = {"generic": lambda: generic.run(feeds), "special": lambda: special.run(feeds)}
+        if tiered is not None:
+            tiered.run(feeds)       # (served by the generic module while the shape is specialised)
+            tiered.wait(1800)
+            assert not tiered.failed, tiered.failed
+            engines["tiered"] = lambda: tiered.run(feeds)
+        times = time_interleaved(engines, {k: runs for k in engines}, rounds=min(5, runs))
         g, sp = float(np.median(times["generic"])), float(np.median(times["special"]))
-        rows.append((" ".join(f"{k}{list(v.shape)}" for k, v in feeds.items()), g, sp, g / sp))
+        t = float(np.median(times["tiered"])) if tiered is not None else None
+        rows.append((" ".join(f"{k}{list(v.shape)}" for k, v in feeds.items()), g, sp, g / sp, t))
     return rows
 
 
@@ -290,7 +300,8 @@ def main(argv=None) -> int:
                     "0 with --corpus: the steady state only")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--corpus", default="")
-    ap.add_argument("--tiered", action="store_true")
+    ap.add_argument("--tiered", action="store_true", help="also shapes=\"tiered\" once the shape is specialised in the "
+                    "background (the encoder's steady state; with --corpus, at each case)")
     ap.add_argument("--reserve", action="store_true", help="GenericModel.reserve the pairs' largest sizes first")
     ap.add_argument("--batch", default="", help="steady state at these batches (1,8) instead of the corpus cases'")
     ap.add_argument("--all-pairs", action="store_true", help="the encoder's steady state at the new pairs too "
@@ -317,14 +328,21 @@ def main(argv=None) -> int:
     model = _encoder()
     g = kiln.compile(model, target="cpu", shapes="generic")
     sp = kiln.compile(model, target="cpu", shapes="specialize")
-    print(f"\nsteady state, generic vs specialised ({args.runs} runs each in interleaved rounds, medians)")
-    ratios = []
-    for shapes, tg, ts, r in steady(g, sp, [(1, 16), (1, 128), (4, 64), (8, 128)] + (pairs if args.all_pairs else []),
-                                    args.runs):
-        print(f"  encoder {shapes}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}", flush=True)
+    t = kiln.compile(model, target="cpu", shapes="tiered") if args.tiered else None
+    print(f"\nsteady state, generic vs specialised ({args.runs} runs each in interleaved rounds, medians)"
+          + ("; tiered: the shape specialised in the background, then timed with them" if t else ""))
+    ratios, tiered = [], []
+    for shapes, tg, ts, r, tt in steady(g, sp, [(1, 16), (1, 128), (4, 64), (8, 128)] + (pairs if args.all_pairs
+                                                                                          else []), args.runs, t):
+        print(f"  encoder {shapes}: generic {tg:.2f} ms, specialised {ts:.2f} ms, ratio {r:.2f}"
+              + (f"; tiered {tt:.2f} ms, tiered / specialised {tt / ts:.2f}" if tt is not None else ""), flush=True)
         ratios.append(r)
+        if tt is not None:
+            tiered.append(tt / ts)
     print(f"generic / specialised: {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} shapes, "
-          f"{sum(r <= 1.10 for r in ratios)} within 10%; load average {os.getloadavg()[0]:.1f}")
+          f"{sum(r <= 1.10 for r in ratios)} within 10%"
+          + (f"; tiered / specialised: {min(tiered):.2f}-{max(tiered):.2f}, {sum(r <= 1.10 for r in tiered)} within "
+             "10%" if tiered else "") + f"; load average {os.getloadavg()[0]:.1f}")
     return 0
 
 
