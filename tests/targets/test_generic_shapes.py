@@ -284,6 +284,28 @@ def test_reserve_makes_room_for_every_smaller_shape():
         m.reserve(batch=4)
 
 
+def test_a_growing_arena_grows_in_place_for_a_somewhat_larger_shape():
+    """The workspace grows to ARENA_GROWTH times the plan asked for: a larger shape within that
+    runs on the same memory (its pages touched before stay mapped), results unchanged."""
+    from kiln.runtime.native import ARENA_GROWTH
+    es = _exported_style()
+    m = _generic(es.build("bert", layers=1, max_pos=300))
+    ref = kiln.compile(m.source, target="interpreter")
+
+    def check(b, s):
+        feeds = es.feeds(b, s, seed=b + s)
+        np.testing.assert_allclose(m.run(feeds)[m.outputs[0].name], ref.run(feeds)[m.outputs[0].name],
+                                   rtol=1e-3, atol=1e-4)
+        return m.module.shape_plan((b, s))[2]
+    ws = check(2, 40)
+    grown = m.module.workspace
+    assert grown.size >= ARENA_GROWTH * ws
+    ws2 = check(2, 56)
+    assert ws < ws2 <= grown.size - 64 and m.module.workspace is grown     # in place
+    check(4, 200)
+    assert m.module.workspace is not grown                                  # past it: a new one
+
+
 def test_a_hand_written_kernel_takes_the_symbols(compiler_runs):
     """CumSum is hand-written C: in a generic module its sizes are C expressions of the
     symbols, read from the kernel's extra parameter."""
