@@ -309,9 +309,9 @@ class _Emitter:
 
     def call(self, e: Expr, ctx: Ctx, n: _Names) -> str:
         name, src = e.arg, compute_dtype(e.args[0].dtype)
-        if name == "prefetch":      # (kiln.loops.expr.prefetch: the element's address, read soon, kept in L1)
-            a = e.args[0]
-            return f"__builtin_prefetch(&{self.element(a.arg, self.flat(a.arg, a.args, ctx), ctx, n)}, 0, 3)"
+        if name in ("prefetch", "prefetch_l2"):  # (kiln.loops.expr.prefetch: read soon, kept in L1 / L2)
+            a, locality = e.args[0], 3 if name == "prefetch" else 2
+            return f"__builtin_prefetch(&{self.element(a.arg, self.flat(a.arg, a.args, ctx), ctx, n)}, 0, {locality})"
         args = [self.expr(a, ctx, n) for a in e.args]
         if name in ("isnan", "isinf"):
             return f"({name}({args[0]}) != 0)"

@@ -231,13 +231,19 @@ def cast(dtype: DType, x) -> Expr:
     return x if x.dtype is dtype else Expr("cast", dtype, (x,))
 
 
-def prefetch(load: Expr) -> Expr:
-    """A hint that `load`'s element will be read soon (the C backend's __builtin_prefetch):
-    the statement Evaluate(prefetch(buf[i])) reads nothing and writes nothing; an address
-    past the buffer is never dereferenced (Stage.prefetch puts these in loop nests)."""
+PREFETCHES = {1: "prefetch", 2: "prefetch_l2"}    # a hint's cache level -> its call's name
+
+
+def prefetch(load: Expr, level: int = 1) -> Expr:
+    """A hint that `load`'s element will be read soon (the C backend's __builtin_prefetch), into
+    L1 (`level` 1) or L2 only (2: the element is read later, and L1 keeps what is read now): the
+    statement Evaluate(prefetch(buf[i])) reads nothing and writes nothing; an address past the
+    buffer is never dereferenced (Stage.prefetch puts these in loop nests)."""
     if not isinstance(load, Expr) or load.op != "load":
         raise KilnError(f"prefetch takes a load of a buffer element, got {load!r}")
-    return Expr("call", load.dtype, (load,), "prefetch")
+    if level not in PREFETCHES:
+        raise KilnError(f"prefetch level {level!r}: 1 (L1) or 2 (L2)")
+    return Expr("call", load.dtype, (load,), PREFETCHES[level])
 
 
 def call(name: str, *args) -> Expr:

@@ -198,7 +198,7 @@ class _Lowering:
                     self.sibling_reads.setdefault(c, []).append((p, buf, los))
                 value = _read_locally(value, p, buf, los)
 
-        hints = prefetch_hints(stage, value, ext, ctx)
+        hints = prefetch_hints(stage, value, ext, ctx, absval)
 
         def nest(positions, inner, attach=True):
             for pos in reversed(positions):
@@ -245,17 +245,21 @@ class _Lowering:
 PREFETCH_MAX_UNROLLED = 1024   # unrolled iterations a prefetch enumerates at most (the rest at their first)
 
 
-def prefetch_hints(stage: Stage, value: Expr, ext: dict, ctx: Ctx) -> dict:
+def prefetch_hints(stage: Stage, value: Expr, ext: dict, ctx: Ctx, absval: dict) -> dict:
     """leaf -> the Evaluate(prefetch(...)) statements of the stage's prefetches at that loop
     (Stage.prefetch): the loads of the tensor in `value` (indexed by the leaves), the leaf
-    `offset` iterations ahead, one per distinct element over the unrolled loops inside it."""
+    `offset` iterations ahead, one per distinct element over the unrolled loops inside it; and
+    Stage.prefetch_next's, into L2 (`absval`: the stage's axes' absolute indices)."""
     out: dict = {}
-    for tensor, leaf, offset in stage.prefetches:
+    for tensor, leaf, offset, nxt in stage.prefetches:
         if leaf not in stage.leaves or stage.kinds.get(leaf) == "vectorized":
             raise KilnError(f"stage {stage.name!r}: prefetch at loop {leaf.arg.name!r}, which is "
                             f"{'vectorized' if leaf in stage.leaves else 'no longer a loop'}", stage="lower")
         loads = list(dict.fromkeys(e for e in walk(value) if e.op == "load" and e.arg is tensor))
         inner = stage.leaves[stage.leaves.index(leaf) + 1:]
+        if nxt is not None:
+            out.setdefault(leaf, []).extend(_next_hints(tensor, loads, inner, nxt, ext, ctx, absval))
+            continue
         unrolled = [v for v in inner if stage.kinds.get(v) == "unrolled" and static(ext[v])]
         while unrolled and math.prod(ext[v] for v in unrolled) > PREFETCH_MAX_UNROLLED:
             unrolled.pop(0)
@@ -269,6 +273,20 @@ def prefetch_hints(stage: Stage, value: Expr, ext: dict, ctx: Ctx) -> dict:
                 idxs.setdefault(idx, None)
         out.setdefault(leaf, []).extend(S.Evaluate(prefetch(tensor[idx])) for idx in idxs)
     return out
+
+
+def _next_hints(tensor, loads: list, inner: list, nxt: tuple, ext: dict, ctx: Ctx, absval: dict) -> list:
+    """Stage.prefetch_next's hints: each load's element `step` along dimension `dim`, the spread
+    loop at the `by` axis's index modulo its extent, the other inner loops at 0."""
+    dim, step, spread, by = nxt
+    at = {v: ZERO for v in inner}
+    at[spread] = ctx.simplify(substitute(absval[by], at) % _ix(ext[spread]))
+    idxs: dict = {}
+    for ld in loads:
+        idx = [ctx.simplify(substitute(i, at)) for i in ld.args]
+        idx[dim] = ctx.simplify(idx[dim] + step)
+        idxs.setdefault(tuple(idx), None)
+    return [S.Evaluate(prefetch(tensor[idx], 2)) for idx in idxs]
 
 
 def _ix(n) -> Expr:

@@ -23,7 +23,7 @@ import re
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
-from kiln.loops.expr import (BINARY_INTRIN, INDEX, REDUCERS, UNARY_INTRIN, Expr, binary, call, const, prefetch, select,
+from kiln.loops.expr import (BINARY_INTRIN, INDEX, PREFETCHES, REDUCERS, UNARY_INTRIN, Expr, binary, call, const, prefetch, select,
                              var)
 
 _TOKEN = re.compile(r"""
@@ -349,11 +349,11 @@ class _Parser:
             return Expr("check", v.dtype, (v, ok, rep), msg)
         if name in UNARY_INTRIN or name in BINARY_INTRIN:
             return call(name, *self.args())
-        if name == "prefetch":
+        if name in PREFETCHES.values():
             (ld,) = self.nargs(name, 1)
             if ld.op != "load":
-                raise self.error("prefetch takes a load of a buffer element", t)
-            return prefetch(ld)
+                raise self.error(f"{name} takes a load of a buffer element", t)
+            return prefetch(ld, 2 if name == PREFETCHES[2] else 1)
         raise self.error(f"unknown function {name!r} (intrinsics, min/max, select, check, casts, reductions, "
                          "prefetch)", t)
 

@@ -132,7 +132,7 @@ class Stage:
         self.relations: list = []
         self.kinds: dict = {}
         self.unroll_max: dict = {}
-        self.prefetches: list = []   # (tensor, leaf, offset): see prefetch
+        self.prefetches: list = []   # (tensor, leaf, offset, next): see prefetch, prefetch_next
         self.attach = None  # None: root; "inline"; or (Stage, leaf var)
 
     def __repr__(self):
@@ -263,7 +263,32 @@ class Stage:
             raise self._err(f"prefetch needs a positive integer offset, got {offset!r}", leaf)
         if tensor not in self.reads():
             raise self._err(f"prefetch: this stage does not read {getattr(tensor, 'name', tensor)!r}", leaf)
-        self.prefetches.append((tensor, leaf, offset))
+        self.prefetches.append((tensor, leaf, offset, None))
+
+    @_recorded
+    def prefetch_next(self, tensor, v, dim: int, step: int, spread, by):
+        """At each iteration of loop `v`, hint into L2 the element of `tensor` `step` further along
+        its dimension `dim` than the one this stage reads there, with the unrolled loop `spread`
+        inside `v` at one value per index of the stage's axis `by` (that index modulo the loop's
+        extent) and the other loops inside `v` at their first iteration (a vector loop's first
+        lane). A conv's register tile over a channel group's weights asks so for the next group's,
+        one channel block per output row: they arrive from memory while the rows after the first
+        multiply the weights already in cache, where without the hints the next group's first row
+        waits for them."""
+        leaf = self._leaf(v, "prefetch in it")
+        spread = self._leaf(spread, "spread a prefetch over it")
+        tensor = tensor.tensor if isinstance(tensor, Stage) else tensor
+        by = self.alias.get(by, by)
+        if by not in self.axis:
+            raise self._err(f"prefetch_next: {getattr(getattr(by, 'arg', None), 'name', by)!r} is not an axis of "
+                            "this stage", leaf)
+        if self.leaves.index(spread) <= self.leaves.index(leaf) or self.kinds.get(spread) != "unrolled":
+            raise self._err("prefetch_next: the spread loop must be an unrolled loop inside the hint's", spread)
+        if tensor not in self.reads():
+            raise self._err(f"prefetch: this stage does not read {getattr(tensor, 'name', tensor)!r}", leaf)
+        if not 0 <= dim < len(tensor.shape) or not isinstance(step, int) or step < 1:
+            raise self._err(f"prefetch_next: dimension {dim!r} of {len(tensor.shape)}, step {step!r} (positive)", leaf)
+        self.prefetches.append((tensor, leaf, 0, (dim, step, spread, by)))
 
     # -- where the stage is computed ---------------------------------------------
     @_recorded

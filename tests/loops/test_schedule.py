@@ -269,6 +269,35 @@ def test_prefetch_hints_each_element_read_offset_iterations_ahead(run):
                      "(void)__builtin_prefetch(&b1_B[(((v7_k * 32) + (v4_j_o * 16)) + 256)], 0, 3);"]
 
 
+def test_prefetch_next_hints_the_next_block_one_unrolled_part_per_index(run):
+    """Stage.prefetch_next: at each k, B's element one block of columns further (32), the
+    unrolled part jm at row i modulo its 2 parts (the others at their first iteration), into L2."""
+    A, B, C, k, a, b = matmul(4, 64, 24)
+    s = Schedule(C)
+    jo, jr = s[C].split(C.axis[1], 32)
+    jm, ji = s[C].split(jr, 16)
+    s[C].reorder(C.axis[0], jo, k, jm, ji)
+    s[C].unroll(jm)
+    s[C].vectorize(ji)
+    s[C].prefetch_next(B, k, 1, 32, jm, C.axis[0])
+    text = str(lower(s, [A, B, C], "mm"))
+    hints = [ln.strip() for ln in text.splitlines() if "prefetch" in ln]
+    assert hints == ["prefetch_l2(B[k, ((j.o * 32) + ((i % 2) * 16)) + 32]);"]
+    np.testing.assert_allclose(run(s, [A, B], [C], [a, b])[0], a @ b, rtol=1e-5)
+    A2, B2, C2, _, _, _ = matmul(4, 64, 24)
+    assert str(lower(s.trace.replay(C2), [A2, B2, C2], "mm")) == text
+    assert str(parse_func(text)) == text
+    src = emit_c(LoopModule([lower(s, [A, B, C], "mm")]))
+    assert [ln.strip()[-8:] for ln in src.splitlines() if "prefetch" in ln] == [", 0, 2);"]   # L2 only
+    # the spread loop must be an unrolled loop inside the hint's; `by` an axis of the stage
+    with pytest.raises(KilnError, match="spread loop must be an unrolled loop inside"):
+        s[C].prefetch_next(B, jm, 1, 32, k, C.axis[0])
+    with pytest.raises(KilnError, match="is not an axis of this stage"):
+        s[C].prefetch_next(B, k, 1, 32, jm, k)
+    with pytest.raises(KilnError, match="step 0"):
+        s[C].prefetch_next(B, k, 1, 0, jm, C.axis[0])
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda s, A, C, k: s[C].prefetch(A, k, 0), "stage 'C', axis 'k'.*positive integer offset"),
     (lambda s, A, C, k: s[C].prefetch(C, k, 2), "stage 'C', axis 'k'.*does not read 'C'"),

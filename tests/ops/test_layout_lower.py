@@ -200,6 +200,51 @@ def test_loop_order_reads_large_weights_once_for_the_batch():
     assert loop_order(geom(symbol("batch"), 512, 7, 2048), 4, 4, t) == "channels"
 
 
+@pytest.mark.parametrize("case", ["1x1", "3x3_stride2_residual", "3x3_pad_relu", "channels_not_multiple"])
+def test_next_group_hints_keep_the_result(case):
+    """nchwc.prefetch_next: the next channel group's weight hints (Stage.prefetch_next) read and
+    write nothing, whatever the group (the last one's point past the weights)."""
+    blocked_direct_matches_reference(case, {"nchwc.order": "channels", "nchwc.prefetch": 1, "nchwc.prefetch_next": 1})
+
+
+def test_next_group_hint_rule_and_kernel():
+    """A dense conv tile hints the next channel group's weights into L2, a block per output row,
+    where a group takes at most a quarter of L2 and each chunk of the parallel loop holds two
+    groups or more: ResNet-50's 512 -> 2048 1x1 of 7x7 and 1024 -> 2048 stride 2 (32 groups, 4
+    to a chunk on 2 cores), 256 -> 1024 of 14x14 (16 groups, 2 to a chunk); not 2048 -> 512 (8
+    groups, a chunk each: the next is another thread's) but on one core, not the 3x3 512 -> 512
+    (1.18 MB a group), a depthwise conv or one group."""
+    from kiln.compiler import run_stages
+    from kiln.lower.nchwc import prefetch_next
+    from kiln.targets.target import Target
+    two, one = (Target.named("x86-64-v4", cores=c, l1d_bytes=48 << 10, l2_bytes=2 << 20) for c in (2, 1))
+
+    def geom(c, h, oc, s=1, k=1, dw=False, n=1):
+        p = k // 2
+        o = (h + 2 * p - k) // s + 1
+        return BlockedGeom(n, c // 16, h, h, 16, oc // 16, 1 if dw else c // 16, [k, k], 16, [s, s], [1, 1], [p, p],
+                           [o, o], dw)
+    assert prefetch_next(geom(512, 7, 2048), 4, 4, two) == 1
+    assert prefetch_next(geom(1024, 14, 2048, s=2), 4, 4, two) == 1
+    assert prefetch_next(geom(256, 14, 1024), 4, 4, two) == 1
+    assert prefetch_next(geom(2048, 7, 512), 4, 4, two) == 0
+    assert prefetch_next(geom(2048, 7, 512), 4, 4, one) == 1
+    assert prefetch_next(geom(512, 7, 512, k=3), 4, 4, one) == 0
+    assert prefetch_next(geom(512, 7, 512, k=3, dw=True), 1, 4, one) == 0
+    assert prefetch_next(geom(256, 14, 64), 4, 4, one) == 0
+    # the kernel: one hint per input-lane step, the next group's block (row mod the tile's
+    # blocks: oc_v), into L2, beside the tile's own blocks' hints into L1
+    g = conv_case(n=1, c=64, h=9, oc=256, k=1)          # 64 KiB of weights, 4 groups of 9 rows
+    blocked = g.clone()
+    transform(blocked, 16, selective=False, override="direct")
+    _, oc_v = plan_tile(geom(64, 9, 256), 64)
+    src = run_stages(blocked, "c", cpu=one).source.text
+    l2 = [ln.strip() for ln in src.splitlines() if "__builtin_prefetch" in ln and ln.endswith(", 0, 2);")]
+    assert len(l2) == 1 and f"% {oc_v}) * 1024)" in l2[0] and l2[0].endswith(f" + {oc_v * 1024})], 0, 2);")
+    assert "0, 2);" not in run_stages(blocked, "c", cpu=two).source.text        # 36 rows in chunks of 4-5
+    assert "0, 2);" not in run_stages(blocked, "c", cpu=one, decisions={"nchwc.prefetch_next": 0}).source.text
+
+
 @pytest.mark.parametrize("ahead", [0, 1, 16])
 @pytest.mark.parametrize("case", ["1x1", "3x3_stride2_residual", "3x3_dilated_clip", "channels_not_multiple"])
 def test_weight_prefetch_keeps_the_result(case, ahead):
@@ -225,7 +270,8 @@ def test_weight_prefetch_rule_and_kernel():
     g = conv_case(n=1, c=64, h=9, oc=256, k=1)          # 64 KiB of weights
     blocked = g.clone()
     transform(blocked, 16, selective=False, override="direct")
-    hints = [ln for ln in run_stages(blocked, "c", cpu=t).source.text.splitlines() if "__builtin_prefetch" in ln]
+    hints = [ln for ln in run_stages(blocked, "c", cpu=t).source.text.splitlines() if "__builtin_prefetch" in ln
+             and ln.endswith(", 0, 3);")]      # (into L1: not the next group's, prefetch_next)
     _, oc_v = plan_tile(geom(64, 256, h=9), 64)
     # each output block's weight stream (64 x 16 floats apart), PREFETCH_BYTES ahead of the vector read
     ahead = {int(h.rsplit("+ ", 1)[1].split(")")[0]) for h in hints}
