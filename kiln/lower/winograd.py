@@ -48,6 +48,13 @@ WG_BLOCKS = declare("winograd.chunk_blocks", Ints(1, 1 << 16), lambda t: 4,
                     "register blocks of tiles per Winograd task (its parallel granularity)")
 WG_PREFETCH = declare("winograd.prefetch", Ints(0), None,
                       "floats ahead of each transformed-weight stream the Winograd GEMM prefetches (0: none)")
+# Each register block after a transform position's first (its weights then come from cache)
+# hints one of the next position's weight blocks into L2 (winograd_gemm.h's KILN_WGG_NX), as the
+# blocked direct conv hints its next channel group's (kiln.lower.nchwc.NCHWC_PREFETCH_NEXT):
+# where the weights stream (winograd.prefetch on)
+WG_PREFETCH_NEXT = declare("winograd.prefetch_next", Ints(0, 1), None,
+                           "1: the Winograd GEMM hints the next transform position's weights into L2 "
+                           "while it multiplies this one's from cache (0: not)")
 WG_OSPLIT = declare("winograd.osplit", Ints(1, 256), lambda t: 1,
                     "parts each Winograd chunk's output channels are cut into (tasks for threads)")
 
@@ -209,7 +216,8 @@ def gemm_instance(fn: str, lanes: int, tr: int, ov: int, u_bytes: int = 0,
     from kiln.lower.nchwc import PREFETCH_BYTES  # noqa: PLC0415
     ahead = PREFETCH_BYTES // 4 if target is not None and u_bytes > target.l1d_bytes else 0
     pf = WG_PREFETCH.value(heuristic=ahead)
-    name = f"{fn}{f'_p{pf}' if pf else ''}_gemm"
+    nx = WG_PREFETCH_NEXT.value(heuristic=int(pf > 0))
+    name = f"{fn}{f'_p{pf}' if pf else ''}{'_n' if nx else ''}_gemm"
     return name, c_instance("winograd_gemm.h", {"KILN_WGG_FN": name, "KILN_WGG_L": str(lanes),
                                                "KILN_WGG_TR": str(tr), "KILN_WGG_OV": str(ov),
-                                               "KILN_WGG_PF": str(pf)}, name.upper())
+                                               "KILN_WGG_PF": str(pf), "KILN_WGG_NX": str(nx)}, name.upper())

@@ -426,7 +426,22 @@ def test_weight_prefetch_keeps_the_result_and_is_in_the_gemm(pf):
     asked = {**WINO, "winograd.prefetch": pf}
     c = run_stages(model, "c", decisions=asked).source.text
     assert "__builtin_prefetch(ut + (o * IC + ic) * L + PF" in c and f"#define KILN_WGG_PF {pf}\n" in c
-    assert (f"_p{pf}_gemm" in c) == (pf > 0)
+    assert (f"_p{pf}_n_gemm" in c) == (pf > 0)      # (the next position's hints go with the stream's)
+    got = kiln.compile(model, decisions=asked).run(x=x)["y"]
+    assert rel_error(got, np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)) < WINOGRAD_ERROR_BOUND
+
+
+@pytest.mark.parametrize("nx", [0, 1])
+def test_next_position_hints_keep_the_result_and_are_in_the_gemm(nx):
+    """winograd.prefetch_next: each register block after a transform position's first hints one
+    of the next position's weight blocks into L2 (winograd_gemm.h's KILN_WGG_NX); the result
+    is the same. By default on where the weights stream (winograd.prefetch on)."""
+    model, wt, bv = conv_model(1, 64, 64, 10, 9, [1, 1, 1, 1], True, relu=True, seed=3)
+    x = np.random.default_rng(3).standard_normal((1, 64, 10, 9)).astype(np.float32)
+    asked = {**WINO, "winograd.prefetch": 1, "winograd.prefetch_next": nx}
+    c = run_stages(model, "c", decisions=asked).source.text
+    assert "__builtin_prefetch(ut + (OCB * IC + (j0 / TR % OV) * IC + ic) * L, 0, 2)" in c
+    assert f"#define KILN_WGG_NX {nx}\n" in c and ("_p1_n_gemm" in c) == bool(nx)
     got = kiln.compile(model, decisions=asked).run(x=x)["y"]
     assert rel_error(got, np.maximum(direct(x, wt, [1, 1, 1, 1], bv), 0)) < WINOGRAD_ERROR_BOUND
 
@@ -435,6 +450,6 @@ def test_weight_prefetch_rule():
     from kiln.lower.nchwc import PREFETCH_BYTES
     from kiln.lower.winograd import gemm_instance
     t = Target.named("x86-64-v4", l1d_bytes=48 << 10)
-    assert gemm_instance("f", 16, 6, 4, 36 * 64 * 64 * 4, t)[0] == f"f_p{PREFETCH_BYTES // 4}_gemm"
+    assert gemm_instance("f", 16, 6, 4, 36 * 64 * 64 * 4, t)[0] == f"f_p{PREFETCH_BYTES // 4}_n_gemm"
     assert gemm_instance("f", 16, 6, 4, 36 * 16 * 16 * 4, t)[0] == "f_gemm"    # 36 KiB: stays in L1
     assert gemm_instance("f", 16, 6, 4)[0] == "f_gemm"                           # (1-D: none by default)

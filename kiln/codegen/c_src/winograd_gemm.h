@@ -9,6 +9,8 @@
      KILN_WGG_TR   tiles per register block
      KILN_WGG_OV   channel blocks per register block
      KILN_WGG_PF   floats ahead of each weight vector stream to prefetch (0: none)
+     KILN_WGG_NX   1: each register block after a position's first hints one of the next
+                   position's weight blocks into L2 (block j0 / TR mod OV; 0: none)
    u [NP][OCB][IC][L] transformed weights (this group's blocks start at og * OV), vbuf
    [NP][T][IC] transformed inputs, mbuf [NP][T][OV][L] out (planes kiln_wg_plane apart); T a multiple of TR; the GEMMs cover
    the chunk's first nt tiles rounded up to TR (a short last chunk computes no more). Always inlined:
@@ -30,7 +32,7 @@ static inline __attribute__((always_inline)) void KILN_WGG_FN(
     const float* restrict u, const float* restrict vbuf, float* restrict mbuf, int NP, int64_t OCB,
     int64_t og, int64_t T, int64_t nt, int64_t IC) {
   typedef float V __attribute__((vector_size(KILN_WGG_L * 4)));
-  enum { L = KILN_WGG_L, TR = KILN_WGG_TR, OV = KILN_WGG_OV, PF = KILN_WGG_PF };
+  enum { L = KILN_WGG_L, TR = KILN_WGG_TR, OV = KILN_WGG_OV, PF = KILN_WGG_PF, NX = KILN_WGG_NX };
   const int64_t jn = kiln_wg_rounded(nt, TR);
   for (int t = 0; t < NP; ++t) {
     const float* ut = u + ((int64_t)t * OCB + og * OV) * IC * L;
@@ -51,6 +53,8 @@ static inline __attribute__((always_inline)) void KILN_WGG_FN(
           #pragma GCC unroll 8
           for (int o = 0; o < OV; ++o) __builtin_prefetch(ut + (o * IC + ic) * L + PF, 0, 3);
         }
+        if (NX && t + 1 < NP)   /* the next position's, while this one's come from cache */
+          __builtin_prefetch(ut + (OCB * IC + (j0 / TR % OV) * IC + ic) * L, 0, 2);
         #pragma GCC unroll 16
         for (int r = 0; r < TR; ++r) {
           const float s = vj[r * IC + ic];
