@@ -218,10 +218,10 @@ class _Emitter:
         name = f"kiln_{kind}_{tag}"
         if name in self.helpers:
             return name
-        if kind in ("max", "min"):
-            cmp = ">" if kind == "max" else "<"
+        if kind in ("max", "min", "maxc", "minc"):   # maxc / minc: b is not NaN, a NaN `a` is kept
+            cmp = ">" if kind.startswith("max") else "<"
             nan = " || a != a" if dt.is_float else ""
-            body = f"return (a {cmp} b{nan}) ? a : b;"
+            body = f"return (b {cmp} a) ? b : a;" if kind.endswith("c") else f"return (a {cmp} b{nan}) ? a : b;"
             sig = f"{t} a, {t} b"
         elif kind == "sigmoid" and t == "float":    # inline and vectorized (the file says why)
             self.helpers[name] = c_source("kiln_sigmoid.h")
@@ -281,8 +281,10 @@ class _Emitter:
             if ctx.bounds(a)[0] is not None and ctx.bounds(a)[0] >= 0 and lo_b is not None and lo_b > 0:
                 return self.rounded(dt, f"({go(a)} {'/' if op == 'floordiv' else '%'} {go(b)})")
             return self.rounded(dt, f"KILN_{op.upper()}({vtype(dt)}, {go(a)}, {go(b)})")
-        if op in ("min", "max"):
-            return f"{self.helper(op, dt)}({go(e.args[0])}, {go(e.args[1])})"
+        if op in ("min", "max"):    # against a constant not NaN: one maxps / minps, not the NaN test's 3 ops
+            a, b = sorted(e.args, key=lambda v: v.op == "const")
+            known = b.op == "const" and a.op != "const" and compute_dtype(dt).is_float and not math.isnan(b.arg)
+            return f"{self.helper(op + 'c' if known else op, dt)}({go(a)}, {go(b)})"
         if op == "not":
             return f"(!{go(e.args[0])})"
         if op == "select":

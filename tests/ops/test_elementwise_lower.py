@@ -10,7 +10,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import kiln
-from kiln.codegen import build_c
+from kiln.codegen import build_c, emit_c
 from kiln.errors import KilnError
 from kiln.interpreter import Interpreter
 from kiln.loops import LoopModule
@@ -291,6 +291,25 @@ def test_where_and_clip():
              Case("Clip", [xi, np.array(-20, np.int32), np.array(30, np.int32)]),
              Case("Clip", [nan_x], opset=6, min=-0.5, max=0.75), Case("Clip", [x], opset=6, max=0.0)]
     check(cases)
+
+
+def test_clip_and_relu_against_constants_keep_nans():
+    """Constant bounds clamp as one max / min a vector (`b > y ? b : y`; kiln.codegen.c's
+    maxc / minc for Relu's 0): a NaN input stays NaN, a NaN bound still makes NaN, values past
+    the bounds and the bounds themselves are exact; the C has no NaN-testing helper left."""
+    x = rnd((5, 37), F32, -9, 9, seed=4)
+    x.flat[:7] = [np.nan, -np.inf, np.inf, -1.0, 6.0, -0.0, 0.0]
+    lo, hi = np.array(-1.0, F32), np.array([6.0], F32)
+    cases = [Case("Clip", [x, Const(lo), Const(hi)]), Case("Clip", [x, Const(lo)]),
+             Case("Clip", [x, None, Const(hi)]), Case("Clip", [x, Const(np.array(np.nan, F32)), Const(hi)]),
+             Case("Clip", [x.astype(F16), Const(lo.astype(F16)), Const(hi.astype(F16))]),
+             Case("Clip", [rnd((6, 7), np.int32), Const(np.array(-20, np.int32)), Const(np.array(30, np.int32))]),
+             Case("Relu", [x]), Case("Max", [x, Const(np.array(2.5, F32))])]
+    check(cases)
+    graphs = [c.graph() for c in cases[:3] + cases[6:7]]
+    text = emit_c(LoopModule([lower_node(g.nodes[0], 21, [None if v is None else v.const for v in g.nodes[0].inputs],
+                                         f"k{k}") for k, g in enumerate(graphs)]))
+    assert "a != a" not in text and "kiln_maxc_f32" in text
 
 
 def test_casts():
