@@ -92,7 +92,7 @@ def _setup(ctx, x, w1, w2, w3, tensors) -> tuple[str, str, str, str]:
     main, cols = register_tiles(target.vector_registers)
     fn = f"kiln_inverted_residual_l{lanes}_o{main}_" + "_".join(str(cols[o]) for o in (1, 2, 3, 4))
     macros = {"KILN_IR_FN": fn, "KILN_IR_L": str(lanes), "KILN_IR_OV": str(main),
-              **{f"KILN_IR_RW{o}": str(c) for o, c in cols.items()}}
+              **{f"KILN_IR_RW{o}": str(c) for o, c in cols.items()}, "KILN_IR_REGS": str(target.vector_registers)}
     # three units compiled in parallel (the file says which part holds what, and why)
     preamble = c_shared("inverted_residual.c", macros, fn.upper(),
                         helpers=c_source("kiln_sigmoid.h") + c_parallel(target.threads_impl), parts=3)

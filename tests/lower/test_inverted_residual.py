@@ -119,6 +119,25 @@ def test_narrow_channels_skip_their_padding_lanes(c, e, o, acts, cpu):
     np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
+@pytest.mark.parametrize("c,e,o,w,cpu", [
+    (24, 96, 24, 29, None),          # 16 + 8 outputs: one tile of a whole and a half block; 13, 13, 2, 1 columns
+    (32, 64, 88, 17, None),          # 88 = 5 x 16 + 8: a tile group of 4 blocks, then block 4 with the half one
+    (16, 24, 40, 21, None),          # the expand's 16 + 8; the project's 2 whole blocks and a half one apart
+    (12, 44, 12, 15, "x86-64-v3"),   # 8 lanes: 8 + 4
+])
+def test_whole_block_joins_the_half_block_tiles(c, e, o, w, cpu):
+    """A last block of at most half its lanes after a whole block left alone by the tile groups:
+    both in one tile (each broadcast input feeding both), with the residual, odd widths and
+    every remainder piece of columns."""
+    residual = c == o
+    model = block_model(c, e, o, 5, 3, 1, "", n=2, w=w, acts=("Relu", "Clip", "Relu"), residual=residual)
+    x = np.random.default_rng(o).standard_normal((2, c, 5, w)).astype(np.float32)
+    m = kiln.compile(model, decisions=FUSED, cpu=cpu, report=True)
+    assert [f.choice.algorithm for f in m.report.inverted_residuals] == ["inverted-residual"]
+    want = ort_run(model, x)
+    np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
 def test_used_channels_of_packed_weights():
     w = np.zeros((3, 2, 1, 1, 16, 16), np.float32)     # (OCB, ICB, 1, 1, input lane, output lane)
     w[0, 1, 0, 0, 7, 2] = 1.0                             # input channel 16 + 7, output channel 2

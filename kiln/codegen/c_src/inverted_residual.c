@@ -6,6 +6,7 @@
      KILN_IR_OV   channel blocks per 1x1 register tile (at most 4)
      KILN_IR_RW<ov> for ov = 1..4: output columns of a tile of ov channel blocks (at most 14):
                   RW<ov> * ov accumulators stay in vector registers over the input channels
+     KILN_IR_REGS the vector registers (a depthwise tile keeps its inputs in them where they fit)
 
    y = act3(project(act2(depthwise(act1(expand(x)))))) [+ r], with
      x  [N][ICB][H][W][L]                  the block's input
@@ -65,6 +66,16 @@ __attribute__((visibility("hidden"))) int32_t KILN_IR_ED_FN(
    two units (G3 + G2 apart) the other one took 2.06 s, the critical path of a cold compile. */
 #define KILN_IR_CAT2(a, b) a##b
 #define KILN_IR_CAT(a, b) KILN_IR_CAT2(a, b)
+/* v held in a vector register from here on: GCC otherwise folds a depthwise tile's input
+   loads into its FMAs as memory operands, loading each input vector once per tap that reads it
+   (KC times) from the ring row, in L2 for the most part: the tile was bound by its loads */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define KILN_IR_IN_REGISTER(v) __asm__("" : "+v"(v))
+#elif defined(__GNUC__) && defined(__aarch64__)
+#define KILN_IR_IN_REGISTER(v) __asm__("" : "+w"(v))
+#else
+#define KILN_IR_IN_REGISTER(v) ((void)0)
+#endif
 #define IR_LD(p) ({ kiln_ir_v v_; __builtin_memcpy(&v_, (p), sizeof v_); v_; })
 #define IR_ST(p, v) do { kiln_ir_v v_ = (v); __builtin_memcpy((p), &v_, sizeof v_); } while (0)
 #ifndef KILN_IR_COMMON
@@ -234,16 +245,26 @@ static inline __attribute__((always_inline)) kiln_ir_v kiln_ir_widen(kiln_ir_vh 
 #endif
 }
 
-/* kiln_ir_pw_tile of one output block (OV = 1) on half vectors */
+/* kiln_ir_pw_tile of one output block (OV = 1) on half vectors; F = 1: with the whole block
+   before it (weights IC * L floats, outputs ocs / rcs floats before) in the same tile, so each
+   broadcast input feeds both blocks' FMAs (a 24-channel output, 16 + 8: one pass over the input
+   row where a whole-vector tile and a half one took two, each about as many loads as FMAs) */
 static inline __attribute__((always_inline)) void kiln_ir_pw_tile_h(
-    const int RW, const float* restrict in, int64_t ics, int64_t icr, const float* restrict w,
-    const float* restrict bias, float* restrict out, const float* restrict res, const kiln_ir_actp* p) {
+    const int RW, const int F, const float* restrict in, int64_t ics, int64_t icr, int64_t IC,
+    const float* restrict w, const float* restrict bias, float* restrict out, int64_t ocs,
+    const float* restrict res, int64_t rcs, const kiln_ir_actp* p) {
   enum { L = KILN_IR_L };
   const int64_t full = icr / L, tail = icr % L;
   kiln_ir_vh acc[14];
+  kiln_ir_v accf[14];
   const kiln_ir_vh b = IR_LDH(bias);
   #pragma GCC unroll 14
   for (int c = 0; c < RW; ++c) acc[c] = b;
+  if (F) {
+    const kiln_ir_v bf = IR_LD(bias - L);
+    #pragma GCC unroll 14
+    for (int c = 0; c < RW; ++c) accf[c] = bf;
+  }
   for (int64_t icb = 0; icb <= full; ++icb) {
     const float* ib = in + icb * ics;
     const float* wb = w + icb * L * L;
@@ -251,8 +272,26 @@ static inline __attribute__((always_inline)) void kiln_ir_pw_tile_h(
     #pragma GCC unroll 4
     for (int64_t ii = 0; ii < n; ++ii) {
       const kiln_ir_vh wv = IR_LDH(wb + ii * L);
+      if (F) {
+        const kiln_ir_v wf = IR_LD(wb - IC * L + ii * L);
+        #pragma GCC unroll 16
+        for (int c = 0; c < RW; ++c) {
+          const float s = ib[c * L + ii];
+          acc[c] += s * wv;
+          accf[c] += s * wf;
+        }
+        continue;
+      }
       #pragma GCC unroll 16
       for (int c = 0; c < RW; ++c) acc[c] += ib[c * L + ii] * wv;
+    }
+  }
+  if (F) {
+    #pragma GCC unroll 16
+    for (int c = 0; c < RW; ++c) {
+      kiln_ir_v v = kiln_ir_act(accf[c], p);
+      if (res) v += IR_LD(res - rcs + c * L);
+      IR_ST(out - ocs + c * L, v);
     }
   }
   #pragma GCC unroll 16
@@ -338,7 +377,10 @@ static inline __attribute__((always_inline)) void kiln_ir_dw_tile(
     if (KC) {
       kiln_ir_v xin[19];
       #pragma GCC unroll 19
-      for (int j = 0; j < (DT - 1) * SC + KC; ++j) xin[j] = IR_LD(rp + j * L);
+      for (int j = 0; j < (DT - 1) * SC + KC; ++j) {
+        xin[j] = IR_LD(rp + j * L);
+        if ((DT - 1) * SC + KC + DT + 1 <= KILN_IR_REGS) KILN_IR_IN_REGISTER(xin[j]);
+      }
       #pragma GCC unroll 5
       for (int kw = 0; kw < KC; ++kw) {
         const kiln_ir_v wv = IR_LD(wk + (kh * KC + kw) * L);
@@ -411,22 +453,31 @@ __attribute__((weak, visibility("hidden"))) void KILN_IR_DW(
 KILN_IR_GROUP(4, KILN_IR_RW4)
 #ifdef KILN_IR_HALF
 #define KILN_IR_GH KILN_IR_CAT(KILN_IR_FN, _gh)
-/* block ob's tiles on half vectors (kiln_ir_pw_tile_h), KILN_IR_RW1 columns, then 8, 4, 2, 1 */
+/* block ob's tiles on half vectors (kiln_ir_pw_tile_h), KILN_IR_RW1 columns, then 8, 4, 2, 1;
+   `with_full`: block ob - 1's tiles with them (F = 1), KILN_IR_RW2 columns (its accumulators
+   and the half block's fill the registers as a tile of two blocks' do) */
 static void KILN_IR_GH(const float* restrict in, int64_t ics, int64_t ICB, int64_t icr, int64_t ncols,
                        const float* restrict w, const float* restrict bias, int64_t ob, float* restrict out,
-                       int64_t ocs, const float* restrict res, int64_t rcs, const kiln_ir_actp* p) {
-  enum { L = KILN_IR_L, RW = KILN_IR_RW1 };
-  const float* wo = w + ob * ICB * L * L;
+                       int64_t ocs, const float* restrict res, int64_t rcs, const kiln_ir_actp* p, int with_full) {
+  enum { L = KILN_IR_L };
+  const int64_t IC = ICB * L;
+  const float* wo = w + ob * IC * L;
   const float* bo = bias + ob * L;
   float* oo = out + ob * ocs;
   const float* ro = res ? res + ob * rcs : NULL;
   int64_t c0 = 0;
-#define KILN_IR_HPIECE(n) kiln_ir_pw_tile_h(n, in + c0 * L, ics, icr, wo, bo, oo + c0 * L, ro ? ro + c0 * L : NULL, p)
-  for (; c0 + RW <= ncols; c0 += RW) KILN_IR_HPIECE(RW);
-  if (RW > 8 && ncols - c0 >= 8) { KILN_IR_HPIECE(8); c0 += 8; }
-  if (RW > 4 && ncols - c0 >= 4) { KILN_IR_HPIECE(4); c0 += 4; }
-  if (RW > 2 && ncols - c0 >= 2) { KILN_IR_HPIECE(2); c0 += 2; }
-  for (; c0 < ncols; ++c0) KILN_IR_HPIECE(1);
+#define KILN_IR_HPIECE(n, F) kiln_ir_pw_tile_h(n, F, in + c0 * L, ics, icr, IC, wo, bo, oo + c0 * L, ocs, \
+                                             ro ? ro + c0 * L : NULL, rcs, p)
+#define KILN_IR_HROW(RW, F) do { \
+    for (; c0 + (RW) <= ncols; c0 += (RW)) KILN_IR_HPIECE(RW, F); \
+    if ((RW) > 8 && ncols - c0 >= 8) { KILN_IR_HPIECE(8, F); c0 += 8; } \
+    if ((RW) > 4 && ncols - c0 >= 4) { KILN_IR_HPIECE(4, F); c0 += 4; } \
+    if ((RW) > 2 && ncols - c0 >= 2) { KILN_IR_HPIECE(2, F); c0 += 2; } \
+    for (; c0 < ncols; ++c0) KILN_IR_HPIECE(1, F); \
+  } while (0)
+  if (with_full) KILN_IR_HROW(KILN_IR_RW2, 1);
+  else KILN_IR_HROW(KILN_IR_RW1, 0);
+#undef KILN_IR_HROW
 #undef KILN_IR_HPIECE
 }
 #endif
@@ -449,7 +500,10 @@ static void kiln_ir_pw_row(const float* restrict in, int64_t ics, int64_t ICB, i
 #ifdef KILN_IR_HALF
   if (ocr <= (OCB - 1) * L + L / 2) {
     OCF = OCB - 1;
-    KILN_IR_GH(in, ics, ICB, icr, ncols, w, bias, OCF, out, ocs, res, rcs, p);
+    /* a whole block left alone after the groups of OV joins the half block's tiles */
+        const int with_full = OCF % OV == 1 && OV > 1;
+    KILN_IR_GH(in, ics, ICB, icr, ncols, w, bias, OCF, out, ocs, res, rcs, p, with_full);
+    OCF -= with_full;
   }
 #else
   (void)ocr;
@@ -625,3 +679,4 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_IR_ED_FN(
 #undef KILN_IR_ED_FN
 #undef KILN_IR_ED_CAT
 #undef KILN_IR_ED_CAT2
+#undef KILN_IR_IN_REGISTER
