@@ -106,7 +106,7 @@ def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path, targ
                 else:
                     cached[k] = obj
             todo = [k for k in range(len(srcs)) if objs[k].startswith(tmp) and k not in elsewhere]
-            with stage("cc"), _waiting():
+            with stage("cc"):
                 _run_all([[*cmd, *flags, "-c", "-o", objs[k], srcs[k]] for k in todo], cmd + flags)
                 for k, (obj, thread, other_flags) in elsewhere.items():   # its prebuild's object, or made here
                     thread.join()
@@ -128,43 +128,6 @@ def _build(units: list[str], cmd: list, flags: list, extra: list, so: Path, targ
 # shared-unit object path -> the thread compiling it (prebuild_shared), while it runs
 _PREBUILDING: dict[str, threading.Thread] = {}
 _PREBUILDING_LOCK = threading.Lock()
-
-# The compilers started beside the Python stages (prebuild_pool, prebuild_shared) run at most
-# BESIDE (default: the cores less one) at a time, so the compile's own thread keeps a core while
-# it lowers and emits (ResNet-18 on 2 cores: its two Winograd units, started during lowering,
-# took the second core and half of the first); while a build waits for its compilers
-# (`_waiting`), every one may run.
-BESIDE: int | None = None
-_GATE = threading.Condition()
-_GATE_STATE = {"running": 0, "waiting": 0}
-
-
-@contextlib.contextmanager
-def _beside():
-    """A prebuild's compile: started once fewer than BESIDE run, or a build waits."""
-    limit = BESIDE or max(1, host_cores() - 1)
-    with _GATE:
-        _GATE.wait_for(lambda: _GATE_STATE["waiting"] > 0 or _GATE_STATE["running"] < limit)
-        _GATE_STATE["running"] += 1
-    try:
-        yield
-    finally:
-        with _GATE:
-            _GATE_STATE["running"] -= 1
-            _GATE.notify_all()
-
-
-@contextlib.contextmanager
-def _waiting():
-    """A build waiting for its compilers (the caller's thread idle): the prebuilds held back run."""
-    with _GATE:
-        _GATE_STATE["waiting"] += 1
-        _GATE.notify_all()
-    try:
-        yield
-    finally:
-        with _GATE:
-            _GATE_STATE["waiting"] -= 1
 
 
 def prebuild_shared(func, target: Target, cflags: list | None = None, final: list | None = None) -> None:
@@ -237,8 +200,7 @@ def shared_known(unit: str, target: Target, flags: list) -> bool:
 
 def _prebuild(unit: str, obj: Path, cmd: list, flags: list) -> None:
     try:
-        with _beside():
-            _shared_object(unit, obj, cmd, flags)
+        _shared_object(unit, obj, cmd, flags)
     finally:
         with _PREBUILDING_LOCK:
             _PREBUILDING.pop(str(obj), None)

@@ -195,36 +195,3 @@ def test_kilns_pool_is_a_shared_unit_compiled_once_per_machine(cache):
     lib = compile_c(one, Target.host())
     if shutil.which("nm"):
         assert " kiln_pool_for" in subprocess.run(["nm", str(lib)], capture_output=True, text=True).stdout
-
-
-def test_prebuilds_beside_the_python_stages_leave_it_a_core(monkeypatch):
-    """Shared units compiled while the compile's thread lowers and emits run BESIDE at a time
-    (the cores less one); once a build waits for its compilers, the ones held back run too."""
-    import time
-    from kiln.codegen import build
-    from kiln.targets.target import Target
-    monkeypatch.setattr(build, "BESIDE", 1)
-    active, most, lock, release = [0], [0], threading.Lock(), threading.Event()
-
-    def compiling(unit, obj, cmd, flags):   # (a compile, counted while it runs)
-        with lock:
-            active[0] += 1
-            most[0] = max(most[0], active[0])
-        release.wait(30)
-        time.sleep(0.05)
-        with lock:
-            active[0] -= 1
-    monkeypatch.setattr(build, "_shared_object", compiling)
-    blocks = [f"{SHARED_BEGIN}\nint kiln_gate_test_{k}(void) {{ return {k}; }}\n{SHARED_END}" for k in range(3)]
-    build._prebuild_blocks(blocks, Target.host())
-    threads = list(build._PREBUILDING.values())
-    assert len(threads) == 3
-    time.sleep(0.3)
-    assert active[0] == 1                       # one runs, two wait
-    with build._waiting():                      # a build waits for them: all may run
-        time.sleep(0.3)
-        assert active[0] == 3
-        release.set()
-        for t in threads:
-            t.join(30)
-    assert most[0] == 3 and not build._PREBUILDING
