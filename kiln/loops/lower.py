@@ -22,7 +22,7 @@ from kiln.loops import stmt as S
 from kiln.loops.hoist import hoist_checks
 from kiln.loops.expr import (Expr, const, map_loads, max_, min_, prefetch, rebuild, reduce_identity, substitute,
                              walk)
-from kiln.loops.schedule import Schedule, Stage, iteration_structure
+from kiln.loops.schedule import Schedule, Split, Stage, iteration_structure
 from kiln.loops.simplify import Ctx, prove, simplify_stmt
 from kiln.loops.symbols import UNBOUNDED, static
 
@@ -172,8 +172,16 @@ class _Lowering:
         idx = tuple(val[r] for r in stage.axis)
         ctx = Ctx(self.ranges)
 
-        def guard(roots):
-            conds = [val[r] < domain[r][2] for r in roots]
+        # a split of a reduction's split (or fused) part that does not divide it runs that part
+        # past its extent where the root's own guard still holds (k split by 3, then k.i by 2:
+        # k.i = 3 at k.o = 0 is k = 3, summed again at k.o = 1), so such parts are guarded like
+        # roots. (A spatial part that runs past only stores an element twice, the same value.)
+        spilled = [r.parent for r in stage.relations if isinstance(r, Split) and r.parent not in domain
+                   and stage.is_reduce(r.parent)
+                   and not (static(ext[r.parent]) and ext[r.outer] * ext[r.inner] == ext[r.parent])]
+
+        def guard(roots, reduce=False):
+            conds = [val[r] < domain[r][2] for r in roots] + ([val[v] < ext[v] for v in spilled] if reduce else [])
             return _conj([c for c in conds if not prove(c, self.ranges)])
 
         # stages computed inside this one's loops: infer their regions, read them locally
@@ -222,7 +230,7 @@ class _Lowering:
         init_nest = nest([i for i in range(p0 + 1, len(stage.leaves)) if not stage.is_reduce(stage.leaves[i])],
                          init, attach=False)
         upd = S.Store(out, idx, combine(comb, out[idx], value))
-        g = _conj([c for c in (sp_guard, guard(stage.reduce_axis)) if c is not None])
+        g = _conj([c for c in (sp_guard, guard(stage.reduce_axis, True)) if c is not None])
         upd_nest = nest(range(p0, len(stage.leaves)), upd if g is None else S.IfThenElse(g, upd))
         return nest(range(p0), S.seq(init_nest, upd_nest))
 

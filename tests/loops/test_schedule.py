@@ -239,6 +239,21 @@ def test_rfactor_parallelizes_a_reduction(run):
     assert str(lower(s.trace.replay(R), [X, R])) == str(lower(s, [X, R]))
 
 
+@pytest.mark.parametrize("outer, inner", [(3, 2), (5, 3), (4, 3), (3, 3)])
+def test_a_reduction_split_twice_sums_each_element_once(run, outer, inner):
+    """k split by `outer`, then its inner part by `inner`: where `inner` does not divide it, the
+    inner part runs past its extent (k.i = 3 of 3) while k itself stays in range, and each such k
+    must still be summed once (found by test_properties: 10.29 for 9.00)."""
+    X = placeholder((2, 7), F32, "X")
+    k = reduce_axis(7, "k")
+    R = compute((2,), lambda i: sum_(X[i, k] * X[i, k], axis=k), "R")
+    s = Schedule(R)
+    ko, ki = s[R].split(k, outer)
+    s[R].split(ki, inner)
+    x = rng.standard_normal((2, 7)).astype(np.float32)
+    np.testing.assert_allclose(run(s, [X], [R], [x])[0], (x * x).sum(1), rtol=1e-5)
+
+
 def test_prefetch_hints_each_element_read_offset_iterations_ahead(run):
     A, B, C, k, a, b = matmul(8, 32, 24)
     s = Schedule(C)
