@@ -64,9 +64,11 @@ def graph_key(graph: Graph, known: dict, target: Target, decisions: dict | None 
     the compile-time known values, kiln's source, the target (features, cores, caches,
     wait policy: lowerings decide from them), the C toolchain and the schedule decisions
     asked for (kiln.lower.decisions: the values chosen are a function of these overrides
-    and the rest of the key, so a tuned build is never served an untuned module)."""
+    and the rest of the key, so a tuned build is never served an untuned module), and every
+    KILN_ environment variable but the cache dir, as compile_key (a shape-generic or per-shape
+    module built under another KILN_ setting is never served)."""
     asked = json.dumps(decisions or {}, sort_keys=True, default=repr)
-    return digest(KEY_VERSION, _toolchain(target), asked, graph, known=known)
+    return digest(KEY_VERSION, _toolchain(target), asked, _kiln_env(), graph, known=known)
 
 
 def _toolchain(target: Target, probe: bool = True) -> tuple:
@@ -92,9 +94,13 @@ def compile_key(graph: Graph, level: int | None, target: Target, decisions: dict
 def _settings(level: int | None, target: Target, decisions: dict | None, limits) -> tuple:
     """What a compile depends on besides the model: the toolchain (kiln's source, compiler,
     flags, target), the decision overrides, the -O level, the limits and the KILN_ variables."""
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("KILN_") and k not in _NOT_IN_KEY)
     asked = json.dumps(decisions or {}, sort_keys=True, default=repr)
-    return _toolchain(target, probe=False), asked, repr(level), repr(limits), tuple(env)
+    return _toolchain(target, probe=False), asked, repr(level), repr(limits), _kiln_env()
+
+
+def _kiln_env() -> tuple:
+    """The KILN_ environment variables a build may read, sorted (not the cache dir's)."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("KILN_") and k not in _NOT_IN_KEY))
 
 
 # -- model files: their compile key found from the file's identity, without reading it --------

@@ -122,3 +122,18 @@ def test_every_element_of_a_large_array_counts():
 def test_an_unknown_type_is_an_error_not_a_guess():
     with pytest.raises(KilnError, match="cannot serialise a .*object"):
         canonical_bytes([object()])
+
+
+def test_kiln_variables_are_part_of_the_key(monkeypatch):
+    """A per-shape or shape-generic module built under one KILN_ setting is not served under
+    another (compile_key has them; graph_key, the key of those modules, must too), and the
+    cache dir and tier are no part of it."""
+    g = kiln.load_onnx(_label_encoder(1.0))
+    monkeypatch.delenv("KILN_STREAM_RATE_ALL", raising=False)
+    base = graph_key(g, {}, HOST)
+    monkeypatch.setenv("KILN_STREAM_RATE_ALL", "1000")
+    assert graph_key(g, {}, HOST) != base
+    monkeypatch.delenv("KILN_STREAM_RATE_ALL")
+    monkeypatch.setenv("KILN_TIER", "full")
+    monkeypatch.setenv("KILN_CACHE_DIR", "/elsewhere")
+    assert graph_key(g, {}, HOST) == base
