@@ -83,9 +83,13 @@ TURN_L2 = 1.5
 # panel split's half does, and the split's per-step barrier (and its stolen panels, read from the
 # other core's cache) is gone. Only while R fits ROW_L2 of a core's L2 (it stays there from step
 # to step, next to the projected inputs streaming through): an LSTM of 64 units (64 KiB) at
-# batch 8 takes two groups of 4 rows; one of 256 units (1 MiB) keeps its panels split.
+# batch 8 takes two groups of 4 rows; one of 256 units (1 MiB) keeps its panels split. At half
+# an L2 R no longer stays: Sapphire Rapids (2 MiB L2), 2 threads, quiet, benchmarks/thread_scaling.py
+# at seq 128 batch 8, ms per layer: an LSTM of 256 units (1 MiB, 0.5 of L2) 6.6-6.9 in rows against
+# 2.4-3.0 in panels (the model 25.8 against 14.1 ms); a GRU of 256 units (768 KiB, 0.375 of L2)
+# 2.2-2.6 in rows against 2.6-2.7 in panels.
 ROW_MIN = 4
-ROW_L2 = 0.5
+ROW_L2 = 0.4
 
 
 # A layer of several directions on at most one thread per direction (2 threads, bidirectional):
