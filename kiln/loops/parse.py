@@ -353,7 +353,7 @@ class _Parser:
             (ld,) = self.nargs(name, 1)
             if ld.op != "load":
                 raise self.error(f"{name} takes a load of a buffer element", t)
-            return prefetch(ld, 2 if name == PREFETCHES[2] else 1)
+            return prefetch(ld, next(level for level, n in PREFETCHES.items() if n == name))
         raise self.error(f"unknown function {name!r} (intrinsics, min/max, select, check, casts, reductions, "
                          "prefetch)", t)
 

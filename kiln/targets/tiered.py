@@ -99,10 +99,7 @@ def pending(key: str) -> TieredModule | None:
 
 def wait_all() -> None:
     """Block until every background build under way in this process has ended."""
-    with _LOCK:
-        builds = list(_PENDING.values())
-    for m in builds:
-        m._go.set()
+    for m in _start_all():
         m._done.wait()
 
 
@@ -119,12 +116,14 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _start_all() -> None:
-    """At exit, before the interpreter joins the build threads: no build waits for a run."""
+def _start_all() -> list:
+    """Let every build under way start (none waits for a run any longer), and return them: at
+    exit, before the interpreter joins the build threads, and in wait_all."""
     with _LOCK:
         builds = list(_PENDING.values())
     for m in builds:
         m._go.set()
+    return builds
 
 
 if hasattr(threading, "_register_atexit"):   # (CPython: runs before non-daemon threads are joined)
