@@ -38,6 +38,7 @@ from kiln.codegen.compile_cost import compile_cost  # noqa: F401 (kiln.codegen.c
 from kiln.codegen.narrow import CATALOG, helper_source
 from kiln.codegen.outline import outline
 from kiln.codegen.prelude import FUNCTIONS, PRELUDE, UNIT_PRELUDE, UNIT_START  # noqa: F401 (c.PRELUDE)
+from kiln.codegen.scalar import helper_text, opaque_text
 from kiln.dtypes import DType
 from kiln.errors import KilnError
 from kiln.loops import stmt as S
@@ -214,28 +215,17 @@ class _Emitter:
 
     def helper(self, kind: str, dt: DType) -> str:
         dt = compute_dtype(dt)
-        t, tag = ctype(dt), _tag(dt)
-        name = f"kiln_{kind}_{tag}"
-        if name in self.helpers:
-            return name
-        if kind in ("max", "min", "maxc", "minc"):   # maxc / minc: b is not NaN, a NaN `a` is kept
-            cmp = ">" if kind.startswith("max") else "<"
-            nan = " || a != a" if dt.is_float else ""
-            body = f"return (b {cmp} a) ? b : a;" if kind.endswith("c") else f"return (a {cmp} b{nan}) ? a : b;"
-            sig = f"{t} a, {t} b"
-        elif kind == "sigmoid" and t == "float":    # inline and vectorized (the file says why)
-            self.helpers[name] = c_source("kiln_sigmoid.h")
-            return name
-        elif kind == "sigmoid":
-            f, w = ("exp", "double") if t == "double" else ("expf", "float")
-            body, sig = f"return ({t})(({w})1 / (({w})1 + {f}(-({w})a)));", f"{t} a"
-        elif kind == "sign":
-            body, sig = f"return a > 0 ? ({t})1 : a < 0 ? ({t})-1 : a;", f"{t} a"
-        elif kind == "abs":
-            body, sig = f"return a < 0 ? ({t})-a : a;", f"{t} a"
-        else:
-            raise AssertionError(kind)
-        self.helpers[name] = f"static inline {t} {name}({sig}) {{ {body} }}"
+        name = f"kiln_{kind}_{_tag(dt)}"
+        if name not in self.helpers:
+            self.helpers[name] = helper_text(kind, name, ctype(dt), dt.is_float)
+        return name
+
+    def opaque(self, e: Expr) -> str:
+        """Float constant `e` as a static variable (kiln.codegen.scalar.opaque_text says why)."""
+        dt = compute_dtype(e.dtype)
+        v = e.arg if e.dtype is dt else np.array(e.arg).astype(e.dtype.np).item()   # (a narrow dtype's value)
+        name = f"kiln_k{_tag(dt)}_{np.array(v, dt.np).view(f'u{dt.itemsize}').item():0{dt.itemsize * 2}x}"
+        self.helpers.setdefault(name, opaque_text(name, ctype(dt), self.const(e)))
         return name
 
     # -- expressions ------------------------------------------------------------------
@@ -284,7 +274,7 @@ class _Emitter:
         if op in ("min", "max"):    # against a constant not NaN: one maxps / minps, not the NaN test's 3 ops
             a, b = sorted(e.args, key=lambda v: v.op == "const")
             known = b.op == "const" and a.op != "const" and compute_dtype(dt).is_float and not math.isnan(b.arg)
-            return f"{self.helper(op + 'c' if known else op, dt)}({go(a)}, {go(b)})"
+            return f"{self.helper(op + 'c' if known else op, dt)}({go(a)}, {self.opaque(b) if known else go(b)})"
         if op == "not":
             return f"(!{go(e.args[0])})"
         if op == "select":

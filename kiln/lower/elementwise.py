@@ -208,14 +208,6 @@ def _clamp01(y):
     return L.min_(L.max_(y, 0), 1)  # np.clip(y, 0, 1), NaN propagating
 
 
-def _gate01(y):
-    """np.clip(y, 0, 1) for a factor whose product is NaN anyway when y is (HardSwish's x * clip(x
-    / 6 + 0.5)): NaN becomes 1, so C's compares make a min and a max (2 instructions) where the
-    NaN-propagating clip takes 8. As a conv's epilogue (dw 3x3, 32 channels, 112x112, AVX-512,
-    one thread, the kernel's C timed alone): 0.191 -> 0.157 ms, the bare conv 0.132."""
-    return L.select(y < 1, L.select(y > 0, y, L.const(0, y.dtype)), L.const(1, y.dtype))
-
-
 # name -> lowering fn(x: Expr, **attrs); the attributes and their defaults are kiln.ops.elementwise._UNARY's
 # (Round: half to even, as ONNX specifies: C's rint)
 _UNARY_LOWER = {
@@ -247,7 +239,11 @@ _UNARY_LOWER = {
     "Softsign": lambda x: x / (1 + L.fabs(x)),
     "Softplus": _softplus_e,
     "Mish": lambda x: x * L.tanh(_softplus_e(x)),
-    "HardSwish": lambda x: x * _gate01(x * (1 / 6) + 0.5),   # a multiply: a division cost 20% more
+    # a multiply: a division cost 20% more. The clamp is a maxps and a minps (kiln.codegen.c's
+    # maxc / minc); a select of the constants 0 and 1 took two compares and three masked ops: dw
+    # 3x3 + HardSwish 240ch 14x14 0.0146 -> 0.0119 ms (one thread, benchmarks/inverted_residual.py
+    # --blocks mobilenet_v3's convs unfused, interleaved)
+    "HardSwish": lambda x: x * _clamp01(x * (1 / 6) + 0.5),
     "Elu": lambda x, alpha: L.select(x > 0, x, alpha * _expm1_e(x)),
     "Celu": lambda x, alpha: L.select(x > 0, x, alpha * _expm1_e(x / alpha, alpha > 0)),
     "Selu": lambda x, alpha, gamma: gamma * L.select(x > 0, x, alpha * _expm1_e(x)),
@@ -439,13 +435,14 @@ _lowers("Where")(lambda ctx, c, x, y: _map(ctx, L.select, [c, x, y]))
 @_lowers("Clip")
 def _clip_lower(ctx, x, lo=None, hi=None):
     """max then min, NaN-propagating; bounds are attributes (Clip-6) or size-1 tensors. A bound
-    known not to be NaN (an attribute, an initializer) clamps as `b > y ? b : y` (`b < y ? b : y`):
+    loaded from an initializer known not to be NaN clamps as `b > y ? b : y` (`b < y ? b : y`):
     a NaN y stays NaN, and GCC makes it one maxps / minps where the NaN-checking max_ took a
-    compare, a NaN test and a blend (a third of a depthwise conv's time: 9 FMAs a vector)."""
+    compare, a NaN test and a blend (a third of a depthwise conv's time: 9 FMAs a vector). An
+    attribute is a constant: max_ / min_, which the C emitter makes the same (maxc / minc)."""
     def bound(y, i, t, attr, default):
         if ctx.opset < 11:
             v = float(ctx.attr(attr, default))
-            return (None, True) if v == default else (L.const(v, y.dtype), not math.isnan(v))
+            return (None, True) if v == default else (L.const(v, y.dtype), False)
         if t is None:
             return None, True
         if math.prod(t.shape) != 1:

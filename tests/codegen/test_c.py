@@ -217,6 +217,39 @@ def test_default_flags_emit_the_vector_width_tiles_are_planned_for(tmp_path, mon
     assert want in asm, f"expected {want} registers with {flags}"
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64") or Target.host().vector_bytes < 32,
+                    reason="maxps / minps are x86's (AVX's three-operand forms)")
+def test_max_and_min_against_constants_are_one_instruction(tmp_path, monkeypatch):
+    """Relu's max(x, 0) and a clamp to [0, 1] (HardSwish's gate) vectorize to one maxps / minps
+    each, with no compare: GCC turns `0 > a ? 0 : a` with a literal 0 into a compare and a
+    zero-masked move (AVX-512) or an and-not (AVX2), and a literal 1 into a compare and a blend;
+    the emitter passes the constant as a variable it cannot fold. The values keep NaNs."""
+    from kiln.codegen.build import _cc, _flags
+    monkeypatch.delenv("KILN_CFLAGS", raising=False)
+    x = rng.standard_normal(1024).astype(np.float32)
+    x[:5] = [np.nan, -np.inf, np.inf, -0.0, 2.0]
+    fns = {"relu": lambda v: max_(v, 0.0), "gate": lambda v: min_(max_(v, 0.0), 1.0) * v}
+    with np.errstate(invalid="ignore"):
+        want = {"relu": np.maximum(x, 0), "gate": np.minimum(np.maximum(x, 0), 1) * x}
+    funcs = []
+    for name, fn in fns.items():
+        np.testing.assert_array_equal(kernel(fn, [x], DType.float32, name), want[name])
+        t = placeholder((1024,), DType.float32, "in0")
+        funcs.append(lower(Schedule(out := compute((1024,), lambda i: fn(t[i]), "out")), [t, out], name))
+    src = tmp_path / "k.c"
+    src.write_text(emit_c(LoopModule(funcs)))
+    flags = [f for f in _flags(None, Target.host()) if f not in ("-shared", "-fPIC")]
+    r = subprocess.run([*_cc(None), *flags, "-S", "-o", str(tmp_path / "k.s"), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    asm = (tmp_path / "k.s").read_text()
+    for name, ops in (("relu", ("maxps",)), ("gate", ("maxps", "minps"))):
+        body = asm.split(f"\nkiln_{name}:")[1].split(".size")[0]
+        vector = [ln for ln in body.splitlines() if "ps\t" in ln and "%" in ln and "mm" in ln]
+        assert all(any(op in ln for ln in vector) for op in ops), f"{name}: no {ops} in\n" + "\n".join(vector)
+        assert not [ln for ln in vector if "cmp" in ln or "blend" in ln or "andn" in ln], \
+            f"{name}: a compare, blend or and-not where one max / min does:\n" + "\n".join(vector)
+
+
 @pytest.mark.parametrize("dtype, floor", [(DType.float32, -87.0), (DType.float64, -708.0)])
 def test_exp_floored_keeps_underflow_out_of_vector_exp(dtype, floor):
     """exp(max(x, floor)): arguments that would underflow (masked scores) give exp(floor),
