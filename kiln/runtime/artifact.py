@@ -53,6 +53,7 @@ from kiln.runtime import schema as S
 from kiln.runtime.cpu import machine, missing_features
 from kiln.runtime.model import CompiledModel, TensorSpec
 from kiln.runtime.native import LibraryLoadError, NativeModule
+from kiln.runtime.pages import zeroed
 
 FORMAT = "kiln-artifact"
 FORMAT_VERSION = 3  # 3: SHA256SUMS, a strict manifest, the library's interface(); 2: weights.npy
@@ -122,7 +123,9 @@ def read_weights_npy(data: bytes, n: int, where) -> np.ndarray:
     if len(data) != len(head) + n or data[:len(head)] != head:
         raise KilnError(f"{where}: {WEIGHTS} is not the .npy file of {n} weight bytes kiln writes "
                         f"(a 1-D uint8 array, header of {len(head)} bytes)")
-    return np.frombuffer(data, dtype=np.uint8, offset=len(head)).copy()
+    weights = zeroed(n)     # in huge pages where the kernel offers them (kiln.runtime.pages)
+    weights[:] = np.frombuffer(data, dtype=np.uint8, offset=len(head))
+    return weights
 
 
 def write_artifact(path: str | os.PathLike, manifest: dict, files: dict[str, bytes]) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.graph.ir import Graph
 from kiln.limits import check_planned
+from kiln.runtime.pages import zeroed
 from kiln.timing import stage
 
 
@@ -28,7 +29,7 @@ def _load(graph: Graph, manifest: dict):
     size = manifest["weights_bytes"]
     if size > sum(r.size + 64 for r in raws) + 64:
         raise KilnError(f"weights blob of {size} bytes for {len(consts)} constants", stage="cache")
-    blob = np.zeros(size, dtype=np.uint8)
+    blob = zeroed(size)     # in huge pages where the kernel offers them (kiln.runtime.pages says why)
     for index, offset in manifest["weights"]:
         if index >= len(raws) or offset + raws[index].size > size:
             raise KilnError(f"constant {index} at offset {offset} lies outside the weights", stage="cache")

@@ -100,7 +100,7 @@ def test_loads_without_any_compiler_module(artifact, tmp_path):
     assert set(r.stdout.split()) <= {"kiln", "kiln.errors", "kiln.names", "kiln.limits", "kiln.dtypes", "kiln.runtime", "kiln.runtime.model",
                                      "kiln.runtime.native", "kiln.runtime.cpu", "kiln.runtime.artifact",
                                      "kiln.runtime.schema", "kiln.runtime.strings", "kiln.runtime.elf",
-                                     "kiln.runtime.threads"}
+                                     "kiln.runtime.threads", "kiln.runtime.pages"}
 
 
 def test_import_kiln_is_cheap():
