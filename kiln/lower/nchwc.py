@@ -303,6 +303,47 @@ def prefetch_next(g: BlockedGeom, oc_v: int, itemsize: int, target: Target) -> i
     return int(min(hi - lo for lo, hi in pool_chunks(n * groups * rows, target.cores)) >= 2 * rows)
 
 
+# A group's reduction in chunks: where the group's sums over all its output rows fit the stack (a
+# plane of 7x7), the tiles sum one chunk of about K_CHUNK_BYTES of the group's weights over every
+# row (kiln.loops rfactor: a chunk's register tile, added into the group's sums), then the next
+# chunk, and each row hints one block of the next chunk's weights into L2 (Stage.prefetch_next
+# along the input blocks), so the stream of a group's weights from memory is spread over its rows
+# where it came all in the first row (whose multiply-adds then waited) and the next group's do not
+# fit L2 beside them (a 3x3 512 -> 512 group: 1.18 MB; NCHWC_PREFETCH_NEXT) or belong to another
+# thread's chunk. Measured one thread, thread CPU time, batch 1 in the model's order (python
+# benchmarks/decision_ab.py MODEL --b '{"nchwc.k_chunk": 0}', least of 40 runs, load 6): ResNet-50's
+# 3x3 512 -> 512 of 7x7 1.89-1.95 -> 1.62-1.64 ms, stride 2 from 14x14 1.95 -> 1.65, 2048 -> 512
+# 1x1 0.83-0.84 -> 0.75-0.77; ResNet-18's 3x3 512 1.87-1.89 -> 1.48-1.50; chunks of 16, 64 and
+# 128 KiB within 2% of 32 at 16 and 64, the 3x3s 3% slower at 128; without the hints the 1x1s
+# were 11-16% slower than whole rows. On 14x14 and 28x28 planes (the sums on the heap, past L1)
+# the 1x1 convs took 8-22% longer: not there.
+NCHWC_K_CHUNK = declare("nchwc.k_chunk", Ints(0), None,
+                        "input channel blocks per chunk of a dense conv group's reduction, every row of the "
+                        "group summing one chunk before the next (0: each row its whole reduction in turn)")
+K_CHUNK_BYTES = 32 * 1024
+
+
+def k_chunk(g: BlockedGeom, oc_v: int, owp: int, acc_bytes: int, itemsize: int, target: Target) -> int:
+    """Input blocks per chunk of a dense conv group's reduction (see NCHWC_K_CHUNK): the most that
+    divide the group's input blocks with at most K_CHUNK_BYTES of weights, where the group's sums
+    (oc_v blocks x every output row and column, `acc_bytes` an element) fit the stack, a group's
+    weights take an eighth of L2 or more (a stream worth spreading: not a squeeze-excite's 1x1s),
+    there are two chunks or more, the batch is one image (measured there only; at batch 4 the
+    least of a few runs gained 5-8% and their median lost as much, loaded), and the parallel loop
+    over the groups has POOL_CHUNKS iterations a core (threads.pool_chunks: as fine as the rows it
+    replaces); else 0."""
+    from kiln.runtime.threads import POOL_CHUNKS  # noqa: PLC0415
+    if g.depthwise or g.groups != 1 or g.rotate > 1 or oc_v * g.ob * g.out[0] * owp * acc_bytes > STACK_LIMIT:
+        return 0
+    if not static(g.n) or g.n != 1 or (target.cores > 1 and g.ocb // oc_v < POOL_CHUNKS * target.cores):
+        return 0
+    per_block = oc_v * g.ob * g.ib * g.kernel[0] * g.kernel[1] * itemsize
+    if per_block * g.icbg < target.l2_bytes // 8:
+        return 0
+    best = max(d for d in range(1, g.icbg + 1) if g.icbg % d == 0 and d * per_block <= max(K_CHUNK_BYTES, per_block))
+    return best if best < g.icbg else 0
+
+
 NCHWC_ORDER = declare("nchwc.order", OneOf(("channels", "rows", "groups")), None,
                       "the parallel loop's order: output channel groups outside rows (each group's "
                       "weights read once per image, the input once per group), rows outside the groups "
@@ -541,6 +582,12 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
     # (the tile's weights in their packed form, one channel block per row: not a per-image scaled copy)
     nxt = bool(ahead) and order == "channels" and ws is None and rot is None and NCHWC_PREFETCH_NEXT.value(
         heuristic=prefetch_next(g, oc_v, w.dtype.itemsize, ctx.target))
+    # the group's reduction in chunks of input blocks, every row over one chunk (k_chunk), where
+    # the weights stream (ahead) and no next-group hint does it
+    kc = 0 if not ahead or chunk is not None or order != "channels" or ws is not None else NCHWC_K_CHUNK.value(
+        heuristic=0 if nxt else k_chunk(g, oc_v, owp, acc_dt.itemsize, w.dtype.itemsize, ctx.target))
+    if kc and g.icbg % kc:
+        raise NCHWC_K_CHUNK.illegal(kc, f"it must divide the {g.icbg} input blocks of a group")
 
     def out_body(n, c, oh, ow, o):
         a = (acc if rot is None else rot)[(n, c, oh, ow, o)]
@@ -558,7 +605,10 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
         n, c, oh, ow, o = so.axis
         co, ci = so.split(c, oc_v)
         wo, wi = so.split(ow, reg_w)
-        if chunk is None and order == "channels":
+        if kc:      # a group's rows computed together, chunk by chunk of its reduction (k_chunk)
+            so.reorder(n, co, oh, wo, ci, wi, o)
+            top = so.fuse(n, co)
+        elif chunk is None and order == "channels":
             so.reorder(n, co, oh, wo, ci, wi, o)
             top = so.fuse(n, co, oh)
         elif chunk is None and order == "groups":     # the groups outside the images (loop_order)
@@ -584,11 +634,27 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
             sr.unroll(rc)
             sr.vectorize(ro)
         sa = sch[acc]
-        sa.compute_at(so, wo)
-        if rot is None:
+        if kc:
+            # the group's sums over chunks of kc input blocks: a register tile sums one chunk
+            # (acc.rf, at the tile's columns) and adds it into the group's sums (acc, all its rows)
+            rf = sch.rfactor(acc, sa.split(sa.reduce_axis[0], kc)[0])
+            sa.compute_at(so, top)
+            _, _, ah, aw, ao = sa.axis
+            awo, awi = sa.split(aw, reg_w)
+            sa.reorder(sa.axis[0], sa.reduce_axis[0], ah, awo, awi, sa.axis[1], ao)
+            sa.unroll(awi)
+            sa.unroll(sa.axis[1])
+            sa.vectorize(ao)
+            sa = sch[rf]
+            sa.compute_at(sch[acc], awo)
+            _, an, ac, ah, aw, ao = sa.axis
+            sa.reorder(an, ah, *sa.reduce_axis, aw, ac, ao)
+        elif rot is None:
+            sa.compute_at(so, wo)
             an, ac, ah, aw, ao = sa.axis
             sa.reorder(an, ah, *sa.reduce_axis, aw, ac, ao)
         else:   # the tile's accumulators: columns x rotations
+            sa.compute_at(so, wo)
             an, ac, ah, aw, aj, ao = sa.axis
             sa.reorder(an, ah, *sa.reduce_axis, aw, aj, ac, ao)
             sa.unroll(aj)
@@ -602,6 +668,8 @@ def _conv_lower(ctx, x, w, b=None, scale=None):
             sa.prefetch(w if ws is None else ws, sa.reduce_axis[-1], ahead)     # (ii: the innermost)
             if nxt:     # the next group's weights, a block per row (the tile's blocks: ac)
                 sa.prefetch_next(w, sa.reduce_axis[-1], 0, oc_v, ac, ah)
+            elif kc:    # the next chunk's, a block per row
+                sa.prefetch_next(w, sa.reduce_axis[-1], 1, kc, ac, ah)
         if xpad is not None and tile_pad:     # the tile's own window, copied beside its accumulators
             sx = sch[xpad]
             sx.compute_at(sa, sa.axis[0])

@@ -74,6 +74,30 @@ def test_thread_scaling_lists_each_kernel_at_one_and_two_threads(capsys, monkeyp
     assert re.search(rf"{len(rows)} of {len(rows)} kernels under x1000", out), out
 
 
+def test_decision_ab_lists_kernels_of_two_builds(capsys, monkeypatch, tmp_path):
+    """benchmarks/decision_ab.py builds a corpus model with two sets of decisions and prints, per
+    matching kernel, the least and median of its runs in each build, and their sums."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(0).standard_normal((32, 16, 3, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 9, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32, 9, 9])], [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "tiny.onnx"))
+    monkeypatch.setenv("KILN_CORPUS_DIR", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    from benchmarks import decision_ab
+    decision_ab.main(["tiny", "--b", '{"nchwc.prefetch": 0}', "--kernels", "Conv", "--rounds", "2", "--runs", "2",
+                      "--all"])
+    out = capsys.readouterr().out
+    assert "thread CPU time, one thread" in out and "max abs diff 0" in out, out
+    rows = [line for line in out.splitlines() if line.startswith("  least")]
+    assert rows and all("Conv" in r for r in rows), out
+    assert re.search(rf"{len(rows)} kernels: least summed A [\d.]+ B [\d.]+ ms", out), out
+
+
 def test_work_split_reads_each_kernels_parallel_loop(monkeypatch):
     """benchmarks/work_split.py finds the loop each kernel forks over (OpenMP's or the pool's)
     and how evenly whole iterations split; a hand-written kernel forks on its own."""
