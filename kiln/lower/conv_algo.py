@@ -379,6 +379,15 @@ IR_ENV = "KILN_INVERTED_RESIDUAL"
 IR_MIN_L2_SHARE = 0.5
 IR_ROW_PASS_ACTS = ("hardswish", "swish")
 IR_ROW_PASS_L2_SHARE = 1.0
+# A tensor that fits still fuses where the rows are long: input rows of at least IR_WIDE_TILES
+# of the fused kernel's widest 1x1 tiles (kiln.lower.inverted_residual.MAX_COLUMNS), and output
+# rows as long, or the whole batch's expanded tensor past the share of L2 (unfused, it goes
+# through L3 then). Sapphire Rapids (2 MiB L2), one thread, in the model's order, fused vs the
+# three kernels: 24->72->24 56x56 s1 Relu (1003 KiB expanded) b1 0.244 vs 0.368 ms, b8 2.03 vs
+# 4.30; 16->72->24 3x3 s2 on 56x56 (28x28 out) b1 0.204 vs 0.133, b8 0.92 vs 1.25. Narrow rows
+# stay unfused: 32->192->32 28x28 1.27 of the three kernels' time warm, and their whole-batch
+# fusion at b8 1.055x slower (MobileNetV2). Not for a row-pass activation (not measured).
+IR_WIDE_TILES = 4
 
 
 def asked_inverted_residual(decisions: dict | None = None) -> str | None:
@@ -394,11 +403,13 @@ def asked_inverted_residual(decisions: dict | None = None) -> str | None:
 
 
 def choose_inverted_residual(expanded_bytes: int, target: Target, override: str | None = None,
-                             acts: tuple[str, ...] = ()) -> Choice:
+                             acts: tuple[str, ...] = (), widths: tuple[int, int] | None = None,
+                             batch: int = 1) -> Choice:
     """Fused ("inverted-residual") or not ("unfused"), and why: fused when one image's expanded
     tensor takes more than IR_MIN_L2_SHARE of the target's L2, or IR_ROW_PASS_L2_SHARE when the
     expand or project activation (acts: the three convs' activation names) is one that the
-    fused kernel runs as a pass over the row (IR_ROW_PASS_ACTS)."""
+    fused kernel runs as a pass over the row (IR_ROW_PASS_ACTS); else fused where the rows are
+    long (widths: the input's and the output's; see IR_WIDE_TILES), else not."""
     if override is not None:
         return Choice("inverted-residual" if override == "fused" else "unfused",
                       f"asked for {override} ({INVERTED_RESIDUAL.name} / {IR_ENV})")
@@ -411,12 +422,22 @@ def choose_inverted_residual(expanded_bytes: int, target: Target, override: str 
         return Choice("inverted-residual", f"the expanded tensor, {kib:.0f} KiB per image, exceeds "
                                            f"{share} of L2 ({budget / 1024:.0f} KiB){why}: made a few "
                                            "rows at a time in one kernel")
+    from kiln.lower.inverted_residual import MAX_COLUMNS  # noqa: PLC0415 (the kernel's module: not at the passes' import)
+    wide = IR_WIDE_TILES * MAX_COLUMNS
+    long_rows = widths is not None and widths[0] >= wide and (widths[1] >= wide or batch * expanded_bytes > budget)
+    if long_rows and not passes:
+        return Choice("inverted-residual", f"the expanded tensor, {kib:.0f} KiB per image, fits {share} of L2, but "
+                                           f"rows of {widths[0]} -> {widths[1]} columns" +
+                                           (f" (at least {wide})" if widths[1] >= wide else
+                                            f" and {batch} images' {batch * kib:.0f} KiB") +
+                                           ": made a few rows at a time in one kernel")
     return Choice("unfused", f"the expanded tensor, {kib:.0f} KiB per image, fits {share} of L2 "
                              f"({budget / 1024:.0f} KiB){why}: three kernels")
 
 
 def choose_expand_depthwise(expanded_bytes: int, strided: bool, target: Target, override: str | None = None,
-                            acts: tuple[str, ...] = ()) -> Choice:
+                            acts: tuple[str, ...] = (), widths: tuple[int, int] | None = None,
+                            batch: int = 1) -> Choice:
     """An expand 1x1 -> depthwise chain whose project conv cannot join it (kiln::ExpandDepthwise):
     choose_inverted_residual's rule for a strided depthwise conv; a stride-1 one stays unfused
     (its result, written whole either way, is as large as the expanded tensor, so fusion saves
@@ -425,4 +446,4 @@ def choose_expand_depthwise(expanded_bytes: int, strided: bool, target: Target, 
     16->96 3x3 s2 on 112x112 0.80, 24->144 5x5 s2 on 56x56 0.83, 24->144 3x3 s1 on 56x56 1.04."""
     if override is None and not strided:
         return Choice("unfused", "a stride-1 depthwise result is as large as the expanded tensor: three kernels")
-    return choose_inverted_residual(expanded_bytes, target, override, acts)
+    return choose_inverted_residual(expanded_bytes, target, override, acts, widths, batch)

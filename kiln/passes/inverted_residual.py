@@ -187,7 +187,8 @@ def fuse_inverted_residual(graph: Graph, ctx: PassContext) -> Graph:
         desc = (f"{xs[1] * xs[4]}->{es[1] * es[4]}->{ys[1] * ys[4]} "
                 f"dw {'x'.join(map(str, c2.attrs['kernel_shape']))} s{c2.attrs.get('strides', [1, 1])[0]} "
                 f"on {xs[2]}x{xs[3]}{' +residual' if residual is not None else ''}")
-        choice = choose_inverted_residual(expanded, ctx.target, override, tuple(a[0] for a in acts))
+        choice = choose_inverted_residual(expanded, ctx.target, override, tuple(a[0] for a in acts),
+                                          (xs[3], ys[3]), es[0])
         ctx.report(InvertedResidualChoice(c3.name, desc, choice))
         if choice.algorithm != "inverted-residual":
             taken.update(id(n) for n in nodes)      # (reported once, not again without its Add)
@@ -245,7 +246,8 @@ def _fuse_expand_depthwise(graph: Graph, ctx: PassContext, override, taken: set[
                 f"s{c2.attrs.get('strides', [1, 1])[0]} on {xs[2]}x{xs[3]}, no project"
                 f"{' (+ its global average pool)' if pools else ''}")
         strided = any(int(s) > 1 for s in c2.attrs.get("strides", [1, 1]))
-        choice = choose_expand_depthwise(math.prod(es[1:]) * 4, strided, ctx.target, override, (act1[0], act2[0]))
+        choice = choose_expand_depthwise(math.prod(es[1:]) * 4, strided, ctx.target, override, (act1[0], act2[0]),
+                                         (xs[3], ds[3]), es[0])
         ctx.report(InvertedResidualChoice(c2.name, desc, choice))
         taken.update(id(n) for n in nodes)
         if choice.algorithm != "inverted-residual":

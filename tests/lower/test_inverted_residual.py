@@ -196,6 +196,34 @@ def test_rule_wants_more_than_l2_share_for_a_row_pass_activation():
     assert choose_inverted_residual(big, t, acts=("hardswish", "hardswish", "")).algorithm == "inverted-residual"
 
 
+def test_rule_fuses_long_rows_whose_expanded_tensor_fits():
+    """Input and output rows of IR_WIDE_TILES widest tiles or more fuse (a tensor that fits L2
+    too); long input rows with short output rows fuse only where the whole batch's expanded
+    tensor outgrows the share of L2; short rows, or a row-pass activation, stay unfused; the
+    pass gives the rule the block's widths and batch."""
+    from kiln.lower.conv_algo import IR_WIDE_TILES
+    from kiln.lower.inverted_residual import MAX_COLUMNS
+    t = Target.host()
+    wide, fits = IR_WIDE_TILES * MAX_COLUMNS, int(IR_MIN_L2_SHARE * t.l2_bytes) // 2
+
+    def rule(widths, batch=1, acts=()):
+        return choose_inverted_residual(fits, t, None, acts, widths, batch).algorithm
+
+    assert rule((wide, wide)) == rule((wide, wide), 2) == "inverted-residual"
+    assert rule((wide, wide - 1)) == rule((wide, wide - 1), 2) == "unfused"
+    assert rule((wide, wide - 1), 3) == "inverted-residual"          # 3 images past the share
+    assert rule((wide - 1, wide - 1), 8) == rule((wide - 1, wide), 1) == "unfused"
+    assert rule((wide, wide), 8, ("hardswish", "relu", "")) == "unfused"
+    assert choose_inverted_residual(fits, t).algorithm == "unfused"    # (widths not given)
+    c, e, o = BLOCK, 2 * BLOCK, BLOCK     # a small expanded tensor: 2 blocks x wide x 12 rows
+    assert "InvertedResidual" in fused_ops(block_model(c, e, o, 12, 3, 1, "Relu", w=wide), decisions={})
+    assert "InvertedResidual" not in fused_ops(block_model(c, e, o, 12, 3, 1, "Relu", w=wide - 1), decisions={})
+    narrow_out = block_model(c, e, o, 12, 3, 2, "Relu", w=wide, batch_dim=True)
+    assert "InvertedResidual" not in fused_ops(narrow_out, dims={"N": 1}, decisions={})
+    images = -(-int(IR_MIN_L2_SHARE * t.l2_bytes) // (e * wide * 12 * 4)) + 1
+    assert "InvertedResidual" in fused_ops(narrow_out, dims={"N": images}, decisions={})
+
+
 def test_register_tiles_fill_the_register_file():
     main, cols = register_tiles(32)
     assert (main, cols[4]) == (4, 6)
