@@ -4,6 +4,8 @@ without further passes, and compared with the interpreter on the original NCHW g
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -271,12 +273,14 @@ def test_weight_prefetch_rule_and_kernel():
     blocked = g.clone()
     transform(blocked, 16, selective=False, override="direct")
     hints = [ln for ln in run_stages(blocked, "c", cpu=t).source.text.splitlines() if "__builtin_prefetch" in ln
-             and ln.endswith(", 0, 3);")]      # (into L1: not the next group's, prefetch_next)
+             and ln.endswith(", 0, 3);") and "prefetch(&b0_" not in ln]   # (into L1: not the next group's,
+    # prefetch_next, nor the input's, prefetch_input)
     _, oc_v = plan_tile(geom(64, 256, h=9), 64)
     # each output block's weight stream (64 x 16 floats apart), PREFETCH_BYTES ahead of the vector read
     ahead = {int(h.rsplit("+ ", 1)[1].split(")")[0]) for h in hints}
     assert len(hints) == oc_v > 1 and ahead == {PREFETCH_BYTES // 4 + 64 * 16 * o for o in range(oc_v)}
-    assert "__builtin_prefetch" not in run_stages(blocked, "c", cpu=t, decisions={"nchwc.prefetch": 0}).source.text
+    assert "__builtin_prefetch" not in run_stages(blocked, "c", cpu=t, decisions={"nchwc.prefetch": 0,
+                                                                                  "nchwc.prefetch_input": 0}).source.text
 
 
 @pytest.mark.slow
@@ -579,3 +583,43 @@ def test_narrow_pointwise_convs_with_symbolic_batch(c, oc, cpu):
         r = np.maximum(np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0]) + b[None, :, None, None], 0)
         want = np.einsum("nchw,oc->nohw", r, w2[:, :, 0, 0])
         np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+
+@pytest.mark.parametrize("ahead", [1, 2])
+@pytest.mark.parametrize("case", ["1x1", "1x1_stride2_nobias", "3x3_stride2_residual", "channels_not_multiple",
+                                  "1x1_few_outputs_relu"])
+def test_input_hints_keep_the_result(case, ahead):
+    """nchwc.prefetch_input: a dense tile's hints of the input it reads `ahead` input blocks later
+    read and write nothing (the last blocks' point past the input), padded input or not."""
+    blocked_direct_matches_reference(case, {"nchwc.prefetch_input": ahead})
+
+
+def test_input_hint_rule_and_kernel():
+    """A dense 1x1 conv of two input blocks or more hints the next block's input lines, one per
+    column of its register tile, at each input block (prefetch_input); not a 3x3 (the stem got
+    slower), a depthwise or grouped conv, or one input block."""
+    from kiln.compiler import run_stages
+    from kiln.lower.nchwc import prefetch_input
+    from kiln.targets.target import Target
+
+    def geom(c, oc, k=1, dw=False, groups=1):
+        return BlockedGeom(4, c // 16, 14, 14, 16, oc // 16, 1 if dw else c // 16 // groups, [k, k], 16, [1, 1],
+                           [1, 1], [k // 2] * 2, [14, 14], dw, groups)
+    assert prefetch_input(geom(1024, 512)) == 1 and prefetch_input(geom(64, 256)) == 1
+    assert prefetch_input(geom(16, 64)) == 0
+    assert prefetch_input(geom(512, 512, k=3)) == 0
+    assert prefetch_input(geom(512, 512, k=3, dw=True)) == 0
+    assert prefetch_input(geom(512, 512, groups=2)) == 0
+    g = conv_case(n=1, c=64, h=7, oc=32, k=1)        # 4 input blocks of 8, 7 columns
+    blocked = g.clone()
+    transform(blocked, 8, selective=False, override="direct")
+    one = Target.named("x86-64-v4", cores=1)
+
+    def input_hints(**decisions):       # (a 7-column tile: a hint per column, the next block's)
+        src = run_stages(blocked, "c", cpu=one, decisions={"nchwc.reg_w": 7, **decisions}).source.text
+        return [ln.strip() for ln in src.splitlines() if "__builtin_prefetch(&b0_" in ln]
+    got = input_hints()
+    assert len(got) == 7 and all("v9_icb * 392" in ln or "icb * 392" in ln for ln in got)
+    assert sorted(int(re.search(r" \+ (\d+)\)\], 0, 3\);$", ln).group(1)) for ln in got) == [392 + 8 * k for k in range(7)]
+    assert input_hints(**{"nchwc.prefetch_input": 0}) == []
