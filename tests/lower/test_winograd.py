@@ -345,7 +345,9 @@ def test_parts_of_a_chunk_share_its_transformed_input(m, osplit, blocks):
     last short, and 2, 3 or 4 parts of the channel blocks, 3 uneven: 10 to 36 tasks in at most
     8 ranges (the pool's chunks; one range where the conv runs on one thread), so a range holds
     parts of one chunk and then the next chunk's (a range that skipped the next chunk's
-    transform would compute it from the previous chunk's tiles)."""
+    transform would compute it from the previous chunk's tiles); a thread's buffers are kept
+    over the ranges it takes (kiln_wg_slot), so a range may start on the chunk its thread's
+    previous range ended on (its transform kept) or on another (transformed again)."""
     model, wt, bv = conv_model(2, 24, 4 * BLOCK, 9, 11, [1, 1, 1, 1], True, relu=True, seed=osplit)
     x = np.random.default_rng(osplit).standard_normal((2, 24, 9, 11)).astype(np.float32)
     asked = {**WINO, "conv.winograd_m": m, "winograd.tr": 2, "winograd.ov": 1, "winograd.chunk_blocks": blocks,

@@ -23,8 +23,10 @@
         weight vectors and TR broadcasts for TR * OV FMAs), then the output transform
         A^T M A of each tile, + bias, the activation `act` (1 ReLU; 2 Swish, v sigmoid(v) by
         kiln_sigmoid.h, included before this file; 0 none), stored into y (cropped at the edges).
-   Tasks run in parallel (`par`: kiln_par_for, on the module's threads), each range of them with
-   transform buffers of its own. Returns 0, or -1 when out of memory.
+   Tasks run in parallel (`par`: kiln_par_for, on the module's threads, a few tasks a range), each
+   thread with transform buffers of its own for the call (kiln_wg_slot, winograd_gemm.h): a thread
+   that takes two parts of one chunk in two ranges transforms its input once. Returns 0, or -1
+   when out of memory.
 
    A shared kernel (kiln.codegen.csource.c_shared): the sizes are arguments, so one instance
    serves every layer of every model with the same register tile; it is compiled once, in a
@@ -38,13 +40,15 @@ __attribute__((visibility("hidden"))) int32_t KILN_WG_FN(
 #define KILN_WG_CAT(a, b) KILN_WG_CAT2(a, b)
 #define KILN_WG_CTX KILN_WG_CAT(KILN_WG_FN, _ctx)
 #define KILN_WG_TASKS KILN_WG_CAT(KILN_WG_FN, _tasks)
-/* what a range of tasks reads (kiln_par_for's context) */
+/* what a range of tasks reads (kiln_par_for's context), and each thread's transform buffers
+   (kiln_wg_slot: kept over the ranges a thread takes in one call) */
 struct KILN_WG_CTX {
   const float* x; const float* u; const float* bias; float* y;
   int64_t N, ICB, H, W, OCB, OH, OW, pt, pl, T, osplit;
   int act; int32_t failed;
+  kiln_wg_slot* slots; int32_t nslots;
 };
-/* tasks [lo, hi), with transform buffers of their own */
+/* tasks [lo, hi), with this thread's transform buffers */
 static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
   const struct KILN_WG_CTX* c = (const struct KILN_WG_CTX*)ctx_;
   const float* restrict x = c->x; const float* restrict u = c->u; const float* restrict bias = c->bias;
@@ -86,9 +90,15 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
   const int64_t TH = (OH + MT - 1) / MT, TW = (OW + MT - 1) / MT, per_image = TH * TW, ntile = N * per_image;
   const int64_t ngroup = OCB / OV;
   float *vbuf, *mbuf;   /* the buffers and the tasks: winograd_gemm.h */
-  if (!kiln_wg_buffers(&vbuf, &mbuf, NP, T, IC, OV * L, &((struct KILN_WG_CTX*)ctx_)->failed)) return;
+  /* this thread's buffers in this call (another range it ran may have left a chunk's transform
+     in them), or a range's own where the slots are taken */
+  kiln_wg_slot* slot = kiln_wg_slot_of(c->slots, c->nslots);
+  if (slot && !slot->vbuf && !kiln_wg_buffers(&slot->vbuf, &slot->mbuf, NP, T, IC, OV * L,
+                                              &((struct KILN_WG_CTX*)ctx_)->failed)) return;
+  if (!slot && !kiln_wg_buffers(&vbuf, &mbuf, NP, T, IC, OV * L, &((struct KILN_WG_CTX*)ctx_)->failed)) return;
+  if (slot) { vbuf = slot->vbuf; mbuf = slot->mbuf; }
   const int64_t pv = kiln_wg_plane(T * IC), pm = kiln_wg_plane(T * OV * L);   /* plane strides */
-  int64_t held = -1;   /* the chunk (first tile) whose transformed input vbuf holds */
+  int64_t held = slot ? slot->held : -1;   /* the chunk (first tile) whose transformed input vbuf holds */
   for (int64_t task = lo; task < hi; ++task) {
     const kiln_wg_task k_ = kiln_wg_task_of(task, osplit, T, ntile, ngroup);
     const int64_t first = k_.first, nt = k_.nt;
@@ -171,8 +181,12 @@ static void KILN_WG_TASKS(void* ctx_, int64_t lo, int64_t hi) {
       }
     }
   }
-  free(vbuf);
-  free(mbuf);
+  if (slot) {
+    slot->held = held;
+  } else {
+    free(vbuf);
+    free(mbuf);
+  }
 #undef WG_LD
 #undef WG_ST
 #undef WG_BT
@@ -186,8 +200,10 @@ __attribute__((weak, visibility("hidden"), noinline)) int32_t KILN_WG_FN(
     int64_t N, int64_t ICB, int64_t H, int64_t W, int64_t OCB, int64_t OH, int64_t OW,
     int64_t pt, int64_t pl, int64_t T, int64_t osplit, int act, int par) {
   const int64_t ntile = N * ((OH + KILN_WG_M - 1) / KILN_WG_M) * ((OW + KILN_WG_M - 1) / KILN_WG_M);
-  struct KILN_WG_CTX c = { x, u, bias, y, N, ICB, H, W, OCB, OH, OW, pt, pl, T, osplit, act, 0 };
+  kiln_wg_slot slots[KILN_WG_SLOTS] = {{0}};
+  struct KILN_WG_CTX c = { x, u, bias, y, N, ICB, H, W, OCB, OH, OW, pt, pl, T, osplit, act, 0, slots, KILN_WG_SLOTS };
   kiln_par_for(KILN_WG_TASKS, &c, 0, (ntile + T - 1) / T * osplit, par);
+  kiln_wg_slots_free(slots, KILN_WG_SLOTS);
   return c.failed ? -1 : 0;
 }
 #undef KILN_WG_TASKS

@@ -91,8 +91,40 @@ static inline int kiln_wg_buffers(float** vbuf, float** mbuf, int64_t NP, int64_
   if (*vbuf && *mbuf) return 1;
   free(*vbuf);
   free(*mbuf);
+  *vbuf = *mbuf = NULL;
   __atomic_store_n(failed, 1, __ATOMIC_RELAXED);
   return 0;
+}
+/* A thread's transform buffers in one call of a Winograd kernel, kept over the ranges of tasks
+   it takes (kiln_par_for hands a loop out in chunks of a few tasks; a thread that takes two
+   parts of one chunk's output channels transforms its input once, where each range
+   transformed it again), with the chunk whose transform vbuf holds (-1: none). `key`: the
+   thread (the address of a thread-local byte), 0 for a free slot. */
+typedef struct { uintptr_t key; float* vbuf; float* mbuf; int64_t held; } kiln_wg_slot;
+#define KILN_WG_SLOTS 16
+__attribute__((weak, visibility("hidden"))) __thread char kiln_wg_thread;
+/* The calling thread's slot among `n` (claimed on its first range), or NULL when all are taken
+   (more threads than slots: the range keeps buffers of its own). */
+static inline kiln_wg_slot* kiln_wg_slot_of(kiln_wg_slot* slots, int32_t n) {
+  const uintptr_t me = (uintptr_t)&kiln_wg_thread;
+  for (int32_t i = 0; i < n; ++i) {
+    uintptr_t seen = __atomic_load_n(&slots[i].key, __ATOMIC_ACQUIRE);
+    if (seen == me) return &slots[i];
+    if (seen == 0) {
+      uintptr_t zero = 0;
+      if (__atomic_compare_exchange_n(&slots[i].key, &zero, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        slots[i].held = -1;
+        return &slots[i];
+      }     /* (another thread took it: look on) */
+    }
+  }
+  return NULL;
+}
+static inline void kiln_wg_slots_free(kiln_wg_slot* slots, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) {
+    free(slots[i].vbuf);
+    free(slots[i].mbuf);
+  }
 }
 /* Whether tile j lies past the end (nt tiles) of a short last chunk; then its inputs are zeros
    at all NP positions (its register block reads them; callers stop at kiln_wg_rounded(nt, TR)). */
