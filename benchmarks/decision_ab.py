@@ -78,6 +78,9 @@ def main(argv=None) -> None:
         if args.all or abs(row[0] - row[1]) > 0.03 * row[1]:
             print(f"  least {row[0]:7.3f} {row[1]:7.3f} ms ({row[0] / row[1]:.2f})  median {row[2]:7.3f} "
                   f"{row[3]:7.3f}  {what[:90]}")
+    if not got[0]:
+        print(f"no kernel's nodes match {args.kernels!r}")
+        return
     print(f"{len(got[0])} kernels: least summed A {sums[0]:.2f} B {sums[1]:.2f} ms ({sums[0] / sums[1]:.3f}), "
           f"median summed A {sums[2]:.2f} B {sums[3]:.2f} ({sums[2] / sums[3]:.3f}); load {os.getloadavg()[0]:.1f}")
 
