@@ -56,7 +56,24 @@ kiln/codegen/c_src/kiln_par.h) gets the spinning figures without their costs:
   TopK, DFT and Resize run on kiln_par_for since 2026-11-26) park the pool around their call (kiln_pool_park: its workers sleep meanwhile), so two teams
   never spin for the cores; KILN_POOL_STATS=1 prints at unload the forks, the contentions, the
   workers' naps inside an inference (asleep after a serial stretch over the spin) and the loops
-  whose chunks the caller ran all.
+  whose chunks the caller ran all; KILN_POOL_TIMES=1|2 counts each thread's time in chunks (wall
+  or its CPU clock) and the caller's at joins (kiln_pool_times, `benchmarks/pool_probe.py`), and
+  KILN_POOL_SERIAL=1 runs every chunk on the caller in turn (what cutting a loop costs alone);
+- a kernel that plans its split by the threads (kiln_par_threads: the recurrent kernel's batch
+  rows) is told 1 while the pool is contended, where its loops run on the caller alone.
+
+Where two threads lose (2026-11-27, Sapphire Rapids VM, quiet, `python benchmarks/pool_probe.py
+resnet50 batch=1 [--kernels N | --handoff N]`, `benchmarks/pool_control.py`): ResNet-50 batch 1's
+chunks took 60.6 ms of the threads' CPU at 2 threads against 50.6 at one, the threads' own work
+and not waits. Not page faults (none a run), TLB shootdowns (under one a run, machine-wide), the
+workers' naps (4 a run; none with KILN_POOL_SPIN_US=1000, no faster), cutting the loops
+(KILN_POOL_SERIAL=1: 49.1-52.9 ms against 50.0-50.3), nor the FMA clock (60 us a chunk at 1 and
+2 threads): the data the kernel before wrote on the other core. A 512 KiB buffer the other core
+wrote reads in 27-32 us, against 5.1 from one's own L2 and 23.5 from L3 or memory; the kernels
+called in turn from two threads pinned to the two CPUs, one thread each, took 64.5 ms against
+51.2 on one. Chunks claimed by their place in an image's rows (each thread the same rows in every
+loop) changed nothing measurable (28-38 ms both ways, the spread between processes): most of the
+time is in convs cut by channel groups, where each thread reads all of the input anyway.
 `python benchmarks/fork_cost.py` (an empty 2-chunk loop; us per fork and join, median / p90 /
 p99, with 0, 50 and 500 us of serial work between):
 

@@ -48,6 +48,9 @@ FILE_KEY_VERSION = "kiln-file-key 1"
 # environment variables that do not change what a compile makes (every other KILN_ one
 # may: KILN_NCHWC, KILN_CONV_ALGO steer passes; KILN_CC, KILN_CFLAGS, KILN_SANITIZE the build)
 _NOT_IN_KEY = ("KILN_CACHE_DIR", "KILN_TIER")   # (KILN_TIER: the cache keeps the -O3 build only)
+# read by a loaded module's thread pool as it starts (kiln/codegen/c_src/kiln_pool.h), never by a
+# build: an A/B of the pool's settings runs one module, not a rebuild per setting
+_RUNTIME_PREFIX = "KILN_POOL_"
 
 
 @functools.lru_cache(maxsize=1)
@@ -100,7 +103,8 @@ def _settings(level: int | None, target: Target, decisions: dict | None, limits)
 
 def _kiln_env() -> tuple:
     """The KILN_ environment variables a build may read, sorted (not the cache dir's)."""
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("KILN_") and k not in _NOT_IN_KEY))
+    return tuple(sorted((k, v) for k, v in os.environ.items()
+                        if k.startswith("KILN_") and k not in _NOT_IN_KEY and not k.startswith(_RUNTIME_PREFIX)))
 
 
 # -- model files: their compile key found from the file's identity, without reading it --------

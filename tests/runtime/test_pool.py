@@ -202,6 +202,35 @@ int32_t pool_parked(int32_t ms, int32_t* asleep_parked, int32_t* asleep_after) {
   (void)c;
   return 0;
 }
+/* kiln_pool_threads (kiln_par_threads on the pool: what a kernel plans its split by): out[0]
+   before the pool starts, out[1] in an inference, out[2] inside a chunk, out[3] while contended,
+   out[4] while another thread holds the pool */
+static int32_t in_chunk;
+static void threads_in_chunk(void* c_, int64_t lo, int64_t hi) {
+  (void)c_; (void)lo; (void)hi;
+  __atomic_store_n(&in_chunk, kiln_pool_threads(), __ATOMIC_RELAXED);
+}
+int32_t pool_threads_seen(int32_t* out) {
+  out[0] = kiln_pool_threads();
+  kiln_pool_enter();
+  kiln_pool_for(noop, 0, 0, 2);   /* workers made */
+  out[1] = kiln_pool_threads();
+  kiln_pool_for(threads_in_chunk, 0, 0, 2);
+  out[2] = __atomic_load_n(&in_chunk, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.calm_after, kiln_pool_now() + 1000000000, __ATOMIC_RELAXED);
+  out[3] = kiln_pool_threads();
+  __atomic_store_n(&kiln_pool.calm_after, 0, __ATOMIC_RELAXED);
+  kiln_pool_leave();
+  int32_t flag = 0; pthread_t t;
+  pthread_create(&t, 0, hold, &flag);
+  while (__atomic_load_n(&flag, __ATOMIC_SEQ_CST) == 0) sched_yield();
+  kiln_pool_enter();
+  out[4] = kiln_pool_threads();
+  kiln_pool_leave();
+  __atomic_store_n(&flag, 2, __ATOMIC_SEQ_CST);
+  pthread_join(t, 0);
+  return 0;
+}
 """
 
 PAR = r"""
@@ -318,6 +347,61 @@ def test_a_contended_pool_runs_loops_on_the_calling_thread(lib):
     lib.pool_threads(3)
     assert lib.pool_contended_distinct() == 1
     assert max(lib.pool_distinct() for _ in range(10)) >= 2   # and the calm ends
+
+
+def _times(lib) -> np.ndarray:
+    """kiln_pool_times: per thread (caller first) ns in chunks, chunks, ns in forks, ns at joins."""
+    out = (ctypes.c_uint64 * 64)()
+    lib.kiln_pool_times.restype = ctypes.c_int32
+    lib.kiln_pool_times(out, ctypes.c_int32(64))
+    return np.array(out, dtype=np.int64).reshape(-1, 4)
+
+
+@pytest.mark.parametrize("clock", ["1", "2"])
+def test_pool_times_count_each_threads_chunks(lib, clock):
+    """KILN_POOL_TIMES=1 (wall clock) or 2 (each thread's CPU clock; benchmarks/pool_probe.py reads
+    them): each thread's chunks and its time in them, the caller's time in its forks and, of
+    that, after its last chunk until the join; nothing counted without the setting."""
+    os.environ["KILN_POOL_TIMES"] = clock
+    try:
+        lib.pool_threads(2)
+        before = _times(lib)
+        _loops(lib, 64, loops=50)   # 8 chunks a loop
+        got = _times(lib) - before
+    finally:
+        del os.environ["KILN_POOL_TIMES"]
+    assert got[:, 1].sum() == 50 * 8 and not got[2:].any()
+    assert got[0, 2] >= got[0, 0] > 0 and got[0, 2] >= got[0, 3] > 0
+    lib.pool_threads(2)
+    before = _times(lib)
+    _loops(lib, 64, loops=50)
+    assert not (_times(lib) - before).any()
+
+
+def test_the_serial_setting_runs_every_chunk_on_the_caller(lib):
+    """KILN_POOL_SERIAL=1 (what cutting a loop costs, apart from the threads): the chunks a loop is
+    cut into for the team, each once, in order, on the calling thread."""
+    os.environ["KILN_POOL_SERIAL"] = "1"
+    try:
+        lib.pool_threads(3)
+        assert lib.pool_distinct() == 1
+        assert (_loops(lib, 57, loops=20)[:57] == 20).all()
+    finally:
+        del os.environ["KILN_POOL_SERIAL"]
+        lib.pool_threads(3)
+    assert max(lib.pool_distinct() for _ in range(10)) >= 2
+
+
+def test_kernels_see_the_threads_a_fork_would_run_on(lib):
+    """kiln_pool_threads (a kernel's kiln_par_threads, which plans its split by it: the recurrent
+    kernel's batch rows): the team, but 1 inside a chunk, while contended and while another
+    thread holds the pool, where a loop runs on the calling thread alone: a split planned for
+    the team would then run its shares in turn (LSTM batch rows: twice one thread's time)."""
+    lib.pool_threads(3)
+    lib.pool_threads_seen.argtypes = [ctypes.c_void_p]
+    out = np.zeros(5, np.int32)
+    lib.pool_threads_seen(out.ctypes.data)
+    assert out.tolist() == [3, 3, 1, 1, 1]
 
 
 def test_only_a_stall_lengthens_the_calm(lib):

@@ -127,7 +127,7 @@ def test_an_unknown_type_is_an_error_not_a_guess():
 def test_kiln_variables_are_part_of_the_key(monkeypatch):
     """A per-shape or shape-generic module built under one KILN_ setting is not served under
     another (compile_key has them; graph_key, the key of those modules, must too), and the
-    cache dir and tier are no part of it."""
+    cache dir, the tier and the thread pool's run-time settings are no part of it."""
     g = kiln.load_onnx(_label_encoder(1.0))
     monkeypatch.delenv("KILN_STREAM_RATE_ALL", raising=False)
     base = graph_key(g, {}, HOST)
@@ -136,4 +136,6 @@ def test_kiln_variables_are_part_of_the_key(monkeypatch):
     monkeypatch.delenv("KILN_STREAM_RATE_ALL")
     monkeypatch.setenv("KILN_TIER", "full")
     monkeypatch.setenv("KILN_CACHE_DIR", "/elsewhere")
+    assert graph_key(g, {}, HOST) == base
+    monkeypatch.setenv("KILN_POOL_SPIN_US", "1000")   # the pool's, read as a loaded module starts it
     assert graph_key(g, {}, HOST) == base

@@ -28,10 +28,12 @@ static inline void kiln_par_for(kiln_par_fn fn, void* ctx, int64_t lo, int64_t h
   fn(ctx, lo, hi);
 #endif
 }
-/* the threads a kiln_par_for loop may run on: the OpenMP thread count, as kiln's pool has
-   (kiln_pool_start: workers, that count less one, and the calling thread) */
+/* the threads a kiln_par_for loop forked now would run on: kiln's pool says (kiln_pool_threads:
+   1 while it is contended, or inside a chunk), else the OpenMP thread count */
 static inline int kiln_par_threads(void) {
-#ifdef _OPENMP
+#if defined(KILN_POOL_H) || defined(KILN_POOL_DECL_H)
+  return kiln_pool_threads();
+#elif defined(_OPENMP)
   return omp_get_max_threads();
 #else
 #define KILN_PAR_STR(x) #x   /* (no string literal in generated code: kiln.codegen.c's rule) */

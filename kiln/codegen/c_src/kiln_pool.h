@@ -77,6 +77,7 @@ extern int sched_getcpu(void);   /* (declared by <sched.h> under _GNU_SOURCE onl
 #define KILN_POOL_REWAKE_NS 1000000    /* a wake-up no worker answered is sent again after this */
 #define KILN_POOL_LATE_NS 1000000      /* a worker running this long after its wake-up: contended (KILN_POOL_LATE_US) */
 #define KILN_POOL_STALL_NS 1000000     /* a worker kept off its core this long while it held chunks: stalled */
+#define KILN_POOL_TIMED 16             /* threads timed apart under KILN_POOL_TIMES (more share the last) */
 typedef void (*kiln_pool_fn)(void* ctx, int64_t lo, int64_t hi);
 typedef struct {
   uint64_t word __attribute__((aligned(64)));  /* gen | chunks | next */
@@ -110,12 +111,19 @@ typedef struct {
   int32_t cpu_of[KILN_POOL_MAX];               /* each worker's CPU (by start order), -1: none */
   int32_t tids[KILN_POOL_MAX];                 /* each worker's thread id (0 until it runs) */
   pthread_t threads[KILN_POOL_MAX];
+  /* KILN_POOL_TIMES=1 (wall clock) or 2 (each thread's CPU clock): per thread (0: the caller,
+     then the workers by start order), ns inside chunks and chunks run; the caller's ns inside
+     its forks, and of those, ns after its last chunk until the join (kiln_pool_times) */
+  int32_t timing;
+  int32_t serial;   /* KILN_POOL_SERIAL=1: the caller runs every chunk of a loop, in order (what cutting costs) */
+  struct { uint64_t ns __attribute__((aligned(64))), chunks, fork_ns, join_ns; } times[KILN_POOL_TIMED];   /* (a line each) */
 } kiln_pool_t;
 #pragma GCC visibility push(hidden)
 __attribute__((weak)) kiln_pool_t kiln_pool;
 __attribute__((weak)) __thread int32_t kiln_pool_depth = 0;   /* entries on this thread */
 __attribute__((weak)) __thread int32_t kiln_pool_held = 0;    /* this thread holds the pool */
 __attribute__((weak)) __thread int32_t kiln_pool_inline = 0;  /* in a chunk (or a worker): loops run inline */
+__attribute__((weak)) __thread int32_t kiln_pool_me = 0;      /* 0: a caller; a worker's number */
 
 static inline void kiln_pool_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -136,6 +144,8 @@ static inline int64_t kiln_pool_cpu_now(void) {
 #endif
   return 0;
 }
+/* KILN_POOL_TIMES's clock */
+static inline int64_t kiln_pool_clock(const kiln_pool_t* p) { return p->timing == 2 ? kiln_pool_cpu_now() : kiln_pool_now(); }
 static inline void kiln_pool_sleep(uint32_t* word, uint32_t seen) {
 #if defined(__linux__)
   syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, seen, (void*)0, (void*)0, 0);
@@ -191,19 +201,29 @@ static inline int64_t kiln_pool_chunk(int64_t n, int64_t m, int64_t k) {
 }
 static inline int kiln_pool_calm(kiln_pool_t* p, int64_t t) { return t < __atomic_load_n(&p->calm_after, __ATOMIC_RELAXED); }
 
+/* Runs chunk k of m of the current job (claimed: the job stays until it is done). */
+static inline void kiln_pool_chunk_run(kiln_pool_t* p, int64_t k, int64_t m) {
+  kiln_pool_fn fn = __atomic_load_n(&p->fn, __ATOMIC_RELAXED);
+  void* ctx = __atomic_load_n(&p->ctx, __ATOMIC_RELAXED);
+  int64_t lo = __atomic_load_n(&p->lo, __ATOMIC_RELAXED), n = __atomic_load_n(&p->n, __ATOMIC_RELAXED);
+  const int64_t t0 = p->timing ? kiln_pool_clock(p) : 0;
+  fn(ctx, lo + kiln_pool_chunk(n, m, k), lo + kiln_pool_chunk(n, m, k + 1));
+  if (t0) {
+    const int32_t s = kiln_pool_me < KILN_POOL_TIMED ? kiln_pool_me : KILN_POOL_TIMED - 1;
+    __atomic_fetch_add(&p->times[s].ns, (uint64_t)(kiln_pool_clock(p) - t0), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&p->times[s].chunks, 1, __ATOMIC_RELAXED);
+  }
+  __atomic_fetch_add(&p->done, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&p->joining, __ATOMIC_SEQ_CST)) kiln_pool_wake_one(&p->done);
+}
 /* Claims and runs chunks of the job `w` was read from, until none is left. */
 __attribute__((weak)) int64_t kiln_pool_run(kiln_pool_t* p, uint64_t w) {
   const uint64_t gen = w >> 32;
+  const int64_t m = (int64_t)((w >> 16) & 0xFFFF);
   int64_t ran = 0;
   while ((w >> 32) == gen && kiln_pool_open(w)) {
-    kiln_pool_fn fn = __atomic_load_n(&p->fn, __ATOMIC_RELAXED);
-    void* ctx = __atomic_load_n(&p->ctx, __ATOMIC_RELAXED);
-    int64_t lo = __atomic_load_n(&p->lo, __ATOMIC_RELAXED), n = __atomic_load_n(&p->n, __ATOMIC_RELAXED);
     if (!__atomic_compare_exchange_n(&p->word, &w, w + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
-    int64_t k = (int64_t)(w & 0xFFFF), m = (int64_t)((w >> 16) & 0xFFFF);
-    fn(ctx, lo + kiln_pool_chunk(n, m, k), lo + kiln_pool_chunk(n, m, k + 1));
-    __atomic_fetch_add(&p->done, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&p->joining, __ATOMIC_SEQ_CST)) kiln_pool_wake_one(&p->done);
+    kiln_pool_chunk_run(p, (int64_t)(w & 0xFFFF), m);
     w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
     ran += 1;
   }
@@ -317,6 +337,7 @@ __attribute__((weak)) void* kiln_pool_worker(void* arg) {
   kiln_pool_t* p = (kiln_pool_t*)arg;
   kiln_pool_inline = 1;
   const int32_t me = kiln_pool_pin(p);
+  kiln_pool_me = me;
   int64_t idle_since = kiln_pool_now(), last = idle_since;
   /* after a sign of contention the worker leaves the loop open then (generation `skip`) to
      the caller: one the scheduler keeps waiting would hold the chunks it claimed */
@@ -410,6 +431,16 @@ __attribute__((weak)) int32_t kiln_pool_counts(uint64_t* out, int32_t n) {
   for (int32_t k = 0; k < n && k < 12; ++k) out[k] = c[k];
   return 12;
 }
+/* KILN_POOL_TIMES's figures into out[0..n): per thread (caller first) ns in chunks, chunks,
+   ns in forks, ns at joins (the last two the caller's only); returns how many it has */
+__attribute__((weak)) int32_t kiln_pool_times(uint64_t* out, int32_t n) {
+  kiln_pool_t* p = &kiln_pool;
+  for (int32_t k = 0; k < n && k < 4 * KILN_POOL_TIMED; ++k) {
+    const int32_t s = k / 4, f = k % 4;
+    out[k] = f == 0 ? p->times[s].ns : f == 1 ? p->times[s].chunks : f == 2 ? p->times[s].fork_ns : p->times[s].join_ns;
+  }
+  return 4 * KILN_POOL_TIMED;
+}
 #pragma GCC visibility pop
 /* a fork()ed child has none of the parent's workers (and no other thread holds the pool) */
 __attribute__((weak)) void kiln_pool_forked(void) {
@@ -437,6 +468,10 @@ __attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
   p->calm_ns = calm && atoi(calm) >= 0 ? atoi(calm) * (int64_t)1000000 : KILN_POOL_CALM_NS;
   const char* late = getenv(KILN_POOL_STR(KILN_POOL_LATE_US));
   p->late_ns = late && atoi(late) >= 0 ? atoi(late) * (int64_t)1000 : KILN_POOL_LATE_NS;
+  const char* timing = getenv(KILN_POOL_STR(KILN_POOL_TIMES));
+  p->timing = timing && (atoi(timing) == 1 || atoi(timing) == 2) ? atoi(timing) : 0;
+  const char* serial = getenv(KILN_POOL_STR(KILN_POOL_SERIAL));
+  p->serial = serial && atoi(serial) > 0;
   const char* chunks = getenv(KILN_POOL_STR(KILN_POOL_CHUNKS));
   p->chunks = chunks && atoi(chunks) > 0 ? atoi(chunks) : KILN_POOL_CHUNKS;
   int32_t want = threads - 1 < 0 ? 0 : threads - 1 > KILN_POOL_MAX ? KILN_POOL_MAX : (int32_t)(threads - 1);
@@ -517,6 +552,13 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
   int64_t most = p->chunks * (p->nworkers + 1);
   uint64_t m = (uint64_t)(n < most ? n : most);
   if (m > 0xFFFF) m = 0xFFFF;
+  if (p->serial) {
+    kiln_pool_inline = 1;
+    for (uint64_t k = 0; k < m; ++k) fn(ctx, lo + kiln_pool_chunk(n, m, k), lo + kiln_pool_chunk(n, m, k + 1));
+    kiln_pool_inline = 0;
+    if (alone) kiln_pool_leave();
+    return;
+  }
   p->forks += 1;
   __atomic_store_n(&p->fn, fn, __ATOMIC_RELAXED);
   __atomic_store_n(&p->ctx, ctx, __ATOMIC_RELAXED);
@@ -527,9 +569,11 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
   uint64_t w = ((uint64_t)p->gen << 32) | (m << 16);
   __atomic_store_n(&p->word, w, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0) { kiln_pool_wake_all(p); p->loop_wakes += 1; }
+  const int64_t f0 = p->timing ? kiln_pool_clock(p) : 0;
   kiln_pool_inline = 1;
   if (kiln_pool_run(p, w) == (int64_t)m) p->solo += 1;
   kiln_pool_inline = 0;
+  const int64_t f1 = f0 ? kiln_pool_clock(p) : 0;
   int64_t t0 = 0, last = 0;
   for (uint32_t k = 1, d; (d = __atomic_load_n(&p->done, __ATOMIC_ACQUIRE)) < (uint32_t)m; ++k) {
     kiln_pool_pause();
@@ -547,7 +591,29 @@ __attribute__((weak)) void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo,
     if ((d = __atomic_load_n(&p->done, __ATOMIC_SEQ_CST)) < (uint32_t)m) kiln_pool_sleep(&p->done, d);
     __atomic_store_n(&p->joining, 0, __ATOMIC_SEQ_CST);
   }
+  if (f0) {
+    const int64_t f2 = kiln_pool_clock(p);
+    p->times[0].fork_ns += (uint64_t)(f2 - f0); p->times[0].join_ns += (uint64_t)(f2 - f1);
+  }
   if (alone) kiln_pool_leave();
+}
+/* The threads a parallel loop forked now would run on (kiln_par_threads, for a kernel that plans
+   its split by them): 1 inside a chunk, while another thread holds the pool, or while the pool
+   is contended (its loops run on the calling thread alone: a kernel that split its work for two
+   threads then runs both shares in turn, the recurrent kernel's batch rows at twice one thread's
+   time); else the workers and this thread (those the pool will have, before it starts). */
+__attribute__((weak)) int32_t kiln_pool_threads(void) {
+  kiln_pool_t* p = &kiln_pool;
+  if (kiln_pool_inline || (kiln_pool_depth > 0 && !kiln_pool_held)) return 1;
+  if (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == 2)
+    return p->nworkers == 0 || kiln_pool_calm(p, kiln_pool_now()) ? 1 : p->nworkers + 1;
+#ifdef _OPENMP
+  const int64_t threads = omp_get_max_threads();
+#else
+  const char* env = getenv(KILN_POOL_STR(OMP_NUM_THREADS));
+  const int64_t threads = env && atoi(env) > 0 ? atoi(env) : 1;
+#endif
+  return threads < 1 ? 1 : threads > KILN_POOL_MAX + 1 ? KILN_POOL_MAX + 1 : (int32_t)threads;
 }
 #pragma GCC visibility pop
 #endif

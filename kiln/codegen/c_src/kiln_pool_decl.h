@@ -13,5 +13,6 @@ void kiln_pool_leave(void);
 void kiln_pool_park(void);
 void kiln_pool_unpark(void);
 void kiln_pool_for(kiln_pool_fn fn, void* ctx, int64_t lo, int64_t hi);
+int32_t kiln_pool_threads(void);
 #pragma GCC visibility pop
 #endif
