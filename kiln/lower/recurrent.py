@@ -92,6 +92,18 @@ ROW_MIN = 4
 ROW_L2 = 0.4
 
 
+def rows_pay(r_bytes: int, nd: int, threads: int, target: Target) -> bool:
+    """Whether batch rows shared out (each thread reading all of R every step, from its L2) beat
+    the panels shared (each thread its share of R): not where that share of all directions' R
+    fits a thread's L1d. Sapphire Rapids (48 KiB L1d), 2 threads, quiet, `python -m benchmarks.corpus
+    run --only lstm_classifier`: an LSTM of 64 units (R 64 KiB, 32 KiB a thread) at batch 8 took
+    0.39-0.52 ms in rows (1.58-1.74 of ONNX Runtime) and 0.21 in panels (0.76), one thread 0.32.
+    A 4-row member took 2.5-3x what the same 4 rows take at batch 4 (0.14 ms), also with the two
+    members run in turn on one core (KILN_POOL_SERIAL=1: the model 0.56-0.81 ms), so it is not
+    the two threads' interference (why, not found)."""
+    return nd * r_bytes > target.l1d_bytes * threads
+
+
 # A layer of several directions on at most one thread per direction (2 threads, bidirectional):
 # the team claims every direction's panels stage by stage ("shared": a late or descheduled thread's
 # panels are taken by the other, for a claim, a counter and a flag passed between the cores every
@@ -468,6 +480,9 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         # batch rows shared out (rows_ok): a group of at least ROW_MIN rows per thread
         f"int64_t groups = avail / ND < B / {ROW_MIN} ? avail / ND : B / {ROW_MIN};" if rows_ok else
         "int64_t groups = 1;",
+        # ... unless the panels shared fit each thread's L1d (rows_pay)
+        *([f"if ({split} && {nd * g * hs * hs * 4} <= (int64_t){target.l1d_bytes} * avail) groups = 1;"]
+          if rows_ok else []),
         "if (groups < 1) groups = 1;",
         f"const int split_ = {split} && groups == 1{own};",
         f"const int team_n = !split_ ? (int)(ND * groups) : avail < {most} ? avail : (int){most};",

@@ -126,7 +126,9 @@ def _split_layers():
                   c0=True, peep=True),
             layer(6, "GRU", rng, seq=5, batch=13, inp=3, hs=33, direction="reverse", lens=[5, 4, 3, 2, 1, 0, 5, 5, 5,
                                                                                           4, 3, 2, 1], h0=True),
-            layer(7, "RNN", rng, seq=1, batch=8, inp=2, hs=16)]
+            layer(7, "RNN", rng, seq=1, batch=8, inp=2, hs=16),
+            # rows could be shared out, but two threads' panels fit their L1d (rows_pay): panels
+            layer(8, "LSTM", rng, seq=4, batch=8, inp=5, hs=64)]
 
 
 def test_split_between_threads():
@@ -224,6 +226,20 @@ def test_reference_of_the_decomposed_graph():
     want = kiln.compile(m, target="interpreter", opt_level=0).run(feeds)
     for name, w in want.items():
         np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_rows_are_shared_out_only_where_the_panels_spill_the_l1():
+    """Batch rows shared out read all of R every step from L2; the panels shared, each thread's
+    share, from L1 where it fits: an LSTM of 64 units (64 KiB) on two threads with a 48 KiB L1d
+    takes panels, a GRU of 256 (768 KiB) rows, and so does the LSTM on one thread of a 32 KiB
+    L1d, or both directions of a bidirectional one on two."""
+    from kiln.lower.recurrent import rows_pay
+    from kiln.targets.target import Target
+    t48 = Target.named("x86-64-v3", l1d_bytes=48 << 10)
+    t32 = Target.named("x86-64-v3", l1d_bytes=32 << 10)
+    lstm, gru = 4 * 64 * 64 * 4, 3 * 256 * 256 * 4
+    assert not rows_pay(lstm, 1, 2, t48) and rows_pay(gru, 1, 2, t48)
+    assert rows_pay(lstm, 1, 1, t32) and rows_pay(lstm, 2, 2, t32) and not rows_pay(lstm, 1, 2, t32)
 
 
 def test_team_size_follows_r_and_the_l1():
