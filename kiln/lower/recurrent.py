@@ -92,6 +92,13 @@ ROW_MIN = 4
 ROW_L2 = 0.4
 
 
+def panel_threads(r_bytes: int, nd: int, target: Target) -> int:
+    """The fewest threads whose shares of all directions' R (nd x r_bytes) each fit a thread's
+    L1d: from that many on, the panels are shared (`rows_pay`; the kernel holds its thread count
+    against it at run time)."""
+    return -(-nd * r_bytes // target.l1d_bytes)
+
+
 def rows_pay(r_bytes: int, nd: int, threads: int, target: Target) -> bool:
     """Whether batch rows shared out (each thread reading all of R every step, from its L2) beat
     the panels shared (each thread its share of R): not where that share of all directions' R
@@ -101,7 +108,7 @@ def rows_pay(r_bytes: int, nd: int, threads: int, target: Target) -> bool:
     A 4-row member took 2.5-3x what the same 4 rows take at batch 4 (0.14 ms), also with the two
     members run in turn on one core (KILN_POOL_SERIAL=1: the model 0.56-0.81 ms), so it is not
     the two threads' interference (why, not found)."""
-    return nd * r_bytes > target.l1d_bytes * threads
+    return threads < panel_threads(r_bytes, nd, target)
 
 
 # A layer of several directions on at most one thread per direction (2 threads, bidirectional):
@@ -481,7 +488,7 @@ def _lower(ctx, xw, rp, rbh=None, lens=None, h0=None, c0=None, p=None):
         f"int64_t groups = avail / ND < B / {ROW_MIN} ? avail / ND : B / {ROW_MIN};" if rows_ok else
         "int64_t groups = 1;",
         # ... unless the panels shared fit each thread's L1d (rows_pay)
-        *([f"if ({split} && {nd * g * hs * hs * 4} <= (int64_t){target.l1d_bytes} * avail) groups = 1;"]
+        *([f"if ({split} && avail >= {panel_threads(g * hs * hs * 4, nd, target)}) groups = 1;"]
           if rows_ok else []),
         "if (groups < 1) groups = 1;",
         f"const int split_ = {split} && groups == 1{own};",

@@ -233,13 +233,15 @@ def test_rows_are_shared_out_only_where_the_panels_spill_the_l1():
     share, from L1 where it fits: an LSTM of 64 units (64 KiB) on two threads with a 48 KiB L1d
     takes panels, a GRU of 256 (768 KiB) rows, and so does the LSTM on one thread of a 32 KiB
     L1d, or both directions of a bidirectional one on two."""
-    from kiln.lower.recurrent import rows_pay
+    from kiln.lower.recurrent import panel_threads, rows_pay
     from kiln.targets.target import Target
     t48 = Target.named("x86-64-v3", l1d_bytes=48 << 10)
     t32 = Target.named("x86-64-v3", l1d_bytes=32 << 10)
     lstm, gru = 4 * 64 * 64 * 4, 3 * 256 * 256 * 4
     assert not rows_pay(lstm, 1, 2, t48) and rows_pay(gru, 1, 2, t48)
     assert rows_pay(lstm, 1, 1, t32) and rows_pay(lstm, 2, 2, t32) and not rows_pay(lstm, 1, 2, t32)
+    # the kernel's run-time test: panels from this many threads on (64 KiB over 48 KiB: 2)
+    assert panel_threads(lstm, 1, t48) == 2 and panel_threads(gru, 1, t48) == 16
 
 
 def test_team_size_follows_r_and_the_l1():
