@@ -450,18 +450,22 @@ __attribute__((weak)) void kiln_pool_forked(void) {
   kiln_pool_depth = 0; kiln_pool_held = 0; kiln_pool_inline = 0;
 }
 
+/* The threads the user asked for: the OpenMP thread count (OMP_NUM_THREADS without OpenMP), 1 unset. */
+static inline int64_t kiln_pool_asked(void) {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  const char* env = getenv(KILN_POOL_STR(OMP_NUM_THREADS));
+  return env && atoi(env) > 0 ? atoi(env) : 1;
+#endif
+}
+
 /* Starts the workers (by the thread holding the pool). */
 __attribute__((weak)) void kiln_pool_start(kiln_pool_t* p) {
   if (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == 2) return;
   static int32_t atfork = 0;   /* per unit: harmless if several register (each resets the same pool) */
   if (!__atomic_exchange_n(&atfork, 1, __ATOMIC_ACQ_REL)) pthread_atfork(0, 0, kiln_pool_forked);
-#ifdef _OPENMP
-  int64_t threads = omp_get_max_threads();
-#else
-  int64_t threads = 1;
-  const char* env = getenv(KILN_POOL_STR(OMP_NUM_THREADS));
-  if (env && atoi(env) > 0) threads = atoi(env);
-#endif
+  int64_t threads = kiln_pool_asked();
   const char* spin = getenv(KILN_POOL_STR(KILN_POOL_SPIN_US));
   p->spin_ns = (spin && atoi(spin) >= 0 ? atoi(spin) : 100) * (int64_t)1000;
   const char* calm = getenv(KILN_POOL_STR(KILN_POOL_CALM_MS));
@@ -607,12 +611,7 @@ __attribute__((weak)) int32_t kiln_pool_threads(void) {
   if (kiln_pool_inline || (kiln_pool_depth > 0 && !kiln_pool_held)) return 1;
   if (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == 2)
     return p->nworkers == 0 || kiln_pool_calm(p, kiln_pool_now()) ? 1 : p->nworkers + 1;
-#ifdef _OPENMP
-  const int64_t threads = omp_get_max_threads();
-#else
-  const char* env = getenv(KILN_POOL_STR(OMP_NUM_THREADS));
-  const int64_t threads = env && atoi(env) > 0 ? atoi(env) : 1;
-#endif
+  const int64_t threads = kiln_pool_asked();
   return threads < 1 ? 1 : threads > KILN_POOL_MAX + 1 ? KILN_POOL_MAX + 1 : (int32_t)threads;
 }
 #pragma GCC visibility pop
